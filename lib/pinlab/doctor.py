@@ -1,0 +1,46 @@
+"""Check this machine's set-up and say what it can show."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .device import facts
+from .record import data_dir
+
+
+def doctor(verbose: bool = True) -> dict:
+    """Run the checks; print one line each (unless ``verbose=False``); return a summary dict.
+
+    ``summary["ok"]`` is True when everything the course needs on *any* machine is present:
+    a GPU is optional (without one the lessons replay the recorded GPU run).
+    """
+    checks = []
+
+    def add(name, ok, note, required=True):
+        checks.append({"check": name, "ok": bool(ok), "note": note, "required": required})
+
+    add("python >= 3.10", sys.version_info >= (3, 10), sys.version.split()[0])
+    for mod in ("torch", "numpy", "matplotlib", "tqdm", "nbformat"):
+        try:
+            m = importlib.import_module(mod)
+            add(f"import {mod}", True, getattr(m, "__version__", ""))
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            add(f"import {mod}", False, f"{type(exc).__name__}: {exc}; run `make setup`")
+    f = facts()
+    add("CUDA GPU", f["cuda_available"],
+        f"{f['gpu']} (cc {f['capability']})" if f["cuda_available"] else "none: lessons replay the recorded GPU run",
+        required=False)
+    add("pinned memory", f["pinned_memory"],
+        "page-locked host memory can be allocated" if f["pinned_memory"] else "needs CUDA", required=False)
+    add("FlashInfer", f["flashinfer"] is not None, f["flashinfer_note"], required=False)
+    recorded = sorted(p.stem for p in data_dir().glob("*.json")) if data_dir().exists() else []
+    add("recorded GPU run", bool(recorded), f"{len(recorded)} experiments under reports/gpu/data",
+        required=not f["cuda_available"])
+    ok = all(c["ok"] for c in checks if c["required"])
+    if verbose:
+        for c in checks:
+            mark = "ok  " if c["ok"] else ("FAIL" if c["required"] else "--  ")
+            print(f"  [{mark}] {c['check']:<18} {c['note']}")
+        print("  This machine shows:", "live GPU measurements" if f["cuda_available"]
+              else "the recorded GPU run, replayed (no CUDA here)")
+    return {"ok": ok, "checks": checks, "live": f["cuda_available"]}

@@ -1,0 +1,41 @@
+"""PyTorch's caching host allocator: statistics, releasing cached blocks, allocation rounding."""
+from __future__ import annotations
+
+import torch
+
+
+def host_stats() -> dict:
+    """``torch.cuda.host_memory_stats()`` as a plain dict ({} where this torch lacks it or has no CUDA)."""
+    fn = getattr(torch.cuda, "host_memory_stats", None)
+    if fn is None or not torch.cuda.is_available():
+        return {}
+    return {k: v for k, v in fn().items()}
+
+
+def release_cached_host_blocks() -> bool:
+    """Give cached, unused pinned blocks back to the driver. True where this torch can."""
+    if not torch.cuda.is_available():
+        return False
+    torch.cuda.synchronize()
+    for name in ("empty_host_cache",):
+        fn = getattr(torch.cuda, name, None)
+        if fn is not None:
+            fn()
+            return True
+    fn = getattr(torch._C, "_host_emptyCache", None)
+    if fn is not None:
+        fn()
+        return True
+    return False
+
+
+def pinned_bytes_held() -> int:
+    """Bytes of page-locked memory the caching host allocator holds now (in use or cached)."""
+    return int(host_stats().get("allocated_bytes.current", 0))
+
+
+def next_pow2(n: int) -> int:
+    """The block size PyTorch's caching host allocator rounds a request of ``n`` bytes up to."""
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"n must be a positive int (bytes), got {n!r}")
+    return 1 << (n - 1).bit_length()

@@ -1,0 +1,32 @@
+"""Build notebooks/NN.ipynb and solutions/NN.ipynb from their sources in */src/NN.py.
+
+Outputs are kept while no code cell changed; otherwise the notebook is left unexecuted until the
+GPU suite (make gpu-suite) runs it. ``--check`` fails when a notebook is out of date.
+"""
+from __future__ import annotations
+
+import sys
+
+import nbtools
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for d in nbtools.NOTEBOOK_DIRS:
+        for src in sorted((nbtools.ROOT / d / "src").glob("*.py")):
+            target = nbtools.ROOT / d / (src.stem + ".ipynb")
+            old = nbtools.load(target) if target.exists() else None
+            nb = nbtools.to_notebook(nbtools.parse_percent(src.read_text(encoding="utf-8")), old)
+            if old != nb:
+                stale.append(target.relative_to(nbtools.ROOT).as_posix())
+                if not check:
+                    nbtools.save(nb, target)
+    verb = "out of date" if check else "rebuilt"
+    for s in stale:
+        print(f"{verb}: {s}")
+    return 1 if (check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
