@@ -3,7 +3,8 @@ from ._check import CudaUnavailableError
 from .busy import cycles_per_ms, gpu_busy, wall_ms, warmup
 from .device import facts, flashinfer_status, has_cuda, header, pinned_memory_available
 from .doctor import doctor
-from .hostmem import host_stats, next_pow2, pinned_bytes_held, release_cached_host_blocks
+from .hostmem import (host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
+                      release_cached_host_blocks)
 from .progress import progress
 from .record import ReplayMissingError, Run, measure
 from .timing import Stats, cuda_time, fmt_ms, host_time, report, show, table
@@ -12,6 +13,6 @@ __all__ = [
     "CudaUnavailableError", "ReplayMissingError", "Run", "Stats",
     "cuda_time", "cycles_per_ms", "doctor", "facts", "flashinfer_status", "fmt_ms", "gpu_busy",
     "has_cuda", "header", "host_stats", "host_time", "measure", "next_pow2", "pinned_bytes_held",
-    "pinned_memory_available", "progress", "release_cached_host_blocks", "report", "show", "table",
+    "pinned_back_to", "pinned_baseline", "pinned_memory_available", "progress", "release_cached_host_blocks", "report", "show", "table",
     "wall_ms", "warmup",
 ]

@@ -39,3 +39,15 @@ def next_pow2(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"n must be a positive int (bytes), got {n!r}")
     return 1 << (n - 1).bit_length()
+
+
+def pinned_baseline() -> int:
+    """Release cached pinned blocks and return the bytes still held: call at a notebook's start."""
+    release_cached_host_blocks()
+    return pinned_bytes_held()
+
+
+def pinned_back_to(baseline: int) -> bool:
+    """Release cached pinned blocks; True when the bytes held are back to ``baseline``."""
+    release_cached_host_blocks()
+    return pinned_bytes_held() == baseline

@@ -17,7 +17,7 @@ from pinlab import bandwidth as bw
 from pinlab.plots import bars, fmt_bytes, size_sweep
 
 pinlab.header("01 pinned memory")
-pinned_at_start = pinlab.pinned_bytes_held()
+pinned_at_start = pinlab.pinned_baseline()
 
 # %% [markdown]
 # ## Two kinds of host memory
@@ -202,8 +202,9 @@ print("released blocks go back to the driver:",
 
 # %%
 del buf
-pinlab.release_cached_host_blocks()
-print("pinned memory held is back to its starting level:", pinlab.pinned_bytes_held() == pinned_at_start)
+back = pinlab.pinned_back_to(pinned_at_start)
+print("pinned memory held is back to its starting level:", back)
+assert back
 
 # %% [markdown]
 # ## What to remember

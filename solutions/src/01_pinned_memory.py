@@ -21,7 +21,7 @@ def gbps(nbytes, ms):
     ### END SOLUTION
 
 
-checks.check_gbps(gbps);
+ok = checks.check_gbps(gbps)
 
 # %% [markdown]
 # ## 2. Where latency stops dominating: N½
@@ -38,4 +38,4 @@ def n_half(sizes, rates):
     ### END SOLUTION
 
 
-checks.check_n_half(n_half);
+ok = checks.check_n_half(n_half)
