@@ -465,16 +465,14 @@ def _default_device_type():
     return fn().type if fn is not None else "cpu"
 
 
-def _make_factory_handler(op, device_pos):
+def _make_factory_handler(op):
     def handler(args, kwargs, device_type):
         if op == "Tensor.new_tensor":
             owner, args = args[0], args[1:]
         else:
             owner = None
         data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
-        device = kwargs.get("device")
-        if device is None and device_pos is not None and len(args) > device_pos:
-            device = args[device_pos]
+        device = kwargs.get("device")  # keyword-only in all four
         if device is None:
             if owner is not None:
                 device = owner.device
@@ -501,12 +499,12 @@ _HANDLERS = {
     torch.Tensor.cuda: _h_cuda,
     torch.Tensor.cpu: _h_cpu,
     torch.Tensor.__setitem__: _h_setitem,
-    torch.tensor: _make_factory_handler("torch.tensor", None),
-    torch.as_tensor: _make_factory_handler("torch.as_tensor", 2),
-    torch.Tensor.new_tensor: _make_factory_handler("Tensor.new_tensor", None),
+    torch.tensor: _make_factory_handler("torch.tensor"),
+    torch.as_tensor: _make_factory_handler("torch.as_tensor"),
+    torch.Tensor.new_tensor: _make_factory_handler("Tensor.new_tensor"),
 }
 if hasattr(torch, "asarray"):
-    _HANDLERS[torch.asarray] = _make_factory_handler("torch.asarray", None)
+    _HANDLERS[torch.asarray] = _make_factory_handler("torch.asarray")
 for _op in SYNC_OPS:
     _HANDLERS[getattr(torch.Tensor, _op.split(".", 1)[1])] = _make_sync_handler(_op)
 del _op
