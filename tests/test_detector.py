@@ -340,13 +340,11 @@ def test_default_device_type_is_cuda():
     with detect_stalls() as report:
         _attempt(lambda: x.cuda())
         _attempt(lambda: x.to("cuda", non_blocking=True))
-        _attempt(lambda: x.to(0, non_blocking=True))
         _attempt(lambda: torch.tensor([1, 2], device="cuda"))
         _attempt(lambda: x.to("meta"))  # not the watched device
         x.add_(1)
     assert _kinds(report) == [
         (BLOCKING_COPY, "Tensor.cuda"),
-        (PAGEABLE_H2D, "Tensor.to"),
         (PAGEABLE_H2D, "Tensor.to"),
         (FACTORY_SYNC, "torch.tensor"),
     ]
@@ -612,11 +610,13 @@ def test_gpu_classification():
     pinned = pageable.pin_memory()
     pinned2d = torch.empty(32, 64, pin_memory=True)
     g = torch.empty(1024, device="cuda")
-    g2 = torch.empty(64, 16, device="cuda")
+    g2 = torch.empty(16, 32, device="cuda")
     with detect_stalls() as report:
         g.copy_(pageable, non_blocking=True)              # pageable H2D
         g.copy_(pinned, non_blocking=True)                # fine
         pinned.to("cuda", non_blocking=True)              # fine
+        pinned.to(0, non_blocking=True)                   # fine (int device = cuda:0)
+        pageable.to(0, non_blocking=True)                 # pageable H2D
         g2.copy_(pinned2d[:, ::4].t(), non_blocking=True)  # non-contiguous pinned
         out = torch.empty(1024)
         out.copy_(g, non_blocking=True)                   # pageable D2H
@@ -629,6 +629,7 @@ def test_gpu_classification():
     torch.cuda.synchronize()
     assert _kinds(report) == [
         (PAGEABLE_H2D, "Tensor.copy_"),
+        (PAGEABLE_H2D, "Tensor.to"),
         (NONCONTIG_H2D, "Tensor.copy_"),
         (PAGEABLE_D2H, "Tensor.copy_"),
         (BLOCKING_COPY, "Tensor.cpu"),

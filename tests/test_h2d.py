@@ -18,9 +18,6 @@ from pinlab.h2d import (
     stage_on_host,
 )
 
-needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
 # --- snapshot_method: the pin_memory() trap -----------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def execute(path: Path, out_path: Path | None = None, *, timeout: int = 1800, en
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(Path(path).parent)}})
         try:
-            client.execute()
+            # the kernel process's own log (not cell output) goes nowhere: it only holds start-up noise
+            client.execute(stderr=subprocess.DEVNULL)
         finally:
             for cell in nb.cells:  # keep stored outputs free of volatile metadata
                 if cell.cell_type == "code":

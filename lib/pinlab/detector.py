@@ -319,7 +319,6 @@ class StallReport:
         self.places[(kind, op, where)] += 1
         if self.max_events is not None and len(self.events) >= self.max_events:
             self.dropped += 1
-            return None
         event = StallEvent(kind, op, where, nbytes, detail)
         self.events.append(event)
         return event

@@ -57,6 +57,12 @@ class Run:
             return f"measured now on {gpu}"
         return f"recorded on {gpu}, {self.meta.get('date', '?')} (replayed here: no CUDA on this machine)"
 
+    @property
+    def tag(self) -> str:
+        """A short form of :attr:`label` for plot titles."""
+        gpu = self.meta.get("gpu") or "unknown GPU"
+        return f"{gpu}, measured now" if self.live else f"{gpu}, recorded {self.meta.get('date', '?')}"
+
     def __getitem__(self, key):
         return self.result[key]
 

@@ -82,7 +82,7 @@ pinlab.table(rows, [("bytes", "size", fmt_bytes), ("h2d_pinned", "H2D pinned GB/
 sizes = [r["bytes"] for r in rows]
 size_sweep(sizes, {k.replace("_", " "): [r[k] for r in rows]
                    for k in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")},
-           ylabel="GB/s", title=f"Copy bandwidth ({sweep.label})")
+           ylabel="GB/s", title=f"Copy bandwidth ({sweep.tag})")
 plt.show()
 
 # %% [markdown]
@@ -118,7 +118,7 @@ assert ratio >= 0.95
 # %%
 size_sweep(sizes, {"H2D pinned": [r["h2d_pinned_ms"] * 1e3 for r in sweep.result],
                    "H2D pageable": [r["h2d_pageable_ms"] * 1e3 for r in sweep.result]},
-           ylabel="µs per copy (GPU time)", title=f"Time per copy ({sweep.label})")
+           ylabel="µs per copy (GPU time)", title=f"Time per copy ({sweep.tag})")
 plt.show()
 
 # %%
@@ -160,7 +160,7 @@ labels = ["pageable H2D", "cold pin_memory() + H2D", "warm pin_memory() + H2D", 
 values = [r["h2d_pageable_ms"], r["pin_memory_cold_ms"] + r["h2d_pinned_ms"],
           r["pin_memory_warm_ms"] + r["h2d_pinned_ms"], r["h2d_pinned_ms"]]
 bars(labels, values, ylabel="host ms until the data is on the GPU",
-     title=f"Moving {fmt_bytes(r['bytes'])} once ({cost.label})", annotate="{:.1f}")
+     title=f"Moving {fmt_bytes(r['bytes'])} once ({cost.tag})", annotate="{:.1f}")
 plt.show()
 
 # %%
