@@ -8,6 +8,7 @@ the same on a real CUDA device.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -231,8 +232,8 @@ def test_find_caller_skips_prefixes():
 
 
 def test_find_caller_skips_pinlab_and_torch():
-    assert any(p.endswith("pinlab" + __import__("os").sep) for p in det.SKIP_PREFIXES)
-    assert any(p.endswith("torch" + __import__("os").sep) for p in det.SKIP_PREFIXES)
+    assert any(p.endswith("pinlab" + os.sep) for p in det.SKIP_PREFIXES)
+    assert any(p.endswith("torch" + os.sep) for p in det.SKIP_PREFIXES)
 
 
 # --- end to end through the TorchFunctionMode (meta stands in for cuda) ---------------------------
@@ -303,6 +304,35 @@ def test_every_kind_end_to_end():
     assert report.total == len(report) == 17
     assert [e.nbytes for e in report.events[:6]] == [48, 48, 48, 48, 48, 32]
     assert report.events[12].nbytes == 16  # measured on the result: two int64
+
+
+def test_pinned_layouts_end_to_end(monkeypatch):
+    # no pinned memory without an accelerator: pretend every CPU tensor is pinned
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a, **k: self.is_cpu)
+    x = torch.arange(24.0).reshape(4, 6)
+    m = torch.empty(4, 6, device="meta")
+    mt = torch.empty(6, 4, device="meta")
+    with detect_stalls(device_type="meta") as report:
+        _attempt(lambda: m.copy_(x, non_blocking=True))                 # fine
+        _attempt(lambda: x.to("meta", non_blocking=True))               # fine
+        _attempt(lambda: x.t().to("meta", non_blocking=True))           # fine: dense, result keeps strides
+        line = _here(); _attempt(lambda: mt.copy_(x.t(), non_blocking=True))  # noqa: E702
+        _attempt(lambda: x[:, ::2].to("meta", non_blocking=True))       # gaps
+        _attempt(lambda: x.t().to("meta", torch.float16, non_blocking=True))  # dense but converted
+        _attempt(lambda: m.copy_(x[0], non_blocking=True))              # broadcast
+        _attempt(lambda: x.copy_(m, non_blocking=True))                 # D2H into pinned: fine
+        _attempt(lambda: x.t().copy_(mt, non_blocking=True))            # D2H into a transposed view
+        _attempt(lambda: x.t().to("meta"))                              # blocking is blocking
+    assert _kinds(report) == [
+        (NONCONTIG_H2D, "Tensor.copy_"),
+        (NONCONTIG_H2D, "Tensor.to"),
+        (NONCONTIG_H2D, "Tensor.to"),
+        (NONCONTIG_H2D, "Tensor.copy_"),
+        (NONCONTIG_D2H, "Tensor.copy_"),
+        (BLOCKING_COPY, "Tensor.to"),
+    ]
+    assert report.events[0].where == f"{THIS_FILE}:{line}"
+    assert "host strides (1, 6) for shape (6, 4)" in report.events[0].detail
 
 
 def test_cpu_only_work_is_not_reported():

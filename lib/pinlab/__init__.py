@@ -1,8 +1,10 @@
 """pinlab: the helper library of the course on honest host-to-device copies in PyTorch."""
 from ._check import CudaUnavailableError
 from .busy import cycles_per_ms, gpu_busy, wall_ms, warmup
+from .detector import StallError, detect_stalls
 from .device import facts, flashinfer_status, has_cuda, header, pinned_memory_available
 from .doctor import doctor
+from .h2d import async_tensor_h2d, pin_snapshot
 from .hostmem import (host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .progress import progress
@@ -10,6 +12,7 @@ from .record import ReplayMissingError, Run, measure
 from .timing import Stats, cuda_time, fmt_ms, host_time, report, show, table
 
 __all__ = [
+    "StallError", "async_tensor_h2d", "detect_stalls", "pin_snapshot",
     "CudaUnavailableError", "ReplayMissingError", "Run", "Stats",
     "cuda_time", "cycles_per_ms", "doctor", "facts", "flashinfer_status", "fmt_ms", "gpu_busy",
     "has_cuda", "header", "host_stats", "host_time", "measure", "next_pow2", "pinned_bytes_held",
