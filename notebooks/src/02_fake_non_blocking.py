@@ -1,0 +1,494 @@
+# %% [markdown]
+# # 02 · Fake `non_blocking`
+#
+# **What you will learn**
+# - what `non_blocking=True` promises, and when a host-to-device copy keeps the promise;
+# - the size from which a single copy from pageable memory makes the host wait for the GPU, measured here;
+# - the driver's staging pool: how many bytes of small pageable copies may be pending before the host blocks;
+# - why data copied `non_blocking` *into* pinned memory is wrong until you synchronize;
+# - other calls that quietly block the host: `torch.tensor(list, device="cuda")`, a non-contiguous
+#   pinned source, `.item()`, the first launch of a kernel;
+# - what a pageable input costs a step loop, seen in a `torch.profiler` trace;
+# - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
+#   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
+
+# %% tags=["nbval-ignore-output"]
+import statistics
+
+import matplotlib.pyplot as plt
+
+import pinlab
+from pinlab import stalls
+from pinlab.plots import fmt_bytes, size_sweep, timeline
+
+KiB, MiB = stalls.KiB, stalls.MiB
+pinlab.header("02 fake non_blocking")
+pinned_at_start = pinlab.pinned_baseline()
+
+# %% [markdown]
+# ## What `non_blocking=True` promises
+#
+# `gpu_t.copy_(cpu_t, non_blocking=True)` asks PyTorch to *enqueue* the copy on the GPU's stream and
+# return at once. While the GPU works through its queue, the host prepares the next step: that
+# overlap is what keeps a GPU fed.
+#
+# The promise can only hold when the copy engine can read `cpu_t` where it lies, that is when
+# `cpu_t` is **pinned** (lesson 01). From pageable memory the driver first copies the data into a
+# pinned staging buffer of its own, and it has only so much of that. When it runs out, it waits
+# until the GPU has drained earlier copies, and the GPU only gets to them after everything queued
+# before them. The call still says `non_blocking=True`; the host waits anyway. That is the
+# *fake* `non_blocking`.
+#
+# **How we make waiting visible.** An idle GPU runs a copy at once, so a call that waits for it
+# still looks fast. Every experiment therefore first enqueues `pinlab.gpu_busy(ms)`, a kernel that
+# spins for `ms` milliseconds. A call issued behind it that returns in microseconds did not wait;
+# one that takes about `ms` waited. We say a call **waited** when it took more than half the busy
+# time (`stalls.waited`). Every kernel an experiment times is launched once beforehand
+# (`pinlab.warmup`): the first launch of a kernel blocks too, as section 4 shows.
+
+# %% [markdown]
+# ## 1. One copy: when does `non_blocking` return at once?
+#
+# 🔮 **Predict.** Behind a GPU that is busy for 10 ms, how long does the host spend inside one
+# `copy_(..., non_blocking=True)` of 256 B from pageable memory? Of 64 MiB? And from pinned memory?
+#
+# <details><summary>Answer</summary>
+#
+# From pinned memory: microseconds, at every size (the copy is only enqueued). From pageable
+# memory: microseconds for small copies, which the driver stages at once; from some size on, the
+# whole busy time and then some, because the driver's staging buffer is full. Find that size below.
+# </details>
+#
+# The sweep times `copy_` into a GPU buffer and `.to("cuda")`, from pageable and from pinned
+# memory, for 27 sizes from 256 B to 64 MiB, with a finer grid between 1 and 4 MiB: each call
+# behind a fresh 10 ms kernel, median of 3. It takes about 6 s.
+
+# %%
+sweep = pinlab.measure("02_single_copy", stalls.single_copy_sweep, sizes=stalls.SWEEP_SIZES,
+                       busy_ms=10.0, repeat=3, bench_bytes=8 * MiB, bench_repeat=30)
+busy_ms, rows = sweep["busy_ms"], sweep["rows"]
+sizes = [r["bytes"] for r in rows]
+
+# %% tags=["nbval-ignore-output"]
+ms = pinlab.fmt_ms
+pinlab.table(rows, [("bytes", "size", fmt_bytes), ("copy_pageable_ms", "copy_ pageable", ms),
+                    ("to_pageable_ms", ".to pageable", ms), ("copy_pinned_ms", "copy_ pinned", ms),
+                    ("to_pinned_ms", ".to pinned", ms)])
+
+# %% [markdown]
+# Where does a pageable copy start to wait? We take the smallest size from which **every** larger
+# copy waited (`stalls.first_waiting_size`), so one stray slow measurement cannot fool us.
+
+# %%
+first_wait = stalls.first_waiting_size(sizes, [r["copy_pageable_ms"] for r in rows], busy_ms / 2)
+series = {k.replace("_ms", "").replace("_", " "): [r[k] for r in rows]
+          for k in ("copy_pageable_ms", "to_pageable_ms", "copy_pinned_ms", "to_pinned_ms")}
+size_sweep(sizes, series, ylabel="host ms inside the call", hline=(busy_ms, "GPU busy time"),
+           vline=(first_wait, "every copy from here on waited") if first_wait else None,
+           title=f"One non_blocking H2D call behind a busy GPU ({sweep.tag})")
+plt.show()
+
+# %%
+quick = [s for s in sizes if first_wait is None or s < first_wait]
+first_wait_to = stalls.first_waiting_size(sizes, [r["to_pageable_ms"] for r in rows], busy_ms / 2)
+pinlab.show("pageable copy_: largest size that returned at once", fmt_bytes(max(quick)) if quick else "none")
+pinlab.show("pageable copy_: first size from which every copy waited", fmt_bytes(first_wait) if first_wait else "none")
+pinlab.show("pageable .to: first size from which every call waited", fmt_bytes(first_wait_to) if first_wait_to else "none")
+
+# %%
+by_size = {r["bytes"]: r for r in rows}
+facts = {
+    "a 64 MiB pageable copy_ waited for the GPU": stalls.waited(by_size[64 * MiB]["copy_pageable_ms"], busy_ms),
+    "a 64 MiB pageable .to waited for the GPU": stalls.waited(by_size[64 * MiB]["to_pageable_ms"], busy_ms),
+    "a 256 B pageable copy_ returned at once": not stalls.waited(by_size[256]["copy_pageable_ms"], busy_ms),
+    "every pinned copy_ and .to returned at once": not any(
+        stalls.waited(r[k], busy_ms) for r in rows for k in ("copy_pinned_ms", "to_pinned_ms")),
+}
+for text, ok in facts.items():
+    print(f"{text}:", ok)
+assert all(facts.values())
+
+# %% [markdown]
+# Read the plot from the left: small pageable copies return too, with a host cost that grows with
+# their size (the driver's `memcpy` into staging). Where the pageable lines jump to the busy time,
+# a `non_blocking=True` copy from pageable memory has become a blocking copy. Compare the pinned
+# lines with them over the whole range.
+#
+# **The benchmark.** An honest `non_blocking` copy should cost the host next to nothing, whatever
+# the GPU is doing: here, the median host time of 30 pinned copies of 8 MiB behind a busy GPU.
+
+# %%
+bench = sweep["bench"]
+size = fmt_bytes(bench["bytes"])
+pinlab.report(f"pinned copy_ of {size} behind a busy GPU (median)", bench["copy_pinned"]["median"])
+pinlab.report(f"pinned .to of {size} behind a busy GPU (median)", bench["to_pinned"]["median"])
+pinlab.report(f"pageable copy_ of {size} behind a busy GPU (median)", bench["copy_pageable"]["median"])
+ok = bench["copy_pinned"]["median"] <= 0.05
+print("a pinned non_blocking copy_ costs at most 0.05 ms of host time behind a busy GPU:", ok)
+assert ok
+
+# %% [markdown]
+# ## 2. The staging pool: many small copies
+#
+# Small pageable copies return at once because the driver stages them. But staging space is
+# finite, and staged data leaves it only when the GPU performs the copy, after everything queued
+# before it.
+#
+# 🔮 **Predict.** Behind a kernel that runs for 50 ms, you issue 64 KiB pageable copies, one after
+# another. Do they all return at once? If not, after how many?
+#
+# <details><summary>Answer</summary>
+#
+# The first few dozen return in microseconds; then one copy waits for the whole kernel, because
+# the staging pool is full. The number of *bytes* pending at that moment is the pool's size.
+# </details>
+#
+# The experiment queues 16 MiB of copies, in 16 KiB and in 64 KiB pieces, behind a 50 ms kernel,
+# and times each copy; 3 trials each. It then checks that every byte arrived.
+
+# %%
+pool = pinlab.measure("02_staging_pool", stalls.staging_pool, chunks=[16 * KiB, 64 * KiB],
+                      total_bytes=16 * MiB, busy_ms=50.0, trials=3)
+limit = pool["busy_ms"] / 2
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+for run in pool["runs"]:
+    host_ms = run["trials"][0]["host_ms"]
+    ax.plot(range(1, len(host_ms) + 1), stalls.cumulative(host_ms), label=f"{fmt_bytes(run['chunk'])} copies")
+ax.axhline(pool["busy_ms"], ls="--", c="grey", lw=1, label="GPU busy time")
+ax.set(xscale="log", yscale="log", xlabel="copies queued", ylabel="host ms, cumulative",
+       title=f"Small pageable copies queued behind a busy GPU ({pool.tag})")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend()
+plt.show()
+
+# %%
+pending = {run["chunk"]: [stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit) for t in run["trials"]]
+           for run in pool["runs"]}
+for chunk, at in pending.items():
+    pinlab.show(f"{fmt_bytes(chunk)} copies: bytes queued when the host first blocked, per trial",
+                ", ".join(fmt_bytes(a) if a is not None else "never" for a in at))
+    pinlab.show(f"{fmt_bytes(chunk)} copies: copies queued when the host first blocked, per trial",
+                ", ".join(str(a // chunk) if a is not None else "never" for a in at))
+
+# %%
+every = [a for at in pending.values() for a in at]
+print("in every trial, the host blocked after at least 1 MiB had been queued:",
+      all(a is not None and a >= MiB for a in every))
+print("every queued copy arrived intact:", all(t["data_ok"] for run in pool["runs"] for t in run["trials"]))
+assert all(a is not None and a >= MiB for a in every)
+assert all(t["data_ok"] for run in pool["runs"] for t in run["trials"])
+
+# %% [markdown]
+# Each curve rises slowly, then jumps by about the busy time: that copy waited until the GPU had
+# worked through the kernel and started draining the staging pool. Is the pool counted in bytes
+# or in copies? If in copies, both curves would jump at the same copy; if in bytes, the 16 KiB
+# copies would get four times as far. Compare the lines above. Nothing was lost, the data is
+# right: only the host's time went.
+#
+# ## 3. Device to host: `non_blocking` the other way
+#
+# 🔮 **Predict.** `host_buf.copy_(gpu_t, non_blocking=True)` while the GPU is busy. If `host_buf`
+# is pageable, does the host wait? If it is pinned, and you read `host_buf` right after the
+# call, what do you read?
+#
+# <details><summary>Answer</summary>
+#
+# Into pageable memory the driver cannot let the copy run behind the host's back, so the call
+# waits until the copy is done: blocking, but correct. Into pinned memory the call returns at once
+# and the copy happens later: what you read right away is the buffer's **old** contents.
+# </details>
+#
+# Each trial fills the host buffer with -1, makes the GPU busy for 20 ms, then writes a new value
+# into a GPU tensor and copies it back with `non_blocking=True`. The host reads the buffer right
+# away, then again after waiting for the copy. 5 trials per variant.
+
+# %%
+d2h = pinlab.measure("02_d2h", stalls.d2h_visibility, nbytes=64 * KiB, busy_ms=20.0, trials=5)
+into_pageable, into_pinned, to_cpu = ({r["variant"]: r for r in d2h["variants"]}[v] for v in stalls.D2H_VARIANTS)
+for r in d2h["variants"]:
+    pinlab.report(f"{r['variant']}: host time inside the call (median)", statistics.median(r["host_ms"]))
+
+# %%
+facts = {
+    "copy_ into pageable memory waited for the GPU every time":
+        all(stalls.waited(t, d2h["busy_ms"]) for t in into_pageable["host_ms"]),
+    "  ... and its data was right without a sync": all(into_pageable["valid_before_sync"]),
+    "copy_ into pinned memory returned at once every time":
+        not any(stalls.waited(t, d2h["busy_ms"]) for t in into_pinned["host_ms"]),
+    "  ... and read before synchronizing, its data was wrong every time": not any(into_pinned["valid_before_sync"]),
+}
+for text, ok in facts.items():
+    print(f"{text}:", ok)
+assert all(facts.values())
+
+# %% [markdown]
+# What did the host read? The first four values of the pinned buffer, right after the call and
+# after waiting for the copy:
+
+# %%
+print("read right after the call:    ", into_pinned["head_before"])
+print("expected:                     ", into_pinned["expected_head"])
+print("read after done.synchronize():", into_pinned["head_after"])
+print("correct after synchronizing, every time:", all(into_pinned["valid_after_sync"]))
+assert all(into_pinned["valid_after_sync"])
+
+# %% [markdown]
+# The fix is to wait for *that copy* before reading, not for the whole device:
+#
+# ```python
+# out = pinned_buf.copy_(gpu_t, non_blocking=True)
+# done = torch.cuda.Event()
+# done.record()          # after the copy, on the same stream
+# ...                    # other host work overlaps the copy
+# done.synchronize()     # now out is valid
+# ```
+#
+# `torch.cuda.synchronize()` works too, but waits for everything on the GPU. And
+# `gpu_t.to("cpu", non_blocking=True)` allocates the result in pinned memory for you: same rule.
+
+# %%
+facts = {
+    ".to('cpu', non_blocking=True) returned at once every time":
+        not any(stalls.waited(t, d2h["busy_ms"]) for t in to_cpu["host_ms"]),
+    "  ... its result is pinned": to_cpu["result_pinned"],
+    "  ... wrong before synchronizing, right after torch.cuda.synchronize()":
+        not any(to_cpu["valid_before_sync"]) and all(to_cpu["valid_after_sync"]),
+}
+for text, ok in facts.items():
+    print(f"{text}:", ok)
+assert all(facts.values())
+
+# %% [markdown]
+# ## 4. Other hidden syncs
+#
+# Some calls block the host behind a busy GPU although nothing in them says "sync". Each one below
+# is timed behind a 50 ms kernel and with the GPU idle; it **blocked** when the difference is more
+# than half the busy time (so host work it does anyway is not counted as waiting).
+#
+# 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from a
+# *non-contiguous* view of pinned memory; a copy that converts float32 to bfloat16; `.item()`.
+#
+# <details><summary>Answer</summary>
+#
+# `torch.tensor(list, device="cuda")` builds the tensor on the CPU and copies it with a blocking
+# copy. A non-contiguous pinned source is first gathered into a contiguous temporary, which is
+# pageable: fake `non_blocking` again. A dtype-converting copy from pinned memory is asynchronous
+# once its conversion kernel is loaded; the *first* launch of any kernel blocks while CUDA loads
+# it (lazy module loading). `.item()` has to wait for the value: it always blocks.
+# </details>
+
+# %%
+hs = pinlab.measure("02_hidden_syncs", stalls.hidden_syncs, busy_ms=50.0, repeat=3, list_len=4096,
+                    view_bytes=8 * MiB)
+row = {r["key"]: r for r in hs["rows"]}
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(hs["rows"], [("op", "operation"), ("blocked", "host blocked"),
+                          ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
+
+# %%
+facts = {
+    "torch.tensor(list, device='cuda') blocked": row["tensor_list"]["blocked"],
+    "copy_ from a non-contiguous pinned view blocked": row["noncontig_pinned"]["blocked"],
+    "copy_ from a contiguous pinned tensor did not block": not row["contig_pinned"]["blocked"],
+    "a warm dtype-converting copy_ from pinned memory did not block": not row["dtype_warm"]["blocked"],
+    ".item() blocked": row["item"]["blocked"],
+    "a second launch of the same kernel did not block": not row["kernel_warm"]["blocked"],
+}
+for text, ok in facts.items():
+    print(f"{text}:", ok)
+assert all(facts.values())
+
+# %% [markdown]
+# The two *first* calls depend on how CUDA loads kernels: by default (`CUDA_MODULE_LOADING=LAZY`,
+# which PyTorch sets unless you chose otherwise) a kernel's code is loaded on its first launch,
+# and that launch waits for the busy GPU. With `CUDA_MODULE_LOADING=EAGER` everything is loaded at
+# start-up instead (slower start, no surprise later). What this run saw:
+
+# %%
+pinlab.show("CUDA_MODULE_LOADING", hs["module_loading"] or "(unset)")
+for key in ("dtype_cold", "kernel_cold"):
+    r = row[key]
+    pinlab.show(r["op"], f"{'blocked' if r['blocked'] else 'did not block'} ({pinlab.fmt_ms(r['host_ms'])})")
+
+# %% [markdown]
+# The lesson for measurements: launch every kernel once before you time anything, or the first
+# measurement lies. The lesson for serving: warm up (vLLM runs dummy batches before it serves).
+#
+# ## 5. What it costs a step loop: a profiler timeline
+#
+# A toy step: wait until step *i-2* is done (an engine bounds how far the host runs ahead), prepare
+# an 8 MiB input on the CPU (1 ms of work, written into a small ring of host buffers), copy it with
+# `copy_(..., non_blocking=True)`, launch a 2 ms "forward". The only difference between the two
+# runs: the host buffers are pageable, or pinned.
+#
+# 🔮 **Predict.** The GPU needs 2 ms per step and the host 1 ms. How many steps per second with
+# pinned inputs? With pageable ones?
+#
+# <details><summary>Answer</summary>
+#
+# Pinned: about one step per 2 ms plus the copy, because the host's work hides behind the GPU's.
+# Pageable: the 8 MiB copy waits until the GPU has finished the previous forward, then the GPU
+# idles while the driver stages the copy: the host's time and the GPU's now add up.
+# </details>
+#
+# 40 steps are timed without the profiler; then 6 steps of each run are recorded with
+# `torch.profiler` (CPU and CUDA activity), and the trace is read back into the plot below.
+
+# %%
+loop = pinlab.measure("02_step_loop", stalls.step_loop, steps=40, warm_steps=5, profile_steps=6,
+                      input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2, trace=stalls.DEFAULT_TRACE)
+pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
+print("the GPU run's profiler trace:", loop["trace_file"], "(open it in https://ui.perfetto.dev)")
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+for ax, mode in zip(axes, stalls.STEP_MODES):
+    m = loop["modes"][mode]
+    timeline({"host": m["host"], "GPU": m["gpu"]}, title=f"{mode} inputs", ax=ax)
+    ax.set_ylim(1.5, -1.6)  # room for the legend above the host lane
+fig.suptitle(f"Six steps from the profiler trace ({loop.tag})")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# What to look for. Pageable: does the host sit inside `copy_` until the previous forward is done,
+# and does the next forward start only after the copy, with the GPU computing nothing meanwhile?
+# Pinned: the host should wait only at the bounded run-ahead ("wait for step i-2"), and the
+# forwards should follow each other with only the short copy in between. The numbers:
+
+# %%
+pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
+pinlab.show("GPU idle share (no kernel running), pageable vs pinned",
+            f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
+pinlab.report("host time inside copy_ per step, pageable (median)", pag["copy_host_ms"])
+pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host_ms"])
+print("pinned inputs ran more steps per second:", pin["steps_per_s"] > pag["steps_per_s"])
+print("pinned inputs left the GPU idle a smaller share of the time:", pin["gpu_idle_share"] < pag["gpu_idle_share"])
+assert pin["steps_per_s"] > pag["steps_per_s"] and pin["gpu_idle_share"] < pag["gpu_idle_share"]
+
+# %% [markdown]
+# The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
+# the copies that may be fake `non_blocking`.
+
+# %%
+print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
+print("memcpy names in the pinned run:  ", sorted(pin["memcpy_names"]))
+pinlab.show("memcpys recorded, pageable / pinned run",
+            f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}")
+
+# %% [markdown]
+# ## 6. `async_tensor_h2d`: host data to the GPU, honestly
+#
+# Host data often starts as a Python list (token ids, positions, a mask). `torch.tensor(list,
+# device="cuda")` is the obvious way, and it blocks (section 4). vLLM's `async_tensor_h2d` keeps
+# a contract in three steps: build the tensor **on the CPU**, **pin** it (a fresh block, so
+# nobody else writes it while the copy is pending), copy it with **`non_blocking=True`**.
+# `pinlab.async_tensor_h2d(data, dtype=None, device="cuda")` does the same.
+#
+# 🔮 **Predict.** Behind a 20 ms kernel, which of the three calls below waits?
+
+# %%
+ah = pinlab.measure("02_async_h2d", stalls.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10)
+arow = {r["key"]: r for r in ah["rows"]}
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(ah["rows"], [("op", f"{ah['list_len']} ints to the GPU"), ("blocked", "host blocked"),
+                          ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
+
+# %%
+print("torch.tensor(list, device='cuda') waited for the GPU:", arow["factory"]["blocked"])
+print("pinlab.async_tensor_h2d(list) did not:", not arow["async"]["blocked"])
+print("all three calls gave the same GPU tensor:", ah["same_values"])
+assert arow["factory"]["blocked"] and not arow["async"]["blocked"] and ah["same_values"]
+
+# %% [markdown]
+# The middle one, a small pageable tensor copied `non_blocking`, fits the staging pool, so it can
+# return at once (see its row); in a loop that queues more pageable copies, it waits (section 2).
+# Use `async_tensor_h2d` for host data that becomes a **new** GPU tensor on a hot path (a step
+# loop, while the GPU is busy). For a GPU buffer you keep and refill every step, copy from a
+# private pinned snapshot instead: `gpu_buf[:n].copy_(pinlab.pin_snapshot(host_buf[:n]),
+# non_blocking=True)` (lesson 04). Off the hot path, `torch.tensor(..., device="cuda")` is fine.
+#
+# ## 7. Finding stalls in your own code: `pinlab.detect_stalls`
+#
+# `torch.cuda.set_sync_debug_mode("warn")` warns when PyTorch itself synchronizes. But a fake
+# `non_blocking` copy blocks inside the CUDA driver, not in PyTorch: PyTorch never knows. vLLM
+# added its own check for exactly this (#53491). `pinlab.detect_stalls()` watches every torch call
+# in a `with` block and reports pageable `non_blocking` copies, blocking copies, `.item()`-style
+# syncs and `torch.tensor(..., device="cuda")`, each with your `file:line`.
+#
+# The loop body it watches here, line by line:
+
+# %%
+for number, line in enumerate(stalls.DEMO_SOURCE.splitlines(), 1):
+    print(f"{number:2d} | {line}")
+
+# %% [markdown]
+# 🔮 **Predict.** 20 steps of this loop under `detect_stalls()`: how many stalls, of which kinds?
+
+# %%
+det = pinlab.measure("02_detector", stalls.detector_demo, steps=20, gpu_ms=0.5, features=256, repeat=5)
+
+# %% tags=["nbval-ignore-output"]
+print(det["summary"])
+
+# %%
+expected = {kind: det["steps"] for kind in stalls.DEMO_STALLS.values()}
+for kind, n in det["counts"].items():
+    print(f"{kind}: {n}")
+print("one stall of each kind per step, and nothing else:", det["counts"] == expected)
+lines = {kind: [line] for kind, line in stalls.demo_stall_lines().items()}
+print("each points at its line of demo_step.py:", det["stall_lines"] == lines)
+assert det["counts"] == expected and det["stall_lines"] == lines
+
+# %% [markdown]
+# The same three calls, one at a time, under `torch.cuda.set_sync_debug_mode("warn")` (its
+# warnings caught with `warnings.catch_warnings(record=True)`) and under `detect_stalls()`:
+
+# %%
+for c in det["compare"]:
+    print(f"{c['op']}\n    set_sync_debug_mode('warn') warned: {c['sync_debug_warnings'] > 0}"
+          f"   detect_stalls() reported: {c['detector_events'] > 0}")
+cmp = {c["key"]: c for c in det["compare"]}
+assert cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]["detector_events"] > 0
+
+# %% [markdown]
+# Does watching cost much? The loop's host time with and without the detector (median of 5 runs
+# each). The loop does real GPU work every step, as a training or serving loop does, so the
+# ratio is the one you would see.
+
+# %%
+plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]
+pinlab.report(f"{det['steps']} steps, plain (median)", plain)
+pinlab.report(f"{det['steps']} steps under detect_stalls() (median)", watched)
+ok = watched <= 2 * plain
+print("the detector at most doubled the loop's host time:", ok)
+assert ok
+
+# %% [markdown]
+# ## Clean up
+
+# %%
+back = pinlab.pinned_back_to(pinned_at_start)
+print("pinned memory held is back to its starting level:", back)
+assert back
+
+# %% [markdown]
+# ## What to remember
+# - `non_blocking=True` is a request. From **pinned** memory it is honoured; from **pageable**
+#   memory only while the driver's staging pool has room: one large copy, or many small ones
+#   queued behind a busy GPU, and the host waits. The sizes where that happens are above.
+# - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
+#   event after it and `synchronize()` the event before you read.
+# - Hidden syncs: `torch.tensor(list, device="cuda")`, non-contiguous pinned sources, `.item()`,
+#   and the first launch of every kernel (warm up before you measure or serve).
+# - In a step loop, a fake `non_blocking` copy serializes CPU and GPU: fewer steps per second, an
+#   idle GPU. The profiler names the copy `Memcpy HtoD (Pageable -> Device)`.
+# - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
+#   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
+#
+# **Exercise:** `exercises/02_fake_non_blocking.ipynb` (solution in `solutions/`).
+# **Next:** 03 · the race: a reused pinned buffer and a CPU that runs ahead.

@@ -1,0 +1,269 @@
+# %% [markdown]
+# # 03 · The race
+#
+# **What you will learn**
+# - how vLLM's asynchronous scheduling (Model Runner V2) lets the CPU build step N+1 while the
+#   GPU still runs step N, with no host sync between steps;
+# - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data:
+#   first in a timeline model, then measured on the GPU;
+# - that real FlashInfer decode attends over the wrong pages when its `indptr` travels that way;
+# - that a **pageable** buffer is correct, and what that costs: host time, and a host that can
+#   no longer run ahead of the GPU.
+
+# %% tags=["nbval-ignore-output"]
+import matplotlib.pyplot as plt
+
+import pinlab
+from pinlab import race
+from pinlab.plots import fmt_bytes, timeline
+
+pinlab.header("03 the race")
+pinned_at_start = pinlab.pinned_baseline()
+
+# %% [markdown]
+# ## Asynchronous scheduling in Model Runner V2
+#
+# A vLLM engine step schedules a batch, builds its inputs on the CPU (token ids, positions, the
+# attention metadata), copies them to the GPU and launches the forward pass. With async
+# scheduling the engine does not wait for step N's result before it starts step N+1: it keeps a
+# small **batch queue** (`max_concurrent_batches`: 2 without pipeline parallelism) and waits only
+# when the queue is full, for the *oldest* step's output. Model Runner V2 (`vllm/v1/worker/gpu/`)
+# adds no other host sync between steps. So the CPU runs ahead:
+#
+# ```
+# CPU:  [build step 1][build step 2]   (wait for step 0's output) [build step 3] ...
+# GPU:        [ step 0 forward .............][ step 1 forward .............][ step 2 ...
+# ```
+#
+# Step N's inputs reach the GPU through `gpu_buf.copy_(host_buf, non_blocking=True)`. From pinned
+# memory such a copy is truly asynchronous: the call only *enqueues* a DMA on the stream, and the
+# DMA reads `host_buf` when the stream gets to it, after everything enqueued before it.
+#
+# FlashInfer's attention metadata in vLLM (`vllm/v1/attention/backends/flashinfer.py`) is built
+# exactly like that: `indptr` and `last_page_len` are computed on the host into **persistent**
+# buffers and copied to the GPU every step; the page indices are then built *on the GPU* from
+# the GPU copy of `indptr`. If the host buffer is pinned and reused, who wins: step N's DMA, or
+# step N+1's write into the same buffer?
+
+# %% [markdown]
+# ## The race in a timeline model
+#
+# `race.simulate` is a small, exact model of the step loop (times in ms, no GPU involved): each
+# step the host spends 0.1 ms writing the step's data into the buffer, enqueues the copy, and
+# spends 0.1 ms launching the forward; the GPU runs each copy (0.05 ms) when it reaches it, then
+# that step's forward (1 ms).
+#
+# 🔮 **Predict.** Six steps through one reused pinned buffer. Which step's data does each copy
+# deliver?
+#
+# <details><summary>Answer</summary>
+#
+# Copy 0 runs at once (the GPU is idle) and delivers step 0. Every later copy waits behind a 1 ms
+# forward; by then the host has written all six steps, so copies 1 to 5 all deliver step 5.
+# </details>
+
+# %%
+sim = race.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0)
+timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer (model)")
+plt.show()
+
+# %%
+print("copy n delivered the data of step:", sim["received"])
+print("copies that delivered the wrong step:", sim["corrupted"], "of", len(sim["received"]))
+
+# %% [markdown]
+# The host writes are quick and the copies wait: by the time a copy runs, the buffer holds the
+# last step the host wrote. Nothing fails, nothing warns: the GPU simply computes with the wrong
+# step's data.
+#
+# The race needs the host to be *ahead*. Give the GPU a forward that keeps up, and the same
+# buffer is safe:
+
+# %%
+fast = race.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=0.01)
+print("GPU keeps up: copy n delivered step:", fast["received"])
+print("the race needs a GPU that is behind the host:", fast["corrupted"] == 0 and sim["corrupted"] > 0)
+
+# %% [markdown]
+# That is why this bug hides: in a synchronous loop, or whenever the GPU is idle, every step is
+# right. It shows only when the host runs ahead, which is exactly what async scheduling is for.
+#
+# ## On the GPU: a step loop
+#
+# Now the real thing. `race.plain_race` runs the loop on the GPU: each step writes its step
+# number into every element of a 256-byte host buffer (a stand-in for `indptr`), enqueues
+# `copy_(non_blocking=True)` into that step's slot on the GPU, and keeps the GPU busy for 0.5 ms
+# (`pinlab.gpu_busy`: the step's forward). Nothing synchronizes until the end; then we read back
+# which step's data each slot received. The same loop runs twice: with a reused **pinned**
+# buffer and with a reused **pageable** one.
+
+# %%
+plain = pinlab.measure("03_plain_race", race.plain_race, strategies=["reused_pinned", "pageable"],
+                       steps=200, nbytes=256, busy_ms=0.5)
+
+# %%
+race.plot_received(plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})")
+plt.show()
+
+# %%
+pinned, pageable = plain.result["runs"]["reused_pinned"], plain.result["runs"]["pageable"]
+pinlab.show("reused pinned buffer: corrupted steps", f"{pinned['corrupted']} of {pinned['steps']} "
+            f"({pinned['rate']:.1%}); the first at step {pinned['first_corrupted']}")
+print("the reused pinned buffer corrupted at least one step:", pinned["corrupted"] >= 1)
+print("the reused pinned buffer corrupted more than half of the steps:", pinned["corrupted"] > pinned["steps"] // 2)
+print("the pageable buffer, corrupted steps:", pageable["corrupted"])
+assert pinned["corrupted"] >= 1 and pinned["corrupted"] > pinned["steps"] // 2
+assert pageable["corrupted"] == 0
+
+# %% [markdown]
+# Read the plot: with the pinned buffer the points lie on a horizontal line near the last step,
+# far from the diagonal. Almost every copy delivered the data of a step the host wrote much
+# later. The pageable buffer sits on the diagonal (why, and at what price, below).
+#
+# ## Real attention: FlashInfer decode over the wrong pages
+#
+# A step counter is a stand-in. Does the race break real attention? `race.decode_race` runs a
+# decode loop shaped like vLLM's:
+#
+# - 64 steps; requests grow by one token a step, new requests join and others leave
+#   (`race.decode_schedule`), so `indptr` and `last_page_len` change from step to step;
+# - each step the host writes `indptr` and `last_page_len` into **one reused metadata buffer** and
+#   copies it to the GPU with `non_blocking=True`;
+# - the page indices are built **on the GPU** from that GPU copy of `indptr` and the block table
+#   (`pinlab.paged_kv.page_indices`, as vLLM's Triton kernel does);
+# - FlashInfer's `plan()` gets host `indptr`/`last_page_len` (its own copies) and the GPU indices,
+#   then `run()` computes decode attention; the GPU is kept 1 ms busy per step (the rest of the
+#   forward);
+# - afterwards every request's output is compared with `pinlab.paged_kv.reference_decode`, an
+#   fp32 torch reference fed with the *correct* metadata.
+#
+# Two details keep the experiment honest and alive. The host runs at most two steps ahead (it
+# waits for step N-2 before building step N, like a batch queue of depth 2) and cycles through a
+# ring of three FlashInfer wrappers, so no wrapper is re-planned before its previous plan has
+# run: FlashInfer's `plan()` has a reused pinned buffer of its own, and sharing one wrapper with
+# the host two steps ahead crashes the CUDA context (lesson 04 tests that, in a separate
+# process). And a wrong `indptr` is clamped into a well-formed one on the GPU
+# (`race.safe_indptr`): PyTorch checks its index bounds *on the device*, and a failed device-side
+# assert would kill the context too. A wrong `indptr` still gives wrong pages; it cannot read
+# outside the cache.
+#
+# 🔮 **Predict.** Will every step with a corrupted copy also attend over wrong pages?
+#
+# <details><summary>Answer</summary>
+#
+# No. When the step that overwrote the buffer has the same `indptr` (no request crossed a page
+# boundary, none joined or left), the wrong copy carries the right pages. Count both below.
+# </details>
+
+# %%
+print("FlashInfer compiles its decode kernel the first time it is used (JIT): about 15 s on the "
+      "H200 when nothing is cached. A replay of a recorded run skips it.")
+dec = pinlab.measure("03_decode_race", race.decode_race, strategies=["reused_pinned", "pageable"],
+                     steps=64, busy_ms=1.0, ring=3, ahead=2, seed=0)
+
+# %%
+pinlab.show("attention backend", dec.result["backend"])
+pinlab.show("why not FlashInfer", dec.result["fallback_reason"] or "FlashInfer ran")
+pinlab.show("FlashInfer first plan+run (JIT or cache load), s", dec.result["jit_s"])
+pinlab.show("requests joined / left during the run", f"{dec.result['joins']} / {dec.result['leaves']}")
+
+# %% [markdown]
+# If the backend above says `torch`, FlashInfer could not run on the machine that recorded this
+# (not installed, or its JIT build failed): the loop then used `race.torch_paged_decode`, a batched
+# paged attention in plain torch that reads the **GPU copies** of `indptr` and `last_page_len`, so
+# the race shows the same way. The reason is printed above.
+
+# %%
+tol = dec.result["tol"]
+race.plot_errors(dec.result, "reused_pinned",
+                 title=f"Reused pinned buffer: error per request and step ({dec.tag})")
+plt.show()
+
+# %%
+bad, good = dec.result["runs"]["reused_pinned"], dec.result["runs"]["pageable"]
+steps = dec.result["steps"]
+pinlab.show("reused pinned: copies that delivered another step's metadata", f"{bad['copies_wrong']} of {steps}")
+pinlab.show("reused pinned: corruption rate (steps whose attention read wrong pages)",
+            f"{bad['wrong_input_steps']} of {steps} ({bad['wrong_input_steps'] / steps:.0%})")
+pinlab.show("reused pinned: requests that read wrong pages", f"{bad['wrong_input_requests']} of {bad['requests']}")
+pinlab.show("their error against the reference (median, max)",
+            f"{bad['median_err_wrong_inputs']}, {bad['max_err_wrong_inputs']}")
+print("reused pinned buffer: some copy delivered another step's metadata:", bad["copies_wrong"] >= 1)
+print("reused pinned buffer: the attention read wrong pages on at least one step:", bad["wrong_input_steps"] >= 1)
+print("pageable buffer: steps whose attention read wrong pages:", good["wrong_input_steps"])
+print(f"every request whose attention read the right inputs matched the reference within {tol}:",
+      max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= tol)
+assert bad["copies_wrong"] >= 1 and bad["wrong_input_steps"] >= 1 and good["wrong_input_steps"] == 0
+assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= tol
+
+# %% [markdown]
+# Each red dot is a request whose attention read pages that belong to another request, or to
+# another step's layout of the batch: its output is not that request's attention at all. Some of
+# those errors are large, some small (a few wrong pages among many), and none of them raises an
+# error. In a serving engine that is a wrong token, silently.
+#
+# ## The first fix: a pageable buffer (#32799)
+#
+# vLLM's answer for Model Runner V2 (#32799, "Don't pin reused flashinfer tensors") was to stop
+# pinning the reused buffers. A `non_blocking` copy from **pageable** memory cannot DMA from it
+# directly: the driver first copies the data into a pinned staging buffer of its own, *during the
+# call*, so a later write to your buffer cannot reach the GPU. Correct, as both experiments above
+# showed. The price is the "fake `non_blocking`" of lesson 02: a CPU `memcpy` on every call, and
+# once the driver's staging pool is full (or one copy is too large for it) the call waits for the
+# GPU, so the host can no longer run ahead.
+#
+# `race.pageable_cost` runs the unbounded step loop with a pageable buffer of 1 KiB, 64 KiB,
+# 1 MiB and 4 MiB per step, the GPU busy 0.5 ms per step, and records the host time spent in each
+# copy call.
+#
+# 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does?
+
+# %%
+pc = pinlab.measure("03_pageable_cost", race.pageable_cost, sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
+                    steps=400, busy_ms=0.5)
+
+# %%
+race.plot_host_cumulative(pc.result, title=f"Host time in pageable copy calls ({pc.tag})")
+plt.show()
+
+# %%
+busy_us = pc.result["busy_ms"] * 1e3
+share = {}
+for r in pc.result["runs"]:
+    share[r["nbytes"]] = r["host_loop_ms"] / (r["host_loop_ms"] + r["drain_ms"])
+    pinlab.show(f"{fmt_bytes(r['nbytes'])} per step: host µs per copy call (median / p90)",
+                f"{r['host']['median_us']:.1f} / {r['host']['p90_us']:.1f}; host loop / whole run = "
+                f"{share[r['nbytes']]:.0%}")
+first16 = sorted(pc.result["runs"][1]["host_us"][:16])
+print("pageable buffer, corrupted steps at every size:", sum(r["corrupted"] for r in pc.result["runs"]))
+print("1 KiB per step: the host finished its loop with most of the GPU work still queued:", share[1024] < 0.25)
+print("64 KiB per step: the first 16 copies did not wait for the GPU:", first16[8] < 0.2 * busy_us)
+print("64 KiB, 1 MiB, 4 MiB per step: the host loop lasted at least half of the run (it had to wait):",
+      all(share[s] >= 0.5 for s in (64 * 1024, 1024 * 1024, 4 * 1024 * 1024)))
+assert sum(r["corrupted"] for r in pc.result["runs"]) == 0 and share[1024] < 0.25 and first16[8] < 0.2 * busy_us
+assert all(share[s] >= 0.5 for s in (64 * 1024, 1024 * 1024, 4 * 1024 * 1024))
+
+# %% [markdown]
+# Small metadata (1 KiB) pays only the staging `memcpy` and keeps the host ahead. From 64 KiB per
+# step the staging pool fills after a few MiB, and from then on every copy call waits until the
+# GPU has drained an earlier copy: the host runs at the GPU's pace, and async scheduling has
+# nothing left to overlap. A single copy of a few MiB waits at once. vLLM's metadata is small,
+# but the same pattern elsewhere is not, and even at 1 KiB the staging is a host `memcpy` on the
+# critical path of every step. Lesson 04 shows the fix that is both asynchronous and correct.
+
+# %%
+back = pinlab.pinned_back_to(pinned_at_start)
+print("pinned memory held is back to its starting level:", back)
+assert back
+
+# %% [markdown]
+# ## What to remember
+# - Async scheduling means the host writes step N+1 while step N's copies are still queued.
+# - A `non_blocking` copy from pinned memory reads the buffer when it **runs**, not when you call
+#   it: a reused pinned buffer delivers a later step's data, silently, on most steps.
+# - In vLLM's FlashInfer path that means attention over the wrong pages: wrong outputs, no error.
+# - A pageable buffer is correct (the driver copies it during the call) but costs a host `memcpy`
+#   every step, and blocks the host once the driver's staging pool is full.
+#
+# **Exercise:** `exercises/03_the_race.ipynb` (solution in `solutions/`).
+# **Next:** 04 · the fix: a pinned snapshot per step, and the history of fixes compared.

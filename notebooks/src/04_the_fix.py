@@ -1,0 +1,326 @@
+# %% [markdown]
+# # 04 · The fix
+#
+# **What you will learn**
+# - the fix in vLLM 0.29: keep the reused buffer **pageable**, take a `pin_memory()` **snapshot**
+#   every step, and copy the snapshot with `non_blocking=True`;
+# - why that is safe: PyTorch's caching host allocator does not hand a pinned block out again
+#   until the copy that used it has run (seen through block addresses and `host_memory_stats()`);
+# - the trap: `pin_memory()` of a tensor that is already pinned is that same tensor;
+# - what the snapshot costs, and how it compares with every other fix vLLM tried;
+# - the same class of hazard inside FlashInfer's own `plan()`.
+
+# %% tags=["nbval-ignore-output"]
+import matplotlib.pyplot as plt
+
+import pinlab
+from pinlab import race
+from pinlab.plots import bars, fmt_bytes
+
+pinlab.header("04 the fix")
+pinned_at_start = pinlab.pinned_baseline()
+
+# %% [markdown]
+# ## The fix in vLLM 0.29
+#
+# In `_compute_flashinfer_kv_metadata` the reused buffers became pageable again (as #32799 made
+# them), and each copy now goes through a fresh pinned copy of just the bytes it needs:
+#
+# ```python
+# paged_kv_indptr_cpu = self.paged_kv_indptr.cpu[: num_reqs + 1]   # pageable, reused every step
+# if PIN_MEMORY:
+#     paged_kv_indptr_cpu = paged_kv_indptr_cpu.pin_memory()         # a private pinned snapshot
+# self.paged_kv_indptr.gpu[: num_reqs + 1].copy_(paged_kv_indptr_cpu, non_blocking=True)
+# ```
+#
+# Step N+1 writes the pageable buffer; step N's DMA reads its own snapshot. The copy is truly
+# asynchronous (pinned source) and cannot see a later step's data.
+#
+# 🔮 **Predict.** Ten thousand steps, the host never waiting for the GPU. How many corrupted?
+#
+# <details><summary>Answer</summary>
+#
+# None, as long as no snapshot's memory is reused before its copy has run. Whether that holds is
+# the allocator's business: see the next section.
+# </details>
+#
+# `race.snapshot_soak` runs the plain step loop of lesson 03 for 10,000 steps with the snapshot
+# (4 KiB of metadata per step, the GPU busy 0.2 ms per step, unbounded run-ahead), then 1,000 steps
+# of the reused pinned buffer under the same load as a control: a test that cannot fail proves
+# nothing.
+
+# %%
+soak = pinlab.measure("04_snapshot_soak", race.snapshot_soak, steps=10_000, nbytes=4096, busy_ms=0.2,
+                      control_steps=1000)
+snap, control = soak.result["snapshot"], soak.result["control"]
+
+# %%
+pinlab.show("control (reused pinned buffer): corrupted steps", f"{control['corrupted']} of {control['steps']}")
+pinlab.show("snapshot: distinct pinned blocks used", snap["distinct_blocks"])
+print("steps with the snapshot:", snap["steps"])
+print("corrupted steps with the snapshot:", snap["corrupted"])
+print("the control corrupted at least one step:", control["corrupted"] >= 1)
+assert snap["steps"] >= 10_000 and snap["corrupted"] == 0 and control["corrupted"] >= 1
+
+# %% [markdown]
+# ## Why it is safe: the caching host allocator
+#
+# `pin_memory()` of a pageable tensor asks PyTorch's **caching host allocator** for a pinned block
+# (lesson 01: rounded up to a power of two, cached after use). When a pinned block is used by a
+# `non_blocking` copy, the copy tells the allocator (`CachingHostAllocator_recordEvent`: the block
+# remembers the stream). When the snapshot tensor is freed, a moment later, the allocator records
+# an **event** on that stream and parks the block; it hands the block out again only once that
+# event has completed, that is once the copy has run. Its header says: "The allocation 'ptr' will
+# not be re-used until the event has occurred."
+#
+# `race.allocator_reuse` watches it happen, with a pageable 4 KiB buffer:
+# 1. snapshot 1 is copied behind 50 ms of GPU work, then freed;
+# 2. snapshot 2 is taken while that copy is still pending;
+# 3. after a sync, snapshot 3 is taken.
+#
+# 🔮 **Predict.** Which snapshots share a block?
+
+# %%
+alloc = pinlab.measure("04_allocator_reuse", race.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200, ahead=4)
+a = alloc.result
+
+# %%
+pinlab.show("new cudaHostAlloc calls for snapshots 1, 2, 3", a["new_host_allocs"])
+pinlab.show("torch.cuda.host_memory_stats() (a few entries)", a["host_memory_stats"])
+print("snapshot 2 was taken while snapshot 1's copy was still pending:", a["copy_pending_at_second_snapshot"])
+print("so snapshot 2 got a different block:", a["second_block_differs"])
+print("after a sync, snapshot 3 got snapshot 1's block back:", a["third_reuses_first"])
+print("snapshot 3 needed no new cudaHostAlloc:", a["new_host_allocs"][2] == 0)
+assert a["copy_pending_at_second_snapshot"] and a["second_block_differs"] and a["third_reuses_first"]
+assert a["new_host_allocs"][2] == 0
+
+# %% [markdown]
+# The same over a whole step loop: 200 snapshots, the host up to 4 steps ahead of the GPU. For
+# every snapshot whose block had served an earlier step, the loop asked the earlier step's copy
+# event whether that copy had finished.
+
+# %%
+loop = a["loop"]
+pinlab.show("distinct pinned blocks for 200 snapshots", loop["distinct_blocks"])
+print("blocks were handed out again:", loop["blocks_reused"] > 0)
+print("no block was handed out again before its copy had run:", loop["reused_before_copy_done"] == 0)
+print("fewer than 16 blocks served all 200 snapshots:", loop["distinct_blocks"] < 16)
+assert loop["blocks_reused"] > 0 and loop["reused_before_copy_done"] == 0 and loop["distinct_blocks"] < 16
+
+# %% [markdown]
+# The allocator keeps about as many blocks as there are copies in flight, and recycles them as
+# the GPU catches up: a few KiB of pinned memory, held only while needed. (In the unbounded soak
+# above, with hundreds of steps in flight, it needed hundreds of blocks.)
+#
+# ## The trap: `pin_memory()` of a pinned tensor
+#
+# `pin_memory()` returns a pinned copy *unless the tensor is already pinned*: then it returns the
+# tensor itself. MRV2's own helper says so in a comment ("pin_memory() is no-op if the memory is
+# already pinned"). So the snapshot pattern only works on a **pageable** buffer. Keep a pinned
+# buffer "for speed" and add `.pin_memory()` "for safety", and you have the race back.
+
+# %%
+trap = pinlab.measure("04_pin_trap", race.pin_trap, nbytes=256, steps=200, busy_ms=0.5)
+t = trap.result
+runs = t["race"]["runs"]
+print("pin_memory() of a pinned tensor returns the same storage:", t["same_storage"])
+print("pin_memory() of a pageable tensor returns new storage:", t["pageable_gets_new_storage"])
+print("snapshot of a pinned buffer: at least one corrupted step:", runs["snapshot_of_pinned"]["corrupted"] >= 1)
+print("snapshot of a pageable buffer: corrupted steps:", runs["snapshot"]["corrupted"])
+assert t["same_storage"] and t["pageable_gets_new_storage"]
+assert runs["snapshot_of_pinned"]["corrupted"] >= 1 and runs["snapshot"]["corrupted"] == 0
+
+# %%
+race.plot_received(runs, title=f"The trap: pin_memory() of a pinned buffer ({trap.tag})")
+plt.show()
+
+# %% [markdown]
+# If a buffer *must* stay pinned, make the snapshot explicitly:
+# `torch.empty_like(buf, pin_memory=True).copy_(buf)` (that is what `pinlab.h2d.pin_snapshot` does
+# when it is handed a pinned tensor).
+#
+# ## What the snapshot costs
+#
+# A snapshot is a small host allocation (a cached block, when warm) plus a `memcpy` of the bytes
+# copied. `race.snapshot_cost` times, per step, the host section "write the metadata, stage it,
+# enqueue the copy" for three loops with the same load (2,000 steps, the host at most two steps
+# ahead, as with a batch queue of depth 2):
+# - **no copy**: the write alone;
+# - **reused pinned**: the write and the same `non_blocking` copy, with no snapshot (the racy
+#   code the fix replaces): the baseline without the snapshot copy;
+# - **snapshot**: the write, `pin_memory()`, and the copy.
+#
+# The snapshot's own cost is snapshot minus reused pinned. Snapshot minus no-copy is everything
+# that moving the metadata costs this way, `copy_()` included.
+
+# %%
+cost = pinlab.measure("04_snapshot_cost", race.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=2000,
+                      busy_ms=0.1, ahead=2)
+
+# %% tags=["nbval-ignore-output"]
+us = lambda v: f"{v:.1f}"  # noqa: E731
+pinlab.table(cost.result["rows"], [("nbytes", "metadata", fmt_bytes), ("no_copy_us", "no copy µs", us),
+                                   ("reused_pinned_us", "reused pinned µs", us), ("snapshot_us", "snapshot µs", us),
+                                   ("snapshot_extra_us", "snapshot adds µs", us),
+                                   ("copy_total_us", "snapshot - no copy µs", us)])
+
+# %%
+rows = cost.result["rows"]
+bars([fmt_bytes(r["nbytes"]) for r in rows], [r["snapshot_extra_us"] for r in rows],
+     ylabel="host µs per step added by pin_memory()", title=f"The snapshot's host cost ({cost.tag})",
+     annotate="{:.1f}")
+plt.show()
+
+# %%
+worst = max(r["snapshot_extra_us"] for r in rows)
+pinlab.show("largest host time the snapshot adds per step, up to 64 KiB", f"{worst:.1f} µs")
+pinlab.show("largest snapshot - no copy (all of the move) per step", f"{max(r['copy_total_us'] for r in rows):.1f} µs")
+print("the snapshot adds at most 10 µs of host time per step for metadata up to 64 KiB:", worst <= 10.0)
+print("corrupted steps with the snapshot in these loops:", sum(r["snapshot_corrupted"] for r in rows))
+assert worst <= 10.0 and sum(r["snapshot_corrupted"] for r in rows) == 0
+
+# %% [markdown]
+# A few microseconds per step, against a step of milliseconds in a real engine: the review's
+# worry ("one extra small pinned copy per step") is real but small, as long as the metadata is
+# small. The snapshot's `memcpy` grows with the size (lesson 01's warm `pin_memory()` timings):
+# snapshot what is small and changes every step, not big tensors.
+#
+# ## The history of fixes, compared
+#
+# Every approach vLLM took, in one loop (1,000 steps, 4 KiB per step, the GPU busy 0.3 ms per
+# step, the host at most two steps ahead):
+#
+# | approach | where it comes from |
+# | --- | --- |
+# | reused pinned buffer | the race itself (MRV2 with pinned buffers) |
+# | pinned double buffer | #23737: the working buffer is copied into a second persistent pinned buffer, which the GPU copies from (it protected the copy against later edits of the working buffer, e.g. for CUDA graphs) |
+# | pageable buffer | #32799: do not pin reused buffers in MRV2 |
+# | `pin_memory()` snapshot | the PR (vLLM 0.29) |
+# | snapshot of a pinned buffer | the trap |
+# | ring + events | MRV2's buffer pools (`UvaBufferPool`): a ring of pinned buffers as deep as the steps in flight, here each guarded by an event |
+# | event wait | MRV1's `prepare_inputs_event`: wait until the previous step's copies ran before rewriting the one pinned buffer |
+
+# %%
+hist = pinlab.measure("04_history", race.history, strategies=race.HISTORY, steps=1000, nbytes=4096,
+                      busy_ms=0.3, ahead=2, ring_depth=3)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(hist.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"),
+                                   ("host_us", "host µs/step", us), ("host_extra_us", "vs no copy µs", us),
+                                   ("pinned_bytes_held", "pinned bytes held")])
+
+# %%
+race.plot_history(hist.result, title=f"The fixes compared ({hist.tag})")
+plt.show()
+
+# %%
+h = {r["strategy"]: r for r in hist.result["rows"]}
+print("steps per approach:", hist.result["steps"])
+for s in ("pageable", "snapshot", "ring_events", "event_wait"):
+    print(f"{race.LABELS[s]}: corrupted steps: {h[s]['corrupted']}")
+print("the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer all corrupted steps:",
+      all(h[s]["corrupted"] >= 1 for s in ("reused_pinned", "double_pinned", "snapshot_of_pinned")))
+print("the pageable buffer holds no pinned memory:", h["pageable"]["pinned_bytes_held"] == 0)
+print("the event wait costs the host more time per step than the snapshot:",
+      h["event_wait"]["host_us"] > h["snapshot"]["host_us"])
+assert all(h[s]["corrupted"] == 0 for s in ("pageable", "snapshot", "ring_events", "event_wait"))
+assert all(h[s]["corrupted"] >= 1 for s in ("reused_pinned", "double_pinned", "snapshot_of_pinned"))
+assert h["pageable"]["pinned_bytes_held"] == 0 and h["event_wait"]["host_us"] > h["snapshot"]["host_us"]
+
+# %% [markdown]
+# Reading the table:
+# - **#23737's double buffer** protects the copy against later edits of the *working* buffer (what
+#   it was for), not against the next step's write into the second buffer: with the host ahead it
+#   races like a single buffer.
+# - **Pageable** is correct and holds no pinned memory, but pays the driver's staging on every
+#   call and blocks at larger sizes (lesson 03).
+# - **The snapshot** is correct and asynchronous; it holds a few small blocks, as many as copies in
+#   flight.
+# - **The ring with events** is as good when it is as deep as the steps in flight (here 3 buffers
+#   for a host at most two steps ahead, so when a buffer comes round again its copy has run).
+#   Make it shallower and the events make the host wait; drop the events and it races.
+# - **The event wait** is correct with a single buffer, but the host waits for the previous step's
+#   copy every step, which is the run-ahead async scheduling was meant to buy.
+#
+# ## The snapshot in real FlashInfer decode
+#
+# The decode loop of lesson 03 once more, with the snapshot instead of the pageable buffer, and
+# the reused pinned buffer again as the control.
+
+# %%
+print("FlashInfer compiles its decode kernel the first time it is used (JIT): about 15 s on the "
+      "H200 when nothing is cached. A replay of a recorded run skips it.")
+dec = pinlab.measure("04_decode_snapshot", race.decode_race, strategies=["reused_pinned", "snapshot"],
+                     steps=64, busy_ms=1.0, ring=3, ahead=2, seed=0)
+
+# %%
+d = dec.result
+bad, good = d["runs"]["reused_pinned"], d["runs"]["snapshot"]
+pinlab.show("attention backend", d["backend"])
+pinlab.show("reused pinned: steps whose attention read wrong pages", f"{bad['wrong_input_steps']} of {d['steps']}")
+print("snapshot: steps whose attention read wrong pages:", good["wrong_input_steps"])
+print("snapshot: copies that delivered another step's metadata:", good["copies_wrong"])
+print("the reused pinned buffer in the same run read wrong pages on at least one step:", bad["wrong_input_steps"] >= 1)
+print(f"every request whose attention read the right inputs matched the reference within {d['tol']}:",
+      max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= d["tol"])
+assert good["wrong_input_steps"] == 0 and good["copies_wrong"] == 0 and bad["wrong_input_steps"] >= 1
+assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= d["tol"]
+
+# %% [markdown]
+# ## The same hazard inside FlashInfer's `plan()`
+#
+# FlashInfer's decode wrapper computes its plan (which request and KV chunk each thread block
+# handles) on the host, writes it into **one pinned buffer per wrapper**
+# (`_pin_memory_int_workspace_buffer`) and copies it to the GPU with `cudaMemcpyAsync`: a reused
+# pinned buffer and an asynchronous copy, the pattern of lesson 03. Two `plan()` calls on one
+# wrapper while the GPU is behind, and the second may overwrite the first plan before its copy has
+# run; the first `run()` then works from the second plan. mini-sglang #103 describes exactly this
+# under overlap scheduling, and vLLM #40756 reports it for speculative-decoding re-plans. This is
+# why the decode loops above use a ring of three wrappers and never re-plan one whose last plan
+# might still be queued.
+#
+# A hazard like this can end in an illegal memory access, which kills the CUDA context of the
+# process: no later CUDA call in this notebook would work. So `race.plan_hazard` runs it in
+# **child processes** (`python -c ...`, 30 s time limit each): a control (a sync between the two
+# plans) and the back-to-back case, both checked against the torch reference, and reports what
+# happened as data.
+
+# %%
+haz = pinlab.measure("04_plan_hazard", race.plan_hazard, busy_ms=50.0, timeout_s=30.0)
+hz = haz.result
+
+# %%
+for mode in ("synced", "back_to_back"):
+    pinlab.show(f"{mode}: outcome", f"{hz[mode]['outcome']} ({hz[mode]['detail']}; {hz[mode]['seconds']} s)")
+print("this notebook's own CUDA context is unharmed:", hz["parent_context_ok"])
+if d["backend"] == "flashinfer" and hz["synced"]["outcome"] != "unavailable":
+    print("the control (a sync between the two plans) matched the reference:", hz["synced"]["outcome"] == "correct")
+    assert hz["synced"]["outcome"] == "correct"
+else:
+    print("FlashInfer could not run on the recording machine, so the hazard was not tested there")
+assert hz["parent_context_ok"]
+
+# %% [markdown]
+# Whatever the back-to-back outcome above (a crash, a hang, wrong output, or, with some batch
+# shapes, a lucky correct answer), the rule is the one of this lesson: a pinned buffer that is
+# rewritten while an asynchronous copy from it may still be queued is a race. Give each in-flight
+# plan its own wrapper (or its own buffer), or wait for the copy before re-planning.
+
+# %%
+back = pinlab.pinned_back_to(pinned_at_start)
+print("pinned memory held is back to its starting level:", back)
+assert back
+
+# %% [markdown]
+# ## What to remember
+# - Reuse a **pageable** buffer, and copy a `pin_memory()` **snapshot** of it with
+#   `non_blocking=True`: asynchronous and race-free.
+# - It is safe because the caching host allocator does not reuse a block until the event recorded
+#   after its copy has completed.
+# - `pin_memory()` of a pinned tensor is the same tensor: no snapshot, the race stays.
+# - The snapshot costs a few µs per step for small metadata; the alternatives either race (double
+#   buffer, pinned snapshot), stall (pageable, event wait), or need a ring as deep as the steps in
+#   flight.
+# - Any reused pinned buffer behind an async copy is the same hazard, FlashInfer's `plan()` included.
+#
+# **Exercise:** `exercises/04_the_fix.ipynb` (solution in `solutions/`).

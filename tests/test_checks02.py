@@ -1,0 +1,161 @@
+"""Lesson 02's exercise checkers accept the master solution and reject planted wrong answers."""
+import random
+
+import pytest
+
+import make_exercises
+import nbtools
+from pinlab import checks02, stalls
+
+ROOT = nbtools.ROOT
+STEM = "02_fake_non_blocking"
+
+
+def solution_namespace(stem: str) -> dict:
+    """Execute the code cells of solutions/src/<stem>.py (checks included) and return its names."""
+    ns: dict = {}
+    for cell in nbtools.parse_percent((ROOT / "solutions" / "src" / f"{stem}.py").read_text(encoding="utf-8")):
+        if cell["cell_type"] == "code":
+            exec(compile(cell["source"], f"{stem}.py", "exec"), ns)
+    return ns
+
+
+@pytest.fixture(scope="module")
+def sol():
+    return solution_namespace(STEM)
+
+
+# ---- stall_threshold ----------------------------------------------------------------------------
+
+def test_stall_threshold_accepts_solution(sol, capsys):
+    assert checks02.check_stall_threshold(sol["stall_threshold"]) is True
+    assert "✅ stall_threshold is correct" in capsys.readouterr().out
+
+
+def _first_exceeding(sizes, host_ms, busy_ms):
+    return min((s for s, m in zip(sizes, host_ms) if m > busy_ms / 2), default=None)
+
+
+def _at_least_half(sizes, host_ms, busy_ms):
+    t = None
+    for s, m in sorted(zip(sizes, host_ms), reverse=True):
+        if m < busy_ms / 2:
+            break
+        t = s
+    return t
+
+
+def _whole_busy_time(sizes, host_ms, busy_ms):
+    t = None
+    for s, m in sorted(zip(sizes, host_ms), reverse=True):
+        if m <= busy_ms:
+            break
+        t = s
+    return t
+
+
+def _list_order(sizes, host_ms, busy_ms):
+    t = None
+    for s, m in reversed(list(zip(sizes, host_ms))):  # assumes the sizes come sorted
+        if m <= busy_ms / 2:
+            break
+        t = s
+    return t
+
+
+def _largest_quick(sizes, host_ms, busy_ms):
+    return max((s for s, m in zip(sizes, host_ms) if m <= busy_ms / 2), default=None)
+
+
+@pytest.mark.parametrize("wrong", [_first_exceeding, _at_least_half, _whole_busy_time, _list_order, _largest_quick],
+                         ids=lambda f: f.__name__)
+def test_stall_threshold_rejects_wrong(wrong, capsys):
+    assert checks02.check_stall_threshold(wrong) is False
+    assert "❌ stall_threshold" in capsys.readouterr().out
+
+
+def test_stall_reference_agrees_with_the_library():
+    for sizes, host_ms, busy in checks02._stall_cases():
+        assert checks02._ref_stall_threshold(sizes, host_ms, busy) == stalls.first_waiting_size(
+            sizes, host_ms, busy / 2)
+
+
+# ---- gpu_idle_share -----------------------------------------------------------------------------
+
+def test_gpu_idle_share_accepts_solution(sol, capsys):
+    assert checks02.check_gpu_idle_share(sol["gpu_idle_share"]) is True
+    assert "✅ gpu_idle_share is correct" in capsys.readouterr().out
+
+
+def _sum_durations(spans, start, end):  # overlaps counted twice, nothing clipped
+    return 1 - sum(b - a for a, b in spans) / (end - start)
+
+
+def _no_clip(spans, start, end):  # a proper union, but not clipped to the window
+    merged = stalls.merge_spans(spans)
+    return 1 - sum(b - a for a, b in merged) / (end - start)
+
+
+def _busy_share(spans, start, end):
+    return 1 - checks02._ref_gpu_idle_share(spans, start, end)
+
+
+def _extent_window(spans, start, end):  # divides by the spans' extent, not the window
+    if not spans:
+        return 1.0
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    return 1 - stalls.covered(spans, lo, hi) / (hi - lo) if hi > lo else 1.0
+
+
+def _clip_sum(spans, start, end):  # clipped, but overlaps counted twice
+    return 1 - sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans) / (end - start)
+
+
+@pytest.mark.parametrize("wrong", [_sum_durations, _no_clip, _busy_share, _extent_window, _clip_sum],
+                         ids=lambda f: f.__name__)
+def test_gpu_idle_share_rejects_wrong(wrong, capsys):
+    assert checks02.check_gpu_idle_share(wrong) is False
+    assert "❌ gpu_idle_share" in capsys.readouterr().out
+
+
+def test_idle_reference_agrees_with_the_library():
+    for spans, start, end in checks02._idle_cases():
+        assert checks02._ref_gpu_idle_share(spans, start, end) == pytest.approx(
+            stalls.idle_share(spans, start, end), abs=1e-12)
+
+
+def test_idle_reference_random_unions():
+    rng = random.Random(7)
+    for _ in range(200):  # brute force on a fine grid of integer spans
+        spans = [(a, a + rng.randint(0, 5)) for a in (rng.randint(-3, 12) for _ in range(rng.randint(0, 6)))]
+        covered = sum(any(a <= t < b for a, b in spans) for t in range(0, 10))
+        assert checks02._ref_gpu_idle_share(spans, 0, 10) == pytest.approx(1 - covered / 10)
+
+
+# ---- the verdicts and the generated exercise ------------------------------------------------------
+
+@pytest.mark.parametrize("check", [checks02.check_stall_threshold, checks02.check_gpu_idle_share])
+def test_stub_is_reported_as_not_implemented(check, capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    assert check(stub) is False
+    assert "is not implemented yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", [checks02.check_stall_threshold, checks02.check_gpu_idle_share])
+def test_crash_is_reported_not_raised(check, capsys):
+    assert check(lambda *a: 1 / 0) is False
+    assert "raised ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_exercise_stubs_raise_not_implemented(capsys):
+    """The generated exercise (solutions stripped) runs on a CPU and says "not implemented yet"."""
+    ns: dict = {}
+    for cell in make_exercises.exercise_cells(ROOT / "solutions" / "src" / f"{STEM}.py"):
+        assert "BEGIN SOLUTION" not in cell["source"]
+        if cell["cell_type"] == "code":
+            exec(compile(cell["source"], f"{STEM}.py", "exec"), ns)
+    out = capsys.readouterr().out
+    assert out.count("is not implemented yet") == 2
+    assert ns["ok"] is False
