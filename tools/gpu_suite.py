@@ -7,7 +7,9 @@
 3. writes reports/gpu/latest.json (and the nbval log reports/gpu/nbval.log).
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
-Usage:  python3 tools/gpu_suite.py [--only NAME ...]   (--only: a quick partial run, no report)
+Usage:  python3 tools/gpu_suite.py [--keep-going] [--only NAME ...]
+  --only NAME ...  a partial run (notebooks whose file name contains a NAME); no report written
+  --keep-going     development: run every cell even after one fails (implies no report)
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def main(argv: list[str]) -> int:
         print("gpu_suite: torch.cuda.is_available() is False: run this on a CUDA machine.")
         return 2
     only = argv[argv.index("--only") + 1:] if "--only" in argv else None
+    keep_going = "--keep-going" in argv
     env_path = os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     os.environ["PYTHONPATH"] = env_path
     sys.path.insert(0, str(ROOT / "lib"))
@@ -44,7 +47,7 @@ def main(argv: list[str]) -> int:
         rel = p.relative_to(ROOT).as_posix()
         print(f"[{i}/{len(paths)}] executing {rel} ...", flush=True)
         try:
-            secs = nbtools.execute(p, env={"PINLAB_RECORD": "1"})
+            secs = nbtools.execute(p, env={"PINLAB_RECORD": "1"}, allow_errors=keep_going)
             status = "executed"
         except Exception as exc:  # a failing cell: keep going, report it
             secs, status = float("nan"), "failed"
@@ -77,7 +80,7 @@ def main(argv: list[str]) -> int:
         "lib_sha256": nbtools.lib_sha256(),
         "notebooks": rows,
     }
-    if only:
+    if only or keep_going:
         print(json.dumps(report, indent=1))
         print("(partial run with --only: reports/gpu/latest.json not written)")
     else:

@@ -129,11 +129,12 @@ def notebook_paths(dirs=ALL_NOTEBOOK_DIRS, root: Path = ROOT) -> list[Path]:
     return out
 
 
-def execute(path: Path, out_path: Path | None = None, *, timeout: int = 1800, env: dict | None = None) -> float:
+def execute(path: Path, out_path: Path | None = None, *, timeout: int = 1800, env: dict | None = None,
+            allow_errors: bool = False) -> float:
     """Execute a notebook with nbclient (cwd = its folder); write it to ``out_path`` (default: in place).
 
     Returns seconds taken. Raises nbclient's CellExecutionError on a failing cell (the partly
-    executed notebook is still written).
+    executed notebook is still written), unless ``allow_errors`` (then errors stay in the outputs).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -144,7 +145,7 @@ def execute(path: Path, out_path: Path | None = None, *, timeout: int = 1800, en
         os.environ.update(env)
     t0 = time.perf_counter()
     try:
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                                 resources={"metadata": {"path": str(Path(path).parent)}})
         try:
             # the kernel process's own log (not cell output) goes nowhere: it only holds start-up noise

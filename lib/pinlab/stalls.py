@@ -41,9 +41,10 @@ from ._check import positive_int, positive_number, require_cuda, size_list
 from .busy import gpu_busy, wall_ms, warmup
 from .detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D
 from .progress import progress
-from .timing import host_time
+from .timing import Stats, host_time
 
 KiB, MiB = 1 << 10, 1 << 20
+BURST = 16  # pinned copies per burst in the benchmark: the way a step loop issues them
 
 #: 256 B, 512 B, ... 64 MiB, plus a finer grid between 1 and 4 MiB, where pageable copies start to wait.
 SWEEP_SIZES = sorted({256 << i for i in range(19)}
@@ -286,11 +287,14 @@ def single_copy_sweep(sizes=SWEEP_SIZES, busy_ms: float = 10.0, repeat: int = 3,
     For every size: ``dev[:n].copy_(src[:n], non_blocking=True)`` and ``src[:n].to("cuda",
     non_blocking=True)``, from pageable and from pinned memory, each behind a fresh
     ``gpu_busy(busy_ms)`` (median of ``repeat``, the device synchronized after each call).
-    Then a benchmark at ``bench_bytes``: the pinned calls ``bench_repeat`` times each.
+    Then a benchmark at ``bench_bytes``: per-call host ms of pinned copies issued ``BURST`` in a
+    row behind the busy GPU (as a loop issues them), ``bench_repeat`` bursts; and single calls,
+    each the first after a synchronize, ``bench_repeat`` times each.
 
     Returns ``{"busy_ms", "rows": [{"bytes", "copy_pageable_ms", "copy_pinned_ms",
-    "to_pageable_ms", "to_pinned_ms"}], "bench": {"bytes", "copy_pinned", "to_pinned",
-    "copy_pageable"}}`` (bench entries are Stats dicts: median, min, max, n).
+    "to_pageable_ms", "to_pinned_ms"}], "bench": {"bytes", "burst", "copy_pinned_in_loop",
+    "copy_pinned", "to_pinned", "copy_pageable"}}`` (bench entries are Stats dicts: median, min,
+    max, n).
     """
     sizes = sorted(size_list("sizes", sizes))
     busy_ms = positive_number("busy_ms", busy_ms)
@@ -319,8 +323,22 @@ def single_copy_sweep(sizes=SWEEP_SIZES, busy_ms: float = 10.0, repeat: int = 3,
             row[key] = host_time(fn, setup=busy, repeat=repeat, warmup=1).median
         rows.append(row)
     d, pag, pin = dev[:bench_bytes], pageable[:bench_bytes], pinned[:bench_bytes]
+
+    def burst():  # BURST calls in a row, as a step loop makes them: per-call host ms
+        t0 = time.perf_counter()
+        for _ in range(BURST):
+            d.copy_(pin, non_blocking=True)
+        return (time.perf_counter() - t0) * 1e3 / BURST
+
+    per_call = []
+    for _ in range(bench_repeat):
+        busy()
+        per_call.append(burst())
+        torch.cuda.synchronize()
     bench = {
         "bytes": bench_bytes,
+        "burst": BURST,
+        "copy_pinned_in_loop": Stats.of(per_call).as_dict(),
         "copy_pinned": host_time(lambda: d.copy_(pin, non_blocking=True), setup=busy,
                                  repeat=bench_repeat).as_dict(),
         "to_pinned": host_time(lambda: pin.to("cuda", non_blocking=True), setup=busy,
