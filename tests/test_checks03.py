@@ -4,19 +4,11 @@ from pathlib import Path
 import pytest
 
 import nbtools
+from nbtools import solution_namespace
 from pinlab import checks03
 
 ROOT = nbtools.ROOT
 
-
-def solution_namespace(stem: str) -> dict:
-    """Execute the code cells of solutions/src/<stem>.py (checks included) and return its names."""
-    ns: dict = {}
-    src = (ROOT / "solutions" / "src" / f"{stem}.py").read_text(encoding="utf-8")
-    for cell in nbtools.parse_percent(src):
-        if cell["cell_type"] == "code":
-            exec(compile(cell["source"], f"{stem}.py", "exec"), ns)
-    return ns
 
 
 @pytest.fixture(scope="module")

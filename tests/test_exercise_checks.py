@@ -4,18 +4,11 @@ from pathlib import Path
 import pytest
 
 import nbtools
+from nbtools import solution_namespace
 from pinlab import checks
 
 ROOT = nbtools.ROOT
 
-
-def solution_namespace(stem: str) -> dict:
-    """Execute the code cells of solutions/src/<stem>.py (checks included) and return its names."""
-    ns: dict = {}
-    for cell in nbtools.parse_percent((ROOT / "solutions" / "src" / f"{stem}.py").read_text(encoding="utf-8")):
-        if cell["cell_type"] == "code":
-            exec(compile(cell["source"], f"{stem}.py", "exec"), ns)
-    return ns
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,16 @@ def execute(path: Path, out_path: Path | None = None, *, timeout: int = 1800, en
         os.environ.clear()
         os.environ.update(old_env)
     return time.perf_counter() - t0
+
+
+def solution_namespace(stem: str, root: Path = ROOT) -> dict:
+    """Execute the code cells of solutions/src/<stem>.py (checks included); return its names.
+
+    The exercise tests use it to run each checker against the master solution.
+    """
+    ns: dict = {}
+    src = (root / "solutions" / "src" / f"{stem}.py").read_text(encoding="utf-8")
+    for cell in parse_percent(src):
+        if cell["cell_type"] == "code":
+            exec(compile(cell["source"], f"{stem}.py", "exec"), ns)
+    return ns

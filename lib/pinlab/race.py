@@ -757,12 +757,18 @@ def plain_race(strategies=("reused_pinned", "pageable"), steps: int = 200, nbyte
                        ahead=ahead, ring_depth=ring_depth)
 
 
-def _pageable_cost(make_env, *, sizes, steps, busy_ms) -> dict:
+def _metadata_sizes(sizes) -> list[int]:
+    """A non-empty list of byte counts, each a whole number of int32 elements."""
     sizes = [positive_int(f"sizes[{i}]", s) for i, s in enumerate(sizes)]
     if not sizes:
         raise ValueError("sizes must not be empty")
     for i, s in enumerate(sizes):
         _nbytes_to_ints(f"sizes[{i}]", s)
+    return sizes
+
+
+def _pageable_cost(make_env, *, sizes, steps, busy_ms) -> dict:
+    sizes = _metadata_sizes(sizes)
     steps = positive_int("steps", steps)
     busy_ms = positive_number("busy_ms", busy_ms)
     _check_dst(steps, max(sizes) // 4)
@@ -821,25 +827,30 @@ def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0
     return _snapshot_soak(_cuda("snapshot_soak()"), steps=steps, nbytes=nbytes, busy_ms=busy_ms, control_steps=control_steps)
 
 
-def _snapshot_cost(make_env, *, sizes, steps, busy_ms, ahead) -> dict:
-    sizes = [positive_int(f"sizes[{i}]", s) for i, s in enumerate(sizes)]
-    if not sizes:
-        raise ValueError("sizes must not be empty")
-    for i, s in enumerate(sizes):
-        _nbytes_to_ints(f"sizes[{i}]", s)
+def _snapshot_cost(make_env, *, sizes, steps, busy_ms, ahead, rounds: int = 3) -> dict:
+    sizes = _metadata_sizes(sizes)
     steps = positive_int("steps", steps)
     busy_ms = positive_number("busy_ms", busy_ms)
     ahead = _ahead(ahead)
     _check_dst(steps, max(sizes) // 4)
     env = make_env()
     rows = []
+    rounds = positive_int("rounds", rounds)
     for s in sizes:
         n_ints = s // 4
         names = ["no_copy", "reused_pinned", "snapshot"]
         _warm_plain(env, names, n_ints, busy_ms, ahead, 1)
-        runs = {k: _plain_loop(env, k, steps=steps, n_ints=n_ints, busy_ms=busy_ms, ahead=ahead, per_step=False)
-                for k in names}
-        med = {k: runs[k]["host"]["median_us"] for k in names}
+        # interleaved rounds, each strategy's median per round; then the median over rounds, so
+        # that a slow spell of the machine does not land on one strategy only
+        meds = {k: [] for k in names}
+        corrupted = 0
+        for r in range(rounds):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                run = _plain_loop(env, k, steps=steps, n_ints=n_ints, busy_ms=busy_ms, ahead=ahead, per_step=False)
+                meds[k].append(run["host"]["median_us"])
+                if k == "snapshot":
+                    corrupted += run["corrupted"]
+        med = {k: statistics.median(v) for k, v in meds.items()}
         rows.append({
             "nbytes": s,
             "no_copy_us": med["no_copy"],
@@ -847,24 +858,26 @@ def _snapshot_cost(make_env, *, sizes, steps, busy_ms, ahead) -> dict:
             "snapshot_us": med["snapshot"],
             "snapshot_extra_us": round(med["snapshot"] - med["reused_pinned"], 2),
             "copy_total_us": round(med["snapshot"] - med["no_copy"], 2),
-            "snapshot_corrupted": runs["snapshot"]["corrupted"],
+            "snapshot_corrupted": corrupted,
         })
-    return {"steps": steps, "busy_ms": busy_ms, "ahead": ahead, "rows": rows}
+    return {"steps": steps, "busy_ms": busy_ms, "ahead": ahead, "rounds": rounds, "rows": rows}
 
 
 def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 2000, busy_ms: float = 0.1,
-                  ahead: int | None = 2) -> dict:
+                  ahead: int | None = 2, rounds: int = 3) -> dict:
     """Host µs per step of the snapshot, against the same loop without it.
 
     For each size: the median host time per step (write + stage + copy) of ``no_copy`` (write
     only), ``reused_pinned`` (write + the same non_blocking copy, no snapshot: the racy code the
     fix replaces) and ``snapshot`` (write + pin_memory() + copy). ``snapshot_extra_us`` = snapshot
     - reused_pinned: what the snapshot itself adds; ``copy_total_us`` = snapshot - no_copy: all
-    that moving the metadata costs this way.
+    that moving the metadata costs this way. Each value is the median over ``rounds`` interleaved
+    rounds of each loop's median step; ``snapshot_corrupted`` counts over all rounds.
     """
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
         raise TypeError(f"sizes must be a list of byte counts, got {type(sizes).__name__}")
-    return _snapshot_cost(_cuda("snapshot_cost()"), sizes=list(sizes), steps=steps, busy_ms=busy_ms, ahead=ahead)
+    return _snapshot_cost(_cuda("snapshot_cost()"), sizes=list(sizes), steps=steps, busy_ms=busy_ms, ahead=ahead,
+                          rounds=rounds)
 
 
 def _allocator_reuse(make_env, *, nbytes, busy_ms, steps, ahead) -> dict:
