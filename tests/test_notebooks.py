@@ -117,3 +117,12 @@ def test_gpu_report_covers_notebook(path):
     assert rows[rel]["status"] == "passed", f"{rel} did not pass on the GPU: {rows[rel]['status']}"
     assert rows[rel]["source_sha256"] == nbtools.source_sha256(nbtools.load(path)), (
         f"{rel} changed after the last GPU run: run the GPU suite again")
+
+
+def test_recorded_profiler_trace_is_kept():
+    """Lesson 02 points readers without a GPU at the trace the GPU suite kept."""
+    path = ROOT / "reports" / "gpu" / "traces" / "02_step_loop.json"
+    assert path.exists(), "run the GPU suite: it copies build/traces/*.json to reports/gpu/traces/"
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert any("Pageable -> Device" in n for n in names) and any("Pinned -> Device" in n for n in names)

@@ -4,7 +4,8 @@
    result under reports/gpu/data/ (PINLAB_RECORD=1), so the committed notebooks carry GPU outputs
    and CPU machines can replay them;
 2. runs nbval (strict, --require-gpu) on each executed notebook, measuring again;
-3. writes reports/gpu/latest.json (and the nbval log reports/gpu/nbval.log).
+3. writes reports/gpu/latest.json (and the nbval log reports/gpu/nbval.log); profiler traces the
+   notebooks wrote under build/traces/ are kept in reports/gpu/traces/.
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py [--keep-going] [--only NAME ...]
@@ -17,6 +18,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -54,6 +56,12 @@ def main(argv: list[str]) -> int:
             print(f"    FAILED: {type(exc).__name__}: {str(exc)[-2000:]}", flush=True)
         print(f"    {status} in {secs:.1f} s", flush=True)
         rows.append({"path": rel, "status": status, "seconds": round(secs, 1)})
+    # keep the profiler traces the notebooks wrote, so that readers without a GPU can open them
+    traces = ROOT / "reports" / "gpu" / "traces"
+    for t in sorted((ROOT / "build" / "traces").glob("*.json")):
+        traces.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(t, traces / t.name)
+        print(f"kept {t.relative_to(ROOT)} as {(traces / t.name).relative_to(ROOT)} ({t.stat().st_size // 1024} KiB)")
     log = open(ROOT / "reports" / "gpu" / "nbval.log", "w")
     for row in rows:
         if row["status"] != "executed":

@@ -19,13 +19,18 @@ def _ref_indptr_last_page_len(seq_lens, page_size):
     return indptr, last
 
 
-def _int_list(v):
+def _as_list(v) -> list:
+    """A learner's answer (list, tuple, numpy array or tensor) as a plain list; TypeError otherwise."""
     if hasattr(v, "tolist"):
         v = v.tolist()
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
         raise TypeError
+    return list(v)
+
+
+def _int_list(v):
     out = []
-    for x in v:
+    for x in _as_list(v):
         if isinstance(x, bool) or not float(x).is_integer():
             raise TypeError
         out.append(int(x))
@@ -63,12 +68,8 @@ def check_indptr_last_page_len(fn) -> bool:
 
 
 def _bool_list(v):
-    if hasattr(v, "tolist"):
-        v = v.tolist()
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
-        raise TypeError
     out = []
-    for x in v:
+    for x in _as_list(v):
         if x is None or x not in (True, False):  # bools, numpy bools (and 0/1) only
             raise TypeError
         out.append(bool(x))

@@ -1300,7 +1300,7 @@ def _decode_race(make_env, *, strategies, steps, max_batch, page_size, max_seq_l
     if backend in ("auto", "flashinfer"):
         try:
             wrappers = [FlashInferDecode(num_qo_heads, num_kv_heads, head_dim, page_size) for _ in range(ring)]
-            print("building FlashInfer's decode kernel (JIT; about 15 s the first time)...", file=sys.stderr,
+            print("building FlashInfer's decode kernel (JIT: slow the first time, then loaded from its cache)...", file=sys.stderr,
                   flush=True)
             t0 = time.perf_counter()
             for w in wrappers:  # first plan+run of each wrapper: compiles once, then loads

@@ -348,10 +348,13 @@ for key in ("dtype_cold", "kernel_cold"):
 # `torch.profiler` (CPU and CUDA activity), and the trace is read back into the plot below.
 
 # %%
+RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"  # the GPU suite keeps a copy of the trace there
 loop = pinlab.measure("02_step_loop", stalls.step_loop, steps=40, warm_steps=5, profile_steps=6,
                       input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2, trace=stalls.DEFAULT_TRACE)
 pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
-print("the GPU run's profiler trace:", loop["trace_file"], "(open it in https://ui.perfetto.dev)")
+if loop.live:
+    pinlab.show("this run's profiler trace", loop["trace_file"])
+print("the recorded GPU run's profiler trace:", RECORDED_TRACE, "(open it in https://ui.perfetto.dev)")
 
 # %%
 fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)

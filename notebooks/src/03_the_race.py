@@ -156,8 +156,8 @@ assert pageable["corrupted"] == 0
 # </details>
 
 # %%
-print("FlashInfer compiles its decode kernel the first time it is used (JIT): about 15 s on the "
-      "H200 when nothing is cached. A replay of a recorded run skips it.")
+print("FlashInfer compiles its decode kernel the first time it is used (JIT); how long that took is "
+      "shown below. A replay of a recorded run skips it.")
 dec = pinlab.measure("03_decode_race", race.decode_race, strategies=["reused_pinned", "pageable"],
                      steps=64, busy_ms=1.0, ring=3, ahead=2, seed=0)
 

@@ -256,8 +256,8 @@ assert h["pageable"]["pinned_bytes_held"] == 0 and h["event_wait"]["host_us"] > 
 # the reused pinned buffer again as the control.
 
 # %%
-print("FlashInfer compiles its decode kernel the first time it is used (JIT): about 15 s on the "
-      "H200 when nothing is cached. A replay of a recorded run skips it.")
+print("FlashInfer compiles its decode kernel the first time it is used (JIT); how long that took is "
+      "shown below. A replay of a recorded run skips it.")
 dec = pinlab.measure("04_decode_snapshot", race.decode_race, strategies=["reused_pinned", "snapshot"],
                      steps=64, busy_ms=1.0, ring=3, ahead=2, seed=0)
 
