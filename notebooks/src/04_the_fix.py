@@ -294,7 +294,7 @@ assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= d["tol"
 # happened as data.
 
 # %%
-haz = pinlab.measure("04_plan_hazard", race.plan_hazard, busy_ms=50.0, timeout_s=20.0)
+haz = pinlab.measure("04_plan_hazard", race.plan_hazard, busy_ms=50.0, timeout_s=12.0)
 hz = haz.result
 
 # %%
