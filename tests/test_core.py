@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pinlab
-from pinlab import _check, busy, timing
+from pinlab import args as _check, busy, timing
 from pinlab.hostmem import next_pow2
 
 
@@ -166,7 +166,7 @@ def test_doctor_reports_required_checks(capsys):
 
 
 def test_bandwidth_gbps():
-    from pinlab.bandwidth import gbps
+    from pinlab.lessons.l01_pinned_memory import gbps
 
     assert math.isclose(gbps(10**9, 1000.0), 1.0)
     with pytest.raises(ValueError):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pinlab._check import CudaUnavailableError
+from pinlab.args import CudaUnavailableError
 from pinlab.h2d import (
     EMPTY_COPY,
     PIN_MEMORY,

@@ -1,5 +1,5 @@
 """pinlab: the helper library of the course on honest host-to-device copies in PyTorch."""
-from ._check import CudaUnavailableError
+from .args import CudaUnavailableError
 from .busy import cycles_per_ms, gpu_busy, wall_ms, warmup
 from .detector import StallError, detect_stalls
 from .device import facts, flashinfer_status, has_cuda, header, pinned_memory_available
@@ -8,7 +8,7 @@ from .h2d import async_tensor_h2d, pin_snapshot
 from .hostmem import (host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .progress import progress
-from .record import ReplayMissingError, Run, measure
+from .replay import ReplayMissingError, Run, measure
 from .timing import Stats, cuda_time, fmt_ms, host_time, report, show, table
 
 __all__ = [

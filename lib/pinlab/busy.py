@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from ._check import callable_arg, positive_int, positive_number, require_cuda
+from .args import callable_arg, positive_int, positive_number, require_cuda
 
 _CYCLES_PER_MS: float | None = None
 

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._check import positive_int
+from .args import positive_int
 
 # --- kinds -----------------------------------------------------------------------------------
 

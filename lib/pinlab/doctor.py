@@ -5,7 +5,7 @@ import importlib
 import sys
 
 from .device import facts
-from .record import data_dir
+from .replay import data_dir
 
 
 def doctor(verbose: bool = True) -> dict:

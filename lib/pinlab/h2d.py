@@ -32,7 +32,7 @@ import warnings
 import numpy as np
 import torch
 
-from ._check import require_cuda
+from .args import require_cuda
 
 #: How :func:`pin_snapshot` makes its copy, by (is_pinned, is_contiguous).
 PIN_MEMORY = "t.pin_memory()"

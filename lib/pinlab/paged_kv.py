@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._check import positive_int, positive_number
+from .args import positive_int, positive_number
 
 __all__ = [
     "PagedKVMetadata",

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ._check import callable_arg, positive_int, require_cuda
+from .args import callable_arg, positive_int, require_cuda
 
 TIMING_PREFIX = "[timing]"
 MEASURED_PREFIX = "[measured]"

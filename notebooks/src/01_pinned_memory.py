@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
-from pinlab import bandwidth as bw
+from pinlab.lessons import l01_pinned_memory as bw
 from pinlab.plots import bars, fmt_bytes, size_sweep
 
 pinlab.header("01 pinned memory")

@@ -18,7 +18,7 @@ import statistics
 import matplotlib.pyplot as plt
 
 import pinlab
-from pinlab import stalls
+from pinlab.lessons import l02_fake_non_blocking as stalls
 from pinlab.plots import fmt_bytes, size_sweep, timeline
 
 KiB, MiB = stalls.KiB, stalls.MiB

@@ -14,7 +14,7 @@
 import matplotlib.pyplot as plt
 
 import pinlab
-from pinlab import race
+from pinlab.lessons import l03_the_race as race
 from pinlab.plots import bars, fmt_bytes
 
 pinlab.header("04 the fix")

@@ -6,7 +6,7 @@
 
 # %%
 import pinlab
-from pinlab import checks
+from pinlab.checks import l01 as checks
 
 # %% [markdown]
 # ## 1. Bandwidth from a timing

@@ -5,7 +5,7 @@
 # each one where it says `YOUR CODE HERE`, then run the check cell below it. No GPU needed.
 
 # %%
-from pinlab import checks02
+from pinlab.checks import l02 as checks02
 
 # %% [markdown]
 # ## 1. From which size on does a pageable copy wait?

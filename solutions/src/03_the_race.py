@@ -8,7 +8,8 @@
 # %%
 import matplotlib.pyplot as plt
 
-from pinlab import checks03, race
+from pinlab.checks import l03 as checks03
+from pinlab.lessons import l03_the_race as race
 from pinlab.plots import timeline
 
 # %% [markdown]

@@ -5,7 +5,8 @@
 # writing buffer `n % depth`. How deep must the ring be? Everything here runs on the CPU.
 
 # %%
-from pinlab import checks03, race
+from pinlab.checks import l04 as checks04
+from pinlab.lessons import l03_the_race as race
 
 # %% [markdown]
 # ## How deep must the ring be?
@@ -30,7 +31,7 @@ def min_ring_depth(writes, copies):
     ### END SOLUTION
 
 
-ok = checks03.check_min_ring_depth(min_ring_depth)
+ok = checks04.check_min_ring_depth(min_ring_depth)
 
 # %% [markdown]
 # Check it against the model: find the depth for a host that runs up to two steps ahead, then

@@ -6,7 +6,8 @@ import pytest
 import make_exercises
 import nbtools
 from nbtools import solution_namespace
-from pinlab import checks02, stalls
+from pinlab.checks import l02 as checks02
+from pinlab.lessons import l02_fake_non_blocking as stalls
 
 ROOT = nbtools.ROOT
 STEM = "02_fake_non_blocking"

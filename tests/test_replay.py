@@ -4,7 +4,7 @@ import json
 import pytest
 
 import pinlab
-from pinlab import record
+from pinlab import replay as record
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from .checks import run_cases
+from . import run_cases
 
 MiB = 1 << 20
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pinlab
-from pinlab import stalls
+from pinlab.lessons import l02_fake_non_blocking as stalls
 from pinlab.detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D, detect_stalls
-from pinlab.record import repo_root
+from pinlab.replay import repo_root
 
 KiB, MiB = stalls.KiB, stalls.MiB
 

@@ -12,9 +12,8 @@ wrong answers.
 from __future__ import annotations
 
 import math
-import random
 
-from ._check import callable_arg
+from ..args import callable_arg
 
 
 def _close(a, b, rel=1e-6) -> bool:
@@ -48,35 +47,3 @@ def run_cases(fn, name: str, cases, reference, *, compare=_close) -> bool:
 def _fmt_args(args) -> str:
     text = ", ".join(repr(a) for a in args)
     return f"({text[:200]}{'...' if len(text) > 200 else ''})"
-
-
-# ---- lesson 01 -------------------------------------------------------------------------------
-
-def _ref_gbps(nbytes, ms):
-    return nbytes / (ms * 1e-3) / 1e9
-
-
-def check_gbps(fn) -> bool:
-    """``gbps(nbytes, ms)``: bandwidth in GB/s (10**9 bytes per second)."""
-    rng = random.Random(1)
-    cases = [(2**30, 19.43), (1024, 0.0128), (256 * 2**20, 31.5)]
-    cases += [(rng.randint(1, 2**31), rng.uniform(1e-3, 500)) for _ in range(20)]
-    return run_cases(fn, "gbps", cases, _ref_gbps)
-
-
-def _ref_n_half(sizes, rates):
-    peak = max(rates)
-    return min(s for s, r in zip(sizes, rates) if r >= peak / 2)
-
-
-def check_n_half(fn) -> bool:
-    """``n_half(sizes, rates)``: the smallest size whose rate reaches half the peak rate."""
-    rng = random.Random(2)
-    cases = [([1024, 4096, 16384], [1.0, 2.0, 4.0]),          # exactly half counts
-             ([1, 2, 4, 8], [1.0, 9.0, 3.0, 10.0]),          # not monotone: first size, not last
-             ([4096, 1024, 65536], [20.0, 1.0, 30.0])]       # sizes not sorted
-    for _ in range(30):
-        n = rng.randint(1, 12)
-        sizes = rng.sample([1 << k for k in range(10, 31)], n)
-        cases.append((sizes, [round(rng.uniform(0.01, 60), 2) for _ in range(n)]))
-    return run_cases(fn, "n_half", cases, _ref_n_half)

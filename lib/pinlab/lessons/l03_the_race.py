@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._check import one_of, positive_int, positive_number, require_cuda
-from .paged_kv import (
+from ..args import one_of, positive_int, positive_number, require_cuda
+from ..paged_kv import (
     FlashInferDecode,
     FlashInferUnavailableError,
     build_metadata,
@@ -434,8 +434,8 @@ class _CudaEnv:
 
     def __init__(self, what: str = "this experiment"):
         require_cuda(what)
-        from .busy import gpu_busy
-        from .hostmem import host_stats, pinned_bytes_held, release_cached_host_blocks
+        from ..busy import gpu_busy
+        from ..hostmem import host_stats, pinned_bytes_held, release_cached_host_blocks
 
         self.device = torch.device("cuda")
         self._busy = gpu_busy
@@ -1403,7 +1403,7 @@ def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float) -> dict
     (``back_to_back``) a sync between them. May crash the CUDA context: never call it in a
     process you care about."""
     one_of("mode", mode, {"synced", "back_to_back"})
-    from .busy import gpu_busy
+    from ..busy import gpu_busy
 
     try:
         dec = FlashInferDecode(8, 2, 128, 16)
@@ -1479,7 +1479,7 @@ def _run_child(mode: str, busy_ms: float, seed: int, tol: float, timeout_s: floa
     lib = str(Path(__file__).resolve().parents[1])
     code = (
         "import json, os, sys\n"
-        "from pinlab import race\n"
+        "from pinlab.lessons import l03_the_race as race\n"
         f"r = race._plan_hazard_child({mode!r}, {busy_ms!r}, {seed!r}, {tol!r})\n"
         f"print({_CHILD_TAG!r} + json.dumps(r), flush=True)\n"
         "sys.stderr.flush()\n"
@@ -1524,7 +1524,7 @@ def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout
     tol = positive_number("tol", tol)
     timeout_s = positive_number("timeout_s", timeout_s)
     require_cuda("plan_hazard()")
-    from .paged_kv import flashinfer_available
+    from ..paged_kv import flashinfer_available
 
     ok, reason = flashinfer_available()
     out = {}
@@ -1599,7 +1599,7 @@ def plot_host_cumulative(result: dict, *, title: str, ax=None):
     and the GPU's pace (busy_ms per step) for comparison."""
     import matplotlib.pyplot as plt
 
-    from .plots import fmt_bytes
+    from ..plots import fmt_bytes
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))

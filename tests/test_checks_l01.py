@@ -5,7 +5,7 @@ import pytest
 
 import nbtools
 from nbtools import solution_namespace
-from pinlab import checks
+from pinlab.checks import l01 as checks
 
 ROOT = nbtools.ROOT
 

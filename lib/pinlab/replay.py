@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._check import callable_arg
+from .args import callable_arg
 from .device import facts, has_cuda
 from .timing import show
 

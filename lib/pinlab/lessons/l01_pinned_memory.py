@@ -5,10 +5,10 @@ import time
 
 import torch
 
-from ._check import positive_int, require_cuda, size_list
-from .hostmem import host_stats, release_cached_host_blocks
-from .progress import progress
-from .timing import cuda_time
+from ..args import positive_int, require_cuda, size_list
+from ..hostmem import host_stats, release_cached_host_blocks
+from ..progress import progress
+from ..timing import cuda_time
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [KiB << (2 * i) for i in range(11)]  # 1 KiB, 4 KiB, ... 1 GiB

@@ -5,7 +5,8 @@ import pytest
 
 import nbtools
 from nbtools import solution_namespace
-from pinlab import checks03
+from pinlab.checks import l03 as checks03
+from pinlab.checks import l04 as checks04
 
 ROOT = nbtools.ROOT
 
@@ -89,7 +90,7 @@ def test_copies_correct_rejects_wrong(wrong, capsys):
 # ---- min_ring_depth
 
 def test_min_ring_depth_accepts_solution(sol04):
-    assert checks03.check_min_ring_depth(sol04["min_ring_depth"]) is True
+    assert checks04.check_min_ring_depth(sol04["min_ring_depth"]) is True
 
 
 def _depth(cond, start=1):
@@ -110,14 +111,14 @@ def _depth(cond, start=1):
     lambda w, c: float(_depth(lambda w, c, n, d: w[n + d][0] >= c[n][1])(w, c)),  # a float, not an int
 ])
 def test_min_ring_depth_rejects_wrong(wrong, capsys):
-    assert checks03.check_min_ring_depth(wrong) is False
+    assert checks04.check_min_ring_depth(wrong) is False
     assert "❌ min_ring_depth" in capsys.readouterr().out
 
 
 # ---- stubs
 
 @pytest.mark.parametrize("check", [checks03.check_indptr_last_page_len, checks03.check_copies_correct,
-                                   checks03.check_min_ring_depth])
+                                   checks04.check_min_ring_depth])
 def test_stub_is_reported_as_not_implemented(check, capsys):
     assert check(_stub) is False
     assert "⏳" in capsys.readouterr().out

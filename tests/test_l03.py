@@ -14,7 +14,8 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pinlab import CudaUnavailableError, race  # noqa: E402
+from pinlab import CudaUnavailableError  # noqa
+from pinlab.lessons import l03_the_race as race  # noqa: E402
 from pinlab.paged_kv import kv_indptr, last_page_len, page_indices, reference_decode  # noqa: E402
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

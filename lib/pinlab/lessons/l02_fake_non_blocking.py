@@ -37,11 +37,11 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from ._check import positive_int, positive_number, require_cuda, size_list
-from .busy import gpu_busy, wall_ms, warmup
-from .detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D
-from .progress import progress
-from .timing import Stats, host_time
+from ..args import positive_int, positive_number, require_cuda, size_list
+from ..busy import gpu_busy, wall_ms, warmup
+from ..detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D
+from ..progress import progress
+from ..timing import Stats, host_time
 
 KiB, MiB = 1 << 10, 1 << 20
 BURST = 16  # pinned copies per burst in the benchmark: the way a step loop issues them
@@ -572,7 +572,7 @@ def trace_path(trace: str) -> Path:
     if p.is_absolute() or ".." in p.parts or p.suffix != ".json":
         raise ValueError(f"trace must be a relative path inside the repository ending in .json, "
                          f"such as {DEFAULT_TRACE!r}, got {trace!r}")
-    from .record import repo_root
+    from ..replay import repo_root
 
     return repo_root().joinpath(*p.parts)
 
@@ -725,7 +725,7 @@ def async_h2d_cost(list_len: int = 4096, busy_ms: float = 20.0, repeat: int = 10
     busy_ms = positive_number("busy_ms", busy_ms)
     repeat = positive_int("repeat", repeat)
     require_cuda("async_h2d_cost()")
-    from .h2d import async_tensor_h2d
+    from ..h2d import async_tensor_h2d
 
     data = list(range(list_len))
     calls = {
@@ -845,8 +845,8 @@ def detector_demo(steps: int = 20, gpu_ms: float = 0.5, features: int = 256, rep
     features = positive_int("features", features)
     repeat = positive_int("repeat", repeat)
     require_cuda("detector_demo()")
-    from .detector import detect_stalls
-    from .timing import Stats
+    from ..detector import detect_stalls
+    from ..timing import Stats
 
     demo_step = demo_step_function()
     weights = torch.randn(features, features, device="cuda") / features
