@@ -8,11 +8,13 @@ from .h2d import async_tensor_h2d, pin_snapshot
 from .hostmem import (host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .progress import progress
+from .streams import CudaStream, LaggingStream, stream
 from .replay import ReplayMissingError, Run, measure
 from .timing import Stats, cuda_time, fmt_ms, host_time, report, show, table
 
 __all__ = [
     "StallError", "async_tensor_h2d", "detect_stalls", "pin_snapshot",
+    "CudaStream", "LaggingStream", "stream",
     "CudaUnavailableError", "ReplayMissingError", "Run", "Stats",
     "cuda_time", "cycles_per_ms", "doctor", "facts", "flashinfer_status", "fmt_ms", "gpu_busy",
     "has_cuda", "header", "host_stats", "host_time", "measure", "next_pow2", "pinned_bytes_held",

@@ -1,0 +1,172 @@
+"""The lessons' streams: the emulated lagging stream on the CPU (and the CUDA stream where there is one)."""
+import pytest
+import torch
+
+import pinlab
+from pinlab import CudaUnavailableError, LaggingStream
+from pinlab.streams import STAGING_LIMIT
+
+
+def _loop(s, host_buf, steps=8):
+    """The lesson-03 loop: write step n, copy it non_blocking, let the GPU work; which step did each copy get?"""
+    dst = torch.zeros(steps, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
+    for n in range(steps):
+        host_buf.fill_(n)
+        dst[n].copy_(host_buf, non_blocking=True)
+        s.busy(0.5)
+    s.synchronize()
+    return dst[:, 0].tolist()
+
+
+def test_reused_pinned_buffer_races_and_pageable_does_not():
+    with LaggingStream() as s:
+        assert _loop(s, torch.zeros(16, dtype=torch.int32, pin_memory=True)) == [7] * 8
+        assert _loop(s, torch.zeros(16, dtype=torch.int32)) == list(range(8))
+
+
+def test_snapshot_of_pageable_is_safe_and_snapshot_of_pinned_is_the_trap():
+    with LaggingStream() as s:
+        pageable = torch.zeros(4, dtype=torch.int32)
+        pinned = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+        assert not pageable.is_pinned() and pinned.is_pinned()
+        assert pinned.pin_memory() is pinned                      # torch returns the same tensor
+        snap = pageable.pin_memory()
+        assert snap.is_pinned() and snap.data_ptr() != pageable.data_ptr()
+        dst = torch.zeros(6, 4, dtype=torch.int32, device=s.device)
+        dst2 = torch.zeros(6, 4, dtype=torch.int32, device=s.device)
+        for n in range(6):
+            pageable.fill_(n)
+            dst[n].copy_(pageable.pin_memory(), non_blocking=True)
+            pinned.fill_(n)
+            dst2[n].copy_(pinned.pin_memory(), non_blocking=True)
+        assert dst[:, 0].tolist() == list(range(6))
+        assert dst2[:, 0].tolist() == [5] * 6
+
+
+def test_event_guarded_ring_is_correct_and_event_order():
+    with LaggingStream() as s:
+        depth, steps = 3, 9
+        ring = [torch.zeros(4, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+        events = [None] * depth
+        dst = torch.zeros(steps, 4, dtype=torch.int32, device=s.device)
+        for n in range(steps):
+            k = n % depth
+            if events[k] is not None:
+                events[k].synchronize()          # the copy that last read this buffer has run
+            ring[k].fill_(n)
+            dst[n].copy_(ring[k], non_blocking=True)
+            events[k] = s.Event()
+            events[k].record()
+        assert dst[:, 0].tolist() == list(range(steps))
+        ev = s.Event()
+        ev.record()
+        assert not ev.query() or s.pending() == 0
+        ev.synchronize()
+        assert ev.query()
+
+
+def test_queue_runs_only_when_the_host_waits():
+    with LaggingStream() as s:
+        src = torch.ones(4, pin_memory=True)
+        dst = torch.zeros(4, device=s.device)
+        dst.copy_(src, non_blocking=True)
+        dst.mul_(3)
+        assert s.pending() == 2
+        assert dst.tolist() == [3.0] * 4          # reading device memory waits for the queue
+        assert s.pending() == 0
+
+
+def test_d2h_into_pinned_is_valid_only_after_an_event():
+    with LaggingStream() as s:
+        dev = torch.full((4,), 7.0, device=s.device)
+        out = torch.full((4,), -1.0, pin_memory=True)
+        out.copy_(dev, non_blocking=True)
+        assert out.tolist() == [-1.0] * 4         # read too early: the old contents
+        done = s.Event()
+        done.record()
+        done.synchronize()
+        assert out.tolist() == [7.0] * 4
+        pageable = torch.full((4,), -1.0)
+        dev.add_(1)
+        pageable.copy_(dev, non_blocking=True)    # into pageable memory the host waits
+        assert pageable.tolist() == [8.0] * 4
+
+
+def test_large_pageable_copy_waits_small_one_is_staged():
+    with LaggingStream() as s:
+        big = torch.zeros(STAGING_LIMIT + 4, dtype=torch.uint8)
+        small = torch.zeros(16, dtype=torch.uint8)
+        dev = torch.zeros(STAGING_LIMIT + 4, dtype=torch.uint8, device=s.device)
+        dev.add_(1)
+        dev[:16].copy_(small, non_blocking=True)
+        assert s.pending() == 2
+        dev.copy_(big, non_blocking=True)           # too large to stage: waits for everything queued
+        assert s.pending() == 0
+
+
+def test_to_device_and_back_and_launch():
+    with LaggingStream() as s:
+        host = torch.arange(6, dtype=torch.int64)
+        dev = host.to(s.device, non_blocking=True)
+        assert s.is_device(dev) and not s.is_device(host)
+        got = []
+        s.launch(lambda: got.append(1))
+        assert got == []
+        back = dev.to("cpu", non_blocking=True)      # torch gives a pinned result
+        assert back.is_pinned()
+        s.synchronize()
+        assert got == [1] and back.tolist() == list(range(6))
+        assert (dev * 2).tolist() == [0, 2, 4, 6, 8, 10]
+
+
+def test_leaving_the_block_runs_the_queue_and_restores_torch():
+    s = LaggingStream()
+    with s:
+        src = torch.ones(4, pin_memory=True)
+        dst = torch.zeros(4, device=s.device)
+        dst.copy_(src, non_blocking=True)
+    assert s.pending() == 0 and dst.tolist() == [1.0] * 4
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError):
+            torch.zeros(4, pin_memory=True)      # outside the block torch is itself again
+    with pytest.raises(RuntimeError, match="already active"):
+        with s:
+            with s:
+                pass
+
+
+def test_pinned_bytes_counts_live_emulated_pinned_memory():
+    with LaggingStream() as s:
+        assert s.pinned_bytes() == 0
+        a = torch.zeros(256, dtype=torch.uint8, pin_memory=True)
+        assert s.pinned_bytes() == 256
+        del a
+        s.release()
+        assert s.pinned_bytes() == 0
+
+
+def test_busy_checks_its_argument():
+    with LaggingStream() as s:
+        with pytest.raises(ValueError, match="ms"):
+            s.busy(-1)
+        with pytest.raises(TypeError, match="fn"):
+            s.launch(3)
+
+
+def test_stream_picks_the_emulation_without_cuda(monkeypatch):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    s = pinlab.stream()
+    assert isinstance(s, LaggingStream) and s.emulated and "emulated" in s.label
+    with pytest.raises(CudaUnavailableError):
+        pinlab.CudaStream()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_stream_runs_the_same_loop():
+    with pinlab.stream() as s:
+        assert not s.emulated and s.device.type == "cuda"
+        got = _loop(s, torch.zeros(16, dtype=torch.int32), steps=8)
+        assert got == list(range(8))
+        pinned = _loop(s, torch.zeros(16, dtype=torch.int32, pin_memory=True), steps=8)
+        assert pinned[-1] == 7 and len(pinned) == 8
