@@ -2,8 +2,18 @@
 PY ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
-# CPU-only machines get the CPU build of torch (smaller, and the one CI uses); GPU machines get pip's default.
-TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+comma := ,
+# A GPU machine (nvidia-smi on PATH) also gets the "gpu" extra (FlashInfer, CUDA-only) and pip's default torch.
+# A CPU-only machine gets the CPU build of torch and no CUDA-only package. On a Linux laptop with internet,
+# add TORCH_INDEX=https://download.pytorch.org/whl/cpu so that pip finds the CPU build there.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+KIND := $(if $(HAS_GPU),gpu,cpu)
+EXTRAS := $(if $(HAS_GPU),test$(comma)gpu,test)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.11$(comma)<2.15,torch==2.13.0)
+TORCH_INDEX ?=
+STAMP := $(VENV)/.installed-$(KIND)
+# Set-up runs under a lock (two `make test` started at once: the second waits, then finds the venv ready).
+LOCKED := $(PY) -c 'import fcntl, subprocess, sys; f = open(sys.argv[1], "a"); fcntl.flock(f, fcntl.LOCK_EX); sys.exit(subprocess.call(sys.argv[2:]))' $(VENV).lock
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=1800
 NOTEBOOKS := notebooks solutions exercises
 
@@ -15,14 +25,18 @@ help:
 	@echo "make lab        open JupyterLab on the course"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 
-$(VENV)/.installed: pyproject.toml
-	@test -x $(VPY) || $(PY) -m venv $(VENV)
+# Reinstalls whenever pyproject.toml (the dependencies) or this Makefile changes.
+$(STAMP): pyproject.toml Makefile
+	@# a venv left half-built by an interrupted set-up (no working pip) is made again
+	@$(VPY) -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(VENV)
+	@rm -f $(VENV)/.installed-*
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "$(TORCH_SPEC)"
-	$(VPY) -m pip install -q -e ".[test]"
+	$(VPY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VPY) -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $@
 
-setup: $(VENV)/.installed
+setup:
+	@$(LOCKED) $(MAKE) --no-print-directory $(STAMP)
 
 run: setup
 	$(VPY) tools/run_course.py
@@ -40,8 +54,9 @@ lab: setup
 	$(VPY) -m jupyter lab notebooks/00_start_here.ipynb
 
 # On a GPU host: see README "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
+# Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".
 gpu-suite:
-	$(PY) tools/gpu_suite.py
+	$(PY) tools/gpu_suite.py $(ARGS)
 
 # Authoring: rebuild .ipynb files from their percent-format sources; regenerate exercises from solutions.
 notebooks: setup
