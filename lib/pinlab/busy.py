@@ -8,6 +8,10 @@ import torch
 from .args import callable_arg, positive_int, positive_number, require_cuda
 
 _CYCLES_PER_MS: float | None = None
+#: gpu_busy() keeps the GPU busy for at most this long (a minute): more is a typo, not an experiment.
+MAX_BUSY_MS = 60_000.0
+#: warmup() calls each function at most this many times.
+MAX_WARMUP_REPEAT = 10_000
 
 
 def cycles_per_ms() -> float:
@@ -37,7 +41,7 @@ def gpu_busy(ms: float) -> None:
     Returns at once: the host runs ahead while the GPU spins. Anything the host enqueues
     next runs only after it, and a host call that waits for the GPU waits about ``ms``.
     """
-    ms = positive_number("ms", ms)
+    ms = positive_number("ms", ms, maximum=MAX_BUSY_MS)
     require_cuda("gpu_busy()")
     torch.cuda._sleep(int(ms * cycles_per_ms()))
 
@@ -49,7 +53,7 @@ def warmup(*fns, repeat: int = 1) -> None:
     blocks the host behind a busy GPU (280 ms on the H200): warm up every kernel an
     experiment uses, or the first measurement lies.
     """
-    repeat = positive_int("repeat", repeat)
+    repeat = positive_int("repeat", repeat, maximum=MAX_WARMUP_REPEAT)
     for i, fn in enumerate(fns):
         callable_arg(f"fns[{i}]", fn)
     for _ in range(repeat):

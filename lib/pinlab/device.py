@@ -77,6 +77,8 @@ def facts() -> dict:
 
 def header(lesson: str | None = None) -> dict:
     """Print the header every notebook starts with, and return the facts."""
+    if lesson is not None and not isinstance(lesson, str):
+        raise TypeError(f"lesson must be a str such as '01 pinned memory' or None, got {type(lesson).__name__}")
     f = facts()
     title = f"pinlab | {lesson}" if lesson else "pinlab"
     print(title)

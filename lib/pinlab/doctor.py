@@ -4,8 +4,9 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .args import bool_arg
 from .device import facts
-from .replay import data_dir
+from .replay import check_recorded, data_dir
 
 
 def doctor(verbose: bool = True) -> dict:
@@ -14,6 +15,7 @@ def doctor(verbose: bool = True) -> dict:
     ``summary["ok"]`` is True when everything the course needs on *any* machine is present:
     a GPU is optional (without one the lessons replay the recorded GPU run).
     """
+    bool_arg("verbose", verbose)
     checks = []
 
     def add(name, ok, note, required=True):
@@ -33,9 +35,14 @@ def doctor(verbose: bool = True) -> dict:
     add("pinned memory", f["pinned_memory"],
         "page-locked host memory can be allocated" if f["pinned_memory"] else "needs CUDA", required=False)
     add("FlashInfer", f["flashinfer"] is not None, f["flashinfer_note"], required=False)
-    recorded = sorted(p.stem for p in data_dir().glob("*.json")) if data_dir().exists() else []
-    add("recorded GPU run", bool(recorded), f"{len(recorded)} experiments under reports/gpu/data",
-        required=not f["cuda_available"])
+    recorded, broken = check_recorded()
+    if broken:
+        note = f"{len(broken)} broken file(s) under {data_dir()}: " + " ".join(broken)
+    elif recorded:
+        note = f"{len(recorded)} experiments under reports/gpu/data, all readable"
+    else:
+        note = f"none under {data_dir()}: run the GPU suite on a CUDA machine (make gpu-suite)"
+    add("recorded GPU run", bool(recorded) and not broken, note, required=not f["cuda_available"])
     ok = all(c["ok"] for c in checks if c["required"])
     if verbose:
         for c in checks:

@@ -121,7 +121,19 @@ def stage_on_host(data, dtype=None, *, pin_memory: bool = True) -> torch.Tensor:
     if not isinstance(pin_memory, bool):
         raise TypeError(f"pin_memory must be a bool, got {type(pin_memory).__name__}")
     if isinstance(data, (list, tuple)):
-        return torch.tensor(data, dtype=dtype, pin_memory=pin_memory)
+        try:
+            return torch.tensor(data, dtype=dtype, pin_memory=pin_memory)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            msg = str(exc)
+            if "overflow" in msg.lower():
+                raise ValueError(f"data: a number in this list does not fit {dtype or 'int64'} ({msg})") from None
+            if "infer dtype" in msg or "dimensions 'str'" in msg:
+                raise TypeError(f"data must hold numbers (or nested lists of numbers), got a list with "
+                                f"something else ({msg})") from None
+            if "pin" in msg.lower() or "accelerator" in msg.lower() or "cuda" in msg.lower():
+                raise
+            raise ValueError(f"data: this list cannot become a tensor ({msg}); give a rectangular list "
+                             f"of numbers") from None
     t = _tensor_from_numpy(data) if isinstance(data, np.ndarray) else data
     target = t.dtype if dtype is None else dtype
     if pin_memory and target == t.dtype and t.is_contiguous() and t.is_pinned():

@@ -1,6 +1,8 @@
 """PyTorch's caching host allocator: statistics, releasing cached blocks, allocation rounding."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 
@@ -36,9 +38,11 @@ def pinned_bytes_held() -> int:
 
 def next_pow2(n: int) -> int:
     """The block size PyTorch's caching host allocator rounds a request of ``n`` bytes up to."""
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n must be an int (bytes), got {type(n).__name__} ({n!r})"[:160])
+    if n <= 0:
         raise ValueError(f"n must be a positive int (bytes), got {n!r}")
-    return 1 << (n - 1).bit_length()
+    return 1 << (int(n) - 1).bit_length()
 
 
 def pinned_baseline() -> int:
@@ -48,6 +52,15 @@ def pinned_baseline() -> int:
 
 
 def pinned_back_to(baseline: int) -> bool:
-    """Release cached pinned blocks; True when the bytes held are back to ``baseline``."""
+    """Release cached pinned blocks; True when the bytes held are back to ``baseline``.
+
+    ``baseline`` is what :func:`pinned_baseline` returned (an int >= 0); anything else is a
+    TypeError/ValueError, never False (False means "pinned memory is still held").
+    """
+    if isinstance(baseline, bool) or not isinstance(baseline, numbers.Integral):
+        raise TypeError(f"baseline must be the int that pinned_baseline() returned, "
+                        f"got {type(baseline).__name__} ({baseline!r})"[:200])
+    if baseline < 0:
+        raise ValueError(f"baseline must be >= 0 (bytes), got {baseline}")
     release_cached_host_blocks()
     return pinned_bytes_held() == baseline

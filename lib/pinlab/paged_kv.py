@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from .args import positive_int, positive_number
+from .args import INT32_MAX, positive_int, positive_number, require_cuda
 
 __all__ = [
     "PagedKVMetadata",
@@ -44,6 +44,9 @@ __all__ = [
 
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _KV_DTYPES = (torch.float16, torch.bfloat16)
+_INT64_MAX = 2**63 - 1
+#: random_batch refuses to allocate caches larger than this many elements each.
+MAX_RANDOM_ELEMENTS = 2**28
 
 
 # --------------------------------------------------------------------------- argument checks
@@ -72,7 +75,11 @@ def _seq_lens(name: str, seq_lens) -> torch.Tensor:
     if isinstance(seq_lens, (list, tuple)):
         for i, v in enumerate(seq_lens):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__} ({v!r})")
+                raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__} ({v!r})"[:200])
+            if v < 0:
+                raise ValueError(f"{name} must be >= 0 everywhere, got {name}[{i}] = {v}")
+            if v > _INT64_MAX:
+                raise ValueError(f"{name}[{i}] = {v} does not fit in int64")
         seq_lens = torch.tensor([int(v) for v in seq_lens], dtype=torch.int64)
     t = _int_tensor(name, seq_lens, ndim=1)
     if t.device.type == "cpu" and t.numel() and bool((t < 0).any()):
@@ -91,19 +98,52 @@ def _same_device(name: str, t: torch.Tensor, other_name: str, other: torch.Tenso
 
 # --------------------------------------------------------------------------- metadata
 
+def _page_size(page_size) -> int:
+    # FlashInfer takes page_size as an int32, and last_page_len (<= page_size) is int32.
+    return positive_int("page_size", page_size, maximum=INT32_MAX)
+
+
+def _num_pages64(seq_lens, page_size: int, name: str = "seq_lens") -> torch.Tensor:
+    """ceil(seq_len / page_size) in int64, without overflow for any int64 length."""
+    s = _seq_lens(name, seq_lens).to(torch.int64)
+    pages = torch.div(s, page_size, rounding_mode="floor") + (torch.remainder(s, page_size) != 0).to(torch.int64)
+    if pages.device.type == "cpu" and pages.numel() and int(pages.max()) > INT32_MAX:
+        bad = int(torch.argmax(pages))
+        raise ValueError(
+            f"{name}[{bad}] = {int(s[bad])} needs {int(pages[bad])} pages of page_size {page_size}, more than "
+            f"FlashInfer's int32 metadata holds ({INT32_MAX}); use shorter sequences or larger pages"
+        )
+    return pages
+
+
 def num_pages(seq_lens, page_size: int) -> torch.Tensor:
-    """Pages per request: ceil(seq_len / page_size), int32, on the device of ``seq_lens``."""
-    page_size = positive_int("page_size", page_size)
-    s = _seq_lens("seq_lens", seq_lens).to(torch.int64)
-    return torch.div(s + (page_size - 1), page_size, rounding_mode="floor").to(torch.int32)
+    """Pages per request: ceil(seq_len / page_size), int32, on the device of ``seq_lens``.
+
+    A count that does not fit in int32 is a ValueError for CPU input (GPU input is not checked:
+    that would need a host sync, which this module never adds).
+    """
+    page_size = _page_size(page_size)
+    return _num_pages64(seq_lens, page_size).to(torch.int32)
 
 
 def kv_indptr(seq_lens, page_size: int) -> torch.Tensor:
-    """int32 [B+1]: 0, then the running sum of :func:`num_pages`. Same device as ``seq_lens``."""
-    pages = num_pages(seq_lens, page_size)
-    out = torch.zeros(pages.numel() + 1, dtype=torch.int32, device=pages.device)
-    torch.cumsum(pages, dim=0, dtype=torch.int32, out=out[1:])
-    return out
+    """int32 [B+1]: 0, then the running sum of :func:`num_pages`. Same device as ``seq_lens``.
+
+    The sum is taken in int64; for CPU input a total that does not fit in int32 is a ValueError.
+    """
+    return _kv_indptr(seq_lens, _page_size(page_size), "seq_lens")
+
+
+def _kv_indptr(seq_lens, page_size: int, name: str) -> torch.Tensor:
+    pages = _num_pages64(seq_lens, page_size, name)
+    out = torch.zeros(pages.numel() + 1, dtype=torch.int64, device=pages.device)
+    torch.cumsum(pages, dim=0, out=out[1:])
+    if out.device.type == "cpu" and int(out[-1]) > INT32_MAX:
+        raise ValueError(
+            f"{name} need {int(out[-1])} pages in all, more than FlashInfer's int32 indptr holds "
+            f"({INT32_MAX}); split the batch"
+        )
+    return out.to(torch.int32)
 
 
 def last_page_len(seq_lens, page_size: int) -> torch.Tensor:
@@ -112,7 +152,7 @@ def last_page_len(seq_lens, page_size: int) -> torch.Tensor:
     That is seq_len % page_size, or page_size when the page is full, and 0 for an empty
     sequence (vLLM's formula; FlashInfer's ``get_seq_lens`` inverts it).
     """
-    page_size = positive_int("page_size", page_size)
+    page_size = _page_size(page_size)
     s = _seq_lens("seq_lens", seq_lens).to(torch.int64)
     r = torch.remainder(s, page_size)
     full = (r == 0) & (s != 0)
@@ -131,10 +171,13 @@ def page_indices(block_table: torch.Tensor, indptr: torch.Tensor, total_pages: i
     each page's position in its row is its flat position minus ``indptr[request]``.
     (vLLM does the same with a Triton kernel.) A wrong ``total_pages`` gives an error or a
     wrong result; it is checked against ``indptr`` only when ``indptr`` is on the CPU.
+
+    On the CPU (free: no device to wait for) ``indptr`` must start at 0 and never decrease,
+    and the page ids used must be >= 0 and fit in int32; on a GPU nothing is read back.
     """
     block_table = _int_tensor("block_table", block_table, ndim=2)
     indptr = _int_tensor("indptr", indptr, ndim=1, dtypes=(torch.int32,))
-    total_pages = positive_int("total_pages", total_pages, allow_zero=True)
+    total_pages = positive_int("total_pages", total_pages, allow_zero=True, maximum=INT32_MAX)
     batch = block_table.shape[0]
     if indptr.numel() != batch + 1:
         raise ValueError(
@@ -143,6 +186,15 @@ def page_indices(block_table: torch.Tensor, indptr: torch.Tensor, total_pages: i
         )
     _same_device("indptr", indptr, "block_table", block_table)
     if indptr.device.type == "cpu":  # free to check here: no device to wait for
+        if int(indptr[0]) != 0:
+            raise ValueError(f"indptr must start at 0, got indptr[0] = {int(indptr[0])}")
+        steps = indptr[1:] - indptr[:-1]
+        if steps.numel() and bool((steps < 0).any()):
+            bad = int(torch.nonzero(steps < 0)[0, 0])
+            raise ValueError(
+                f"indptr must never decrease, got indptr[{bad}] = {int(indptr[bad])} > "
+                f"indptr[{bad + 1}] = {int(indptr[bad + 1])}"
+            )
         if int(indptr[-1]) != total_pages:
             raise ValueError(f"total_pages must equal indptr[-1] = {int(indptr[-1])}, got {total_pages}")
         widest = int((indptr[1:] - indptr[:-1]).max()) if batch else 0
@@ -156,7 +208,17 @@ def page_indices(block_table: torch.Tensor, indptr: torch.Tensor, total_pages: i
         torch.arange(batch, device=device), counts, output_size=total_pages
     )
     position = torch.arange(total_pages, device=device) - indptr.to(torch.int64)[request]
-    return block_table[request, position].to(torch.int32)
+    pages = block_table[request, position]
+    if pages.device.type == "cpu" and pages.numel():
+        bad = torch.nonzero((pages < 0) | (pages.to(torch.int64) > INT32_MAX))
+        if bad.numel():
+            k = int(bad[0, 0])
+            row, col = int(request[k]), int(position[k])
+            raise ValueError(
+                f"block_table[{row}, {col}] = {int(pages[k])} is not a page id: the pages a request uses "
+                f"must be in 0..{INT32_MAX}"
+            )
+    return pages.to(torch.int32)
 
 
 class PagedKVMetadata(NamedTuple):
@@ -196,24 +258,44 @@ def build_metadata(block_table: torch.Tensor, seq_lens_cpu, page_size: int, devi
             f"seq_lens_cpu must be a CPU tensor (vLLM keeps a host copy), got one on {seq_lens_cpu.device}; "
             "pass seq_lens.cpu()"
         )
-    page_size = positive_int("page_size", page_size)
+    page_size = _page_size(page_size)
+    device = _metadata_device(device, block_table)
     if seq_lens_cpu.numel() != block_table.shape[0]:
         raise ValueError(
             f"seq_lens_cpu has {seq_lens_cpu.numel()} requests but block_table has "
             f"{block_table.shape[0]} rows; they must match"
         )
-    pages = num_pages(seq_lens_cpu, page_size)
+    pages = _num_pages64(seq_lens_cpu, page_size, "seq_lens_cpu")
     widest = int(pages.max()) if pages.numel() else 0
     if widest > block_table.shape[1]:
         raise ValueError(
             f"a sequence needs {widest} pages of {page_size} tokens but block_table has only "
             f"{block_table.shape[1]} columns; make the block table wider or the sequences shorter"
         )
-    device = block_table.device if device is None else torch.device(device)
-    indptr_cpu = kv_indptr(seq_lens_cpu, page_size)
+    indptr_cpu = _kv_indptr(seq_lens_cpu, page_size, "seq_lens_cpu")
     lpl_cpu = last_page_len(seq_lens_cpu, page_size)
     indices = page_indices(block_table.to(device), indptr_cpu.to(device), int(indptr_cpu[-1]))
     return PagedKVMetadata(indptr_cpu, lpl_cpu, indices)
+
+
+def _metadata_device(device, block_table: torch.Tensor) -> torch.device:
+    """``device`` (None: the block table's) as a torch.device; a CUDA one only where CUDA runs."""
+    if device is None:
+        return block_table.device
+    return _device_arg(device, "build_metadata")
+
+
+def _device_arg(device, what: str) -> torch.device:
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device must be None, a str such as 'cuda' or 'cpu', or a torch.device, "
+                        f"got {type(device).__name__} ({device!r})"[:200])
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device must name a device such as 'cuda' or 'cpu', got {device!r}") from exc
+    if dev.type == "cuda":
+        require_cuda(f"{what}(device={str(dev)!r})")
+    return dev
 
 
 # --------------------------------------------------------------------------- reference attention
@@ -241,6 +323,8 @@ def reference_decode(
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device (no data); give a CPU or CUDA tensor")
     if q.dim() != 3:
         raise ValueError(f"q must be [batch, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
     if k_cache.dim() != 4:
@@ -253,7 +337,15 @@ def reference_decode(
     total_pool, page_size, num_kv_heads, kv_head_dim = k_cache.shape
     if kv_head_dim != head_dim:
         raise ValueError(f"q has head_dim {head_dim} but k_cache has head_dim {kv_head_dim}; they must match")
-    if num_kv_heads == 0 or num_qo_heads % num_kv_heads:
+    if head_dim == 0:
+        raise ValueError(f"q and k_cache must have head_dim > 0, got shapes {tuple(q.shape)} and {tuple(k_cache.shape)}")
+    if page_size == 0:
+        raise ValueError(f"k_cache must have page_size > 0 (its dim 1), got shape {tuple(k_cache.shape)}")
+    if num_kv_heads == 0:
+        raise ValueError(
+            f"k_cache must have num_kv_heads > 0 (its dim 2), got shape {tuple(k_cache.shape)}"
+        )
+    if num_qo_heads % num_kv_heads:
         raise ValueError(
             f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
@@ -483,12 +575,22 @@ def random_batch(
     num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
     head_dim = positive_int("head_dim", head_dim)
     num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
-    seed = positive_int("seed", seed, allow_zero=True)
+    seed = positive_int("seed", seed, allow_zero=True, maximum=2**63 - 1)
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    device = _device_arg(device, "random_batch")
 
+    width = -(-max_seq_len // page_size)
+    pool = batch_size * width + max(1, batch_size // 2)  # spare pages that no request uses
+    for what, n in (("each of k_cache and v_cache", pool * page_size * num_kv_heads * head_dim),
+                    ("q", batch_size * num_qo_heads * head_dim)):
+        if n > MAX_RANDOM_ELEMENTS:
+            raise ValueError(
+                f"random_batch would allocate {n} elements for {what} (at most {MAX_RANDOM_ELEMENTS}): "
+                "make batch_size, max_seq_len, num_kv_heads, num_qo_heads or head_dim smaller"
+            )
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(0, max_seq_len + 1, (batch_size,), generator=g)
     kind = torch.rand(batch_size, generator=g)
@@ -496,8 +598,6 @@ def random_batch(
     lens = torch.where(kind < 0.25, aligned, lens)
     lens = torch.where(kind > 0.875, torch.zeros_like(lens), lens)
 
-    width = -(-max_seq_len // page_size)
-    pool = batch_size * width + max(1, batch_size // 2)  # spare pages that no request uses
     perm = torch.randperm(pool, generator=g)
     block_table = perm[: batch_size * width].reshape(batch_size, width).to(torch.int32)
     shape = (pool, page_size, num_kv_heads, head_dim)

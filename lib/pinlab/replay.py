@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .args import callable_arg
+from .args import bool_arg, callable_arg
 from .device import facts, has_cuda
 from .timing import show
 
@@ -25,6 +25,76 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 class ReplayMissingError(RuntimeError):
     """No recorded GPU result exists for an experiment on a machine without CUDA."""
+
+
+class ReplayFileError(ReplayMissingError):
+    """A recorded GPU result exists but cannot be used: unreadable, truncated, or of the wrong shape."""
+
+
+_FIX = ("restore it with `git checkout -- reports/gpu/data` or re-run the GPU suite on a CUDA machine "
+        "(make gpu-suite)")
+
+
+def load_recorded(path) -> dict:
+    """Read and validate one recorded result file: ``{"meta": {...}, "params": {...}, "result": ...}``.
+
+    Raises :class:`ReplayMissingError` (missing file) or :class:`ReplayFileError` (unreadable,
+    not JSON, truncated, or JSON of another shape), each one sentence naming the file and what
+    to do. Returns the parsed dict.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ReplayMissingError(f"The recorded GPU run {path} is missing: {_FIX}.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReplayFileError(f"The recorded GPU run {path} cannot be read ({type(exc).__name__}): {_FIX}.") from None
+    if not text.strip():
+        raise ReplayFileError(f"The recorded GPU run {path} is empty: {_FIX}.")
+    try:
+        stored = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or a number too large
+        where = f"line {exc.lineno}" if hasattr(exc, "lineno") else "somewhere"
+        raise ReplayFileError(
+            f"The recorded GPU run {path} is not valid JSON (truncated or edited by hand? error at {where}): {_FIX}."
+        ) from None
+    problem = _shape_problem(stored)
+    if problem:
+        raise ReplayFileError(f"The recorded GPU run {path} has the wrong shape ({problem}): {_FIX}.")
+    return stored
+
+
+def _shape_problem(stored) -> str | None:
+    if not isinstance(stored, dict):
+        return f"a JSON {type(stored).__name__} instead of an object with meta, params and result"
+    missing = [k for k in ("meta", "params", "result") if k not in stored]
+    if missing:
+        return f"no {', '.join(repr(k) for k in missing)} key"
+    if not isinstance(stored["meta"], dict):
+        return "'meta' is not an object"
+    if not isinstance(stored["params"], dict):
+        return "'params' is not an object"
+    for key in ("gpu", "date"):
+        if not isinstance(stored["meta"].get(key), str) or not stored["meta"][key]:
+            return f"meta has no {key!r} string"
+    return None
+
+
+def check_recorded(directory=None) -> tuple[list[str], list[str]]:
+    """(names of the valid recorded results, one sentence per broken file) under ``directory``
+    (default :func:`data_dir`). Used by :func:`pinlab.doctor`."""
+    directory = data_dir() if directory is None else Path(directory)
+    good, broken = [], []
+    if not directory.is_dir():
+        return good, broken
+    for path in sorted(directory.glob("*.json")):
+        try:
+            load_recorded(path)
+        except ReplayMissingError as exc:
+            broken.append(str(exc))
+        else:
+            good.append(path.stem)
+    return good, broken
 
 
 def repo_root() -> Path:
@@ -78,8 +148,9 @@ def measure(name: str, fn, *, quiet: bool = False, **params) -> Run:
     Prints one ``[measured] source: ...`` line unless ``quiet``.
     """
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"name must be a short identifier like '01_bandwidth', got {name!r}")
+        raise ValueError(f"name must be a short identifier like '01_bandwidth', got {name!r}"[:200])
     callable_arg("fn", fn)
+    bool_arg("quiet", quiet)
     params = _jsonable(params)
     path = data_dir() / f"{name}.json"
     if has_cuda():
@@ -100,8 +171,8 @@ def measure(name: str, fn, *, quiet: bool = False, **params) -> Run:
                 f"No CUDA here and no recorded GPU run for '{name}' ({path} is missing): "
                 "run the GPU suite on a CUDA machine (make gpu-suite) and commit reports/gpu/."
             )
-        stored = json.loads(path.read_text())
-        if stored.get("params") != params:
+        stored = load_recorded(path)
+        if stored["params"] != params:
             raise ReplayMissingError(
                 f"The recorded GPU run for '{name}' used other parameters ({stored.get('params')}) "
                 f"than this notebook asks for ({params}): re-run the GPU suite (make gpu-suite)."

@@ -12,10 +12,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .args import callable_arg, positive_int, require_cuda
+from .args import bool_arg, callable_arg, positive_int, positive_number, require_cuda, text_arg
 
 TIMING_PREFIX = "[timing]"
 MEASURED_PREFIX = "[measured]"
+#: At most this many timed calls per host_time/cuda_time: a typo such as repeat=10**9 is an
+#: error, not a notebook that never finishes.
+MAX_REPEAT = 100_000
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,10 @@ class Stats:
 
     @classmethod
     def of(cls, samples_ms) -> "Stats":
-        samples = [float(s) for s in samples_ms]
+        """Median, min, max and count of timings in ms (each a finite number >= 0)."""
+        if isinstance(samples_ms, (str, bytes, dict)) or not hasattr(samples_ms, "__iter__"):
+            raise TypeError(f"samples_ms must be a list of timings in ms, got {type(samples_ms).__name__}")
+        samples = [positive_number(f"samples_ms[{i}]", s, allow_zero=True) for i, s in enumerate(samples_ms)]
         if not samples:
             raise ValueError("samples_ms must hold at least one timing")
         return cls(statistics.median(samples), min(samples), max(samples), len(samples))
@@ -42,7 +48,11 @@ class Stats:
 
 
 def fmt_ms(ms: float) -> str:
-    """A duration in the unit a reader takes in at a glance."""
+    """A duration in the unit a reader takes in at a glance: 0.0125 -> '12.5 µs'.
+
+    ``ms`` is a finite number of milliseconds >= 0 (a duration cannot be negative).
+    """
+    ms = positive_number("ms", ms, allow_zero=True)
     if ms < 1e-3:
         return f"{ms * 1e6:.0f} ns"
     if ms < 1.0:
@@ -62,8 +72,9 @@ def host_time(fn, *, repeat: int = 10, warmup: int = 1, setup=None, sync_after: 
     callable_arg("fn", fn)
     if setup is not None:
         callable_arg("setup", setup)
-    repeat = positive_int("repeat", repeat)
-    warmup = positive_int("warmup", warmup, allow_zero=True)
+    repeat = positive_int("repeat", repeat, maximum=MAX_REPEAT)
+    warmup = positive_int("warmup", warmup, allow_zero=True, maximum=MAX_REPEAT)
+    bool_arg("sync_after", sync_after)
     cuda = torch.cuda.is_available()
     samples = []
     for i in range(warmup + repeat):
@@ -82,8 +93,8 @@ def host_time(fn, *, repeat: int = 10, warmup: int = 1, setup=None, sync_after: 
 def cuda_time(fn, *, repeat: int = 10, warmup: int = 1) -> Stats:
     """GPU time of the work ``fn()`` enqueues (ms), measured with CUDA events."""
     callable_arg("fn", fn)
-    repeat = positive_int("repeat", repeat)
-    warmup = positive_int("warmup", warmup, allow_zero=True)
+    repeat = positive_int("repeat", repeat, maximum=MAX_REPEAT)
+    warmup = positive_int("warmup", warmup, allow_zero=True, maximum=MAX_REPEAT)
     require_cuda("cuda_time()")
     for _ in range(warmup):
         fn()
@@ -99,23 +110,33 @@ def cuda_time(fn, *, repeat: int = 10, warmup: int = 1) -> Stats:
     return Stats.of(samples)
 
 
+def _label(label) -> str:
+    if not isinstance(label, str) or not label.strip():
+        raise TypeError(f"label must be a non-empty str, got {label!r}"[:120])
+    if "\n" in label or "\r" in label:
+        raise ValueError("label must be one line (no newline): the sanitizer masks one line per value")
+    return label
+
+
 def report(label: str, value, unit: str = "ms") -> None:
-    """Print one timing line: ``[timing] label: value``. ``value`` may be a Stats or a number."""
-    if not isinstance(label, str) or not label:
-        raise TypeError("label must be a non-empty str")
+    """Print one timing line: ``[timing] label: value``.
+
+    ``value`` is a :class:`Stats` or a finite number >= 0 (a time in ms, or a rate in ``unit``).
+    """
+    _label(label)
+    text_arg("unit", unit)
     if isinstance(value, Stats):
         text = str(value)
     elif unit == "ms":
-        text = fmt_ms(float(value))
+        text = fmt_ms(positive_number("value", value, allow_zero=True))
     else:
-        text = f"{float(value):.3g} {unit}"
+        text = f"{positive_number('value', value, allow_zero=True):.3g} {unit}"
     print(f"{TIMING_PREFIX} {label}: {text}")
 
 
 def show(label: str, value) -> None:
     """Print one machine-dependent measured fact that is not a timing: ``[measured] label: value``."""
-    if not isinstance(label, str) or not label:
-        raise TypeError("label must be a non-empty str")
+    _label(label)
     print(f"{MEASURED_PREFIX} {label}: {value}")
 
 
@@ -125,15 +146,31 @@ def table(rows, columns) -> None:
     ``columns`` is a list of ``(key, header)`` or ``(key, header, fn)`` where ``fn`` turns a value
     into text (default ``str``). Tables hold measurements: tag their cells ``nbval-ignore-output``.
     """
+    if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"rows must be a list of dicts, got {type(rows).__name__}")
     rows = list(rows)
     if not rows:
         raise ValueError("rows must not be empty")
+    if isinstance(columns, (str, bytes, dict)) or not hasattr(columns, "__iter__"):
+        raise TypeError(f"columns must be a list of (key, header) tuples, got {type(columns).__name__}")
     cols = []
     for c in columns:
-        if len(c) not in (2, 3):
+        if not isinstance(c, (tuple, list)) or len(c) not in (2, 3):
             raise ValueError(f"each column must be (key, header) or (key, header, fn), got {c!r}")
+        if not isinstance(c[1], str):
+            raise TypeError(f"columns: header must be a str, got {c[1]!r}")
+        if len(c) == 3:
+            callable_arg(f"columns: the fn of {c[1]!r}", c[2])
         cols.append((c[0], c[1], c[2] if len(c) == 3 else str))
-    cells = [[fn(r[k]) for k, _, fn in cols] for r in rows]
+    if not cols:
+        raise ValueError("columns must not be empty")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise TypeError(f"rows[{i}] must be a dict, got {type(r).__name__}")
+        missing = [k for k, _, _ in cols if k not in r]
+        if missing:
+            raise ValueError(f"rows[{i}] has no key {missing[0]!r} (columns ask for it)")
+    cells = [[str(fn(r[k])) for k, _, fn in cols] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, (_, h, _) in enumerate(cols)]
     print("  ".join(h.rjust(w) for (_, h, _), w in zip(cols, widths)))
     for row in cells:
