@@ -1,5 +1,4 @@
 """Unit tests for pinlab's core: argument checks, timing, printing, GPU-only errors (all on CPU)."""
-import math
 
 import pytest
 import torch
@@ -163,11 +162,3 @@ def test_doctor_reports_required_checks(capsys):
     assert "import torch" in names and "CUDA GPU" in names and "FlashInfer" in names
     assert rep["ok"] is True
     assert "This machine shows:" in capsys.readouterr().out
-
-
-def test_bandwidth_gbps():
-    from pinlab.lessons.l01_pinned_memory import gbps
-
-    assert math.isclose(gbps(10**9, 1000.0), 1.0)
-    with pytest.raises(ValueError):
-        gbps(10, 0)

@@ -3,12 +3,16 @@
 #
 # **What you will learn**
 # - what *pageable* and *page-locked* (pinned) host memory are, and why the GPU's copy engine cares;
-# - H2D and D2H bandwidth, pinned against pageable, from 1 KiB to 1 GiB, measured here;
-# - the latency floor of small copies;
+# - how to time one copy with CUDA events (the code is below, to copy), and H2D and D2H bandwidth,
+#   pinned against pageable, from 1 KiB to 1 GiB;
+# - the latency floor of small copies, and why timing one small copy alone overstates it;
 # - what pinning costs: cold (`cudaHostAlloc`) against warm (PyTorch's caching host allocator);
-# - that pinned blocks are rounded up to a power of two, and when *not* to pin.
+# - that pinned blocks are rounded up to a power of two, that freeing one does not unpin it, and
+#   when *not* to pin.
 
 # %% tags=["nbval-ignore-output"]
+import statistics
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -37,7 +41,8 @@ pinned_at_start = pinlab.pinned_baseline()
 
 # %% [markdown]
 # In PyTorch, a CPU tensor is pageable unless you ask: `pin_memory=True` at creation, or
-# `t.pin_memory()` (which returns a pinned *copy*). `is_pinned()` tells you which you have.
+# `t.pin_memory()`, which returns a pinned *copy* of `t`, **unless `t` is already pinned**: then
+# it returns `t` itself. `is_pinned()` tells you which you have.
 
 # %%
 plain = torch.empty(1024)
@@ -53,6 +58,56 @@ buf = torch.empty(1024, pin_memory=PIN_MEMORY)
 print("pinned exactly when CUDA is available:", buf.is_pinned() == PIN_MEMORY)
 
 # %% [markdown]
+# 🔮 **Predict.** `snap = t.pin_memory()` gives you a pinned copy of a pageable `t`. What does
+# `snap.pin_memory()` give you: another copy, or `snap` itself?
+#
+# The cell runs on the CUDA stream where there is a GPU, and on the course's emulated stream
+# (`pinlab.stream()`, which emulates pinning on a CPU) where there is none: the answer is the same.
+#
+# <details><summary>Answer</summary>
+#
+# `snap` itself: pinning a pinned tensor is a no-op, no copy is made. Lesson 04 is built on this
+# trap: a "snapshot" taken with `pin_memory()` of a buffer that is already pinned is no snapshot.
+# </details>
+
+# %%
+with pinlab.stream() as s:
+    pinlab.show("stream", s.label)
+    t = torch.arange(1024)                  # pageable
+    snap = t.pin_memory()                   # a pinned copy
+    again = snap.pin_memory()               # already pinned: what comes back?
+    print("pin_memory() of a pageable tensor is a new, pinned tensor:",
+          snap.is_pinned() and snap.data_ptr() != t.data_ptr())
+    print("pin_memory() of a pinned tensor returns the same storage, no copy:",
+          again.data_ptr() == snap.data_ptr())
+    assert snap.is_pinned() and snap.data_ptr() != t.data_ptr() and again.data_ptr() == snap.data_ptr()
+    del t, snap, again
+
+# %% [markdown]
+# ## Timing one copy
+#
+# The GPU runs work in *stream* order, and a CUDA event is a timestamp the GPU writes when the
+# stream reaches it. Record one before the copy and one after, wait for the second, and
+# `elapsed_time` is the time between them on the GPU's clock. This function is the whole
+# measurement; the sweep below calls it for every size, direction and kind of host memory.
+
+# %%
+def time_copy_ms(dst, src, repeat=5):
+    """GPU ms of one copy dst <- src: the median of `repeat` copies, each between two CUDA events."""
+    dst.copy_(src, non_blocking=True)             # warm-up, untimed
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()                            # a timestamp in the stream, before the copy
+        dst.copy_(src, non_blocking=True)
+        end.record()                              # ... and one after it
+        end.synchronize()                         # the host waits until the GPU has passed `end`
+        times.append(start.elapsed_time(end))     # ms between the two, on the GPU's clock
+    return statistics.median(times)
+
+# %% [markdown]
 # ## Bandwidth, pinned against pageable
 #
 # 🔮 **Predict.** At 1 GiB, how much faster is a pinned H2D copy than a pageable one: the same,
@@ -64,11 +119,27 @@ print("pinned exactly when CUDA is available:", buf.is_pinned() == PIN_MEMORY)
 # at 1 KiB both are equally slow, because a tiny copy is all latency. Measure it below.
 # </details>
 #
-# The sweep times one copy per size and direction with CUDA events (median of 5), from 1 KiB to
-# 1 GiB. It needs about 3 GiB of host memory and 1 GiB on the GPU, and takes about 10 s.
+# The sweep: one buffer of each kind at the largest size, sliced for the smaller ones, and
+# `time_copy_ms` for H2D and D2H from pinned and pageable memory, 1 KiB to 1 GiB. It needs about
+# 2 GiB of host memory (half of it pinned) and 1 GiB on the GPU, and takes a few seconds.
 
 # %%
-sweep = pinlab.measure("01_bandwidth", bw.copy_bandwidth, sizes=bw.DEFAULT_SIZES, repeat=5)
+def bandwidth_sweep(sizes, repeat=5):
+    """One row per size: the median ms of one copy, H2D and D2H, from pinned and from pageable memory."""
+    top = max(sizes)
+    pinned = torch.ones(top, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.ones(top, dtype=torch.uint8)          # ones: every page touched before timing
+    device = torch.ones(top, dtype=torch.uint8, device="cuda")
+    rows = []
+    for n in pinlab.progress(sizes, desc="bandwidth sweep"):
+        d, pin, pag = device[:n], pinned[:n], pageable[:n]  # views: nothing allocated per size
+        rows.append({"bytes": n,
+                     "h2d_pinned_ms": time_copy_ms(d, pin, repeat), "h2d_pageable_ms": time_copy_ms(d, pag, repeat),
+                     "d2h_pinned_ms": time_copy_ms(pin, d, repeat), "d2h_pageable_ms": time_copy_ms(pag, d, repeat)})
+    return rows
+
+
+sweep = pinlab.measure("01_bandwidth", bandwidth_sweep, sizes=bw.DEFAULT_SIZES, repeat=5)
 rows = [{"bytes": r["bytes"], **{k[:-3]: bw.gbps(r["bytes"], r[k]) for k in r if k.endswith("_ms")}}
         for r in sweep.result]
 
@@ -82,54 +153,121 @@ pinlab.table(rows, [("bytes", "size", fmt_bytes), ("h2d_pinned", "H2D pinned GB/
 sizes = [r["bytes"] for r in rows]
 size_sweep(sizes, {k.replace("_", " "): [r[k] for r in rows]
                    for k in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")},
-           ylabel="GB/s", title=f"Copy bandwidth ({sweep.tag})")
+           ylabel="GB/s", title=f"Copy bandwidth, one copy timed alone ({sweep.tag})")
 plt.show()
 
 # %% [markdown]
 # Read the plot from the right: at large sizes pinned copies run at the link's rate and pageable
-# ones at a fraction of it. Now from the left: below about 64 KiB every line collapses together.
+# ones at a fraction of it. Now from the left: at small sizes every line collapses together,
+# far below the link's rate. (How much of that is the copy, and how much the way it was timed,
+# is the subject of the latency section below.)
 
 # %%
 big = rows[-1]
 pinlab.show("pinned / pageable H2D at " + fmt_bytes(big["bytes"]), f"{big['h2d_pinned'] / big['h2d_pageable']:.1f}x")
 print("at the largest size, pinned H2D is at least 2x faster than pageable:",
       big["h2d_pinned"] >= 2 * big["h2d_pageable"])
+assert big["h2d_pinned"] >= 2 * big["h2d_pageable"]
 
 # %% [markdown]
 # ## Is the sweep honest? Compare with a plain copy loop
 #
 # A benchmark should reach what the hardware allows. The reference: a plain loop of back-to-back
-# 256 MiB pinned copies, timed as a whole; the best of 3 trials.
+# 256 MiB pinned copies, timed as a whole; the best of 3 trials (`bw.copy_loop_peak`).
+#
+# On a quiet machine the two agree closely, but not to a fixed percentage, run after run: each
+# sweep point is the median of five single copies, not a long average, and the PCIe link and the
+# host's memory are shared with whatever else moves data on the machine (in a virtual machine,
+# with its neighbours too). So the ratio is shown, not asserted near 1; what is asserted is the
+# physical fact that two measurements of the same link cannot be 2× apart.
 
 # %%
 peak = pinlab.measure("01_copy_loop_peak", bw.copy_loop_peak)
 ratio = big["h2d_pinned"] / peak.result["best_GBps"]
 pinlab.show("copy-loop peak", f"{peak.result['best_GBps']:.1f} GB/s")
-pinlab.show("sweep's pinned H2D / copy-loop peak", f"{ratio:.3f}")
-print("the sweep's pinned H2D reaches at least 95% of the copy-loop peak:", ratio >= 0.95)
-assert ratio >= 0.95
+pinlab.show(f"sweep's pinned H2D at {fmt_bytes(big['bytes'])} / copy-loop peak", f"{ratio:.3f}")
+print("the sweep's pinned H2D at the largest size is within 2x of the copy-loop peak:", 0.5 <= ratio <= 2.0)
+assert 0.5 <= ratio <= 2.0
 
 # %% [markdown]
 # ## The latency floor
 #
-# Plot time instead of bandwidth and the small copies show their nature: flat. Below some size
-# a copy costs the same whatever it carries.
+# `time_copy_ms` records `start` on an idle stream: the GPU passes it at once, then waits for
+# the host to launch the copy (and, for a copy shorter than a launch, to record `end`). For a
+# large copy that wait is nothing; for a small one it is most of what the events see. So the
+# sweep's small sizes measure **one copy issued alone: the host's launch plus the copy**, a host
+# round trip, not what the copy engine needs per copy.
+#
+# To see the copy engine's own cost, queue the copies where the GPU cannot start them yet: keep
+# it busy (`pinlab.gpu_busy`), record `start`, enqueue a burst of copies, record `end`. When the
+# busy kernel ends, the GPU runs the burst back to back, and the events time only that.
+# `start.query()` right after the burst tells whether the GPU was still busy when the host had
+# queued it all; a round where it was not would let host gaps into the figure, so it is dropped.
 
 # %%
-size_sweep(sizes, {"H2D pinned": [r["h2d_pinned_ms"] * 1e3 for r in sweep.result],
-                   "H2D pageable": [r["h2d_pageable_ms"] * 1e3 for r in sweep.result]},
-           ylabel="µs per copy (GPU time)", title=f"Time per copy ({sweep.tag})")
+def copy_latency(sizes, copies=64, busy_ms=5.0, rounds=5):
+    """Per size, µs per pinned H2D copy: one copy timed alone, and copies in a burst queued behind a busy GPU."""
+    top = max(sizes)
+    src = torch.ones(top, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(top, dtype=torch.uint8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rows = []
+    for n in sizes:
+        d, s = dst[:n], src[:n]
+        alone, burst = [], []
+        for _ in range(rounds):                       # interleaved: one copy alone, then a burst
+            alone.append(time_copy_ms(d, s, repeat=1) * 1e3)
+            pinlab.gpu_busy(busy_ms)                  # the GPU is busy: the copies below wait in the queue
+            start.record()
+            for _ in range(copies):
+                d.copy_(s, non_blocking=True)
+            queued = not start.query()                # was the GPU still busy when the host had queued all?
+            end.record()
+            end.synchronize()
+            if queued:                                # else host gaps leaked in: drop the round
+                burst.append(start.elapsed_time(end) * 1e3 / copies)
+        rows.append({"bytes": n, "alone_us": statistics.median(alone),
+                     "burst_us": statistics.median(burst) if burst else None,
+                     "queued_rounds": len(burst), "rounds": rounds})
+    return rows
+
+
+lat = pinlab.measure("01_latency", copy_latency, sizes=bw.LATENCY_SIZES)
+by_size = {r["bytes"]: r for r in lat.result}
+
+# %%
+lsizes = [r["bytes"] for r in lat.result]
+size_sweep(lsizes, {"one copy timed alone (host launch + copy)": [r["alone_us"] for r in lat.result],
+                    "per copy in a burst (copy engine)": [r["burst_us"] for r in lat.result]},
+           ylabel="µs per pinned H2D copy", title=f"Time per copy ({lat.tag})")
 plt.show()
 
 # %%
-t = {r["bytes"]: r["h2d_pinned_ms"] for r in sweep.result}
-floor_ms = min(t[s] for s in sizes if s <= 16 * bw.KiB)
-pinlab.report("latency floor (smallest pinned H2D)", floor_ms)
-print("1 KiB and 16 KiB copies cost within 2x of each other:", t[16 * bw.KiB] < 2 * t[bw.KiB])
-print("a 1 KiB copy runs at under 1% of the peak rate:", rows[0]["h2d_pinned"] < 0.01 * peak.result["best_GBps"])
+queued_ok = all(r["queued_rounds"] > r["rounds"] / 2 for r in lat.result)
+print("most bursts were queued in full before the GPU reached them:", queued_ok)
+assert queued_ok, "the GPU was not kept busy long enough for the bursts"
+kib1, kib16 = by_size[bw.KiB], by_size[16 * bw.KiB]
+burst_rates = [bw.gbps(r["bytes"], r["burst_us"] * 1e-3) for r in lat.result]
+rate_1kib = bw.gbps(bw.KiB, kib1["burst_us"] * 1e-3)
+pinlab.report("latency floor: a 1 KiB copy in a burst", kib1["burst_us"] * 1e-3)
+pinlab.report("a 1 KiB copy timed alone", kib1["alone_us"] * 1e-3)
+pinlab.show("N½ of pinned H2D in a burst (half the best burst rate)", fmt_bytes(bw.n_half(lsizes, burst_rates)))
+claims = {
+    "timed alone, a 1 KiB copy takes longer than in a burst":
+        kib1["alone_us"] > kib1["burst_us"],
+    "16x the bytes (16 KiB vs 1 KiB, in a burst) takes less than 4x the time":
+        kib16["burst_us"] < 4 * kib1["burst_us"],
+    "even in a burst, a 1 KiB copy moves under 5% of the copy-loop peak's rate":
+        rate_1kib < 0.05 * peak.result["best_GBps"],
+}
+for claim, ok in claims.items():
+    print(f"{claim}: {ok}")
+assert all(claims.values())
 
 # %% [markdown]
-# So batch small transfers: one 64 KiB copy costs about what one 1 KiB copy costs.
+# Below N½ a copy is mostly latency, above it mostly bandwidth: a 16 KiB copy costs about what a
+# 1 KiB copy costs. So batch small transfers into one. And when you time small copies, time them
+# the way your program issues them: one copy alone on an idle stream mostly measures the launch.
 #
 # ## What pinning costs
 #
@@ -153,9 +291,10 @@ pinlab.table(cost.result, [("bytes", "size", fmt_bytes), ("alloc_cold_ms", "cold
 # %%
 print("every cold allocation called cudaHostAlloc:", all(r["alloc_cold_host_allocs"] >= 1 for r in cost.result))
 print("no warm allocation called cudaHostAlloc:", all(r["alloc_warm_host_allocs"] == 0 for r in cost.result))
+assert all(r["alloc_cold_host_allocs"] >= 1 and r["alloc_warm_host_allocs"] == 0 for r in cost.result)
 
 # %%
-r = cost.result[-2]  # 256 MiB
+r = next(r for r in cost.result if r["bytes"] == 256 * bw.MiB)
 labels = ["pageable H2D", "cold pin_memory() + H2D", "warm pin_memory() + H2D", "pinned H2D"]
 values = [r["h2d_pageable_ms"], r["pin_memory_cold_ms"] + r["h2d_pinned_ms"],
           r["pin_memory_warm_ms"] + r["h2d_pinned_ms"], r["h2d_pinned_ms"]]
@@ -174,28 +313,48 @@ pinlab.show(f"reused buffer {fmt_bytes(r['bytes'])}: warm pin + pinned copy vs p
 # %% [markdown]
 # Pinning pays when the pinned memory is **reused**: a warm block makes every later copy fast.
 # Pinning a fresh buffer for a single copy can cost more than the pageable copy it replaces: the
-# two lines above say which way it went on this machine.
+# two lines above say which way it went in this run.
 #
-# ## Pinned blocks are rounded up
+# ## Pinned blocks are rounded up, and stay pinned after `del`
 #
 # 🔮 **Predict.** You ask for 129.5 MiB of pinned memory. How much does the allocator page-lock?
+# And when you `del` the tensor, is that memory unpinned?
+#
+# The experiment reads the bytes the caching host allocator holds (`allocated_bytes.current` in
+# `torch.cuda.host_memory_stats()`) before the allocation, after it, after `del` and after
+# `torch._C._host_emptyCache()` (what `pinlab.release_cached_host_blocks()` calls).
 
 # %%
-rounding = pinlab.measure("01_rounding", bw.pinned_rounding)
-req, got = rounding.result["request_bytes"], rounding.result["pinned_bytes_delta"]
+rounding = pinlab.measure("01_rounding", bw.pinned_rounding, request_bytes=bw.ROUNDING_REQUEST)
+rr = rounding.result
+req, got = rr["request_bytes"], rr["pinned_bytes_delta"]
 pinlab.show("requested / pinned", f"{fmt_bytes(req)} / {fmt_bytes(got)}")
-print("the request was rounded up to the next power of two:", got == pinlab.next_pow2(req))
-print("released blocks go back to the driver:",
-      rounding.result["held_after_release"] == rounding.result["held_before"])
+claims = {
+    "the request was rounded up to the next power of two":
+        got == pinlab.next_pow2(req),
+    "after del, the block is still pinned (kept in the allocator's cache)":
+        rr["held_after_free"] - rr["held_before"] == got,
+    "after emptying the cache, it went back to the driver":
+        rr["held_after_release"] == rr["held_before"],
+}
+for claim, ok in claims.items():
+    print(f"{claim}: {ok}")
+assert all(claims.values())
 
 # %% [markdown]
 # Up to 2× the memory you asked for stays locked: vLLM users saw `--cpu-offload-gb` take about
-# 1.9× the host memory requested for this reason (vLLM #56410).
+# 1.9× the host memory requested for this reason (vLLM #56410). And `del` does not give it back:
+# the caching host allocator keeps a freed block, page-locked, to hand out again (that is what
+# makes warm pinning cheap). It stays locked until the cache is emptied or the process ends.
 #
 # ## When *not* to pin
 # - **One-off transfers** of big buffers: a cold pin can cost more than the pageable copy.
 # - **Huge buffers**: rounding can double them, and pinned memory cannot be swapped out; pin
 #   too much and the whole machine slows down or the process is killed.
+# - **Memory you will free and not reuse**: freeing a pinned tensor does not unpin it. The block
+#   stays in PyTorch's cache, page-locked, until `torch._C._host_emptyCache()` (private;
+#   `pinlab.release_cached_host_blocks()` wraps it) or the end of the process. A program that
+#   pins many different sizes once each keeps all of them locked.
 # - **Where pinning is not available or not cheap**: CPU-only builds, WSL (vLLM gates it), and
 #   unified-memory systems such as GH200, where pinned host memory eats into GPU memory (vLLM's
 #   `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`).
@@ -209,9 +368,14 @@ assert back
 # %% [markdown]
 # ## What to remember
 # - The GPU's copy engine reads only pinned memory; pageable copies are staged by the driver.
-# - Large copies: pinned runs at the link's rate, pageable at a fraction. Small copies: all latency.
-# - Cold pinning is expensive, warm pinning (the caching host allocator) is cheap: pin buffers you **reuse**.
-# - Pinned blocks are rounded to a power of two and cannot be swapped: do not pin everything.
+# - Time a copy with two CUDA events around it; large copies: pinned runs at the link's rate,
+#   pageable at a fraction. Small copies are all latency, and one small copy timed alone on an
+#   idle stream mostly measures its launch: time bursts the way a program issues them.
+# - `t.pin_memory()` copies a pageable `t` into pinned memory, and returns `t` itself if it is
+#   already pinned.
+# - Cold pinning is expensive, warm pinning (the caching host allocator) is cheap: pin buffers you
+#   **reuse**. Pinned blocks are rounded to a power of two, stay pinned after `del`, and cannot be
+#   swapped: do not pin everything.
 #
 # **Exercise:** `exercises/01_pinned_memory.ipynb` (solution in `solutions/`).
 # **Next:** 02 · fake `non_blocking`.

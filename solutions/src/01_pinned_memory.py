@@ -21,7 +21,7 @@ def gbps(nbytes, ms):
     ### END SOLUTION
 
 
-ok = checks.check_gbps(gbps)
+ok_gbps = checks.check_gbps(gbps)
 
 # %% [markdown]
 # ## 2. Where latency stops dominating: N½
@@ -38,4 +38,35 @@ def n_half(sizes, rates):
     ### END SOLUTION
 
 
-ok = checks.check_n_half(n_half)
+ok_n_half = checks.check_n_half(n_half)
+
+
+# %% [markdown]
+# ## 3. Apply them to the recorded sweep
+#
+# Lesson 01's bandwidth sweep, as the course's GPU run recorded it
+# (`reports/gpu/data/01_bandwidth.json`): your `gbps` turns each timing into a rate, your `n_half`
+# finds where pinned H2D copies, each timed alone, reach half their best rate.
+
+# %%
+import json
+
+from pinlab.plots import fmt_bytes
+from pinlab.replay import data_dir
+
+recorded = json.loads((data_dir() / "01_bandwidth.json").read_text())
+if ok_gbps and ok_n_half:
+    sizes = [r["bytes"] for r in recorded["result"]]
+    rates = [gbps(r["bytes"], r["h2d_pinned_ms"]) for r in recorded["result"]]
+    pinlab.show("recorded on", f"{recorded['meta']['gpu']}, {recorded['meta']['date']}")
+    pinlab.show("best pinned H2D rate", f"{max(rates):.1f} GB/s")
+    pinlab.show("N½ of pinned H2D, one copy timed alone", fmt_bytes(n_half(sizes, rates)))
+else:
+    print("finish both functions above (both checks ✅), then re-run this cell")
+
+# %% [markdown]
+# ## What to remember
+# - GB/s means 10⁹ bytes per second; milliseconds are 10⁻³ s.
+# - N½ splits small copies (latency-bound: batch them) from large ones (bandwidth-bound).
+# - Small copies timed alone each carry a host round trip (lesson 01's latency section), so rates
+#   computed from them understate what copies issued back to back reach.

@@ -1,52 +1,62 @@
-"""Lesson 01 experiments: H2D/D2H bandwidth, pinned vs pageable, and the cost of pinning."""
+"""Lesson 01's library: the reference answers (``gbps``, ``n_half``) and the plumbing experiments.
+
+The lesson's key code, the timed copy, the bandwidth sweep and the burst that measures the
+latency floor, is defined in ``notebooks/src/01_pinned_memory.py`` and handed to
+``pinlab.measure`` there. What stays here: the two reference answers the exercise checkers import
+(``pinlab.checks.l01``), the copy-loop peak the sweep is compared with, the cost of pinning and
+the allocator's rounding and caching.
+"""
 from __future__ import annotations
 
+import numbers
 import time
 
 import torch
 
-from ..args import positive_int, require_cuda, size_list
+from ..args import positive_int, positive_number, require_cuda, size_list
 from ..hostmem import host_stats, release_cached_host_blocks
 from ..progress import progress
 from ..timing import cuda_time
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-DEFAULT_SIZES = [KiB << (2 * i) for i in range(11)]  # 1 KiB, 4 KiB, ... 1 GiB
+DEFAULT_SIZES = [KiB << (2 * i) for i in range(11)]  # the bandwidth sweep: 1 KiB, 4 KiB, ... 1 GiB
+LATENCY_SIZES = [KiB << (2 * i) for i in range(6)]   # the latency bursts: 1 KiB, 4 KiB, ... 1 MiB
+PIN_COST_SIZES = (MiB, 16 * MiB, 256 * MiB)
+ROUNDING_REQUEST = 129 * MiB + 512 * KiB             # 129.5 MiB: rounded up to 256 MiB
 
+
+# ---- reference answers (the exercise checkers import these) -------------------------------------
 
 def gbps(nbytes: float, ms: float) -> float:
     """Bandwidth in GB/s (10**9 bytes per second) of moving ``nbytes`` in ``ms`` milliseconds."""
-    if ms <= 0:
-        raise ValueError(f"ms must be > 0, got {ms}")
+    nbytes = positive_number("nbytes", nbytes, allow_zero=True)
+    ms = positive_number("ms", ms)
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def copy_bandwidth(sizes=DEFAULT_SIZES, repeat: int = 5) -> list[dict]:
-    """Median GPU time (CUDA events) of one copy per size and direction, pinned vs pageable host side.
+def n_half(sizes, rates):
+    """The smallest size whose rate reaches at least half the peak (the largest) rate.
 
-    Returns one row per size: ``{"bytes", "h2d_pinned_ms", "h2d_pageable_ms", "d2h_pinned_ms",
-    "d2h_pageable_ms"}``. Buffers are allocated once at the largest size and sliced.
+    ``sizes`` and ``rates`` are parallel lists in any order; rates need not grow with size.
+    Below N½ a copy is mostly latency, above it mostly bandwidth.
     """
-    sizes = size_list("sizes", sizes)
-    repeat = positive_int("repeat", repeat)
-    require_cuda("copy_bandwidth()")
-    top = max(sizes)
-    pinned = torch.ones(top, dtype=torch.uint8, pin_memory=True)
-    pageable = torch.ones(top, dtype=torch.uint8)  # ones: touch every page before timing
-    dev = torch.ones(top, dtype=torch.uint8, device="cuda")
-    rows = []
-    for n in progress(sizes, desc="bandwidth sweep"):
-        row = {"bytes": n}
-        d, pin, pag = dev[:n], pinned[:n], pageable[:n]
-        row["h2d_pinned_ms"] = cuda_time(lambda: d.copy_(pin, non_blocking=True), repeat=repeat).median
-        row["h2d_pageable_ms"] = cuda_time(lambda: d.copy_(pag, non_blocking=True), repeat=repeat).median
-        row["d2h_pinned_ms"] = cuda_time(lambda: pin.copy_(d, non_blocking=True), repeat=repeat).median
-        row["d2h_pageable_ms"] = cuda_time(lambda: pag.copy_(d, non_blocking=True), repeat=repeat).median
-        rows.append(row)
-    del pinned, pageable, dev
-    torch.cuda.synchronize()
-    return rows
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__"):
+        raise TypeError(f"sizes must be a list of sizes, got {type(sizes).__name__}")
+    if isinstance(rates, (str, bytes)) or not hasattr(rates, "__len__"):
+        raise TypeError(f"rates must be a list of rates, got {type(rates).__name__}")
+    if len(sizes) == 0:
+        raise ValueError("sizes must not be empty")
+    if len(sizes) != len(rates):
+        raise ValueError(f"sizes and rates must be equally long, got {len(sizes)} and {len(rates)}")
+    for i, s in enumerate(sizes):
+        if isinstance(s, bool) or not isinstance(s, numbers.Real):
+            raise TypeError(f"sizes[{i}] must be a number, got {type(s).__name__}")
+    rates = [positive_number(f"rates[{i}]", r, allow_zero=True) for i, r in enumerate(rates)]
+    peak = max(rates)
+    return min(s for s, r in zip(sizes, rates) if r >= peak / 2)
 
+
+# ---- plumbing experiments (GPU) ------------------------------------------------------------------
 
 def copy_loop_peak(nbytes: int = 256 * MiB, iters: int = 8, trials: int = 3) -> dict:
     """The best pinned H2D rate a plain loop of back-to-back copies reaches (GB/s), the reference peak."""
@@ -73,7 +83,7 @@ def _ms(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def pin_cost(sizes=(MiB, 16 * MiB, 256 * MiB, GiB)) -> list[dict]:
+def pin_cost(sizes=PIN_COST_SIZES) -> list[dict]:
     """Host ms to get pinned memory cold (cudaHostAlloc) and warm (a cached block), per size.
 
     Also: ``pin_memory()`` of a pageable tensor (allocation + memcpy), warm and cold, a pageable H2D copy and a
@@ -82,6 +92,7 @@ def pin_cost(sizes=(MiB, 16 * MiB, 256 * MiB, GiB)) -> list[dict]:
     """
     sizes = size_list("sizes", sizes)
     require_cuda("pin_cost()")
+    torch.ones(16, dtype=torch.uint8).pin_memory()  # the first pin_memory() of a process pays a one-off cost
     rows = []
     for n in progress(sizes, desc="pin cost"):
         src = torch.ones(n, dtype=torch.uint8)
@@ -125,22 +136,30 @@ def pin_cost(sizes=(MiB, 16 * MiB, 256 * MiB, GiB)) -> list[dict]:
     return rows
 
 
-def pinned_rounding(request_bytes: int = 129 * MiB + 512 * KiB) -> dict:
-    """How many bytes the caching host allocator really pins for one request."""
+def pinned_rounding(request_bytes: int = ROUNDING_REQUEST) -> dict:
+    """How many bytes the caching host allocator pins for one request, and when it lets them go.
+
+    ``allocated_bytes.current`` of ``torch.cuda.host_memory_stats()`` (the bytes the allocator holds
+    from ``cudaHostAlloc``, in use or cached) is read before the allocation, after it, after ``del``
+    of the tensor (the block is freed into the allocator's cache, still page-locked) and after the
+    cache is emptied (``torch._C._host_emptyCache()``: the block goes back to the driver).
+    """
     request_bytes = positive_int("request_bytes", request_bytes)
     require_cuda("pinned_rounding()")
     release_cached_host_blocks()
-    before = host_stats()
+    key = "allocated_bytes.current"
+    before = host_stats().get(key, 0)
     t = torch.empty(request_bytes, dtype=torch.uint8, pin_memory=True)
-    after = host_stats()
+    after = host_stats().get(key, 0)
     del t
     torch.cuda.synchronize()
+    after_free = host_stats().get(key, 0)
     release_cached_host_blocks()
-    released = host_stats()
-    key = "allocated_bytes.current"
+    released = host_stats().get(key, 0)
     return {
         "request_bytes": request_bytes,
-        "pinned_bytes_delta": after.get(key, 0) - before.get(key, 0),
-        "held_after_release": released.get(key, 0),
-        "held_before": before.get(key, 0),
+        "pinned_bytes_delta": after - before,
+        "held_before": before,
+        "held_after_free": after_free,
+        "held_after_release": released,
     }

@@ -1,0 +1,155 @@
+"""Lesson 01's library (pinlab.lessons.l01_pinned_memory) on a CPU: the reference answers, the
+sizes the notebook sweeps, argument checks before CUDA, and CudaUnavailableError without it."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pinlab
+from pinlab import CudaUnavailableError
+from pinlab.lessons import l01_pinned_memory as l01
+from pinlab.replay import repo_root
+
+KiB, MiB, GiB = l01.KiB, l01.MiB, l01.GiB
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+
+
+# ---- gbps ------------------------------------------------------------------------------------------
+
+def test_gbps_is_decimal_gigabytes_per_second():
+    assert math.isclose(l01.gbps(10**9, 1000.0), 1.0)
+    assert math.isclose(l01.gbps(2**30, 19.375), 2**30 / 0.019375 / 1e9)
+    assert l01.gbps(0, 1.0) == 0.0
+    assert math.isclose(l01.gbps(1024.0, 0.001), 1.024)
+
+
+@pytest.mark.parametrize("nbytes, ms, err, match", [
+    (10, 0, ValueError, "ms must be > 0"),
+    (10, -1.0, ValueError, "ms must be > 0"),
+    (10, float("nan"), ValueError, "ms must be finite"),
+    (10, float("inf"), ValueError, "ms must be finite"),
+    (-1024, 1.0, ValueError, "nbytes must be >= 0"),
+    ("1024", 1.0, TypeError, "nbytes must be a number"),
+    (1024, None, TypeError, "ms must be a number"),
+    (True, 1.0, TypeError, "nbytes must be a number"),
+])
+def test_gbps_rejects_bad_arguments_naming_them(nbytes, ms, err, match):
+    with pytest.raises(err, match=match):
+        l01.gbps(nbytes, ms)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 2**40), st.floats(1e-4, 1e5))
+def test_gbps_scales_with_bytes_and_inversely_with_time(nbytes, ms):
+    r = l01.gbps(nbytes, ms)
+    assert r > 0
+    assert math.isclose(l01.gbps(2 * nbytes, ms), 2 * r)
+    assert math.isclose(l01.gbps(nbytes, 2 * ms), r / 2)
+
+
+# ---- n_half ----------------------------------------------------------------------------------------
+
+def test_n_half_examples():
+    assert l01.n_half([1024, 4096, 16384], [1.0, 2.0, 4.0]) == 4096          # exactly half counts
+    assert l01.n_half([4096, 1024, 65536], [20.0, 1.0, 30.0]) == 4096        # sizes in any order
+    assert l01.n_half([1, 2, 4, 8], [1.0, 9.0, 3.0, 10.0]) == 2              # rates need not grow
+    assert l01.n_half([1024, 2048, 4096], [4.6, 5.0, 9.5]) == 2048           # 4.6 < 9.5 / 2, though >= 9.5 // 2
+    assert l01.n_half([7], [0.0]) == 7
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2**31), st.floats(0, 1e3)), min_size=1, max_size=12,
+                unique_by=lambda p: p[0]))
+def test_n_half_is_the_smallest_size_at_half_the_peak(pairs):
+    sizes, rates = [p[0] for p in pairs], [p[1] for p in pairs]
+    n = l01.n_half(sizes, rates)
+    peak = max(rates)
+    rate_at = dict(pairs)
+    assert rate_at[n] >= peak / 2
+    assert all(r < peak / 2 for s, r in pairs if s < n)
+
+
+@pytest.mark.parametrize("sizes, rates, err, match", [
+    ([], [], ValueError, "sizes must not be empty"),
+    ([1, 2], [1.0], ValueError, "equally long"),
+    ([1, 2], [1.0, -2.0], ValueError, r"rates\[1\] must be >= 0"),
+    ([1, 2], [1.0, float("nan")], ValueError, r"rates\[1\] must be finite"),
+    ([1, "2"], [1.0, 2.0], TypeError, r"sizes\[1\] must be a number"),
+    (1024, [1.0], TypeError, "sizes must be a list"),
+    ([1024], "1.0", TypeError, "rates must be a list"),
+])
+def test_n_half_rejects_bad_arguments_naming_them(sizes, rates, err, match):
+    with pytest.raises(err, match=match):
+        l01.n_half(sizes, rates)
+
+
+# ---- the sizes the notebook uses --------------------------------------------------------------------
+
+def test_sweep_sizes_go_from_1_kib_to_1_gib_by_4x():
+    s = l01.DEFAULT_SIZES
+    assert s[0] == KiB and s[-1] == GiB
+    assert all(b == 4 * a for a, b in zip(s, s[1:]))
+
+
+def test_latency_sizes_are_small_and_include_1_and_16_kib():
+    s = l01.LATENCY_SIZES
+    assert KiB in s and 16 * KiB in s and max(s) <= MiB
+    assert s == sorted(s)
+
+
+def test_pin_cost_sizes_include_the_256_mib_row_the_notebook_plots():
+    assert 256 * MiB in l01.PIN_COST_SIZES
+    assert max(l01.PIN_COST_SIZES) <= 256 * MiB   # 1 GiB cold pins cost seconds: kept out of the 12 s budget
+
+
+def test_rounding_request_rounds_up_to_twice_256_mib_half():
+    assert pinlab.next_pow2(l01.ROUNDING_REQUEST) == 256 * MiB
+    assert l01.ROUNDING_REQUEST > 128 * MiB
+
+
+def test_recorded_sweep_keeps_the_schema_the_notebook_reads():
+    """The notebook's own bandwidth_sweep must keep returning these rows, or the replay breaks."""
+    path = repo_root() / "reports" / "gpu" / "data" / "01_bandwidth.json"
+    stored = json.loads(path.read_text())
+    assert stored["params"] == {"sizes": l01.DEFAULT_SIZES, "repeat": 5}
+    keys = {"bytes", "h2d_pinned_ms", "h2d_pageable_ms", "d2h_pinned_ms", "d2h_pageable_ms"}
+    assert [r["bytes"] for r in stored["result"]] == l01.DEFAULT_SIZES
+    assert all(set(r) == keys for r in stored["result"])
+
+
+# ---- GPU experiments: arguments first, then CUDA ----------------------------------------------------
+
+GPU_CALLS = [
+    ("copy_loop_peak()", lambda: l01.copy_loop_peak()),
+    ("pin_cost()", lambda: l01.pin_cost()),
+    ("pinned_rounding()", lambda: l01.pinned_rounding()),
+]
+
+
+@pytest.mark.parametrize("name,call", GPU_CALLS, ids=[n for n, _ in GPU_CALLS])
+def test_gpu_experiments_need_cuda(no_cuda, name, call):
+    with pytest.raises(CudaUnavailableError, match=name.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: l01.copy_loop_peak(nbytes=0), ValueError, "nbytes must be > 0"),
+    (lambda: l01.copy_loop_peak(iters=2.5), TypeError, "iters must be an int"),
+    (lambda: l01.copy_loop_peak(trials=-1), ValueError, "trials must be > 0"),
+    (lambda: l01.pin_cost(sizes=[]), ValueError, "sizes must not be empty"),
+    (lambda: l01.pin_cost(sizes=[MiB, 0]), ValueError, r"sizes\[1\] must be > 0"),
+    (lambda: l01.pin_cost(sizes=1024), TypeError, "sizes must be a list"),
+    (lambda: l01.pinned_rounding(request_bytes=0), ValueError, "request_bytes must be > 0"),
+    (lambda: l01.pinned_rounding(request_bytes="1"), TypeError, "request_bytes must be an int"),
+])
+def test_arguments_are_checked_before_cuda(no_cuda, call, err, match):
+    with pytest.raises(err, match=match):
+        call()
