@@ -84,6 +84,21 @@ def test_floored_threshold_is_caught_by_a_rate_between_floor_and_half_the_peak(c
     assert "❌ n_half([1024, 2048, 4096], [4.6, 5.0, 9.5]) returned 1024, expected 2048" in out
 
 
+def test_a_second_failure_gets_a_hint(capsys):
+    wrong = N_HALF_WRONG["floored threshold"]
+    assert checks.check_n_half(_n_half_sorted) is True   # a pass resets the failure count
+    checks.check_n_half(wrong)
+    checks.check_n_half(wrong)
+    out = capsys.readouterr().out
+    assert out.count("❌ n_half") == 2 and out.count("💡 Hint:") == 1 and "max(rates) / 2" in out
+
+
+def test_n_half_answer_must_be_a_size_not_a_float(capsys):
+    assert checks.check_n_half(lambda s, r: float(min(x for x, y in zip(s, r) if y >= max(r) / 2))) is False
+    assert checks.check_n_half(lambda s, r: __import__("numpy").int64(
+        min(x for x, y in zip(s, r) if y >= max(r) / 2))) is True
+
+
 def test_checkers_use_the_lessons_reference_answers():
     from pinlab.lessons import l01_pinned_memory as lesson
 
