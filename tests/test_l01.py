@@ -83,6 +83,7 @@ def test_n_half_is_the_smallest_size_at_half_the_peak(pairs):
     ([1, 2], [1.0, -2.0], ValueError, r"rates\[1\] must be >= 0"),
     ([1, 2], [1.0, float("nan")], ValueError, r"rates\[1\] must be finite"),
     ([1, "2"], [1.0, 2.0], TypeError, r"sizes\[1\] must be a number"),
+    ([0, 2], [1.0, 2.0], ValueError, r"sizes\[0\] must be > 0"),
     (1024, [1.0], TypeError, "sizes must be a list"),
     ([1024], "1.0", TypeError, "rates must be a list"),
 ])

@@ -8,7 +8,6 @@ the allocator's rounding and caching.
 """
 from __future__ import annotations
 
-import numbers
 import time
 
 import torch
@@ -49,8 +48,7 @@ def n_half(sizes, rates):
     if len(sizes) != len(rates):
         raise ValueError(f"sizes and rates must be equally long, got {len(sizes)} and {len(rates)}")
     for i, s in enumerate(sizes):
-        if isinstance(s, bool) or not isinstance(s, numbers.Real):
-            raise TypeError(f"sizes[{i}] must be a number, got {type(s).__name__}")
+        positive_number(f"sizes[{i}]", s)
     rates = [positive_number(f"rates[{i}]", r, allow_zero=True) for i, r in enumerate(rates)]
     peak = max(rates)
     return min(s for s, r in zip(sizes, rates) if r >= peak / 2)
