@@ -67,3 +67,10 @@ exercises: setup
 
 clean:
 	rm -rf build
+
+# The course as a website in build/site/ (tools/build_site.py: Sphinx + MyST-NB + Furo), built from the
+# committed notebooks without executing them. Installs the `site` extra if set-up has not.
+.PHONY: site
+site: setup
+	@$(VPY) -c "import sphinx, myst_nb, furo" 2>/dev/null || $(VPY) -m pip install -q -e ".[site]"
+	$(VPY) tools/build_site.py

@@ -25,7 +25,8 @@ def _env_pip_requirements(text: str) -> list[str]:
 
 def test_environment_and_pyproject_agree():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    want = {_norm(r) for r in py["project"]["dependencies"] + py["project"]["optional-dependencies"]["test"]}
+    extras = py["project"]["optional-dependencies"]
+    want = {_norm(r) for r in py["project"]["dependencies"] + extras["test"] + extras.get("site", [])}
     env_text = (ROOT / "environment.yml").read_text()
     got = [_norm(r) for r in _env_pip_requirements(env_text)]
     assert "-e." in got, "environment.yml must install the package itself (- -e .)"

@@ -1,28 +1,22 @@
-"""`make run`: execute every notebook headless on this machine and render it as HTML.
+"""`make run`: execute every notebook headless on this machine and render it as the course site.
 
-Executed copies go to build/executed/, HTML to build/html/ with an index page; the committed
-notebooks are not touched. On a CUDA machine the experiments run live, elsewhere they replay the
-latest recorded GPU run. Ends with a table: notebook, mode, seconds, status.
+Executed copies go to build/executed/; build/html/ is the course site (tools/build_site.py, the
+same generator and look as `make site`) showing what ran here, each page saying so at its top,
+with a "This run" page: notebook, mode, seconds, status. The committed notebooks are not touched.
+On a CUDA machine the experiments run live, elsewhere they replay the latest recorded GPU run.
+Ends with the same table in the terminal.
 """
 from __future__ import annotations
 
-import html
+import datetime as dt
 import sys
 import time
 
+import build_site
 import nbtools
 
 ROOT = nbtools.ROOT
 BUILD = ROOT / "build"
-
-
-def render_html(nb_path, html_path) -> None:
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(nb_path), as_version=4))
-    html_path.parent.mkdir(parents=True, exist_ok=True)
-    html_path.write_text(body, encoding="utf-8")
 
 
 def main(argv: list[str]) -> int:
@@ -50,27 +44,34 @@ def main(argv: list[str]) -> int:
             status = "FAILED"
             print(f"\n    {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
         secs = time.perf_counter() - t0
-        if out.exists():
-            render_html(out, BUILD / "html" / rel.with_suffix(".html"))
         print(f"{status} ({secs:.1f} s)", flush=True)
         rows.append((rel.as_posix(), mode, secs, status))
-    links = "\n".join(
-        f"<tr><td><a href='{html.escape(r[0][:-6])}.html'>{html.escape(r[0])}</a></td><td>{html.escape(r[1])}</td>"
-        f"<td>{r[2]:.1f}</td><td>{r[3]}</td></tr>" for r in rows)
-    (BUILD / "html").mkdir(parents=True, exist_ok=True)
-    (BUILD / "html" / "index.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>pinlab course</title>"
-        "<h1>Honest host-to-device copies in PyTorch</h1>"
-        f"<p>Executed on this machine: {html.escape(mode)}.</p>"
-        "<table border=1 cellpadding=4><tr><th>notebook</th><th>mode</th><th>seconds</th><th>status</th></tr>"
-        f"{links}</table>\n", encoding="utf-8")
+    site_ok = render_site(mode, rows)
     w = max(len(r[0]) for r in rows)
     print()
     print(f"{'notebook'.ljust(w)}  {'mode'.ljust(len(mode))}  seconds  status")
     for r in rows:
         print(f"{r[0].ljust(w)}  {r[1]}  {r[2]:7.1f}  {r[3]}")
-    print(f"\nHTML: {BUILD / 'html' / 'index.html'}")
-    return 0 if all(r[3] == "ok" for r in rows) else 1
+    if site_ok:
+        print(f"\nHTML: {BUILD / 'html' / 'index.html'}")
+    return 0 if site_ok and all(r[3] == "ok" for r in rows) else 1
+
+
+def render_site(mode: str, rows: list[tuple]) -> bool:
+    """build/html: the course site with this run's executed notebooks and its run table."""
+    missing = build_site.missing_packages()
+    if missing:
+        print(f"\nno HTML: the site generator is not installed ({', '.join(missing)}): "
+              f"{sys.executable} -m pip install -e '.[site]'")
+        return False
+    run = build_site.Run(mode=mode, date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+                         rows=[build_site.RunRow(*r) for r in rows], executed_root=BUILD / "executed")
+    try:
+        build_site.build(BUILD / "html", run=run, strict=False)
+    except RuntimeError as exc:
+        print(f"\nno HTML: {exc}")
+        return False
+    return True
 
 
 if __name__ == "__main__":

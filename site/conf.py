@@ -1,0 +1,26 @@
+"""Sphinx configuration of the course site (built by tools/build_site.py; `make site`).
+
+tools/build_site.py copies this folder, the notebooks (with a provenance line added at the top of
+each) and a generated landing page into a staging folder, then runs Sphinx on it. The notebooks
+are rendered with their committed outputs: MyST-NB never executes them here.
+"""
+project = "Honest host-to-device copies in PyTorch"
+author = "the pinlab course"
+copyright = "the pinlab course authors, MIT licence"
+
+extensions = ["myst_nb"]
+nb_execution_mode = "off"            # render the committed outputs; never run a notebook here
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3
+exclude_patterns = ["_build", "**/src", "**.ipynb_checkpoints"]
+suppress_warnings = ["myst.header"]  # lessons use bold lead-ins after their title, not a strict h2/h3 ladder
+
+html_theme = "furo"
+html_title = project
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
+html_favicon = "_static/favicon.svg"
+html_copy_source = False
+html_show_sourcelink = False
+html_last_updated_fmt = None

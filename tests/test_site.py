@@ -1,0 +1,343 @@
+"""The course site (tools/build_site.py, `make site`), checked as files and in a real browser.
+
+The browser part drives Debian's Chromium (/usr/bin/chromium) with selenium and its ChromeDriver
+(/usr/bin/chromedriver): no browser is downloaded. It is skipped, saying why, where they are
+missing (`apt-get install chromium chromium-driver`; CI's .ci/run installs them). It loads every
+page of the built site from a local HTTP server and checks: no console errors, every image
+loaded, every internal link resolves, nothing fetched from outside, the provenance line on every
+notebook page. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
+lesson_plot.png when the lesson has a plot) for a person to look at.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import io
+import json
+import re
+import shutil
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import build_site  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCREENSHOTS = ROOT / "build" / "screenshots"
+FOLDERS = ("notebooks", "exercises", "solutions", "capstone")
+
+
+def _need_generator():
+    missing = build_site.missing_packages()
+    if missing:
+        pytest.skip(f"the site generator is not installed ({', '.join(missing)}): pip install -e '.[site]'")
+
+
+def _notebooks(root: Path = ROOT) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for f in FOLDERS for p in (root / f).glob("*.ipynb"))
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance and syllabus: pure functions, no Sphinx needed
+
+def _nb(outputs: bool, text: str = "# T") -> dict:
+    code = {"cell_type": "code", "id": "c1", "source": "print(1)", "metadata": {}, "execution_count": 1 if outputs else None,
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": "1\n"}] if outputs else []}
+    return {"cells": [{"cell_type": "markdown", "id": "c0", "source": text, "metadata": {}}, code], "metadata": {},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+REPORT = {"gpu": "NVIDIA H200", "utc": "2026-11-30T09:42:17Z", "torch": "2.11.0+cu130", "cuda": "13.0",
+          "notebooks": [{"path": "notebooks/01_x.ipynb", "status": "passed"}]}
+
+
+def test_provenance_says_where_outputs_come_from():
+    nb = _nb(True)
+    rep = json.loads(json.dumps(REPORT))
+    rep["notebooks"][0]["source_sha256"] = build_site.nbtools.source_sha256(nb)
+    kind, line = build_site.provenance("notebooks/01_x.ipynb", nb, rep)
+    assert kind == "gpu" and "recorded on NVIDIA H200, 2026-11-30" in line and "edited" not in line
+    kind, line = build_site.provenance("notebooks/01_x.ipynb", _nb(True, "# T\n\nnew text"), rep)
+    assert kind == "gpu" and "edited since" in line
+    assert build_site.provenance("notebooks/01_x.ipynb", _nb(False), rep)[0] == "not-executed"
+    kind, line = build_site.provenance("exercises/01_x.ipynb", _nb(True), rep)
+    assert kind == "cpu-replay" and "CPU replay" in line and "NVIDIA H200, 2026-11-30" in line
+    assert build_site.provenance("exercises/01_x.ipynb", _nb(True), None)[0] == "cpu-replay"
+    failed = dict(rep, notebooks=[dict(rep["notebooks"][0], status="failed")])
+    assert build_site.provenance("notebooks/01_x.ipynb", nb, failed)[0] == "failed"
+
+
+def test_provenance_of_make_run():
+    rows = [build_site.RunRow("notebooks/01_x.ipynb", "CPU replay", 1.0, "ok"),
+            build_site.RunRow("notebooks/02_y.ipynb", "CPU replay", 1.0, "FAILED")]
+    run = build_site.Run("CPU replay", "2026-11-30", rows, ROOT / "build" / "executed")
+    kind, line = build_site.provenance("notebooks/01_x.ipynb", _nb(True), REPORT, run)
+    assert kind == "this-run" and "make run" in line and "CPU replay" in line and "NVIDIA H200" in line
+    assert build_site.provenance("notebooks/02_y.ipynb", _nb(True), REPORT, run)[0] == "failed"
+    gpu = build_site.Run("GPU (NVIDIA H200)", "2026-11-30", rows[:1], ROOT)
+    assert "measured live on NVIDIA H200" in build_site.provenance("notebooks/01_x.ipynb", _nb(True), None, gpu)[1]
+    # a notebook this run did not execute keeps the provenance of its committed outputs
+    assert build_site.provenance("exercises/01_x.ipynb", _nb(False), REPORT, run)[0] == "not-executed"
+
+
+def test_readme_syllabus_lists_every_lesson_with_minutes():
+    rows = build_site.parse_syllabus((ROOT / "README.md").read_text(encoding="utf-8"))
+    by_path = {r["path"]: r for r in rows}
+    for rel in _notebooks():
+        if rel.startswith("notebooks/"):
+            assert rel in by_path, f"README's Syllabus table has no row for {rel}"
+            assert re.fullmatch(r"\d+", by_path[rel]["minutes"]), by_path[rel]
+            assert by_path[rel]["gpu"], by_path[rel]
+
+
+def test_progress_bars_keep_their_last_frame():
+    cell = {"outputs": [{"output_type": "stream", "name": "stderr", "text": "\rsweep:   0%| 0/3"},
+                        {"output_type": "stream", "name": "stderr", "text": "\rsweep: 100%| 3/3\n"},
+                        {"output_type": "stream", "name": "stdout", "text": ["a\n", "b\n"]}]}
+    build_site._tidy_outputs(cell)
+    assert [o["text"] for o in cell["outputs"]] == ["sweep: 100%| 3/3\n", "a\nb\n"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the built site, as files
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    _need_generator()
+    out = tmp_path_factory.mktemp("site") / "html"
+    t0 = time.perf_counter()
+    pages = build_site.build(out)
+    return {"out": out, "pages": pages, "seconds": time.perf_counter() - t0}
+
+
+def _png_output() -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2, 3], [1, 4, 9])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": "<Figure>"}}
+
+
+@pytest.fixture(scope="module")
+def site_with_plot(tmp_path_factory):
+    """A small course tree whose lesson has a plot: the image checks run even while the committed
+    notebooks carry no outputs."""
+    _need_generator()
+    root = tmp_path_factory.mktemp("course")
+    nb = _nb(True, "# 01 · A lesson with a plot\n\nSee [the exercises](../exercises/01_x.ipynb).")
+    nb["cells"][1]["outputs"].append(_png_output())
+    (root / "notebooks").mkdir()
+    (root / "exercises").mkdir()
+    (root / "notebooks" / "01_x.ipynb").write_text(json.dumps(nb))
+    (root / "exercises" / "01_x.ipynb").write_text(json.dumps(_nb(False, "# Exercises · 01")))
+    (root / "README.md").write_text("# c\n\n## Syllabus\n\n| lesson | topic | minutes | gpu |\n|---|---|---|---|\n"
+                                    "| [01](notebooks/01_x.ipynb) | plots | 5 | no |\n")
+    out = root / "html"
+    return {"out": out, "pages": build_site.build(out, root=root)}
+
+
+@pytest.fixture(scope="module")
+def run_site(site_with_plot, tmp_path_factory):
+    """What `make run` renders (tools/run_course.py): its executed copies and its run table."""
+    root = site_with_plot["out"].parent
+    executed = tmp_path_factory.mktemp("executed")
+    (executed / "notebooks").mkdir()
+    shutil.copyfile(root / "notebooks" / "01_x.ipynb", executed / "notebooks" / "01_x.ipynb")
+    run = build_site.Run("CPU replay", "2026-11-30", [build_site.RunRow("notebooks/01_x.ipynb", "CPU replay", 1.5, "ok")],
+                         executed)
+    out = tmp_path_factory.mktemp("run") / "html"
+    return {"out": out, "pages": build_site.build(out, root=root, run=run, strict=False)}
+
+
+def test_make_run_renders_what_it_ran_with_its_run_table(run_site):
+    assert run_site["pages"]["notebooks/01_x.ipynb"]["kind"] == "this-run"
+    assert run_site["pages"]["exercises/01_x.ipynb"]["kind"] == "not-executed"  # not run: as committed
+    table = (run_site["out"] / "run.html").read_text(encoding="utf-8")
+    assert "notebooks/01_x.ipynb" in table and "1.5" in table and "CPU replay" in table
+    assert 'href="run.html"' in (run_site["out"] / "index.html").read_text(encoding="utf-8")
+
+
+def test_site_builds_from_committed_notebooks_without_executing_them(site):
+    assert site["seconds"] < 60, f"make site took {site['seconds']:.0f} s"
+    assert set(site["pages"]) == set(_notebooks())
+    for rel, page in site["pages"].items():
+        html = (site["out"] / rel).with_suffix(".html").read_text(encoding="utf-8")
+        assert 'class="provenance' in html and page["provenance"].split(":")[0] in html, rel
+        nb = json.loads((ROOT / rel).read_text(encoding="utf-8"))
+        assert (page["kind"] == "not-executed") == (not build_site.has_outputs(nb)), rel
+
+
+def test_landing_page_has_the_syllabus_and_links_every_lesson(site):
+    html = (site["out"] / "index.html").read_text(encoding="utf-8")
+    assert "Who it is for" in html and "Syllabus" in html
+    table = re.search(r'<table[^>]*syllabus.*?</table>', html, re.S)
+    assert table, "no syllabus table on the landing page"
+    for rel in _notebooks():
+        if rel.startswith("notebooks/"):
+            assert f'href="{rel[:-6]}.html"' in table.group(0), rel
+
+
+# ---------------------------------------------------------------------------------------------
+# in the browser
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.skip(f"browser test skipped: {', '.join(missing)} not found "
+                    "(apt-get install chromium chromium-driver; CI's .ci/run installs them)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="browser test skipped: selenium is not "
+                                    "installed (pip install -e '.[site]')")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,900",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=str(CHROMEDRIVER)))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(directory: Path) -> str:
+        handler = functools.partial(_QuietHandler, directory=str(directory))
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}/"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+_PAGE_FACTS = """
+const done = arguments[arguments.length - 1];
+const imgs = Array.from(document.images);
+Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; })))
+  .then(() => done({
+    images: imgs.map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    resources: performance.getEntriesByType('resource').map(r => r.name),
+    provenance: Array.from(document.querySelectorAll('.provenance')).map(p => p.textContent.trim()),
+    prev: !!document.querySelector('a.prev-page'),
+    next: !!document.querySelector('a.next-page'),
+    title: document.title,
+  }));
+"""
+
+
+def _visit(driver, url: str) -> dict:
+    driver.get(url)
+    facts = driver.execute_async_script(_PAGE_FACTS)
+    facts["errors"] = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    return facts
+
+
+def _ids(html_file: Path) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', html_file.read_text(encoding="utf-8")))
+
+
+def _check_site_in_browser(driver, out: Path, base: str, pages: dict) -> dict[str, dict]:
+    """Every HTML page of the site: no console error, images loaded, internal links resolve."""
+    html_files = sorted(p for p in out.rglob("*.html") if not p.relative_to(out).as_posix().startswith("_"))
+    seen, problems = {}, []
+    for f in html_files:
+        rel = f.relative_to(out).as_posix()
+        facts = seen[rel] = _visit(driver, base + rel)
+        problems += [f"{rel}: console error: {m}" for m in facts["errors"]]
+        problems += [f"{rel}: image did not load: {i['src']}" for i in facts["images"] if not i["ok"]]
+        problems += [f"{rel}: fetched from outside the site: {r}" for r in facts["resources"] if not r.startswith(base)]
+        for href in facts["links"]:
+            if not href.startswith(base):
+                continue  # an external link (Sphinx, Furo credits): not followed
+            parsed = urllib.parse.urlsplit(href)
+            target = out / urllib.parse.unquote(parsed.path[len(urllib.parse.urlsplit(base).path):])
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                problems.append(f"{rel}: broken link {href}")
+            elif parsed.fragment and target.suffix == ".html" and urllib.parse.unquote(parsed.fragment) not in _ids(target):
+                problems.append(f"{rel}: link to a missing anchor {href}")
+        nb_rel = rel[:-5] + ".ipynb"
+        if nb_rel in pages:
+            want = pages[nb_rel]["provenance"]
+            if want not in facts["provenance"]:
+                problems.append(f"{rel}: provenance line missing (want {want!r}, found {facts['provenance']})")
+            if not facts["prev"]:  # every page follows at least the landing page
+                problems.append(f"{rel}: no link to the previous page")
+        if rel == "index.html" and not facts["next"]:
+            problems.append("index.html: no link to the next page")
+    assert not problems, "\n".join(problems)
+    for nb_rel in pages:  # every notebook was visited as a page
+        assert nb_rel[:-6] + ".html" in seen, nb_rel
+    return seen
+
+
+def _screenshot(driver, url: str, path: Path, *, full: bool = False, scroll_to_image: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    driver.set_window_size(1280, 900)
+    driver.get(url)
+    if full:
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(1280, min(max(height, 900), 3200))
+    if scroll_to_image:
+        driver.execute_async_script(_PAGE_FACTS)  # wait for the images: they set the page's layout
+        driver.execute_script("const i = document.querySelector('article img');"
+                              "if (i) i.scrollIntoView({block: 'center', behavior: 'instant'});")
+        time.sleep(0.3)
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 1000
+    driver.set_window_size(1280, 900)
+
+
+def test_every_page_of_the_site_in_chromium(site, browser, serve):
+    base = serve(site["out"])
+    seen = _check_site_in_browser(browser, site["out"], base, site["pages"])
+    _screenshot(browser, base + "index.html", SCREENSHOTS / "landing.png", full=True)
+    lessons = [r for r in seen if r.startswith("notebooks/")]
+    lesson = max(lessons, key=lambda r: (len(seen[r]["images"]), r == "notebooks/01_pinned_memory.html"))
+    _screenshot(browser, base + lesson, SCREENSHOTS / "lesson.png")
+    if seen[lesson]["images"]:
+        _screenshot(browser, base + lesson, SCREENSHOTS / "lesson_plot.png", scroll_to_image=True)
+
+
+@pytest.mark.parametrize("which", ["site_with_plot", "run_site"])
+def test_plots_load_in_chromium(which, request, browser, serve):
+    built = request.getfixturevalue(which)
+    base = serve(built["out"])
+    seen = _check_site_in_browser(browser, built["out"], base, built["pages"])
+    imgs = seen["notebooks/01_x.html"]["images"]
+    assert imgs and all(i["ok"] for i in imgs), imgs

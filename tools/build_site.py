@@ -1,0 +1,397 @@
+"""`make site`: the course as a website, built from the committed notebooks without executing them.
+
+The generator is Sphinx with MyST-NB (notebooks as pages, their stored outputs and plots rendered
+as they are: ``nb_execution_mode = "off"``) and the Furo theme (sidebar, previous/next links).
+Its configuration and the landing page's text live in ``site/``; this script only stages the
+sources and runs Sphinx:
+
+1. copies ``site/`` into a staging folder and fills in the landing page: the syllabus table (read
+   from the README's "Syllabus" table: lesson, topic, minutes, what needs a GPU, with links to
+   each lesson's exercises and solutions) and the tables of contents;
+2. copies every lesson (``notebooks/``), exercise (``exercises/``), solution (``solutions/``) and
+   capstone (``capstone/``, when there is one), adding at the top of each page one line that says
+   where its outputs come from (``provenance``): "recorded on <GPU>, <date>" (the GPU suite's
+   ``reports/gpu/latest.json``), "CPU replay", "not executed yet", or, for ``make run``, this run;
+   finished progress bars are kept, their intermediate frames are dropped;
+3. copies the repository files that the notebooks link to (so that every link resolves);
+4. runs Sphinx (warnings are errors for ``make site`` and the tests).
+
+Usage:  python3 tools/build_site.py [--out build/site] [--lenient]
+``make run`` (tools/run_course.py) calls ``build()`` with the notebooks it executed and its run
+table, so that what it ran looks the same as this site.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbtools  # noqa: E402  (tools/nbtools.py: source_sha256, as the GPU suite computes it)
+
+ROOT = nbtools.ROOT
+SITE_SRC = ROOT / "site"
+#  folder       sidebar caption
+SECTIONS = {"notebooks": "Lessons", "exercises": "Exercises", "solutions": "Solutions", "capstone": "Capstone"}
+_LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+@dataclasses.dataclass
+class RunRow:
+    path: str        # relative to the repository, e.g. "notebooks/01_pinned_memory.ipynb"
+    mode: str        # "GPU (NVIDIA H200)" or "CPU replay"
+    seconds: float
+    status: str      # "ok" or "FAILED"
+
+
+@dataclasses.dataclass
+class Run:
+    """What `make run` executed: where (mode), when (UTC date) and one row per notebook."""
+    mode: str
+    date: str
+    rows: list[RunRow]
+    executed_root: Path  # the executed copies, laid out like the repository (build/executed)
+
+
+# ---------------------------------------------------------------------------------------------
+# facts read from the repository
+
+def has_outputs(nb: dict) -> bool:
+    return any(c.get("cell_type") == "code" and c.get("outputs") for c in nb.get("cells", []))
+
+
+def gpu_report(root: Path = ROOT) -> dict | None:
+    """reports/gpu/latest.json, or None when it is missing or unreadable (the site still builds)."""
+    try:
+        rep = json.loads((root / "reports" / "gpu" / "latest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rep if isinstance(rep, dict) else None
+
+
+def _date(utc: str | None) -> str:
+    return (utc or "")[:10] or "an unknown date"
+
+
+def provenance(rel: str, nb: dict, report: dict | None, run: Run | None = None) -> tuple[str, str]:
+    """Where the outputs of notebook ``rel`` come from: (kind, one sentence for the top of its page).
+
+    kind is one of "gpu", "cpu-replay", "not-executed", "this-run", "failed".
+    """
+    recorded = ""
+    if report:
+        recorded = f"{report.get('gpu') or 'a GPU'}, {_date(report.get('utc'))}"
+    if run is not None:
+        row = next((r for r in run.rows if r.path == rel), None)
+        if row is not None:
+            if run.mode.startswith("GPU"):
+                where = f"measured live on {run.mode[len('GPU'):].strip(' ()') or 'this GPU'}"
+            else:
+                where = ("a CPU replay on this machine" + (f" of the GPU run recorded on {recorded}" if recorded else "")
+                         + "; step loops on the emulated stream")
+            sentence = f"Outputs from this run (make run, {run.date}): {where}."
+            if row.status != "ok":
+                return "failed", sentence + " This notebook FAILED in this run: outputs stop at the failing cell."
+            return "this-run", sentence
+    if not has_outputs(nb):
+        return "not-executed", ("Not executed yet: this page shows the code without outputs "
+                                "(make lab or make run executes it).")
+    entry = None
+    if report:
+        entry = next((n for n in report.get("notebooks", []) if isinstance(n, dict) and n.get("path") == rel), None)
+    if entry is not None:
+        details = ", ".join(f"{label} {report[k]}" for k, label in (("torch", "torch"), ("cuda", "CUDA"))
+                            if report.get(k))
+        sentence = f"Outputs recorded on {recorded} by the GPU suite" + (f" ({details})" if details else "") + "."
+        if entry.get("status") not in ("passed", "executed"):
+            return "failed", sentence + f" The suite reported this notebook as {entry.get('status')}."
+        if entry.get("source_sha256") and entry["source_sha256"] != nbtools.source_sha256(nb):
+            sentence += " The page's text has been edited since that run."
+        return "gpu", sentence
+    sentence = "Outputs from a CPU replay"
+    if recorded:
+        sentence += f": experiments replayed from the GPU run recorded on {recorded}"
+    return "cpu-replay", sentence + "; step loops on the emulated stream."
+
+
+def parse_syllabus(readme: str) -> list[dict]:
+    """Rows of the README's "## Syllabus" table: lesson, path, topic, minutes, gpu."""
+    m = re.search(r"^## Syllabus\s*$(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    if not m:
+        return []
+    rows = []
+    for line in m.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or not line.lstrip().startswith("|"):
+            continue
+        link = re.match(r"\[([^\]]+)\]\(([^)]+)\)", cells[0])
+        if not link:
+            continue  # the header row and the |---| row
+        rows.append({"lesson": link.group(1), "path": link.group(2), "topic": cells[1],
+                     "minutes": cells[2], "gpu": cells[3]})
+    return rows
+
+
+def title_of(nb: dict) -> str | None:
+    for c in nb.get("cells", []):
+        if c.get("cell_type") == "markdown":
+            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            m = re.match(r"\s*#\s+(.+)", src)
+            return m.group(1).strip() if m else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# staging
+
+def _src(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _collapse_progress(text: str) -> str:
+    """What a terminal shows after carriage returns: the last frame of each progress bar."""
+    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
+                     for line in text.split("\n"))
+
+
+def _tidy_outputs(cell: dict) -> None:
+    merged: list[dict] = []
+    for out in cell.get("outputs", []):
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == out.get("name")):
+            merged[-1]["text"] = _src({"source": merged[-1]["text"]}) + _src({"source": out["text"]})
+            continue
+        merged.append(dict(out))
+    for out in merged:
+        if out.get("output_type") == "stream":
+            out["text"] = _collapse_progress(_src({"source": out["text"]}))
+    cell["outputs"] = merged
+
+
+def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
+    """The notebook as a page: a title, the provenance line under it, tidy progress bars."""
+    nb = json.loads(json.dumps(nb))
+    folder = rel.split("/", 1)[0]
+    line = f'<p class="provenance {kind}">{html.escape(sentence)}</p>'
+    cells = nb.setdefault("cells", [])
+    first = next((c for c in cells if c.get("cell_type") == "markdown"), None)
+    src = _src(first) if first else ""
+    m = re.match(r"\s*(#\s+[^\n]*)\n?", src)
+    if m:
+        title_line, rest = m.group(1), src[m.end():]
+    else:  # a page needs a title: the file name stands in
+        title_line, rest, first = "# " + Path(rel).stem.replace("_", " "), src, None
+    if folder == "solutions":
+        title_line = re.sub(r"^#\s+Exercises\b", "# Solutions", title_line)
+        if not title_line.startswith("# Solutions"):
+            title_line = "# Solutions · " + title_line[2:]
+    new_src = f"{title_line}\n\n{line}\n\n{rest}".rstrip() + "\n"
+    if first is not None:
+        first["source"] = new_src
+    else:
+        cells.insert(0, {"cell_type": "markdown", "metadata": {}, "source": new_src})
+        if nb.get("nbformat_minor", 0) >= 5:
+            cells[0]["id"] = "provenance"
+    # code is Python: say so where a notebook that never ran does not
+    nb.setdefault("metadata", {}).setdefault("language_info", {"name": "python"})
+    for c in cells:
+        if c.get("cell_type") == "code":
+            _tidy_outputs(c)
+    return nb
+
+
+def _linked_files(nb: dict, nb_rel: str, root: Path) -> set[str]:
+    """Repository files (not notebooks) that the notebook's Markdown links to, relative to root."""
+    out = set()
+    base = (root / nb_rel).parent
+    for c in nb.get("cells", []):
+        if c.get("cell_type") != "markdown":
+            continue
+        for target in _LINK.findall(_src(c)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:|^#|^/", target, re.I):
+                continue
+            path = target.split("#", 1)[0]
+            if not path or path.endswith((".ipynb", ".md")):
+                continue
+            p = (base / path).resolve()
+            if p.is_file() and root.resolve() in p.parents:
+                out.add(p.relative_to(root.resolve()).as_posix())
+    return out
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _syllabus_md(rows: list[dict], pages: dict[str, dict]) -> str:
+    """The syllabus table in MyST Markdown; lessons without a README row still get one."""
+    by_path = {r["path"]: r for r in rows}
+    lines = ["| lesson | topic | minutes | needs a GPU to measure live | exercises |",
+             "|---|---|---|---|---|"]
+    for rel in sorted(p for p in pages if p.startswith("notebooks/")):
+        r = by_path.get(rel, {})
+        stem = Path(rel).stem
+        lesson = r.get("lesson") or stem.split("_", 1)[0]
+        practice = [f"[exercises]({d}/{stem}.ipynb)" for d in ("exercises", "solutions") if f"{d}/{stem}.ipynb" in pages]
+        if len(practice) == 2:
+            practice[1] = practice[1].replace("[exercises]", "[solutions]")
+        elif practice and practice[0].startswith("[exercises](solutions"):
+            practice[0] = practice[0].replace("[exercises]", "[solutions]")
+        topic = r.get("topic") or _md_cell(pages[rel]["title"] or stem)
+        lines.append(f"| [{lesson}]({rel}) | {topic} | {r.get('minutes', '')} | {r.get('gpu', '')} | "
+                     f"{', '.join(practice) or ''} |")
+    table = "\n".join(lines)
+    return f":::{{table}}\n:class: syllabus\n:width: 100%\n\n{table}\n:::"
+
+
+def _toctrees(pages: dict[str, dict], run: Run | None) -> str:
+    lessons = sorted(p for p in pages if p.startswith("notebooks/"))
+    exercises = sorted(p for p in pages if p.startswith("exercises/"))
+    groups: list[tuple[str, list[str]]] = []
+    # a lesson, then its exercises: previous/next follows the way a learner goes through the course
+    flow = []
+    for rel in lessons:
+        flow.append(rel)
+        ex = f"exercises/{Path(rel).name}"
+        if ex in pages:
+            flow.append(ex)
+    flow += [e for e in exercises if e not in flow]
+    groups.append(("Lessons and exercises", flow))
+    for folder in ("capstone", "solutions"):
+        groups.append((SECTIONS[folder], sorted(p for p in pages if p.startswith(folder + "/"))))
+    if run is not None:
+        groups.append(("This run", ["run.md"]))
+    out = []
+    for caption, docs in groups:
+        if docs:
+            entries = "\n".join(d.rsplit(".", 1)[0] for d in docs)
+            out.append(f"```{{toctree}}\n:caption: {caption}\n:maxdepth: 1\n:hidden:\n\n{entries}\n```")
+    return "\n\n".join(out)
+
+
+def _evidence(report: dict | None, run: Run | None) -> str:
+    parts = []
+    if report:
+        nbs = [n for n in report.get("notebooks", []) if isinstance(n, dict)]
+        ok = sum(n.get("status") == "passed" for n in nbs)
+        versions = ", ".join(f"{label} {report[k]}" for k, label in
+                             (("driver", "driver"), ("torch", "torch"), ("cuda", "CUDA")) if report.get(k))
+        parts.append(f"The committed outputs come from the GPU suite's run on {report.get('gpu') or 'a GPU'}"
+                     + (f" ({versions})" if versions else "") + f" on {_date(report.get('utc'))}: "
+                     f"{ok} of {len(nbs)} notebooks passed there (`reports/gpu/latest.json`).")
+    else:
+        parts.append("No GPU run is recorded yet (`reports/gpu/latest.json` is missing).")
+    if run is not None:
+        parts.append(f"This build shows what `make run` executed on {run.mode} on {run.date}: "
+                     "see [the run table](run.md).")
+    return " ".join(parts)
+
+
+def _run_md(run: Run) -> str:
+    lines = ["# This run", "",
+             f"Executed by `make run` on {run.date} on this machine: {run.mode}. Each notebook ran "
+             "headless from a fresh kernel; the committed notebooks were not changed.", "",
+             "| notebook | mode | seconds | status |", "|---|---|---|---|"]
+    for r in run.rows:
+        lines.append(f"| [{r.path}]({r.path}) | {r.mode} | {r.seconds:.1f} | {r.status} |")
+    return "\n".join(lines) + "\n"
+
+
+def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str, dict]:
+    """Write the Sphinx sources into ``dest``; return {page path: {"title", "kind", "provenance"}}."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(SITE_SRC, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    report = gpu_report(root)
+    pages: dict[str, dict] = {}
+    linked: set[str] = set()
+    for folder in SECTIONS:
+        for path in sorted((root / folder).glob("*.ipynb")):
+            rel = path.relative_to(root).as_posix()
+            src = path
+            if run is not None and any(r.path == rel for r in run.rows) and (run.executed_root / rel).exists():
+                src = run.executed_root / rel
+            nb = json.loads(src.read_text(encoding="utf-8"))
+            kind, sentence = provenance(rel, nb, report, run)
+            page = _page(nb, rel, kind, sentence)
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(json.dumps(page, ensure_ascii=False), encoding="utf-8")
+            pages[rel] = {"title": title_of(page), "kind": kind, "provenance": sentence}
+            linked |= _linked_files(nb, rel, root)
+    for rel in sorted(linked):
+        if not (dest / rel).exists():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, dest / rel)
+    readme = (root / "README.md").read_text(encoding="utf-8") if (root / "README.md").exists() else ""
+    index = (dest / "index.md").read_text(encoding="utf-8")
+    index = (index.replace("{{syllabus}}", _syllabus_md(parse_syllabus(readme), pages))
+             .replace("{{evidence}}", _evidence(report, run))
+             .replace("{{toctrees}}", _toctrees(pages, run)))
+    (dest / "index.md").write_text(index, encoding="utf-8")
+    if run is not None:
+        (dest / "run.md").write_text(_run_md(run), encoding="utf-8")
+    return pages
+
+
+def build(out: Path, *, root: Path = ROOT, run: Run | None = None, strict: bool = True,
+          quiet: bool = True) -> dict[str, dict]:
+    """Build the site into ``out`` (index.html at its top); return the pages as ``stage`` does."""
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="pinlab-site-") as tmp:
+        src = Path(tmp) / "src"
+        pages = stage(src, root=root, run=run)
+        if out.exists():
+            shutil.rmtree(out)
+        cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-d", str(Path(tmp) / "doctrees"),
+               str(src), str(out)]
+        if quiet:
+            cmd.insert(3, "-q")
+        if strict:
+            cmd[3:3] = ["-W", "--keep-going"]
+        res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"Sphinx failed (exit {res.returncode}):\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
+        if res.stderr.strip() and not quiet:
+            print(res.stderr, file=sys.stderr)
+    return pages
+
+
+def missing_packages() -> list[str]:
+    """The generator's packages that are not installed here (the `site` extra)."""
+    import importlib.util
+
+    return [name for mod, name in (("sphinx", "sphinx"), ("myst_nb", "myst-nb"), ("furo", "furo"))
+            if importlib.util.find_spec(mod) is None]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="output folder (default build/site)")
+    ap.add_argument("--lenient", action="store_true", help="Sphinx warnings are not errors")
+    args = ap.parse_args(argv)
+    missing = missing_packages()
+    if missing:
+        print(f"build_site: {', '.join(missing)} not installed: run `{sys.executable} -m pip install -e '.[site]'`"
+              " (make site does it)", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    pages = build(args.out, strict=not args.lenient)
+    kinds: dict[str, int] = {}
+    for p in pages.values():
+        kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(f"site: {len(pages)} notebook pages ({summary}) in {time.perf_counter() - t0:.1f} s: "
+          f"{(args.out / 'index.html')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
