@@ -162,3 +162,229 @@ def test_doctor_reports_required_checks(capsys):
     assert "import torch" in names and "CUDA GPU" in names and "FlashInfer" in names
     assert rep["ok"] is True
     assert "This machine shows:" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- nonsense in, a clear error out
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (-5.0, ValueError, "ms must be >= 0, got -5.0"),
+    (float("nan"), ValueError, "ms must be finite"),
+    (float("inf"), ValueError, "ms must be finite"),
+    ("3", TypeError, "ms must be a number, got str"),
+    (None, TypeError, "ms must be a number"),
+    (True, TypeError, "ms must be a number, got bool"),
+])
+def test_fmt_ms_rejects_nonsense(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        timing.fmt_ms(bad)
+
+
+@pytest.mark.parametrize("ms, text", [(0, "0 ns"), (0.000999, "999 ns"), (0.001, "1.0 µs"), (0.999, "999.0 µs"),
+                                      (1.0, "1.00 ms"), (999.0, "999.00 ms"), (1000.0, "1.00 s")])
+def test_fmt_ms_units_at_the_boundaries(ms, text):
+    assert timing.fmt_ms(ms) == text
+
+
+@pytest.mark.parametrize("value, unit, exc, match", [
+    (-1.0, "ms", ValueError, "value must be >= 0"),
+    (float("nan"), "ms", ValueError, "value must be finite"),
+    (-3.0, "GB/s", ValueError, "value must be >= 0"),
+    (float("inf"), "GB/s", ValueError, "value must be finite"),
+    ("fast", "ms", TypeError, "value must be a number"),
+    (1.0, 3, TypeError, "unit must be a str"),
+])
+def test_report_rejects_nonsense(value, unit, exc, match, capsys):
+    with pytest.raises(exc, match=match):
+        pinlab.report("x", value, unit=unit)
+    assert capsys.readouterr().out == ""  # nothing half-printed
+
+
+def test_labels_are_one_line():
+    with pytest.raises(ValueError, match="label must be one line"):
+        pinlab.show("a\nb", 1)
+    with pytest.raises(TypeError, match="label must be a non-empty str"):
+        pinlab.show(None, 1)
+
+
+def test_stats_of_rejects_nonsense():
+    with pytest.raises(ValueError, match=r"samples_ms\[1\] must be >= 0"):
+        timing.Stats.of([1.0, -2.0])
+    with pytest.raises(ValueError, match=r"samples_ms\[0\] must be finite"):
+        timing.Stats.of([float("nan")])
+    with pytest.raises(TypeError, match=r"samples_ms\[0\] must be a number"):
+        timing.Stats.of(["a"])
+    with pytest.raises(TypeError, match="samples_ms must be a list"):
+        timing.Stats.of(3.0)
+
+
+def test_table_rejects_malformed_rows_and_columns():
+    with pytest.raises(ValueError, match=r"rows\[1\] has no key 'a'"):
+        pinlab.table([{"a": 1}, {"b": 2}], [("a", "A")])
+    with pytest.raises(TypeError, match=r"rows\[0\] must be a dict"):
+        pinlab.table([[1]], [("a", "A")])
+    with pytest.raises(ValueError, match="each column must be"):
+        pinlab.table([{"a": 1}], ["a"])
+    with pytest.raises(ValueError, match="columns must not be empty"):
+        pinlab.table([{"a": 1}], [])
+    with pytest.raises(TypeError, match="rows must be a list of dicts"):
+        pinlab.table(5, [("a", "A")])
+
+
+def test_repeat_and_busy_time_are_capped():
+    with pytest.raises(ValueError, match=f"repeat must be <= {timing.MAX_REPEAT}"):
+        pinlab.host_time(lambda: None, repeat=10**9)
+    with pytest.raises(ValueError, match=f"ms must be <= {busy.MAX_BUSY_MS}"):
+        pinlab.gpu_busy(1e9)
+    with pytest.raises(ValueError, match="repeat must be <="):
+        pinlab.warmup(lambda: None, repeat=10**9)
+    with pytest.raises(TypeError, match="sync_after must be True or False"):
+        pinlab.host_time(lambda: None, sync_after="yes")
+
+
+def test_pinned_back_to_rejects_what_is_not_a_baseline():
+    with pytest.raises(TypeError, match="baseline must be the int that pinned_baseline"):
+        pinlab.pinned_back_to("x")
+    with pytest.raises(TypeError, match="baseline"):
+        pinlab.pinned_back_to(None)
+    with pytest.raises(TypeError, match="baseline"):
+        pinlab.pinned_back_to(1.5)
+    with pytest.raises(ValueError, match="baseline must be >= 0"):
+        pinlab.pinned_back_to(-1)
+
+
+def test_next_pow2_types():
+    import numpy as np
+
+    assert next_pow2(np.int64(5)) == 8
+    with pytest.raises(TypeError, match="n must be an int"):
+        next_pow2(4.0)
+    with pytest.raises(TypeError, match="n must be an int"):
+        next_pow2(True)
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        next_pow2(-3)
+
+
+def test_progress_and_header_reject_nonsense():
+    with pytest.raises(TypeError, match="iterable must be"):
+        pinlab.progress(5, desc="x")
+    with pytest.raises(TypeError, match="desc must be a str"):
+        pinlab.progress([1], desc=None)
+    with pytest.raises(ValueError, match="total must be >= 0"):
+        pinlab.progress(iter([1]), desc="x", total=-1)
+    with pytest.raises(TypeError, match="lesson must be a str"):
+        pinlab.header(3)
+
+
+# ----------------------------------------------------------------- the checkers' core
+
+def test_as_int_and_same_int():
+    import numpy as np
+
+    from pinlab.checks import as_int, same_int
+
+    for v in (5, np.int64(5), np.int32(5), np.array(5), torch.tensor(5), torch.tensor([5], dtype=torch.int32)):
+        assert as_int(v) == 5 and type(as_int(v)) is int and same_int(v, 5)
+    for v in (True, 5.0, np.float64(5.0), torch.tensor(5.0), torch.tensor(True), "5", None, [5], torch.tensor([5, 5])):
+        assert not same_int(v, 5)
+        with pytest.raises(TypeError, match="expected an int"):
+            as_int(v)
+    assert not same_int(np.int64(4), 5)
+
+
+def _ref_count(xs):
+    return len(xs)
+
+
+def test_run_cases_verdicts_and_return_values(capsys):
+    import numpy as np
+
+    from pinlab.checks import run_cases, same_int
+
+    cases = [([1, 2],), ([],), (list(range(9)),)]
+    assert run_cases(lambda xs: np.int64(len(xs)), "count_np", cases, _ref_count, compare=same_int) is True
+    assert run_cases(lambda xs: torch.tensor(len(xs)), "count_t", cases, _ref_count, compare=same_int) is True
+    assert run_cases(lambda xs: len(xs) + 0.0, "count_f", cases, _ref_count, compare=same_int) is False
+
+    def stub(xs):
+        raise NotImplementedError
+
+    assert run_cases(stub, "count_stub", cases, _ref_count) is False
+    assert run_cases(lambda xs: 1 / 0, "count_err", cases, _ref_count) is False
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "✅ count_np is correct (3 cases)." and out[1] == "✅ count_t is correct (3 cases)."
+    assert out[2].startswith("❌ count_f([1, 2]) returned 2.0, expected 2")
+    assert out[3].startswith("⏳ count_stub is not implemented yet")
+    assert out[4].startswith("❌ count_err([1, 2]) raised ZeroDivisionError")
+
+
+def test_default_compare_accepts_numpy_and_tensor_numbers(capsys):
+    import numpy as np
+
+    from pinlab.checks import run_cases
+
+    ref = lambda a, b: a / b  # noqa: E731
+    assert run_cases(lambda a, b: np.float32(a / b), "div_np", [(1, 4), (3, 8)], ref)
+    assert run_cases(lambda a, b: torch.tensor(a / b, dtype=torch.float64), "div_t", [(1, 4)], ref)
+    assert not run_cases(lambda a, b: float("nan"), "div_nan", [(1, 4)], ref)
+    assert not run_cases(lambda a, b: True, "div_bool", [(1, 1)], ref)
+
+
+def test_long_arguments_are_summarised_not_cut(capsys):
+    from pinlab.checks import run_cases
+
+    xs = list(range(1000)) + [-7]
+    run_cases(lambda v: sorted(v), "sort", [(xs,)], lambda v: sorted(v)[::-1])
+    out = capsys.readouterr().out
+    assert "..." in out and "-7]" in out and "(len 1001)" in out  # the last value is shown
+    assert "first difference at [0]: got -7, expected 999" in out
+    assert len(out) < 600
+    t = torch.arange(10_000).reshape(100, 100)
+    run_cases(lambda v: 0, "tsum", [(t,)], lambda v: int(v.sum()))
+    out = capsys.readouterr().out
+    assert "shape=(100, 100)" in out and "9999" in out and len(out) < 400
+
+
+def test_hint_from_the_second_failure_on(capsys):
+    from pinlab.checks import run_cases
+
+    def wrong(x):
+        return x + 1
+
+    def right(x):
+        return x
+
+    cases = [(1,), (2,)]
+    kw = dict(hint="return x itself")
+    assert not run_cases(wrong, "ident_h", cases, right, **kw)
+    first = capsys.readouterr().out.splitlines()
+    assert len(first) == 1 and first[0].startswith("❌ ident_h(1) returned 2, expected 1")
+    assert not run_cases(wrong, "ident_h", cases, right, **kw)
+    second = capsys.readouterr().out.splitlines()
+    assert second[0].startswith("❌") and second[1] == "💡 Hint: return x itself"
+    assert run_cases(right, "ident_h", cases, right, **kw)
+    assert capsys.readouterr().out.splitlines() == ["✅ ident_h is correct (2 cases)."]
+    assert not run_cases(wrong, "ident_h", cases, right, **kw)  # the count starts again after a pass
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_a_learner_function_that_changes_its_input_changes_nothing_else(capsys):
+    from pinlab.checks import run_cases
+
+    def sneaky(xs):
+        xs.append(99)
+        return len(xs) - 1
+
+    data = [1, 2, 3]
+    assert run_cases(sneaky, "len_sneaky", [(data,)], lambda xs: len(xs))
+    assert data == [1, 2, 3]
+
+
+def test_run_cases_checks_its_own_arguments():
+    from pinlab.checks import run_cases
+
+    with pytest.raises(TypeError, match="fn must be callable"):
+        run_cases(None, "x", [(1,)], abs)
+    with pytest.raises(TypeError, match=r"cases\[0\] must be a tuple"):
+        run_cases(abs, "x", [1], abs)
+    with pytest.raises(TypeError, match="name must be a str"):
+        run_cases(abs, None, [(1,)], abs)

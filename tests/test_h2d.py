@@ -161,6 +161,47 @@ def test_pin_snapshot_bad_arguments(monkeypatch):
         pin_snapshot(torch.ones(2))
 
 
+# --- on the emulated stream (CPU): pin_snapshot's pinned-input path, without a GPU -----------------
+
+
+def test_pin_snapshot_of_pinned_memory_is_a_new_storage_on_the_emulated_stream():
+    from pinlab.streams import LaggingStream
+
+    with LaggingStream():
+        pinned = torch.arange(16, dtype=torch.float32).pin_memory()
+        assert pinned.pin_memory().data_ptr() == pinned.data_ptr()  # the trap, emulated as torch does it
+        for src in (pinned, pinned[:4], pinned[4:]):
+            snap = pin_snapshot(src)
+            assert snap.is_pinned() and snap.is_contiguous()
+            assert snap.untyped_storage().data_ptr() != pinned.untyped_storage().data_ptr()
+            assert torch.equal(snap, src)
+        snap = pin_snapshot(pinned[:4])
+        pinned[0] = -1.0  # the host reuses its buffer: the snapshot must not change
+        assert snap[0].item() == 0.0
+
+
+def test_pin_snapshot_of_pageable_and_strided_on_the_emulated_stream():
+    from pinlab.streams import LaggingStream
+
+    with LaggingStream():
+        pageable = torch.arange(16, dtype=torch.float32)
+        snap = pin_snapshot(pageable)
+        assert snap.is_pinned() and torch.equal(snap, pageable) and snap.data_ptr() != pageable.data_ptr()
+        view = pageable.reshape(4, 4)[:, ::2]
+        snap = pin_snapshot(view)
+        assert snap.is_pinned() and snap.is_contiguous() and torch.equal(snap, view)
+
+
+def test_async_tensor_h2d_on_the_emulated_stream():
+    from pinlab.streams import LaggingStream
+
+    with LaggingStream() as s:
+        host = torch.arange(6, dtype=torch.int32)
+        out = async_tensor_h2d(host, torch.int64)
+        host.fill_(-1)  # staged into a private block: the copy still delivers the old values
+        assert s.is_device(out) and out.dtype == torch.int64 and out.tolist() == list(range(6))
+
+
 # --- on a real GPU -------------------------------------------------------------------------------
 
 

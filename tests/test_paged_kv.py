@@ -502,3 +502,88 @@ def test_module_does_not_import_flashinfer():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------- int32 overflow, bad page ids, bad indptr
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: num_pages(torch.tensor([3_000_000_000]), 1), r"seq_lens\[0\] = 3000000000 needs 3000000000 pages"),
+    (lambda: num_pages([2**62], 16), r"seq_lens\[0\] = 4611686018427387904 needs"),
+    (lambda: num_pages([2**63 - 1], 2**31 - 1), "more than FlashInfer's int32"),
+    (lambda: num_pages([2**64], 16), r"seq_lens\[0\] = 18446744073709551616 does not fit in int64"),
+    (lambda: kv_indptr([1_500_000_000] * 2, 1), "seq_lens need 3000000000 pages in all"),
+    (lambda: last_page_len([5], 2**40), "page_size must be <= 2147483647"),
+    (lambda: build_metadata(torch.zeros(2, 2, dtype=torch.int32), [2**31, 1], 1), r"seq_lens_cpu\[0\]"),
+])
+def test_metadata_never_overflows_int32_silently(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_metadata_at_the_int32_limit_is_exact():
+    big = 2**31 - 1
+    assert num_pages([big], 1).tolist() == [big]
+    assert kv_indptr([big - 5, 5], 1).tolist() == [0, big - 5, big]
+    assert num_pages(torch.tensor([2**40], dtype=torch.int64), 2**20).tolist() == [2**20]
+    assert last_page_len([2**40 + 3], 2**20).tolist() == [3]
+
+
+def test_build_metadata_rejects_negative_page_ids():
+    bt = torch.tensor([[3, -1], [0, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -1 is not a page id"):
+        build_metadata(bt, [17, 16], 16)
+    assert build_metadata(bt, [16, 16], 16).indices.tolist() == [3, 0]  # an unused -1 is fine
+    wide = torch.tensor([[2**31, 0]], dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 2147483648 is not a page id"):
+        build_metadata(wide, [1], 16)
+
+
+@pytest.mark.parametrize("indptr, total, match", [
+    ([0, 2, 1], 1, r"indptr must never decrease, got indptr\[1\] = 2 > indptr\[2\] = 1"),
+    ([1, 2, 3], 3, r"indptr must start at 0, got indptr\[0\] = 1"),
+    ([-1, 0, 1], 1, "indptr must start at 0"),
+])
+def test_page_indices_names_a_malformed_indptr(indptr, total, match):
+    with pytest.raises(ValueError, match=match):
+        page_indices(torch.zeros(2, 3, dtype=torch.int32), torch.tensor(indptr, dtype=torch.int32), total)
+
+
+def test_build_metadata_on_cuda_without_cuda_says_so(monkeypatch):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    from pinlab.args import CudaUnavailableError
+
+    bt = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
+    with pytest.raises(CudaUnavailableError, match=r"^build_metadata\(device='cuda'\) needs a CUDA GPU"):
+        build_metadata(bt, [17, 16], 16, device="cuda")
+    with pytest.raises(ValueError, match="device must name a device"):
+        build_metadata(bt, [17, 16], 16, device="banana")
+    with pytest.raises(TypeError, match="device must be None, a str"):
+        build_metadata(bt, [17, 16], 16, device=1.5)
+
+
+def test_reference_decode_issue_cases():
+    b, m = _small_problem()
+    args = dict(q=b.q, k_cache=b.k_cache, v_cache=b.v_cache, indptr=m.indptr_cpu,
+                indices=m.indices, last_page_len=m.last_page_len_cpu)
+    pool = b.k_cache.shape[0]
+    cases = [
+        (dict(indices=m.indices + pool), ValueError, rf"indices must be page ids in \[0, {pool}\)"),
+        (dict(k_cache=b.k_cache[:, :, :0], v_cache=b.v_cache[:, :, :0]), ValueError, "num_kv_heads > 0"),
+        (dict(k_cache=b.k_cache[0]), ValueError, r"k_cache must be \[num_pages, page_size, num_kv_heads, head_dim\]"),
+        (dict(v_cache=b.v_cache[:-1]), ValueError, "v_cache must have k_cache's shape"),
+        (dict(q=None), TypeError, "q must be a torch.Tensor, got NoneType"),
+        (dict(q=b.q[..., :0], k_cache=b.k_cache[..., :0], v_cache=b.v_cache[..., :0]), ValueError, "head_dim > 0"),
+        (dict(k_cache=b.k_cache[:, :0], v_cache=b.v_cache[:, :0]), ValueError, "page_size > 0"),
+        (dict(sm_scale=float("nan")), ValueError, "sm_scale must be finite"),
+        (dict(q=b.q.to("meta")), ValueError, "q is on the meta device"),
+    ]
+    for change, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            reference_decode(**(args | change))
+
+
+def test_random_batch_refuses_huge_allocations():
+    with pytest.raises(ValueError, match="random_batch would allocate"):
+        random_batch(10**6, 10**6, 16, 8, 128, 8, seed=0)
+    with pytest.raises(ValueError, match="device must name a device"):
+        random_batch(2, 8, 4, 1, 4, 1, seed=0, device="banana")

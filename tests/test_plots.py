@@ -38,3 +38,46 @@ def test_bars_and_timeline():
     with pytest.raises(ValueError, match="ends before it starts"):
         plots.timeline({"host": [(2, 1, "x")]}, title="t")
     plt.close("all")
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1025, "1.0 KiB"),
+                                     (2**20 - 1, "1024.0 KiB"), (2**20, "1 MiB"), (2**40, "1 TiB"),
+                                     (2**50, "1 PiB"), (2**60, "1 EiB"), (2**70, "1024 EiB")])
+def test_fmt_bytes_units(n, text):
+    assert plots.fmt_bytes(n) == text
+
+
+@pytest.mark.parametrize("bad, exc", [(float("inf"), ValueError), (float("nan"), ValueError), (-1, ValueError),
+                                      ("1024", TypeError), (None, TypeError), (True, TypeError)])
+def test_fmt_bytes_rejects_nonsense(bad, exc):
+    with pytest.raises(exc, match="n must be"):
+        plots.fmt_bytes(bad)
+
+
+def test_plot_helpers_name_the_bad_argument():
+    with pytest.raises(ValueError, match=r"sizes\[1\] must be > 0"):
+        plots.size_sweep([1, 0], {"a": [1, 2]}, ylabel="y", title="t")
+    with pytest.raises(ValueError, match=r"series\['a'\]\[0\] must be finite"):
+        plots.size_sweep([1, 2], {"a": [float("nan"), 2]}, ylabel="y", title="t")
+    with pytest.raises(TypeError, match="hline must be None or a"):
+        plots.size_sweep([1, 2], {"a": [1, 2]}, ylabel="y", title="t", hline=3)
+    with pytest.raises(TypeError, match="title must be a str"):
+        plots.size_sweep([1, 2], {"a": [1, 2]}, ylabel="y", title=None)
+    with pytest.raises(TypeError, match=r"values\[1\] must be a number"):
+        plots.bars(["a", "b"], [1, "x"], ylabel="y", title="t")
+    with pytest.raises(ValueError, match="values must be > 0 on a log axis"):
+        plots.bars(["a", "b"], [1, 0], ylabel="y", title="t", logy=True)
+    with pytest.raises(ValueError, match="annotate must be a format string"):
+        plots.bars(["a"], [1], ylabel="y", title="t", annotate="{x}")
+    with pytest.raises(TypeError, match=r"lanes\['host'\]\[0\] must be a \(start, end, label\)"):
+        plots.timeline({"host": [(0, 1)]}, title="t")
+    with pytest.raises(ValueError, match=r"lanes\['host'\]\[0\] end must be finite"):
+        plots.timeline({"host": [(0, float("inf"), "x")]}, title="t")
+    plt.close("all")
+
+
+def test_size_axis_ticks_in_bytes():
+    ax = plots.size_sweep([1024, 2**20], {"a": [1, 2]}, ylabel="y", title="t")
+    fmt = ax.xaxis.get_major_formatter()
+    assert fmt(1024, 0) == "1 KiB" and fmt(2**20, 0) == "1 MiB" and fmt(-1, 0) == ""
+    plt.close("all")

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .args import require_cuda
+from .device import has_cuda
 
 #: How :func:`pin_snapshot` makes its copy, by (is_pinned, is_contiguous).
 PIN_MEMORY = "t.pin_memory()"
@@ -144,6 +145,21 @@ def stage_on_host(data, dtype=None, *, pin_memory: bool = True) -> torch.Tensor:
 # --- GPU calls --------------------------------------------------------------------------------
 
 
+def _require_pinned_memory(what: str) -> None:
+    """Return where pinned memory and H2D copies can run: CUDA, or (on a machine without CUDA)
+    inside an emulated stream (``with pinlab.LaggingStream():``), which emulates both; else the
+    course's one-sentence CudaUnavailableError."""
+    if has_cuda():
+        return
+    if not torch.cuda.is_available():  # (PINLAB_FORCE_CPU on a GPU machine must not probe)
+        try:
+            if torch.empty(1, pin_memory=True).is_pinned():
+                return  # an emulated stream is active
+        except RuntimeError:  # no pinned allocator on this machine
+            pass
+    require_cuda(what)
+
+
 def async_tensor_h2d(data, dtype=None, device="cuda") -> torch.Tensor:
     """Copy host data to the GPU without making the host wait; returns the new GPU tensor.
 
@@ -162,7 +178,7 @@ def async_tensor_h2d(data, dtype=None, device="cuda") -> torch.Tensor:
     _check_data(data)
     _check_dtype(dtype)
     dev = cuda_device(device)
-    require_cuda("async_tensor_h2d")
+    _require_pinned_memory("async_tensor_h2d")
     staged = stage_on_host(data, dtype, pin_memory=True)
     return staged.to(dev, non_blocking=True)
 
@@ -178,12 +194,14 @@ def pin_snapshot(t: torch.Tensor) -> torch.Tensor:
 
     Use it when you reuse a host buffer every step and copy from it into a GPU buffer of your
     own; use :func:`async_tensor_h2d` when the data should become a new GPU tensor.
+
+    Needs CUDA, or an emulated stream (``with pinlab.LaggingStream():``) on a machine without it.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t must be a CPU torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"t must be a CPU tensor (it is the host side of an H2D copy), got one on {t.device}")
-    require_cuda("pin_snapshot")
+    _require_pinned_memory("pin_snapshot")
     if snapshot_method(t.is_pinned(), t.is_contiguous()) == PIN_MEMORY:
         return t.pin_memory()
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)

@@ -137,8 +137,9 @@ def _as_seq(value):
     return None
 
 
-def _difference(got, expected) -> str:
-    """Where two list-like answers first differ, as ' (...)', or ''."""
+def _difference(got, expected, args=()) -> str:
+    """Where two list-like answers first differ, as ' (...)', or ''. Arguments as long as the
+    answer are shown at that index too (the entries that decide it)."""
     a, b = _as_seq(got), _as_seq(expected)
     if a is None or b is None:
         return ""
@@ -146,7 +147,10 @@ def _difference(got, expected) -> str:
         return f" (length {len(a)}, expected length {len(b)})"
     for i, (x, y) in enumerate(zip(a, b)):
         if not _close(x, y):
-            return f" (first difference at [{i}]: got {_summary(x, 60)}, expected {_summary(y, 60)})"
+            at = [_as_seq(a) for a in args]
+            inputs = [_summary(a[i], 60) for a in at if a is not None and len(a) == len(b)]
+            where = f"; the arguments there: {', '.join(inputs)}" if inputs and len(b) > 2 * _SHOW else ""
+            return f" (first difference at [{i}]: got {_summary(x, 60)}, expected {_summary(y, 60)}{where})"
     return ""
 
 
@@ -204,7 +208,7 @@ def run_cases(fn, name: str, cases, reference, *, compare=_close, hint: str | No
             return _failed(
                 name,
                 f"❌ {name}{_fmt_args(args)} returned {_summary(got)}, expected {_summary(expected)}"
-                f"{_difference(got, expected)}",
+                f"{_difference(got, expected, args)}",
                 hint,
             )
         n += 1
