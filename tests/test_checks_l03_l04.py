@@ -1,6 +1,7 @@
 """The checkers of lessons 03 and 04 accept the master solutions and reject planted wrong answers."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import nbtools
@@ -53,10 +54,20 @@ def _cum(xs):
                    [ps if (n % ps == 0 and n) else n % ps for n in s]),
     lambda s, ps: (_cum(s), [ps if (n % ps == 0 and n) else n % ps for n in s]),                # tokens, not pages
     lambda s, ps: ([ps if (n % ps == 0 and n) else n % ps for n in s], _cum([_pages(n, ps) for n in s])),  # swapped
+    lambda s, ps: (_cum([n // ps + 1 if n else 0 for n in s]),                                  # floor + 1: wrong on full pages
+                   [ps if (n % ps == 0 and n) else n % ps for n in s]),
 ])
 def test_indptr_rejects_wrong(wrong, capsys):
     assert checks03.check_indptr_last_page_len(wrong) is False
     assert "❌ indptr_last_page_len" in capsys.readouterr().out
+
+
+def test_indptr_accepts_numpy_and_tensor_answers():
+    from pinlab.paged_kv import kv_indptr, last_page_len
+
+    assert checks03.check_indptr_last_page_len(lambda s, ps: (kv_indptr(list(s), ps), last_page_len(list(s), ps))) is True
+    assert checks03.check_indptr_last_page_len(
+        lambda s, ps: (kv_indptr(list(s), ps).numpy(), last_page_len(list(s), ps).numpy())) is True
 
 
 def test_indptr_rejects_bad_shapes():
@@ -81,6 +92,7 @@ def _cc(cond):
     lambda w, c: [n == len(c) - 1 for n in range(len(c))],  # "only the last step is right"
     lambda w, c: [w[n][1] <= c[n][0] for n in range(len(c))],  # its own write, not the later ones
     lambda w, c: [True] * len(c),
+    lambda w, c: [n < len(c) - 1 for n in range(len(c))][::-1],  # reversed
 ])
 def test_copies_correct_rejects_wrong(wrong, capsys):
     assert checks03.check_copies_correct(wrong) is False
@@ -91,6 +103,12 @@ def test_copies_correct_rejects_wrong(wrong, capsys):
 
 def test_min_ring_depth_accepts_solution(sol04):
     assert checks04.check_min_ring_depth(sol04["min_ring_depth"]) is True
+
+
+def test_min_ring_depth_accepts_numpy_integers(sol04, capsys):
+    assert checks04.check_min_ring_depth(lambda w, c: np.int64(sol04["min_ring_depth"](w, c))) is True
+    assert checks04.check_min_ring_depth(lambda w, c: np.int32(sol04["min_ring_depth"](w, c))) is True
+    assert "✅ min_ring_depth" in capsys.readouterr().out
 
 
 def _depth(cond, start=1):
@@ -109,6 +127,9 @@ def _depth(cond, start=1):
     lambda w, c: max(1, _depth(lambda w, c, n, d: w[n + d][0] >= c[n][1])(w, c) - 1),  # one too few
     lambda w, c: _depth(lambda w, c, n, d: n != 0 or w[d][0] >= c[0][1])(w, c),   # only step 0 checked
     lambda w, c: float(_depth(lambda w, c, n, d: w[n + d][0] >= c[n][1])(w, c)),  # a float, not an int
+    _depth(lambda w, c, n, d: w[n + d][0] > c[n][1]),              # strict: a write exactly at the copy's end is safe
+    lambda w, c: (lambda d: True if d == 1 else d)(_depth(lambda w, c, n, d: w[n + d][0] >= c[n][1])(w, c)),  # True, not 1
+    lambda w, c: np.float64(_depth(lambda w, c, n, d: w[n + d][0] >= c[n][1])(w, c)),  # a numpy float
 ])
 def test_min_ring_depth_rejects_wrong(wrong, capsys):
     assert checks04.check_min_ring_depth(wrong) is False

@@ -5,16 +5,19 @@
 # - how vLLM's asynchronous scheduling (Model Runner V2) lets the CPU build step N+1 while the
 #   GPU still runs step N, with no host sync between steps;
 # - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data:
-#   first in a timeline model, then measured on the GPU;
+#   first in a timeline model, then in a step loop you run yourself (on a GPU, or on an emulated
+#   lagging stream on a laptop), then measured on the GPU;
 # - that real FlashInfer decode attends over the wrong pages when its `indptr` travels that way;
 # - that a **pageable** buffer is correct, and what that costs: host time, and a host that can
 #   no longer run ahead of the GPU.
 
 # %% tags=["nbval-ignore-output"]
 import matplotlib.pyplot as plt
+import torch
 
 import pinlab
-from pinlab.lessons import l03_the_race as race
+from pinlab import steploop
+from pinlab.lessons import l03_the_race as l03
 from pinlab.plots import fmt_bytes, timeline
 
 pinlab.header("03 the race")
@@ -48,7 +51,7 @@ pinned_at_start = pinlab.pinned_baseline()
 # %% [markdown]
 # ## The race in a timeline model
 #
-# `race.simulate` is a small, exact model of the step loop (times in ms, no GPU involved): each
+# `steploop.simulate` is a small, exact model of the step loop (times in ms, no GPU involved): each
 # step the host spends 0.1 ms writing the step's data into the buffer, enqueues the copy, and
 # spends 0.1 ms launching the forward; the GPU runs each copy (0.05 ms) when it reaches it, then
 # that step's forward (1 ms).
@@ -63,7 +66,7 @@ pinned_at_start = pinlab.pinned_baseline()
 # </details>
 
 # %%
-sim = race.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0)
+sim = steploop.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0)
 timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer (model)")
 plt.show()
 
@@ -80,7 +83,7 @@ print("copies that delivered the wrong step:", sim["corrupted"], "of", len(sim["
 # buffer is safe:
 
 # %%
-fast = race.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=0.01)
+fast = steploop.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=0.01)
 print("GPU keeps up: copy n delivered step:", fast["received"])
 print("the race needs a GPU that is behind the host:", fast["corrupted"] == 0 and sim["corrupted"] > 0)
 
@@ -88,21 +91,66 @@ print("the race needs a GPU that is behind the host:", fast["corrupted"] == 0 an
 # That is why this bug hides: in a synchronous loop, or whenever the GPU is idle, every step is
 # right. It shows only when the host runs ahead, which is exactly what async scheduling is for.
 #
-# ## On the GPU: a step loop
+# ## The step loop, in code
 #
-# Now the real thing. `race.plain_race` runs the loop on the GPU: each step writes its step
-# number into every element of a 256-byte host buffer (a stand-in for `indptr`), enqueues
-# `copy_(non_blocking=True)` into that step's slot on the GPU, and keeps the GPU busy for 0.5 ms
-# (`pinlab.gpu_busy`: the step's forward). Nothing synchronizes until the end; then we read back
-# which step's data each slot received. The same loop runs twice: with a reused **pinned**
-# buffer and with a reused **pageable** one.
+# Here is the loop itself. Each step writes its step number into every element of a small host
+# buffer (a stand-in for `indptr`), enqueues `copy_(non_blocking=True)` into that step's row on
+# the device, and keeps the GPU busy for half a millisecond (`s.busy`: the rest of the step's
+# forward). Nothing waits until the end; then we read back which step's data each row received.
 
 # %%
-plain = pinlab.measure("03_plain_race", race.plain_race, strategies=["reused_pinned", "pageable"],
+def step_loop(s, host_buf, steps=200, busy_ms=0.5):
+    """Async scheduling in miniature: which step's data did each copy deliver? (-1: a mix)"""
+    dst = torch.zeros(steps, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
+    for n in range(steps):
+        host_buf.fill_(n)                          # the host writes step n's inputs
+        dst[n].copy_(host_buf, non_blocking=True)  # enqueue the copy; the call returns at once
+        s.busy(busy_ms)                            # the GPU runs step n's forward
+    s.synchronize()                                # only now does the host wait for the GPU
+    return [row[0] if min(row) == max(row) else -1 for row in dst.tolist()]
+
+
+# %% [markdown]
+# `pinlab.stream()` is the CUDA stream on a GPU. On a machine without one it is an **emulated
+# lagging stream**: the same torch code runs on the CPU as if the GPU were far behind the host
+# (queued copies and kernels run only when the host waits; a copy from pinned memory reads its
+# source when it runs, a copy from pageable memory is staged at the call, as the driver does).
+# Its results say "emulated" wherever they are shown.
+#
+# 🔮 **Predict.** The same loop, once with a reused **pinned** buffer and once with a reused
+# **pageable** one. Which delivers every step its own data?
+
+# %%
+with pinlab.stream() as s:
+    reused = step_loop(s, torch.zeros(64, dtype=torch.int32, pin_memory=True))
+    pageable_rows = step_loop(s, torch.zeros(64, dtype=torch.int32))
+wrong = [n for n, r in enumerate(reused) if r != n]
+pinlab.show("stream", s.label)
+pinlab.show("reused pinned buffer: copies that delivered another step's data", f"{len(wrong)} of {len(reused)}")
+pinlab.show("reused pinned buffer: the step whose data copies 0-7 delivered", reused[:8])
+print("the reused pinned buffer delivered another step's data at least once:", len(wrong) >= 1)
+print("the pageable buffer delivered every step its own data:", pageable_rows == list(range(len(pageable_rows))))
+assert len(wrong) >= 1 and pageable_rows == list(range(len(pageable_rows)))
+
+# %% [markdown]
+# The `copy_` call returned long before the copy ran. When it finally ran, the pinned buffer
+# held whatever the host had written last. (On the emulated stream nothing runs before the final
+# `synchronize()`, so every copy reads the last step; a real GPU runs a few copies early.)
+#
+# ## This loop, for every strategy, measured on the GPU
+#
+# `l03.plain_race` runs this loop on the GPU through the library's harness
+# (`pinlab.steploop.every_strategy`: the same loop, written once for every way of staging the
+# data that the next lesson compares, with the host time of the copy section measured). Here:
+# 200 steps, a 256-byte buffer, the GPU busy 0.5 ms per step, with a reused pinned and a reused
+# pageable buffer. On a machine without CUDA the GPU run recorded by the course is replayed.
+
+# %%
+plain = pinlab.measure("03_plain_race", l03.plain_race, strategies=["reused_pinned", "pageable"],
                        steps=200, nbytes=256, busy_ms=0.5)
 
 # %%
-race.plot_received(plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})")
+l03.plot_received(plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})")
 plt.show()
 
 # %%
@@ -122,11 +170,11 @@ assert pageable["corrupted"] == 0
 #
 # ## Real attention: FlashInfer decode over the wrong pages
 #
-# A step counter is a stand-in. Does the race break real attention? `race.decode_race` runs a
+# A step counter is a stand-in. Does the race break real attention? `l03.decode_race` runs a
 # decode loop shaped like vLLM's:
 #
 # - 64 steps; requests grow by one token a step, new requests join and others leave
-#   (`race.decode_schedule`), so `indptr` and `last_page_len` change from step to step;
+#   (`pinlab.decode_loop.decode_schedule`), so `indptr` and `last_page_len` change from step to step;
 # - each step the host writes `indptr` and `last_page_len` into **one reused metadata buffer** and
 #   copies it to the GPU with `non_blocking=True`;
 # - the page indices are built **on the GPU** from that GPU copy of `indptr` and the block table
@@ -143,7 +191,7 @@ assert pageable["corrupted"] == 0
 # run: FlashInfer's `plan()` has a reused pinned buffer of its own, and sharing one wrapper with
 # the host two steps ahead crashes the CUDA context (lesson 04 tests that, in a separate
 # process). And a wrong `indptr` is clamped into a well-formed one on the GPU
-# (`race.safe_indptr`): PyTorch checks its index bounds *on the device*, and a failed device-side
+# (`pinlab.decode_loop.safe_indptr`): PyTorch checks its index bounds *on the device*, and a failed device-side
 # assert would kill the context too. A wrong `indptr` still gives wrong pages; it cannot read
 # outside the cache.
 #
@@ -158,7 +206,7 @@ assert pageable["corrupted"] == 0
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT); how long that took is "
       "shown below. A replay of a recorded run skips it.")
-dec = pinlab.measure("03_decode_race", race.decode_race, strategies=["reused_pinned", "pageable"],
+dec = pinlab.measure("03_decode_race", l03.decode_race, strategies=["reused_pinned", "pageable"],
                      steps=64, busy_ms=1.0, ring=3, ahead=2, seed=0)
 
 # %%
@@ -169,13 +217,13 @@ pinlab.show("requests joined / left during the run", f"{dec.result['joins']} / {
 
 # %% [markdown]
 # If the backend above says `torch`, FlashInfer could not run on the machine that recorded this
-# (not installed, or its JIT build failed): the loop then used `race.torch_paged_decode`, a batched
+# (not installed, or its JIT build failed): the loop then used `pinlab.decode_loop.torch_paged_decode`, a batched
 # paged attention in plain torch that reads the **GPU copies** of `indptr` and `last_page_len`, so
 # the race shows the same way. The reason is printed above.
 
 # %%
 tol = dec.result["tol"]
-race.plot_errors(dec.result, "reused_pinned",
+l03.plot_errors(dec.result, "reused_pinned",
                  title=f"Reused pinned buffer: error per request and step ({dec.tag})")
 plt.show()
 
@@ -212,18 +260,18 @@ assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= tol
 # once the driver's staging pool is full (or one copy is too large for it) the call waits for the
 # GPU, so the host can no longer run ahead.
 #
-# `race.pageable_cost` runs the unbounded step loop with a pageable buffer of 1 KiB, 64 KiB,
+# `l03.pageable_cost` runs the unbounded step loop with a pageable buffer of 1 KiB, 64 KiB,
 # 1 MiB and 4 MiB per step, the GPU busy 0.5 ms per step, and records the host time spent in each
 # copy call.
 #
 # 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does?
 
 # %%
-pc = pinlab.measure("03_pageable_cost", race.pageable_cost, sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
+pc = pinlab.measure("03_pageable_cost", l03.pageable_cost, sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
                     steps=400, busy_ms=0.5)
 
 # %%
-race.plot_host_cumulative(pc.result, title=f"Host time in pageable copy calls ({pc.tag})")
+l03.plot_host_cumulative(pc.result, title=f"Host time in pageable copy calls ({pc.tag})")
 plt.show()
 
 # %%
@@ -235,12 +283,17 @@ for r in pc.result["runs"]:
                 f"{r['host']['median_us']:.1f} / {r['host']['p90_us']:.1f}; host loop / whole run = "
                 f"{share[r['nbytes']]:.0%}")
 first16 = sorted(pc.result["runs"][1]["host_us"][:16])
+pinlab.show("64 KiB per step: median host µs of the first 16 copy calls", f"{first16[8]:.1f}")
+# each threshold sits between the two behaviours, far from both: a host that runs ahead spends a
+# small share of the run in its loop and µs per call; a host that waits spends most of the run in
+# its loop, and a GPU step (busy_ms) per call
 print("pageable buffer, corrupted steps at every size:", sum(r["corrupted"] for r in pc.result["runs"]))
-print("1 KiB per step: the host finished its loop with most of the GPU work still queued:", share[1024] < 0.25)
-print("64 KiB per step: the first 16 copies did not wait for the GPU:", first16[8] < 0.2 * busy_us)
+print("1 KiB per step: the host finished its loop while most of the GPU work was still queued:", share[1024] < 0.5)
+print("64 KiB per step: the first 16 copies did not wait for the GPU (under half a GPU step each):",
+      first16[8] < 0.5 * busy_us)
 print("64 KiB, 1 MiB, 4 MiB per step: the host loop lasted at least half of the run (it had to wait):",
       all(share[s] >= 0.5 for s in (64 * 1024, 1024 * 1024, 4 * 1024 * 1024)))
-assert sum(r["corrupted"] for r in pc.result["runs"]) == 0 and share[1024] < 0.25 and first16[8] < 0.2 * busy_us
+assert sum(r["corrupted"] for r in pc.result["runs"]) == 0 and share[1024] < 0.5 and first16[8] < 0.5 * busy_us
 assert all(share[s] >= 0.5 for s in (64 * 1024, 1024 * 1024, 4 * 1024 * 1024))
 
 # %% [markdown]
@@ -260,7 +313,8 @@ assert back
 # ## What to remember
 # - Async scheduling means the host writes step N+1 while step N's copies are still queued.
 # - A `non_blocking` copy from pinned memory reads the buffer when it **runs**, not when you call
-#   it: a reused pinned buffer delivers a later step's data, silently, on most steps.
+#   it: a reused pinned buffer delivers a later step's data, silently, on most steps. Four lines
+#   of torch show it (`step_loop` above), on a GPU or on the emulated lagging stream.
 # - In vLLM's FlashInfer path that means attention over the wrong pages: wrong outputs, no error.
 # - A pageable buffer is correct (the driver copies it during the call) but costs a host `memcpy`
 #   every step, and blocks the host once the driver's staging pool is full.

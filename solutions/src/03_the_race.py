@@ -9,7 +9,7 @@
 import matplotlib.pyplot as plt
 
 from pinlab.checks import l03 as checks03
-from pinlab.lessons import l03_the_race as race
+from pinlab import steploop
 from pinlab.plots import timeline
 
 # %% [markdown]
@@ -54,7 +54,7 @@ ok = checks03.check_indptr_last_page_len(indptr_last_page_len)
 # Here is a timeline from the model of lesson 03, the host two steps ahead of the GPU:
 
 # %%
-sim = race.simulate("reused_pinned", steps=6, ahead=2)
+sim = steploop.simulate("reused_pinned", steps=6, ahead=2)
 timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer, host two steps ahead (model)")
 plt.show()
 print("writes:", sim["writes"])

@@ -6,7 +6,7 @@
 
 # %%
 from pinlab.checks import l04 as checks04
-from pinlab.lessons import l03_the_race as race
+from pinlab import steploop
 
 # %% [markdown]
 # ## How deep must the ring be?
@@ -38,14 +38,14 @@ ok = checks04.check_min_ring_depth(min_ring_depth)
 # simulate a ring of that depth, and one buffer fewer.
 
 # %%
-sim = race.simulate("reused_pinned", steps=8, ahead=2)
+sim = steploop.simulate("reused_pinned", steps=8, ahead=2)
 try:
     depth = min_ring_depth(sim["writes"], sim["copies"])
-    enough = race.simulate("ring", steps=8, ahead=2, ring_depth=depth)
+    enough = steploop.simulate("ring", steps=8, ahead=2, ring_depth=depth)
     print("depth needed:", depth)
     print(f"a ring of {depth}: corrupted copies:", enough["corrupted"])
     if depth > 1:
-        short = race.simulate("ring", steps=8, ahead=2, ring_depth=depth - 1)
+        short = steploop.simulate("ring", steps=8, ahead=2, ring_depth=depth - 1)
         print(f"a ring of {depth - 1}: corrupted copies:", short["corrupted"])
 except NotImplementedError:
     print("write min_ring_depth above first")

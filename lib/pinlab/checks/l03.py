@@ -1,22 +1,24 @@
-"""Exercise checkers for lessons 03 (the race) and 04 (the fix). They run on any CPU.
+"""Exercise checkers for lesson 03 (the race). They run on any CPU.
 
 Each checker runs the learner's function on fixed and random cases through
 :func:`pinlab.checks.run_cases` and prints one verdict line (⏳ / ❌ / ✅), returning True or False.
-``tests/test_checks03.py`` proves each accepts the solution and rejects planted wrong answers.
+The references are the library's own: :func:`pinlab.paged_kv.kv_indptr` and
+:func:`pinlab.paged_kv.last_page_len`, :func:`pinlab.steploop.copies_correct`.
+``tests/test_checks_l03_l04.py`` proves each accepts the solution and rejects planted wrong answers.
 """
 from __future__ import annotations
 
 import random
 
-from ..lessons import l03_the_race as race
+from .. import steploop
+from ..paged_kv import kv_indptr, last_page_len
 from . import run_cases
 
 # ---- lesson 03, exercise 1: indptr and last_page_len --------------------------------------------
 
 
 def _ref_indptr_last_page_len(seq_lens, page_size):
-    indptr, last = race.step_metadata(seq_lens, page_size)
-    return indptr, last
+    return kv_indptr(list(seq_lens), page_size).tolist(), last_page_len(list(seq_lens), page_size).tolist()
 
 
 def _as_list(v) -> list:
@@ -83,14 +85,14 @@ def _same_bool_list(got, expected) -> bool:
         return False
 
 
-def _timeline_cases(seed: int) -> list:
+def timeline_cases(seed: int) -> list:
     """(writes, copies) pairs: simulated step loops, edge cases on the boundaries, random ones."""
     rng = random.Random(seed)
     cases = []
     for strategy, kw in [("reused_pinned", {}), ("reused_pinned", {"gpu_ms": 0.01}),
                          ("reused_pinned", {"ahead": 2}), ("reused_pinned", {"ahead": 1}),
                          ("reused_pinned", {"ahead": 3, "steps": 9}), ("reused_pinned", {"gpu_ms": 0.3, "steps": 8})]:
-        sim = race.simulate(strategy, **({"steps": 6} | kw))
+        sim = steploop.simulate(strategy, **({"steps": 6} | kw))
         cases.append((sim["writes"], sim["copies"]))
     cases += [
         ([(0.0, 1.0), (2.0, 3.0)], [(1.0, 2.0), (3.0, 4.0)]),     # the next write starts exactly at the copy's end: safe
@@ -118,4 +120,4 @@ def _timeline_cases(seed: int) -> list:
 
 def check_copies_correct(fn) -> bool:
     """``copies_correct(writes, copies)`` -> list of bools: did copy n deliver step n's data?"""
-    return run_cases(fn, "copies_correct", _timeline_cases(5), race.copies_correct, compare=_same_bool_list)
+    return run_cases(fn, "copies_correct", timeline_cases(5), steploop.copies_correct, compare=_same_bool_list)
