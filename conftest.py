@@ -2,8 +2,13 @@
 
 * stderr is never compared (progress bars, CUDA warnings, FlashInfer build logs go there);
 * ``--require-gpu`` (the GPU suite) turns a missing CUDA device into a usage error instead of
-  letting the notebooks fall back to replaying the recorded GPU run.
+  letting the notebooks fall back to replaying the recorded GPU run;
+* every notebook cell gets the marker ``notebook`` (the GPU suite selects ``-m "gpu or notebook"``: the
+  ``gpu`` unit tests and nbval in one pytest run);
+* with $PINLAB_PYTEST_LOG set, each test phase's outcome is appended there as a JSON line (the GPU suite
+  reads them back per notebook and for the unit tests: tools/evidence.py).
 """
+import json
 import os
 import sys
 from pathlib import Path
@@ -29,3 +34,39 @@ def pytest_configure(config):
 def pytest_collectstart(collector):
     if getattr(collector, "path", None) is not None and collector.path.suffix == ".ipynb":
         collector.skip_compare += ("stderr",)
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if getattr(item, "path", None) is not None and item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.notebook)
+
+
+def _short(report) -> str:
+    if not report.failed:
+        return ""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is not None and getattr(crash, "message", None):
+        return crash.message.strip().splitlines()[0][:300] if crash.message.strip() else ""
+    lines = [ln for ln in str(report.longrepr).splitlines() if ln.strip()]
+    return " | ".join(lines[-3:])[-300:]
+
+
+def _log(record: dict) -> None:
+    path = os.environ.get("PINLAB_PYTEST_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+          "duration": round(report.duration, 3), "message": _short(report)})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _log({"nodeid": report.nodeid, "when": "collect", "outcome": "failed", "duration": 0.0,
+              "message": _short(report)})

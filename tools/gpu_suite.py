@@ -1,101 +1,313 @@
 """The GPU suite: run on a CUDA machine to produce the course's GPU evidence.
 
-1. executes every notebook in notebooks/ and solutions/ in place, recording each experiment's
-   result under reports/gpu/data/ (PINLAB_RECORD=1), so the committed notebooks carry GPU outputs
-   and CPU machines can replay them;
-2. runs nbval (strict, --require-gpu) on each executed notebook, measuring again;
-3. writes reports/gpu/latest.json (and the nbval log reports/gpu/nbval.log); profiler traces the
-   notebooks wrote under build/traces/ are kept in reports/gpu/traces/.
+1. executes every notebook in notebooks/ and solutions/ in place, recording each experiment's result under
+   reports/gpu/data/ (PINLAB_RECORD=1), so the committed notebooks carry GPU outputs and CPU machines can
+   replay them; it records which lib/ files each notebook imported (``deps``);
+2. one pytest run: nbval (strict, --require-gpu) on every executed notebook, measuring again, and the unit
+   tests marked ``gpu`` (``pytest -m gpu tests``); its log is reports/gpu/nbval.log;
+3. writes reports/gpu/latest.json: GPU and versions of this run, ``unit_tests``, and per notebook its status,
+   seconds, ``source_sha256``, ``deps``/``deps_sha256`` and UTC time. A notebook's entry holds while its source
+   and the lib files it imported are unchanged (tests/test_evidence.py); profiler traces the notebooks wrote
+   under build/traces/ are kept in reports/gpu/traces/.
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
-Usage:  python3 tools/gpu_suite.py [--keep-going] [--only NAME ...]
-  --only NAME ...  a partial run (notebooks whose file name contains a NAME); no report written
-  --keep-going     development: run every cell even after one fails (implies no report)
+Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--keep-going] [--cell-timeout S]
+  --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); their entries are
+                   merged into latest.json (the other entries stay while fresh)
+  --repeat N       execute each notebook N times (then nbval once, on the last execution) and merge, per
+                   notebook, how many of the N runs passed each asserting cell and the spread of every
+                   [measured]/[timing] number into reports/gpu/stability.json
+  --keep-going     development: run every cell even after one fails; reports go to build/gpu-suite/ only
+  --cell-timeout S seconds one cell may take before it counts as failed (default 300)
+  --no-unit-tests  leave out the gpu unit tests (latest.json keeps the previous unit_tests entry)
+Exit status: 0 when every notebook and every gpu unit test passed, 1 otherwise, 2 on a usage error.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
+import evidence
 import nbtools
 
 ROOT = nbtools.ROOT
+REPORTS = ROOT / "reports" / "gpu"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="tools/gpu_suite.py", description="the course's GPU suite (see module doc)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="notebooks whose file name contains a NAME")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N", help="executions per notebook (stability.json)")
+    ap.add_argument("--keep-going", action="store_true", help="run every cell after a failure; no reports/ written")
+    ap.add_argument("--cell-timeout", type=int, default=300, metavar="S")
+    ap.add_argument("--no-unit-tests", action="store_true")
+    args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    if args.cell_timeout < 1:
+        ap.error("--cell-timeout must be at least 1 second")
+    return args
+
+
+def select(paths, only):
+    if not only:
+        return paths
+    return [p for p in paths if any(o in p.name for o in only)]
+
+
+def gpu_test_files() -> list[str]:
+    """tests/test_*.py files that mark a test ``gpu`` (collecting only those keeps the pytest run short)."""
+    marked = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\s*=.*\bmark\.gpu\b)", re.M)
+    return [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py"))
+            if marked.search(p.read_text(encoding="utf-8"))]
+
+
+def one_line(exc: BaseException) -> str:
+    """A failing run in one line: the error's name and value, not nbclient's whole traceback."""
+    name = getattr(exc, "ename", None) or type(exc).__name__
+    value = getattr(exc, "evalue", None)
+    if value is None:
+        text = str(exc).strip().splitlines()
+        value = text[-1] if text else ""
+    return f"{name}: {value}"[:300]
+
+
+def execute_notebook(p, args, meta) -> tuple[dict, dict | None]:
+    """Execute one notebook args.repeat times; returns (its latest.json row, its stability entry or None)."""
+    rel = p.relative_to(ROOT).as_posix()
+    n = args.repeat
+    allow_errors = args.keep_going or n > 1
+    outcomes, deps, secs, cell_secs, status, problem = [], set(), [], {}, "executed", ""
+    nb = None
+    for r in range(1, n + 1):
+        res = nbtools.run_notebook(p, timeout=args.cell_timeout, env={"PINLAB_RECORD": "1"}, allow_errors=allow_errors,
+                                   record_deps=True, write=False)
+        nb = res["nb"]
+        secs.append(round(res["seconds"], 1))
+        cell_secs = res["cell_seconds"]
+        if res["deps"]:
+            deps |= set(res["deps"])
+        errors = nbtools.cell_errors(nb)
+        outcomes.append(evidence.run_outcome(nb))
+        if res["error"] is not None or errors:
+            cell = errors[0]["cell"] if errors else None
+            what = one_line(res["error"]) if res["error"] is not None else f"{errors[0]['ename']}: {errors[0]['evalue']}"
+            problem = (f"cell {cell}: " if cell is not None else "") + what[:300]
+            status = "failed"
+            print(f"    run {r}/{n}: FAILED after {res['seconds']:.1f} s, {problem}", flush=True)
+            if res["error"] is not None:
+                break  # stopped (a failing cell without --keep-going, a dead kernel, a timeout): no more runs
+        else:
+            print(f"    run {r}/{n}: ok in {res['seconds']:.1f} s" if n > 1 else f"    executed in {res['seconds']:.1f} s",
+                  flush=True)
+    import nbformat
+
+    nbformat.write(nb, str(p))  # the last execution stays in place (nbval runs on it; its outputs are committed)
+    deps_list = sorted(deps)
+    now = utc_now()
+    src_sha = nbtools.source_sha256(nbtools.load(p))
+    row = {
+        "path": rel, "status": status, "seconds": secs[-1], "source_sha256": src_sha,
+        "deps": deps_list, "deps_sha256": nbtools.deps_sha256(deps_list) if deps_list else None,
+        "utc": now, "gpu": meta["gpu"], "torch": meta["torch"],
+        "slowest_cells": sorted(([i, s] for i, s in cell_secs.items()), key=lambda t: -t[1])[:3],
+        "overhead_seconds": round(secs[-1] - sum(cell_secs.values()), 1),
+    }
+    if problem:
+        row["problem"] = problem
+    if not deps_list:
+        row["status"] = "failed"
+        row["problem"] = row.get("problem") or "the deps cell did not run: no lib/ files recorded"
+    stab = None
+    if n > 1:
+        stab = {"path": rel, "source_sha256": src_sha, "deps": deps_list, "deps_sha256": row["deps_sha256"],
+                "utc": now, "gpu": meta["gpu"], "seconds": secs, **evidence.aggregate_stability(outcomes, nbtools.load(p))}
+        stab["n"] = n  # runs cut short count as runs that did not pass
+        for c in stab["assert_cells"]:
+            c["of"] = n
+    return row, stab
+
+
+def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
+                require_gpu: bool = True) -> tuple[dict, dict | None, float]:
+    """One pytest run: nbval on ``notebooks`` and the gpu unit tests in ``test_files`` (``require_gpu=False``
+    only to try it out on a CPU)."""
+    t0 = time.perf_counter()
+    if not notebooks and not test_files:
+        return {}, None, 0.0
+    fd, jsonl = tempfile.mkstemp(prefix="pinlab-pytest-", suffix=".jsonl")
+    os.close(fd)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or notebook",
+           *(["--require-gpu"] if require_gpu else []), "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
+           f"--nbval-cell-timeout={args.cell_timeout}", *notebooks, *test_files]
+    print(f"pytest: nbval on {len(notebooks)} notebooks + gpu unit tests in {len(test_files)} files ...", flush=True)
+    env = dict(os.environ, PINLAB_PYTEST_LOG=jsonl)
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        out = res.stdout + res.stderr
+        with open(jsonl, encoding="utf-8") as f:
+            records = evidence.read_pytest_log(f)
+    finally:
+        os.unlink(jsonl)
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"# {utc_now()}\n$ {shlex.join(['python3'] + cmd[1:])}\n{out}\n")
+    tail = [ln for ln in out.strip().splitlines() if ln.strip()]
+    print(f"    {tail[-1] if tail else '(no output)'}", flush=True)
+    nb_res = evidence.notebook_results(records, notebooks)
+    unit = None
+    if test_files:
+        unit = evidence.unit_test_results(records)
+        unit.update(command="python3 -m pytest -q -m gpu " + " ".join(test_files), utc=utc_now())
+        if unit["passed"] + unit["failed"] == 0:
+            unit["failures"].append("no gpu unit test ran (collection error? see reports/gpu/nbval.log)")
+    return nb_res, unit, time.perf_counter() - t0
+
+
+def build_report(old: dict, rows: list[dict], unit: dict | None, meta: dict, command: str, keep, root=ROOT):
+    """latest.json after this run: this run's GPU, versions and time at the top; its notebook rows merged with
+    the old report's (kept while fresh); ``unit_tests`` of this run, or the old one if this run had none."""
+    entries, dropped = evidence.merge_entries(old.get("notebooks", []), rows, keep, root)
+    return ({**meta, "utc": utc_now(), "command": command, "lib_sha256": nbtools.lib_sha256(root),
+             "unit_tests": unit if unit is not None else old.get("unit_tests"), "notebooks": entries}, dropped)
+
+
+def build_stability(old: dict, entries: list[dict], meta: dict, command: str, n: int, keep, root=ROOT):
+    """stability.json after this run: merged like latest.json; N and time of this run at the top, per entry too."""
+    merged, dropped = evidence.merge_entries(old.get("notebooks", []), entries, keep, root)
+    return {**meta, "utc": utc_now(), "n": n, "command": command, "notebooks": merged}, dropped
+
+
+def load_json(path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        print(f"note: {path.relative_to(ROOT)} is unreadable ({exc}): starting it afresh")
+        return None
 
 
 def main(argv: list[str]) -> int:
+    t_start = time.perf_counter()
+    args = parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("gpu_suite: torch.cuda.is_available() is False: run this on a CUDA machine.")
         return 2
-    only = argv[argv.index("--only") + 1:] if "--only" in argv else None
-    keep_going = "--keep-going" in argv
-    env_path = os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    os.environ["PYTHONPATH"] = env_path
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     sys.path.insert(0, str(ROOT / "lib"))
     from pinlab.device import facts
 
-    paths = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
-    if only:
-        paths = [p for p in paths if any(o in p.name for o in only)]
-    rows = []
+    all_paths = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
+    paths = select(all_paths, args.only)
+    if not paths:
+        print(f"gpu_suite: no notebook under notebooks/ or solutions/ has a name containing any of {args.only}")
+        return 2
+    f = facts()
+    meta = {"gpu": f["gpu"], "driver": f["driver"], "capability": f["capability"], "torch": f["torch"],
+            "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"], "python": platform.python_version()}
+    command = "python3 tools/gpu_suite.py" + (" " + " ".join(argv) if argv else "")
+    out_dir = ROOT / "build" / "gpu-suite" if args.keep_going else REPORTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    phases = {"set-up": time.perf_counter() - t_start}
+    print(f"GPU suite on {meta['gpu']} (torch {meta['torch']}, FlashInfer {meta['flashinfer']}): {len(paths)} notebooks"
+          + (f", {args.repeat} executions each" if args.repeat > 1 else ""), flush=True)
+
+    # 1. execute
+    t0 = time.perf_counter()
+    rows, stab = [], []
     for i, p in enumerate(paths, 1):
         rel = p.relative_to(ROOT).as_posix()
         print(f"[{i}/{len(paths)}] executing {rel} ...", flush=True)
         try:
-            secs = nbtools.execute(p, env={"PINLAB_RECORD": "1"}, allow_errors=keep_going)
-            status = "executed"
-        except Exception as exc:  # a failing cell: keep going, report it
-            secs, status = float("nan"), "failed"
-            print(f"    FAILED: {type(exc).__name__}: {str(exc)[-2000:]}", flush=True)
-        print(f"    {status} in {secs:.1f} s", flush=True)
-        rows.append({"path": rel, "status": status, "seconds": round(secs, 1)})
-    # keep the profiler traces the notebooks wrote, so that readers without a GPU can open them
-    traces = ROOT / "reports" / "gpu" / "traces"
+            row, s = execute_notebook(p, args, meta)
+        except Exception as exc:  # noqa: BLE001 - one broken notebook must not stop the others
+            print(f"    FAILED: {one_line(exc)}", flush=True)
+            row, s = {"path": rel, "status": "failed", "seconds": None, "problem": one_line(exc), "utc": utc_now(),
+                      "source_sha256": nbtools.source_sha256(nbtools.load(p)), "deps": [], "deps_sha256": None}, None
+        rows.append(row)
+        if s is not None:
+            stab.append(s)
+    phases["execution"] = time.perf_counter() - t0
+    traces = REPORTS / "traces"
     for t in sorted((ROOT / "build" / "traces").glob("*.json")):
         traces.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(t, traces / t.name)
         print(f"kept {t.relative_to(ROOT)} as {(traces / t.name).relative_to(ROOT)} ({t.stat().st_size // 1024} KiB)")
-    log = open(ROOT / "reports" / "gpu" / "nbval.log", "w")
+
+    # 2. nbval on what executed, and the gpu unit tests, in one pytest run
+    executed = [r["path"] for r in rows if r["status"] == "executed"]
+    test_files = [] if args.no_unit_tests else gpu_test_files()
+    nb_res, unit, phases["nbval + unit tests"] = pytest_pass(executed, test_files, args, out_dir / "nbval.log")
     for row in rows:
         if row["status"] != "executed":
             continue
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
-               "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=1800",
-               "--require-gpu", row["path"]]
-        print(f"nbval {row['path']} ...", flush=True)
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        log.write(f"$ {' '.join(cmd[1:])}\n{res.stdout}{res.stderr}\n")
-        row["status"] = "passed" if res.returncode == 0 else "failed"
-        print(f"    nbval {row['status']}: {res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ''}",
-              flush=True)
-    log.close()
-    for row in rows:
-        row["source_sha256"] = nbtools.source_sha256(nbtools.load(ROOT / row["path"]))
-    f = facts()
-    report = {
-        "gpu": f["gpu"], "driver": f["driver"], "capability": f["capability"],
-        "torch": f["torch"], "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"],
-        "python": platform.python_version(),
-        "utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": "python3 tools/gpu_suite.py",
-        "lib_sha256": nbtools.lib_sha256(),
-        "notebooks": rows,
-    }
-    if only or keep_going:
-        print(json.dumps(report, indent=1))
-        print("(partial run with --only: reports/gpu/latest.json not written)")
-    else:
-        (ROOT / "reports" / "gpu" / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
-        print("wrote reports/gpu/latest.json")
-    ok = all(r["status"] == "passed" for r in rows)
-    print("GPU suite:", "all passed" if ok else "FAILURES", f"({sum(r['status'] == 'passed' for r in rows)}/{len(rows)})")
+        res = nb_res[row["path"]]
+        row["status"] = res["status"]
+        row["nbval_seconds"] = res["seconds"]
+        if res["failures"]:
+            row["problem"] = "nbval: " + res["failures"][0]
+        print(f"    nbval {row['path']}: {res['status']} ({res['cells']} cells, {res['seconds']:.1f} s)"
+              + (f", {row['problem']}" if res["failures"] else ""), flush=True)
+    if unit is not None:
+        print(f"    gpu unit tests: {unit['passed']} passed, {unit['failed']} failed, {unit['skipped']} skipped", flush=True)
+        for line in unit["failures"]:
+            print(f"      {line}")
+
+    # 3. reports
+    t0 = time.perf_counter()
+    keep = {p.relative_to(ROOT).as_posix() for p in all_paths}
+    report, dropped = build_report(load_json(REPORTS / "latest.json") or {}, rows, unit, meta, command, keep)
+    latest = out_dir / ("keep-going.json" if args.keep_going else "latest.json")
+    latest.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {latest.relative_to(ROOT)} ({len(rows)} entries from this run, {len(report['notebooks']) - len(rows)} kept)")
+    for why in dropped:
+        print(f"    dropped a stale entry: {why}")
+    if stab:
+        stability, s_dropped = build_stability(load_json(REPORTS / "stability.json") or {}, stab, meta, command,
+                                               args.repeat, keep)
+        spath = out_dir / ("keep-going-stability.json" if args.keep_going else "stability.json")
+        spath.write_text(json.dumps(stability, indent=1) + "\n")
+        print(f"wrote {spath.relative_to(ROOT)} ({len(stab)} entries from this run, "
+              f"{len(stability['notebooks']) - len(stab)} kept)")
+        for why in s_dropped:
+            print(f"    dropped a stale stability entry: {why}")
+        missing = sorted(keep - {e["path"] for e in stability["notebooks"]})
+        if missing:
+            print(f"    stability.json does not cover yet: {', '.join(missing)}")
+        print("\n".join(evidence.stability_summary(stab)))
+    phases["reports"] = time.perf_counter() - t0
+    phases["total"] = time.perf_counter() - t_start
+
+    overhead = sum(r.get("overhead_seconds") or 0 for r in rows) * args.repeat
+    print("phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+          + f"; of the execution, kernel start-up and between-cell overhead about {overhead:.1f}")
+    slow = sorted((c[1], r["path"], c[0]) for r in rows for c in r.get("slowest_cells", []))[-5:][::-1]
+    if slow:
+        print("slowest cells: " + "; ".join(f"{p} cell {i} {s:.1f} s" for s, p, i in slow))
+    failed = [r for r in rows if r["status"] != "passed"]
+    for r in failed:
+        print(f"FAILED {r['path']}: {r.get('problem', r['status'])}")
+    unit_ok = unit is None or (unit["failed"] == 0 and not unit["failures"])
+    ok = not failed and unit_ok
+    print("GPU suite:", "all passed" if ok else "FAILURES",
+          f"({len(rows) - len(failed)}/{len(rows)} notebooks"
+          + (f"; gpu unit tests {unit['passed']} passed, {unit['failed']} failed" if unit is not None else "") + ")")
     return 0 if ok else 1
 
 

@@ -65,13 +65,30 @@ def source_sha256(nb: dict) -> str:
     return hashlib.sha256("\n\n".join(sources).encode("utf-8")).hexdigest()
 
 
+def files_sha256(rel_paths, root: Path = ROOT) -> str:
+    """sha256 over the given files (paths relative to ``root``) sorted by path, each as path + newline + content.
+
+    Raises FileNotFoundError for a file that no longer exists.
+    """
+    h = hashlib.sha256()
+    for rel in sorted(set(rel_paths)):
+        h.update((rel + "\n" + (root / rel).read_text(encoding="utf-8")).encode("utf-8"))
+    return h.hexdigest()
+
+
+def lib_files(root: Path = ROOT) -> list[str]:
+    """Every lib/**/*.py, as paths relative to ``root``, sorted."""
+    return sorted(p.relative_to(root).as_posix() for p in (root / "lib").rglob("*.py"))
+
+
 def lib_sha256(root: Path = ROOT) -> str:
     """sha256 over every lib/**/*.py sorted by path, each as path + newline + content."""
-    h = hashlib.sha256()
-    for p in sorted((root / "lib").rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-        rel = p.relative_to(root).as_posix()
-        h.update((rel + "\n" + p.read_text(encoding="utf-8")).encode("utf-8"))
-    return h.hexdigest()
+    return files_sha256(lib_files(root), root)
+
+
+def deps_sha256(deps, root: Path = ROOT) -> str:
+    """The GPU report's ``deps_sha256``: the rule of :func:`lib_sha256` over a notebook's ``deps`` only."""
+    return files_sha256(deps, root)
 
 
 def load(path: Path) -> dict:
@@ -136,29 +153,130 @@ def execute(path: Path, out_path: Path | None = None, *, timeout: int = 1800, en
     Returns seconds taken. Raises nbclient's CellExecutionError on a failing cell (the partly
     executed notebook is still written), unless ``allow_errors`` (then errors stay in the outputs).
     """
+    res = run_notebook(path, out_path, timeout=timeout, env=env, allow_errors=allow_errors)
+    if res["error"] is not None:
+        raise res["error"]
+    return res["seconds"]
+
+
+# ---- executing with evidence: which lib/ files the kernel imported, how long each cell took ----------------
+
+DEPS_MARKER = "@@pinlab-deps@@"
+
+
+def deps_cell_source(root: Path = ROOT) -> str:
+    """One expression, run as an extra last cell: prints DEPS_MARKER + JSON of the kernel's imported files
+    under lib/ (and where ``pinlab`` came from). It leaves no name behind in the notebook's namespace."""
+    lib = os.path.realpath(root / "lib")
+    return (
+        "(lambda sys, os, json, lib: print(" + repr(DEPS_MARKER) + " + json.dumps({'files': sorted({"
+        "os.path.realpath(f) for f in (getattr(m, '__file__', None) for m in list(sys.modules.values())) "
+        "if isinstance(f, str) and os.path.realpath(f).startswith(lib + os.sep)}), "
+        "'pinlab': getattr(sys.modules.get('pinlab'), '__file__', None)})))"
+        "(__import__('sys'), __import__('os'), __import__('json'), " + repr(lib) + ")"
+    )
+
+
+def parse_deps_output(text: str, root: Path = ROOT) -> list[str] | None:
+    """The lib/ .py files (relative to ``root``, sorted) from the deps cell's stdout; None if it printed nothing.
+
+    Raises RuntimeError if the kernel imported pinlab from outside ``root``/lib (an installed copy: its
+    files would not be the ones the evidence is about)."""
+    for line in text.splitlines():
+        if line.startswith(DEPS_MARKER):
+            data = json.loads(line[len(DEPS_MARKER):])
+            lib = Path(os.path.realpath(root / "lib"))
+            if data.get("pinlab") and not Path(os.path.realpath(data["pinlab"])).is_relative_to(lib):
+                raise RuntimeError(f"the kernel imported pinlab from {data['pinlab']}, not from {lib}: "
+                                   "uninstall that copy or put lib/ first on PYTHONPATH")
+            real_root = Path(os.path.realpath(root))
+            return sorted({Path(f).relative_to(real_root).as_posix() for f in data["files"] if f.endswith(".py")})
+    return None
+
+
+def _stdout(cell) -> str:
+    return "".join("".join(o["text"]) if isinstance(o.get("text"), list) else o.get("text", "")
+                   for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stdout")
+
+
+def cell_errors(nb: dict) -> list[dict]:
+    """Code cells with an error output (cells tagged ``raises-exception`` expect one and are left out):
+    [{cell, ename, evalue}], ``cell`` being the index in nb["cells"]."""
+    out = []
+    for i, c in enumerate(nb["cells"]):
+        if c["cell_type"] != "code" or "raises-exception" in c.get("metadata", {}).get("tags", []):
+            continue
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "error":
+                out.append({"cell": i, "ename": o.get("ename", ""), "evalue": str(o.get("evalue", ""))})
+                break
+    return out
+
+
+def _seconds_between(a: str, b: str) -> float | None:
+    import datetime as dt
+
+    try:
+        return (dt.datetime.fromisoformat(b.replace("Z", "+00:00"))
+                - dt.datetime.fromisoformat(a.replace("Z", "+00:00"))).total_seconds()
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def run_notebook(path: Path, out_path: Path | None = None, *, timeout: int = 1800, env: dict | None = None,
+                 allow_errors: bool = False, record_deps: bool = False, write: bool = True,
+                 root: Path = ROOT) -> dict:
+    """Execute a notebook (cwd = its folder) and write it to ``out_path`` (default: in place; not if not
+    ``write``). Returns {seconds, cell_seconds: {index: s}, nb, deps, error}:
+
+    * ``deps``: with ``record_deps``, the lib/ files the kernel had imported at the end (an extra last cell
+      prints them; it is removed again before writing), None if that cell did not run;
+    * ``error``: None, or an exception (CellExecutionError, DeadKernelError, a timeout, ...) that stopped the
+      run; the partly executed notebook is still written. With ``allow_errors`` cells run on after a failure
+      and their errors stay in the outputs (see :func:`cell_errors`).
+    """
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:  # no stale outputs: a cell a failure kept from running shows as not executed
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    n_cells = len(nb.cells)
+    if record_deps:
+        nb.cells.append(nbformat.v4.new_code_cell(deps_cell_source(root)))
     old_env = dict(os.environ)
     if env:
         os.environ.update(env)
     t0 = time.perf_counter()
+    error = None
     try:
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                                 resources={"metadata": {"path": str(Path(path).parent)}})
         try:
             # the kernel process's own log (not cell output) goes nowhere: it only holds start-up noise
             client.execute(stderr=subprocess.DEVNULL)
-        finally:
-            for cell in nb.cells:  # keep stored outputs free of volatile metadata
-                if cell.cell_type == "code":
-                    cell.metadata.pop("execution", None)
-            nbformat.write(nb, str(out_path or path))
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, who decides
+            error = exc
     finally:
         os.environ.clear()
         os.environ.update(old_env)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    deps = None
+    if record_deps:
+        extra = nb.cells.pop()
+        if extra.get("outputs"):
+            deps = parse_deps_output(_stdout(extra), root)
+    cell_seconds = {}
+    for i, cell in enumerate(nb.cells[:n_cells]):
+        if cell.cell_type == "code":
+            ex = cell.metadata.pop("execution", None) or {}  # keep stored outputs free of volatile metadata
+            s = _seconds_between(ex.get("iopub.execute_input"), ex.get("shell.execute_reply"))
+            if s is not None:
+                cell_seconds[i] = round(s, 3)
+    if write:
+        nbformat.write(nb, str(out_path or path))
+    return {"seconds": seconds, "cell_seconds": cell_seconds, "nb": nb, "deps": deps, "error": error}
 
 
 def solution_namespace(stem: str, root: Path = ROOT) -> dict:

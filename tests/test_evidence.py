@@ -1,0 +1,412 @@
+"""The GPU evidence: reports/gpu/latest.json and reports/gpu/stability.json hold for the current notebooks and
+the lib/ files each one imported; and the suite's CPU-side logic (tools/evidence.py, tools/gpu_suite.py,
+nbtools' deps recording) works on made-up notebooks and trees."""
+import ast
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import evidence
+import gpu_suite
+import nbtools
+
+ROOT = nbtools.ROOT
+GPU_SUITE = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
+REPORT = ROOT / "reports" / "gpu" / "latest.json"
+STABILITY = ROOT / "reports" / "gpu" / "stability.json"
+RUN_SUITE = "run `python3 tools/gpu_suite.py` on a CUDA machine (README: Running the GPU suite) and commit reports/gpu/"
+
+
+def _id(p):
+    return p.relative_to(ROOT).as_posix()
+
+
+def _report(path):
+    assert path.exists(), f"no {path.relative_to(ROOT)}: {RUN_SUITE}"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        pytest.fail(f"{path.relative_to(ROOT)} is not valid JSON ({exc}): {RUN_SUITE}")
+
+
+# ---- the recorded evidence ------------------------------------------------------------------------------------
+
+def test_gpu_report_is_complete():
+    rep = _report(REPORT)
+    for key in ("gpu", "driver", "torch", "cuda", "flashinfer", "python", "utc", "lib_sha256", "unit_tests", "notebooks"):
+        assert key in rep, f"reports/gpu/latest.json lacks {key}: {RUN_SUITE}"
+    unit = rep["unit_tests"]
+    assert unit and unit["failed"] == 0 and not unit.get("failures"), f"gpu unit tests failed on the GPU: {unit}"
+    assert unit["passed"] >= 1, "no gpu unit test passed on the GPU"
+
+
+@pytest.mark.parametrize("path", GPU_SUITE, ids=_id)
+def test_gpu_report_covers_notebook(path):
+    rows = {r["path"]: r for r in _report(REPORT).get("notebooks", [])}
+    rel = _id(path)
+    assert rel in rows, f"{rel} is not in reports/gpu/latest.json: run `python3 tools/gpu_suite.py --only {path.stem}`"
+    row = rows[rel]
+    assert row["status"] == "passed", f"{rel} did not pass on the GPU: {row.get('problem', row['status'])}"
+    why = evidence.freshness(row)
+    assert why is None, f"{why}: run `python3 tools/gpu_suite.py --only {path.stem}` on a CUDA machine"
+    assert all(d.startswith("lib/") and d.endswith(".py") for d in row["deps"])
+    assert "lib/pinlab/__init__.py" in row["deps"]
+
+
+@pytest.mark.parametrize("path", GPU_SUITE, ids=_id)
+def test_stability_covers_notebook(path):
+    rows = {r["path"]: r for r in _report(STABILITY).get("notebooks", [])}
+    rel = _id(path)
+    assert rel in rows, (f"{rel} is not in reports/gpu/stability.json: "
+                         f"run `python3 tools/gpu_suite.py --repeat 5 --only {path.stem}` on a CUDA machine")
+    problems = evidence.stability_problems(rows[rel])
+    assert not problems, "; ".join(problems)
+
+
+def test_recorded_profiler_trace_is_kept():
+    """Lesson 02 points readers without a GPU at the trace the GPU suite kept."""
+    path = ROOT / "reports" / "gpu" / "traces" / "02_step_loop.json"
+    assert path.exists(), "run the GPU suite: it copies build/traces/*.json to reports/gpu/traces/"
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert any("Pageable -> Device" in n for n in names) and any("Pinned -> Device" in n for n in names)
+
+
+# ---- made-up trees and notebooks -----------------------------------------------------------------------------
+
+_ids = iter(range(10**9))
+
+
+def code(src, outputs=(), count=1, tags=()):
+    return {"cell_type": "code", "id": f"c{next(_ids)}", "source": src, "metadata": {"tags": list(tags)} if tags else {},
+            "outputs": list(outputs), "execution_count": count}
+
+
+def md(src):
+    return {"cell_type": "markdown", "id": f"c{next(_ids)}", "source": src, "metadata": {}}
+
+
+def out(text):
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
+def err(ename="AssertionError", evalue=""):
+    return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": []}
+
+
+def notebook(cells):
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A small project: lib/pkg with three modules, one notebook that imports two of them."""
+    (tmp_path / "lib" / "pkg").mkdir(parents=True)
+    (tmp_path / "lib" / "pkg" / "__init__.py").write_text("from . import a\n")
+    (tmp_path / "lib" / "pkg" / "a.py").write_text("X = 1\n")
+    (tmp_path / "lib" / "pkg" / "b.py").write_text("Y = 2\n")
+    (tmp_path / "notebooks").mkdir()
+    nbtools.save(notebook([md("# t"), code("import pkg\nassert pkg.a.X == 1")]), tmp_path / "notebooks" / "00_x.ipynb")
+    return tmp_path
+
+
+def entry(tree, rel="notebooks/00_x.ipynb", deps=("lib/pkg/__init__.py", "lib/pkg/a.py"), **kw):
+    deps = sorted(deps)
+    return {"path": rel, "status": "passed", "source_sha256": nbtools.source_sha256(nbtools.load(tree / rel)),
+            "deps": deps, "deps_sha256": nbtools.deps_sha256(deps, tree), **kw}
+
+
+def test_deps_sha256_is_lib_sha256_rule_over_the_deps(tree):
+    h = hashlib.sha256()
+    for rel in ("lib/pkg/__init__.py", "lib/pkg/a.py"):
+        h.update((rel + "\n" + (tree / rel).read_text()).encode())
+    assert nbtools.deps_sha256(["lib/pkg/a.py", "lib/pkg/__init__.py"], tree) == h.hexdigest()
+    assert nbtools.lib_sha256(tree) == nbtools.files_sha256(nbtools.lib_files(tree), tree)
+    assert nbtools.lib_files(tree) == ["lib/pkg/__init__.py", "lib/pkg/a.py", "lib/pkg/b.py"]
+    h.update(("lib/pkg/b.py\n" + "Y = 2\n").encode())
+    assert nbtools.lib_sha256(tree) == h.hexdigest()
+
+
+def test_freshness_follows_the_source_and_only_the_deps(tree):
+    e = entry(tree)
+    assert evidence.freshness(e, tree) is None
+    (tree / "lib" / "pkg" / "b.py").write_text("Y = 3  # not imported by the notebook\n")
+    assert evidence.freshness(e, tree) is None
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # a typo fixed\n")
+    assert "a lib file it imports changed" in evidence.freshness(e, tree)
+    e = entry(tree)
+    (tree / "lib" / "pkg" / "a.py").unlink()
+    assert "lib/pkg/a.py" in evidence.freshness(e, tree)
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # a typo fixed\n")
+    assert evidence.freshness(e, tree) is None
+    nb = nbtools.load(tree / "notebooks" / "00_x.ipynb")
+    nb["cells"][1]["source"] = "import pkg\nassert pkg.a.X == 1  # edited"
+    nbtools.save(nb, tree / "notebooks" / "00_x.ipynb")
+    assert "changed after its GPU run" in evidence.freshness(e, tree)
+    assert "no deps" in evidence.freshness({"path": "notebooks/00_x.ipynb", "source_sha256": "x"} | {
+        "source_sha256": nbtools.source_sha256(nb)}, tree)
+    assert "no longer exists" in evidence.freshness({"path": "notebooks/gone.ipynb"}, tree)
+
+
+def test_merge_keeps_fresh_entries_and_drops_stale_ones(tree):
+    nbtools.save(notebook([code("import pkg")]), tree / "notebooks" / "01_y.ipynb")
+    nbtools.save(notebook([code("import pkg.b")]), tree / "notebooks" / "02_z.ipynb")
+    old = [entry(tree, status="failed", utc="old"), entry(tree, "notebooks/01_y.ipynb", utc="old"),
+           entry(tree, "notebooks/02_z.ipynb", deps=["lib/pkg/b.py"], utc="old"),
+           {"path": "notebooks/03_gone.ipynb", "status": "passed"}]
+    (tree / "lib" / "pkg" / "b.py").write_text("Y = 4\n")  # 02_z's entry goes stale
+    new = [entry(tree, utc="new")]
+    keep = {"notebooks/00_x.ipynb", "notebooks/01_y.ipynb", "notebooks/02_z.ipynb"}
+    merged, dropped = evidence.merge_entries(old, new, keep, tree)
+    assert [(e["path"], e["utc"]) for e in merged] == [("notebooks/00_x.ipynb", "new"), ("notebooks/01_y.ipynb", "old")]
+    assert len(dropped) == 2 and any("02_z" in d for d in dropped) and any("03_gone" in d for d in dropped)
+
+
+def test_build_report_merges_and_describes_the_latest_run(tree):
+    nbtools.save(notebook([code("import pkg")]), tree / "notebooks" / "01_y.ipynb")
+    old = {"gpu": "old GPU", "utc": "2000-01-01T00:00:00Z", "unit_tests": {"passed": 3, "failed": 0, "skipped": 0},
+           "notebooks": [entry(tree, utc="old"), entry(tree, "notebooks/01_y.ipynb", utc="old")]}
+    meta = {"gpu": "NVIDIA H200", "torch": "2.11.0"}
+    keep = {"notebooks/00_x.ipynb", "notebooks/01_y.ipynb"}
+    rep, dropped = gpu_suite.build_report(old, [entry(tree, utc="new")], None, meta, "cmd --only 00", keep, tree)
+    assert rep["gpu"] == "NVIDIA H200" and rep["command"] == "cmd --only 00" and rep["utc"] > old["utc"]
+    assert rep["unit_tests"] == old["unit_tests"], "a run without unit tests keeps the previous unit_tests entry"
+    assert [e["utc"] for e in rep["notebooks"]] == ["new", "old"] and not dropped
+    assert rep["lib_sha256"] == nbtools.lib_sha256(tree)
+    unit = {"passed": 5, "failed": 0, "skipped": 1, "failures": []}
+    rep, _ = gpu_suite.build_report({}, [entry(tree)], unit, meta, "cmd", keep, tree)
+    assert rep["unit_tests"] == unit and [e["path"] for e in rep["notebooks"]] == ["notebooks/00_x.ipynb"]
+    stab, _ = gpu_suite.build_stability({"notebooks": [entry(tree, "notebooks/01_y.ipynb", n=5)]},
+                                        [entry(tree, n=3)], meta, "cmd --repeat 3", 3, keep, tree)
+    assert stab["n"] == 3 and [e["n"] for e in stab["notebooks"]] == [3, 5]
+
+
+# ---- recording deps from inside the kernel -------------------------------------------------------------------
+
+def test_deps_cell_reports_lib_files_and_leaves_no_names(tree, monkeypatch):
+    def fake(name, file):
+        m = types.ModuleType(name)
+        m.__file__ = str(file)
+        monkeypatch.setitem(sys.modules, name, m)
+
+    fake("pinlab", tree / "lib" / "pinlab" / "__init__.py")
+    fake("pkg_a_for_test", tree / "lib" / "pkg" / "a.py")
+    fake("elsewhere_for_test", tree / "site-packages" / "x.py")
+    ns: dict = {}
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(nbtools.deps_cell_source(tree), ns)
+    assert set(ns) == {"__builtins__"}
+    deps = nbtools.parse_deps_output("other output\n" + buf.getvalue(), tree)
+    assert deps == ["lib/pinlab/__init__.py", "lib/pkg/a.py"]
+    assert nbtools.parse_deps_output("no marker here\n", tree) is None
+    fake("pinlab", tree / "site-packages" / "pinlab" / "__init__.py")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(nbtools.deps_cell_source(tree), {})
+    with pytest.raises(RuntimeError, match="imported pinlab from"):
+        nbtools.parse_deps_output(buf.getvalue(), tree)
+
+
+def test_run_notebook_records_deps_and_errors_in_a_real_kernel(tree):
+    """One kernel: the deps cell sees what the notebook imported; with allow_errors the cells after a failure
+    run, and run_outcome still counts the later asserting cell as not passed."""
+    path = tree / "notebooks" / "01_err.ipynb"
+    nbtools.save(notebook([code("import pkg", count=7, outputs=[out("stale\n")]), code("raise ValueError('boom')"),
+                           code("assert pkg.a.X == 1\nprint('[measured] x: 3 ms')")]), path)
+    res = nbtools.run_notebook(path, tree / "ran.ipynb", env={"PYTHONPATH": str(tree / "lib")}, allow_errors=True,
+                               record_deps=True, root=tree, timeout=120)
+    assert res["error"] is None
+    assert res["deps"] == ["lib/pkg/__init__.py", "lib/pkg/a.py"]
+    ran = nbtools.load(tree / "ran.ipynb")
+    assert len(ran["cells"]) == 3, "the deps cell is removed again"
+    assert [c["execution_count"] for c in ran["cells"]] == [1, 2, 3]
+    assert nbtools.cell_errors(ran) == [{"cell": 1, "ename": "ValueError", "evalue": "boom"}]
+    o = evidence.run_outcome(ran)
+    assert o["asserts"] == {2: False} and o["first_error"]["cell"] == 1
+    assert [ln["label"] for ln in o["lines"]] == ["x"]
+    assert set(res["cell_seconds"]) == {0, 1, 2}
+    assert nbtools.load(path)["cells"][0]["outputs"] == [out("stale\n")], "the source notebook is left alone"
+
+
+def test_run_notebook_without_allow_errors_stops_and_reports(tree):
+    path = tree / "notebooks" / "02_stop.ipynb"
+    nbtools.save(notebook([code("x = 1", count=4), code("assert x == 2, 'x is 1'"), code("assert x == 1", count=9)]), path)
+    res = nbtools.run_notebook(path, env={"PYTHONPATH": str(tree / "lib")}, record_deps=True, root=tree, timeout=120)
+    assert type(res["error"]).__name__ == "CellExecutionError" and res["deps"] is None
+    ran = nbtools.load(path)
+    assert [c["execution_count"] for c in ran["cells"]] == [1, 2, None], "no stale execution counts stay"
+    assert evidence.run_outcome(ran)["asserts"] == {1: False, 2: False}
+    assert gpu_suite.one_line(res["error"]) == "AssertionError: x is 1"
+    with pytest.raises(Exception, match="x is 1"):
+        nbtools.execute(path)
+
+
+# ---- stability aggregation ---------------------------------------------------------------------------------
+
+def test_asserts_and_assert_cells():
+    assert evidence.asserts("x = 1\nassert x == 1")
+    assert evidence.asserts("if True:\n    assert ok, 'msg'")
+    assert not evidence.asserts("# assert x\ns = 'assert y'\nprint(s)")
+    assert evidence.asserts("%time assert x")  # IPython magic: falls back to lines
+    nb = notebook([md("assert in prose"), code("assert 1"), code("print(1)"), code("y = 2\nassert y")])
+    assert evidence.assert_cells(nb) == [1, 3]
+
+
+def test_numbers_and_time_units():
+    got = evidence.numbers_of("median 8.4 µs (min 980 ns, max 1.20 ms, n=50) on H200, 31% idle, 2.5x, 1.5 s")
+    assert [(round(x, 9), u) for x, u in got] == [(0.0084, "ms"), (0.00098, "ms"), (1.2, "ms"), (50.0, None),
+                                                 (31.0, "%"), (2.5, "x"), (1500.0, "ms")]
+    assert evidence.numbers_of("12.5 GB/s over 4 MiB") == [(12.5, "GB/s"), (4.0, "MiB")]
+    assert evidence.numbers_of("3 steps") == [(3.0, None)]
+
+
+def test_machine_lines_by_cell_and_label():
+    nb = notebook([code("x", outputs=[out("[timing] copy 4 KiB: 9.1 µs\n[measured] idle: 31%\nplain line\n"),
+                                      out("[measured] idle: 40%\n")]),
+                   code("y", outputs=[out("  [timing] a: b: 3 ms\n")])])
+    lines = evidence.machine_lines(nb)
+    assert [(ln["cell"], ln["kind"], ln["label"], ln["occurrence"], ln["value"]) for ln in lines] == [
+        (0, "[timing]", "copy 4 KiB", 0, "9.1 µs"), (0, "[measured]", "idle", 0, "31%"),
+        (0, "[measured]", "idle", 1, "40%"), (1, "[timing]", "a", 0, "b: 3 ms")]
+
+
+def _run(first_error_cell=None, timing="9.0 µs", share="30%", cells=5):
+    """An executed made-up notebook: cell 1 asserts, cell 2 prints, cell 3 asserts, cell 4 asserts."""
+    srcs = ["import x", "assert True", "print()", "assert 1 == 1", "assert 2 == 2"]
+    out_cells = []
+    for i, s in enumerate(srcs[:cells]):
+        outputs = []
+        if i == 2:
+            outputs = [out(f"[timing] copy: {timing}\n[measured] idle share: {share}\n")]
+        if first_error_cell is not None and i == first_error_cell:
+            outputs = [err("AssertionError", f"failed in {i}")]
+        out_cells.append(code(s, outputs=outputs, count=i + 1))
+    return notebook(out_cells)
+
+
+def test_aggregate_stability_counts_passes_and_spreads():
+    nb = _run()
+    runs = [_run(), _run(timing="1.10 ms", share="60%"), _run(first_error_cell=3, timing="10.0 µs"),
+            _run(first_error_cell=0), _run(timing="11.0 µs")]
+    agg = evidence.aggregate_stability([evidence.run_outcome(r) for r in runs], nb)
+    assert agg["n"] == 5
+    assert [(c["cell"], c["passed"]) for c in agg["assert_cells"]] == [(1, 4), (3, 3), (4, 3)]
+    assert agg["assert_cells"][1]["assert"] == "assert 1 == 1"
+    (timing, share) = agg["measured"][1], agg["measured"][0]
+    assert (timing["label"], timing["runs"]) == ("copy", 5)  # cells after a failure still ran (allow_errors)
+    assert timing["numbers"] == [{"unit": "ms", "min": 0.009, "median": 0.01, "max": 1.1, "runs": 5}]
+    assert share["label"] == "idle share" and share["numbers"][0]["max"] == 60.0
+    assert [(f["run"], f["cell"]) for f in agg["failures"]] == [(3, 3), (4, 0)]
+    summary = "\n".join(evidence.stability_summary([{"path": "notebooks/00_x.ipynb", **agg}]))
+    assert "cell 3: 3/5" in summary and "most variable" in summary
+    assert summary.index("'copy'") < summary.index("'idle share'")  # 12222% spread before 100%
+
+
+def test_unexecuted_cells_do_not_pass():
+    nb = _run()
+    for c in nb["cells"][3:]:
+        c["execution_count"] = None  # a timeout or a dead kernel in cell 3: no error output, no execution
+    assert evidence.run_outcome(nb)["asserts"] == {1: True, 3: False, 4: False}
+
+
+def test_stability_problems(tree):
+    nb = nbtools.load(tree / "notebooks" / "00_x.ipynb")
+    good = entry(tree, n=5, assert_cells=[{"cell": 1, "passed": 5, "of": 5, "assert": "assert pkg.a.X == 1"}])
+    assert evidence.assert_cells(nb) == [1]
+    assert evidence.stability_problems(good, tree) == []
+    assert any("only 3 runs" in p for p in evidence.stability_problems(dict(good, n=3, assert_cells=[
+        {"cell": 1, "passed": 3, "of": 3}]), tree))
+    assert any("passed 4 of 5" in p for p in evidence.stability_problems(dict(good, assert_cells=[
+        {"cell": 1, "passed": 4, "of": 5}]), tree))
+    assert any("asserted cells [] recorded" in p for p in evidence.stability_problems(dict(good, assert_cells=[]), tree))
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1\n# changed\n")
+    assert any("changed after its GPU run" in p for p in evidence.stability_problems(good, tree))
+
+
+# ---- the one pytest run: nbval + gpu unit tests ------------------------------------------------------------
+
+def test_pytest_results_per_notebook_and_unit_tests():
+    recs = [
+        {"nodeid": "notebooks/00_a.ipynb::Cell 0", "when": "setup", "outcome": "passed", "duration": 2.0},
+        {"nodeid": "notebooks/00_a.ipynb::Cell 0", "when": "call", "outcome": "passed", "duration": 1.0},
+        {"nodeid": "notebooks/01_b.ipynb::Cell 0", "when": "call", "outcome": "passed", "duration": 1.0},
+        {"nodeid": "notebooks/01_b.ipynb::Cell 3", "when": "call", "outcome": "failed", "duration": 1.0,
+         "message": "Unexpected output"},
+        {"nodeid": "notebooks/02_c.ipynb", "when": "collect", "outcome": "failed", "message": "bad json"},
+        {"nodeid": "tests/test_h2d.py::test_a", "when": "setup", "outcome": "passed"},
+        {"nodeid": "tests/test_h2d.py::test_a", "when": "call", "outcome": "passed"},
+        {"nodeid": "tests/test_h2d.py::test_b", "when": "call", "outcome": "failed", "message": "assert False"},
+        {"nodeid": "tests/test_h2d.py::test_c", "when": "setup", "outcome": "skipped"},
+        {"nodeid": "tests/test_h2d.py::test_d", "when": "call", "outcome": "passed"},
+        {"nodeid": "tests/test_h2d.py::test_d", "when": "teardown", "outcome": "failed", "message": "leak"},
+    ]
+    nb = evidence.notebook_results(recs, ["notebooks/00_a.ipynb", "notebooks/01_b.ipynb", "notebooks/02_c.ipynb",
+                                          "notebooks/03_d.ipynb"])
+    assert {p: r["status"] for p, r in nb.items()} == {"notebooks/00_a.ipynb": "passed", "notebooks/01_b.ipynb": "failed",
+                                                       "notebooks/02_c.ipynb": "failed", "notebooks/03_d.ipynb": "failed"}
+    assert nb["notebooks/00_a.ipynb"]["seconds"] == 3.0 and "Cell 3" in nb["notebooks/01_b.ipynb"]["failures"][0]
+    assert "ran no cell" in nb["notebooks/03_d.ipynb"]["failures"][0]
+    unit = evidence.unit_test_results(recs)
+    assert (unit["passed"], unit["failed"], unit["skipped"]) == (1, 2, 1)
+    assert evidence.read_pytest_log(['{"nodeid": "x"}\n', "\n", "{broken\n"]) == [{"nodeid": "x"}]
+
+
+def test_conftest_logs_each_phase(tmp_path, monkeypatch):
+    import conftest
+
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("PINLAB_PYTEST_LOG", str(log))
+    crash = types.SimpleNamespace(message="AssertionError: boom\nmore")
+    conftest.pytest_runtest_logreport(types.SimpleNamespace(
+        nodeid="tests/t.py::x", when="call", outcome="failed", duration=0.5, failed=True,
+        longrepr=types.SimpleNamespace(reprcrash=crash)))
+    conftest.pytest_runtest_logreport(types.SimpleNamespace(
+        nodeid="tests/t.py::y", when="call", outcome="passed", duration=0.25, failed=False, longrepr=None))
+    recs = evidence.read_pytest_log(log.read_text().splitlines())
+    assert recs == [{"nodeid": "tests/t.py::x", "when": "call", "outcome": "failed", "duration": 0.5,
+                     "message": "AssertionError: boom"},
+                    {"nodeid": "tests/t.py::y", "when": "call", "outcome": "passed", "duration": 0.25, "message": ""}]
+    monkeypatch.delenv("PINLAB_PYTEST_LOG")
+    conftest.pytest_runtest_logreport(types.SimpleNamespace(
+        nodeid="z", when="call", outcome="passed", duration=0.0, failed=False, longrepr=None))
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_one_pytest_run_selects_notebook_cells_and_gpu_tests():
+    files = gpu_suite.gpu_test_files()
+    assert "tests/test_h2d.py" in files and "tests/test_evidence.py" not in files
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "-m", "gpu or notebook", "--nbval", "--nbval-current-env", "notebooks/00_start_here.ipynb",
+                          "tests/test_h2d.py"], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PINLAB_PYTEST_LOG=""))
+    ids = [ln for ln in res.stdout.splitlines() if "::" in ln]
+    assert any(i.startswith("notebooks/00_start_here.ipynb::Cell") for i in ids), res.stdout[-2000:]
+    h2d = {i.split("::")[1].split("[")[0] for i in ids if i.startswith("tests/test_h2d.py::")}
+    tree = ast.parse((ROOT / "tests" / "test_h2d.py").read_text())
+    marked = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+              and any("mark.gpu" in ast.unparse(d) for d in f.decorator_list)}
+    assert h2d == marked and marked
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+def test_suite_arguments():
+    a = gpu_suite.parse_args(["--only", "03", "04", "--repeat", "5"])
+    assert a.only == ["03", "04"] and a.repeat == 5 and not a.keep_going and a.cell_timeout == 300
+    a = gpu_suite.parse_args(["--repeat", "3", "--only", "00", "--keep-going"])
+    assert a.only == ["00"] and a.keep_going
+    for bad in (["--repeat", "0"], ["--repeat", "x"], ["--only"], ["--cell-timeout", "0"], ["--bogus"]):
+        with pytest.raises(SystemExit):
+            gpu_suite.parse_args(bad)
+    paths = [Path("notebooks/03_the_race.ipynb"), Path("notebooks/04_the_fix.ipynb"), Path("solutions/04_the_fix.ipynb")]
+    assert gpu_suite.select(paths, ["04"]) == paths[1:] and gpu_suite.select(paths, None) == paths
+    assert gpu_suite.one_line(RuntimeError("a\nlong\ntraceback\nValueError: x")) == "RuntimeError: ValueError: x"

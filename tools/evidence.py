@@ -1,0 +1,283 @@
+"""The GPU evidence's pure logic (no GPU, no kernel): used by tools/gpu_suite.py and by the tests.
+
+* Freshness: a notebook's entry in ``reports/gpu/latest.json`` or ``reports/gpu/stability.json`` holds for
+  the current tree while its ``source_sha256`` (nbtools.source_sha256) and its ``deps_sha256`` (sha256 over
+  the ``deps``, the lib/ files the notebook imported when it ran; nbtools.deps_sha256) are unchanged.
+* Merging: a partial run (``--only``) replaces its notebooks' entries and keeps the others while fresh.
+* Stability: N executions of a notebook give, per code cell that asserts, how many runs passed it (a run
+  that failed in an earlier cell did not pass it), and per ``[measured]``/``[timing]`` line (cell index +
+  label) the min / median / max of each number in it.
+* The nbval pass: one pytest run for every notebook and the ``gpu`` unit tests; conftest.py writes one JSON
+  line per test phase to $PINLAB_PYTEST_LOG, read back here per notebook and for the unit tests.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import statistics
+import tokenize
+from pathlib import Path
+
+import nbtools
+
+ROOT = nbtools.ROOT
+TIME_UNITS_MS = {"ns": 1e-6, "µs": 1e-3, "μs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1000.0}
+_LINE = re.compile(r"^(?P<kind>\[measured\]|\[timing\]) (?P<label>[^:]*):(?P<value>.*)$")
+_NUMBER = re.compile(r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+                     r"(?:\s?(?P<unit>ns|µs|μs|us|ms|s|%|x|×|KiB|MiB|GiB|kB|MB|GB/s|GB|B)(?![A-Za-z/]))?")
+
+
+# ---- freshness and merging ------------------------------------------------------------------------------
+
+def freshness(entry: dict, root: Path = ROOT) -> str | None:
+    """None if ``entry`` (a notebook's entry in a GPU report) holds for the current files, else why not."""
+    rel = entry.get("path", "?")
+    path = root / rel
+    if not path.exists():
+        return f"{rel} no longer exists"
+    if entry.get("source_sha256") != nbtools.source_sha256(nbtools.load(path)):
+        return f"{rel} changed after its GPU run"
+    deps = entry.get("deps")
+    if not deps or "deps_sha256" not in entry:
+        return f"{rel} has no deps/deps_sha256 recorded (run before the suite recorded them)"
+    missing = [d for d in deps if not (root / d).exists()]
+    if missing:
+        return f"{rel}: lib files it imported are gone: {', '.join(missing)}"
+    if entry["deps_sha256"] != nbtools.deps_sha256(deps, root):
+        return f"{rel}: a lib file it imports changed after its GPU run (one of {', '.join(deps)})"
+    return None
+
+
+def merge_entries(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT) -> tuple[list[dict], list[str]]:
+    """``new`` entries, plus the ``old`` ones for other notebooks in ``keep_paths`` that are still fresh.
+
+    Returns (entries sorted by path, reasons for the old entries dropped)."""
+    by_path = {e["path"]: e for e in new}
+    dropped = []
+    for e in old:
+        if e.get("path") in by_path:
+            continue
+        if e.get("path") not in keep_paths:
+            dropped.append(f"{e.get('path')}: not a notebook of the suite any more")
+            continue
+        why = freshness(e, root)
+        if why:
+            dropped.append(why)
+        else:
+            by_path[e["path"]] = e
+    return [by_path[p] for p in sorted(by_path)], dropped
+
+
+# ---- what a cell asserts, what it measured -------------------------------------------------------------------
+
+def _source(cell) -> str:
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else src
+
+
+def asserts(source: str) -> bool:
+    """Whether code holds an ``assert`` statement (not in a comment or string)."""
+    try:
+        return any(tok.type == tokenize.NAME and tok.string == "assert"
+                   for tok in tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):  # IPython magics and the like
+        return any(re.match(r"\s*assert\b", line) for line in source.splitlines())
+
+
+def assert_cells(nb: dict) -> list[int]:
+    """Indices (in nb["cells"]) of the code cells that assert."""
+    return [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and asserts(_source(c))]
+
+
+def numbers_of(value: str) -> list[tuple[float, str | None]]:
+    """The numbers in a printed value with their units; durations converted to ms (``fmt_ms`` switches
+    between ns, µs, ms and s as the value changes)."""
+    out = []
+    for m in _NUMBER.finditer(value):
+        x, unit = float(m.group("num")), m.group("unit")
+        if unit in TIME_UNITS_MS:
+            x, unit = x * TIME_UNITS_MS[unit], "ms"
+        out.append((x, unit))
+    return out
+
+
+def machine_lines(nb: dict, cells=None) -> list[dict]:
+    """Every ``[measured]``/``[timing]`` line printed (stdout) by the code cells (those in ``cells`` if given):
+    [{cell, kind, label, occurrence, text}], ``occurrence`` counting repeats of one label in one cell."""
+    out = []
+    for i, c in enumerate(nb["cells"]):
+        if c["cell_type"] != "code" or (cells is not None and i not in cells):
+            continue
+        seen: dict = {}
+        for line in nbtools._stdout(c).splitlines():
+            m = _LINE.match(line.strip())
+            if not m:
+                continue
+            key = (m.group("kind"), m.group("label").strip())
+            k = seen[key] = seen.get(key, -1) + 1
+            out.append({"cell": i, "kind": m.group("kind"), "label": key[1], "occurrence": k,
+                        "value": m.group("value").strip()})
+    return out
+
+
+def run_outcome(nb: dict) -> dict:
+    """One execution's result: {first_error, asserts: {cell: passed}, lines}. A cell after the first failing
+    cell, or one that never ran (a timeout, a dead kernel), did not pass, whatever it printed; lines come from
+    the cells that ran without an error."""
+    errors = nbtools.cell_errors(nb)
+    first = errors[0]["cell"] if errors else None
+    bad = {e["cell"] for e in errors}
+    ok_cells = {i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and i not in bad}
+    ran = {i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is not None}
+    return {
+        "first_error": errors[0] if errors else None,
+        "asserts": {i: i in ran and (first is None or i < first) for i in assert_cells(nb)},
+        "lines": machine_lines(nb, ok_cells),
+    }
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def aggregate_stability(runs: list[dict], nb: dict) -> dict:
+    """Aggregate N :func:`run_outcome` results of one notebook (``nb``: its current form, for the cells)."""
+    n = len(runs)
+    cells = []
+    for i in assert_cells(nb):
+        first_line = next((ln.strip() for ln in _source(nb["cells"][i]).splitlines() if re.match(r"\s*assert\b", ln)),
+                          "")
+        cells.append({"cell": i, "passed": sum(bool(r["asserts"].get(i)) for r in runs), "of": n,
+                      "assert": first_line[:160]})
+    groups: dict = {}
+    for r in runs:
+        for ln in r["lines"]:
+            groups.setdefault((ln["cell"], ln["kind"], ln["label"], ln["occurrence"]), []).append(ln["value"])
+    measured = []
+    for (cell, kind, label, occ), values in sorted(groups.items()):
+        per_pos: list = []
+        for v in values:
+            for k, (x, unit) in enumerate(numbers_of(v)):
+                if k >= len(per_pos):
+                    per_pos.append({"unit": unit, "xs": []})
+                if per_pos[k]["unit"] == unit:
+                    per_pos[k]["xs"].append(x)
+        numbers = [{"unit": p["unit"], "min": _round(min(p["xs"])), "median": _round(statistics.median(p["xs"])),
+                    "max": _round(max(p["xs"])), "runs": len(p["xs"])} for p in per_pos if p["xs"]]
+        measured.append({"cell": cell, "kind": kind, "label": label, "occurrence": occ, "runs": len(values),
+                         "example": values[-1][:200], "numbers": numbers})
+    failures = [dict(r["first_error"], run=k + 1) for k, r in enumerate(runs) if r["first_error"]]
+    for f in failures:
+        f["evalue"] = f["evalue"][:300]
+    return {"n": n, "assert_cells": cells, "measured": measured, "failures": failures}
+
+
+def spread(num: dict) -> float:
+    """(max - min) / |median|, the relative spread of one number across runs (inf where the median is 0)."""
+    if num["max"] == num["min"]:
+        return 0.0
+    return (num["max"] - num["min"]) / abs(num["median"]) if num["median"] else float("inf")
+
+
+def stability_summary(entries: list[dict], top: int = 8) -> list[str]:
+    """Text lines: asserted cells that passed fewer than N of N runs, then the most variable numbers."""
+    lines = []
+    short = [(e["path"], c) for e in entries for c in e.get("assert_cells", []) if c["passed"] < c["of"]]
+    if short:
+        lines.append("asserted cells that did not pass every run:")
+        lines += [f"  {p} cell {c['cell']}: {c['passed']}/{c['of']}  {c['assert']}" for p, c in short]
+    else:
+        total = sum(len(e.get("assert_cells", [])) for e in entries)
+        lines.append(f"every asserted cell passed every run ({total} cells in {len(entries)} notebooks)")
+    ranked = []
+    for e in entries:
+        for m in e.get("measured", []):
+            for k, num in enumerate(m["numbers"]):
+                if num["runs"] >= 2 and spread(num) > 0:
+                    ranked.append((spread(num), e["path"], m, k, num))
+    ranked.sort(key=lambda t: -t[0])  # an inf spread (the median is 0, the runs differ) first
+    if not ranked:
+        lines.append("no measured number varied between runs")
+    else:
+        lines.append("most variable measured numbers, (max - min) / median:")
+        for s, path, m, k, num in ranked[:top]:
+            unit = f" {num['unit']}" if num["unit"] else ""
+            lines.append(f"  {s:6.0%}  {Path(path).stem} cell {m['cell']} {m['kind']} {m['label']!r} #{k}: "
+                         f"min {num['min']:g} / median {num['median']:g} / max {num['max']:g}{unit}")
+    return lines
+
+
+def stability_problems(entry: dict, root: Path = ROOT, min_runs: int = 5) -> list[str]:
+    """What keeps a stability.json entry from showing that a notebook's asserted cells hold run after run."""
+    rel = entry.get("path", "?")
+    problems = []
+    why = freshness(entry, root)
+    if why:
+        problems.append(why)
+    n = entry.get("n", 0)
+    if n < min_runs:
+        problems.append(f"{rel}: only {n} runs (at least {min_runs} needed)")
+    if not why:
+        want = assert_cells(nbtools.load(root / rel))
+        got = [c["cell"] for c in entry.get("assert_cells", [])]
+        if want != got:
+            problems.append(f"{rel}: asserted cells {got} recorded, the notebook has {want}")
+    for c in entry.get("assert_cells", []):
+        if c["passed"] != n or c.get("of", n) != n:
+            problems.append(f"{rel} cell {c['cell']} passed {c['passed']} of {n} runs: {c.get('assert', '')}")
+    return problems
+
+
+# ---- the nbval + gpu unit-test pass ----------------------------------------------------------------------------
+
+def read_pytest_log(lines) -> list[dict]:
+    out = []
+    for line in lines:
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def notebook_results(records: list[dict], paths) -> dict:
+    """Per notebook path: {status, seconds, failures}; "passed" only if cells ran and none failed."""
+    res = {p: {"status": "failed", "seconds": 0.0, "failures": [], "cells": 0} for p in paths}
+    for r in records:
+        file = r["nodeid"].split("::")[0]
+        if file not in res:
+            continue
+        row = res[file]
+        row["seconds"] += r.get("duration", 0.0)
+        if r.get("when") == "call":
+            row["cells"] += 1
+        if r.get("outcome") == "failed":
+            row["failures"].append(f"{r['nodeid']} ({r.get('when')}): {r.get('message', '')}"[:400])
+    for p, row in res.items():
+        if row["cells"] and not row["failures"]:
+            row["status"] = "passed"
+        elif not row["cells"] and not row["failures"]:
+            row["failures"].append(f"{p}: nbval ran no cell of it")
+        row["seconds"] = round(row["seconds"], 1)
+    return res
+
+
+def unit_test_results(records: list[dict], prefix: str = "tests/") -> dict:
+    """{passed, failed, skipped, failures} over the unit tests (node ids under ``prefix``)."""
+    tests: dict = {}
+    for r in records:
+        if not r["nodeid"].startswith(prefix):
+            continue
+        t = tests.setdefault(r["nodeid"], {"outcome": None, "message": ""})
+        if r.get("outcome") == "failed":
+            t["outcome"], t["message"] = "failed", r.get("message", "")
+        elif r.get("outcome") == "skipped" and t["outcome"] is None:
+            t["outcome"] = "skipped"
+        elif r.get("when") == "call" and r.get("outcome") == "passed" and t["outcome"] is None:
+            t["outcome"] = "passed"
+    counts = {k: sum(t["outcome"] == k for t in tests.values()) for k in ("passed", "failed", "skipped")}
+    counts["failures"] = [f"{nid}: {t['message']}"[:400] for nid, t in tests.items() if t["outcome"] == "failed"]
+    return counts
