@@ -115,8 +115,27 @@ def test_classify_child():
 
 
 def test_child_process_runs_and_reports(no_cuda):
-    res = l04.run_child("synced", 1.0, 0, 0.02, timeout_s=120)
+    code = l04.child_code("synced", 1.0, 0, 0.02)
+    assert "from pinlab.lessons import l04_the_fix" in code and "wait_for_go=True" in code
+    res = l04.run_children({"synced": code}, timeout_s=120)["synced"]
     assert res["outcome"] == "unavailable" and res["returncode"] == 0  # no GPU here, reported as data
+
+
+def test_run_children_one_at_a_time_after_a_shared_set_up():
+    tag = "PINLAB_RESULT "
+    waits = ("import json, sys, time\n"
+             "t = time.time(); sys.stdin.readline()\n"
+             f"print({tag!r} + json.dumps({{'status': 'correct', 'detail': 'ok', 'go': time.time()}}), flush=True)\n")
+    hangs = "import sys, time\nsys.stdin.readline()\ntime.sleep(60)\n"
+    dies = "import sys\nsys.stdin.readline()\nraise SystemExit('RuntimeError: an illegal memory access')\n"
+    skips = f"print({tag!r} + '{{\"status\": \"unavailable\", \"detail\": \"no GPU\"}}')\n"  # never reads stdin
+    out = l04.run_children({"a": waits, "b": hangs, "c": dies, "d": skips, "e": waits}, timeout_s=2.0)
+    assert list(out) == ["a", "b", "c", "d", "e"]
+    assert out["a"]["outcome"] == "correct" and out["a"]["returncode"] == 0
+    assert out["b"]["outcome"] == "hung" and out["b"]["returncode"] is None and out["b"]["seconds"] >= 1.9
+    assert out["c"]["outcome"] == "crashed" and "illegal memory access" in out["c"]["detail"]
+    assert out["d"]["outcome"] == "unavailable"
+    assert out["e"]["go"] > out["a"]["go"] + 1.9  # e was told to go only after b's time limit
 
 
 def test_plot_history_draws():

@@ -370,9 +370,10 @@ assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= d["tol"
 # process: no later CUDA call in this notebook would work. So `l04.plan_hazard` runs it in
 # **child processes**, a fresh `python -c ...` each: a control (a sync between the two plans) and
 # the back-to-back case, both checked against the torch reference on batches from
-# `pinlab.paged_kv.random_batch`, and reports what happened as data. A child whose plans have not
-# finished a few seconds after they were queued reports "hung" itself; the parent kills any child
-# still running at the time limit `timeout_s` given below.
+# `pinlab.paged_kv.random_batch`, and reports what happened as data. Both children start (and load
+# FlashInfer) at once; the two hazards then run one after the other, never together. A child
+# whose plans have not finished a few seconds after they were queued reports "hung" itself; the
+# parent kills any child still running at the time limit `timeout_s` given below.
 
 # %%
 haz = pinlab.measure("04_plan_hazard", l04.plan_hazard, busy_ms=50.0, timeout_s=12.0)

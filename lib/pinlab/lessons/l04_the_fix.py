@@ -35,7 +35,7 @@ from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metad
 from ..steploop import HISTORY, KiB, LABELS
 
 __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "history", "plan_hazard",
-           "classify_child", "plot_history"]
+           "classify_child", "child_code", "run_children", "plot_history"]
 
 
 def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0.2, control_steps: int = 1_000,
@@ -245,11 +245,14 @@ def _report_and_exit(result: dict) -> None:
     os._exit(0)
 
 
-def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: float = 3.0) -> dict:
+def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: float = 3.0,
+                       wait_for_go: bool = False) -> dict:
     """Runs in a child process: two plans on ONE wrapper, with (``synced``) or without
     (``back_to_back``) a sync between them. May crash or hang the CUDA context: never call it in a
-    process you care about. Once the set-up is done, a watchdog thread reports "hung" and ends
-    the process if the two plans' work has not finished within ``watchdog_s`` seconds."""
+    process you care about. With ``wait_for_go`` the set-up (FlashInfer's first plan+run
+    included) is done first, then the child waits for a line on its stdin before the hazard. Once
+    it starts, a watchdog thread reports "hung" and ends the process if the two plans' work has
+    not finished within ``watchdog_s`` seconds."""
     one_of("mode", mode, {"synced", "back_to_back"})
     watchdog_s = positive_number("watchdog_s", watchdog_s)
     from ..busy import gpu_busy
@@ -272,6 +275,8 @@ def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdo
         torch.cuda.synchronize()
     except FlashInferUnavailableError as exc:
         return {"status": "unavailable", "detail": str(exc)}
+    if wait_for_go:
+        sys.stdin.readline()  # the parent says when: never two hazards on the GPU at once
     watchdog = threading.Timer(watchdog_s, _report_and_exit, args=(
         {"status": "hung", "detail": f"the two plans' work had not finished {watchdog_s:g} s after it was queued"},))
     watchdog.daemon = True
@@ -319,29 +324,50 @@ def classify_child(returncode, stdout: str, stderr: str, timed_out: bool) -> dic
     return {"outcome": "crashed", "detail": detail}
 
 
-def run_child(mode: str, busy_ms: float, seed: int, tol: float, timeout_s: float, watchdog_s: float = 3.0) -> dict:
-    """One plan-hazard child (``python -c``, this module's :func:`_plan_hazard_child`), killed after
-    ``timeout_s``: its outcome (:func:`classify_child`) plus ``returncode`` and ``seconds``."""
-    lib = str(Path(__file__).resolve().parents[2])
-    code = (
-        "import json, os, sys\n"
+def child_code(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: float = 3.0) -> str:
+    """The ``python -c`` program of one plan-hazard child: it sets up, waits for a line on stdin,
+    runs :func:`_plan_hazard_child` and prints its result on a ``PINLAB_RESULT`` line."""
+    return (
         "from pinlab.lessons import l04_the_fix as fix\n"
-        f"r = fix._plan_hazard_child({mode!r}, {busy_ms!r}, {seed!r}, {tol!r}, {watchdog_s!r})\n"
-        f"fix._report_and_exit(r)\n"
+        f"r = fix._plan_hazard_child({mode!r}, {busy_ms!r}, {seed!r}, {tol!r}, {watchdog_s!r}, wait_for_go=True)\n"
+        "fix._report_and_exit(r)\n"
     )
+
+
+def run_children(codes: dict, timeout_s: float) -> dict:
+    """Run ``python -c`` children: all start at once (their set-up overlaps), then one at a time,
+    in the order given, each is told to go (a line on its stdin) and waited for, at most
+    ``timeout_s`` (then it is killed). Returns ``{name: outcome}``, each from :func:`classify_child`
+    plus ``returncode`` and ``seconds`` (from its go to its end)."""
+    timeout_s = positive_number("timeout_s", timeout_s)
+    lib = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("PINLAB_RECORD", None)
-    t0 = time.perf_counter()
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)
+             for name, code in codes.items()}
+    out = {}
     try:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
-        res = classify_child(p.returncode, p.stdout, p.stderr, False)
-        res["returncode"] = p.returncode
-    except subprocess.TimeoutExpired:
-        res = classify_child(None, "", "", True)
-        res["returncode"] = None
-    res["seconds"] = round(time.perf_counter() - t0, 1)
-    return res
+        for name, p in procs.items():
+            t0 = time.perf_counter()
+            try:
+                stdout, stderr = p.communicate(input="go\n", timeout=timeout_s)
+                res = classify_child(p.returncode, stdout, stderr, False)
+                res["returncode"] = p.returncode
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+                res = classify_child(None, "", "", True)
+                res["returncode"] = None
+            res["seconds"] = round(time.perf_counter() - t0, 1)
+            out[name] = res
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return out
 
 
 def _context_ok() -> bool:
@@ -360,8 +386,9 @@ def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout
     to the GPU with ``cudaMemcpyAsync``: the same class of hazard as the lessons' reused buffer.
     ``synced`` (a sync between the two plans: the control) and ``back_to_back`` (no sync, as under
     overlap scheduling) each run in a fresh ``python -c`` child, so a crash or a hang cannot touch
-    this process: the child reports "hung" itself when the plans' work has not finished
-    ``watchdog_s`` after it was queued, and is killed after ``timeout_s`` in any case. The batches
+    this process. Both children set up at once; the hazards run one after the other
+    (:func:`run_children`). A child reports "hung" itself when the plans' work has not finished
+    ``watchdog_s`` after it was queued, and is killed ``timeout_s`` after its go in any case. The batches
     come from :func:`pinlab.paged_kv.random_batch`. CUDA only (a child process has its own CUDA
     context; no stream argument). Returns ``{"synced": outcome, "back_to_back": outcome,
     "parent_context_ok": bool, "timeout_s"}``, each outcome from :func:`classify_child` plus
@@ -376,13 +403,13 @@ def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout
     from ..paged_kv import flashinfer_available
 
     ok, reason = flashinfer_available()
-    out = {}
-    for mode in ("synced", "back_to_back"):
-        if not ok:  # nothing to test: do not spend a child process on it
-            out[mode] = {"outcome": "unavailable", "detail": reason, "seconds": 0.0, "returncode": None}
-            continue
-        print(f"plan_hazard: running the {mode} child (a fresh Python process)...", file=sys.stderr, flush=True)
-        out[mode] = run_child(mode, busy_ms, seed, tol, timeout_s, watchdog_s)
+    modes = ("synced", "back_to_back")
+    if ok:
+        print("plan_hazard: running the synced, then the back_to_back child (fresh Python processes)...",
+              file=sys.stderr, flush=True)
+        out = run_children({m: child_code(m, busy_ms, seed, tol, watchdog_s) for m in modes}, timeout_s)
+    else:  # nothing to test: do not spend a child process on it
+        out = {m: {"outcome": "unavailable", "detail": reason, "seconds": 0.0, "returncode": None} for m in modes}
     out["parent_context_ok"] = _context_ok()
     out["timeout_s"] = timeout_s
     return out
