@@ -295,7 +295,12 @@ class LaggingStream:
         """Forget pinned blocks nobody references any more (a freed snapshot), so that a new
         allocation at the same address is not taken for pinned memory."""
         for key in list(self._pinned):
-            if sys.getrefcount(self._pinned[key]) <= 2:  # the dict's own reference, and the argument
+            t = self._pinned[key]
+            # forget it when nobody else holds the tensor (only the dict, `t` and the argument) and
+            # nobody else uses its storage (only the dict's tensor and the temporary storage object):
+            # a parameter given it with `p.data = pinned` shares the storage, not the tensor object
+            use_count = getattr(torch._C, "_storage_Use_Count", None)
+            if sys.getrefcount(t) <= 3 and (use_count is None or use_count(t.untyped_storage()._cdata) <= 2):
                 del self._pinned[key]
 
     # --- the queue --------------------------------------------------------------------------
