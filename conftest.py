@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
@@ -36,9 +38,8 @@ def pytest_collectstart(collector):
         collector.skip_compare += ("stderr",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     for item in items:
         if getattr(item, "path", None) is not None and item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebook)
