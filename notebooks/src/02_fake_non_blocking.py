@@ -3,23 +3,30 @@
 #
 # **What you will learn**
 # - what `non_blocking=True` promises, and when a host-to-device copy keeps the promise;
-# - the size from which a single copy from pageable memory makes the host wait for the GPU, measured here;
-# - the driver's staging pool: how many bytes of small pageable copies may be pending before the host blocks;
+# - the copy that returns or waits, as ten lines of code you can run, and the size from which a
+#   single copy from pageable memory makes the host wait for the GPU;
+# - the two limits of the driver's staging: one per copy, one for the bytes pending;
 # - why data copied `non_blocking` *into* pinned memory is wrong until you synchronize;
-# - other calls that quietly block the host: `torch.tensor(list, device="cuda")`, a non-contiguous
+# - other calls that quietly block the host: `torch.tensor(list, device="cuda")`, a *non-dense*
 #   pinned source, `.item()`, the first launch of a kernel;
-# - what a pageable input costs a step loop, seen in a `torch.profiler` trace;
+# - what a pageable input costs a step loop, and what exactly it serializes, seen in a
+#   `torch.profiler` trace;
 # - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
 #   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
 
 # %% tags=["nbval-ignore-output"]
+import contextlib
 import statistics
+import time
+from functools import partial
 
 import matplotlib.pyplot as plt
+import torch
 
 import pinlab
 from pinlab.lessons import l02_fake_non_blocking as stalls
 from pinlab.plots import fmt_bytes, size_sweep, timeline
+from pinlab.profiler import span_stats
 
 KiB, MiB = stalls.KiB, stalls.MiB
 pinlab.header("02 fake non_blocking")
@@ -34,10 +41,12 @@ pinned_at_start = pinlab.pinned_baseline()
 #
 # The promise can only hold when the copy engine can read `cpu_t` where it lies, that is when
 # `cpu_t` is **pinned** (lesson 01). From pageable memory the driver first copies the data into a
-# pinned staging buffer of its own, and it has only so much of that. When it runs out, it waits
-# until the GPU has drained earlier copies, and the GPU only gets to them after everything queued
-# before them. The call still says `non_blocking=True`; the host waits anyway. That is the
-# *fake* `non_blocking`.
+# pinned staging buffer of its own, and it has only so much of that. When a copy does not fit,
+# the driver waits until the GPU has worked through everything queued before it and copies the
+# data through staging itself, with the host waiting. The call still says `non_blocking=True`;
+# the host waits anyway. That is the *fake* `non_blocking`. CUDA's documentation promises no
+# more than that: for copies between device memory and pageable host memory, an asynchronous
+# copy "might be synchronous" with respect to the host. When it is, the driver decides.
 #
 # **How we make waiting visible.** An idle GPU runs a copy at once, so a call that waits for it
 # still looks fast. Every experiment therefore first enqueues `pinlab.gpu_busy(ms)`, a kernel that
@@ -47,8 +56,24 @@ pinned_at_start = pinlab.pinned_baseline()
 # (`pinlab.warmup`): the first launch of a kernel blocks too, as section 4 shows.
 
 # %% [markdown]
-# ## 1. One copy: when does `non_blocking` return at once?
+# ## 1. The copy that returns or waits
 #
+# This is the whole experiment: make the GPU busy, time one `copy_(..., non_blocking=True)` on the
+# host, synchronize. Copy it into your own code to test a copy you are unsure of.
+
+# %%
+def copy_returns_or_waits(dst, src, busy_ms):
+    """Host ms spent inside one dst.copy_(src, non_blocking=True) issued behind busy_ms of GPU work."""
+    torch.cuda.synchronize()             # start from an idle GPU: nothing queued, nothing staged
+    pinlab.gpu_busy(busy_ms)             # queue busy_ms of GPU work; this call returns at once
+    t0 = time.perf_counter()
+    dst.copy_(src, non_blocking=True)    # enqueue the copy behind it ... or wait
+    host_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()             # let the GPU finish before the next try
+    return host_ms
+
+
+# %% [markdown]
 # 🔮 **Predict.** Behind a GPU that is busy for 10 ms, how long does the host spend inside one
 # `copy_(..., non_blocking=True)` of 256 B from pageable memory? Of 64 MiB? And from pinned memory?
 #
@@ -56,16 +81,16 @@ pinned_at_start = pinlab.pinned_baseline()
 #
 # From pinned memory: microseconds, at every size (the copy is only enqueued). From pageable
 # memory: microseconds for small copies, which the driver stages at once; from some size on, the
-# whole busy time and then some, because the driver's staging buffer is full. Find that size below.
+# whole busy time and then some. Find that size below.
 # </details>
 #
-# The sweep times `copy_` into a GPU buffer and `.to("cuda")`, from pageable and from pinned
-# memory, for 27 sizes from 256 B to 64 MiB, with a finer grid between 1 and 4 MiB: each call
-# behind a fresh 10 ms kernel, median of 3. It takes about 6 s.
+# `stalls.single_copy_sweep` runs the function above for 27 sizes from 256 B to 64 MiB (a finer
+# grid between 1 and 4 MiB), from a pageable and from a pinned tensor, median of 3 tries each; it
+# times `src.to("cuda", non_blocking=True)` the same way. It takes a few seconds on a GPU.
 
 # %%
-sweep = pinlab.measure("02_single_copy", stalls.single_copy_sweep, sizes=stalls.SWEEP_SIZES,
-                       busy_ms=10.0, repeat=3, bench_bytes=8 * MiB, bench_repeat=30)
+sweep = pinlab.measure("02_single_copy", partial(stalls.single_copy_sweep, copy_returns_or_waits),
+                       sizes=stalls.SWEEP_SIZES, busy_ms=10.0, repeat=3, bench_bytes=8 * MiB, bench_repeat=30)
 busy_ms, rows = sweep["busy_ms"], sweep["rows"]
 sizes = [r["bytes"] for r in rows]
 
@@ -111,31 +136,37 @@ assert all(facts.values())
 # %% [markdown]
 # Read the plot from the left: small pageable copies return too, with a host cost that grows with
 # their size (the driver's `memcpy` into staging). Where the pageable lines jump to the busy time,
-# a `non_blocking=True` copy from pageable memory has become a blocking copy. Compare the pinned
-# lines with them over the whole range.
+# a `non_blocking=True` copy from pageable memory has become a blocking copy.
+#
+# Note what the function does first: `torch.cuda.synchronize()`. Every copy in this sweep was
+# issued **alone**, with nothing else pending and the driver's staging buffer empty, and still the
+# large ones waited. So the first limit is **per copy**: above a certain size the driver does not
+# stage a pageable copy behind the queue at all, whatever room it has. Section 2 finds a second
+# limit, for the bytes of many small copies pending at once.
 #
 # **The benchmark.** An honest `non_blocking` copy should cost the host next to nothing, whatever
 # the GPU is doing. A step loop issues its copies one after another, so that is how we time them:
 # bursts of pinned copies of 8 MiB behind a busy GPU, host time per call (median over 30 bursts).
-# For contrast, the same call made alone right after the host synchronized.
+# For contrast, the same call made alone right after the host synchronized (the function above),
+# and the pageable copy of the same size.
 
 # %%
 bench = sweep["bench"]
 size = fmt_bytes(bench["bytes"])
-loop_ms = bench["copy_pinned_in_loop"]["median"]
+loop_ms, pageable_ms = bench["copy_pinned_in_loop"]["median"], bench["copy_pageable"]["median"]
 pinlab.report(f"pinned copy_ of {size} behind a busy GPU, per call in a loop (median)", loop_ms)
 pinlab.report(f"pinned copy_ of {size}, a single call right after a sync (median)", bench["copy_pinned"]["median"])
 pinlab.report(f"pinned .to of {size}, a single call right after a sync (median)", bench["to_pinned"]["median"])
-pinlab.report(f"pageable copy_ of {size} behind a busy GPU (median)", bench["copy_pageable"]["median"])
-ok = loop_ms <= 0.05
-print("a pinned non_blocking copy_ costs at most 0.05 ms of host time behind a busy GPU:", ok)
+pinlab.report(f"pageable copy_ of {size} behind a busy GPU (median)", pageable_ms)
+ok = pageable_ms >= 100 * loop_ms
+print(f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times less than a pageable one:", ok)
 assert ok
 
 # %% [markdown]
 # Compare the two pinned lines above: a single call made right after the host waited can cost
 # several times what a call in a loop costs (the driver's first submission after an idle spell),
-# so time copies the way your code issues them. Either way, it is far below the milliseconds a
-# pageable copy waits.
+# so time copies the way your code issues them. Either way it is a few microseconds of host time,
+# against the milliseconds a pageable copy of the same size waits.
 
 # %% [markdown]
 # ## 2. The staging pool: many small copies
@@ -196,6 +227,23 @@ assert all(t["data_ok"] for run in pool["runs"] for t in run["trials"])
 # or in copies? If in copies, both curves would jump at the same copy; if in bytes, the 16 KiB
 # copies would get four times as far. Compare the lines above. Nothing was lost, the data is
 # right: only the host's time went.
+#
+# **Two limits, then.** Side by side, from this run's two experiments:
+
+# %%
+pending_median = statistics.median(a for a in every if a is not None) if any(a is not None for a in every) else None
+pinlab.show("limit 1, per copy: the largest lone pageable copy that returned at once",
+            fmt_bytes(max(quick)) if quick else "none")
+pinlab.show("limit 2, pending bytes: small copies queued before the host blocked (median of trials)",
+            fmt_bytes(pending_median) if pending_median is not None else "never")
+
+# %% [markdown]
+# A single copy above the first limit waits even into an empty pool; many small copies, each far
+# below it, wait once the bytes pending reach the second. Neither limit is documented: CUDA only
+# says that a copy from pageable memory "might be synchronous", and the sizes above are what this
+# driver did on this machine. Another driver version, another GPU or another operating system may
+# draw both lines elsewhere. Write code that does not depend on them: pin what you copy
+# `non_blocking`.
 #
 # ## 3. Device to host: `non_blocking` the other way
 #
@@ -275,18 +323,28 @@ assert all(facts.values())
 #
 # Some calls block the host behind a busy GPU although nothing in them says "sync". Each one below
 # is timed behind a 50 ms kernel and with the GPU idle; it **blocked** when the difference is more
-# than half the busy time (so host work it does anyway is not counted as waiting).
+# than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
+# float32 tensor of 8 MiB.
 #
-# 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from a
-# *non-contiguous* view of pinned memory; a copy that converts float32 to bfloat16; `.item()`.
+# 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from
+# `x[:, ::2]` (every other column of pinned memory); a copy from `x.t()` (the transpose: the same
+# memory, read in another order) into a GPU tensor laid out like it, and into a contiguous one; a
+# copy that converts float32 to bfloat16; `.item()`.
 #
 # <details><summary>Answer</summary>
 #
 # `torch.tensor(list, device="cuda")` builds the tensor on the CPU and copies it with a blocking
-# copy. A non-contiguous pinned source is first gathered into a contiguous temporary, which is
-# pageable: fake `non_blocking` again. A dtype-converting copy from pinned memory is asynchronous
-# once its conversion kernel is loaded; the *first* launch of any kernel blocks while CUDA loads
-# it (lazy module loading). `.item()` has to wait for the value: it always blocks.
+# copy. For a copy between host and GPU, PyTorch hands the driver one block of memory only when
+# source and destination have the same dtype and the same dense layout (in any order of the
+# dimensions). Otherwise it first gathers the source into a contiguous temporary **on the CPU**,
+# in ordinary pageable memory, and copies that: fake `non_blocking` again, however pinned the
+# source was. So `x[:, ::2]`, which is not dense (holes between the elements), always goes through
+# a pageable temporary; `x.t()` is dense: copied into `torch.empty_like(x.t(), device="cuda")`,
+# which keeps its layout, it goes straight from pinned memory; copied into a contiguous tensor, it
+# is gathered first. The rule is *dense in the destination's layout*, not *contiguous*. A
+# dtype-converting copy from a contiguous pinned tensor copies first and converts on the GPU:
+# asynchronous once its conversion kernel is loaded; the *first* launch of any kernel blocks while
+# CUDA loads it (lazy module loading). `.item()` has to wait for the value: it always blocks.
 # </details>
 
 # %%
@@ -301,7 +359,10 @@ pinlab.table(hs["rows"], [("op", "operation"), ("blocked", "host blocked"),
 # %%
 facts = {
     "torch.tensor(list, device='cuda') blocked": row["tensor_list"]["blocked"],
-    "copy_ from a non-contiguous pinned view blocked": row["noncontig_pinned"]["blocked"],
+    "copy_ from a non-dense pinned view x[:, ::2] blocked": row["nondense_pinned"]["blocked"],
+    "copy_ from the dense view x.t() into a GPU tensor of the same layout did not block":
+        not row["permuted_same_layout"]["blocked"],
+    "copy_ from x.t() into a contiguous GPU tensor blocked": row["permuted_to_contiguous"]["blocked"],
     "copy_ from a contiguous pinned tensor did not block": not row["contig_pinned"]["blocked"],
     "a warm dtype-converting copy_ from pinned memory did not block": not row["dtype_warm"]["blocked"],
     ".item() blocked": row["item"]["blocked"],
@@ -312,13 +373,18 @@ for text, ok in facts.items():
 assert all(facts.values())
 
 # %% [markdown]
-# The two *first* calls depend on how CUDA loads kernels: by default (`CUDA_MODULE_LOADING=LAZY`,
-# which PyTorch sets unless you chose otherwise) a kernel's code is loaded on its first launch,
-# and that launch waits for the busy GPU. With `CUDA_MODULE_LOADING=EAGER` everything is loaded at
-# start-up instead (slower start, no surprise later). What this run saw:
+# The two *first* calls depend on how CUDA loads kernels. With `CUDA_MODULE_LOADING=LAZY` a
+# kernel's code is loaded on its first launch, and that launch waits for the busy GPU; with
+# `CUDA_MODULE_LOADING=EAGER` everything is loaded at start-up instead (slower start, no surprise
+# later). PyTorch sets `LAZY` when it initialises CUDA, unless you set the variable yourself. It
+# does so with C's `setenv`, in the process environment that the CUDA driver reads. Python's
+# `os.environ` is a copy of the environment made when the interpreter started, so it does not see
+# that change: ask it and you may read "unset" while CUDA runs lazily. What this run saw, both ways:
 
 # %%
-pinlab.show("CUDA_MODULE_LOADING", hs["module_loading"] or "(unset)")
+pinlab.show("CUDA_MODULE_LOADING in os.environ (Python's copy)", hs["module_loading_environ"] or "(unset)")
+pinlab.show("CUDA_MODULE_LOADING in the process environment (what CUDA reads)",
+            hs["module_loading_effective"] or "(unset)")
 for key in ("dtype_cold", "kernel_cold"):
     r = row[key]
     pinlab.show(r["op"], f"{'blocked' if r['blocked'] else 'did not block'} ({pinlab.fmt_ms(r['host_ms'])})")
@@ -326,31 +392,66 @@ for key in ("dtype_cold", "kernel_cold"):
 # %% [markdown]
 # The lesson for measurements: launch every kernel once before you time anything, or the first
 # measurement lies. The lesson for serving: warm up (vLLM runs dummy batches before it serves).
-#
+
+# %% [markdown]
 # ## 5. What it costs a step loop: a profiler timeline
 #
-# A toy step: wait until step *i-2* is done (an engine bounds how far the host runs ahead), prepare
-# an 8 MiB input on the CPU (1 ms of work, written into a small ring of host buffers), copy it with
-# `copy_(..., non_blocking=True)`, launch a 2 ms "forward". The only difference between the two
-# runs: the host buffers are pageable, or pinned.
+# A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
+# host runs ahead), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
+# host buffers), copy it with `copy_(..., non_blocking=True)`, launch a 2 ms "forward". Here is
+# the loop; `span(name)` marks each part for the profiler and does nothing otherwise.
+
+# %%
+def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nullcontext):
+    """`steps` steps of the toy loop, then a sync; returns the host ms spent inside each copy_."""
+    done = [torch.cuda.Event() for _ in bufs]       # done[k]: the step that used bufs[k] finished
+    copy_ms = []
+    for i in range(steps):
+        k = i % len(bufs)
+        with span("wait for step i-2"):
+            if i >= in_flight:
+                done[(i - in_flight) % len(bufs)].synchronize()   # bounded run-ahead
+        with span("prepare inputs (CPU)"):
+            t_end = time.perf_counter() + cpu_ms / 1e3
+            bufs[k].fill_(i % 251)                  # write this step's input
+            while time.perf_counter() < t_end:      # ... and the rest of the host's work
+                pass
+        with span("copy_(non_blocking=True)"):
+            t0 = time.perf_counter()
+            dev.copy_(bufs[k], non_blocking=True)
+            copy_ms.append((time.perf_counter() - t0) * 1e3)
+        with span("launch forward"):
+            pinlab.gpu_busy(gpu_ms)                 # the forward pass, 2 ms of GPU work
+        done[k].record()
+    torch.cuda.synchronize()
+    return copy_ms
+
+
+# %% [markdown]
+# `stalls.step_loop` runs this loop with three host buffers that are pageable, and with three that
+# are pinned: the only difference. 40 steps of each are timed without the profiler (two rounds,
+# alternating); then 6 steps of each are recorded with `torch.profiler` (CPU and CUDA activity),
+# and the trace is read back into the plot below (`pinlab.profiler`).
 #
-# 🔮 **Predict.** The GPU needs 2 ms per step and the host 1 ms. How many steps per second with
-# pinned inputs? With pageable ones?
+# 🔮 **Predict.** The GPU needs 2 ms per step and the host 1 ms. How long does a step take with
+# pinned inputs? With pageable ones: the host's 1 ms plus the GPU's 2 ms plus the copy?
 #
 # <details><summary>Answer</summary>
 #
-# Pinned: about one step per 2 ms plus the copy, because the host's work hides behind the GPU's.
-# Pageable: the 8 MiB copy waits until the GPU has finished the previous forward, then the GPU
-# idles while the driver stages the copy: the host's time and the GPU's now add up.
+# Pinned: about one forward plus one copy per step. The copy and the forwards share one stream,
+# so the GPU still runs them one after the other, but the host's 1 ms hides behind the GPU's work.
+# Pageable: not the sum. The 8 MiB copy is too large to be staged behind the queue, so `copy_`
+# waits until the previous forward is done, then the driver feeds the data through its staging
+# buffer while the host waits inside the call, and only then does the host launch the next
+# forward. The host's preparation still overlapped the previous forward; what is serialized is
+# the **staged copy**: about one forward plus one (slower) staged copy per step. The timeline
+# shows it.
 # </details>
-#
-# 40 steps are timed without the profiler; then 6 steps of each run are recorded with
-# `torch.profiler` (CPU and CUDA activity), and the trace is read back into the plot below.
 
 # %%
 RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"  # the GPU suite keeps a copy of the trace there
-loop = pinlab.measure("02_step_loop", stalls.step_loop, steps=40, warm_steps=5, profile_steps=6,
-                      input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2, trace=stalls.DEFAULT_TRACE)
+STEP = dict(steps=40, warm_steps=5, profile_steps=6, input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2)
+loop = pinlab.measure("02_step_loop", partial(stalls.step_loop, run_steps), **STEP, trace=stalls.DEFAULT_TRACE)
 pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
 if loop.live:
     pinlab.show("this run's profiler trace", loop["trace_file"])
@@ -367,32 +468,63 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# What to look for. Pageable: does the host sit inside `copy_` until the previous forward is done,
-# and does the next forward start only after the copy, with the GPU computing nothing meanwhile?
-# Pinned: the host should wait only at the bounded run-ahead ("wait for step i-2"), and the
-# forwards should follow each other with only the short copy in between. The numbers:
+# What to look for. Pageable: the host enters `copy_` while the previous forward still runs and
+# leaves it only after the copy has run on the GPU; the next forward starts after that, and the
+# GPU computes nothing in between. The host's "prepare" still overlaps the GPU's forward.
+# Pinned: `copy_` returns at once, the host waits only at the bounded run-ahead ("wait for step
+# i-2"), and the forwards follow each other with only the short copy in between. The numbers,
+# and two models of the pageable step:
 
 # %%
-pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
-pinlab.show("GPU idle share (no kernel running), pageable vs pinned",
-            f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
+memcpy = {m: span_stats(loop["modes"][m]["gpu"], name) for m in stalls.STEP_MODES
+          for name in loop["modes"][m]["memcpy_names"]}
+forward = {m: span_stats(loop["modes"][m]["gpu"], stalls.FORWARD_LABEL) for m in stalls.STEP_MODES}
+staged = memcpy["pageable"]["duration_ms"]
+pinlab.report("ms per step, pinned inputs", pin["ms_per_step"])
+pinlab.report("ms per step, pageable inputs", pag["ms_per_step"])
+pinlab.report("pageable, if host and GPU time added up: prepare + forward + staged copy",
+              STEP["cpu_ms"] + STEP["gpu_ms"] + staged)
+pinlab.report("pageable, if only the staged copy is serialized: forward + staged copy", STEP["gpu_ms"] + staged)
+pinlab.show("one copy on the GPU (median), pageable (staged) / pinned",
+            f"{ms(staged)} / {ms(memcpy['pinned']['duration_ms'])}")
+pinlab.show("GPU time between two forwards (median), pageable / pinned",
+            f"{ms(forward['pageable']['gap_ms'])} / {ms(forward['pinned']['gap_ms'])}")
 pinlab.report("host time inside copy_ per step, pageable (median)", pag["copy_host_ms"])
 pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host_ms"])
-print("pinned inputs ran more steps per second:", pin["steps_per_s"] > pag["steps_per_s"])
-print("pinned inputs left the GPU idle a smaller share of the time:", pin["gpu_idle_share"] < pag["gpu_idle_share"])
-assert pin["steps_per_s"] > pag["steps_per_s"] and pin["gpu_idle_share"] < pag["gpu_idle_share"]
+pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
+pinlab.show("GPU idle share in the six profiled steps (no kernel running), pageable vs pinned",
+            f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
 
 # %% [markdown]
-# The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
-# the copies that may be fake `non_blocking`.
+# Compare the measured step with the two models: the pageable step is much closer to "forward +
+# staged copy" than to "host + GPU". A fake `non_blocking` copy does not make the whole host's
+# work serial with the GPU's, only the copy itself, and a staged copy is slower than a pinned one.
+# With more host work per step, or several such copies, the cost grows accordingly.
+#
+# **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
+# The pinned loop does more steps per second, but by a margin small enough that a noisy run could
+# close it. And the GPU's idle share is not a law of pinned memory: it says how long the GPU
+# waited, not why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and
+# six profiled steps are few: the profiler adds host work to every call, and one slow host step
+# (the operating system, a page fault) shows up as idle GPU time. On one H200 run the faster,
+# pinned loop showed the *larger* idle share. What holds on every run is the cause, measured on
+# the host, and the names the profiler gives the copies:
 
 # %%
+ratio_ok = pag["copy_host_ms"] >= 10 * pin["copy_host_ms"]
+print("the host spent at least 10 times longer inside a pageable copy_ than inside a pinned one:", ratio_ok)
 print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
 print("memcpy names in the pinned run:  ", sorted(pin["memcpy_names"]))
 pinlab.show("memcpys recorded, pageable / pinned run",
             f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}")
+assert ratio_ok
+assert set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"}
+assert set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"}
 
 # %% [markdown]
+# The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
+# the copies that may be fake `non_blocking`.
+#
 # ## 6. `async_tensor_h2d`: host data to the GPU, honestly
 #
 # Host data often starts as a Python list (token ids, positions, a mask). `torch.tensor(list,
@@ -433,28 +565,45 @@ assert arow["factory"]["blocked"] and not arow["async"]["blocked"] and ah["same_
 # in a `with` block and reports pageable `non_blocking` copies, blocking copies, `.item()`-style
 # syncs and `torch.tensor(..., device="cuda")`, each with your `file:line`.
 #
-# The loop body it watches here, line by line:
+# The loop body it watches here, as a function of this notebook: a pageable `non_blocking` copy,
+# a tensor built from a Python list, a little GPU work, and a loss read on the host.
 
 # %%
-for number, line in enumerate(stalls.DEMO_SOURCE.splitlines(), 1):
-    print(f"{number:2d} | {line}")
+def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
+    inputs_gpu.copy_(inputs_cpu, non_blocking=True)       # the batch, from pageable memory
+    positions = torch.tensor([step] * 64, device="cuda")   # built from a Python list
+    hidden = torch.relu(inputs_gpu @ weights) + positions[0]
+    pinlab.gpu_busy(gpu_ms)                                # the rest of the forward
+    return hidden.sum().item()                             # the loss, read on the host
+
 
 # %% [markdown]
-# 🔮 **Predict.** 20 steps of this loop under `detect_stalls()`: how many stalls, of which kinds?
+# 🔮 **Predict.** 20 steps of `demo_step` under `detect_stalls()`: how many stalls, of which kinds,
+# and at which lines?
+#
+# `stalls.detector_demo(demo_step, ...)` runs it: the loop under the detector, the loop's cost with
+# and without it, and each stalling call alone under `set_sync_debug_mode("warn")`.
 
 # %%
-det = pinlab.measure("02_detector", stalls.detector_demo, steps=20, gpu_ms=0.5, features=256, repeat=5)
+det = pinlab.measure("02_detector", partial(stalls.detector_demo, demo_step), steps=20, gpu_ms=0.5,
+                     features=256, repeat=5)
 
 # %% tags=["nbval-ignore-output"]
 print(det["summary"])
+
+# %% [markdown]
+# The report names each stall's file and line: here the file is this notebook's cell, whose name
+# changes from run to run, so we count lines inside `demo_step` (its `def` is line 1).
 
 # %%
 expected = {kind: det["steps"] for kind in stalls.DEMO_STALLS.values()}
 for kind, n in det["counts"].items():
     print(f"{kind}: {n}")
 print("one stall of each kind per step, and nothing else:", det["counts"] == expected)
-lines = {kind: [line] for kind, line in stalls.demo_stall_lines().items()}
-print("each points at its line of demo_step.py:", det["stall_lines"] == lines)
+lines = {kind: [line] for kind, line in stalls.source_lines(demo_step).items()}
+for kind, line in sorted(lines.items(), key=lambda kv: kv[1]):
+    print(f"line {line[0]} of demo_step: {kind}")
+print("each stall points at its line of demo_step:", det["stall_lines"] == lines)
 assert det["counts"] == expected and det["stall_lines"] == lines
 
 # %% [markdown]
@@ -492,14 +641,17 @@ assert back
 # %% [markdown]
 # ## What to remember
 # - `non_blocking=True` is a request. From **pinned** memory it is honoured; from **pageable**
-#   memory only while the driver's staging pool has room: one large copy, or many small ones
-#   queued behind a busy GPU, and the host waits. The sizes where that happens are above.
+#   memory only while the driver agrees to stage the copy: one copy above a size limit, or many
+#   small ones queued behind a busy GPU up to a limit on pending bytes, and the host waits. Both
+#   limits are undocumented and driver-dependent; this run's sizes are above.
 # - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
 #   event after it and `synchronize()` the event before you read.
-# - Hidden syncs: `torch.tensor(list, device="cuda")`, non-contiguous pinned sources, `.item()`,
-#   and the first launch of every kernel (warm up before you measure or serve).
-# - In a step loop, a fake `non_blocking` copy serializes CPU and GPU: fewer steps per second, an
-#   idle GPU. The profiler names the copy `Memcpy HtoD (Pageable -> Device)`.
+# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is not dense in the
+#   destination's layout (PyTorch gathers it into a pageable temporary), `.item()`, and the first
+#   launch of every kernel (warm up before you measure or serve).
+# - In a step loop, a fake `non_blocking` copy serializes the staged copy with the GPU's work:
+#   the host waits inside `copy_` and the GPU computes nothing meanwhile. The profiler names the
+#   copy `Memcpy HtoD (Pageable -> Device)`.
 # - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
 #   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
 #

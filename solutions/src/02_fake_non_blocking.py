@@ -11,7 +11,8 @@ from pinlab.checks import l02 as checks02
 # ## 1. From which size on does a pageable copy wait?
 #
 # The lesson times one `copy_(..., non_blocking=True)` per size behind a GPU kept busy for
-# `busy_ms`. A copy **waited** when its host time is *more than* half the busy time.
+# `busy_ms`. A copy **waited** when its host time is *more than* half the busy time (exactly half
+# is not waiting: the checker tries that boundary).
 #
 # `stall_threshold(sizes, host_ms, busy_ms)` returns the **smallest size from which on every
 # larger size waited**, or `None` when the largest size did not wait. `host_ms[i]` belongs to
@@ -39,8 +40,10 @@ ok = checks02.check_stall_threshold(stall_threshold)
 # of a window `[start, end]` did the GPU spend with **no** kernel running?
 #
 # `gpu_idle_share(spans, start, end)` returns that share, from 0 (always busy) to 1 (never
-# busy). Spans may overlap (count the overlap once), come in any order, and stick out of the
-# window (count only the part inside it). *(8-12 lines: clip, sort, merge, sum)*
+# busy). Spans may overlap (count the overlap once), touch (one ends where the next starts: lose
+# neither), come in any order, and stick out of the window (count only the part inside it). The
+# lesson's own answer is `pinlab.profiler.idle_share`; write yours without it. *(8-12 lines: clip,
+# sort, merge, sum)*
 
 # %%
 def gpu_idle_share(spans, start, end):
