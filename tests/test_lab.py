@@ -1,0 +1,206 @@
+"""JupyterLab as `make lab` starts it, driven through its REST API and a kernel's websocket.
+
+The server is started the way the Makefile does (`python -m jupyter lab notebooks/00_start_here.ipynb`
+in the repository), headless, on a free port of 127.0.0.1, with a token. The test checks that the
+course's notebooks, exercises and solutions are listed, that a kernel starts and runs
+`import pinlab; pinlab.header("x")`, then stops the kernel and the server and checks that no process
+of theirs is left (every one of them names this test's runtime folder on its command line).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 120   # JupyterLab's first start on a busy 2-core machine
+KERNEL_TIMEOUT_S = 120  # kernel start + importing torch
+
+
+def _lab_command() -> list[str]:
+    """The command `make lab` runs (read with `make -n`, this Python in place of the venv's)."""
+    if shutil.which("make"):
+        res = subprocess.run(["make", "-s", "-n", "lab", f"VPY={sys.executable}"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        lines = [ln for ln in res.stdout.splitlines() if " -m jupyter lab" in ln or " jupyter-lab" in ln]
+        assert lines, f"`make -n lab` shows no `jupyter lab` command:\n{res.stdout}{res.stderr}"
+        return shlex.split(lines[-1])
+    return [sys.executable, "-m", "jupyter", "lab", "notebooks/00_start_here.ipynb"]  # the Makefile's, without make
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _procs_naming(text: str) -> list[str]:
+    """Live processes whose command line contains ``text`` (pid and command line)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            out.append(f"{d.name}: {cmd.strip()}")
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Lab:
+    def __init__(self, port: int, token: str, proc: subprocess.Popen, log: Path):
+        self.base, self.token, self.proc, self.log = f"http://127.0.0.1:{port}", token, proc, log
+
+    def api(self, method: str, path: str, body: dict | None = None, timeout: float = 30):
+        req = urllib.request.Request(self.base + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = resp.read()
+            return resp.status, (json.loads(data) if data else None)
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+@pytest.fixture
+def lab(tmp_path):
+    pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (make setup installs it)")
+    runtime = tmp_path / "jupyter-runtime"
+    port, token = _free_port(), secrets.token_hex(24)
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1")
+    env.pop("JUPYTER_TOKEN", None)
+    # the Makefile's `lab` command, plus what makes it headless and private
+    cmd = _lab_command() + ["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--IdentityProvider.token={token}"] + (
+        ["--allow-root"] if os.geteuid() == 0 else [])
+    log = tmp_path / "lab.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = Lab(port, token, proc, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited with {proc.returncode} before answering:\n{server.log_tail()}")
+            try:
+                if server.api("GET", "/api/status", timeout=5)[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        if proc.poll() is None:  # the test failed before its own shutdown: end the server's group
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        for line in _procs_naming(str(runtime)):  # after a failure: end what the server left behind
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+
+
+def _execute(ws, session: str, code: str, timeout: float) -> str:
+    """Run ``code`` in the kernel over its websocket (Jupyter messaging, JSON frames); return stdout."""
+    msg_id = uuid.uuid4().hex
+    ws.send(json.dumps({
+        "header": {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request",
+                   "version": "5.3", "date": dt.datetime.now(dt.timezone.utc).isoformat()},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                    "allow_stdin": False, "stop_on_error": True}}))
+    out, reply, idle = [], None, False
+    deadline = time.monotonic() + timeout
+    while reply is None or not idle:
+        ws.settimeout(max(0.1, deadline - time.monotonic()))
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer to {code!r} within {timeout} s; stdout so far: {''.join(out)!r}")
+        msg = json.loads(ws.recv())
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind, content = msg["header"]["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append(content["text"])
+        elif kind == "error":
+            raise AssertionError(f"{code!r} failed in the kernel:\n" + "\n".join(content["traceback"]))
+        elif kind == "execute_reply":
+            reply = content
+        elif kind == "status" and content["execution_state"] == "idle":
+            idle = True
+    assert reply["status"] == "ok", reply
+    return "".join(out)
+
+
+def test_jupyter_lab_lists_the_course_and_runs_pinlab(lab, tmp_path):
+    websocket = pytest.importorskip("websocket", reason="websocket-client is not installed")
+    # the course is there: its file browser starts at the repository, with every folder of notebooks
+    top = {item["name"] for item in lab.api("GET", "/api/contents")[1]["content"]}
+    assert {"notebooks", "exercises", "solutions"} <= top, (
+        f"JupyterLab's file browser shows {sorted(top)}: `make lab` must serve the repository "
+        "(`jupyter lab --ServerApp.root_dir=. notebooks/00_start_here.ipynb`), not notebooks/ alone")
+    for folder in ("notebooks", "exercises", "solutions"):
+        want = {p.name for p in (ROOT / folder).glob("*.ipynb")}
+        status, listing = lab.api("GET", f"/api/contents/{folder}")
+        got = {i["name"] for i in listing["content"] if i["type"] == "notebook"}
+        assert want and want <= got, f"{folder}: JupyterLab lists {sorted(got)}, the course has {sorted(want)}"
+    status, nb = lab.api("GET", "/api/contents/notebooks/00_start_here.ipynb")
+    assert status == 200 and nb["type"] == "notebook" and nb["content"]["cells"]
+    status, lab_page = 0, b""
+    with urllib.request.urlopen(f"{lab.base}/lab?token={lab.token}", timeout=30) as resp:
+        status, lab_page = resp.status, resp.read()
+    assert status == 200 and b"JupyterLab" in lab_page
+
+    # a kernel starts and runs the course's first line
+    status, kernel = lab.api("POST", "/api/kernels", {"name": "python3"})
+    assert status == 201, kernel
+    session = uuid.uuid4().hex
+    ws = websocket.create_connection(
+        f"ws://127.0.0.1:{lab.base.rsplit(':', 1)[1]}/api/kernels/{kernel['id']}/channels?session_id={session}",
+        header=[f"Authorization: token {lab.token}"], timeout=KERNEL_TIMEOUT_S)
+    try:
+        out = _execute(ws, session, 'import pinlab; pinlab.header("x")', KERNEL_TIMEOUT_S)
+        assert out.startswith("pinlab | x\n") and "mode: " in out, out
+        pid = int(_execute(ws, session, "import os; print(os.getpid())", 30))
+    finally:
+        ws.close()
+    assert lab.api("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204
+    assert kernel["id"] not in {k["id"] for k in lab.api("GET", "/api/kernels")[1]}
+
+    # stop the server; nothing of it is left
+    lab.api("POST", "/api/shutdown")
+    lab.proc.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while _procs_naming(str(tmp_path / "jupyter-runtime")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _procs_naming(str(tmp_path / "jupyter-runtime")), "processes left after the server stopped"
+    assert not _alive(pid), f"the kernel (pid {pid}) is still running"
