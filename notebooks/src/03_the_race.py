@@ -313,7 +313,7 @@ assert back
 # ## What to remember
 # - Async scheduling means the host writes step N+1 while step N's copies are still queued.
 # - A `non_blocking` copy from pinned memory reads the buffer when it **runs**, not when you call
-#   it: a reused pinned buffer delivers a later step's data, silently, on most steps. Four lines
+#   it: a reused pinned buffer delivers a later step's data, silently, on most steps. A few lines
 #   of torch show it (`step_loop` above), on a GPU or on the emulated lagging stream.
 # - In vLLM's FlashInfer path that means attention over the wrong pages: wrong outputs, no error.
 # - A pageable buffer is correct (the driver copies it during the call) but costs a host `memcpy`

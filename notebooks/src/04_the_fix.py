@@ -210,8 +210,8 @@ print("corrupted steps with the snapshot in these loops:", sum(r["snapshot_corru
 assert sum(r["snapshot_corrupted"] for r in rows) == 0
 
 # %% [markdown]
-# The lines above are this run's measurement: a few µs of host time per step, on top of the copy
-# the racy code already paid. Where does it go? Even 1 KiB pays the caching host allocator's
+# The lines above are this run's measurement of the host time the snapshot adds per step, on top
+# of the copy the racy code already paid. Where does it go? Even 1 KiB pays the caching host allocator's
 # bookkeeping on every step: a lock, an event recorded when the snapshot is freed, events
 # queried before a block is handed out again (the very mechanism that makes the snapshot safe).
 # On top of that comes a `memcpy` that grows with the size, which is why the largest size costs
@@ -408,9 +408,9 @@ assert back
 # - It is safe because the caching host allocator does not reuse a block until the event recorded
 #   after its copy has completed.
 # - `pin_memory()` of a pinned tensor is the same tensor: no snapshot, the race stays.
-# - The snapshot costs a few µs per step for small metadata; the alternatives either race (double
-#   buffer, pinned snapshot), stall (pageable, event wait), or need a ring as deep as the steps in
-#   flight.
+# - The snapshot costs the host a little time per step for small metadata (measured above, small
+#   against a decode step); the alternatives either race (double buffer, pinned snapshot), stall
+#   (pageable, event wait), or need a ring as deep as the steps in flight.
 # - Any reused pinned buffer behind an async copy is the same hazard, FlashInfer's `plan()` included.
 #
 # **Exercise:** `exercises/04_the_fix.ipynb` (solution in `solutions/`).
