@@ -168,11 +168,16 @@ def _timed_copy(dst, src, busy_ms):
     return 0.0
 
 
+def _copy_back(host_buf, gpu_t, value, busy_ms):
+    return 0.0, host_buf, host_buf
+
+
 def _run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=None):
     return []
 
 
-GPU_FUNCTIONS = [(stalls.single_copy_sweep, (_timed_copy,)), (stalls.staging_pool, ()), (stalls.d2h_visibility, ()),
+GPU_FUNCTIONS = [(stalls.single_copy_sweep, (_timed_copy,)), (stalls.staging_pool, ()),
+                 (stalls.d2h_visibility, (_copy_back,)),
                  (stalls.hidden_syncs, ()), (stalls.step_loop, (_run_steps,)), (stalls.async_h2d_cost, ()),
                  (stalls.detector_demo, (demo_step,))]
 
@@ -198,8 +203,9 @@ def test_gpu_experiments_need_cuda(fn, args, no_cuda):
     (stalls.staging_pool, {"chunks": [8 * MiB], "total_bytes": 12 * MiB}, ValueError, "fit at least twice"),
     (stalls.staging_pool, {"trials": 0}, ValueError, "trials"),
     (stalls.staging_pool, {"chunks": "64"}, TypeError, "chunks"),
-    (stalls.d2h_visibility, {"nbytes": 6}, ValueError, "multiple of 4"),
-    (stalls.d2h_visibility, {"busy_ms": "20"}, TypeError, "busy_ms"),
+    (stalls.d2h_visibility, {"copy_back": _copy_back, "nbytes": 6}, ValueError, "multiple of 4"),
+    (stalls.d2h_visibility, {"copy_back": _copy_back, "busy_ms": "20"}, TypeError, "busy_ms"),
+    (stalls.d2h_visibility, {"copy_back": "no"}, TypeError, "copy_back"),
     (stalls.hidden_syncs, {"view_bytes": 1000}, ValueError, "multiple of 4096"),
     (stalls.hidden_syncs, {"list_len": 0}, ValueError, "list_len"),
     (stalls.step_loop, {"step_fn": _run_steps, "trace": "/abs/trace.json"}, ValueError, "relative path"),

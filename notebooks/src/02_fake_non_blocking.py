@@ -258,12 +258,34 @@ pinlab.show("limit 2, pending bytes: small copies queued before the host blocked
 # and the copy happens later: what you read right away is the buffer's **old** contents.
 # </details>
 #
-# Each trial fills the host buffer with -1, makes the GPU busy for 20 ms, then writes a new value
-# into a GPU tensor and copies it back with `non_blocking=True`. The host reads the buffer right
-# away, then again after waiting for the copy. 5 trials per variant.
+# One trial: fill the host buffer with -1, make the GPU busy, let a GPU kernel write a new value,
+# copy it back with `non_blocking=True`, read the buffer at once, then again after waiting for
+# *that copy*: an event recorded right after it, on the same stream.
 
 # %%
-d2h = pinlab.measure("02_d2h", stalls.d2h_visibility, nbytes=64 * KiB, busy_ms=20.0, trials=5)
+def copy_back(host_buf, gpu_t, value, busy_ms):
+    """Host ms inside host_buf.copy_(gpu_t, non_blocking=True), and host_buf read before / after waiting."""
+    host_buf.fill_(-1.0)
+    torch.cuda.synchronize()
+    pinlab.gpu_busy(busy_ms)
+    gpu_t.fill_(value)                           # runs on the GPU, after the busy kernel
+    t0 = time.perf_counter()
+    host_buf.copy_(gpu_t, non_blocking=True)
+    host_ms = (time.perf_counter() - t0) * 1e3
+    before = host_buf.clone()                    # what a reader who does not wait sees
+    done = torch.cuda.Event()
+    done.record()                                # after the copy, on the same stream
+    done.synchronize()                           # the fix: wait for that copy, and nothing later
+    return host_ms, before, host_buf.clone()
+
+
+# %% [markdown]
+# `stalls.d2h_visibility` runs it 5 times into a pageable and into a pinned buffer of 64 KiB behind
+# a 20 ms kernel, a new value each time, and gives `gpu_t.to("cpu", non_blocking=True)` the same
+# trial.
+
+# %%
+d2h = pinlab.measure("02_d2h", partial(stalls.d2h_visibility, copy_back), nbytes=64 * KiB, busy_ms=20.0, trials=5)
 into_pageable, into_pinned, to_cpu = ({r["variant"]: r for r in d2h["variants"]}[v] for v in stalls.D2H_VARIANTS)
 for r in d2h["variants"]:
     pinlab.report(f"{r['variant']}: host time inside the call (median)", statistics.median(r["host_ms"]))
@@ -293,16 +315,8 @@ print("correct after synchronizing, every time:", all(into_pinned["valid_after_s
 assert all(into_pinned["valid_after_sync"])
 
 # %% [markdown]
-# The fix is to wait for *that copy* before reading, not for the whole device:
-#
-# ```python
-# out = pinned_buf.copy_(gpu_t, non_blocking=True)
-# done = torch.cuda.Event()
-# done.record()          # after the copy, on the same stream
-# ...                    # other host work overlaps the copy
-# done.synchronize()     # now out is valid
-# ```
-#
+# The fix is the end of `copy_back`: record an event right after the copy and `synchronize()` the
+# event before you read. Between the two the host is free to do other work while the copy runs.
 # `torch.cuda.synchronize()` works too, but waits for everything on the GPU. And
 # `gpu_t.to("cpu", non_blocking=True)` allocates the result in pinned memory for you: same rule.
 
@@ -322,7 +336,7 @@ assert all(facts.values())
 # ## 4. Other hidden syncs
 #
 # Some calls block the host behind a busy GPU although nothing in them says "sync". Each one below
-# is timed behind a 50 ms kernel and with the GPU idle; it **blocked** when the difference is more
+# is timed behind a 20 ms kernel and with the GPU idle; it **blocked** when the difference is more
 # than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
 # float32 tensor of 8 MiB.
 #
@@ -348,7 +362,7 @@ assert all(facts.values())
 # </details>
 
 # %%
-hs = pinlab.measure("02_hidden_syncs", stalls.hidden_syncs, busy_ms=50.0, repeat=3, list_len=4096,
+hs = pinlab.measure("02_hidden_syncs", stalls.hidden_syncs, busy_ms=20.0, repeat=3, list_len=4096,
                     view_bytes=8 * MiB)
 row = {r["key"]: r for r in hs["rows"]}
 

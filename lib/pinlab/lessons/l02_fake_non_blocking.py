@@ -6,6 +6,10 @@ it takes about the busy time, warms up every kernel it times, and returns JSON-a
 step loop, ``demo_step``) and hands it to :func:`single_copy_sweep`, :func:`step_loop` and
 :func:`detector_demo`, which run it for every size or input kind. The pure post-processing is
 tested on the CPU; reading profiler traces lives in :mod:`pinlab.profiler`.
+
+Why about 600 lines, above the course's ~500: seven GPU experiments, each with its own buffers,
+warm-up and JSON result, one per notebook section; what is not lesson 02's (trace reading, the
+span unions) already lives in :mod:`pinlab.profiler`.
 """
 from __future__ import annotations
 
@@ -272,14 +276,16 @@ def staging_pool(chunks=(16 * KiB, 64 * KiB), total_bytes: int = 16 * MiB, busy_
 D2H_VARIANTS = ("copy_ into pageable", "copy_ into pinned", ".to('cpu', non_blocking=True)")
 
 
-def d2h_visibility(nbytes: int = 64 * KiB, busy_ms: float = 20.0, trials: int = 5) -> dict:
+def d2h_visibility(copy_back, nbytes: int = 64 * KiB, busy_ms: float = 20.0, trials: int = 5) -> dict:
     """GPU-to-host copies with ``non_blocking=True`` (:data:`D2H_VARIANTS`): does the host wait, is
-    the data valid? Each trial: host buffer = -1; busy GPU; a kernel writes a new value on the GPU;
-    the copy is timed; the buffer is read at once, then after ``event.synchronize()``
-    (``torch.cuda.synchronize()`` for ``.to``). Returns ``{"busy_ms", "nbytes", "variants":
-    [{"variant", "host_ms", "valid_before_sync", "valid_after_sync" (lists, one per trial),
-    "head_before", "head_after", "expected_head" (first 4 values of trial 0), "result_pinned"}]}``.
+    the data valid before and after waiting? The notebook's ``copy_back(host_buf, gpu_t, value,
+    busy_ms)`` (-> host ms inside the copy, ``host_buf`` read at once, read after the copy's event)
+    runs into a pageable and into a pinned buffer; ``.to`` gets the same trial here, with
+    ``torch.cuda.synchronize()`` as the wait. ``value`` differs per trial. Returns ``{"busy_ms",
+    "nbytes", "variants": [{"variant", "host_ms", "valid_before_sync", "valid_after_sync" (one per
+    trial), "head_before", "head_after", "expected_head" (first 4 values, trial 0), "result_pinned"}]}``.
     """
+    callable_arg("copy_back", copy_back)
     nbytes = positive_int("nbytes", nbytes)
     if nbytes % 4:
         raise ValueError(f"nbytes must be a multiple of 4 (float32 elements), got {nbytes}")
@@ -288,46 +294,39 @@ def d2h_visibility(nbytes: int = 64 * KiB, busy_ms: float = 20.0, trials: int = 
     require_cuda("d2h_visibility()")
     n = nbytes // 4
     g = torch.zeros(n, device="cuda")
-    pageable = torch.empty(n)
-    pinned = torch.empty(n, pin_memory=True)
-    warmup(_busy(1.0), lambda: g.fill_(1.0), lambda: pageable.copy_(g, non_blocking=True),
-           lambda: pinned.copy_(g, non_blocking=True), lambda: g.to("cpu", non_blocking=True))
+    pageable, pinned = torch.empty(n), torch.empty(n, pin_memory=True)
+
+    def to_cpu(value):  # .to allocates its (pinned) result itself
+        torch.cuda.synchronize()
+        gpu_busy(busy_ms)
+        g.fill_(value)  # runs on the GPU after the busy kernel
+        t0 = time.perf_counter()
+        out = g.to("cpu", non_blocking=True)
+        host_ms = (time.perf_counter() - t0) * 1e3
+        before = out.clone()
+        torch.cuda.synchronize()  # the fix, the blunt way
+        return host_ms, before, out.clone(), bool(out.is_pinned())
+
+    warmup(_busy(1.0), lambda: g.fill_(1.0), lambda: copy_back(pageable, g, 1.0, 1.0),
+           lambda: copy_back(pinned, g, 1.0, 1.0), lambda: to_cpu(1.0))
+    trial_fns = (lambda value: (*copy_back(pageable, g, value, busy_ms), pageable.is_pinned()),
+                 lambda value: (*copy_back(pinned, g, value, busy_ms), pinned.is_pinned()), to_cpu)
     variants = []
-    for v, name in enumerate(D2H_VARIANTS):
+    for v, (name, trial) in enumerate(zip(D2H_VARIANTS, trial_fns)):
         rec = {"variant": name, "host_ms": [], "valid_before_sync": [], "valid_after_sync": []}
         for t in range(trials):
             value = 100.0 * (v + 1) + t
-            out = None  # drop the last result: its pinned block is reused, no new one allocated
-            pageable.fill_(-1.0)
-            pinned.fill_(-1.0)
-            torch.cuda.synchronize()
-            gpu_busy(busy_ms)
-            g.fill_(value)  # runs on the GPU after the busy kernel
-            t0 = time.perf_counter()
-            if v == 0:
-                out = pageable.copy_(g, non_blocking=True)
-            elif v == 1:
-                out = pinned.copy_(g, non_blocking=True)
-            else:
-                out = g.to("cpu", non_blocking=True)
-            rec["host_ms"].append((time.perf_counter() - t0) * 1e3)
-            before = out.clone()  # what a reader who does not synchronize sees
-            if v == 2:
-                torch.cuda.synchronize()  # the fix, the blunt way
-            else:
-                done = torch.cuda.Event()
-                done.record()
-                done.synchronize()  # the fix: wait for the copy, and nothing later
-            after = out.clone()
+            host_ms, before, after, result_pinned = trial(value)
+            rec["host_ms"].append(float(host_ms))
             rec["valid_before_sync"].append(bool((before == value).all()))
             rec["valid_after_sync"].append(bool((after == value).all()))
             if t == 0:
                 rec["head_before"] = plain_floats(before[:4].tolist())
                 rec["head_after"] = plain_floats(after[:4].tolist())
                 rec["expected_head"] = [value] * 4
-                rec["result_pinned"] = bool(out.is_pinned())
+                rec["result_pinned"] = bool(result_pinned)
         variants.append(rec)
-    del g, pageable, pinned, out
+    del g, pageable, pinned
     torch.cuda.synchronize()
     return {"busy_ms": busy_ms, "nbytes": nbytes, "variants": variants}
 
@@ -363,7 +362,7 @@ HIDDEN_SYNC_OPS = {
 }
 
 
-def hidden_syncs(busy_ms: float = 50.0, repeat: int = 3, list_len: int = 4096, view_bytes: int = 8 * MiB) -> dict:
+def hidden_syncs(busy_ms: float = 20.0, repeat: int = 3, list_len: int = 4096, view_bytes: int = 8 * MiB) -> dict:
     """Calls that block the host behind a busy GPU although nothing in them says "sync"
     (:data:`HIDDEN_SYNC_OPS`, ``x`` a pinned float32 tensor of ``view_bytes``; :func:`_blocked_rows`).
     The "first" rows are single calls made before this process used their kernels (lazy module
