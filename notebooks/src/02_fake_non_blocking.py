@@ -165,8 +165,8 @@ assert ok
 # %% [markdown]
 # Compare the two pinned lines above: a single call made right after the host waited can cost
 # several times what a call in a loop costs (the driver's first submission after an idle spell),
-# so time copies the way your code issues them. Either way it is a few microseconds of host time,
-# against the milliseconds a pageable copy of the same size waits.
+# so time copies the way your code issues them. Either way it is a small fraction of what a
+# pageable copy of the same size costs the host (the line above checks a factor of 100).
 
 # %% [markdown]
 # ## 2. The staging pool: many small copies
@@ -510,19 +510,21 @@ pinlab.show("GPU idle share in the six profiled steps (no kernel running), pagea
             f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
 
 # %% [markdown]
-# Compare the measured step with the two models: the pageable step is much closer to "forward +
-# staged copy" than to "host + GPU". A fake `non_blocking` copy does not make the whole host's
-# work serial with the GPU's, only the copy itself, and a staged copy is slower than a pinned one.
-# With more host work per step, or several such copies, the cost grows accordingly.
+# Compare the measured step with the two models above. The mechanism says which one to expect: a
+# fake `non_blocking` copy does not make all of the host's work serial with the GPU's, only the
+# copy itself, and a staged copy is slower than a pinned one. With more host work per step the
+# "added up" model drifts further from the truth; with several such copies per step the serialized
+# part grows with them.
 #
 # **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
-# The pinned loop does more steps per second, but by a margin small enough that a noisy run could
-# close it. And the GPU's idle share is not a law of pinned memory: it says how long the GPU
-# waited, not why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and
-# six profiled steps are few: the profiler adds host work to every call, and one slow host step
-# (the operating system, a page fault) shows up as idle GPU time. On one H200 run the faster,
-# pinned loop showed the *larger* idle share. What holds on every run is the cause, measured on
-# the host, and the names the profiler gives the copies:
+# Pinned inputs save about the difference between a staged and a pinned copy per step: a small
+# share of a step, of the order of run-to-run noise, so a comparison could flip on a noisy run.
+# And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
+# why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and six profiled
+# steps are few: the profiler adds host work to every call, and one slow host step (the operating
+# system, a page fault, the profiler itself) shows up as idle GPU time. A run in which the pinned
+# loop is faster can still show it the larger idle share. What holds on every run is the cause,
+# measured on the host, and the names the profiler gives the copies:
 
 # %%
 ratio_ok = pag["copy_host_ms"] >= 10 * pin["copy_host_ms"]
