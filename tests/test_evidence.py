@@ -410,3 +410,21 @@ def test_suite_arguments():
     paths = [Path("notebooks/03_the_race.ipynb"), Path("notebooks/04_the_fix.ipynb"), Path("solutions/04_the_fix.ipynb")]
     assert gpu_suite.select(paths, ["04"]) == paths[1:] and gpu_suite.select(paths, None) == paths
     assert gpu_suite.one_line(RuntimeError("a\nlong\ntraceback\nValueError: x")) == "RuntimeError: ValueError: x"
+
+
+def test_budget_packs_notebooks_in_order_and_leaves_the_rest():
+    secs = {"a": 10.0, "b": 100.0, "c": 5.0}
+    # (repeat + 1) x seconds each; 30 s fixed; 7 s already spent
+    assert gpu_suite.fit_budget(["a", "b", "c", "d"], secs, 1, 400, 7) == (["a", "b", "c", "d"], [])  # d: 30 s unknown
+    assert gpu_suite.fit_budget(["a", "b", "c", "d"], secs, 2, 300, 7) == (["a", "c", "d"], ["b"])
+    assert gpu_suite.fit_budget(["b"], secs, 5, 300, 0) == ([], ["b"])
+
+
+def test_stale_selects_missing_changed_and_short_entries(tree):
+    e = entry(tree, n=5, assert_cells=[{"cell": 1, "passed": 4, "of": 5}])
+    assert gpu_suite.needs_run(None, 1, tree) and gpu_suite.needs_run(None, 5, tree)
+    assert not gpu_suite.needs_run(e, 5, tree), "a failure on fresh sources is a result, not a reason to rerun"
+    assert gpu_suite.needs_run(dict(e, n=3), 5, tree)
+    assert not gpu_suite.needs_run(dict(e, status="failed"), 1, tree)
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited\n")
+    assert gpu_suite.needs_run(e, 1, tree)

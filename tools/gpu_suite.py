@@ -11,9 +11,15 @@
    under build/traces/ are kept in reports/gpu/traces/.
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
-Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--keep-going] [--cell-timeout S]
+Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--stale] [--budget S] [--repeat N] [--keep-going]
+        [--cell-timeout S] [--no-unit-tests]
   --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); their entries are
                    merged into latest.json (the other entries stay while fresh)
+  --stale          only the notebooks whose entry is missing or no longer holds (in stability.json with --repeat:
+                   also one of fewer than N runs)
+  --budget S       start no notebook whose estimated time (from latest.json) would end the run after S seconds;
+                   the rest is printed as left for a later run. With --stale, repeat the same command (unpacking
+                   each call's results first) until nothing is left: a long --repeat spread over device calls
   --repeat N       execute each notebook N times (then nbval once, on the last execution) and merge, per
                    notebook, how many of the N runs passed each asserting cell and the spread of every
                    [measured]/[timing] number into reports/gpu/stability.json
@@ -55,6 +61,10 @@ def parse_args(argv):
     ap.add_argument("--keep-going", action="store_true", help="run every cell after a failure; no reports/ written")
     ap.add_argument("--cell-timeout", type=int, default=300, metavar="S")
     ap.add_argument("--no-unit-tests", action="store_true")
+    ap.add_argument("--stale", action="store_true",
+                    help="only notebooks whose entry (stability.json with --repeat, else latest.json) is missing or stale")
+    ap.add_argument("--budget", type=float, metavar="S",
+                    help="start no notebook that would end the run after S seconds (estimated from latest.json)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
@@ -67,6 +77,29 @@ def select(paths, only):
     if not only:
         return paths
     return [p for p in paths if any(o in p.name for o in only)]
+
+
+def needs_run(entry: dict | None, repeat: int, root=ROOT) -> bool:
+    """--stale: whether a notebook's entry (stability.json with --repeat, else latest.json) must be made again."""
+    if entry is None or evidence.freshness(entry, root) is not None:
+        return True
+    return repeat > 1 and entry.get("n", 0) < repeat  # a failure on fresh sources is a result: rerun it with --only
+
+
+def fit_budget(paths, seconds: dict, repeat: int, budget: float, spent: float, default: float = 30.0,
+               fixed: float = 30.0):
+    """(kept, left): the notebooks, in order, whose estimated time (``repeat`` executions + the nbval pass, from
+    ``seconds``, the last recorded seconds per path) still fits into ``budget`` after ``spent`` seconds and
+    ``fixed`` seconds for the pytest start and the unit tests."""
+    kept, left, total = [], [], spent + fixed
+    for p in paths:
+        cost = (repeat + 1) * (seconds.get(p) or default)
+        if total + cost <= budget:
+            kept.append(p)
+            total += cost
+        else:
+            left.append(p)
+    return kept, left
 
 
 def gpu_test_files() -> list[str]:
@@ -218,6 +251,26 @@ def main(argv: list[str]) -> int:
     if not paths:
         print(f"gpu_suite: no notebook under notebooks/ or solutions/ has a name containing any of {args.only}")
         return 2
+    old_latest = load_json(REPORTS / "latest.json") or {}
+    if args.stale:
+        target = (load_json(REPORTS / "stability.json") or {}) if args.repeat > 1 else old_latest
+        have = {e.get("path"): e for e in target.get("notebooks", [])}
+        paths = [p for p in paths if needs_run(have.get(p.relative_to(ROOT).as_posix()), args.repeat)]
+        print(f"--stale: {len(paths)} notebooks to (re)run: "
+              + (", ".join(p.relative_to(ROOT).as_posix() for p in paths) or "none, all fresh"))
+        if not paths:
+            return 0
+    left = []
+    if args.budget:
+        recorded = {e.get("path"): e.get("seconds") for e in old_latest.get("notebooks", [])}
+        rels, left = fit_budget([p.relative_to(ROOT).as_posix() for p in paths], recorded, args.repeat, args.budget,
+                                time.perf_counter() - t_start)
+        paths = [ROOT / r for r in rels]
+        if left:
+            print(f"--budget {args.budget:.0f} s: left for a later run: {', '.join(left)}")
+        if not paths:
+            print("gpu_suite: no notebook fits into the budget")
+            return 2
     f = facts()
     meta = {"gpu": f["gpu"], "driver": f["driver"], "capability": f["capability"], "torch": f["torch"],
             "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"], "python": platform.python_version()}
@@ -300,6 +353,8 @@ def main(argv: list[str]) -> int:
     slow = sorted((c[1], r["path"], c[0]) for r in rows for c in r.get("slowest_cells", []))[-5:][::-1]
     if slow:
         print("slowest cells: " + "; ".join(f"{p} cell {i} {s:.1f} s" for s, p, i in slow))
+    if left:
+        print(f"NOT RUN (over --budget): {', '.join(left)}: run the same command again for them")
     failed = [r for r in rows if r["status"] != "passed"]
     for r in failed:
         print(f"FAILED {r['path']}: {r.get('problem', r['status'])}")
