@@ -222,7 +222,7 @@ def test_table_rejects_malformed_rows_and_columns():
         pinlab.table([{"a": 1}, {"b": 2}], [("a", "A")])
     with pytest.raises(TypeError, match=r"rows\[0\] must be a dict"):
         pinlab.table([[1]], [("a", "A")])
-    with pytest.raises(ValueError, match="each column must be"):
+    with pytest.raises(ValueError, match="columns: each must be"):
         pinlab.table([{"a": 1}], ["a"])
     with pytest.raises(ValueError, match="columns must not be empty"):
         pinlab.table([{"a": 1}], [])

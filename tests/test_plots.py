@@ -41,7 +41,7 @@ def test_bars_and_timeline():
 
 
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1025, "1.0 KiB"),
-                                     (2**20 - 1, "1024.0 KiB"), (2**20, "1 MiB"), (2**40, "1 TiB"),
+                                     (2**20 - 1, "1.0 MiB"), (2**20 - 2**9, "1023.5 KiB"), (2**20, "1 MiB"), (2**40, "1 TiB"),
                                      (2**50, "1 PiB"), (2**60, "1 EiB"), (2**70, "1024 EiB")])
 def test_fmt_bytes_units(n, text):
     assert plots.fmt_bytes(n) == text

@@ -74,8 +74,13 @@ def bool_arg(name: str, value) -> bool:
 
 def size_list(name: str, values) -> list[int]:
     """A non-empty list of positive byte counts."""
+    wrong = TypeError(f"{name} must be a list of ints (byte counts), got {type(values).__name__}")
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name} must be a list of ints (byte counts), got {type(values).__name__}")
+        raise wrong
+    try:
+        values = list(values)
+    except TypeError:  # e.g. a 0-d tensor
+        raise wrong from None
     out = [positive_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
     if not out:
         raise ValueError(f"{name} must not be empty: give at least one size in bytes")

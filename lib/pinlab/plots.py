@@ -13,8 +13,9 @@ def fmt_bytes(n: float) -> str:
     """1024 -> '1 KiB', 3 * 2**20 -> '3 MiB'. ``n`` is a finite byte count >= 0."""
     n = positive_number("n", n, allow_zero=True)
     for unit in _UNITS:
-        if n < 1024 or unit == _UNITS[-1]:
-            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
+        text = f"{n:.0f}" if n == int(n) else f"{n:.1f}"
+        if float(text) < 1024 or unit == _UNITS[-1]:  # 1023.96 KiB reads as 1.0 MiB, not 1024.0 KiB
+            return f"{text} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 

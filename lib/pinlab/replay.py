@@ -120,6 +120,13 @@ class Run:
     meta: dict
     live: bool
 
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        if not isinstance(self.meta, dict):
+            raise TypeError(f"meta must be a dict (gpu, date, ...), got {type(self.meta).__name__}")
+        bool_arg("live", self.live)
+
     @property
     def label(self) -> str:
         gpu = self.meta.get("gpu") or "unknown GPU"

@@ -33,8 +33,13 @@ class Stats:
     @classmethod
     def of(cls, samples_ms) -> "Stats":
         """Median, min, max and count of timings in ms (each a finite number >= 0)."""
+        wrong = TypeError(f"samples_ms must be a list of timings in ms, got {type(samples_ms).__name__}")
         if isinstance(samples_ms, (str, bytes, dict)) or not hasattr(samples_ms, "__iter__"):
-            raise TypeError(f"samples_ms must be a list of timings in ms, got {type(samples_ms).__name__}")
+            raise wrong
+        try:
+            samples_ms = list(samples_ms)
+        except TypeError:  # e.g. a 0-d tensor
+            raise wrong from None
         samples = [positive_number(f"samples_ms[{i}]", s, allow_zero=True) for i, s in enumerate(samples_ms)]
         if not samples:
             raise ValueError("samples_ms must hold at least one timing")
@@ -156,7 +161,7 @@ def table(rows, columns) -> None:
     cols = []
     for c in columns:
         if not isinstance(c, (tuple, list)) or len(c) not in (2, 3):
-            raise ValueError(f"each column must be (key, header) or (key, header, fn), got {c!r}")
+            raise ValueError(f"columns: each must be (key, header) or (key, header, fn), got {c!r}")
         if not isinstance(c[1], str):
             raise TypeError(f"columns: header must be a str, got {c[1]!r}")
         if len(c) == 3:
