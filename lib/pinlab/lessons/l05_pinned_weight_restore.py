@@ -1,0 +1,379 @@
+"""Lesson 05's library: restoring offloaded weights straight into pinned memory.
+
+The lesson's key code, the three ways to restore a weight to the host (``.to("cpu")``,
+``.to("cpu").pin_memory()``, ``torch.empty_like(..., pin_memory=True).copy_()``), the
+``device_loading_context``, the sleep and wake of a model and the zero-copy view, is defined in
+``notebooks/src/05_pinned_weight_restore.py`` and handed to the harnesses here. What stays here:
+
+* the model the lesson restores (a Llama-shaped MLP of bf16 ``Linear`` layers, no bias), sized
+  from a byte budget;
+* argument checks with clear errors (:func:`check_restore_args`);
+* :func:`count_copies`, which counts the copies a restore makes (works on CUDA and on the
+  emulated :class:`pinlab.LaggingStream`);
+* the reference answer :func:`pinned_footprint` (the exercise checker imports it);
+* the GPU harnesses, one loop for every restore method: :func:`time_restores`,
+  :func:`d2h_copy_loop_peak`, :func:`sleep_wake_sweep`, :func:`zero_copy_matmul`.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..args import callable_arg, positive_int, positive_number, require_cuda, size_list
+from ..busy import gpu_busy, warmup
+from ..hostmem import host_stats, next_pow2, pinned_bytes_held, release_cached_host_blocks
+from ..progress import progress
+from ..timing import cuda_time
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+#: The restore benchmark's model: two Llama-2-7B-shaped MLP blocks (hidden 4096, intermediate
+#: 11008), four bf16 matrices of 86 MiB each: 344 MiB, and no size a power of two.
+HIDDEN, INTER, BLOCKS = 4096, 11008, 2
+#: The sleep/wake sweep: target model sizes (the real sizes come out a little larger).
+SLEEP_SIZES = [64 * MiB, 256 * MiB, 1 * GiB, 3 * GiB]
+BUSY_MS = 20.0
+
+#: The aten ops that copy a tensor's data (what :func:`count_copies` counts).
+COPY_OPS = frozenset({"copy_", "_to_copy", "_pin_memory", "pin_memory", "clone", "_copy_from",
+                      "_copy_from_and_resize", "lift_fresh_copy"})
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+def mlp_shape_for(total_bytes: int, blocks: int = BLOCKS) -> tuple[int, int]:
+    """(hidden, intermediate) of a Llama-shaped MLP (intermediate = 43/16 of hidden, hidden a
+    multiple of 256) whose ``blocks`` blocks of bf16 weights come closest to ``total_bytes``."""
+    total_bytes = positive_int("total_bytes", total_bytes)
+    blocks = positive_int("blocks", blocks)
+    # one block: up (inter x hidden) and down (hidden x inter), 2 bytes each: 2 * 2 * 43/16 * h^2
+    h = math.sqrt(total_bytes / (blocks * 4 * 43 / 16))
+    hidden = max(256, int(round(h / 256)) * 256)
+    return hidden, hidden * 43 // 16
+
+
+def make_model(hidden: int = HIDDEN, inter: int = INTER, blocks: int = BLOCKS, *, device=None,
+               dtype=torch.bfloat16, seed: int = 0) -> nn.Sequential:
+    """``blocks`` MLP blocks (``Linear(hidden, inter)``, ``Linear(inter, hidden)``, no bias) with
+    random weights drawn on ``device`` (reproducible from ``seed``)."""
+    hidden = positive_int("hidden", hidden)
+    inter = positive_int("inter", inter)
+    blocks = positive_int("blocks", blocks)
+    layers = []
+    for _ in range(blocks):
+        layers += [nn.Linear(hidden, inter, bias=False, device="meta", dtype=dtype),
+                   nn.Linear(inter, hidden, bias=False, device="meta", dtype=dtype)]
+    model = nn.Sequential(*layers)
+    gen = torch.Generator(device=device if device is not None else "cpu").manual_seed(seed)
+    with torch.no_grad():
+        for layer in layers:
+            # no device argument for a host model: under a LaggingStream an explicit device means "the GPU"
+            w = (torch.empty(layer.weight.shape, dtype=dtype, device=device) if device is not None
+                 else torch.empty(layer.weight.shape, dtype=dtype))
+            layer.weight = nn.Parameter(w.normal_(0.0, 0.02, generator=gen))
+    return model
+
+
+def param_bytes(module) -> list[int]:
+    """Bytes of each parameter of ``module``, in ``module.parameters()`` order."""
+    check_restore_args(module)
+    return [p.numel() * p.element_size() for p in module.parameters()]
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+
+def check_restore_args(module, target_device=None):
+    """Check what a restore is given; return ``torch.device(target_device)`` (or None).
+
+    * ``module`` must be a ``torch.nn.Module`` (TypeError);
+    * its parameters must hold data: parameters on the ``meta`` device have none to restore
+      (ValueError, naming the first);
+    * ``target_device`` must name a device that exists here: ``cuda`` needs CUDA
+      (:class:`pinlab.CudaUnavailableError`), ``cuda:N`` needs N < the number of GPUs (ValueError),
+      and a misspelt name is a ValueError.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}: "
+                        "restore works on a model's parameters (module.parameters())")
+    for name, p in module.named_parameters():
+        if p.device.type == "meta":
+            raise ValueError(f"parameter {name!r} is on the meta device: it has a shape but no data, "
+                             "so there is nothing to restore (load the weights first, e.g. to_empty() + load_state_dict())")
+    if target_device is None:
+        return None
+    try:
+        device = torch.device(target_device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"target_device {target_device!r} is not a device name "
+                         f"(try 'cuda', 'cuda:0' or 'cpu'): {exc}") from None
+    if device.type == "cuda":
+        from ..device import has_cuda
+
+        count = torch.cuda.device_count() if has_cuda() else 0
+        if device.index is not None and device.index >= max(count, 1):
+            raise ValueError(f"target_device {str(device)!r} does not exist: this machine has {count} "
+                             f"CUDA device(s) (valid: {', '.join(f'cuda:{i}' for i in range(count)) or 'none'})")
+        require_cuda(f"restoring to {str(device)!r}")
+    elif device.type not in ("cpu",):
+        raise ValueError(f"target_device {str(device)!r}: this lesson restores to 'cuda' or 'cpu'")
+    return device
+
+
+# ---- counting copies -------------------------------------------------------------------------
+
+class _CopyCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if name in COPY_OPS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def count_copies(fn, *args, **kwargs):
+    """Call ``fn(*args, **kwargs)``; return ``(result, ops)`` where ``ops`` lists the data copies
+    it made (aten op names such as ``'_to_copy'``, ``'copy_'``, ``'_pin_memory'``), in order.
+
+    ``t.to("cpu")`` counts as one copy (``_to_copy``), ``t.to("cpu").pin_memory()`` as two,
+    ``torch.empty_like(t, device="cpu", pin_memory=True).copy_(t)`` as one (``copy_``).
+    """
+    callable_arg("fn", fn)
+    counter = _CopyCounter()
+    with counter:
+        out = fn(*args, **kwargs)
+    return out, counter.ops
+
+
+# ---- the reference answer ----------------------------------------------------------------------
+
+def pinned_footprint(sizes) -> int:
+    """Bytes PyTorch's caching host allocator page-locks when each of ``sizes`` (bytes) gets its own
+    pinned tensor: each request rounded up to a power of two; an empty tensor pins nothing."""
+    if isinstance(sizes, (str, bytes, dict)) or not hasattr(sizes, "__iter__"):
+        raise TypeError(f"sizes must be a list of byte counts, got {type(sizes).__name__}")
+    total = 0
+    for i, n in enumerate(sizes):
+        n = positive_int(f"sizes[{i}]", n, allow_zero=True)
+        total += next_pow2(n) if n else 0
+    return total
+
+
+# ---- GPU harnesses ----------------------------------------------------------------------------
+
+def _wall_ms(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def d2h_copy_loop_peak(nbytes: int = 256 * MiB, iters: int = 8, trials: int = 3) -> dict:
+    """The best pinned D2H rate (GB/s) of a plain loop of back-to-back copies: the reference peak
+    a restore into pinned memory is compared with."""
+    nbytes = positive_int("nbytes", nbytes)
+    iters = positive_int("iters", iters)
+    trials = positive_int("trials", trials)
+    require_cuda("d2h_copy_loop_peak()")
+    src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def loop():
+        for _ in range(iters):
+            dst.copy_(src, non_blocking=True)
+
+    stats = cuda_time(loop, repeat=trials)
+    del src, dst
+    release_cached_host_blocks()
+    return {"bytes": nbytes, "iters": iters, "best_GBps": nbytes * iters / (stats.min * 1e-3) / 1e9,
+            "median_GBps": nbytes * iters / (stats.median * 1e-3) / 1e9}
+
+
+def time_restores(restores: dict, *, hidden: int = HIDDEN, inter: int = INTER, blocks: int = BLOCKS,
+                  repeat: int = 3, busy_ms: float = BUSY_MS) -> dict:
+    """This loop, for every restore method: restore each weight of a model on the GPU to the host
+    with ``restores[name](weight)``, ``repeat`` times (the first cold: the pinned allocator's cache
+    is emptied before it), then reload the restored weights with ``copy_(..., non_blocking=True)``
+    behind a GPU kept busy for ``busy_ms``.
+
+    Per method: host ms of each restore (the restore returns when the data is on the host), the
+    copies one restore of one weight makes (:func:`count_copies`), whether the results are pinned,
+    the pinned bytes the allocator took (``host_memory_stats``), the host ms the reload blocked,
+    and whether the weights came back bitwise identical.
+    """
+    if not isinstance(restores, dict) or not restores:
+        raise TypeError("restores must be a non-empty dict {name: function(weight) -> host tensor}")
+    for name, fn in restores.items():
+        callable_arg(f"restores[{name!r}]", fn)
+    repeat = positive_int("repeat", repeat, maximum=20)
+    busy_ms = positive_number("busy_ms", busy_ms)
+    require_cuda("time_restores()")
+    model = make_model(hidden, inter, blocks, device="cuda")
+    weights = [p.data for p in model.parameters()]
+    sizes = [w.numel() * w.element_size() for w in weights]
+    small = torch.randn(1024, device="cuda").to(weights[0].dtype)
+    gpu_busy(1.0)  # calibrates the busy kernel once
+    warmup(*(lambda f=f: f(small) for f in restores.values()),
+           lambda: small.copy_(small.cpu(), non_blocking=True),
+           lambda: small.copy_(small.cpu().pin_memory(), non_blocking=True),
+           lambda: torch.equal(small, small))
+    out = {"bytes": sum(sizes), "param_bytes": sizes, "busy_ms": busy_ms, "methods": {}}
+    for name, fn in progress(restores.items(), desc="restore methods", total=len(restores)):
+        release_cached_host_blocks()
+        held0 = pinned_bytes_held()
+        allocs0 = host_stats().get("num_host_alloc", 0)
+        times, held, allocs, host = [], 0, 0, None
+        for r in range(repeat):
+            host = None  # the previous round's copies are freed first (pinned blocks go back to the cache)
+            box = {}
+            times.append(_wall_ms(lambda: box.__setitem__("h", [fn(w) for w in weights])))
+            host = box.pop("h")
+            if r == 0:
+                held = pinned_bytes_held() - held0
+                allocs = host_stats().get("num_host_alloc", 0) - allocs0
+        pinned = [h.is_pinned() for h in host]
+        on_host = all(h.device.type == "cpu" for h in host)
+        # reload behind a busy GPU: does the host wait?
+        torch.cuda.synchronize()
+        gpu_busy(busy_ms)
+        t0 = time.perf_counter()
+        for w, h in zip(weights, host):
+            w.copy_(h, non_blocking=True)
+        reload_host_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        ref = make_model(hidden, inter, blocks, device="cuda")  # the same seed: the same weights
+        equal = all(torch.equal(w, p) for w, p in zip(weights, ref.parameters()))
+        del ref
+        ops = count_copies(fn, weights[0])[1]  # the copy it returns is freed at once
+        torch.cuda.synchronize()
+        out["methods"][name] = {
+            "restore_ms": times, "cold_ms": times[0], "warm_ms": min(times[1:]) if repeat > 1 else times[0],
+            "copies_per_weight": len(ops), "copy_ops": ops, "pinned": all(pinned), "on_host": on_host,
+            "pinned_bytes_delta": held, "host_allocs": allocs,
+            "reload_host_ms": reload_host_ms, "bitwise_equal": equal,
+        }
+        del host
+        release_cached_host_blocks()
+    del model, weights, small
+    torch.cuda.empty_cache()
+    return out
+
+
+def sleep_wake_sweep(sleep, wake, *, sizes=SLEEP_SIZES, blocks: int = BLOCKS) -> list[dict]:
+    """This cycle, for every model size: ``sleep(model, pin)`` offloads every weight to the host and
+    frees its GPU memory, ``wake(model, device)`` brings them back.
+
+    Per size, pinned (cold: the allocator's cache emptied first; then warm: a second cycle) and
+    pageable: host ms of each sleep and wake (until the data is there), the pinned bytes held
+    while asleep, whether ``torch.cuda.memory_allocated()`` went back to the baseline (the
+    model's bytes all freed) and whether every weight came back bitwise identical.
+    """
+    callable_arg("sleep", sleep)
+    callable_arg("wake", wake)
+    sizes = size_list("sizes", sizes)
+    blocks = positive_int("blocks", blocks)
+    require_cuda("sleep_wake_sweep()")
+    tiny = make_model(256, 688, 1, device="cuda")  # warm every kernel of the cycle
+    for pin in (True, False):
+        sleep(tiny, pin)
+        wake(tiny, "cuda")
+    torch.cuda.synchronize()
+    del tiny
+    rows = []
+    for target in progress(sizes, desc="sleep/wake sizes"):
+        hidden, inter = mlp_shape_for(target, blocks)
+        torch.cuda.empty_cache()
+        baseline = torch.cuda.memory_allocated()
+        model = make_model(hidden, inter, blocks, device="cuda")
+        sizes_b = [p.numel() * p.element_size() for p in model.parameters()]
+        # host-side checksums (Python ints): nothing extra stays in GPU memory
+        checksum = [int(p.detach().view(torch.int16).sum(dtype=torch.int64)) for p in model.parameters()]
+        reserved_awake = torch.cuda.memory_reserved()
+        row = {"target_bytes": target, "bytes": sum(sizes_b), "hidden": hidden, "inter": inter,
+               "param_bytes": sizes_b}
+        freed, equal = [], []
+        for label, pin in (("pinned_cold", True), ("pinned_warm", True), ("pageable", False)):
+            if label != "pinned_warm":
+                release_cached_host_blocks()  # cold: the pinned allocator starts empty
+            held0 = pinned_bytes_held()
+            row[f"{label}_sleep_ms"] = _wall_ms(lambda: sleep(model, pin))
+            freed.append(torch.cuda.memory_allocated() == baseline)
+            row[f"{label}_reserved_freed_bytes"] = reserved_awake - torch.cuda.memory_reserved()
+            row[f"{label}_new_pinned_bytes"] = pinned_bytes_held() - held0
+            row[f"{label}_pinned_held_bytes"] = pinned_bytes_held()
+            row[f"{label}_host_pinned"] = all(p.is_pinned() for p in model.parameters())
+            row[f"{label}_wake_ms"] = _wall_ms(lambda: wake(model, "cuda"))
+            equal.append(all(p.device.type == "cuda" and int(p.detach().view(torch.int16).sum(dtype=torch.int64)) == c
+                             for p, c in zip(model.parameters(), checksum)))
+        row["gpu_freed_every_sleep"] = all(freed)
+        row["checksums_equal_every_wake"] = all(equal)
+        # a bitwise check of the last wake against freshly drawn weights (the same seed)
+        ref = make_model(hidden, inter, blocks, device="cuda")
+        row["bitwise_equal"] = all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+        rows.append(row)
+        del model, ref
+        torch.cuda.synchronize()
+        release_cached_host_blocks()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def zero_copy_matmul(view_fn, *, hidden: int = HIDDEN, inter: int = INTER, tokens: int = 16,
+                     repeat: int = 10) -> dict:
+    """One weight (``inter x hidden`` bf16) used by a matmul with ``tokens`` rows, three ways:
+    resident in GPU memory; pinned on the host and copied to the GPU for every use; and read by
+    the GPU straight from pinned host memory through ``view_fn(pinned)`` (a zero-copy CUDA view),
+    if ``view_fn`` can make one here (otherwise its error is recorded). GPU ms per use (CUDA
+    events, median of ``repeat``) and whether each way computed the same output.
+    """
+    callable_arg("view_fn", view_fn)
+    require_cuda("zero_copy_matmul()")
+    hidden = positive_int("hidden", hidden)
+    inter = positive_int("inter", inter)
+    tokens = positive_int("tokens", tokens)
+    repeat = positive_int("repeat", repeat, maximum=100)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(inter, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    pinned = torch.empty_like(w, device="cpu", pin_memory=True).copy_(w)
+    staging = torch.empty_like(w)
+    nbytes = w.numel() * w.element_size()
+    linear = torch.nn.functional.linear
+    y_ref = linear(x, w)
+
+    def copied():
+        staging.copy_(pinned, non_blocking=True)
+        return linear(x, staging)
+
+    out = {"bytes": nbytes, "tokens": tokens, "ways": {}}
+    resident = cuda_time(lambda: linear(x, w), repeat=repeat, warmup=2)
+    out["ways"]["resident"] = {"ms": resident.median, "same_output": True}
+    per_use = cuda_time(copied, repeat=repeat, warmup=2)
+    out["ways"]["copied_per_use"] = {"ms": per_use.median, "same_output": bool(torch.equal(copied(), y_ref))}
+    try:
+        view = view_fn(pinned)
+        ok = view.device.type == "cuda" and view.shape == w.shape and view.dtype == w.dtype
+        if not ok:
+            raise RuntimeError(f"view_fn returned {view.device} {tuple(view.shape)} {view.dtype}")
+        info = {"available": True, "error": None,
+                "same_pointer_as_host": view.data_ptr() == pinned.data_ptr(),
+                "view_equals_weight": bool(torch.equal(view, w))}
+        zc = cuda_time(lambda: linear(x, view), repeat=repeat, warmup=2)
+        info.update(ms=zc.median, same_output=bool(torch.equal(linear(x, view), y_ref)))
+        # the view reads host memory: a write on the host is seen by the next kernel, no copy
+        pinned[0, 0] = pinned[0, 0] + 1
+        info["host_write_seen_by_gpu"] = bool(view[0, 0].item() == pinned[0, 0].item())
+        del view
+    except Exception as exc:  # no zero-copy view on this torch/GPU: recorded, and said so
+        info = {"available": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    out["ways"]["zero_copy"] = info
+    torch.cuda.synchronize()
+    del w, x, pinned, staging
+    release_cached_host_blocks()
+    return out

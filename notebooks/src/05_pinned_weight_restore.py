@@ -1,0 +1,507 @@
+# %% [markdown]
+# # 05 · Restoring offloaded weights straight into pinned memory
+#
+# **What you will learn**
+# - what vLLM's `device_loading_context` does with CPU-offloaded weights, and the three ways to put
+#   a weight back on the host: `.to("cpu")` (pageable), `.to("cpu").pin_memory()` (two copies),
+#   `torch.empty_like(w, device="cpu", pin_memory=True).copy_(w)` (one copy, pinned);
+# - how to count the copies a line of torch makes, and prove a round trip is bitwise exact;
+# - on a model-sized module: restore time, restore bandwidth against the link's peak, the pinned
+#   bytes the allocator takes (rounded up to powers of two), and what the next reload costs the host;
+# - a sleep/wake cycle (vLLM's sleep mode): weights to pinned host memory, GPU memory freed, and
+#   back, from 64 MiB to a few GiB, and the pinned footprint it costs; when *not* to pin;
+# - zero-copy access: the GPU reading pinned host memory directly (vLLM's UVA offloader), and what
+#   torch itself offers for it.
+#
+# Part 1 runs everywhere: the code on the emulated lagging stream (`pinlab.LaggingStream`, lesson 02's
+# stand-in for a GPU that is far behind the host). Part 2 measures on a GPU, or replays the recorded run.
+
+# %% tags=["nbval-ignore-output"]
+import contextlib
+import os
+
+import matplotlib.pyplot as plt
+import torch
+
+import pinlab
+from pinlab.lessons import l05_pinned_weight_restore as wr
+from pinlab.plots import bars, fmt_bytes, size_sweep
+
+MiB, GiB = wr.MiB, wr.GiB
+pinlab.header("05 pinned weight restore")
+pinned_at_start = pinlab.pinned_baseline()
+
+# %% [markdown]
+# ## Where weights go back to the host
+#
+# vLLM can keep part of a model in host memory (`--cpu-offload-gb`). Some quantization methods must
+# post-process every weight after loading (`process_weights_after_loading`), on the GPU. So vLLM wraps
+# that step in `device_loading_context(module, target_device)`: on entry it moves each CPU parameter
+# to the GPU, on exit it moves it **back to the host**. Its sleep mode (used for RL and for serving
+# several models on one GPU) does the same for the whole model. How the weight goes back decides
+# how fast the *next* trip to the GPU is, because only pinned memory can be copied asynchronously
+# (lessons 01 and 02).
+#
+# The few lines that matter, before and after the vLLM change (vLLM 0.28 → 0.29):
+
+# %%
+# vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1 turns pinning off (for unified-memory machines)
+DISABLE_PIN = os.environ.get("VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY", "0") not in ("", "0")
+
+
+def restore_before(w):
+    """vLLM 0.28, device_loading_context: the weight comes back in pageable memory."""
+    return w.to("cpu")
+
+
+def restore_before_uva(w):
+    """vLLM 0.28, re-offloading a UVA weight: a pageable copy, then a second copy into pinned memory."""
+    return w.to("cpu").pin_memory()
+
+
+def restore_after(w, pin=not DISABLE_PIN):
+    """vLLM 0.29: allocate the pinned destination first, then copy once, straight into it."""
+    return torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)
+
+
+RESTORES = {"to_cpu": restore_before, "to_cpu_pin_memory": restore_before_uva, "empty_pinned_copy": restore_after}
+
+# %% [markdown]
+# And the context manager, as vLLM 0.29 has it (slightly shortened; `wr.check_restore_args` only checks
+# the arguments and raises clear errors):
+
+# %%
+@contextlib.contextmanager
+def device_loading_context(module, target_device, pin=not DISABLE_PIN):
+    """Move the module's host parameters to target_device for the block; restore them, pinned, after."""
+    target = wr.check_restore_args(module, target_device)
+    host_params = {name for name, p in module.named_parameters() if p.device.type == "cpu"}
+    for name, p in module.named_parameters():
+        if name in host_params:
+            p.data = p.data.to(target)
+    try:
+        yield module
+    finally:
+        for name, p in module.named_parameters():
+            if name in host_params:
+                p.data = torch.empty_like(p.data, device="cpu", pin_memory=pin).copy_(p.data)
+
+
+def offload(module, restore=restore_after):
+    """Restore every parameter of module to the host with restore(weight)."""
+    wr.check_restore_args(module)
+    for p in module.parameters():
+        p.data = restore(p.data)
+    return module
+
+# %% [markdown]
+# # Part 1 · The code, run here (emulated)
+#
+# Inside `with pinlab.LaggingStream() as s:` plain torch code runs as if a GPU were attached and far
+# behind the host: `pin_memory=True` and `is_pinned()` work on a CPU, a tensor put on `s.device` is
+# "GPU memory", and device work runs only when the host waits for it. It is exact about *what* is
+# copied, pinned, queued or waited for, and says nothing about time. It runs the same way on every
+# machine, so its lines are compared on every run.
+#
+# 🔮 **Predict.** How many copies of a weight does each restore make, and which results are pinned?
+#
+# <details><summary>Answer</summary>
+#
+# `.to("cpu")`: one copy, pageable. `.to("cpu").pin_memory()`: two copies (to pageable memory, then
+# into a fresh pinned buffer), pinned. `empty_like(..., pin_memory=True).copy_()`: one copy, pinned.
+# </details>
+
+# %%
+EMU = dict(hidden=1024, inter=2752, blocks=2)                 # 4 bf16 matrices of 5.4 MiB: 21.5 MiB
+host_model = wr.make_model(**EMU)
+reference = [p.detach().clone() for p in host_model.parameters()]
+
+with pinlab.LaggingStream() as s:
+    gpu_model = wr.make_model(**EMU)
+    for p in gpu_model.parameters():
+        p.data = p.data.to(s.device)                               # "on the GPU"
+    for name, restore in RESTORES.items():
+        w = next(gpu_model.parameters()).data
+        host, ops = wr.count_copies(restore, w)
+        same = torch.equal(host, reference[0])
+        print(f"{name:18s} copies: {len(ops)}, pinned: {host.is_pinned()}, bitwise equal: {same}")
+        assert same
+
+# %% [markdown]
+# `count_copies` counts the aten ops that copy data (`_to_copy`, `copy_`, `_pin_memory`, ...) while the
+# function runs (a `TorchDispatchMode`); it does the same on a real GPU, as Part 2 shows.
+#
+# ### A round trip through `device_loading_context`, and the switch
+#
+# Weights start on the host (offloaded), go to the "GPU" for processing, and come back. Every weight
+# must come back bitwise identical, in pinned memory, and as pageable memory when the switch is off.
+
+# %%
+with pinlab.LaggingStream() as s:
+    offloaded = wr.make_model(**EMU)
+    for pin in (True, False):
+        with device_loading_context(offloaded, s.device, pin=pin) as m:
+            on_gpu = all(s.is_device(p) for p in m.parameters())
+        back = [p.data for p in offloaded.parameters()]
+        exact = all(torch.equal(b, r) for b, r in zip(back, reference))
+        print(f"pin={pin}: on the GPU inside: {on_gpu}; back on the host pinned: "
+              f"{all(b.is_pinned() for b in back)}; bitwise equal: {exact}")
+        assert on_gpu and exact and all(b.is_pinned() == pin for b in back)
+
+# %% [markdown]
+# ### Why pinned matters for the *next* trip: reloading behind a busy GPU
+#
+# The restored weights go back to the GPU sooner or later (the next `device_loading_context`, the
+# next wake-up, the next prefetch of an offloaded layer), ideally with `copy_(..., non_blocking=True)`
+# while the GPU still works on something else. From pinned memory the copy is only *queued*; from
+# pageable memory a copy this large waits for the GPU (lesson 02's fake `non_blocking`).
+#
+# 🔮 **Predict.** After issuing the four reload copies, how many are still queued behind the
+# (emulated) busy GPU, from pinned and from pageable host weights?
+
+# %%
+with pinlab.LaggingStream() as s:
+    for name in ("to_cpu", "empty_pinned_copy"):
+        model = wr.make_model(**EMU)
+        gpu = [p.data.to(s.device) for p in model.parameters()]
+        host = [RESTORES[name](g) for g in gpu]
+        s.launch(lambda: None)                                    # the GPU is busy with other work
+        for g, h in zip(gpu, host):
+            g.copy_(h, non_blocking=True)                         # reload
+        queued = s.pending()
+        s.synchronize()
+        print(f"from {name:18s}: {queued} queued items after the reload "
+              f"({'the host did not wait' if queued > len(gpu) else 'the host waited for the GPU'})")
+        assert all(torch.equal(g, r) for g, r in zip(gpu, reference))
+
+# %% [markdown]
+# From pinned memory all four copies are queued behind the busy work (5 items: the work and the
+# copies); from pageable memory the host waited for the GPU at the first copy, and then at every
+# other: nothing is left queued.
+#
+# ### Bad input gets a clear error
+#
+# A restore given something that is not a module, parameters on the `meta` device (a shape without
+# data), or a device that does not exist should say so, not fail deep inside torch.
+
+# %% tags=["nbval-ignore-output"]
+meta_model = torch.nn.Linear(4, 4, device="meta")
+cases = {"not a module": ("weights.pt", None), "meta parameters": (meta_model, None),
+         "no such device": (host_model, "cuda:99"), "misspelt device": (host_model, "gpu")}
+if not pinlab.has_cuda():
+    cases["no CUDA here"] = (host_model, "cuda")
+for label, (module, target) in cases.items():
+    try:
+        with device_loading_context(module, target or "cpu"):
+            pass
+        raise AssertionError(f"{label}: accepted")
+    except (TypeError, ValueError, pinlab.CudaUnavailableError) as exc:
+        print(f"{label:16s} -> {type(exc).__name__}: {exc}")
+
+# %% [markdown]
+# ### A sleep/wake cycle
+#
+# vLLM's sleep mode frees the GPU for something else (a trainer in RL, another model) and brings the
+# weights back later. The cycle is short code:
+
+# %%
+def sleep(model, pin=not DISABLE_PIN):
+    """Offload every weight to host memory (pinned unless pin=False) and free its GPU memory."""
+    for p in model.parameters():
+        p.data = torch.empty_like(p.data, device="cpu", pin_memory=pin).copy_(p.data)
+    torch.cuda.empty_cache()  # give the freed blocks back to the driver (a no-op without CUDA)
+
+
+def wake(model, device):
+    """Bring every weight back; from pinned memory the copies are queued, not waited for."""
+    for p in model.parameters():
+        p.data = p.data.to(device, non_blocking=True)
+    # synchronize (or order the next kernels on this stream) before the host reads the weights
+
+
+with pinlab.LaggingStream() as s:
+    model = wr.make_model(**EMU)
+    wake(model, s.device)
+    for cycle in range(3):
+        sleep(model)
+        asleep_pinned = all(p.is_pinned() for p in model.parameters())
+        pinned_held = s.pinned_bytes()
+        wake(model, s.device)
+        s.synchronize()
+        exact = all(torch.equal(p, r) for p, r in zip(model.parameters(), reference))
+        print(f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned bytes held: "
+              f"{fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}")
+        assert asleep_pinned and exact
+    print("emulated pinned bytes equal the weights' bytes (no rounding in the emulation):",
+          pinned_held == sum(wr.param_bytes(model)))
+
+# %% [markdown]
+# On a GPU, `torch.cuda.memory_allocated()` must drop back to where it was before the model existed
+# while it sleeps, and the pinned allocator rounds each weight's block up to a power of two. Part 2
+# measures both.
+#
+# # Part 2 · Measured on a GPU
+#
+# Everything below is measured on a GPU, or replayed from the recorded GPU run on a machine without
+# one (the `[measured] source:` line says which).
+#
+# ## The reference: a plain pinned D2H copy loop
+#
+# A restore into pinned memory is a device-to-host copy. The fastest this link moves data D2H is what
+# a plain loop of back-to-back 256 MiB copies into pinned memory reaches (best of 3).
+
+# %%
+peak = pinlab.measure("05_d2h_copy_loop_peak", wr.d2h_copy_loop_peak, nbytes=256 * MiB, iters=8, trials=3)
+pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
+
+# %% [markdown]
+# ## Restoring a model-sized module, three ways
+#
+# The model: two Llama-2-7B-shaped MLP blocks (hidden 4096, intermediate 11008), four bf16 weights of
+# 86 MiB each, 344 MiB in all, on the GPU. `wr.time_restores` runs one loop for every restore
+# function above: restore every weight (3 rounds; before the first, the pinned allocator's cache is
+# emptied, so round 1 is *cold* and later rounds reuse cached pinned blocks, *warm*), count the
+# copies, then reload the weights with `copy_(..., non_blocking=True)` behind a GPU kept busy for
+# 20 ms and time how long the host was held.
+#
+# 🔮 **Predict.** Which restore is fastest, and by how much? Is `.to("cpu").pin_memory()` faster or
+# slower than plain `.to("cpu")`?
+#
+# <details><summary>Answer</summary>
+#
+# The pinned copy, by an order of magnitude or more: it moves the bytes at the link's rate, while
+# `.to("cpu")` copies into fresh pageable memory (page faults on every new page, a staged copy).
+# `.to("cpu").pin_memory()` does all of that and then a second copy, plus page-locking a fresh
+# buffer: never faster than `.to("cpu")` unless the allocator already holds warm pinned blocks.
+# </details>
+
+# %%
+res = pinlab.measure("05_restore", lambda **kw: wr.time_restores(RESTORES, **kw),
+                     hidden=wr.HIDDEN, inter=wr.INTER, blocks=wr.BLOCKS, repeat=3, busy_ms=20.0)
+methods = res["methods"]
+print("model:", len(res["param_bytes"]), "weights,", fmt_bytes(res["bytes"]))
+
+# %% tags=["nbval-ignore-output"]
+ms = pinlab.fmt_ms
+pinlab.table([{"method": k, **v} for k, v in methods.items()],
+             [("method", "restore"), ("cold_ms", "cold", ms), ("warm_ms", "warm", ms),
+              ("copies_per_weight", "copies/weight"), ("pinned", "pinned"),
+              ("pinned_bytes_delta", "pinned bytes", fmt_bytes), ("reload_host_ms", "reload: host held", ms)])
+
+# %%
+bars(list(methods), [v["warm_ms"] for v in methods.values()], ylabel="host ms per restore (warm)", logy=True,
+     title=f"Restoring {fmt_bytes(res['bytes'])} of bf16 weights ({res.tag})", annotate="{:.1f}")
+plt.show()
+
+# %% [markdown]
+# The exact facts, the same on every run: the number of copies, where the results live, and that
+# every weight came back bitwise identical.
+
+# %%
+for name, v in methods.items():
+    print(f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: {v['pinned']}, "
+          f"on the host: {v['on_host']}, reloaded bitwise equal: {v['bitwise_equal']}")
+assert [v["copies_per_weight"] for v in methods.values()] == [1, 2, 1]
+assert all(v["bitwise_equal"] and v["on_host"] for v in methods.values())
+
+# %% [markdown]
+# ### Restore bandwidth against the link's peak, and the speed-up
+#
+# The pinned restore is one blocking D2H copy per weight; warm, it should run close to the copy-loop
+# peak (the goal: at least 90% at this size). The gap is the per-copy synchronization: four copies
+# here. Printed, not asserted: a ratio near 1 moves with the run.
+
+# %%
+after, before, uva = methods["empty_pinned_copy"], methods["to_cpu"], methods["to_cpu_pin_memory"]
+restore_gbps = res["bytes"] / (after["warm_ms"] * 1e-3) / 1e9
+pinlab.show("pinned restore (warm)", f"{restore_gbps:.1f} GB/s")
+pinlab.show("pinned restore / D2H copy-loop peak", f"{restore_gbps / peak['best_GBps']:.3f} (goal >= 0.90)")
+pinlab.show("speed-up of the pinned restore over .to('cpu'), median of rounds",
+            f"{sorted(before['restore_ms'])[1] / sorted(after['restore_ms'])[1]:.1f}x")
+pinlab.show("speed-up over .to('cpu').pin_memory(), median of rounds",
+            f"{sorted(uva['restore_ms'])[1] / sorted(after['restore_ms'])[1]:.1f}x")
+pinlab.report("pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"])
+pinlab.report("pinned restore, warm (cached pinned blocks)", after["warm_ms"])
+print("the warm pinned restore is at least 2x faster than .to('cpu'):", 2 * after["warm_ms"] < before["warm_ms"])
+
+# %% [markdown]
+# The cold round pays for page-locking new memory (`cudaHostAlloc`, lesson 01) and can cost more than
+# the copy itself; vLLM pays it once per weight, later restores reuse the cached blocks.
+#
+# ### The pinned bytes it takes: rounded up to powers of two
+#
+# 🔮 **Predict.** Each weight is 86 MiB. How many bytes does the caching host allocator page-lock for
+# the four of them?
+
+# %%
+requested = res["bytes"]
+expected = wr.pinned_footprint(res["param_bytes"])
+for name, v in methods.items():
+    pinlab.show(f"{name}: pinned bytes taken", fmt_bytes(v["pinned_bytes_delta"]))
+print("requested:", fmt_bytes(requested), "-> rounded up per weight:", fmt_bytes(expected),
+      f"({expected / requested:.2f}x)")
+print("both pinned restores took exactly the rounded bytes, .to('cpu') none:",
+      [v["pinned_bytes_delta"] for v in methods.values()] == [0, expected, expected])
+
+# %% [markdown]
+# Every 86 MiB weight occupies a 128 MiB pinned block: 1.49× the memory asked for, locked in RAM
+# for as long as the weights live there. That is the *price* of the fast path.
+#
+# ### Reloading behind a busy GPU
+#
+# The same reload as in Part 1, on the GPU: the GPU is busy for 20 ms, then the four weights are
+# copied back with `non_blocking=True`.
+
+# %%
+for name, v in methods.items():
+    pinlab.report(f"reload from {name}: host held", v["reload_host_ms"])
+print("from pageable memory the host waited for the busy GPU (more than half the busy time):",
+      before["reload_host_ms"] > res["busy_ms"] / 2)
+print("from pinned memory it did not (less than a tenth of it):", after["reload_host_ms"] < res["busy_ms"] / 10)
+
+# %% [markdown]
+# ## Sleep and wake, from 64 MiB to a few GiB
+#
+# `wr.sleep_wake_sweep` runs the `sleep`/`wake` cycle above on models of about 64 MiB, 256 MiB,
+# 1 GiB and 3 GiB: pinned cold (fresh page-locked blocks), pinned warm (a second cycle, cached
+# blocks), and pageable (`pin=False`, the switch). About 8 GiB of host memory at the largest size.
+
+# %%
+sweep = pinlab.measure("05_sleep_wake", lambda **kw: wr.sleep_wake_sweep(sleep, wake, **kw),
+                       sizes=wr.SLEEP_SIZES, blocks=wr.BLOCKS)
+rows = sweep.result
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(rows, [("bytes", "model", fmt_bytes), ("pinned_cold_sleep_ms", "sleep pinned cold", ms),
+                    ("pinned_warm_sleep_ms", "sleep pinned warm", ms), ("pageable_sleep_ms", "sleep pageable", ms),
+                    ("pinned_warm_wake_ms", "wake pinned", ms), ("pageable_wake_ms", "wake pageable", ms),
+                    ("pinned_cold_new_pinned_bytes", "pinned held", fmt_bytes)])
+
+# %%
+sizes = [r["bytes"] for r in rows]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
+size_sweep(sizes, {"sleep, pinned cold": [r["pinned_cold_sleep_ms"] for r in rows],
+                   "sleep, pinned warm": [r["pinned_warm_sleep_ms"] for r in rows],
+                   "sleep, pageable": [r["pageable_sleep_ms"] for r in rows],
+                   "wake, pinned": [r["pinned_warm_wake_ms"] for r in rows],
+                   "wake, pageable": [r["pageable_wake_ms"] for r in rows]},
+           ylabel="host ms", title=f"Sleep / wake time ({sweep.tag})", ax=ax1)
+ax1.set_xlabel("model size")
+size_sweep(sizes, {"weights": sizes, "pinned held while asleep": [r["pinned_cold_new_pinned_bytes"] for r in rows]},
+           ylabel="bytes", title="The price: pinned host memory", ax=ax2)
+ax2.set_xlabel("model size")
+plt.show()
+
+# %%
+for r in rows:
+    pinlab.show(f"{fmt_bytes(r['bytes'])}: wake pinned / pageable",
+                f"{r['pinned_warm_wake_ms']:.1f} / {r['pageable_wake_ms']:.1f} ms; pinned held "
+                f"{fmt_bytes(r['pinned_cold_new_pinned_bytes'])}")
+print("every sleep freed the model's GPU memory (memory_allocated back to the baseline):",
+      all(r["gpu_freed_every_sleep"] for r in rows))
+print("every wake brought every weight back bitwise identical:",
+      all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows))
+print("pinned bytes held while asleep = the weights rounded up to powers of two, at every size:",
+      all(r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"]) for r in rows))
+print("asleep in pinned memory with pin=True, pageable with pin=False:",
+      all(r["pinned_cold_host_pinned"] and r["pinned_warm_host_pinned"] and not r["pageable_host_pinned"] for r in rows))
+big = rows[-1]
+print("at the largest size, a pinned wake is at least 2x faster than a pageable one:",
+      2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"])
+assert all(r["gpu_freed_every_sleep"] and r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows)
+
+# %% [markdown]
+# Read the left plot: a warm pinned sleep and every pinned wake grow with size at the link's rate;
+# the *cold* pinned sleep pays for page-locking fresh memory, which can cost more than a pageable
+# sleep. So pin when the cycle **repeats** (RL steps, switching models): the second cycle onwards is
+# the fast one. The right plot is the price: up to 2× the model's bytes locked in host RAM, which
+# the OS can neither swap nor give to anyone else.
+#
+# ## When *not* to pin
+# - **Host RAM is short.** A 70B model in bf16 is 140 GB; pinned and rounded up, it can lock far more.
+#   Pinned memory cannot be swapped: pin too much and other processes (or this one) are killed.
+# - **A one-off restore.** A single cold pin costs about as much as the pageable copy it saves.
+# - **Unified memory** (GH200, GB200: CPU and GPU share one memory over NVLink-C2C). Page-locked
+#   host memory there eats into what the GPU can use, and the GPU reads host memory fast anyway.
+#   That is why `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` exists; `pin=False` above is its switch.
+# - **No pinning available**: a CPU-only torch raises on `pin_memory=True`; vLLM gates it with
+#   `is_pin_memory_available()` (WSL, CPU platforms).
+#
+# ## Zero-copy: the GPU reading pinned host memory
+#
+# vLLM's UVA offloader does not copy offloaded weights back at all: it hands the kernels a **CUDA view
+# of the pinned host buffer** (`get_accelerator_view_from_cpu_tensor`, a custom C++ op calling
+# `cudaHostGetDevicePointer` + `torch::from_blob`), and every kernel that reads the weight pulls it
+# over PCIe. Torch has no public API for that view (no `Tensor.cuda_view()`; the op is vLLM's own).
+# The closest public route is the `__cuda_array_interface__` protocol, which `torch.as_tensor`
+# consumes without copying: hand it the pinned buffer's address, which on a 64-bit system with
+# unified virtual addressing is also a valid device address for memory from `cudaHostAlloc`.
+
+# %%
+class _PinnedBuffer:
+    """The pinned tensor's address, shape and type in the __cuda_array_interface__ protocol."""
+
+    def __init__(self, t):
+        self.keep = t                                          # the host memory must outlive the view
+        self.__cuda_array_interface__ = {"data": (t.data_ptr(), False), "shape": tuple(t.shape),
+                                         "typestr": "<i2", "strides": None, "version": 3}
+
+
+def uva_view(pinned):
+    """A CUDA tensor that reads pinned host memory in place (bf16 travels as int16: the protocol
+    has no bf16 type)."""
+    if not pinned.is_pinned():
+        raise ValueError("a zero-copy view needs pinned memory (pageable pages may move)")
+    return torch.as_tensor(_PinnedBuffer(pinned.view(torch.int16)), device="cuda").view(pinned.dtype)
+
+# %% [markdown]
+# The experiment uses one 86 MiB weight in a matmul with 16 tokens (a decode step), three ways:
+# resident in GPU memory; pinned on the host and **copied per use** (what a prefetching offloader
+# does); and read **zero-copy** through `uva_view`. If this torch cannot make the view, the error is
+# recorded and the copied-per-use row is the closest alternative.
+
+# %%
+zc = pinlab.measure("05_zero_copy", lambda **kw: wr.zero_copy_matmul(uva_view, **kw),
+                    hidden=wr.HIDDEN, inter=wr.INTER, tokens=16, repeat=10)
+ways = zc["ways"]
+z = ways["zero_copy"]
+print("zero-copy view available with this torch:", z["available"])
+if z["available"]:
+    print("the view reads the host buffer in place (same address):", z["same_pointer_as_host"])
+    print("a host write is seen by the next GPU read, with no copy:", z["host_write_seen_by_gpu"])
+    print("resident, copied-per-use and zero-copy matmuls give the same output:",
+          ways["copied_per_use"]["same_output"] and z["same_output"] and z["view_equals_weight"])
+else:
+    pinlab.show("why not", z["error"])
+    print("copied per use gives the resident output:", ways["copied_per_use"]["same_output"])
+for name, v in ways.items():
+    if "ms" in v:
+        pinlab.report(f"{name}: GPU time per use", v["ms"])
+        pinlab.show(f"{name}: weight bytes / GPU time", f"{zc['bytes'] / (v['ms'] * 1e-3) / 1e9:.1f} GB/s")
+
+# %% [markdown]
+# Zero-copy trades GPU memory for PCIe traffic on *every* use: a resident weight is read from HBM at
+# terabytes per second, a zero-copy one at the link's rate at best (GPU loads of host memory often
+# reach less than a copy engine does). It pays for weights that are used rarely, or when GPU memory
+# simply is not there; for anything on the hot path, copy it in (prefetch, pinned, `non_blocking`)
+# or keep it resident. And the view needs **pinned** memory: vLLM's op, given a pageable tensor,
+# quietly makes a pinned copy first, one more reason for the PR to restore straight into pinned memory.
+
+# %%
+back = pinlab.pinned_back_to(pinned_at_start)
+print("pinned memory held is back to its starting level:", back)
+assert back
+
+# %% [markdown]
+# ## What to remember
+# - Restore offloaded weights with **one copy straight into pinned memory**:
+#   `torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)`. `.to("cpu")` gives pageable memory
+#   (the next `non_blocking` reload blocks the host); `.to("cpu").pin_memory()` copies twice.
+# - Count copies and check bitwise equality: a restore is correct only if every weight comes back identical.
+# - The pinned restore runs near the link's D2H peak once the allocator is warm; the first (cold) time
+#   pays for page-locking.
+# - The price is pinned host RAM, rounded up to powers of two per weight. Do not pin when RAM is short,
+#   for one-off moves, or on unified-memory machines (`VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`).
+# - Zero-copy (UVA) lets kernels read pinned host memory in place: no copy, but PCIe speed on every use.
+#
+# **Exercises:** `exercises/05_pinned_weight_restore.ipynb` (solutions in `solutions/`).
