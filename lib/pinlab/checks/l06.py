@@ -155,8 +155,19 @@ def check_rot_pos_ids(fn) -> bool:
                            f"for {len(many)}: the calls grow with the images, so there is a Python loop of "
                            f"per-image launches (one launch chain per image, the PR's (b)); build every "
                            f"image's ids at once")
+    if torch.cuda.is_available():  # and for real on the GPU
+        for grid, m in rot_pos_cases()[:6]:
+            try:
+                got = fn([list(r) for r in grid], m, torch.device("cuda"))
+                same = isinstance(got, torch.Tensor) and got.device.type == "cuda" and torch.equal(
+                    got.cpu(), l06.ids_before(grid, m, "cpu"))
+            except Exception as exc:
+                return _fail(name, f"{name}({grid}, m={m}, device='cuda') raised {type(exc).__name__}: {exc}"[:400])
+            if not same:
+                return _fail(name, f"{name}({grid}, m={m}, device='cuda') did not return the ids on the GPU, "
+                                   f"equal to (a)")
     print(f"✅ {name} is correct ({n} grids equal to (a); {c_many.calls} torch calls for {len(many)} images "
-          f"as for {len(few)}; checked on the emulated lagging stream).")
+          f"as for {len(few)}; checked on the emulated lagging stream, and on CUDA where there is one).")
     return True
 
 

@@ -419,7 +419,14 @@ def _sync(s):
     s.synchronize()
 
 
-def _call(builder, grid, m, rope):
+def _call(builder, grid, m, rope, s=None):
+    if s is not None and s.emulated:
+        # the emulation does not run its queue for an index tensor read by ``cos[pos_ids]``
+        # (indexing counts as a view there), so the ids are made ready first
+        cos, sin = rope.get_cos_sin(max_grid_size(grid))
+        pos_ids = builder(grid, m, cos.device)
+        s.synchronize()
+        return cos[pos_ids].flatten(1), sin[pos_ids].flatten(1)
     return rot_pos_emb(builder, grid, m, rope)
 
 
@@ -440,7 +447,7 @@ def builder_times(mixes=None, merge_size: int = 2, rounds: int = 15, busy_ms: fl
     keys = list(BUILDERS)
     for grid in mixes.values():  # warm up every kernel (lazy module loading blocks first launches)
         for k in keys:
-            _call(BUILDERS[k], grid, merge_size, rope)
+            _call(BUILDERS[k], grid, merge_size, rope, s)
     s.busy(1.0)
     _sync(s)
     out = {"builders": keys, "mixes": {}}
@@ -452,11 +459,11 @@ def builder_times(mixes=None, merge_size: int = 2, rounds: int = 15, busy_ms: fl
             for k in order:
                 s.busy(busy_ms)
                 t0 = time.perf_counter()
-                _call(BUILDERS[k], grid, merge_size, rope)
+                _call(BUILDERS[k], grid, merge_size, rope, s)
                 host[k].append((time.perf_counter() - t0) * 1e6)
                 _sync(s)
                 t0 = time.perf_counter()
-                _call(BUILDERS[k], grid, merge_size, rope)
+                _call(BUILDERS[k], grid, merge_size, rope, s)
                 _sync(s)
                 e2e[k].append((time.perf_counter() - t0) * 1e6)
         out["mixes"][name] = {"tokens": num_tokens(grid), "images": len(grid),
@@ -494,7 +501,7 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
         for n in range(n_steps):
             if n >= in_flight:
                 done[n - in_flight].synchronize()  # bounded run-ahead, like an engine's batch queue
-            _call(builder, grid, merge_size, rope)
+            _call(builder, grid, merge_size, rope, s)
             if timed:
                 marks[n][0].record()
             s.busy(encoder_ms)
@@ -522,81 +529,120 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
     return out
 
 
-def _trace_counts(events, window) -> dict:
-    """Kernels, H2D copies (by trace name), launch calls and sync calls in a Chrome trace;
-    runtime calls are counted inside ``window`` (the builder's annotation), GPU events anywhere."""
-    w0, w1 = window
-    kernels, launches, syncs, h2d = 0, 0, 0, []
+def trace_counts(events, windows: dict) -> dict:
+    """Per window of a Chrome trace (``{key: (start_us, end_us)}``, the builders' annotations):
+    kernels run, H2D copies (by trace name), kernel launch calls and sync calls.
+
+    Runtime calls (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``, ...) belong
+    to the window holding their start; a kernel or memcpy to the window of the runtime call with
+    the same ``correlation`` id, or, in a trace without correlation ids, to the last window that
+    started before it (the experiment keeps the windows 10 ms apart and synchronizes in between).
+    Returns ``{key: {"kernels", "launches", "syncs", "h2d": [names]}}``.
+    """
+    out = {k: {"kernels": 0, "launches": 0, "syncs": 0, "h2d": []} for k in windows}
+    order = sorted(windows, key=lambda k: windows[k][0])
+
+    def window_of(ts):
+        for k in order:
+            if windows[k][0] <= ts <= windows[k][1]:
+                return k
+        return None
+
+    corr, gpu = {}, []
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         cat, name = str(e.get("cat", "")).lower(), str(e.get("name", ""))
+        ts = float(e.get("ts", 0.0))
+        cid = (e.get("args") or {}).get("correlation")
+        if cat in ("cuda_runtime", "cuda_driver"):
+            k = window_of(ts)
+            if k is None:
+                continue
+            if cid is not None:
+                corr[cid] = k
+            if "LaunchKernel" in name:
+                out[k]["launches"] += 1
+            elif "Synchronize" in name:
+                out[k]["syncs"] += 1
+        elif cat == "kernel" or (cat == "gpu_memcpy" and "HtoD" in name):
+            gpu.append((ts, cat, name, cid))
+    for ts, cat, name, cid in gpu:
+        if cid is not None and cid in corr:
+            k = corr[cid]
+        elif cid is None or not corr:
+            started = [k for k in order if windows[k][0] <= ts + 2000.0]  # 2 ms of clock skew
+            k = started[-1] if started else None
+        else:
+            k = None  # launched outside every window (the profiler's own work)
+        if k is None:
+            continue
         if cat == "kernel":
-            kernels += 1
-        elif cat == "gpu_memcpy" and "HtoD" in name:
-            h2d.append(name)
-        elif cat in ("cuda_runtime", "cuda_driver"):
-            ts = float(e.get("ts", 0.0))
-            if w0 <= ts <= w1:
-                if "LaunchKernel" in name:
-                    launches += 1
-                elif "Synchronize" in name:
-                    syncs += 1
-    return {"kernels": kernels, "launches": launches, "syncs": syncs, "h2d": h2d}
+            out[k]["kernels"] += 1
+        else:
+            out[k]["h2d"].append(name)
+    return out
 
 
 def launch_counts(mixes=None, merge_size: int = 2, head_dim: int = 80, stream=None) -> dict:
-    """One call of every builder (ids and the cos/sin gather) per mix under ``torch.profiler``:
-    kernels run, kernel launch calls, sync calls, and the H2D copies by trace name
-    (``"Memcpy HtoD (Pinned -> Device)"`` / ``"(Pageable -> Device)"``). On an emulated stream:
-    torch calls for ``kernels``/``launches`` and :class:`TorchCalls`' copies and syncs.
+    """One call of every builder (ids and the cos/sin gather) per mix, all in one
+    ``torch.profiler`` session, each call in its own ``record_function`` window and followed by a
+    synchronize and a 10 ms pause: kernels run, kernel launch calls, sync calls, and the H2D
+    copies by trace name (``"Memcpy HtoD (Pinned -> Device)"`` / ``"(Pageable -> Device)"``)
+    (:func:`trace_counts`). On an emulated stream: the builder's torch calls for
+    ``kernels``/``launches`` and :class:`TorchCalls`' copies and syncs.
 
     Returns ``{"counted_by", "mixes": {mix: {builder: {"kernels", "launches", "syncs", "h2d"}}}}``.
     """
     s = _stream(stream)
     mixes = _check_mixes(MIXES if mixes is None else mixes, merge_size)
     rope = VisionRotary(head_dim, device=s.device)
-    for grid in mixes.values():
+    for grid in mixes.values():  # warm up every kernel first
         for f in BUILDERS.values():
-            _call(f, grid, merge_size, rope)
+            _call(f, grid, merge_size, rope, s)
     _sync(s)
     out = {"counted_by": "torch calls on the emulated stream" if s.emulated else "torch.profiler", "mixes": {}}
-    for name, grid in mixes.items():
-        row = {}
-        for k, f in BUILDERS.items():
-            if s.emulated:
-                c = count_calls(_call, f, grid, merge_size, rope, stream=s)
+    if s.emulated:
+        for name, grid in mixes.items():
+            row = {}
+            for k, f in BUILDERS.items():
+                c = count_calls(f, grid, merge_size, s.device, stream=s)  # the ids only
                 _sync(s)
                 row[k] = {"kernels": c.calls, "launches": c.calls, "syncs": len(c.syncs),
                           "h2d": [f"{d['kind']} {d['call']}" for d in c.h2d]}
-            else:
-                row[k] = _profile_once(f, grid, merge_size, rope)
-        out["mixes"][name] = row
-    return out
-
-
-def _profile_once(builder, grid, merge_size, rope) -> dict:
+            out["mixes"][name] = row
+        return out
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    torch.cuda.synchronize()
+    tags = {}
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function("06_build"):
-            _call(builder, grid, merge_size, rope)
-        torch.cuda.synchronize()
+        for i, (name, grid) in enumerate(mixes.items()):
+            for k, f in BUILDERS.items():
+                tag = f"06_build_{i}_{k}"
+                tags[tag] = (name, k)
+                with record_function(tag):
+                    _call(f, grid, merge_size, rope, s)
+                torch.cuda.synchronize()
+                time.sleep(0.01)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         data = json.loads(path.read_text(encoding="utf-8"))
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    ann = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") == "06_build"
-           and not str(e.get("cat", "")).lower().startswith("gpu_")]
-    if not ann:
-        raise RuntimeError("the profiler trace holds no '06_build' annotation")
-    w0 = float(ann[0]["ts"])
-    counts = _trace_counts(events, (w0, w0 + float(ann[0].get("dur", 0.0))))
-    if counts["kernels"] == 0:
+    windows = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") in tags \
+                and not str(e.get("cat", "")).lower().startswith("gpu_"):
+            windows.setdefault(e["name"], (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))))
+    missing = sorted(set(tags) - set(windows))
+    if missing:
+        raise RuntimeError(f"the profiler trace holds no annotation {missing[0]!r}")
+    counts = trace_counts(events, windows)
+    if not any(c["kernels"] for c in counts.values()):
         raise RuntimeError("the profiler recorded no GPU kernel (is CUPTI available?)")
-    return counts
+    for tag, (name, k) in tags.items():
+        out["mixes"].setdefault(name, {})[k] = counts[tag]
+    return out
 
 
 def mask_times(x_len: int = 750, chunk_size: int = 16, left_window: int = 3, right_window: int = 0,
@@ -647,3 +693,33 @@ def ratios_to_best(row: dict, keys=("a", "b", "c", "rec"), field: str = "host_us
     if not best > 0 or not math.isfinite(best):
         raise ValueError(f"the best {field} must be a positive time, got {best}")
     return {k: row[k][field] / best for k in keys}
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_by_mix(values: dict, *, ylabel: str, title: str, logy: bool = True, ax=None):
+    """Grouped bars: ``values = {mix: {builder: value}}``, one group per mix, one bar per builder."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(values, dict) or not values:
+        raise TypeError("values must be a non-empty dict {mix: {builder: value}}")
+    mixes = list(values)
+    keys = [k for k in BUILDERS if all(k in values[m] for m in mixes)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / max(len(keys), 1)
+    for i, k in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(mixes))]
+        ys = [values[m][k] if values[m][k] is not None else float("nan") for m in mixes]
+        ax.bar(xs, ys, width, label=LABELS.get(k, k), color=plt.cm.tab10.colors[i % 10])
+    ax.set_xticks(range(len(mixes)), mixes, rotation=10)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
