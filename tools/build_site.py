@@ -202,10 +202,37 @@ def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
             cells[0]["id"] = "provenance"
     # code is Python: say so where a notebook that never ran does not
     nb.setdefault("metadata", {}).setdefault("language_info", {"name": "python"})
+    _demote_extra_titles(cells)
     for c in cells:
         if c.get("cell_type") == "code":
             _tidy_outputs(c)
     return nb
+
+
+def _demote_extra_titles(cells: list[dict]) -> None:
+    """A page has one title: when later Markdown cells open with more "# " headings (parts of a
+    lesson), every heading after the title goes one level down, so they nest under it."""
+    def headings(cell):
+        fence = False
+        for i, line in enumerate(cell["source"].split("\n")):
+            if line.lstrip().startswith(("```", "~~~")):
+                fence = not fence
+            elif not fence and re.match(r"#{1,5}\s", line):
+                yield i, line
+
+    md = [c for c in cells if c.get("cell_type") == "markdown"]
+    for c in md:
+        c["source"] = _src(c)
+    found = [(c, i) for c in md for i, line in headings(c) if line.startswith("# ")]
+    if len(found) < 2:
+        return
+    title_cell, title_line = found[0]
+    for c in md:
+        lines = c["source"].split("\n")
+        for i, _ in list(headings(c)):
+            if not (c is title_cell and i == title_line):
+                lines[i] = "#" + lines[i]
+        c["source"] = "\n".join(lines)
 
 
 def _linked_files(nb: dict, nb_rel: str, root: Path) -> set[str]:
@@ -240,11 +267,7 @@ def _syllabus_md(rows: list[dict], pages: dict[str, dict]) -> str:
         r = by_path.get(rel, {})
         stem = Path(rel).stem
         lesson = r.get("lesson") or stem.split("_", 1)[0]
-        practice = [f"[exercises]({d}/{stem}.ipynb)" for d in ("exercises", "solutions") if f"{d}/{stem}.ipynb" in pages]
-        if len(practice) == 2:
-            practice[1] = practice[1].replace("[exercises]", "[solutions]")
-        elif practice and practice[0].startswith("[exercises](solutions"):
-            practice[0] = practice[0].replace("[exercises]", "[solutions]")
+        practice = [f"[{d}]({d}/{stem}.ipynb)" for d in ("exercises", "solutions") if f"{d}/{stem}.ipynb" in pages]
         topic = r.get("topic") or _md_cell(pages[rel]["title"] or stem)
         lines.append(f"| [{lesson}]({rel}) | {topic} | {r.get('minutes', '')} | {r.get('gpu', '')} | "
                      f"{', '.join(practice) or ''} |")
