@@ -124,7 +124,7 @@ def execute_notebook(p, args, meta) -> tuple[dict, dict | None]:
     rel = p.relative_to(ROOT).as_posix()
     n = args.repeat
     allow_errors = args.keep_going or n > 1
-    outcomes, deps, secs, cell_secs, status, problem = [], set(), [], {}, "executed", ""
+    outcomes, deps, secs, cell_secs, failed_runs, problem = [], set(), [], {}, 0, ""
     nb = None
     for r in range(1, n + 1):
         res = nbtools.run_notebook(p, timeout=args.cell_timeout, env={"PINLAB_RECORD": "1"}, allow_errors=allow_errors,
@@ -136,17 +136,19 @@ def execute_notebook(p, args, meta) -> tuple[dict, dict | None]:
             deps |= set(res["deps"])
         errors = nbtools.cell_errors(nb)
         outcomes.append(evidence.run_outcome(nb))
+        problem = ""
         if res["error"] is not None or errors:
             cell = errors[0]["cell"] if errors else None
             what = one_line(res["error"]) if res["error"] is not None else f"{errors[0]['ename']}: {errors[0]['evalue']}"
             problem = (f"cell {cell}: " if cell is not None else "") + what[:300]
-            status = "failed"
+            failed_runs += 1
             print(f"    run {r}/{n}: FAILED after {res['seconds']:.1f} s, {problem}", flush=True)
             if res["error"] is not None:
                 break  # stopped (a failing cell without --keep-going, a dead kernel, a timeout): no more runs
         else:
             print(f"    run {r}/{n}: ok in {res['seconds']:.1f} s" if n > 1 else f"    executed in {res['seconds']:.1f} s",
                   flush=True)
+    status = "failed" if problem else "executed"  # the last execution decides; stability.json keeps every run
     import nbformat
 
     nbformat.write(nb, str(p))  # the last execution stays in place (nbval runs on it; its outputs are committed)
@@ -162,6 +164,8 @@ def execute_notebook(p, args, meta) -> tuple[dict, dict | None]:
     }
     if problem:
         row["problem"] = problem
+    if n > 1:
+        row["failed_runs"] = failed_runs
     if not deps_list:
         row["status"] = "failed"
         row["problem"] = row.get("problem") or "the deps cell did not run: no lib/ files recorded"
