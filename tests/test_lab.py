@@ -96,9 +96,10 @@ def lab(tmp_path):
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1")
     env.pop("JUPYTER_TOKEN", None)
     # the Makefile's `lab` command, plus what makes it headless and private
-    cmd = _lab_command() + ["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}"] + (
-        ["--allow-root"] if os.geteuid() == 0 else [])
+    cmd = _lab_command() + ["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+                            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"]
+    if os.geteuid() == 0 and "--allow-root" not in cmd:  # as root (CI), JupyterLab refuses to start without it
+        cmd.append("--allow-root")
     log = tmp_path / "lab.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
