@@ -106,6 +106,14 @@ def test_progress_bars_keep_their_last_frame():
     assert [o["text"] for o in cell["outputs"]] == ["sweep: 100%| 3/3\n", "a\nb\n"]
 
 
+def test_a_page_without_a_title_gets_one_and_keeps_its_text():
+    nb = _nb(False, "Some text, no heading.")
+    page = build_site._page(nb, "solutions/07_x.ipynb", "not-executed", "Not executed yet.")
+    md = [build_site._src(c) for c in page["cells"] if c["cell_type"] == "markdown"]
+    assert md[0].startswith("# Solutions · 07 x\n") and "Not executed yet." in md[0]
+    assert "".join(md).count("Some text, no heading.") == 1
+
+
 def test_a_page_has_one_title_and_its_parts_nest_under_it():
     cells = [{"cell_type": "markdown", "source": "# 05 · T\n\n```\n# a comment\n```"},
              {"cell_type": "code", "source": "# code comment"},

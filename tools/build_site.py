@@ -188,7 +188,7 @@ def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
     if m:
         title_line, rest = m.group(1), src[m.end():]
     else:  # a page needs a title: the file name stands in
-        title_line, rest, first = "# " + Path(rel).stem.replace("_", " "), src, None
+        title_line, rest, first = "# " + Path(rel).stem.replace("_", " "), "", None
     if folder == "solutions":
         title_line = re.sub(r"^#\s+Exercises\b", "# Solutions", title_line)
         if not title_line.startswith("# Solutions"):
