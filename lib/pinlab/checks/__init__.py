@@ -161,8 +161,17 @@ def _copy(args: tuple) -> tuple:
         return args
 
 
-def _fmt_args(args) -> str:
+def fmt_args(args) -> str:
+    """A call's arguments as ``(a, b, ...)``, each summarised like the verdict lines do."""
     return "(" + ", ".join(_summary(a) for a in args) + ")"
+
+
+def summary(value, width: int = 120) -> str:
+    """``repr(value)``, or for a long list/tensor its length or shape with its first and last values."""
+    return _summary(value, width)
+
+
+_fmt_args = fmt_args  # the name lesson checkers imported first
 
 
 def _failed(name: str, line: str, hint: str | None) -> bool:
@@ -199,7 +208,7 @@ def run_cases(fn, name: str, cases, reference, *, compare=_close, hint: str | No
             print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
             return False
         except Exception as exc:  # the learner's bug, reported, not raised
-            return _failed(name, f"❌ {name}{_fmt_args(args)} raised {type(exc).__name__}: {exc}", hint)
+            return _failed(name, f"❌ {name}{fmt_args(args)} raised {type(exc).__name__}: {exc}", hint)
         try:
             ok = bool(compare(got, expected))
         except Exception:  # an answer of a shape compare cannot handle is a wrong answer
@@ -207,7 +216,7 @@ def run_cases(fn, name: str, cases, reference, *, compare=_close, hint: str | No
         if not ok:
             return _failed(
                 name,
-                f"❌ {name}{_fmt_args(args)} returned {_summary(got)}, expected {_summary(expected)}"
+                f"❌ {name}{fmt_args(args)} returned {_summary(got)}, expected {_summary(expected)}"
                 f"{_difference(got, expected, args)}",
                 hint,
             )

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Plant known bugs in lib/, one at a time, and show which CPU tests catch each.
+
+    .venv/bin/python tools/mutation_check.py            # every mutation, on a copy of the working tree
+    .venv/bin/python tools/mutation_check.py --list     # what would be planted
+    .venv/bin/python tools/mutation_check.py --only h2d.pin_snapshot_same_storage replay.label_flipped
+    .venv/bin/python tools/mutation_check.py --rev HEAD # on a commit instead of the working tree
+
+The working tree is never touched: the files git knows (tracked, and untracked but not ignored)
+are copied to a temporary folder (or ``git archive REV`` is unpacked there), each mutation is an
+exact text replacement in that copy, and ``pytest -m "not gpu"`` runs the mutation's test files
+there with ``PYTHONPATH`` pointing at the copy's ``lib`` and ``PINLAB_FORCE_CPU=1``. A test that
+already fails on the unmutated copy is not counted as catching anything.
+
+Prints one row per mutation (caught by which tests, or SURVIVED) and exits 1 when a planted bug
+survives, 2 when a mutation of a shared module no longer matches the code (update the list
+below). A lesson-module mutation that no longer matches is reported as STALE and only fails the
+run with ``--strict`` (the lesson modules change often; keep their patterns up to date).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Mutation:
+    id: str
+    path: str           # file under the repository root
+    old: str            # exact text, found exactly once
+    new: str
+    tests: list[str]    # test files (relative to the root) that should catch it
+    what: str           # the planted bug, in words
+    shared: bool = True  # a shared module this tool's owner keeps in step (False: a lesson module)
+    extra: list[str] = field(default_factory=list)
+
+
+M = Mutation
+MUTATIONS: list[Mutation] = [
+    # ---- h2d: the take-home snapshot ------------------------------------------------------------
+    M("h2d.pin_snapshot_same_storage", "lib/pinlab/h2d.py",
+      "if snapshot_method(t.is_pinned(), t.is_contiguous()) == PIN_MEMORY:",
+      "if snapshot_method(False, t.is_contiguous()) == PIN_MEMORY:",
+      ["tests/test_h2d.py"], "pin_snapshot of a pinned tensor returns t.pin_memory(): the same storage"),
+    M("h2d.snapshot_method_trap", "lib/pinlab/h2d.py",
+      "return PIN_MEMORY if (not is_pinned and is_contiguous) else EMPTY_COPY",
+      "return PIN_MEMORY if is_contiguous else EMPTY_COPY",
+      ["tests/test_h2d.py"], "snapshot_method picks pin_memory() for pinned input (the trap)"),
+    M("h2d.stage_reuses_input", "lib/pinlab/h2d.py",
+      "if pin_memory and target == t.dtype and t.is_contiguous() and t.is_pinned():",
+      "if target == t.dtype and t.is_contiguous():",
+      ["tests/test_h2d.py"], "stage_on_host returns the caller's pageable tensor instead of a fresh copy"),
+    # ---- replay: where a number came from -------------------------------------------------------
+    M("replay.label_flipped", "lib/pinlab/replay.py",
+      "        if self.live:\n            return f\"measured now on {gpu}\"",
+      "        if True:\n            return f\"measured now on {gpu}\"",
+      ["tests/test_replay.py"], "Run.label says 'measured now' for a replayed result"),
+    M("replay.tag_flipped", "lib/pinlab/replay.py",
+      "return f\"{gpu}, measured now\" if self.live else",
+      "return f\"{gpu}, measured now\" if True else",
+      ["tests/test_replay.py"], "Run.tag (plot titles) says 'measured now' for a replayed result"),
+    M("replay.params_ignored", "lib/pinlab/replay.py",
+      "if stored[\"params\"] != params:", "if False:",
+      ["tests/test_replay.py"], "replay accepts a recording made with other parameters"),
+    M("replay.shape_unchecked", "lib/pinlab/replay.py",
+      "    problem = _shape_problem(stored)\n", "    problem = None\n",
+      ["tests/test_replay.py", "tests/test_bad_input.py"], "a recorded file of the wrong shape is not rejected"),
+    M("doctor.broken_file_ok", "lib/pinlab/doctor.py",
+      "add(\"recorded GPU run\", bool(recorded) and not broken,", "add(\"recorded GPU run\", bool(recorded),",
+      ["tests/test_replay.py"], "doctor() says [ok] with a broken recorded file"),
+    # ---- paged_kv: metadata -----------------------------------------------------------------------
+    M("paged_kv.num_pages_off_by_one", "lib/pinlab/paged_kv.py",
+      "(torch.remainder(s, page_size) != 0).to(torch.int64)", "(torch.remainder(s, page_size) >= 0).to(torch.int64)",
+      ["tests/test_paged_kv.py"], "num_pages = seq_len // page_size + 1 (one page too many on full pages)"),
+    M("paged_kv.kv_indptr_shifted", "lib/pinlab/paged_kv.py",
+      "torch.cumsum(pages, dim=0, out=out[1:])", "torch.cumsum(pages, dim=0, out=out[:-1])",
+      ["tests/test_paged_kv.py"], "kv_indptr off by one position (running sum written one slot early)"),
+    M("paged_kv.last_page_len_off_by_one", "lib/pinlab/paged_kv.py",
+      "torch.where(full, torch.full_like(r, page_size), r)", "torch.where(full, torch.full_like(r, page_size - 1), r)",
+      ["tests/test_paged_kv.py"], "last_page_len of a full last page is page_size - 1"),
+    M("paged_kv.int32_overflow_silent", "lib/pinlab/paged_kv.py",
+      "if out.device.type == \"cpu\" and int(out[-1]) > INT32_MAX:", "if False:",
+      ["tests/test_paged_kv.py", "tests/test_bad_input.py"], "kv_indptr wraps past int32 silently"),
+    M("paged_kv.indptr_start_unchecked", "lib/pinlab/paged_kv.py",
+      "if int(indptr[0]) != 0:", "if False:",
+      ["tests/test_paged_kv.py", "tests/test_bad_input.py"], "page_indices accepts an indptr not starting at 0"),
+    M("paged_kv.negative_page_ids", "lib/pinlab/paged_kv.py",
+      "bad = torch.nonzero((pages < 0) | (pages.to(torch.int64) > INT32_MAX))",
+      "bad = torch.nonzero(pages.to(torch.int64) > INT32_MAX)",
+      ["tests/test_paged_kv.py", "tests/test_bad_input.py"], "build_metadata returns negative page ids"),
+    M("paged_kv.reference_gqa", "lib/pinlab/paged_kv.py",
+      "k = k.repeat_interleave(group, dim=1).to(q.device)", "k = k.repeat(1, group, 1).to(q.device)",
+      ["tests/test_paged_kv.py"], "reference_decode maps query heads to the wrong kv heads (GQA)"),
+    # ---- units ------------------------------------------------------------------------------------
+    M("timing.fmt_ms_us_units", "lib/pinlab/timing.py",
+      "return f\"{ms * 1e3:.1f} µs\"", "return f\"{ms * 1e6:.1f} µs\"",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "fmt_ms prints ms * 1e6 as µs"),
+    M("timing.fmt_ms_seconds", "lib/pinlab/timing.py",
+      "return f\"{ms / 1e3:.2f} s\"", "return f\"{ms:.2f} s\"",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "fmt_ms prints milliseconds as seconds"),
+    M("plots.fmt_bytes_decimal", "lib/pinlab/plots.py",
+      "n /= 1024", "n /= 1000",
+      ["tests/test_plots.py", "tests/test_bad_input.py"], "fmt_bytes divides by 1000 but says KiB/MiB"),
+    M("timing.report_negative", "lib/pinlab/timing.py",
+      "text = fmt_ms(positive_number(\"value\", value, allow_zero=True))", "text = f\"{float(value):.3g} ms\"",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "report() prints a negative or NaN time"),
+    # ---- checks core --------------------------------------------------------------------------------
+    M("checks.numpy_int_rejected", "lib/pinlab/checks/__init__.py",
+      "    if isinstance(value, numbers.Integral):\n        return int(value)",
+      "    if type(value) is int:\n        return int(value)",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "as_int rejects np.int64(5) (a correct answer)"),
+    M("checks.hint_never", "lib/pinlab/checks/__init__.py",
+      "if hint and _FAILURES[name] >= 2:", "if hint and _FAILURES[name] >= 99:",
+      ["tests/test_core.py"], "the hint never shows"),
+    M("hostmem.pinned_back_to_any", "lib/pinlab/hostmem.py",
+      "    if isinstance(baseline, bool) or not isinstance(baseline, numbers.Integral):",
+      "    if False:",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "pinned_back_to('x') returns False"),
+    # ---- lesson modules (read-only for this tool's owner: planted only in the copy) ------------------
+    M("steploop.snapshot_reads_reused_buffer", "lib/pinlab/steploop.py",
+      "if k in (\"reused_pinned\", \"snapshot_of_pinned\", \"event_wait\"):",
+      "if k in (\"reused_pinned\", \"snapshot_of_pinned\", \"event_wait\", \"snapshot\"):",
+      ["tests/test_steploop.py", "tests/test_l04.py", "tests/test_l03.py"],
+      "the snapshot strategy snapshots a reused pinned buffer (pin_memory() returns it: no snapshot)", shared=False),
+    M("steploop.snapshot_is_the_buffer", "lib/pinlab/steploop.py",
+      "            return buf.pin_memory()\n", "            return buf\n",
+      ["tests/test_steploop.py", "tests/test_l04.py", "tests/test_l03.py"],
+      "the snapshot strategy copies from the reused buffer itself", shared=False),
+    M("steploop.copies_correct_boundary", "lib/pinlab/steploop.py",
+      "return [all(writes[m][0] >= copies[n][1]", "return [all(writes[m][0] > copies[n][1]",
+      ["tests/test_steploop.py", "tests/test_checks_l03_l04.py"],
+      "copies_correct: a write starting exactly when the copy ends counts as a race", shared=False),
+    M("steploop.min_ring_depth_off_by_one", "lib/pinlab/steploop.py",
+      "for depth in range(1, steps + 1):", "for depth in range(2, steps + 1):",
+      ["tests/test_steploop.py", "tests/test_checks_l03_l04.py"], "min_ring_depth never answers 1", shared=False),
+    M("l01.gbps_units", "lib/pinlab/lessons/l01_pinned_memory.py",
+      "return nbytes / (ms * 1e-3) / 1e9", "return nbytes / (ms * 1e-3) / 2**30",
+      ["tests/test_l01.py", "tests/test_checks_l01.py"], "gbps in GiB/s instead of GB/s", shared=False),
+    M("l01.n_half_floor", "lib/pinlab/lessons/l01_pinned_memory.py",
+      "if r >= peak / 2)", "if r >= peak // 2)",
+      ["tests/test_l01.py", "tests/test_checks_l01.py"], "n_half floors the threshold (max(r) // 2)", shared=False),
+    M("l02.first_waiting_size_boundary", "lib/pinlab/lessons/l02_fake_non_blocking.py",
+      "        if ms <= limit_ms:\n            break", "        if ms < limit_ms:\n            break",
+      ["tests/test_l02.py", "tests/test_checks_l02.py"],
+      "first_waiting_size counts exactly limit_ms as waiting", shared=False),
+    M("streams.pin_memory_copies_pinned", "lib/pinlab/streams.py",
+      "            return t  # torch does the same: no copy, the same storage",
+      "            return t.clone()",
+      ["tests/test_streams.py", "tests/test_h2d.py", "tests/test_steploop.py"],
+      "the emulated pin_memory() of pinned memory copies (hides the trap)", shared=False),
+]
+
+
+# ----------------------------------------------------------------------------- the copy
+
+def _copy_working_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def _copy_rev(dest: Path, rev: str) -> None:
+    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    tar_path = dest / ".archive.tar"
+    tar_path.write_bytes(archive)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(dest, filter="data")
+    tar_path.unlink()
+
+
+def _env(copy: Path) -> dict:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(copy / "lib"), PINLAB_FORCE_CPU="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
+               PINLAB_DATA_DIR=str(copy / "reports" / "gpu" / "data"))
+    return env
+
+
+_RESULT = re.compile(r"^(FAILED|ERROR) (\S+?)(?: - .*)?$")
+
+
+def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[set[str], str, float]:
+    """(failing test ids, pytest's last line, seconds) for ``tests`` in the copy."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-rfE", "--tb=no",
+           "-o", "addopts=", *tests]
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, cwd=copy, env=_env(copy), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"<timeout>"}, f"timed out after {timeout:.0f} s", time.perf_counter() - t0
+    failed = set()
+    for line in out.stdout.splitlines():
+        m = _RESULT.match(line.strip())
+        if m:
+            failed.add(m.group(2))
+    tail = (out.stdout.strip().splitlines() or [""])[-1]
+    if out.returncode not in (0, 1) and not failed:  # collection error, usage error, crash
+        failed.add(f"<pytest exit {out.returncode}>")
+    return failed, tail, time.perf_counter() - t0
+
+
+def _apply(copy: Path, mut: Mutation) -> str | None:
+    """Plant ``mut`` in the copy; the original text (to restore), or None when it does not match."""
+    path = copy / mut.path
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    if text.count(mut.old) != 1:
+        return None
+    path.write_text(text.replace(mut.old, mut.new), encoding="utf-8")
+    return text
+
+
+def _short(test_id: str) -> str:
+    return test_id.split("/")[-1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutations")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--rev", help="mutate this commit (git archive) instead of the working tree")
+    ap.add_argument("--strict", action="store_true", help="a stale lesson mutation fails the run too")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run (default 300)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    args = ap.parse_args(argv)
+
+    muts = MUTATIONS
+    if args.only:
+        unknown = set(args.only) - {m.id for m in MUTATIONS}
+        if unknown:
+            ap.error(f"unknown mutation id(s): {', '.join(sorted(unknown))} (see --list)")
+        muts = [m for m in MUTATIONS if m.id in args.only]
+    if args.list:
+        for m in muts:
+            print(f"{m.id:42} {'shared' if m.shared else 'lesson'}  {m.what}")
+        return 0
+
+    copy = Path(tempfile.mkdtemp(prefix="pinlab-mutants-"))
+    try:
+        (_copy_rev(copy, args.rev) if args.rev else _copy_working_tree(copy))
+        where = subprocess.run([sys.executable, "-c", "import pinlab; print(pinlab.__file__)"], cwd=copy,
+                               env=_env(copy), capture_output=True, text=True).stdout.strip()
+        if not where.startswith(str(copy)):
+            print(f"error: the copy imports pinlab from {where!r}, not from {copy}", file=sys.stderr)
+            return 2
+        print(f"mutating a copy of {'commit ' + args.rev if args.rev else 'the working tree'} in {copy}")
+
+        test_files = sorted({t for m in muts for t in m.tests if (copy / t).is_file()})
+        baseline, tail, secs = run_tests(copy, test_files, args.timeout)
+        print(f"baseline (no mutation), {len(test_files)} test files: {tail} ({secs:.0f} s)")
+        if baseline:
+            print("  already failing without a mutation (not counted as catching anything): "
+                  + ", ".join(sorted(_short(t) for t in baseline)))
+
+        rows = []
+        for m in muts:
+            tests = [t for t in m.tests if (copy / t).is_file()]
+            original = _apply(copy, m) if tests else None
+            if original is None:
+                rows.append((m, "STALE", "pattern or test files not found: update tools/mutation_check.py", 0.0))
+                continue
+            try:
+                failed, tail, secs = run_tests(copy, tests, args.timeout)
+            finally:
+                (copy / m.path).write_text(original, encoding="utf-8")
+            caught = sorted(failed - baseline)
+            if caught:
+                shown = ", ".join(_short(t) for t in caught[:3]) + (f" (+{len(caught) - 3} more)" if len(caught) > 3 else "")
+                rows.append((m, "caught", f"{len(caught)} tests: {shown}", secs))
+            else:
+                rows.append((m, "SURVIVED", f"no test failed ({tail})", secs))
+    finally:
+        if args.keep:
+            print(f"kept {copy}")
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+    width = max(len(m.id) for m, *_ in rows)
+    print()
+    print(f"{'mutation':<{width}}  {'module':6}  {'verdict':8}  {'s':>4}  caught by")
+    for m, verdict, note, secs in rows:
+        print(f"{m.id:<{width}}  {'shared' if m.shared else 'lesson':6}  {verdict:8}  {secs:4.0f}  {note}")
+        print(f"{'':<{width}}  {'':6}  {'':8}  {'':4}  ({m.what})")
+    survived = [m for m, v, *_ in rows if v == "SURVIVED"]
+    stale_shared = [m for m, v, *_ in rows if v == "STALE" and m.shared]
+    stale_lesson = [m for m, v, *_ in rows if v == "STALE" and not m.shared]
+    caught = sum(v == "caught" for _, v, *_ in rows)
+    print(f"\n{caught} of {len(rows)} planted bugs caught by CPU tests; {len(survived)} survived; "
+          f"{len(stale_shared) + len(stale_lesson)} stale.")
+    if survived:
+        return 1
+    if stale_shared or (args.strict and stale_lesson):
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
