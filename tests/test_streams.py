@@ -170,3 +170,25 @@ def test_cuda_stream_runs_the_same_loop():
         assert got == list(range(8))
         pinned = _loop(s, torch.zeros(16, dtype=torch.int32, pin_memory=True), steps=8)
         assert pinned[-1] == 7 and len(pinned) == 8
+
+
+def test_gather_with_a_device_index_waits_for_the_queue():
+    with LaggingStream() as s:
+        table = torch.zeros(8, device=s.device)
+        idx = torch.zeros(3, dtype=torch.int64, device=s.device)
+        table.copy_(torch.arange(8.0), non_blocking=True)           # staged, queued
+        idx.copy_(torch.tensor([7, 0, 3]), non_blocking=True)
+        got = table[idx]                                              # reads device memory
+        assert s.is_device(got) and s.pending() == 0
+        assert got.tolist() == [7.0, 0.0, 3.0]
+
+
+def test_reshape_that_copies_reads_after_the_queue_and_stays_on_the_device():
+    with LaggingStream() as s:
+        x = torch.zeros(4, 6, device=s.device)
+        x.copy_(torch.ones(4, 6), non_blocking=True)
+        y = x.t().reshape(-1)                                         # not a view: a copy
+        assert s.is_device(y)
+        assert y.tolist() == [1.0] * 24
+        v = x.reshape(2, 12)                                           # a view: no wait needed
+        assert s.is_device(v)

@@ -184,8 +184,21 @@ class _Mode(TorchFunctionMode):
         if name in ("cuda", "cpu") and args and isinstance(args[0], torch.Tensor):
             return s._to(func, (args[0], s.device if name == "cuda" else torch.device("cpu")), kwargs)
         touched = [t for t in _tensors((args, kwargs)) if s.is_device(t)]
-        if not touched or name in _NO_DATA:
+        if not touched:
             return func(*args, **kwargs)
+        gather = name == "__getitem__" and any(isinstance(t, torch.Tensor) for t in _tensors(args[1:]))
+        if name in _NO_DATA and not gather:
+            out = func(*args, **kwargs)
+            views = {s._key(t) for t in touched}
+            if any(isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() and s._key(t) not in views
+                   for t in _tensors(out)):
+                # a reshape/flatten that had to copy read device memory: wait for the queue, redo it
+                s.synchronize()
+                with s._drain():
+                    out = func(*args, **kwargs)
+                for t in _tensors(out):
+                    s._register(s._device, t)
+            return out
         if name.endswith("_like"):  # a new tensor on the same (emulated) device: no data read
             return s._register(s._device, func(*args, **kwargs))
         if name == "__setitem__" and s.is_device(args[0]):
