@@ -30,11 +30,12 @@ def _id(p):
 
 
 def _report(path):
-    assert path.exists(), f"no {path.relative_to(ROOT)}: {RUN_SUITE}"
+    how = RUN_SUITE.replace("gpu_suite.py`", "gpu_suite.py --repeat 5`") if path == STABILITY else RUN_SUITE
+    assert path.exists(), f"no {path.relative_to(ROOT)}: {how}"
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        pytest.fail(f"{path.relative_to(ROOT)} is not valid JSON ({exc}): {RUN_SUITE}")
+        pytest.fail(f"{path.relative_to(ROOT)} is not valid JSON ({exc}): {how}")
 
 
 # ---- the recorded evidence ------------------------------------------------------------------------------------
