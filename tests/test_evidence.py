@@ -185,9 +185,37 @@ def test_build_report_merges_and_describes_the_latest_run(tree):
     unit = {"passed": 5, "failed": 0, "skipped": 1, "failures": []}
     rep, _ = gpu_suite.build_report({}, [entry(tree)], unit, meta, "cmd", keep, tree)
     assert rep["unit_tests"] == unit and [e["path"] for e in rep["notebooks"]] == ["notebooks/00_x.ipynb"]
-    stab, _ = gpu_suite.build_stability({"notebooks": [entry(tree, "notebooks/01_y.ipynb", n=5)]},
-                                        [entry(tree, n=3)], meta, "cmd --repeat 3", 3, keep, tree)
-    assert stab["n"] == 3 and [e["n"] for e in stab["notebooks"]] == [3, 5]
+    ok = {"first_error": None, "passed": [1], "failed": [], "lines": []}
+    stab, _ = gpu_suite.build_stability({"notebooks": [entry(tree, "notebooks/01_y.ipynb", n=5, runs=[ok] * 5)]},
+                                        [entry(tree, runs=[ok] * 3)], meta, "cmd --repeat 3", keep, tree)
+    assert stab["gpu"] == "NVIDIA H200" and [e["n"] for e in stab["notebooks"]] == [3, 5]
+
+
+def test_stability_runs_accumulate_on_the_same_sources(tree):
+    keep = {"notebooks/00_x.ipynb"}
+
+    def run(passed=True, value="9 µs", deps=("lib/pkg/__init__.py", "lib/pkg/a.py")):
+        r = {"first_error": None if passed else {"cell": 1, "ename": "AssertionError", "evalue": ""},
+             "passed": [1] if passed else [], "failed": [] if passed else [1],
+             "lines": [{"cell": 1, "kind": "[timing]", "label": "t", "occurrence": 0, "value": value}]}
+        return entry(tree, deps=deps, runs=[r])
+
+    merged, _ = evidence.merge_stability([], [run(), run(value="11 µs")], keep, tree)
+    assert merged[0]["n"] == 1, "two entries for one path in one call: the later one (one notebook, one entry)"
+    merged, _ = evidence.merge_stability([], [run()], keep, tree)
+    merged, _ = evidence.merge_stability(merged, [run(value="11 µs")], keep, tree)
+    merged, _ = evidence.merge_stability(merged, [run(passed=False, value="10 µs", deps=[])], keep, tree)
+    e = merged[0]
+    assert e["n"] == 3 and e["assert_cells"][0]["passed"] == 2 and len(e["failures"]) == 1
+    assert e["measured"][0]["numbers"][0]["median"] == 0.01 and e["deps"] == ["lib/pkg/__init__.py", "lib/pkg/a.py"]
+    assert evidence.freshness(e, tree) is None
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited\n")
+    merged, _ = evidence.merge_stability(merged, [run()], keep, tree)
+    assert merged[0]["n"] == 1, "runs on other sources are not added up"
+    many = merged
+    for _ in range(evidence.MAX_RUNS + 3):
+        many, _ = evidence.merge_stability(many, [run()], keep, tree)
+    assert many[0]["n"] == evidence.MAX_RUNS
 
 
 # ---- recording deps from inside the kernel -------------------------------------------------------------------
@@ -232,7 +260,7 @@ def test_run_notebook_records_deps_and_errors_in_a_real_kernel(tree):
     assert [c["execution_count"] for c in ran["cells"]] == [1, 2, 3]
     assert nbtools.cell_errors(ran) == [{"cell": 1, "ename": "ValueError", "evalue": "boom"}]
     o = evidence.run_outcome(ran)
-    assert o["asserts"] == {2: False} and o["first_error"]["cell"] == 1
+    assert (o["passed"], o["failed"]) == ([], [2]) and o["first_error"]["cell"] == 1
     assert [ln["label"] for ln in o["lines"]] == ["x"]
     assert set(res["cell_seconds"]) == {0, 1, 2}
     assert nbtools.load(path)["cells"][0]["outputs"] == [out("stale\n")], "the source notebook is left alone"
@@ -245,7 +273,7 @@ def test_run_notebook_without_allow_errors_stops_and_reports(tree):
     assert type(res["error"]).__name__ == "CellExecutionError" and res["deps"] is None
     ran = nbtools.load(path)
     assert [c["execution_count"] for c in ran["cells"]] == [1, 2, None], "no stale execution counts stay"
-    assert evidence.run_outcome(ran)["asserts"] == {1: False, 2: False}
+    assert evidence.run_outcome(ran)["failed"] == [1, 2]
     assert gpu_suite.one_line(res["error"]) == "AssertionError: x is 1"
     with pytest.raises(Exception, match="x is 1"):
         nbtools.execute(path)
@@ -316,7 +344,8 @@ def test_unexecuted_cells_do_not_pass():
     nb = _run()
     for c in nb["cells"][3:]:
         c["execution_count"] = None  # a timeout or a dead kernel in cell 3: no error output, no execution
-    assert evidence.run_outcome(nb)["asserts"] == {1: True, 3: False, 4: False}
+    o = evidence.run_outcome(nb)
+    assert (o["passed"], o["failed"]) == ([1], [3, 4])
 
 
 def test_stability_problems(tree):
@@ -416,16 +445,22 @@ def test_suite_arguments():
 def test_budget_packs_notebooks_in_order_and_leaves_the_rest():
     secs = {"a": 10.0, "b": 100.0, "c": 5.0}
     # (repeat + 1) x seconds each; 30 s fixed; 7 s already spent
-    assert gpu_suite.fit_budget(["a", "b", "c", "d"], secs, 1, 400, 7) == (["a", "b", "c", "d"], [])  # d: 30 s unknown
-    assert gpu_suite.fit_budget(["a", "b", "c", "d"], secs, 2, 300, 7) == (["a", "c", "d"], ["b"])
-    assert gpu_suite.fit_budget(["b"], secs, 5, 300, 0) == ([], ["b"])
+    def each(n):
+        return dict.fromkeys("abcd", n)
+
+    assert gpu_suite.fit_budget(list("abcd"), secs, each(1), 400, 7) == (list("abcd"), [])  # d: 30 s, unknown
+    assert gpu_suite.fit_budget(list("abcd"), secs, each(2), 300, 7) == (["a", "c", "d"], ["b"])
+    assert gpu_suite.fit_budget(["b"], secs, each(5), 300, 0) == ([], ["b"])
+    assert gpu_suite.fit_budget(["b"], secs, each(1), 300, 0, nbval=False) == (["b"], [])  # 100 s + 30 s
 
 
-def test_stale_selects_missing_changed_and_short_entries(tree):
-    e = entry(tree, n=5, assert_cells=[{"cell": 1, "passed": 4, "of": 5}])
-    assert gpu_suite.needs_run(None, 1, tree) and gpu_suite.needs_run(None, 5, tree)
-    assert not gpu_suite.needs_run(e, 5, tree), "a failure on fresh sources is a result, not a reason to rerun"
-    assert gpu_suite.needs_run(dict(e, n=3), 5, tree)
-    assert not gpu_suite.needs_run(dict(e, status="failed"), 1, tree)
+def test_stale_counts_the_runs_still_needed(tree):
+    ok = {"first_error": None, "passed": [1], "failed": [], "lines": []}
+    bad = dict(ok, passed=[], failed=[1])
+    e = entry(tree, runs=[ok, bad, ok])
+    assert gpu_suite.runs_needed(None, 1, False, tree) == 1 and gpu_suite.runs_needed(None, 5, True, tree) == 5
+    assert gpu_suite.runs_needed(e, 5, True, tree) == 2, "a failure on fresh sources is a run like any other"
+    assert gpu_suite.runs_needed(e, 3, True, tree) == 0
+    assert gpu_suite.runs_needed(dict(e, status="failed"), 1, False, tree) == 0
     (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited\n")
-    assert gpu_suite.needs_run(e, 1, tree)
+    assert gpu_suite.runs_needed(e, 1, False, tree) == 1 and gpu_suite.runs_needed(e, 5, True, tree) == 5

@@ -4,9 +4,10 @@
   the current tree while its ``source_sha256`` (nbtools.source_sha256) and its ``deps_sha256`` (sha256 over
   the ``deps``, the lib/ files the notebook imported when it ran; nbtools.deps_sha256) are unchanged.
 * Merging: a partial run (``--only``) replaces its notebooks' entries and keeps the others while fresh.
-* Stability: N executions of a notebook give, per code cell that asserts, how many runs passed it (a run
-  that failed in an earlier cell did not pass it), and per ``[measured]``/``[timing]`` line (cell index +
-  label) the min / median / max of each number in it.
+* Stability: every execution of a notebook by the suite is a run (stored in stability.json, added to the
+  runs already there while the notebook's source and deps are unchanged); the runs give, per code cell that
+  asserts, how many passed it (a run that failed in an earlier cell did not pass it), and per
+  ``[measured]``/``[timing]`` line (cell index + label) the min / median / max of each number in it.
 * The nbval pass: one pytest run for every notebook and the ``gpu`` unit tests; conftest.py writes one JSON
   line per test phase to $PINLAB_PYTEST_LOG, read back here per notebook and for the unit tests.
 """
@@ -122,17 +123,21 @@ def machine_lines(nb: dict, cells=None) -> list[dict]:
 
 
 def run_outcome(nb: dict) -> dict:
-    """One execution's result: {first_error, asserts: {cell: passed}, lines}. A cell after the first failing
-    cell, or one that never ran (a timeout, a dead kernel), did not pass, whatever it printed; lines come from
-    the cells that ran without an error."""
+    """One execution's result, JSON as stored in stability.json's ``runs``: {first_error, passed, failed, lines}.
+    ``passed``/``failed`` list the asserting cells; a cell after the first failing cell, or one that never ran
+    (a timeout, a dead kernel), did not pass, whatever it printed; lines come from the cells that ran without
+    an error."""
     errors = nbtools.cell_errors(nb)
     first = errors[0]["cell"] if errors else None
     bad = {e["cell"] for e in errors}
     ok_cells = {i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and i not in bad}
     ran = {i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is not None}
+    cells = assert_cells(nb)
+    ok = [i for i in cells if i in ran and (first is None or i < first)]
     return {
-        "first_error": errors[0] if errors else None,
-        "asserts": {i: i in ran and (first is None or i < first) for i in assert_cells(nb)},
+        "first_error": dict(errors[0], evalue=errors[0]["evalue"][:300]) if errors else None,
+        "passed": ok,
+        "failed": [i for i in cells if i not in ok],
         "lines": machine_lines(nb, ok_cells),
     }
 
@@ -142,14 +147,13 @@ def _round(x: float) -> float:
 
 
 def aggregate_stability(runs: list[dict], nb: dict) -> dict:
-    """Aggregate N :func:`run_outcome` results of one notebook (``nb``: its current form, for the cells)."""
+    """Aggregate N :func:`run_outcome` results (or stored runs) of one notebook (``nb``: its current form)."""
     n = len(runs)
     cells = []
     for i in assert_cells(nb):
         first_line = next((ln.strip() for ln in _source(nb["cells"][i]).splitlines() if re.match(r"\s*assert\b", ln)),
                           "")
-        cells.append({"cell": i, "passed": sum(bool(r["asserts"].get(i)) for r in runs), "of": n,
-                      "assert": first_line[:160]})
+        cells.append({"cell": i, "passed": sum(i in r["passed"] for r in runs), "of": n, "assert": first_line[:160]})
     groups: dict = {}
     for r in runs:
         for ln in r["lines"]:
@@ -167,10 +171,31 @@ def aggregate_stability(runs: list[dict], nb: dict) -> dict:
                     "max": _round(max(p["xs"])), "runs": len(p["xs"])} for p in per_pos if p["xs"]]
         measured.append({"cell": cell, "kind": kind, "label": label, "occurrence": occ, "runs": len(values),
                          "example": values[-1][:200], "numbers": numbers})
-    failures = [dict(r["first_error"], run=k + 1) for k, r in enumerate(runs) if r["first_error"]]
-    for f in failures:
-        f["evalue"] = f["evalue"][:300]
+    failures = [dict(r["first_error"], run=k + 1, utc=r.get("utc")) for k, r in enumerate(runs) if r["first_error"]]
     return {"n": n, "assert_cells": cells, "measured": measured, "failures": failures}
+
+
+MAX_RUNS = 20  # runs kept per notebook in stability.json (the latest ones)
+
+
+def merge_stability(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT,
+                    max_runs: int = MAX_RUNS) -> tuple[list[dict], list[str]]:
+    """stability.json's entries after a run: for a notebook of this run whose old entry still holds (same source,
+    its deps unchanged), the new runs are added to the old ones (the last ``max_runs`` kept) and everything is
+    aggregated again; other entries are replaced, or kept while fresh (as :func:`merge_entries`)."""
+    olds = {e.get("path"): e for e in old}
+    combined = []
+    for e in new:
+        prev = olds.get(e["path"])
+        if prev is not None and prev.get("runs") and freshness(prev, root) is None \
+                and prev.get("source_sha256") == e["source_sha256"]:
+            runs = (prev["runs"] + e["runs"])[-max_runs:]
+            deps = sorted(set(prev["deps"]) | set(e["deps"]))
+            e = dict(e, runs=runs, deps=deps, deps_sha256=nbtools.deps_sha256(deps, root))
+        e = dict(e, **aggregate_stability(e["runs"], nbtools.load(root / e["path"])))
+        e["seconds"] = [r.get("seconds") for r in e["runs"]]
+        combined.append(e)
+    return merge_entries(old, combined, keep_paths, root)
 
 
 def spread(num: dict) -> float:
@@ -216,6 +241,8 @@ def stability_problems(entry: dict, root: Path = ROOT, min_runs: int = 5) -> lis
     if why:
         problems.append(why)
     n = entry.get("n", 0)
+    if entry.get("runs") is not None and len(entry["runs"]) != n:
+        problems.append(f"{rel}: n is {n} but {len(entry['runs'])} runs are stored")
     if n < min_runs:
         problems.append(f"{rel}: only {n} runs (at least {min_runs} needed)")
     if not why:
