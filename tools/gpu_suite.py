@@ -316,7 +316,7 @@ def main(argv: list[str]) -> int:
             stab.append(s)
     phases["execution"] = time.perf_counter() - t0
     traces = REPORTS / "traces"
-    for t in sorted((ROOT / "build" / "traces").glob("*.json")):
+    for t in [] if args.stability_only else sorted((ROOT / "build" / "traces").glob("*.json")):
         traces.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(t, traces / t.name)
         print(f"kept {t.relative_to(ROOT)} as {(traces / t.name).relative_to(ROOT)} ({t.stat().st_size // 1024} KiB)")
