@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,9 +117,15 @@ MUTATIONS: list[Mutation] = [
       ["tests/test_core.py", "tests/test_bad_input.py"], "report() prints a negative or NaN time"),
     # ---- checks core --------------------------------------------------------------------------------
     M("checks.numpy_int_rejected", "lib/pinlab/checks/__init__.py",
-      "    if isinstance(value, numbers.Integral):\n        return int(value)",
-      "    if type(value) is int:\n        return int(value)",
-      ["tests/test_core.py", "tests/test_bad_input.py"], "as_int rejects np.int64(5) (a correct answer)"),
+      "        return as_int(got) == expected", "        return isinstance(got, int) and got == expected",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "same_int rejects np.int64(5) (a correct answer)"),
+    M("checks.tensor_int_rejected", "lib/pinlab/checks/__init__.py",
+      "        if kind in (\"i\", \"u\") or (is_float is False", "        if kind in (\"i\", \"u\") or (is_float is None",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "as_int rejects torch.tensor(5)"),
+    M("checks.long_args_cut", "lib/pinlab/checks/__init__.py",
+      "        return _ends(value, width, depth) + f\" (len {len(value)})\"",
+      "        return text[:width] + \"...\"",
+      ["tests/test_core.py", "tests/test_bad_input.py"], "long arguments cut at a width, the last values hidden"),
     M("checks.hint_never", "lib/pinlab/checks/__init__.py",
       "if hint and _FAILURES[name] >= 2:", "if hint and _FAILURES[name] >= 99:",
       ["tests/test_core.py"], "the hint never shows"),
@@ -191,23 +197,30 @@ def _env(copy: Path) -> dict:
     return env
 
 
-_RESULT = re.compile(r"^(FAILED|ERROR) (\S+?)(?: - .*)?$")
+def _failures(junit: Path) -> set[str]:
+    """``file.py::test_name[params]`` of every failed or erroring test in a junit XML report."""
+    failed = set()
+    if not junit.is_file():
+        return failed
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            module = case.get("classname", "").split(".")
+            failed.add(f"{module[-1] if module else '?'}.py::{case.get('name')}")
+    return failed
 
 
 def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[set[str], str, float]:
     """(failing test ids, pytest's last line, seconds) for ``tests`` in the copy."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-rfE", "--tb=no",
-           "-o", "addopts=", *tests]
+    junit = copy / ".mutation-junit.xml"
+    junit.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "--tb=no",
+           "-o", "addopts=", f"--junitxml={junit}", *tests]
     t0 = time.perf_counter()
     try:
         out = subprocess.run(cmd, cwd=copy, env=_env(copy), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"<timeout>"}, f"timed out after {timeout:.0f} s", time.perf_counter() - t0
-    failed = set()
-    for line in out.stdout.splitlines():
-        m = _RESULT.match(line.strip())
-        if m:
-            failed.add(m.group(2))
+    failed = _failures(junit)
     tail = (out.stdout.strip().splitlines() or [""])[-1]
     if out.returncode not in (0, 1) and not failed:  # collection error, usage error, crash
         failed.add(f"<pytest exit {out.returncode}>")
@@ -227,7 +240,7 @@ def _apply(copy: Path, mut: Mutation) -> str | None:
 
 
 def _short(test_id: str) -> str:
-    return test_id.split("/")[-1]
+    return test_id  # already "file.py::name[params]"
 
 
 def main(argv=None) -> int:
@@ -263,13 +276,15 @@ def main(argv=None) -> int:
 
         test_files = sorted({t for m in muts for t in m.tests if (copy / t).is_file()})
         baseline, tail, secs = run_tests(copy, test_files, args.timeout)
-        print(f"baseline (no mutation), {len(test_files)} test files: {tail} ({secs:.0f} s)")
+        print(f"baseline (no mutation), {len(test_files)} test files: {tail} ({secs:.0f} s)", flush=True)
         if baseline:
             print("  already failing without a mutation (not counted as catching anything): "
                   + ", ".join(sorted(_short(t) for t in baseline)))
 
         rows = []
-        for m in muts:
+        for i, m in enumerate(muts, 1):
+            if rows:
+                print(f"  [{i - 1}/{len(muts)}] {rows[-1][0].id}: {rows[-1][1]}", flush=True)
             tests = [t for t in m.tests if (copy / t).is_file()]
             original = _apply(copy, m) if tests else None
             if original is None:
@@ -285,6 +300,8 @@ def main(argv=None) -> int:
                 rows.append((m, "caught", f"{len(caught)} tests: {shown}", secs))
             else:
                 rows.append((m, "SURVIVED", f"no test failed ({tail})", secs))
+        if rows:
+            print(f"  [{len(rows)}/{len(muts)}] {rows[-1][0].id}: {rows[-1][1]}", flush=True)
     finally:
         if args.keep:
             print(f"kept {copy}")
