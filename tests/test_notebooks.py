@@ -1,7 +1,6 @@
 """Notebook hygiene: every notebook executed, in sync with its source, free of errors.
 The GPU evidence (reports/gpu/latest.json, stability.json) is checked in tests/test_evidence.py."""
 import json
-from pathlib import Path
 
 import pytest
 
