@@ -168,3 +168,17 @@ def test_doctor_without_recordings_on_cpu(datadir, monkeypatch):
 def test_quiet_must_be_a_bool():
     with pytest.raises(TypeError, match="quiet must be True or False"):
         pinlab.measure("ok", lambda: 1, quiet="no")
+
+
+def test_doctor_names_a_missing_suite_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    data = tmp_path / "gpu" / "data"
+    data.mkdir(parents=True)
+    monkeypatch.setenv("PINLAB_DATA_DIR", str(data))
+    _store(data, "fine", {}, 1)
+    rep = pinlab.doctor(verbose=False)
+    check = next(c for c in rep["checks"] if c["check"] == "GPU suite report")
+    assert check["ok"] is False and "latest.json is missing" in check["note"] and rep["ok"] is True
+    (tmp_path / "gpu" / "latest.json").write_text('{"notebooks": [{"path": "notebooks/00.ipynb"}]}')
+    check = next(c for c in pinlab.doctor(verbose=False)["checks"] if c["check"] == "GPU suite report")
+    assert check["ok"] is True

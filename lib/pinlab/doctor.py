@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 from .args import bool_arg
@@ -43,6 +44,17 @@ def doctor(verbose: bool = True) -> dict:
     else:
         note = f"none under {data_dir()}: run the GPU suite on a CUDA machine (make gpu-suite)"
     add("recorded GPU run", bool(recorded) and not broken, note, required=not f["cuda_available"])
+    report = data_dir().parent / "latest.json"
+    fix = "restore it with `git checkout -- reports/gpu` or re-run the GPU suite (make gpu-suite)"
+    try:
+        notebooks = json.loads(report.read_text(encoding="utf-8")).get("notebooks")
+        ok_report = isinstance(notebooks, list) and bool(notebooks)
+        report_note = (f"{len(notebooks)} notebooks in the latest GPU suite run" if ok_report
+                       else f"{report} lists no notebooks: {fix}")
+    except (OSError, ValueError, AttributeError) as exc:
+        ok_report = False
+        report_note = f"{report} is missing or unreadable ({type(exc).__name__}): {fix}"
+    add("GPU suite report", ok_report, report_note, required=False)
     ok = all(c["ok"] for c in checks if c["required"])
     if verbose:
         for c in checks:
