@@ -8,7 +8,7 @@ comma := ,
 # add TORCH_INDEX=https://download.pytorch.org/whl/cpu so that pip finds the CPU build there.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 KIND := $(if $(HAS_GPU),gpu,cpu)
-EXTRAS := $(if $(HAS_GPU),test$(comma)gpu,test)
+EXTRAS := $(if $(HAS_GPU),test$(comma)site$(comma)gpu,test$(comma)site)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.11$(comma)<2.15,torch==2.13.0)
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed-$(KIND)
@@ -23,6 +23,7 @@ help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
 	@echo "make test       unit tests + every notebook under nbval (strict)"
 	@echo "make lab        open JupyterLab on the course"
+	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 
 # Reinstalls whenever pyproject.toml (the dependencies) or this Makefile changes.
@@ -51,7 +52,7 @@ test-notebooks: setup
 	$(VPY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
 lab: setup
-	$(VPY) -m jupyter lab notebooks/00_start_here.ipynb
+	$(VPY) -m jupyter lab --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
 
 # On a GPU host: see README "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
 # Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".
