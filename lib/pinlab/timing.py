@@ -37,6 +37,7 @@ class Stats:
         if isinstance(samples_ms, (str, bytes, dict)) or not hasattr(samples_ms, "__iter__"):
             raise wrong
         try:
+            samples_ms = samples_ms.tolist() if hasattr(samples_ms, "tolist") else list(samples_ms)
             samples_ms = list(samples_ms)
         except TypeError:  # e.g. a 0-d tensor
             raise wrong from None
