@@ -673,9 +673,12 @@ def test_every_public_name_of_the_shared_modules_is_covered():
 
 def test_functions_without_arguments_answer_plainly():
     assert isinstance(pinlab.facts(), dict) and pinlab.has_cuda() is False
-    assert pinlab.pinned_memory_available() is False and pinlab.host_stats() == {}
-    assert pinlab.pinned_bytes_held() == pinlab.pinned_baseline() == 0
-    assert isinstance(pinlab.release_cached_host_blocks(), bool)
+    assert pinlab.pinned_memory_available() is False
+    assert isinstance(pinlab.host_stats(), dict) and isinstance(pinlab.release_cached_host_blocks(), bool)
+    held = pinlab.pinned_baseline()
+    assert isinstance(held, int) and held >= 0 and isinstance(pinlab.pinned_bytes_held(), int)
+    if not torch.cuda.is_available():  # (the caching host allocator is torch's, not PINLAB_FORCE_CPU's)
+        assert pinlab.host_stats() == {} and held == 0
     version, note = pinlab.flashinfer_status()
     assert isinstance(note, str) and (version is None or isinstance(version, str))
     pinlab.show("x", math.nan)  # a fact is shown as it is: show() formats, never judges
