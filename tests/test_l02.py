@@ -139,7 +139,7 @@ def test_c_environ_sees_what_setenv_wrote_and_os_environ_does_not(monkeypatch):
     monkeypatch.delenv(name, raising=False)
     assert stalls.c_environ(name) is None
     libc = ctypes.CDLL(None)
-    libc.setenv(name.encode(), b"LAZY", 1)  # what torch does for CUDA_MODULE_LOADING
+    libc.setenv(name.encode(), b"LAZY", 1)  # what older torch releases did for CUDA_MODULE_LOADING
     try:
         assert stalls.c_environ(name) == "LAZY"
         assert name not in os.environ  # Python's copy never heard of it

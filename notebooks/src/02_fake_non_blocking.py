@@ -53,7 +53,7 @@ pinned_at_start = pinlab.pinned_baseline()
 # spins for `ms` milliseconds. A call issued behind it that returns in microseconds did not wait;
 # one that takes about `ms` waited. We say a call **waited** when it took more than half the busy
 # time (`stalls.waited`). Every kernel an experiment times is launched once beforehand
-# (`pinlab.warmup`): the first launch of a kernel blocks too, as section 4 shows.
+# (`pinlab.warmup`): the first launch of a kernel can block too, as section 4 shows.
 
 # %% [markdown]
 # ## 1. The copy that returns or waits
@@ -134,8 +134,8 @@ for text, ok in facts.items():
 assert all(facts.values())
 
 # %% [markdown]
-# Read the plot from the left: small pageable copies return too, with a host cost that grows with
-# their size (the driver's `memcpy` into staging). Where the pageable lines jump to the busy time,
+# Read the plot from the left: small pageable copies return too, with a host cost that tends to grow
+# with their size (the driver's `memcpy` into staging). Where the pageable lines jump to the busy time,
 # a `non_blocking=True` copy from pageable memory has become a blocking copy.
 #
 # Note what the function does first: `torch.cuda.synchronize()`. Every copy in this sweep was
@@ -163,10 +163,10 @@ print(f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 t
 assert ok
 
 # %% [markdown]
-# Compare the two pinned lines above: a single call made right after the host waited can cost
-# several times what a call in a loop costs (the driver's first submission after an idle spell),
-# so time copies the way your code issues them. Either way it is a small fraction of what a
-# pageable copy of the same size costs the host (the line above checks a factor of 100).
+# Compare the two pinned copy_ lines above: a single call made right after the host waited can
+# cost more than a call in a loop (it is the driver's first submission after an idle spell), so
+# time copies the way your code issues them. Either way it is a small fraction of what a pageable
+# copy of the same size costs the host (the line above checks a factor of 100).
 
 # %% [markdown]
 # ## 2. The staging pool: many small copies
@@ -387,13 +387,17 @@ for text, ok in facts.items():
 assert all(facts.values())
 
 # %% [markdown]
-# The two *first* calls depend on how CUDA loads kernels. With `CUDA_MODULE_LOADING=LAZY` a
-# kernel's code is loaded on its first launch, and that launch waits for the busy GPU; with
-# `CUDA_MODULE_LOADING=EAGER` everything is loaded at start-up instead (slower start, no surprise
-# later). PyTorch sets `LAZY` when it initialises CUDA, unless you set the variable yourself. It
-# does so with C's `setenv`, in the process environment that the CUDA driver reads. Python's
-# `os.environ` is a copy of the environment made when the interpreter started, so it does not see
-# that change: ask it and you may read "unset" while CUDA runs lazily. What this run saw, both ways:
+# The two *first* calls depend on how CUDA loads kernels, which the environment variable
+# `CUDA_MODULE_LOADING` controls. With `LAZY` a kernel's code is loaded on its first launch, and
+# that launch waits for the busy GPU; with `EAGER` everything is loaded at start-up instead
+# (slower start, no surprise later). Left unset, CUDA uses its default: lazy loading, on Linux
+# since CUDA 12.2 and on every platform since 12.3 (CUDA programming guide, "Lazy Loading").
+# Older PyTorch releases set `LAZY` themselves when they initialised CUDA, with C's `setenv`; newer
+# ones leave the variable alone, since the driver loads lazily by default. Python's `os.environ` is
+# a copy of the environment made when the interpreter started and does not see a later `setenv`,
+# so we read the variable both ways: in Python's copy and in the process environment that CUDA
+# reads. "(unset)" in both does not mean eager loading: the two lines after them show what the
+# first launches did in this run.
 
 # %%
 pinlab.show("CUDA_MODULE_LOADING in os.environ (Python's copy)", hs["module_loading_environ"] or "(unset)")
@@ -458,8 +462,8 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
 # waits until the previous forward is done, then the driver feeds the data through its staging
 # buffer while the host waits inside the call, and only then does the host launch the next
 # forward. The host's preparation still overlapped the previous forward; what is serialized is
-# the **staged copy**: about one forward plus one (slower) staged copy per step. The timeline
-# shows it.
+# the **staged copy**: about one forward plus one (slower) staged copy per step, plus the moment
+# the host needs to return from `copy_` and launch the forward. The timeline shows it.
 # </details>
 
 # %%
@@ -511,14 +515,20 @@ pinlab.show("GPU idle share in the six profiled steps (no kernel running), pagea
 
 # %% [markdown]
 # Compare the measured step with the two models above. The mechanism says which one to expect: a
-# fake `non_blocking` copy does not make all of the host's work serial with the GPU's, only the
-# copy itself, and a staged copy is slower than a pinned one. With more host work per step the
-# "added up" model drifts further from the truth; with several such copies per step the serialized
-# part grows with them.
+# fake `non_blocking` copy does not make the host's preparation serial with the GPU's work (in
+# the timeline it overlaps the previous forward), only the copy itself, so the "added up" model
+# counts host time that was hidden. The second model is the mechanism's, but not to the
+# microsecond, and the measured step can land on either side of it: after the staged copy the GPU
+# also waits while the host returns from `copy_` and launches the next forward (the GPU time
+# between two forwards, above, is the staged copy plus that wait); the timed steps include the
+# loop's start and its final sync; and the staged copy's duration comes from the six profiled
+# steps, not the timed ones. With more host work per step the "added up" model drifts further
+# from the truth; with several such copies per step the serialized part grows with them.
 #
 # **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
-# Pinned inputs save about the difference between a staged and a pinned copy per step: a small
-# share of a step, of the order of run-to-run noise, so a comparison could flip on a noisy run.
+# What pinned inputs change per step is what sits between two forwards on the GPU (the gaps above:
+# a staged copy and the launch wait, against a pinned copy): a fraction of a step, of the order of
+# what a step's time moves from run to run, so a comparison could flip on a noisy run.
 # And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
 # why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and six profiled
 # steps are few: the profiler adds host work to every call, and one slow host step (the operating

@@ -100,8 +100,9 @@ def plain_floats(values) -> list:
 
 def c_environ(name: str):
     """Environment variable ``name`` as C code (the CUDA driver) sees it, or None. ``os.environ`` is
-    Python's copy taken at start-up: C's ``setenv`` later (PyTorch's, for ``CUDA_MODULE_LOADING``,
-    when it initialises CUDA) does not show there. Falls back to ``os.environ`` without a libc."""
+    Python's copy taken at start-up: a later C ``setenv`` (older PyTorch releases set
+    ``CUDA_MODULE_LOADING`` that way when they initialised CUDA) does not show there. Falls back to
+    ``os.environ`` without a libc."""
     if not isinstance(name, str) or not name or "=" in name or "\0" in name:
         raise ValueError(f"name must be an environment variable name, got {name!r}")
     try:
