@@ -74,7 +74,8 @@ print(inspect.getsource(l06.ids_per_image))
 # copies it **once**, pinned and `non_blocking` (`pinlab.async_tensor_h2d`). On the device,
 # `repeat_interleave(..., output_size=N)` gives every token its image's row (the host passes `N`,
 # so torch need not read the counts back: no sync), and the closed form does the rest. The
-# number of launches does not depend on the number of images.
+# number of torch calls does not depend on the number of images (inside `repeat_interleave`,
+# torch may launch a kernel or two more for a table of several rows than for one).
 
 # %%
 print(inspect.getsource(l06.ids_vectorised))
@@ -121,7 +122,7 @@ except TypeError as exc:
     print(f"{type(exc).__name__}: {exc}")
 
 # %% [markdown]
-# ## Launches grow with the images in (a) and (b), not in (c)
+# ## Torch calls grow with the images in (a) and (b), not in (c)
 #
 # 🔮 **Predict.** For 32 small images (16 × 16 patches each), which builder costs the host the
 # least: (a), (b) or (c)? And for one large image?
@@ -129,10 +130,10 @@ except TypeError as exc:
 # <details><summary>Answer</summary>
 #
 # For 32 small images (c), by a wide margin: (a) and (b) run one chain of about a dozen torch
-# calls *per image*, and on a GPU every call of (b) is a kernel launch of a few microseconds of
-# host time. For one large image (b) usually wins: its single chain is short, and (c) pays a fixed
-# cost (the table, its copy, `repeat_interleave`). (a) pays for CPU work that grows with the
-# number of tokens, and for its copy. Measure it below.
+# calls *per image*, and on a GPU every call of (b) is a kernel launch, which costs the host a
+# fixed price whatever the kernel's size. For one large image (b) usually wins: its single chain
+# is short, and (c) pays a fixed cost (the table, its copy, `repeat_interleave`). (a) pays for
+# CPU work that grows with the number of tokens, and for its copy. Measure it below.
 # </details>
 #
 # First, without any GPU: count the torch calls each builder makes (a `TorchFunctionMode` sees
@@ -154,7 +155,9 @@ assert calls[32]["a"] >= 3 * calls[8]["a"] and calls[32]["b"] >= 3 * calls[8]["b
 # On the GPU, `torch.profiler` counts what really happened in one call of each builder (ids and
 # the cos/sin gather): kernels run, kernel launch calls, and the H2D copies by name:
 # `Memcpy HtoD (Pageable -> Device)` or `(Pinned -> Device)`. The grid mixes: one large image, one
-# video, 8 and 32 small images, and a mixed batch of images and a video.
+# video, 8 and 32 small images, and a mixed batch of images and a video. (a)'s per-image calls
+# run on the CPU, so on the GPU it launches only its copy and the gather, whatever the mix: its
+# per-image cost is CPU work.
 
 # %%
 mixes = {name: grid for name, grid in l06.MIXES.items()}
@@ -188,7 +191,9 @@ pinlab.show("kernels at one large image", ", ".join(f"({k}) {lc['one large image
 # ## What it costs the host, and end to end
 #
 # Two times per builder and mix, the builders interleaved round by round (median of 12 rounds),
-# every kernel warmed up first (a first launch loads its module lazily and blocks):
+# every kernel warmed up first (a first launch loads its module lazily and blocks), each host
+# time taken right after the same builder's end-to-end call, as an engine calls one builder
+# step after step:
 # - **host time**: the GPU is kept busy ahead, as in a running engine, so the call never waits
 #   for it; this is what the builder costs the CPU thread that feeds the GPU;
 # - **end-to-end time**: the GPU idle, the call, then a synchronize: how long until the
@@ -243,8 +248,12 @@ pinlab.show("recommended builder: worst host time / best of the three, over all 
 #   has no table to build, pin and copy; (c)'s fixed cost is larger than one chain.
 #
 # So the recommended builder chooses per batch: (b) for a batch of one image or video, (c) for
-# more. The last line above says how close it came to the best of the three on every mix on this
-# run (the goal: within 10%).
+# more (`PER_IMAGE_MAX`). (b)'s host cost grows with every image while (c)'s stays about flat, so
+# at some number of images they cross; these mixes do not measure where: time a few small
+# batches on your machine before you move the threshold. The last line above says how close the
+# recommended builder came to the best of the three on every mix on this run (the goal: within
+# 10%). It runs the same code as the builder it chose, timed separately, so its ratio also shows
+# how much the same code varies from one timing to the next (it can read below 1.00).
 
 # %%
 print(inspect.getsource(l06.ids_recommended))
@@ -291,7 +300,7 @@ for m in ("8 small images", "32 small images", "one large image"):
 # `left_window` chunks before it. The model builds this `[x_len, x_len]` mask on the CPU
 # (`adaptive_enc_mask`, with a `nonzero()`), then moves it to the GPU; the PR made that move
 # asynchronous with `async_tensor_h2d`. The mask depends only on shapes, so it can also be built
-# on the device, in five launches and no copy (note that the CPU code's `nonzero()` would be a
+# on the device, in six launches and no copy (note that the CPU code's `nonzero()` would be a
 # host sync on the GPU: the device version needs none).
 
 # %%
@@ -371,8 +380,8 @@ assert back
 # ## What to remember
 # - Indices that depend only on shapes (rotary position ids, masks) can be **built on the device**:
 #   no host tensor, no copy, no fake `non_blocking`.
-# - Removing a copy is not free: a **per-image chain of launches** costs the host a few
-#   microseconds per kernel, and can be slower than the CPU build it replaced. Count launches with
+# - Removing a copy is not free: a **per-image chain of launches** costs the host a fixed price
+#   per kernel, and can be slower than the CPU build it replaced. Count launches with
 #   `torch.profiler` (or the torch calls with a `TorchFunctionMode`, on any machine).
 # - Build for **all images at once**: one tiny table, copied once (pinned, `non_blocking`), then a
 #   fixed number of launches; give torch the sizes the host knows (`output_size=`) so that nothing

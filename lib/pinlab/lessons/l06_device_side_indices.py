@@ -394,7 +394,7 @@ def adaptive_enc_mask(x_len, chunk_size, left_window=0, right_window=0):
 
 def streaming_mask_device(x_len, chunk_size, left_window, right_window, device):
     """The same mask built on ``device``: frame i may attend to frame j when j's chunk is at most
-    ``left_window`` chunks before and ``right_window`` chunks after i's. Five launches, no copy."""
+    ``left_window`` chunks before and ``right_window`` chunks after i's. Six launches, no copy."""
     x_len, chunk_size, left_window, right_window = _mask_args(x_len, chunk_size, left_window, right_window)
     chunk = torch.arange(x_len, device=as_device(device)) // chunk_size
     d = chunk.unsqueeze(0) - chunk.unsqueeze(1)               # j's chunk minus i's chunk
@@ -453,7 +453,12 @@ def builder_times(mixes=None, merge_size: int = 2, rounds: int = 15, busy_ms: fl
                   head_dim: int = 80, stream=None) -> dict:
     """Host µs per call (GPU kept busy ``busy_ms`` ahead: what the host pays) and end-to-end µs
     (GPU idle: call, then synchronize) for every builder and mix, builders interleaved round by
-    round (rotated order), medians. Every kernel is warmed up first.
+    round (rotated order), medians. Every kernel is warmed up first. In each round a builder's
+    end-to-end call comes first and its host-timed call right after it, so every host time is
+    taken after the same builder's own code, as in an engine that calls one builder step after
+    step. (On the first H200 run, with each host time taken after the previous builder's call,
+    the recommended builder and the builder it chose, the same code, read clearly different
+    host times: likely the CPU's caches, warm or cold for the code by what ran just before.)
 
     Returns ``{"builders": [...], "mixes": {mix: {"tokens", "images", builder: {"host_us",
     "e2e_us"}}}}``.
@@ -476,15 +481,15 @@ def builder_times(mixes=None, merge_size: int = 2, rounds: int = 15, busy_ms: fl
         for r in range(rounds):
             order = keys[r % len(keys):] + keys[:r % len(keys)]
             for k in order:
-                s.busy(busy_ms)
-                t0 = time.perf_counter()
-                _call(BUILDERS[k], grid, merge_size, rope, s)
-                host[k].append((time.perf_counter() - t0) * 1e6)
-                _sync(s)
                 t0 = time.perf_counter()
                 _call(BUILDERS[k], grid, merge_size, rope, s)
                 _sync(s)
                 e2e[k].append((time.perf_counter() - t0) * 1e6)
+                s.busy(busy_ms)  # the host call right after the same builder's call, as in an engine
+                t0 = time.perf_counter()
+                _call(BUILDERS[k], grid, merge_size, rope, s)
+                host[k].append((time.perf_counter() - t0) * 1e6)
+                _sync(s)
         out["mixes"][name] = {"tokens": num_tokens(grid), "images": len(grid),
                               **{k: {"host_us": statistics.median(host[k]), "e2e_us": statistics.median(e2e[k])}
                                  for k in keys}}
