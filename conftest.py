@@ -6,10 +6,16 @@
 * every notebook cell gets the marker ``notebook`` (the GPU suite selects ``-m "gpu or notebook"``: the
   ``gpu`` unit tests and nbval in one pytest run);
 * with $PINLAB_PYTEST_LOG set, each test phase's outcome is appended there as a JSON line (the GPU suite
-  reads them back per notebook and for the unit tests: tools/evidence.py).
+  reads them back per notebook and for the unit tests: tools/evidence.py);
+* with $PINLAB_NBVAL_CAPTURE set, every notebook cell nbval ran (or skipped) is appended there as a JSON line
+  once its teardown is done: {path, source_sha256, cell (index in the notebook's cells), code_cell, outcome
+  (passed / failed / error / skipped), message, seconds, stdout (its fresh stdout), error ({ename, evalue} of
+  an error output, or null)}; the GPU suite counts each notebook's nbval pass as a stability run from it
+  (evidence.nbval_outcome).
 """
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -65,6 +71,53 @@ def _log(record: dict) -> None:
 def pytest_runtest_logreport(report):
     _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
           "duration": round(report.duration, 3), "message": _short(report)})
+
+
+_PHASE_OUTCOME = {"setup": "error", "call": "failed", "teardown": "error"}
+
+
+def _capture_cell(item, reports: dict) -> dict:
+    """The $PINLAB_NBVAL_CAPTURE record of one nbval cell (``reports``: its test reports by phase)."""
+    import nbtools
+
+    nb_item = item.parent
+    if not hasattr(nb_item, "_pinlab_sha256"):
+        nb_item._pinlab_sha256 = nbtools.source_sha256(nb_item.nb)
+    index = next((i for i, c in enumerate(nb_item.nb.cells) if c is item.cell), None)
+    outcome, message = "passed", ""
+    for when in ("setup", "call", "teardown"):
+        rep = reports.get(when)
+        if rep is None:
+            continue
+        if rep.failed:
+            outcome, message = _PHASE_OUTCOME[when], re.sub(r"\x1b\[[0-9;]*m", "", _short(rep))  # no colours
+            break
+        if rep.skipped:  # nbval-skip, or an xfail after a timeout
+            outcome = "skipped"
+            break
+    if "call" not in reports and outcome == "passed":
+        outcome = "skipped"  # never ran
+    outs = getattr(item, "test_outputs", None) or []  # nbval's fresh outputs (raw: not sanitized)
+    stdout = "".join(o.get("text", "") for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    error = next(({"ename": o.get("ename", ""), "evalue": str(o.get("evalue", ""))[:300]}
+                  for o in outs if o.get("output_type") == "error"), None)
+    return {"path": Path(os.path.relpath(item.path, ROOT)).as_posix(), "source_sha256": nb_item._pinlab_sha256,
+            "cell": index, "code_cell": item.cell_num, "outcome": outcome, "message": message,
+            "seconds": round(sum(r.duration for r in reports.values()), 3), "stdout": stdout, "error": error}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    path = os.environ.get("PINLAB_NBVAL_CAPTURE")
+    if not path or getattr(item, "path", None) is None or item.path.suffix != ".ipynb" \
+            or not hasattr(item, "cell_num"):
+        return
+    reports = item.__dict__.setdefault("_pinlab_reports", {})
+    reports[call.when] = outcome.get_result()
+    if call.when == "teardown":
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(_capture_cell(item, reports)) + "\n")
 
 
 def pytest_collectreport(report):

@@ -340,6 +340,126 @@ def test_aggregate_stability_counts_passes_and_spreads():
     assert summary.index("'copy'") < summary.index("'idle share'")  # 12222% spread before 100%
 
 
+def _capture(nb, outcomes, path="notebooks/00_x.ipynb", sha=None, stdout=None, errors=None):
+    """A made-up nbval capture of ``nb`` (conftest.py's records): ``outcomes`` {cell index: outcome} (code cells
+    left out were never captured), ``stdout`` {index: text} (default: the cell's stored stdout)."""
+    sha = sha or nbtools.source_sha256(nb)
+    recs, k = [], 0
+    for i, c in enumerate(nb["cells"]):
+        if c["cell_type"] != "code":
+            continue
+        if i in outcomes:
+            text = (stdout or {}).get(i, nbtools._stdout(c))
+            recs.append({"path": path, "source_sha256": sha, "cell": i, "code_cell": k, "outcome": outcomes[i],
+                         "message": "" if outcomes[i] == "passed" else f"nbval says {outcomes[i]}", "seconds": 0.5,
+                         "stdout": text, "error": (errors or {}).get(i)})
+        k += 1
+    return recs
+
+
+def test_nbval_capture_is_a_run_like_an_execution():
+    nb = _run()
+    cap = _capture(nb, dict.fromkeys(range(5), "passed"), stdout={2: "[timing] copy: 12.0 µs\n[measured] idle share: 50%\n"})
+    o = evidence.nbval_outcome(cap, nb)
+    assert o["via"] == "nbval" and o["first_error"] is None
+    assert (o["passed"], o["failed"]) == ([1, 3, 4], [])
+    assert [(ln["cell"], ln["label"], ln["value"]) for ln in o["lines"]] == [(2, "copy", "12.0 µs"), (2, "idle share", "50%")]
+    agg = evidence.aggregate_stability([evidence.run_outcome(_run()), o], nb)
+    assert agg["n"] == 2 and [c["passed"] for c in agg["assert_cells"]] == [2, 2, 2]
+    timing = next(m for m in agg["measured"] if m["label"] == "copy")
+    assert timing["numbers"] == [{"unit": "ms", "min": 0.009, "median": 0.0105, "max": 0.012, "runs": 2}]
+    lines = [json.dumps(r) for r in cap] + ["", "{broken"]
+    assert evidence.read_nbval_capture(lines) == {"notebooks/00_x.ipynb": cap}
+
+
+def test_nbval_failing_cell_and_the_cells_after_it_do_not_pass():
+    nb = _run()
+    # cell 3 fails (an output mismatch: no error output), cell 4 passes afterwards in the same kernel: not passed
+    o = evidence.nbval_outcome(_capture(nb, {0: "passed", 1: "passed", 2: "passed", 3: "failed", 4: "passed"}), nb)
+    assert (o["passed"], o["failed"]) == ([1], [3, 4])
+    assert o["first_error"] == {"cell": 3, "ename": "nbval", "evalue": "nbval says failed"}
+    assert [ln["label"] for ln in o["lines"]] == ["copy", "idle share"], "a cell without an error output still measured"
+    # an error in cell 1 (its error output kept), skipped and never captured cells after it: none passes
+    e = {"ename": "AssertionError", "evalue": "too slow"}
+    o = evidence.nbval_outcome(_capture(nb, {0: "passed", 1: "failed", 2: "passed", 3: "skipped"}, errors={1: e}), nb)
+    assert (o["passed"], o["failed"]) == ([], [1, 3, 4]) and o["first_error"] == {"cell": 1, **e}
+    o = evidence.nbval_outcome(_capture(nb, {0: "error", 1: "passed", 2: "passed", 3: "passed", 4: "passed"}), nb)
+    assert o["passed"] == [] and o["first_error"]["cell"] == 0, "a setup error counts as a failure"
+    # a cell whose fresh output is an error: its lines are not counted
+    o = evidence.nbval_outcome(_capture(nb, dict.fromkeys(range(5), "passed"), errors={2: e}), nb)
+    assert o["lines"] == []
+    # a skipped cell (nbval-skip) with no failure before it only fails itself if it asserts
+    o = evidence.nbval_outcome(_capture(nb, {0: "passed", 1: "passed", 2: "skipped", 3: "passed", 4: "skipped"}), nb)
+    assert (o["passed"], o["failed"]) == ([1, 3], [4])
+
+
+def test_add_nbval_runs_only_where_the_sources_hold(tree):
+    path = tree / "notebooks" / "00_x.ipynb"
+    nb = nbtools.load(path)
+    meta = {"gpu": "NVIDIA H200"}
+    ok = {"via": "execution", "first_error": None, "passed": [1], "failed": [], "lines": []}
+    nbtools.save(notebook([code("import pkg")]), tree / "notebooks" / "01_y.ipynb")
+    nbtools.save(notebook([code("import pkg\nassert 1")]), tree / "notebooks" / "02_z.ipynb")
+    entries = [entry(tree, runs=[ok]), entry(tree, "notebooks/01_y.ipynb", runs=[ok]),
+               entry(tree, "notebooks/02_z.ipynb", runs=[ok])]
+    capture = {"notebooks/00_x.ipynb": _capture(nb, {1: "failed"}),
+               "notebooks/02_z.ipynb": _capture(nb, {1: "passed"}, path="notebooks/02_z.ipynb", sha="other")}
+    added, skipped = evidence.add_nbval_runs(entries, capture, meta, "2026-11-30T00:00:00Z", tree)
+    assert added == {"notebooks/00_x.ipynb": 1}
+    assert len(entries[0]["runs"]) == 2 and [len(e["runs"]) for e in entries[1:]] == [1, 1]
+    run = entries[0]["runs"][1]
+    assert (run["via"], run["passed"], run["failed"], run["gpu"], run["seconds"]) == ("nbval", [], [1], "NVIDIA H200", 0.5)
+    assert any("01_y" in w and "no capture" in w for w in skipped) and any("another source" in w for w in skipped)
+    merged, _ = evidence.merge_stability([], entries[:1], {"notebooks/00_x.ipynb"}, tree)
+    assert merged[0]["n"] == 2 and merged[0]["assert_cells"][0]["passed"] == 1
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited after the executions\n")
+    entries = [entry(tree, runs=[ok])]
+    (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited again, before nbval\n")
+    added, skipped = evidence.add_nbval_runs(entries, {"notebooks/00_x.ipynb": _capture(nb, {1: "passed"})}, meta, "t", tree)
+    assert added == {} and "a lib file it imports changed" in skipped[0] and len(entries[0]["runs"]) == 1
+
+
+def test_conftest_captures_nbval_cells(tmp_path, monkeypatch):
+    """conftest.py's capture hook on a stand-in for nbval's IPyNbCell: outcome by phase, fresh stdout, index."""
+    import conftest
+
+    cap = tmp_path / "cap.jsonl"
+    monkeypatch.setenv("PINLAB_NBVAL_CAPTURE", str(cap))
+    cells = [{"cell_type": "markdown", "source": "# t"}, {"cell_type": "code", "source": "print(1)"},
+             {"cell_type": "code", "source": "assert 0"}]
+    import nbformat
+
+    parent = types.SimpleNamespace(nb=nbformat.from_dict({"cells": cells}))  # as nbval's IPyNbFile.nb
+
+    def item(k, outs):
+        return types.SimpleNamespace(path=ROOT / "notebooks" / "00_x.ipynb", parent=parent, cell=parent.nb.cells[k],
+                                     cell_num=k - 1, test_outputs=outs)
+
+    def rep(when, outcome, duration=0.25):
+        return types.SimpleNamespace(when=when, outcome=outcome, duration=duration, failed=outcome == "failed",
+                                     skipped=outcome == "skipped", passed=outcome == "passed",
+                                     longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message="boom")))
+
+    def phases(it, *outcomes):
+        for when, outcome in zip(("setup", "call", "teardown"), outcomes):
+            hook = conftest.pytest_runtest_makereport(it, types.SimpleNamespace(when=when))
+            next(hook)
+            with contextlib.suppress(StopIteration):
+                hook.send(types.SimpleNamespace(get_result=lambda r=rep(when, outcome): r))
+
+    phases(item(1, [{"output_type": "stream", "name": "stdout", "text": "1\n[timing] t: 3 ms\n"},
+                    {"output_type": "stream", "name": "stderr", "text": "warn\n"}]), "passed", "passed", "passed")
+    phases(item(2, [{"output_type": "error", "ename": "AssertionError", "evalue": "", "traceback": []}]),
+           "passed", "failed", "passed")
+    recs = [json.loads(ln) for ln in cap.read_text().splitlines()]
+    sha = nbtools.source_sha256({"cells": cells})
+    assert recs == [
+        {"path": "notebooks/00_x.ipynb", "source_sha256": sha, "cell": 1, "code_cell": 0, "outcome": "passed",
+         "message": "", "seconds": 0.75, "stdout": "1\n[timing] t: 3 ms\n", "error": None},
+        {"path": "notebooks/00_x.ipynb", "source_sha256": sha, "cell": 2, "code_cell": 1, "outcome": "failed",
+         "message": "boom", "seconds": 0.75, "stdout": "", "error": {"ename": "AssertionError", "evalue": ""}}]
+
+
 def test_unexecuted_cells_do_not_pass():
     nb = _run()
     for c in nb["cells"][3:]:
@@ -462,5 +582,9 @@ def test_stale_counts_the_runs_still_needed(tree):
     assert gpu_suite.runs_needed(e, 5, True, tree) == 2, "a failure on fresh sources is a run like any other"
     assert gpu_suite.runs_needed(e, 3, True, tree) == 0
     assert gpu_suite.runs_needed(dict(e, status="failed"), 1, False, tree) == 0
+    assert gpu_suite.runs_needed(e, 5, True, tree, nbval=True) == 1, "the nbval pass is the other run"
+    assert gpu_suite.runs_needed(e, 4, True, tree, nbval=True) == 1, "nbval needs an execution to run on"
+    assert gpu_suite.runs_needed(e, 3, True, tree, nbval=True) == 0
     (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited\n")
     assert gpu_suite.runs_needed(e, 1, False, tree) == 1 and gpu_suite.runs_needed(e, 5, True, tree) == 5
+    assert gpu_suite.runs_needed(e, 5, True, tree, nbval=True) == 4

@@ -4,10 +4,12 @@
   the current tree while its ``source_sha256`` (nbtools.source_sha256) and its ``deps_sha256`` (sha256 over
   the ``deps``, the lib/ files the notebook imported when it ran; nbtools.deps_sha256) are unchanged.
 * Merging: a partial run (``--only``) replaces its notebooks' entries and keeps the others while fresh.
-* Stability: every execution of a notebook by the suite is a run (stored in stability.json, added to the
-  runs already there while the notebook's source and deps are unchanged); the runs give, per code cell that
-  asserts, how many passed it (a run that failed in an earlier cell did not pass it), and per
-  ``[measured]``/``[timing]`` line (cell index + label) the min / median / max of each number in it.
+* Stability: every execution of a notebook by the suite is a run, and so is its nbval pass (stored in
+  stability.json, added to the runs already there while the notebook's source and deps are unchanged); the
+  runs give, per code cell that asserts, how many passed it (a run that failed in an earlier cell did not
+  pass it), and per ``[measured]``/``[timing]`` line (cell index + label) the min / median / max of each
+  number in it. An nbval run (``"via": "nbval"``) comes from conftest.py's capture ($PINLAB_NBVAL_CAPTURE):
+  :func:`nbval_outcome`, :func:`add_nbval_runs`.
 * The nbval pass: one pytest run for every notebook and the ``gpu`` unit tests; conftest.py writes one JSON
   line per test phase to $PINLAB_PYTEST_LOG, read back here per notebook and for the unit tests.
 """
@@ -140,6 +142,73 @@ def run_outcome(nb: dict) -> dict:
         "failed": [i for i in cells if i not in ok],
         "lines": machine_lines(nb, ok_cells),
     }
+
+
+def read_nbval_capture(lines) -> dict:
+    """conftest.py's $PINLAB_NBVAL_CAPTURE lines, grouped by notebook path: {path: [cell records]}."""
+    out: dict = {}
+    for rec in read_pytest_log(lines):
+        if isinstance(rec, dict) and rec.get("path") is not None:
+            out.setdefault(rec["path"], []).append(rec)
+    return out
+
+
+def nbval_outcome(cells: list[dict], nb: dict) -> dict:
+    """One nbval pass over a notebook as a run, the form of :func:`run_outcome`: ``cells``, the capture's
+    records of that notebook (conftest.py), ``nb`` the notebook nbval ran (its source is that of the capture).
+
+    An asserting cell passed if its nbval item passed and no code cell before it failed or errored (an output
+    mismatch included); a cell after a failure, skipped or not captured, did not pass. ``first_error`` is the
+    first cell that failed: its error output, or nbval's message (``ename`` "nbval", e.g. outputs differ).
+    ``lines`` come from the captured cells whose fresh outputs hold no error (a ``raises-exception`` cell's
+    expected error aside), as an execution's do."""
+    by_cell = {c["cell"]: c for c in cells if c.get("cell") is not None}
+    bad = sorted(i for i, c in by_cell.items() if c.get("outcome") in ("failed", "error"))
+    first = bad[0] if bad else None
+    asserting = assert_cells(nb)
+    ok = [i for i in asserting if by_cell.get(i, {}).get("outcome") == "passed" and (first is None or i < first)]
+    first_error = None
+    if first is not None:
+        c = by_cell[first]
+        e = c.get("error") or {"ename": "nbval", "evalue": c.get("message") or c.get("outcome", "")}
+        first_error = {"cell": first, "ename": e.get("ename", ""), "evalue": str(e.get("evalue", ""))[:300]}
+    fresh = {"cells": []}
+    for i, cell in enumerate(nb["cells"]):
+        rec = by_cell.get(i)
+        expected = "raises-exception" in cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "code" or rec is None or (rec.get("error") and not expected):
+            fresh["cells"].append({"cell_type": "markdown", "source": ""})
+        else:
+            fresh["cells"].append({"cell_type": "code", "source": "",
+                                   "outputs": [{"output_type": "stream", "name": "stdout", "text": rec.get("stdout") or ""}]})
+    return {"via": "nbval", "first_error": first_error, "passed": ok,
+            "failed": [i for i in asserting if i not in ok], "lines": machine_lines(fresh)}
+
+
+def add_nbval_runs(entries: list[dict], capture: dict, meta: dict, utc: str, root: Path = ROOT) -> tuple[dict, list[str]]:
+    """Add each notebook's nbval pass (``capture``: :func:`read_nbval_capture`) to its stability entry of this
+    run (``entries``, changed in place) as one more run, where it holds: the source nbval ran is the entry's,
+    and the entry is fresh now (its deps unchanged since the executions). Returns ({path: runs added}, why
+    the others were not added)."""
+    added, skipped = {}, []
+    for e in entries:
+        cells = capture.get(e["path"])
+        if not cells:
+            skipped.append(f"{e['path']}: nbval left no capture of it (not in the nbval pass, or no cell ran)")
+            continue
+        shas = {c.get("source_sha256") for c in cells}
+        if shas != {e.get("source_sha256")}:
+            skipped.append(f"{e['path']}: nbval ran another source than the executions")
+            continue
+        why = freshness(e, root)
+        if why:
+            skipped.append(why)
+            continue
+        run = nbval_outcome(cells, nbtools.load(root / e["path"]))
+        e["runs"].append({"utc": utc, "gpu": meta.get("gpu"),
+                          "seconds": round(sum(c.get("seconds") or 0.0 for c in cells), 1), **run})
+        added[e["path"]] = 1
+    return added, skipped
 
 
 def _round(x: float) -> float:

@@ -8,17 +8,21 @@
 3. writes reports/gpu/latest.json: GPU and versions of this run, ``unit_tests``, and per notebook its status,
    seconds, ``source_sha256``, ``deps``/``deps_sha256`` and UTC time, merged with the entries of notebooks
    this run left out while they hold (their source and deps unchanged: tests/test_evidence.py);
-4. adds every execution to reports/gpu/stability.json as a run of that notebook (runs on the same source and
-   deps accumulate, over calls too): per asserting cell how many runs passed it, per [measured]/[timing] line
-   the min / median / max of each number. Profiler traces written under build/traces/ go to reports/gpu/traces/.
+4. adds every execution to reports/gpu/stability.json as a run of that notebook, and its nbval pass as one
+   more run (conftest.py captures each nbval cell's outcome and fresh stdout to $PINLAB_NBVAL_CAPTURE; added
+   only where nbval ran the executions' source and the deps are unchanged), so a plain call adds 2 runs per
+   notebook that reached nbval (runs on the same source and deps accumulate, over calls too): per asserting
+   cell how many runs passed it, per [measured]/[timing] line the min / median / max of each number.
+   Profiler traces written under build/traces/ go to reports/gpu/traces/.
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
         [--keep-going] [--cell-timeout S] [--no-unit-tests]
   --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04)
-  --repeat N       execute each notebook N times (then nbval once, on the last execution)
+  --repeat N       execute each notebook N times (then nbval once, on the last execution: N + 1 runs)
   --stale          only what is missing: without --repeat, the notebooks whose latest.json entry does not hold;
-                   with --repeat N, the executions that bring each notebook to N runs in stability.json
+                   with --repeat N, the executions that bring each notebook to N runs in stability.json (the
+                   nbval pass counted as one, unless --stability-only; at least one execution)
   --stability-only executions for stability.json only: no nbval, no unit tests; latest.json, the notebooks in
                    place and reports/gpu/data are left alone (run the plain suite for those)
   --budget S       start no notebook whose estimated time (from latest.json) would end the run after S seconds;
@@ -83,14 +87,16 @@ def select(paths, only):
     return [p for p in paths if any(o in p.name for o in only)]
 
 
-def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT) -> int:
+def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT, nbval: bool = False) -> int:
     """--stale: how many executions a notebook needs. For latest.json: 1 unless its entry holds. For
     stability.json: what brings its fresh runs up to ``repeat`` (a failure on fresh sources is a result: rerun
-    that notebook with --only)."""
+    that notebook with --only); with ``nbval`` (the call has an nbval pass, which adds a run) one execution
+    fewer, but at least one."""
     fresh = entry is not None and evidence.freshness(entry, root) is None
     if not for_stability:
         return 0 if fresh else 1
-    return max(0, repeat - (len(entry.get("runs") or []) if fresh else 0))
+    need = max(0, repeat - (len(entry.get("runs") or []) if fresh else 0))
+    return max(1, need - 1) if nbval and need else need
 
 
 def fit_budget(paths, seconds: dict, counts: dict, budget: float, spent: float, nbval: bool = True,
@@ -144,7 +150,8 @@ def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
         if res["deps"]:
             deps |= set(res["deps"])
         errors = nbtools.cell_errors(nb)
-        runs.append({"utc": utc_now(), "gpu": meta["gpu"], "seconds": secs[-1], **evidence.run_outcome(nb)})
+        runs.append({"utc": utc_now(), "gpu": meta["gpu"], "seconds": secs[-1], "via": "execution",
+                     **evidence.run_outcome(nb)})
         problem = ""
         if res["error"] is not None or errors:
             cell = errors[0]["cell"] if errors else None
@@ -187,26 +194,32 @@ def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
 
 
 def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
-                require_gpu: bool = True) -> tuple[dict, dict | None, float]:
+                require_gpu: bool = True) -> tuple[dict, dict | None, float, dict]:
     """One pytest run: nbval on ``notebooks`` and the gpu unit tests in ``test_files`` (``require_gpu=False``
-    only to try it out on a CPU)."""
+    only to try it out on a CPU). Returns (per notebook results, unit test results, seconds, the nbval
+    capture: {path: [cell records]}, evidence.read_nbval_capture)."""
     t0 = time.perf_counter()
     if not notebooks and not test_files:
-        return {}, None, 0.0
+        return {}, None, 0.0, {}
     fd, jsonl = tempfile.mkstemp(prefix="pinlab-pytest-", suffix=".jsonl")
+    os.close(fd)
+    fd, capture_path = tempfile.mkstemp(prefix="pinlab-nbval-capture-", suffix=".jsonl")
     os.close(fd)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or notebook",
            *(["--require-gpu"] if require_gpu else []), "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
            f"--nbval-cell-timeout={args.cell_timeout}", *notebooks, *test_files]
     print(f"pytest: nbval on {len(notebooks)} notebooks + gpu unit tests in {len(test_files)} files ...", flush=True)
-    env = dict(os.environ, PINLAB_PYTEST_LOG=jsonl)
+    env = dict(os.environ, PINLAB_PYTEST_LOG=jsonl, PINLAB_NBVAL_CAPTURE=capture_path)
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         out = res.stdout + res.stderr
         with open(jsonl, encoding="utf-8") as f:
             records = evidence.read_pytest_log(f)
+        with open(capture_path, encoding="utf-8") as f:
+            capture = evidence.read_nbval_capture(f)
     finally:
         os.unlink(jsonl)
+        os.unlink(capture_path)
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"# {utc_now()}\n$ {shlex.join(['python3'] + cmd[1:])}\n{out}\n")
     tail = [ln for ln in out.strip().splitlines() if ln.strip()]
@@ -218,7 +231,7 @@ def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
         unit.update(command="python3 -m pytest -q -m gpu " + " ".join(test_files), utc=utc_now())
         if unit["passed"] + unit["failed"] == 0:
             unit["failures"].append("no gpu unit test ran (collection error? see reports/gpu/nbval.log)")
-    return nb_res, unit, time.perf_counter() - t0
+    return nb_res, unit, time.perf_counter() - t0, capture
 
 
 def build_report(old: dict, rows: list[dict], unit: dict | None, meta: dict, command: str, keep, root=ROOT):
@@ -269,7 +282,8 @@ def main(argv: list[str]) -> int:
     counts = {p.relative_to(ROOT).as_posix(): args.repeat for p in paths}
     if args.stale:
         have = {e.get("path"): e for e in (old_stab if for_stability else old_latest).get("notebooks", [])}
-        counts = {rel: runs_needed(have.get(rel), args.repeat, for_stability) for rel in counts}
+        counts = {rel: runs_needed(have.get(rel), args.repeat, for_stability,
+                                   nbval=for_stability and not args.stability_only) for rel in counts}
         counts = {rel: c for rel, c in counts.items() if c}
         paths = [p for p in paths if p.relative_to(ROOT).as_posix() in counts]
         print(f"--stale: {len(paths)} notebooks to run: "
@@ -324,7 +338,13 @@ def main(argv: list[str]) -> int:
     # 2. nbval on what executed, and the gpu unit tests, in one pytest run
     executed = [] if args.stability_only else [r["path"] for r in rows if r["status"] == "executed"]
     test_files = [] if args.no_unit_tests or args.stability_only else gpu_test_files()
-    nb_res, unit, phases["nbval + unit tests"] = pytest_pass(executed, test_files, args, out_dir / "nbval.log")
+    nb_res, unit, phases["nbval + unit tests"], capture = pytest_pass(executed, test_files, args,
+                                                                      out_dir / "nbval.log")
+    # each notebook's nbval pass is one more stability run (where nbval ran the executions' source, deps unchanged)
+    _, nbval_skipped = evidence.add_nbval_runs([s for s in stab if s["path"] in executed], capture, meta,
+                                               utc_now())
+    for why in nbval_skipped:
+        print(f"    nbval pass not counted as a stability run: {why}", flush=True)
     for row in rows:
         if row["status"] != "executed" or row["path"] not in nb_res:
             continue
@@ -360,7 +380,15 @@ def main(argv: list[str]) -> int:
         for why in s_dropped:
             print(f"    dropped a stale stability entry: {why}")
         mine = [e for e in stability["notebooks"] if e["path"] in {s["path"] for s in stab}]
-        print("runs per notebook in stability.json: " + ", ".join(f"{e['path']} {e['n']}" for e in stability["notebooks"]))
+        this_call = {s["path"]: s for s in stab}
+        print("runs per notebook in stability.json now (this call's executions + nbval pass in brackets):")
+        for e in stability["notebooks"]:
+            s = this_call.get(e["path"])
+            if s is None:
+                print(f"    {e['path']}: {e['n']} (kept)")
+                continue
+            k = sum(r.get("via") == "nbval" for r in s["runs"])
+            print(f"    {e['path']}: {e['n']} (+{len(s['runs']) - k} executions + {k} nbval)")
         missing = sorted(keep - {e["path"] for e in stability["notebooks"]})
         if missing:
             print(f"    stability.json does not cover yet: {', '.join(missing)}")
