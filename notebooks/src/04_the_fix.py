@@ -66,7 +66,7 @@ print("pin_memory() snapshot: copies that delivered another step's data:",
 assert snap_rows == list(range(len(snap_rows)))
 
 # %% [markdown]
-# 🔮 **Predict.** Ten thousand steps, the host never waiting for the GPU. How many corrupted?
+# 🔮 **Predict.** Ten thousand steps, the loop never waiting for the GPU. How many corrupted?
 #
 # <details><summary>Answer</summary>
 #
@@ -75,7 +75,8 @@ assert snap_rows == list(range(len(snap_rows)))
 # </details>
 #
 # `l04.snapshot_soak` runs this loop on the GPU (through the library's step loop, `pinlab.steploop`) for 10,000 steps with the snapshot
-# (4 KiB of metadata per step, the GPU busy 0.2 ms per step, unbounded run-ahead), then 1,000 steps
+# (4 KiB of metadata per step, the GPU busy 0.2 ms per step, no wait in the loop: the host runs as
+# far ahead as CUDA lets it), then 1,000 steps
 # of the reused pinned buffer under the same load as a control: a test that cannot fail proves
 # nothing.
 
@@ -87,6 +88,8 @@ snap, control = soak.result["snapshot"], soak.result["control"]
 # %%
 pinlab.show("control (reused pinned buffer): corrupted steps", f"{control['corrupted']} of {control['steps']}")
 pinlab.show("snapshot: distinct pinned blocks used", snap["distinct_blocks"])
+pinlab.show("snapshot: GPU steps still queued when the host loop ended (drain time / GPU step)",
+            f"{snap['drain_ms'] / soak.result['busy_ms']:.0f}")
 print("steps with the snapshot:", snap["steps"])
 print("corrupted steps with the snapshot:", snap["corrupted"])
 print("the control corrupted at least one step:", control["corrupted"] >= 1)
@@ -139,8 +142,9 @@ assert loop["blocks_reused"] > 0 and loop["reused_before_copy_done"] == 0 and lo
 
 # %% [markdown]
 # The allocator keeps about as many blocks as there are copies in flight, and recycles them as
-# the GPU catches up: a few KiB of pinned memory, held only while needed. (In the unbounded soak
-# above, with hundreds of steps in flight, it needed hundreds of blocks.)
+# the GPU catches up: a few KiB of pinned memory, held only while needed. (In the soak above the
+# loop never waited, so far more steps were in flight, and the allocator used far more blocks:
+# compare its two lines, blocks used and steps still queued.)
 #
 # ## The trap: `pin_memory()` of a pinned tensor
 #
@@ -214,9 +218,9 @@ assert sum(r["snapshot_corrupted"] for r in rows) == 0
 # of the copy the racy code already paid. Where does it go? Even 1 KiB pays the caching host allocator's
 # bookkeeping on every step: a lock, an event recorded when the snapshot is freed, events
 # queried before a block is handed out again (the very mechanism that makes the snapshot safe).
-# On top of that comes a `memcpy` that grows with the size, which is why the largest size costs
-# most. What it means: a decode step of a real engine takes milliseconds, so a cost of this order
-# is a small share of it, paid on the host while the GPU works.
+# On top of that comes a `memcpy` of the bytes, which grows with the size. What it means: a
+# decode step of a real engine takes milliseconds, so a cost of this order is a small share of
+# it, paid on the host while the GPU works.
 #
 # The figure varies from run to run, by a few µs and occasionally by more: it is a difference of
 # two medians of host timings that the operating system, other processes and the allocator's
@@ -267,8 +271,8 @@ assert guarded == list(range(len(guarded))) and any(r != n for n, r in enumerate
 # %% [markdown]
 # Correct, but here the host runs far ahead of the GPU, so every third step it waits for a copy
 # that sits behind the GPU's queue: the events buy correctness with the host's run-ahead. A ring
-# as deep as the steps in flight waits for nothing (below, where the host is at most two steps
-# ahead). The exercise of this lesson computes that depth.
+# as deep as the steps in flight never waits for the GPU (below, where the host is at most two
+# steps ahead). The exercise of this lesson computes the smallest depth that is enough.
 #
 # ## The history of fixes, compared
 #
@@ -319,13 +323,15 @@ assert h["pageable"]["pinned_bytes_held"] == 0 and h["event_wait"]["host_us"] > 
 # - **#23737's double buffer** protects the copy against later edits of the *working* buffer (what
 #   it was for), not against the next step's write into the second buffer: with the host ahead it
 #   races like a single buffer.
-# - **Pageable** is correct and holds no pinned memory, but pays the driver's staging on every
-#   call and blocks at larger sizes (lesson 03).
+# - **Pageable** is correct and holds no pinned memory, and for one small copy per step its
+#   staging is cheap (compare its row with the snapshot's). But the host waits for the GPU once
+#   a copy is large or a few MiB of copies are pending (lessons 02 and 03).
 # - **The snapshot** is correct and asynchronous; it holds a few small blocks, as many as copies in
 #   flight.
-# - **The ring with events** is as good when it is as deep as the steps in flight (here 3 buffers
-#   for a host at most two steps ahead, so when a buffer comes round again its copy has run).
-#   Make it shallower and the events make the host wait; drop the events and it races.
+# - **The ring with events** is correct and needs no allocation per step. When it is deep enough
+#   for the steps in flight (here 3 buffers for a host at most two steps ahead), a buffer's last
+#   copy has run by the time it comes round again, so its event wait returns at once. Make it
+#   shallower and the events make the host wait; drop the events and it races.
 # - **The event wait** is correct with a single buffer, but the host waits for the previous step's
 #   copy every step, which is the run-ahead async scheduling was meant to buy.
 #
@@ -354,6 +360,10 @@ assert good["wrong_input_steps"] == 0 and good["copies_wrong"] == 0 and bad["wro
 assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= d["tol"]
 
 # %% [markdown]
+# The control's count of wrong steps need not match lesson 03's run of the same loop: it depends
+# on where the GPU was when each copy ran. What holds on every run is asserted above: the control
+# went wrong on some step, the snapshot on none.
+#
 # ## The same hazard inside FlashInfer's `plan()`
 #
 # FlashInfer's decode wrapper computes its plan (which request and KV chunk each thread block
@@ -409,8 +419,9 @@ assert back
 #   after its copy has completed.
 # - `pin_memory()` of a pinned tensor is the same tensor: no snapshot, the race stays.
 # - The snapshot costs the host a little time per step for small metadata (measured above, small
-#   against a decode step); the alternatives either race (double buffer, pinned snapshot), stall
-#   (pageable, event wait), or need a ring as deep as the steps in flight.
+#   against a decode step); the alternatives either race (double buffer, snapshot of a pinned
+#   buffer), make the host wait for the GPU (the event wait every step; the pageable buffer once
+#   copies are large or a few MiB are pending), or need a ring deep enough for the steps in flight.
 # - Any reused pinned buffer behind an async copy is the same hazard, FlashInfer's `plan()` included.
 #
 # **Exercise:** `exercises/04_the_fix.ipynb` (solution in `solutions/`).
