@@ -269,10 +269,13 @@ pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
 #
 # <details><summary>Answer</summary>
 #
-# The pinned copy, by an order of magnitude or more: it moves the bytes at the link's rate, while
-# `.to("cpu")` copies into fresh pageable memory (page faults on every new page, a staged copy).
-# `.to("cpu").pin_memory()` does all of that and then a second copy, plus page-locking a fresh
-# buffer: never faster than `.to("cpu")` unless the allocator already holds warm pinned blocks.
+# The pinned copy, by an order of magnitude or more **once its pinned blocks are cached** (warm): it
+# moves the bytes at the link's rate, while `.to("cpu")` copies into fresh pageable memory (page
+# faults on every new page, a staged copy). The *first* (cold) pinned restore also page-locks fresh
+# memory, which costs far more than the copy: cold, it takes the same order of time as `.to("cpu")`.
+# `.to("cpu").pin_memory()` does everything `.to("cpu")` does and then a second copy into pinned
+# memory (page-locking it too when cold): it costs at least as much as `.to("cpu")`, about the same
+# when warm and much more when cold.
 # </details>
 
 # %%
@@ -308,25 +311,33 @@ assert all(v["bitwise_equal"] and v["on_host"] for v in methods.values())
 # ### Restore bandwidth against the link's peak, and the speed-up
 #
 # The pinned restore is one blocking D2H copy per weight; warm, it should run close to the copy-loop
-# peak (the goal: at least 90% at this size). The gap is the per-copy synchronization: four copies
-# here. Printed, not asserted: a ratio near 1 moves with the run.
+# peak (the goal: at least 90% at this size). Whatever it loses against the peak is per-weight
+# overhead the copy loop does not pay: taking a block from the pinned cache, a launch and a host
+# synchronization per weight (four here). Printed, not asserted: a ratio near 1 moves with the run.
+# The speed-ups compare the median of the three rounds of each method, from this one run.
 
 # %%
 after, before, uva = methods["empty_pinned_copy"], methods["to_cpu"], methods["to_cpu_pin_memory"]
 restore_gbps = res["bytes"] / (after["warm_ms"] * 1e-3) / 1e9
 pinlab.show("pinned restore (warm)", f"{restore_gbps:.1f} GB/s")
 pinlab.show("pinned restore / D2H copy-loop peak", f"{restore_gbps / peak['best_GBps']:.3f} (goal >= 0.90)")
+cold_gbps = res["bytes"] / (after["cold_ms"] * 1e-3) / 1e9
+pinlab.show("pinned restore, cold / D2H copy-loop peak", f"{cold_gbps / peak['best_GBps']:.3f}")
 pinlab.show("speed-up of the pinned restore over .to('cpu'), median of rounds",
             f"{sorted(before['restore_ms'])[1] / sorted(after['restore_ms'])[1]:.1f}x")
 pinlab.show("speed-up over .to('cpu').pin_memory(), median of rounds",
             f"{sorted(uva['restore_ms'])[1] / sorted(after['restore_ms'])[1]:.1f}x")
 pinlab.report("pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"])
 pinlab.report("pinned restore, warm (cached pinned blocks)", after["warm_ms"])
-print("the warm pinned restore is at least 2x faster than .to('cpu'):", 2 * after["warm_ms"] < before["warm_ms"])
+faster = 2 * after["warm_ms"] < before["warm_ms"]
+print("the warm pinned restore is at least 2x faster than .to('cpu'):", faster)
+assert faster
 
 # %% [markdown]
-# The cold round pays for page-locking new memory (`cudaHostAlloc`, lesson 01) and can cost more than
-# the copy itself; vLLM pays it once per weight, later restores reuse the cached blocks.
+# The 90% goal is about the warm path: the copy itself. The cold round also page-locks new memory
+# (`cudaHostAlloc`, lesson 01), which runs far below the link's rate: compare the cold and warm
+# lines, and the cold ratio, far below the goal. Code that restores again and again (the sleep/wake
+# cycle below) pays it once per block: later restores reuse the cached blocks.
 #
 # ### The pinned bytes it takes: rounded up to powers of two
 #
@@ -340,8 +351,9 @@ for name, v in methods.items():
     pinlab.show(f"{name}: pinned bytes taken", fmt_bytes(v["pinned_bytes_delta"]))
 print("requested:", fmt_bytes(requested), "-> rounded up per weight:", fmt_bytes(expected),
       f"({expected / requested:.2f}x)")
-print("both pinned restores took exactly the rounded bytes, .to('cpu') none:",
-      [v["pinned_bytes_delta"] for v in methods.values()] == [0, expected, expected])
+rounded = [v["pinned_bytes_delta"] for v in methods.values()] == [0, expected, expected]
+print("both pinned restores took exactly the rounded bytes, .to('cpu') none:", rounded)
+assert rounded
 
 # %% [markdown]
 # Every 86 MiB weight occupies a 128 MiB pinned block: 1.49× the memory asked for, locked in RAM
@@ -350,21 +362,26 @@ print("both pinned restores took exactly the rounded bytes, .to('cpu') none:",
 # ### Reloading behind a busy GPU
 #
 # The same reload as in Part 1, on the GPU: the GPU is busy for 20 ms, then the four weights are
-# copied back with `non_blocking=True`.
+# copied back with `non_blocking=True`. A host that waits for the GPU is held at least the rest of
+# the busy time; a host that only queues the copies is not, so half the busy time separates the two.
 
 # %%
 for name, v in methods.items():
     pinlab.report(f"reload from {name}: host held", v["reload_host_ms"])
-print("from pageable memory the host waited for the busy GPU (more than half the busy time):",
-      before["reload_host_ms"] > res["busy_ms"] / 2)
-print("from pinned memory it did not (less than a tenth of it):", after["reload_host_ms"] < res["busy_ms"] / 10)
+waited = before["reload_host_ms"] > res["busy_ms"] / 2
+queued = after["reload_host_ms"] < res["busy_ms"] / 2
+print("from pageable memory (.to('cpu')) the host waited for the busy GPU (held over half the busy time):",
+      waited)
+print("from pinned memory (empty_like + copy_) it did not (held less than half of it):", queued)
+assert waited and queued
 
 # %% [markdown]
 # ## Sleep and wake, from 64 MiB to a few GiB
 #
 # `wr.sleep_wake_sweep` runs the `sleep`/`wake` cycle above on models of about 64 MiB, 256 MiB,
 # 1 GiB and 3 GiB: pinned cold (fresh page-locked blocks), pinned warm (a second cycle, cached
-# blocks), and pageable (`pin=False`, the switch). About 8 GiB of host memory at the largest size.
+# blocks), and pageable (`pin=False`, the switch). At the largest size the pinned blocks alone lock
+# a few GiB of host RAM (the table's last column): run it where that much is free.
 
 # %%
 sweep = pinlab.measure("05_sleep_wake", lambda **kw: wr.sleep_wake_sweep(sleep, wake, **kw),
@@ -397,30 +414,46 @@ for r in rows:
     pinlab.show(f"{fmt_bytes(r['bytes'])}: wake pinned / pageable",
                 f"{r['pinned_warm_wake_ms']:.1f} / {r['pageable_wake_ms']:.1f} ms; pinned held "
                 f"{fmt_bytes(r['pinned_cold_new_pinned_bytes'])}")
-print("every sleep freed the model's GPU memory (memory_allocated back to the baseline):",
-      all(r["gpu_freed_every_sleep"] for r in rows))
-print("every wake brought every weight back bitwise identical:",
-      all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows))
-print("pinned bytes held while asleep = the weights rounded up to powers of two, at every size:",
-      all(r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"]) for r in rows))
-print("asleep in pinned memory with pin=True, pageable with pin=False:",
-      all(r["pinned_cold_host_pinned"] and r["pinned_warm_host_pinned"] and not r["pageable_host_pinned"] for r in rows))
+for r in rows:
+    if r["bytes"] >= 256 * MiB:
+        sleep_gbps = r["bytes"] / (r["pinned_warm_sleep_ms"] * 1e-3) / 1e9
+        pinlab.show(f"{fmt_bytes(r['bytes'])}: warm pinned sleep / D2H copy-loop peak",
+                    f"{sleep_gbps / peak['best_GBps']:.3f}")
+freed = all(r["gpu_freed_every_sleep"] for r in rows)
+exact = all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows)
+footprint = all(r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"]) for r in rows)
+where = all(r["pinned_cold_host_pinned"] and r["pinned_warm_host_pinned"] and not r["pageable_host_pinned"]
+            for r in rows)
 big = rows[-1]
-print("at the largest size, a pinned wake is at least 2x faster than a pageable one:",
-      2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"])
-assert all(r["gpu_freed_every_sleep"] and r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows)
+wake_faster = 2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"]
+print("every sleep freed the model's GPU memory (memory_allocated back to the baseline):", freed)
+print("every wake brought every weight back bitwise identical:", exact)
+print("pinned bytes held while asleep = the weights rounded up to powers of two, at every size:", footprint)
+print("asleep in pinned memory with pin=True, pageable with pin=False:", where)
+print("at the largest size, a pinned wake is at least 2x faster than a pageable one:", wake_faster)
+assert freed and exact and footprint and where and wake_faster
 
 # %% [markdown]
-# Read the left plot: a warm pinned sleep and every pinned wake grow with size at the link's rate;
-# the *cold* pinned sleep pays for page-locking fresh memory, which can cost more than a pageable
-# sleep. So pin when the cycle **repeats** (RL steps, switching models): the second cycle onwards is
-# the fast one. The right plot is the price: up to 2× the model's bytes locked in host RAM, which
-# the OS can neither swap nor give to anyone else.
+# Read the left plot: a warm pinned sleep and every pinned wake grow roughly in proportion to the
+# model's size (their time is the bytes over a rate not far below the link's); the *cold* pinned
+# sleep pays for page-locking fresh memory, which can cost more than a pageable sleep (compare the
+# two at each size in the table). So pin when the cycle **repeats** (RL steps, switching models):
+# the second cycle onwards is the fast one. The right plot is the price: up to 2× the model's
+# bytes locked in host RAM (each weight's block rounded up to a power of two), which the OS can
+# neither swap nor give to anyone else.
+#
+# The warm sleep is the pinned restore again, for every weight, so its ratio to the copy-loop peak
+# (printed for 256 MiB and up) is the same 90% goal at more sizes. It is timed with more inside it
+# than the restore above: dropping the GPU copies and `torch.cuda.empty_cache()`, which hands the
+# freed GPU memory back to the driver. That extra work is part of what a sleep costs, and it counts
+# against the sleep's ratio.
 #
 # ## When *not* to pin
 # - **Host RAM is short.** A 70B model in bf16 is 140 GB; pinned and rounded up, it can lock far more.
 #   Pinned memory cannot be swapped: pin too much and other processes (or this one) are killed.
-# - **A one-off restore.** A single cold pin costs about as much as the pageable copy it saves.
+# - **A one-off restore.** A single cold pinned restore spends most of its time page-locking: it takes
+#   the same order of time as the pageable copy it replaces (a little more or less, depending on
+#   the size: see the sleep table), and then keeps that memory locked.
 # - **Unified memory** (GH200, GB200: CPU and GPU share one memory over NVLink-C2C). Page-locked
 #   host memory there eats into what the GPU can use, and the GPU reads host memory fast anyway.
 #   That is why `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` exists; `pin=False` above is its switch.
@@ -474,18 +507,32 @@ if z["available"]:
 else:
     pinlab.show("why not", z["error"])
     print("copied per use gives the resident output:", ways["copied_per_use"]["same_output"])
+assert ways["copied_per_use"]["same_output"]
+assert not z["available"] or (z["same_pointer_as_host"] and z["host_write_seen_by_gpu"]
+                              and z["same_output"] and z["view_equals_weight"])
 for name, v in ways.items():
     if "ms" in v:
         pinlab.report(f"{name}: GPU time per use", v["ms"])
         pinlab.show(f"{name}: weight bytes / GPU time", f"{zc['bytes'] / (v['ms'] * 1e-3) / 1e9:.1f} GB/s")
 
 # %% [markdown]
+# What the lines above show when the view is available: the CUDA tensor has the pinned buffer's own
+# address, so nothing was copied; a value the host writes into the buffer is what the next GPU
+# kernel reads, so the GPU reads host memory on every access; and the matmul fed from host memory
+# gives the resident result bit for bit. With 16 tokens the matmul's time is spent reading the
+# weight, so weight bytes / GPU time is the rate the weight was read at: from HBM (resident), by the
+# copy engine over PCIe and then from HBM (copied per use, one after the other), or over PCIe by
+# the kernel's own loads (zero-copy).
+#
 # Zero-copy trades GPU memory for PCIe traffic on *every* use: a resident weight is read from HBM at
 # terabytes per second, a zero-copy one at the link's rate at best (GPU loads of host memory often
-# reach less than a copy engine does). It pays for weights that are used rarely, or when GPU memory
-# simply is not there; for anything on the hot path, copy it in (prefetch, pinned, `non_blocking`)
-# or keep it resident. And the view needs **pinned** memory: vLLM's op, given a pageable tensor,
-# quietly makes a pinned copy first, one more reason for the PR to restore straight into pinned memory.
+# reach less than a copy engine does). Copied per use, as timed here, is no cure either: the copy
+# waits in line before the matmul. What makes copying pay is doing it *ahead*: a prefetch (pinned,
+# `non_blocking`) overlaps other work, and the copy is then read from HBM for as many uses as it
+# stays. Zero-copy pays for weights that are used rarely, or when GPU memory simply is not there;
+# for anything on the hot path, prefetch it or keep it resident. And the view needs **pinned**
+# memory: vLLM's op, given a pageable tensor, quietly makes a pinned copy first, one more reason for
+# the PR to restore straight into pinned memory.
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start)
