@@ -75,7 +75,10 @@ def test_cuda_only_packages_are_the_gpu_extra():
 def test_makefile_installs_gpu_extra_only_where_nvidia_smi_exists():
     text = (ROOT / "Makefile").read_text()
     assert "command -v nvidia-smi" in text
-    assert re.search(r"^EXTRAS := \$\(if \$\(HAS_GPU\),test\$\(comma\)gpu,test\)$", text, re.M)
+    m = re.search(r"^EXTRAS := \$\(if \$\(HAS_GPU\),(?P<gpu>[^,]*),(?P<cpu>.*)\)$", text, re.M)
+    assert m, "EXTRAS must pick the extras by HAS_GPU"
+    gpu, cpu = (set(m.group(k).split("$(comma)")) for k in ("gpu", "cpu"))
+    assert "gpu" in gpu and "gpu" not in cpu and gpu - {"gpu"} == cpu and "test" in cpu
     assert re.search(r"^TORCH_SPEC \?= \$\(if \$\(HAS_GPU\),[^,]*,torch==2\.13\.0\)$", text, re.M), "CPU machines: torch 2.13.0"
     # the venv is rebuilt when the dependencies change, under a lock
     assert re.search(r"^\$\(STAMP\): pyproject\.toml", text, re.M)
