@@ -183,3 +183,38 @@ def test_decode_accounting_counts_wrong_pages():
     assert acc["wrong_output_steps"] == 1 and acc["max_err_wrong_inputs"] == 0.5
     acc = decode_loop.decode_accounting(s, raw, refs, tol=0.1, gpu_last_page_len=True)
     assert acc["wrong_inputs"][0] == [1, 1]  # the torch backend also reads the raced last_page_len
+
+
+def test_torch_paged_decode_rejects_bad_input_and_never_reads_outside_the_cache():
+    import pytest
+    import torch
+
+    from pinlab.decode_loop import torch_paged_decode
+
+    q = torch.randn(2, 4, 8)
+    k = torch.randn(5, 4, 2, 8)
+    ip, lpl = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([4, 4], dtype=torch.int32)
+    far = torch.tensor([99, -7], dtype=torch.int32)  # page ids past the cache and negative
+    out = torch_paged_decode(q, k, k.clone(), ip, far, lpl, max_pages=2)
+    assert out.shape == (2, 4, 8) and torch.isfinite(out).all()
+    with pytest.raises(TypeError, match="q"):
+        torch_paged_decode(None, k, k, ip, far, lpl, max_pages=2)
+    with pytest.raises(ValueError, match="k_cache"):
+        torch_paged_decode(q, k[0], k[0], ip, far, lpl, max_pages=2)
+    with pytest.raises(ValueError, match="v_cache"):
+        torch_paged_decode(q, k, k[:3], ip, far, lpl, max_pages=2)
+    with pytest.raises(ValueError, match="heads"):
+        torch_paged_decode(q, k[:, :, :0], k[:, :, :0], ip, far, lpl, max_pages=2)
+    with pytest.raises(TypeError, match="indptr"):
+        torch_paged_decode(q, k, k, ip.float(), far, lpl, max_pages=2)
+
+
+def test_the_step_models_refuse_runaway_step_counts():
+    import pytest
+
+    from pinlab import steploop
+
+    with pytest.raises(ValueError, match="steps"):
+        steploop.simulate(steps=10**7)
+    with pytest.raises(ValueError, match="steps"):
+        steploop.check_dst(10**7, 4)

@@ -46,7 +46,7 @@ def test_argument_checks():
     with pytest.raises(ValueError, match="sizes"):
         steploop.sizes_arg([])
     with pytest.raises(ValueError, match="too large"):
-        steploop.check_dst(1 << 28, 4)
+        steploop.check_dst(10, 1 << 28)
     with pytest.raises(TypeError, match="pinlab stream"):
         steploop.cuda_or(object(), "x()")
 

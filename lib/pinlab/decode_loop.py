@@ -155,8 +155,26 @@ def torch_paged_decode(q, k_cache, v_cache, indptr, indices, last_page_len, *, m
     out-of-bounds read. An empty request gives zeros. Returns fp32 [B, num_qo_heads, head_dim].
     """
     max_pages = positive_int("max_pages", max_pages)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    for name, t in (("indptr", indptr), ("indices", indices), ("last_page_len", last_page_len)):
+        if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D integer torch.Tensor, got "
+                            f"{(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [batch, num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache must be [num_pages, page_size, num_kv_heads, head_dim] (NHD), "
+                         f"got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     batch, num_qo_heads, head_dim = q.shape
-    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    total_pool, page_size, num_kv_heads, kv_head_dim = k_cache.shape
+    if min(total_pool, page_size, num_kv_heads, head_dim) == 0 or kv_head_dim != head_dim:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and q {tuple(q.shape)} must have non-empty pages, "
+                         f"heads and the same head_dim")
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if indptr.numel() != batch + 1 or last_page_len.numel() != batch:
@@ -172,7 +190,7 @@ def torch_paged_decode(q, k_cache, v_cache, indptr, indices, last_page_len, *, m
     count = (ip[1:] - ip[:-1]).clamp(0, max_pages)
     slot = torch.arange(max_pages, device=dev)
     gather = (ip[:-1, None] + slot[None, :]).clamp(0, indices.numel() - 1)
-    pages = indices.to(device=dev, dtype=torch.int64)[gather]  # [B, P]
+    pages = indices.to(device=dev, dtype=torch.int64)[gather].clamp(0, total_pool - 1)  # [B, P], inside the cache
     span = max_pages * page_size
     k = k_cache[pages].reshape(batch, span, num_kv_heads, head_dim).float()
     v = v_cache[pages].reshape(batch, span, num_kv_heads, head_dim).float()

@@ -70,6 +70,10 @@ LABELS = {
 }
 
 _MAX_DST_BYTES = 1 << 30
+#: The timeline model is quadratic in the steps: more than this is a typo, not a lesson (2,000 take ~0.5 s).
+MAX_SIM_STEPS = 2_000
+#: The step loops run one GPU step each: more than this would keep a notebook busy for many minutes.
+MAX_LOOP_STEPS = 200_000
 
 
 def strategy_arg(name: str, value) -> str:
@@ -255,7 +259,7 @@ def simulate(strategy: str = "reused_pinned", *, steps: int = 6, host_ms: float 
     strategy = strategy_arg("strategy", strategy)
     if strategy == "no_copy":
         raise ValueError("simulate() models copies; 'no_copy' has none")
-    steps = positive_int("steps", steps)
+    steps = positive_int("steps", steps, maximum=MAX_SIM_STEPS)
     host_ms = positive_number("host_ms", host_ms)
     launch_ms = positive_number("launch_ms", launch_ms, allow_zero=True)
     copy_ms = positive_number("copy_ms", copy_ms)
@@ -505,7 +509,8 @@ def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float
 
 
 def check_dst(steps: int, n_ints: int) -> None:
-    """Refuse step counts and sizes whose device buffers would exceed 1 GiB."""
+    """Refuse step counts above :data:`MAX_LOOP_STEPS`, and sizes whose device buffers would exceed 1 GiB."""
+    positive_int("steps", steps, maximum=MAX_LOOP_STEPS)
     if steps * 8 > _MAX_DST_BYTES or 4 * n_ints * 4 > _MAX_DST_BYTES:
         raise ValueError(f"steps ({steps}) and nbytes ({4 * n_ints}) are too large for this experiment")
 

@@ -1,20 +1,11 @@
 """Exercise checkers for lesson 04 (the fix). The reference is :func:`pinlab.steploop.min_ring_depth`."""
 from __future__ import annotations
 
-import numbers
-
 from .. import steploop
-from . import run_cases
+from . import run_cases, same_int
 from .l03 import timeline_cases
 
 # ---- lesson 04: how deep must the ring be? ------------------------------------------------------
-
-
-def _same_int(got, expected) -> bool:
-    """An integer (int, numpy integer, ...; not a bool, not a float) equal to ``expected``."""
-    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-        return False
-    return int(got) == expected
 
 
 def check_min_ring_depth(fn) -> bool:
@@ -30,4 +21,4 @@ def check_min_ring_depth(fn) -> bool:
         ([(0.0, 0.5), (0.5, 1.0), (1.9, 2.5)], [(1.0, 2.0), (2.0, 2.5), (2.5, 3.0)]),  # 0.1 before it: 3
         ([(0.0, 1.0)], [(5.0, 6.0)]),                                                  # one step: 1
     ]
-    return run_cases(fn, "min_ring_depth", cases, steploop.min_ring_depth, compare=_same_int)
+    return run_cases(fn, "min_ring_depth", cases, steploop.min_ring_depth, compare=same_int)

@@ -24,7 +24,7 @@ from ..lessons.l05_pinned_weight_restore import count_copies, pinned_footprint
 from ..replay import data_dir
 from ..streams import stream
 from ..timing import show
-from . import _fmt_args
+from . import _fmt_args, same_int
 
 _failures: Counter = Counter()
 
@@ -180,7 +180,7 @@ def check_pinned_footprint(fn) -> bool:
             return False
         except Exception as exc:
             return _fail(name, f"{name}{_fmt_args(args)} raised {type(exc).__name__}: {exc}")
-        if isinstance(got, bool) or not isinstance(got, int) or got != expected:
+        if not same_int(got, expected):
             why = ""
             if isinstance(got, (int, float)) and not isinstance(got, bool) and got == sum(args[0]):
                 why = " (that is the bytes requested: the allocator rounds every block up to a power of two)"
