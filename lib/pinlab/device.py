@@ -90,4 +90,20 @@ def header(lesson: str | None = None) -> dict:
     else:
         print("  GPU: none (no CUDA device visible to torch)")
         print("  mode: CPU replay: GPU experiments show the latest recorded GPU run, labelled as such")
+        print(f"  recorded run: {_recorded_run()}")
     return f
+
+
+def _recorded_run() -> str:
+    """One line on the GPU run the replay shows (its GPU and versions, from reports/gpu/latest.json)."""
+    import json
+
+    from .replay import repo_root
+
+    path = repo_root() / "reports" / "gpu" / "latest.json"
+    try:
+        rep = json.loads(path.read_text(encoding="utf-8"))
+        return (f"{rep['gpu']}, {rep['utc'][:10]}: torch {rep['torch']}, CUDA {rep['cuda']}, "
+                f"FlashInfer {rep.get('flashinfer') or 'not installed'}, driver {rep.get('driver') or 'unknown'}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"none readable at {path} (run the GPU suite on a CUDA machine, or git checkout reports/gpu)"

@@ -136,9 +136,11 @@ class Run:
 
     @property
     def tag(self) -> str:
-        """A short form of :attr:`label` for plot titles."""
+        """A short form of :attr:`label` for plot titles: the GPU and the date it was measured on (a
+        figure saved in a notebook outlives the run, so no "now"); "recorded" when replayed."""
         gpu = self.meta.get("gpu") or "unknown GPU"
-        return f"{gpu}, measured now" if self.live else f"{gpu}, recorded {self.meta.get('date', '?')}"
+        date = self.meta.get("date", "?")
+        return f"{gpu}, {date}" if self.live else f"{gpu}, recorded {date}"
 
     def __getitem__(self, key):
         return self.result[key]
