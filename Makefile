@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml Makefile
 	@$(VPY) -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(VENV)
 	@rm -f $(VENV)/.installed-*
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(VPY) -m pip install -q -e ".[$(EXTRAS)]"
+	@# --no-compile: no byte code for the whole of every package (about 230 MB); Python caches what it imports
+	$(VPY) -m pip install -q --no-compile "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VPY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
 	@touch $@
 
 setup:
