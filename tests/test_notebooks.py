@@ -92,3 +92,18 @@ def test_source_sha256_definition():
 
     nb = {"cells": [{"source": ["a\n", "b"]}, {"source": "c"}]}
     assert nbtools.source_sha256(nb) == hashlib.sha256("a\nb\n\nc".encode()).hexdigest()
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in (ROOT / "solutions" / "src").glob("*.py")))
+def test_every_exercise_stub_runs_and_says_not_implemented(stem, capsys):
+    """The generated exercise (solutions stripped) runs on a CPU, and each of its checks says
+    "not implemented yet" instead of raising."""
+    src = (ROOT / "solutions" / "src" / f"{stem}.py").read_text(encoding="utf-8")
+    ns: dict = {}
+    for cell in make_exercises.exercise_cells(ROOT / "solutions" / "src" / f"{stem}.py"):
+        assert "BEGIN SOLUTION" not in cell["source"]
+        if cell["cell_type"] == "code":
+            exec(compile(cell["source"], f"{stem}.py", "exec"), ns)
+    out = capsys.readouterr().out
+    assert out.count("is not implemented yet") >= 1 and src.count("### BEGIN SOLUTION") >= 1
+    assert not any(line.startswith("✅") for line in out.splitlines())
