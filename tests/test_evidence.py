@@ -559,6 +559,8 @@ def test_suite_arguments():
             gpu_suite.parse_args(bad)
     paths = [Path("notebooks/03_the_race.ipynb"), Path("notebooks/04_the_fix.ipynb"), Path("solutions/04_the_fix.ipynb")]
     assert gpu_suite.select(paths, ["04"]) == paths[1:] and gpu_suite.select(paths, None) == paths
+    assert gpu_suite.select(paths, ["notebooks/04"]) == [paths[1]]
+    assert gpu_suite.select(paths, ["notebooks/03_the_race", "solutions/"]) == [paths[0], paths[2]]
     assert gpu_suite.one_line(RuntimeError("a\nlong\ntraceback\nValueError: x")) == "RuntimeError: ValueError: x"
 
 

@@ -18,7 +18,8 @@
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
         [--keep-going] [--cell-timeout S] [--no-unit-tests]
-  --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04)
+  --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); a NAME with a '/'
+                   is matched against the path (e.g. --only notebooks/04 leaves solutions/04 out)
   --repeat N       execute each notebook N times (then nbval once, on the last execution: N + 1 runs)
   --stale          only what is missing: without --repeat, the notebooks whose latest.json entry does not hold;
                    with --repeat N, the executions that bring each notebook to N runs in stability.json (the
@@ -47,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import evidence
 import nbtools
@@ -82,9 +84,11 @@ def parse_args(argv):
 
 
 def select(paths, only):
+    """The notebooks whose file name contains a NAME, or whose path does when the NAME has a '/'
+    (``--only notebooks/04`` leaves out ``solutions/04_the_fix.ipynb``)."""
     if not only:
         return paths
-    return [p for p in paths if any(o in p.name for o in only)]
+    return [p for p in paths if any((o in Path(p).as_posix()) if "/" in o else (o in p.name) for o in only)]
 
 
 def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT, nbval: bool = False) -> int:
