@@ -26,9 +26,8 @@ def no_cuda(monkeypatch):
 
 @pytest.mark.parametrize("name,call", [
     ("plain_race()", lambda: l03.plain_race()),
-    ("pageable_cost()", lambda: l03.pageable_cost()),
     ("decode_race()", lambda: l03.decode_race()),
-], ids=["plain_race", "pageable_cost", "decode_race"])
+], ids=["plain_race", "decode_race"])
 def test_experiments_need_cuda_without_a_stream(no_cuda, name, call):
     with pytest.raises(CudaUnavailableError, match=name.replace("(", r"\(").replace(")", r"\)")):
         call()
@@ -57,10 +56,6 @@ def test_arguments_are_checked_before_cuda(no_cuda):
         l03.decode_race(num_qo_heads=6, num_kv_heads=4)
     with pytest.raises(ValueError, match="no_copy"):
         l03.decode_race(strategies=["no_copy"])
-    with pytest.raises(ValueError, match="sizes"):
-        l03.pageable_cost(sizes=[])
-    with pytest.raises(TypeError, match="sizes"):
-        l03.pageable_cost(sizes=4096)
     with pytest.raises(TypeError, match="pinlab stream"):
         l03.plain_race(stream="cuda")
 
@@ -74,13 +69,6 @@ def test_plain_race_on_the_lagging_stream():
     assert pageable["corrupted"] == 0 and pageable["received"] == list(range(40))
     assert set(res) == {"steps", "nbytes", "busy_ms", "ahead", "runs"}
     json.dumps(res)
-
-
-def test_pageable_cost_on_the_lagging_stream():
-    pc = l03.pageable_cost(sizes=[1024, 4096], steps=10, busy_ms=0.5, stream=pinlab.LaggingStream())
-    assert pc["sizes"] == [1024, 4096] and [r["nbytes"] for r in pc["runs"]] == [1024, 4096]
-    assert all(r["corrupted"] == 0 and len(r["host_us"]) == 10 and "received" not in r for r in pc["runs"])
-    json.dumps(pc)
 
 
 def test_decode_race_on_the_lagging_stream():
@@ -97,7 +85,79 @@ def test_plots_draw_from_results():
     runs = l03.plain_race(strategies=["reused_pinned", "pageable"], steps=12, nbytes=16, stream=s)["runs"]
     l03.plot_received(runs, title="t")
     l03.plot_errors(l03.decode_race(strategies=["reused_pinned"], stream=s, **SMALL_DECODE), "reused_pinned", title="t")
-    l03.plot_host_cumulative(l03.pageable_cost(sizes=[1024], steps=5, stream=s), title="t")
+    l03.plot_step_parts(timed_sweep(), title="t")
     plt.close("all")
     with pytest.raises(TypeError):
         l03.plot_received({}, title="t")
+
+
+# ---- step_parts / plot_step_parts: the notebook's timed step loop, summed up (synthetic runs) ----
+
+def timed_run(write, copy, check, forward, loop_ms, drain_ms, nbytes=1024, buffer="pageable"):
+    return {"nbytes": nbytes, "buffer": buffer, "us": {"write": write, "copy": copy, "check": check,
+                                                       "forward": forward},
+            "loop_ms": loop_ms, "drain_ms": drain_ms, "wrong": 0}
+
+
+def timed_sweep():
+    return {"sizes": [1024, 65536], "steps": 3, "busy_ms": 0.5, "runs": [
+        timed_run([1, 1, 1], [10, 10, 10], [5, 5, 5], [5, 5, 5], 0.1, 1.4),
+        timed_run([1, 1, 1], [10, 10, 10], [5, 5, 5], [5, 5, 5], 0.1, 1.4, buffer="pinned"),
+        timed_run([1, 1, 1], [20, 20, 20], [5, 5, 5], [450, 480, 470], 1.5, 0.5, nbytes=65536),
+        timed_run([1, 1, 1], [9, 9, 9], [5, 5, 5], [5, 5, 5], 0.1, 1.4, nbytes=65536, buffer="pinned"),
+    ]}
+
+
+def test_step_parts_sums_each_part_and_finds_where_the_host_spent_its_loop():
+    p = l03.step_parts(timed_run([1, 2, 3], [10, 10, 400], [5, 5, 5], [5, 500, 5], 1.0, 3.0))
+    assert p["steps"] == 3 and p["run_ms"] == 4.0 and p["share"] == 0.25
+    assert p["total_ms"]["copy"] == pytest.approx(0.42) and p["total_ms"]["forward"] == pytest.approx(0.51)
+    assert p["total_ms"]["other"] == pytest.approx(1.0 - 0.006 - 0.42 - 0.015 - 0.51)
+    assert p["median_us"] == {"write": 2, "copy": 10, "check": 5, "forward": 5}
+    assert p["group_ms"]["copy call"] == pytest.approx(0.42)
+    assert p["group_ms"]["kernel launches"] == pytest.approx(0.525)
+    assert p["largest"] == "kernel launches"
+    # the groups cover every part once: they add up to the host loop
+    assert sum(p["group_ms"].values()) == pytest.approx(p["loop_ms"])
+
+
+def test_step_parts_other_never_goes_below_zero_and_an_empty_run_has_share_zero():
+    p = l03.step_parts(timed_run([100.0], [900.0], [0.0], [0.0], 0.5, 0.0))  # parts sum to 1 ms > loop
+    assert p["total_ms"]["other"] == 0.0 and p["share"] == 1.0 and p["largest"] == "copy call"
+    assert l03.step_parts(timed_run([0], [0], [0], [0], 0, 0))["share"] == 0.0
+
+
+@pytest.mark.parametrize("run, err, match", [
+    ([], TypeError, "run must be a dict"),
+    ({"us": {}, "loop_ms": 1.0}, ValueError, "drain_ms"),
+    ({"us": [], "loop_ms": 1.0, "drain_ms": 1.0}, TypeError, r"run\['us'\] must be a dict"),
+    (timed_run([1], "1", [1], [1], 1.0, 1.0), TypeError, r"run\['us'\]\['copy'\] must be a list"),
+    (timed_run([1], [], [1], [1], 1.0, 1.0), ValueError, r"run\['us'\]\['copy'\] must not be empty"),
+    (timed_run([1], [1], [1, 2], [1], 1.0, 1.0), ValueError, "equally long"),
+    (timed_run([1], [-1], [1], [1], 1.0, 1.0), ValueError, r"run\['us'\]\['copy'\]\[0\] must be >= 0"),
+    (timed_run([1], [float("nan")], [1], [1], 1.0, 1.0), ValueError, "finite"),
+    (timed_run([1], [1], [1], [1], -1.0, 1.0), ValueError, r"run\['loop_ms'\] must be >= 0"),
+    (timed_run([1], [1], [1], [1], 1.0, "1"), TypeError, r"run\['drain_ms'\] must be a number"),
+])
+def test_step_parts_rejects_bad_runs_naming_what_is_wrong(run, err, match):
+    with pytest.raises(err, match=match):
+        l03.step_parts(run)
+
+
+def test_step_parts_missing_a_part_is_named():
+    run = timed_run([1], [1], [1], [1], 1.0, 1.0)
+    del run["us"]["forward"]
+    with pytest.raises(TypeError, match=r"run\['us'\]\['forward'\]"):
+        l03.step_parts(run)
+
+
+def test_plot_step_parts_draws_one_stacked_bar_per_buffer_and_size():
+    ax = l03.plot_step_parts(timed_sweep(), title="t")
+    # 4 runs x 3 groups of bars, and the GPU's work as a line
+    assert len(ax.patches) == 4 * len(l03.PART_GROUPS)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1 KiB per step", "64 KiB per step"]
+    plt.close("all")
+    with pytest.raises(TypeError, match="runs"):
+        l03.plot_step_parts({"runs": []}, title="t")
+    with pytest.raises(ValueError, match="busy_ms"):
+        l03.plot_step_parts({**timed_sweep(), "busy_ms": 0}, title="t")

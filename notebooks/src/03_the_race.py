@@ -12,6 +12,8 @@
 #   no longer run ahead of the GPU.
 
 # %% tags=["nbval-ignore-output"]
+import time
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -266,60 +268,128 @@ assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= tol
 # directly: the driver first copies the data into a pinned staging buffer of its own, *during the
 # call*, so a later write to your buffer cannot reach the GPU. Correct, as both experiments above
 # showed. The price is the "fake `non_blocking`" of lesson 02: a CPU `memcpy` on every call, and
-# once the driver's staging pool is full (or one copy is too large for it) the host waits for the
-# GPU, so it can no longer run ahead.
+# a driver that holds only so much staged data (or so large a copy) before the host has to wait
+# for the GPU: then the host can no longer run ahead.
 #
-# `l03.pageable_cost` runs the unbounded step loop with a pageable buffer of 1 KiB, 64 KiB,
-# 1 MiB and 4 MiB per step, the GPU busy 0.5 ms per step, and records the host time spent in each
-# copy call.
-#
-# 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does?
+# *Where* does it wait? Timing only the copy call cannot say: a wait can surface in any call that
+# follows it. So clock **every** call of the step: the write, the copy call, the launch of the
+# kernel that reads the copy, and the launch of the rest of the forward. The loop is the one
+# above, unbounded (no sync until the end), with a clock around each call:
 
 # %%
-pc = pinlab.measure("03_pageable_cost", l03.pageable_cost, sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
-                    steps=400, busy_ms=0.5)
+def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
+    """The unbounded step loop with a clock around every call: host µs per step for each part."""
+    dst = torch.zeros(4, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
+    seen = torch.zeros(steps, 2, dtype=host_buf.dtype, device=s.device)  # min, max each copy delivered
+    us = {"write": [], "copy": [], "check": [], "forward": []}
+    clock = time.perf_counter_ns
+    start = clock()
+    for n in range(steps):
+        t0 = clock()
+        host_buf.fill_(n)                                      # the host writes step n's inputs
+        t1 = clock()
+        dst[n % 4].copy_(host_buf, non_blocking=True)          # the copy call
+        t2 = clock()
+        s.launch(torch.aminmax, dst[n % 4], out=(seen[n, 0], seen[n, 1]))  # launch: a kernel reads it
+        t3 = clock()
+        s.busy(busy_ms)                                        # launch: the rest of the forward
+        t4 = clock()
+        for part, a, b in (("write", t0, t1), ("copy", t1, t2), ("check", t2, t3), ("forward", t3, t4)):
+            us[part].append(round((b - a) / 1e3, 2))
+    end_of_loop = clock()
+    s.synchronize()                                            # the host waits for the GPU only here
+    wrong = sum(1 for n, (lo, hi) in enumerate(seen.tolist()) if not lo == hi == n)
+    return {"us": us, "loop_ms": (end_of_loop - start) / 1e6, "drain_ms": (clock() - end_of_loop) / 1e6,
+            "wrong": wrong}
+
+
+# %% [markdown]
+# The sweep runs it with a pageable buffer of 1 KiB, 64 KiB, 1 MiB and 4 MiB per step, the GPU
+# busy 0.5 ms per step, and, for comparison, with a reused **pinned** buffer of the same size
+# (racy, so only its timing matters here: it shows the loop when no copy is staged). Each run is
+# warmed up first (every kernel launched once: lazy module loading would block the first launch).
+#
+# 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does? And
+# where the host does wait, is it in the copy call?
 
 # %%
-l03.plot_host_cumulative(pc.result, title=f"Host time in pageable copy calls ({pc.tag})")
+def pageable_cost(sizes, buffers, steps=400, busy_ms=0.5):
+    """The timed step loop per size and kind of host buffer ("pageable", or a reused "pinned" one)."""
+    runs = []
+    with pinlab.stream() as s:
+        for nbytes in pinlab.progress(sizes, desc="timed step loop"):
+            for buffer in buffers:
+                host_buf = torch.zeros(nbytes // 4, dtype=torch.int32, pin_memory=buffer == "pinned")
+                timed_step_loop(s, host_buf, steps=8, busy_ms=0.05)   # warm-up, not recorded
+                runs.append({"nbytes": nbytes, "buffer": buffer, **timed_step_loop(s, host_buf, steps, busy_ms)})
+                del host_buf
+    return {"sizes": sizes, "steps": steps, "busy_ms": busy_ms, "runs": runs}
+
+
+pc = pinlab.measure("03_pageable_cost", pageable_cost, sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
+                    buffers=["pageable", "pinned"], steps=400, busy_ms=0.5)
+parts = {(r["buffer"], r["nbytes"]): l03.step_parts(r) for r in pc.result["runs"]}
+
+# %% tags=["nbval-ignore-output"]
+f1 = lambda v: f"{v:.1f}"  # noqa: E731
+pinlab.table([{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"], **p["group_ms"],
+               "copy_med": p["median_us"]["copy"], "fwd_med": p["median_us"]["forward"]}
+              for (b, n), p in parts.items()],
+             [("buffer", "buffer", str), ("bytes", "per step", fmt_bytes), ("loop", "host loop ms", f1),
+              ("share", "loop / run", lambda v: f"{v:.0%}"), ("copy call", "in copy calls ms", f1),
+              ("kernel launches", "in launches ms", f1), ("write + loop", "write + loop ms", f1),
+              ("copy_med", "copy call µs (median)", f1), ("fwd_med", "forward launch µs (median)", f1)])
+
+# %%
+l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
 plt.show()
 
 # %%
-busy_us = pc.result["busy_ms"] * 1e3
-share = {}
-for r in pc.result["runs"]:
-    share[r["nbytes"]] = r["host_loop_ms"] / (r["host_loop_ms"] + r["drain_ms"])
-    pinlab.show(f"{fmt_bytes(r['nbytes'])} per step: host µs per copy call (median / p90)",
-                f"{r['host']['median_us']:.1f} / {r['host']['p90_us']:.1f}; host loop / whole run = "
-                f"{share[r['nbytes']]:.0%}")
-r64 = pc.result["runs"][1]
-queued_steps = r64["drain_ms"] / pc.result["busy_ms"]
-pinlab.show("64 KiB per step: GPU steps still queued when the host loop ended (drain time / GPU step)",
-            f"{queued_steps:.0f}, about {fmt_bytes(queued_steps * r64['nbytes'])} of copies")
-# each threshold sits between the two behaviours, far from both: a host that runs ahead spends a
-# small share of the run in its loop and µs per call; a host that waits spends most of the run in
-# its loop; a copy call that waits for the GPU takes about a GPU step (busy_ms)
-print("pageable buffer, corrupted steps at every size:", sum(r["corrupted"] for r in pc.result["runs"]))
-print("1 KiB per step: the host finished its loop while most of the GPU work was still queued:", share[1024] < 0.5)
-print("64 KiB, 1 MiB, 4 MiB per step: the host loop lasted at least half of the run (it had to wait):",
-      all(share[s] >= 0.5 for s in (64 * 1024, 1024 * 1024, 4 * 1024 * 1024)))
-print("64 KiB per step: 9 in 10 copy calls took under half a GPU step (the calls themselves did not wait):",
-      r64["host"]["p90_us"] < 0.5 * busy_us)
-assert sum(r["corrupted"] for r in pc.result["runs"]) == 0 and share[1024] < 0.5
-assert all(share[s] >= 0.5 for s in (64 * 1024, 1024 * 1024, 4 * 1024 * 1024))
-assert r64["host"]["p90_us"] < 0.5 * busy_us
+sizes = pc.result["sizes"]
+for n in sizes:
+    p = parts[("pageable", n)]
+    pinlab.show(f"pageable, {fmt_bytes(n)} per step: host loop / whole run; copy calls, launches (share of the loop)",
+                f"{p['share']:.0%}; {p['group_ms']['copy call'] / p['loop_ms']:.0%}, "
+                f"{p['group_ms']['kernel launches'] / p['loop_ms']:.0%}")
+pinlab.show("pinned (racy), host loop / whole run per size",
+            ", ".join(f"{parts[('pinned', n)]['share']:.0%}" for n in sizes))
+copy_share = {n: parts[("pageable", n)]["group_ms"]["copy call"] / parts[("pageable", n)]["loop_ms"] for n in sizes}
+small, mid, big = 1024, 64 * 1024, 4 * 1024 * 1024
+# thresholds sit between the two behaviours, far from both: a host that runs ahead spends a small
+# share of the run in its loop; a host that waits for the GPU spends nearly all of it there
+claims = {
+    "pageable buffer, steps that received another step's data, at every size":
+        sum(r["wrong"] for r in pc.result["runs"] if r["buffer"] == "pageable"),
+    "1 KiB pageable: the host finished its loop while most of the GPU work was still queued":
+        parts[("pageable", small)]["share"] < 0.5,
+    "64 KiB and larger, pageable: the host loop lasted at least half of the run (it waited)":
+        all(parts[("pageable", n)]["share"] >= 0.5 for n in sizes if n >= mid),
+    "64 KiB pageable: the copy calls took under a quarter of the host loop (the wait was elsewhere)":
+        copy_share[mid] < 0.25,
+    "4 MiB pageable: the copy calls took more than half of the host loop (the wait was in them)":
+        copy_share[big] > 0.5,
+    "reused pinned buffer: the host finished its loop first at every size":
+        all(parts[("pinned", n)]["share"] < 0.5 for n in sizes),
+}
+for claim, value in claims.items():
+    print(f"{claim}: {value}")
+assert claims["pageable buffer, steps that received another step's data, at every size"] == 0
+assert all(v for k, v in claims.items() if not k.startswith("pageable buffer, steps"))
 
 # %% [markdown]
-# Small metadata (1 KiB) pays only the staging `memcpy` and keeps the host ahead. From 64 KiB per
-# step the host ran at the GPU's pace instead, and async scheduling had little left to overlap;
-# but where it waited differs with the size:
+# Read the bars against the dashed line (the GPU's work): a bar far below it is a host that ran
+# ahead; a bar that reaches it is a host that ran at the GPU's pace, and the colours say where it
+# spent that time.
 #
-# - at 1 MiB and 4 MiB per step, look at the copy calls themselves (the lines and the plot): a
-#   call that takes about a GPU step is a call that waited for the GPU;
-# - at 64 KiB per step the copy calls stayed short (far under a GPU step, asserted above), and the
-#   host loop still lasted most of the run. So the host waited **after** the copy call had
-#   returned, in the launches that follow it in the step. This loop times only the copy call, so
-#   it cannot say which launch. What it does show is how much was still queued when the loop
-#   ended (the line above): compare it with the limit on pending bytes that lesson 02 measured.
+# - With the **pinned** buffer the host ran ahead at every size: nothing was staged, every call
+#   only enqueued work (and the data was wrong, as above).
+# - **1 KiB pageable**: the copy call pays the staging `memcpy` and returns; the host stays ahead.
+# - **64 KiB pageable**: the host ran at the GPU's pace, yet its copy calls stayed short. The
+#   copy call returned once its data was staged; the host waited in the **launches** that follow
+#   it in the step. The driver does not document which call absorbs the wait: only a clock
+#   around every call of the step shows it, and a profiler that blamed "the copy" would be wrong.
+# - **1 MiB and 4 MiB pageable**: the wait is in the copy calls themselves: a copy that large
+#   waits for the GPU before it is staged (lesson 02's limits).
 #
 # vLLM's metadata is small, but the same pattern elsewhere is not, and even at 1 KiB the staging
 # is a host `memcpy` on the critical path of every step. Lesson 04 shows the fix that is both
@@ -339,7 +409,8 @@ assert back
 #   of torch show it (`step_loop` above), on a GPU or on the emulated lagging stream.
 # - In vLLM's FlashInfer path that means attention over the wrong pages: wrong outputs, no error.
 # - A pageable buffer is correct (the driver copies it during the call) but costs a host `memcpy`
-#   every step, and blocks the host once the driver's staging pool is full.
+#   every step, and makes the host wait for the GPU once the driver holds enough staged data. The
+#   wait need not be in the copy call: clock the whole step to see where it lands.
 #
 # **Exercise:** `exercises/03_the_race.ipynb` (solution in `solutions/`).
 # **Next:** 04 · the fix: a pinned snapshot per step, and the history of fixes compared.

@@ -5,21 +5,35 @@ stream (CPU). The experiments here are that loop for every strategy, measured on
 
 * :func:`plain_race`: the plain step loop (:mod:`pinlab.steploop`) with a reused pinned and a
   pageable buffer;
-* :func:`pageable_cost`: what the pageable buffer (#32799) costs the host at several sizes;
 * :func:`decode_race`: the paged-decode loop (:mod:`pinlab.decode_loop`) with real attention.
 
 Each takes ``stream=None``: None means the CUDA stream (CudaUnavailableError without CUDA); a
 :class:`pinlab.LaggingStream` runs the same code on the CPU.
+
+What the pageable buffer costs (#32799) is measured by the notebook's own timed step loop (a clock
+around every call of the step); :func:`step_parts` sums one such run up, :func:`plot_step_parts`
+draws where the host's time went, per size.
 """
 from __future__ import annotations
+
+import numbers
+import statistics
 
 import numpy as np
 
 from .. import decode_loop, steploop
 from ..args import positive_int, positive_number
-from ..steploop import KiB, LABELS, MiB
+from ..steploop import LABELS
 
-__all__ = ["plain_race", "pageable_cost", "decode_race", "plot_received", "plot_errors", "plot_host_cumulative"]
+__all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "plot_received", "plot_errors",
+           "plot_step_parts"]
+
+#: The calls of one step that the notebook's timed step loop clocks, in order: the host writes the
+#: step's data, the copy call, the launch of the kernel that reads the copy, the launch of the rest
+#: of the forward.
+STEP_PARTS = ("write", "copy", "check", "forward")
+#: How :func:`plot_step_parts` groups them ("other": the loop's own time between the clocked calls).
+PART_GROUPS = {"copy call": ("copy",), "kernel launches": ("check", "forward"), "write + loop": ("write", "other")}
 
 
 def plain_race(strategies=("reused_pinned", "pageable"), steps: int = 200, nbytes: int = 256,
@@ -42,28 +56,6 @@ def plain_race(strategies=("reused_pinned", "pageable"), steps: int = 200, nbyte
     steploop.ints_in("nbytes", nbytes)
     stream = steploop.cuda_or(stream, "plain_race()")
     return steploop.every_strategy(stream, **args)
-
-
-def pageable_cost(sizes=(KiB, 64 * KiB, MiB, 4 * MiB), steps: int = 400, busy_ms: float = 0.5, stream=None) -> dict:
-    """The pageable buffer (#32799) in the unbounded step loop, at several metadata sizes.
-
-    Returns ``{"sizes", "steps", "busy_ms", "runs": [run per size]}``; each run as in
-    :func:`plain_race` (without ``received``): correct data, but the host time per step shows
-    when the driver's staging makes the host wait for the GPU.
-    """
-    sizes = steploop.sizes_arg(sizes)
-    steps = positive_int("steps", steps)
-    busy_ms = positive_number("busy_ms", busy_ms)
-    steploop.check_dst(steps, max(sizes) // 4)
-    stream = steploop.cuda_or(stream, "pageable_cost()")
-    runs = []
-    for s in sizes:
-        n_ints = s // 4
-        steploop.warm(stream, ["pageable"], n_ints, busy_ms, None, 1)
-        run = steploop.plain_loop(stream, "pageable", steps=steps, n_ints=n_ints, busy_ms=busy_ms, ahead=None)
-        run.pop("received")
-        runs.append(run)
-    return {"sizes": sizes, "steps": steps, "busy_ms": busy_ms, "runs": runs}
 
 
 def decode_race(strategies=("reused_pinned", "pageable"), steps: int = 64, max_batch: int = 16,
@@ -151,27 +143,106 @@ def plot_errors(result: dict, strategy: str, *, title: str, ax=None):
     return ax
 
 
-def plot_host_cumulative(result: dict, *, title: str, ax=None):
-    """Cumulative host ms inside the copy section against the step, one line per metadata size,
-    and the GPU's pace (busy_ms per step) for comparison."""
+# =============================================================================================
+# Where the host's time went in a timed step loop (pure: recorded data in, numbers out)
+# =============================================================================================
+
+def _non_negative(name: str, value) -> float:
+    return positive_number(name, value, allow_zero=True)
+
+
+def step_parts(run: dict) -> dict:
+    """Sum up one run of the notebook's timed step loop.
+
+    ``run`` has ``us`` (a dict: for each of :data:`STEP_PARTS` a list of host µs per step, all
+    equally long), ``loop_ms`` (the whole host loop) and ``drain_ms`` (the final wait for the GPU).
+
+    Returns ``steps``, ``loop_ms``, ``drain_ms``, ``run_ms`` (loop + drain), ``share`` (loop / run:
+    near 1 when the host ran at the GPU's pace, small when it ran ahead), ``total_ms`` and
+    ``median_us`` per part (``total_ms`` also has ``other``: the loop's time outside the clocked
+    calls, never below 0), ``group_ms`` (the totals by :data:`PART_GROUPS`) and ``largest`` (the
+    group with the most host time).
+    """
+    if not isinstance(run, dict):
+        raise TypeError(f"run must be a dict (one run of the timed step loop), got {type(run).__name__}")
+    for key in ("us", "loop_ms", "drain_ms"):
+        if key not in run:
+            raise ValueError(f"run must have '{key}' (one run of the timed step loop); it has {sorted(run)}"[:200])
+    us = run["us"]
+    if not isinstance(us, dict):
+        raise TypeError(f"run['us'] must be a dict of per-step lists, got {type(us).__name__}")
+    per_part = {}
+    for part in STEP_PARTS:
+        vals = us.get(part)
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, (list, tuple)):
+            raise TypeError(f"run['us']['{part}'] must be a list of µs per step, got {type(vals).__name__}")
+        if not vals:
+            raise ValueError(f"run['us']['{part}'] must not be empty")
+        per_part[part] = [_non_negative(f"run['us']['{part}'][{i}]", v) for i, v in enumerate(vals)]
+    lengths = {len(v) for v in per_part.values()}
+    if len(lengths) != 1:
+        raise ValueError(f"run['us'] lists must be equally long (one value per step), got lengths "
+                         f"{ {p: len(v) for p, v in per_part.items()} }")
+    loop_ms = _non_negative("run['loop_ms']", run["loop_ms"])
+    drain_ms = _non_negative("run['drain_ms']", run["drain_ms"])
+    run_ms = loop_ms + drain_ms
+    total = {p: sum(v) / 1e3 for p, v in per_part.items()}
+    total["other"] = max(0.0, loop_ms - sum(total.values()))
+    groups = {g: sum(total[p] for p in parts) for g, parts in PART_GROUPS.items()}
+    return {
+        "steps": lengths.pop(),
+        "loop_ms": loop_ms,
+        "drain_ms": drain_ms,
+        "run_ms": run_ms,
+        "share": loop_ms / run_ms if run_ms > 0 else 0.0,
+        "total_ms": total,
+        "median_us": {p: statistics.median(v) for p, v in per_part.items()},
+        "group_ms": groups,
+        "largest": max(groups, key=groups.get),
+    }
+
+
+def plot_step_parts(result: dict, *, title: str, ax=None):
+    """Stacked bars: where the host's loop time went (:data:`PART_GROUPS`), one bar per buffer kind
+    and size, beside the GPU's work (steps x busy_ms, dashed). ``result`` is the timed sweep:
+    ``{"steps", "busy_ms", "runs": [{"nbytes", "buffer", "us", "loop_ms", "drain_ms", ...}]}``."""
     import matplotlib.pyplot as plt
 
     from ..plots import fmt_bytes
 
+    if not isinstance(result, dict) or not isinstance(result.get("runs"), list) or not result["runs"]:
+        raise TypeError("result must be a dict with a non-empty list 'runs' (the timed step-loop sweep)")
+    steps = positive_int("result['steps']", result.get("steps"))
+    busy_ms = positive_number("result['busy_ms']", result.get("busy_ms"))
+    sizes, kinds = [], []
+    for r in result["runs"]:
+        if not isinstance(r, dict) or not isinstance(r.get("nbytes"), numbers.Integral) or "buffer" not in r:
+            raise TypeError("each run must be a dict with an int 'nbytes' and a 'buffer'")
+        if r["nbytes"] not in sizes:
+            sizes.append(r["nbytes"])
+        if r["buffer"] not in kinds:
+            kinds.append(r["buffer"])
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    for run in result["runs"]:
-        cum = np.cumsum(run["host_us"]) / 1e3
-        ax.plot(range(1, len(cum) + 1), cum, label=f"pageable, {fmt_bytes(run['nbytes'])} per step")
-    steps = result["steps"]
-    ax.plot([1, steps], [result["busy_ms"], steps * result["busy_ms"]], "k--", lw=0.8,
-            label=f"the GPU's pace ({result['busy_ms']} ms per step)")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("host ms spent in copy calls (cumulative)")
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(kinds)
+    colors = {"copy call": "tab:red", "kernel launches": "tab:blue", "write + loop": "tab:gray"}
+    hatches = ["", "//", "xx", ".."]
+    labelled = set()
+    for r in result["runs"]:
+        x = sizes.index(r["nbytes"]) + (kinds.index(r["buffer"]) - (len(kinds) - 1) / 2) * width
+        bottom = 0.0
+        for g, ms in step_parts(r)["group_ms"].items():
+            key = (g, r["buffer"])
+            label = f"{r['buffer']}: {g}" if key not in labelled else None
+            labelled.add(key)
+            ax.bar(x, ms, width * 0.9, bottom=bottom, color=colors[g], hatch=hatches[kinds.index(r["buffer"]) % 4],
+                   edgecolor="white", label=label)
+            bottom += ms
+    ax.axhline(steps * busy_ms, color="k", ls="--", lw=0.8, label=f"the GPU's work ({steps} x {busy_ms} ms)")
+    ax.set_xticks(range(len(sizes)))
+    ax.set_xticklabels([f"{fmt_bytes(n)} per step" for n in sizes])
+    ax.set_ylabel(f"host ms in the loop ({steps} steps)")
     ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     return ax
-
-
