@@ -4,12 +4,16 @@ The notebook writes the ``pin_memory()`` snapshot and the event-guarded ring its
 them live (GPU) or on the emulated lagging stream (CPU). The experiments here measure them on the
 GPU with the step loop of :mod:`pinlab.steploop`:
 
-* :func:`snapshot_soak`: ten thousand snapshot steps with unbounded run-ahead, and a control;
 * :func:`allocator_reuse`: the caching host allocator keeps a snapshot's block until its copy ran;
 * :func:`pin_trap`: ``pin_memory()`` of a pinned tensor is that tensor;
 * :func:`snapshot_cost`: the host µs the snapshot adds per step;
 * :func:`history`: every fix vLLM tried, in one loop;
-* :func:`plan_hazard`: FlashInfer's own ``plan()`` buffer, in child processes.
+* :func:`plan_hazard`: FlashInfer's own ``plan()`` buffer, in child processes;
+* :func:`metadata_loop` and :func:`fix_race`: a decode step's several metadata tensors, moved by
+  each fix (the notebook's slab ring among them) behind a busy GPU, checked on the device;
+* :func:`shared_pool`: several tensors per step, pageable against snapshots, up to a few MiB;
+* :func:`snapshot_soak`: ten thousand snapshots cold, with the cache warmed, and with
+  ``pinned_reserve_segment_size_mb``, each in a fresh child process.
 
 Each step-loop experiment takes ``stream=None``: None means the CUDA stream (CudaUnavailableError
 without CUDA); a :class:`pinlab.LaggingStream` runs the same code on the CPU. The decode loop
@@ -30,36 +34,14 @@ from pathlib import Path
 import torch
 
 from .. import steploop
-from ..args import one_of, positive_int, positive_number, require_cuda
+from ..args import callable_arg, one_of, positive_int, positive_number, require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, random_batch, reference_decode
 from ..steploop import HISTORY, KiB, LABELS
 
 __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "history", "plan_hazard",
-           "classify_child", "child_code", "run_children", "plot_history"]
-
-
-def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0.2, control_steps: int = 1_000,
-                  stream=None) -> dict:
-    """Many steps of the pin_memory() snapshot with unbounded run-ahead, and a control.
-
-    Returns ``{"snapshot": run, "control": run}`` (runs as :func:`pinlab.steploop.plain_loop`,
-    without per-step lists). The snapshot run also has ``distinct_blocks`` (pinned blocks the
-    snapshots used), ``blocks_reused`` and ``reused_before_copy_done`` (how often a block came
-    back while its previous copy had not finished: it must be 0). The control is the reused pinned
-    buffer under the same load: it must corrupt, or the soak proves nothing.
-    """
-    steps = positive_int("steps", steps)
-    control_steps = positive_int("control_steps", control_steps)
-    n_ints = steploop.ints_in("nbytes", nbytes)
-    busy_ms = positive_number("busy_ms", busy_ms)
-    steploop.check_dst(max(steps, control_steps), n_ints)
-    stream = steploop.cuda_or(stream, "snapshot_soak()")
-    steploop.warm(stream, ["snapshot", "reused_pinned"], n_ints, busy_ms, None, 1)
-    snap = steploop.plain_loop(stream, "snapshot", steps=steps, n_ints=n_ints, busy_ms=busy_ms, ahead=None,
-                               per_step=False, track_blocks=True)
-    control = steploop.plain_loop(stream, "reused_pinned", steps=control_steps, n_ints=n_ints, busy_ms=busy_ms,
-                                  ahead=None, per_step=False)
-    return {"nbytes": nbytes, "busy_ms": busy_ms, "snapshot": snap, "control": control}
+           "classify_child", "child_code", "run_children", "plot_history", "METADATA", "PER_TENSOR", "PerTensor",
+           "metadata_loop", "fix_race", "shared_pool", "log_histogram", "soak_child_code", "plot_host_times",
+           "plot_shared_pool", "plot_soak"]
 
 
 def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, busy_ms: float = 0.1,
@@ -334,18 +316,34 @@ def child_code(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: flo
     )
 
 
-def run_children(codes: dict, timeout_s: float) -> dict:
+def run_children(codes: dict, timeout_s: float, envs: dict | None = None) -> dict:
     """Run ``python -c`` children: all start at once (their set-up overlaps), then one at a time,
     in the order given, each is told to go (a line on its stdin) and waited for, at most
-    ``timeout_s`` (then it is killed). Returns ``{name: outcome}``, each from :func:`classify_child`
-    plus ``returncode`` and ``seconds`` (from its go to its end)."""
+    ``timeout_s`` (then it is killed). ``envs`` may give a child extra environment variables
+    (``{name: {VAR: value}}``; a value of None removes VAR). Returns ``{name: outcome}``, each from
+    :func:`classify_child` plus ``returncode`` and ``seconds`` (from its go to its end)."""
     timeout_s = positive_number("timeout_s", timeout_s)
+    if not isinstance(codes, dict) or not codes:
+        raise TypeError(f"codes must be a non-empty dict {{name: python code}}, got {type(codes).__name__}")
+    envs = {} if envs is None else envs
+    if not isinstance(envs, dict) or any(k not in codes or not isinstance(v, dict) for k, v in envs.items()):
+        raise ValueError("envs must map names of codes to dicts of environment variables")
     lib = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("PINLAB_RECORD", None)
+
+    def env_of(name):
+        e = dict(env)
+        for k, v in envs.get(name, {}).items():
+            if v is None:
+                e.pop(k, None)
+            else:
+                e[k] = str(v)
+        return e
+
     procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env)
+                                    stderr=subprocess.PIPE, text=True, env=env_of(name))
              for name, code in codes.items()}
     out = {}
     try:
@@ -416,6 +414,378 @@ def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout
 
 
 # =============================================================================================
+# A decode step's several metadata tensors: every fix in one loop, checked on the device
+# =============================================================================================
+
+#: A decode step's metadata for 256 requests (int32 entries per tensor), the tensors FlashInfer's
+#: paged decode and the KV-cache write need each step.
+METADATA = {"indptr": 257, "indices": 4096, "last_page_len": 256, "seq_lens": 256, "slot_mapping": 256,
+            "positions": 256}
+
+#: The per-tensor ways of moving them, one copy per tensor (:class:`PerTensor`).
+PER_TENSOR = {
+    "reused_pinned": "reused pinned buffers (the race)",
+    "pageable": "pageable buffers (#32799)",
+    "snapshot": "a pin_memory() snapshot per tensor (the PR)",
+}
+
+#: Labels of :func:`fix_race`'s strategies.
+FIX_LABELS = dict(PER_TENSOR, slab_ring="slab ring (one pinned slab per step, one copy)")
+
+
+def _entries(name: str, sizes) -> list[int]:
+    if isinstance(sizes, (str, bytes, dict)) or not hasattr(sizes, "__iter__"):
+        raise TypeError(f"{name} must be a list of tensor lengths (int32 entries), got {type(sizes).__name__}")
+    out = [positive_int(f"{name}[{i}]", v, maximum=64 * 1024 * 1024) for i, v in enumerate(sizes)]
+    if not out:
+        raise ValueError(f"{name} must not be empty")
+    return out
+
+
+class PerTensor:
+    """One ``non_blocking`` copy per tensor, from reused pinned buffers (``reused_pinned``: the
+    race), reused pageable buffers (``pageable``) or a ``pin_memory()`` snapshot of reused pageable
+    buffers (``snapshot``: the PR). Create it inside ``with stream:``. :func:`metadata_loop` calls
+    ``host()`` (the host tensors to write this step's values into) and ``send()`` (enqueue the
+    copies; returns the device tensors that hold the step)."""
+
+    def __init__(self, stream, sizes, kind: str):
+        self.kind = one_of("kind", kind, PER_TENSOR)
+        sizes = _entries("sizes", sizes)
+        pinned = self.kind == "reused_pinned"
+        self.bufs = [torch.zeros(k, dtype=torch.int32, pin_memory=pinned) for k in sizes]
+        self.dev = [torch.zeros(k, dtype=torch.int32, device=stream.device) for k in sizes]
+
+    def host(self):
+        return self.bufs
+
+    def send(self):
+        snap = self.kind == "snapshot"
+        for d, b in zip(self.dev, self.bufs):
+            d.copy_(b.pin_memory() if snap else b, non_blocking=True)
+        return self.dev
+
+
+def _check_step(outs, cat, base, n, bad):
+    """Device work: tensor i of step n must hold 8n + i everywhere; count the step in ``bad`` if not."""
+    torch.cat(outs, out=cat)
+    cat.sub_(base)
+    bad.add_(cat.ne(8 * n).any())
+
+
+def metadata_loop(stream, make, *, steps: int, sizes, busy_ms: float, ahead: int = 2, per_step: bool = False) -> dict:
+    """This loop, for any way of moving a step's metadata tensors (``make(stream, sizes)`` builds it).
+
+    Step n: [untimed: wait for step n-ahead's "done" event, the engine's bounded run-ahead]; then,
+    timed together, ``views = mover.host()``, tensor i filled with ``8n + i``, ``outs = mover.send()``;
+    then, untimed, a device check of ``outs`` (into a device error counter, read once at the end:
+    no sync per step), the "done" event and ``busy_ms`` of GPU work. Returns ``{"steps",
+    "corrupted" (steps whose tensors did not all hold their own step's values), "host" (µs per
+    step: median, mean, p90, max), "host_loop_ms"}``, with ``per_step`` also ``host_ns``.
+    """
+    callable_arg("make", make)
+    steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
+    sizes = _entries("sizes", sizes)
+    busy_ms = positive_number("busy_ms", busy_ms)
+    ahead = positive_int("ahead", ahead)
+    stream = steploop.cuda_or(stream, "metadata_loop()")
+    host_ns = [0] * steps
+    total = sum(sizes)
+    with stream:
+        mover = make(stream, list(sizes))
+        if not (callable(getattr(mover, "host", None)) and callable(getattr(mover, "send", None))):
+            raise TypeError(f"make must return an object with host() and send(), got {type(mover).__name__}")
+        base_host = torch.cat([torch.full((k,), i, dtype=torch.int32) for i, k in enumerate(sizes)])
+        base = torch.zeros(total, dtype=torch.int32, device=stream.device)
+        base.copy_(base_host)
+        cat = torch.zeros(total, dtype=torch.int32, device=stream.device)
+        bad = torch.zeros(1, dtype=torch.int64, device=stream.device)
+        done = [stream.Event() for _ in range(ahead + 1)]
+        t_loop = time.perf_counter()
+        for n in range(steps):
+            if n >= ahead:
+                done[(n - ahead) % (ahead + 1)].synchronize()  # untimed: at most `ahead` steps in flight
+            t0 = time.perf_counter_ns()
+            views = mover.host()
+            for i, v in enumerate(views):
+                v.fill_(8 * n + i)
+            outs = mover.send()
+            host_ns[n] = time.perf_counter_ns() - t0
+            if n == 0 and (len(views) != len(sizes) or len(outs) != len(sizes)):
+                raise ValueError(f"the mover must give one host and one device tensor per size ({len(sizes)}), "
+                                 f"got {len(views)} and {len(outs)}")
+            stream.launch(_check_step, outs, cat, base, n, bad)
+            done[n % (ahead + 1)].record()
+            stream.busy(busy_ms)
+        host_loop_ms = (time.perf_counter() - t_loop) * 1e3
+        stream.synchronize()
+        corrupted = int(bad.item())
+        del mover, outs, views
+    out = {"steps": steps, "corrupted": corrupted, "host": steploop.time_summary_us(host_ns),
+           "host_loop_ms": round(host_loop_ms, 2)}
+    if per_step:
+        out["host_ns"] = host_ns
+    return out
+
+
+def log_histogram(values_us, lo: float = 1.0, hi: float = 1e5, per_decade: int = 10) -> dict:
+    """Counts of ``values_us`` in log-spaced bins from ``lo`` to ``hi`` µs (values outside go to the
+    first or last bin). Returns ``{"edges": [...], "counts": [...]}`` (len(edges) = len(counts) + 1)."""
+    lo = positive_number("lo", lo)
+    hi = positive_number("hi", hi)
+    per_decade = positive_int("per_decade", per_decade, maximum=100)
+    if hi <= lo:
+        raise ValueError(f"hi ({hi}) must be larger than lo ({lo})")
+    k = max(1, math.ceil(math.log10(hi / lo) * per_decade))
+    edges = [lo * 10 ** (j / per_decade) for j in range(k + 1)]
+    counts = [0] * k
+    for v in values_us:
+        v = float(v)
+        if not math.isfinite(v):
+            raise ValueError(f"values_us must be finite, got {v}")
+        j = 0 if v <= lo else min(k - 1, int(math.log10(v / lo) * per_decade))
+        counts[j] += 1
+    return {"edges": [round(e, 3) for e in edges], "counts": counts}
+
+
+def _pcts(us) -> dict:
+    return {f"p{q}_us": round(steploop.percentile(us, q / 100 if q < 100 else 1.0), 2)
+            for q in (10, 50, 90, 99)} | {"max_us": round(max(us), 2)}
+
+
+def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), busy_ms: float = 0.3, ahead: int = 2,
+             depth: int = 3, rounds: int = 4, stream=None) -> dict:
+    """Every fix for a step's several metadata tensors, in one loop (:func:`metadata_loop`).
+
+    Strategies: the three of :class:`PerTensor` and ``slab_ring``, built by the notebook's
+    ``make_slab(stream, sizes, depth)``. ``steps`` per strategy, split into ``rounds`` interleaved
+    rounds (the order rotates), after a short warm-up. Returns ``{"rows": [{"strategy", "label",
+    "steps", "corrupted", "median_us", "p10_us", "p90_us", "p99_us", "max_us", "round_medians_us",
+    "hist"}], ...}``: host µs per step over all the strategy's steps, the median of each round,
+    and a log histogram.
+    """
+    callable_arg("make_slab", make_slab)
+    steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
+    sizes = _entries("sizes", sizes)
+    busy_ms = positive_number("busy_ms", busy_ms)
+    ahead = positive_int("ahead", ahead)
+    depth = positive_int("depth", depth)
+    rounds = positive_int("rounds", rounds, maximum=steps)
+    stream = steploop.cuda_or(stream, "fix_race()")
+    makers = {k: (lambda st, sz, k=k: PerTensor(st, sz, k)) for k in PER_TENSOR}
+    makers["slab_ring"] = lambda st, sz: make_slab(st, sz, depth)
+    names = list(makers)
+    for k in names:  # warm-up: kernels, pinned blocks, events
+        metadata_loop(stream, makers[k], steps=2 * ahead + 4, sizes=sizes, busy_ms=min(busy_ms, 0.05), ahead=ahead)
+    per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
+    host = {k: [] for k in names}
+    meds = {k: [] for k in names}
+    bad = {k: 0 for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            run = metadata_loop(stream, makers[k], steps=per_round[r], sizes=sizes, busy_ms=busy_ms, ahead=ahead,
+                                per_step=True)
+            us = [v / 1e3 for v in run["host_ns"]]
+            host[k] += us
+            meds[k].append(round(statistics.median(us), 2))
+            bad[k] += run["corrupted"]
+    rows = []
+    for k in names:
+        rows.append({"strategy": k, "label": FIX_LABELS[k], "steps": len(host[k]), "corrupted": bad[k],
+                     **_pcts(host[k]), "round_medians_us": meds[k], "hist": log_histogram(host[k])})
+    return {"steps": steps, "sizes": sizes, "tensors": len(sizes), "bytes_per_step": 4 * sum(sizes),
+            "busy_ms": busy_ms, "ahead": ahead, "depth": depth, "rounds": rounds, "rows": rows}
+
+
+def shared_pool(totals=(24 * KiB, 192 * KiB, 768 * KiB, 3 * 1024 * KiB, 6 * 1024 * KiB), tensors: int = 6,
+                steps: int = 80, busy_ms: float = 0.5, ahead: int = 2, rounds: int = 3, stream=None) -> dict:
+    """Several tensors per step sharing the driver's staging: pageable buffers against a snapshot
+    per tensor, for per-step totals from a few KiB to a few MiB (``tensors`` equal tensors each).
+
+    For each total: interleaved ``rounds`` of ``steps`` steps of each (:func:`metadata_loop`, at
+    most ``ahead`` steps in flight, ``busy_ms`` of GPU work per step); each value is the median
+    over rounds of each round's median host µs per step. Returns ``{"rows": [{"total_bytes",
+    "tensor_bytes", "pageable_us", "snapshot_us", "pageable_p90_us", "snapshot_p90_us",
+    "corrupted"}], ...}`` (``corrupted``: both strategies, all rounds).
+    """
+    totals = steploop.sizes_arg(totals)
+    tensors = positive_int("tensors", tensors, maximum=64)
+    steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
+    busy_ms = positive_number("busy_ms", busy_ms)
+    ahead = positive_int("ahead", ahead)
+    rounds = positive_int("rounds", rounds)
+    for i, t in enumerate(totals):
+        if t % (4 * tensors):
+            raise ValueError(f"totals[{i}] ({t}) must split into {tensors} int32 tensors of equal size")
+        if t > 256 * 1024 * KiB:
+            raise ValueError(f"totals[{i}] ({t}) is more than 256 MiB per step: a typo, not metadata")
+    stream = steploop.cuda_or(stream, "shared_pool()")
+    names = ["pageable", "snapshot"]
+    rows = []
+    for t in totals:
+        sizes = [t // 4 // tensors] * tensors
+        for k in names:
+            metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=2 * ahead + 2, sizes=sizes,
+                          busy_ms=min(busy_ms, 0.05), ahead=ahead)
+        meds = {k: [] for k in names}
+        p90 = {k: [] for k in names}
+        corrupted = 0
+        for r in range(rounds):
+            for k in names[r % 2:] + names[:r % 2]:
+                run = metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=steps, sizes=sizes,
+                                    busy_ms=busy_ms, ahead=ahead)
+                meds[k].append(run["host"]["median_us"])
+                p90[k].append(run["host"]["p90_us"])
+                corrupted += run["corrupted"]
+        med = lambda v: round(statistics.median(v), 2)  # noqa: E731
+        rows.append({"total_bytes": t, "tensor_bytes": t // tensors,
+                     "pageable_us": med(meds["pageable"]), "snapshot_us": med(meds["snapshot"]),
+                     "pageable_p90_us": med(p90["pageable"]), "snapshot_p90_us": med(p90["snapshot"]),
+                     "corrupted": corrupted})
+    return {"tensors": tensors, "steps": steps, "busy_ms": busy_ms, "ahead": ahead, "rounds": rounds, "rows": rows}
+
+
+# =============================================================================================
+# The soak: ten thousand snapshots cold, warmed, and with a reserved pinned segment (children)
+# =============================================================================================
+
+SOAK_PASSES = ("cold", "warmed", "reserved")
+
+
+def _soak_loop(steps: int, n_ints: int, busy_ms: float) -> dict:
+    """In a child, on CUDA: the snapshot loop with unbounded run-ahead; per-step host ns of
+    write + pin_memory() + copy, corrupted steps (checked on the device), blocks and allocations."""
+    from ..busy import gpu_busy
+    from ..hostmem import host_stats
+
+    rows = 4
+    buf = torch.zeros(n_ints, dtype=torch.int32)  # pageable, reused every step
+    dst = torch.zeros(rows, n_ints, dtype=torch.int32, device="cuda")
+    mm = torch.zeros(steps, 2, dtype=torch.int32, device="cuda")
+    host_ns = [0] * steps
+    ptrs = set()
+    s0 = host_stats()
+    torch.cuda.synchronize()
+    for n in range(steps):
+        t0 = time.perf_counter_ns()
+        buf.fill_(n)
+        snap = buf.pin_memory()
+        dst[n % rows].copy_(snap, non_blocking=True)
+        host_ns[n] = time.perf_counter_ns() - t0
+        ptrs.add(snap.data_ptr())
+        del snap
+        torch.aminmax(dst[n % rows], out=(mm[n, 0], mm[n, 1]))
+        gpu_busy(busy_ms)
+    torch.cuda.synchronize()
+    s1 = host_stats()
+    received = steploop.received_from_minmax(mm.cpu().tolist())
+    return {"host_us": [round(v / 1e3, 2) for v in host_ns],
+            "corrupted": steploop.corruption_summary(received)["corrupted"],
+            "distinct_blocks": len(ptrs),
+            "new_blocks": int(s1.get("num_host_alloc", 0) - s0.get("num_host_alloc", 0)),
+            "slow_allocs": int(s1.get("host_alloc_time.count", 0) - s0.get("host_alloc_time.count", 0))}
+
+
+def _soak_child(passes, steps: int, nbytes: int, busy_ms: float, warm_blocks: int, wait_for_go: bool = False) -> dict:
+    """Runs in a child process (a fresh caching host allocator). ``passes`` in order: "cold" (the
+    cache emptied first), "warmed" (emptied, then ``warm_blocks`` blocks allocated and freed),
+    "reserved" (run as is: the child was started with a reserved pinned segment)."""
+    from ..busy import gpu_busy
+    from ..hostmem import release_cached_host_blocks
+
+    n_ints = steploop.ints_in("nbytes", nbytes)
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    try:
+        torch.zeros(1, device="cuda")
+        torch.zeros(4, dtype=torch.int32).pin_memory()
+    except Exception as exc:  # e.g. an allocator setting this torch does not know
+        return {"status": "rejected", "conf": conf,
+                "detail": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+    gpu_busy(0.05)
+    _soak_loop(16, n_ints, 0.05)  # kernels loaded, nothing timed
+    if wait_for_go:
+        sys.stdin.readline()
+    out = {}
+    for p in passes:
+        one_of("passes", p, SOAK_PASSES)
+        release_cached_host_blocks()
+        warm_ms = 0.0
+        if p == "warmed":
+            t0 = time.perf_counter()
+            blocks = [torch.empty(n_ints, dtype=torch.int32, pin_memory=True) for _ in range(warm_blocks)]
+            del blocks
+            warm_ms = (time.perf_counter() - t0) * 1e3
+        out[p] = _soak_loop(steps, n_ints, busy_ms)
+        out[p]["warm_ms"] = round(warm_ms, 1)
+    return {"status": "correct", "detail": "ran", "conf": conf, "passes": out}
+
+
+def soak_child_code(passes, steps: int, nbytes: int, busy_ms: float, warm_blocks: int) -> str:
+    """The ``python -c`` program of one soak child (see :func:`_soak_child`)."""
+    return (
+        "from pinlab.lessons import l04_the_fix as fix\n"
+        f"r = fix._soak_child({list(passes)!r}, {steps!r}, {nbytes!r}, {busy_ms!r}, {warm_blocks!r}, wait_for_go=True)\n"
+        "fix._report_and_exit(r)\n"
+    )
+
+
+def _soak_summary(p: dict) -> dict:
+    us = p["host_us"]
+    return {"steps": len(us), "corrupted": p["corrupted"], "distinct_blocks": p["distinct_blocks"],
+            "new_blocks": p["new_blocks"], "slow_allocs": p["slow_allocs"], "warm_ms": p.get("warm_ms", 0.0),
+            **_pcts(us), "p999_us": round(steploop.percentile(us, 0.999), 2),
+            "over_100us": sum(v > 100 for v in us), "over_1ms": sum(v > 1000 for v in us),
+            "total_ms": round(sum(us) / 1e3, 2), "hist": log_histogram(us)}
+
+
+def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0.1, control_steps: int = 1_000,
+                  warm_blocks: int = 1024, reserve_mb: int = 64, timeout_s: float = 60.0) -> dict:
+    """Ten thousand ``pin_memory()`` snapshots with unbounded run-ahead, three ways, each in a fresh
+    child process: ``cold`` (an empty cache: every new block is a ``cudaHostAlloc``), ``warmed``
+    (``warm_blocks`` blocks allocated and freed first, same child) and ``reserved`` (a child started
+    with ``PYTORCH_CUDA_ALLOC_CONF=pinned_reserve_segment_size_mb:<reserve_mb>``); then, here, the
+    reused pinned buffer as a control (it must corrupt, or the soak proves nothing).
+
+    Returns ``{"passes": {name: summary}, "reserve": {"accepted", "detail"}, "control": run, ...}``;
+    a summary holds the host µs percentiles, a log histogram, ``new_blocks`` (blocks the allocator
+    created), ``slow_allocs`` (its calls into ``cudaHostAlloc``), ``distinct_blocks`` and
+    ``corrupted``. A pass whose child failed is missing from ``passes`` (see ``children``).
+    """
+    steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
+    n_ints = steploop.ints_in("nbytes", nbytes)
+    busy_ms = positive_number("busy_ms", busy_ms)
+    control_steps = positive_int("control_steps", control_steps, maximum=steploop.MAX_LOOP_STEPS)
+    warm_blocks = positive_int("warm_blocks", warm_blocks, maximum=100_000)
+    reserve_mb = positive_int("reserve_mb", reserve_mb, maximum=64 * 1024)
+    timeout_s = positive_number("timeout_s", timeout_s)
+    require_cuda("snapshot_soak()")
+    conf = f"pinned_reserve_segment_size_mb:{reserve_mb}"
+    codes = {"default": soak_child_code(["cold", "warmed"], steps, nbytes, busy_ms, warm_blocks),
+             "reserved": soak_child_code(["reserved"], steps, nbytes, busy_ms, warm_blocks)}
+    envs = {"default": {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None},
+            "reserved": {"PYTORCH_CUDA_ALLOC_CONF": conf, "PYTORCH_ALLOC_CONF": None}}
+    print("snapshot_soak: two fresh Python processes (default allocator; reserved pinned segment)...",
+          file=sys.stderr, flush=True)
+    children = run_children(codes, timeout_s, envs=envs)
+    passes = {}
+    for name, res in children.items():
+        for p, data in (res.get("passes") or {}).items():
+            passes[p] = _soak_summary(data)
+    rc = children["reserved"]
+    accepted = rc["outcome"] == "correct" and "reserved" in passes
+    stream = steploop.cuda_or(None, "snapshot_soak()")
+    steploop.warm(stream, ["reused_pinned"], n_ints, busy_ms, None, 1)
+    control = steploop.plain_loop(stream, "reused_pinned", steps=control_steps, n_ints=n_ints, busy_ms=busy_ms,
+                                  ahead=None, per_step=False)
+    return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "warm_blocks": warm_blocks,
+            "reserve_conf": conf, "reserve": {"accepted": accepted, "detail": str(rc.get("detail", ""))[:200]},
+            "passes": passes,
+            "children": {k: {"outcome": v["outcome"], "detail": str(v.get("detail", ""))[:200],
+                             "seconds": v.get("seconds")} for k, v in children.items()},
+            "control": control}
+
+
+# =============================================================================================
 # Plots (computed from recorded results, identical live and replayed)
 # =============================================================================================
 
@@ -448,3 +818,80 @@ def plot_history(result: dict, *, title: str):
     fig.suptitle(title)
     fig.tight_layout()
     return axes
+
+
+def _hist_lines(ax, rows, key_label, hist_key="hist"):
+    colors = __import__("matplotlib.pyplot", fromlist=["cm"]).cm.tab10.colors
+    for i, r in enumerate(rows):
+        h = r[hist_key]
+        total = max(1, sum(h["counts"]))
+        ax.stairs([c / total for c in h["counts"]], h["edges"], label=r[key_label], color=colors[i % 10], lw=1.6)
+    ax.set_xscale("log")
+    ax.set_ylabel("share of steps")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+
+
+def plot_host_times(result: dict, *, title: str):
+    """Left: host µs per step, a log histogram per strategy. Right: each strategy's median, with
+    the range of its round medians, and its corrupted steps in the label."""
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.2))
+    _hist_lines(a1, rows, "label")
+    a1.set_xlabel("host µs per step (write + stage + copy), log scale")
+    meds = [r["p50_us"] for r in rows]
+    lo = [r["p50_us"] - min(r["round_medians_us"]) for r in rows]
+    hi = [max(r["round_medians_us"]) - r["p50_us"] for r in rows]
+    colors = plt.cm.tab10.colors
+    bars = a2.bar(range(len(rows)), meds, yerr=[[max(0, v) for v in lo], [max(0, v) for v in hi]], capsize=4,
+                  color=[colors[i % 10] for i in range(len(rows))])
+    for b, v in zip(bars, meds):
+        a2.annotate(f"{v:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
+    a2.set_xticks(range(len(rows)), [f"{r['label']}\n{r['corrupted']} corrupted" for r in rows], fontsize=7)
+    a2.set_ylabel("host µs per step (median; bar: round medians)")
+    a2.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return a1, a2
+
+
+def plot_shared_pool(result: dict, *, title: str):
+    """Host µs per step against the bytes copied per step, pageable against snapshots (log-log)."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import fmt_bytes
+
+    rows = result["rows"]
+    x = [r["total_bytes"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax.plot(x, [r["pageable_us"] for r in rows], "o-", label="pageable buffers")
+    ax.plot(x, [r["snapshot_us"] for r in rows], "s-", label="pin_memory() snapshot per tensor")
+    ax.axhline(result["busy_ms"] * 1e3, ls="--", c="grey", lw=1)
+    ax.annotate("GPU work per step", (x[0], result["busy_ms"] * 1e3), textcoords="offset points", xytext=(2, 3),
+                fontsize=7, color="grey")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [fmt_bytes(v) for v in x])
+    ax.set_xlabel(f"bytes copied per step ({result['tensors']} tensors)")
+    ax.set_ylabel("host µs per step (median)")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return ax
+
+
+def plot_soak(result: dict, *, title: str):
+    """Host µs per snapshot step, a log histogram per pass (cold, warmed, reserved)."""
+    import matplotlib.pyplot as plt
+
+    rows = [dict(p, label=f"{name} (max {p['max_us'] / 1e3:.2f} ms)") for name, p in result["passes"].items()]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    _hist_lines(ax, rows, "label")
+    ax.set_yscale("log")
+    ax.set_xlabel("host µs per step (write + pin_memory() + copy), log scale")
+    ax.set_title(title)
+    fig.tight_layout()
+    return ax
