@@ -1,15 +1,79 @@
 # %% [markdown]
 # # Exercises · 04 The fix
 #
-# MRV2's buffer pools avoid the race without a snapshot per step: a ring of pinned buffers, step n
-# writing buffer `n % depth`. How deep must the ring be? Everything here runs on the CPU.
+# Three exercises: the two fixes of lesson 04 in torch (a snapshot that is really a copy, and a ring
+# of pinned buffers guarded by events), then the arithmetic of the ring's depth. Write each where it
+# says `YOUR CODE HERE`, then run the check cell below it.
+#
+# No GPU needed: without one, the first two checks run your code on the emulated lagging stream
+# (`pinlab.LaggingStream`), where the GPU's copies wait in a queue until the host waits for them,
+# so a copy reads its buffer exactly as late as a lagging GPU would. On a GPU they run on the CUDA
+# stream, behind a busy GPU.
+#
+# ## What you will learn
+# - why `t.pin_memory()` is not a snapshot when `t` is already pinned, and how to make one that is;
+# - how events make a ring of pinned buffers safe, and what they cost when the ring is too shallow;
+# - how deep the ring must be for a given run-ahead.
 
 # %%
+import torch
+
 from pinlab.checks import l04 as checks04
 from pinlab import steploop
 
 # %% [markdown]
-# ## How deep must the ring be?
+# ## 1. A snapshot that is really a copy
+#
+# `pin_snapshot(t)` returns a **pinned** copy of the host tensor `t` that the caller may rewrite `t`
+# after (the step loop rewrites its buffer at the next step while the copy is still queued):
+# - pinned memory, so that the `non_blocking` copy from it is a real asynchronous DMA;
+# - its **own storage**, whatever `t` is: for a pageable `t`, `t.pin_memory()` copies; for an already
+#   pinned `t` it returns `t` itself (the same storage: a no-op, the trap of lesson 04);
+# - the same shape, dtype and values as `t`, bit for bit (non-contiguous, 0-d and empty `t` included).
+#
+# The check tries pageable and pinned tensors, then runs your function in a step loop that rewrites
+# one pinned buffer every step for 200 steps, the host 4 steps ahead of the GPU, and copies
+# `pin_snapshot(buf)` with `non_blocking=True`. *(1 line)*
+
+# %%
+def pin_snapshot(t):
+    ### BEGIN SOLUTION
+    return torch.empty_like(t, pin_memory=True).copy_(t)
+    ### END SOLUTION
+
+
+ok = checks04.check_pin_snapshot(pin_snapshot)
+
+# %% [markdown]
+# ## 2. A ring of pinned buffers, guarded by events
+#
+# MRV2's buffer pools avoid the race without a snapshot per step: a ring of pinned buffers, step n
+# writing buffer `n % depth`. Write the staging of one step, `ring_stage(n, data, ring, events, dst)`:
+# - `ring`: the `depth` pinned buffers; `events[i]`: the event that guards `ring[i]`;
+# - `data`: step n's host data; `dst`: step n's device memory;
+# - before rewriting buffer `k = n % depth`, wait (`events[k].synchronize()`) for the event recorded
+#   after the copy that last read it (an event never recorded returns at once); then write `data`
+#   into it, copy it into `dst` with `non_blocking=True`, and record `events[k]`.
+#
+# The check runs 200 steps with the host up to 4 steps ahead of the GPU, twice: with a ring of 5
+# buffers (every buffer's last copy has run by the time it comes round: the host must never wait)
+# and with a ring of 2 (too shallow: the host must wait, not race). *(5 lines)*
+
+# %%
+def ring_stage(n, data, ring, events, dst):
+    ### BEGIN SOLUTION
+    k = n % len(ring)
+    events[k].synchronize()                     # the copy that last read ring[k] has run
+    ring[k].copy_(data)                         # the host writes step n
+    dst.copy_(ring[k], non_blocking=True)       # the DMA reads ring[k] later
+    events[k].record()                          # completes when that copy has run
+    ### END SOLUTION
+
+
+ok = checks04.check_ring_stage(ring_stage)
+
+# %% [markdown]
+# ## 3. How deep must the ring be?
 #
 # As in exercise 03: `writes[n] = (start, end)` is when the host wrote step n, `copies[n] =
 # (start, end)` when the GPU's copy for step n ran. With a ring of `depth` pinned buffers, step n
@@ -49,3 +113,15 @@ try:
         print(f"a ring of {depth - 1}: corrupted copies:", short["corrupted"])
 except NotImplementedError:
     print("write min_ring_depth above first")
+
+# %% [markdown]
+# ## What to remember
+# - `pin_memory()` of a pinned tensor returns the same tensor: it is no snapshot. When the source may
+#   be pinned already, allocate and copy: `torch.empty_like(t, pin_memory=True).copy_(t)`.
+# - A snapshot must be new memory at every call: one reused by the next call is the same race, one step
+#   later.
+# - A ring of pinned buffers is safe when each buffer is rewritten only after the event recorded after
+#   its last copy has completed. Record the event *after* the copy, and wait on that buffer's event,
+#   not on the whole stream.
+# - As deep as the steps in flight, the ring never waits; shallower, the events make the host wait
+#   (correct, but the run-ahead is gone); without the events, it races.

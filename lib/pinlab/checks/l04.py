@@ -1,11 +1,327 @@
-"""Exercise checkers for lesson 04 (the fix). The reference is :func:`pinlab.steploop.min_ring_depth`."""
+"""Exercise checkers for lesson 04 (the fix).
+
+Each checker prints one verdict line (⏳ not implemented, ❌ what is wrong, in the lesson's terms,
+✅ correct), adds a hint from the second failure on, and returns True or False.
+``tests/test_checks_l04.py`` proves each accepts the master solution and rejects planted wrong
+answers with the right message.
+
+* :func:`check_pin_snapshot` runs the learner's ``pin_snapshot(t)`` on pageable and pinned tensors
+  (reference: :func:`pinlab.h2d.pin_snapshot`), then in a step loop that rewrites one reused pinned
+  buffer every step while the GPU lags behind.
+* :func:`check_ring_stage` runs the learner's staging step of an event-guarded ring of pinned
+  buffers for 200 steps, the host up to :data:`AHEAD` steps ahead of the GPU: with a ring deep
+  enough (it must never make the host wait) and with a shallower one (it must wait, not race).
+* :func:`check_min_ring_depth` checks the arithmetic of the ring's depth on timelines
+  (reference: :func:`pinlab.steploop.min_ring_depth`).
+
+The two torch checkers run on the CUDA stream on a GPU (a busy GPU, :data:`BUSY_MS` per step) and
+on the emulated :class:`pinlab.LaggingStream` without one, where device work waits in a queue
+until the host waits for it: what a lagging GPU would read is then exact.
+"""
 from __future__ import annotations
 
+from collections import Counter
+
+import torch
+
 from .. import steploop
+from ..args import callable_arg
+from ..streams import stream as _default_stream
+from ..timing import show
 from . import run_cases, same_int
 from .l03 import timeline_cases
 
-# ---- lesson 04: how deep must the ring be? ------------------------------------------------------
+STEPS = 200        #: steps of each step loop
+AHEAD = 4          #: the host runs at most this many steps ahead of the GPU
+BUSY_MS = 1.0      #: GPU work per step (CUDA): the host needs well under this per step
+N_INTS = 4096      #: int32 values per step's data (16 KiB)
+SHALLOW = 2        #: the ring that must make the host wait (shallower than AHEAD + 1)
+
+_failures: Counter = Counter()
+
+HINTS = {
+    "pin_snapshot": "`t.pin_memory()` copies only a pageable t; for a pinned t it returns t itself. "
+                    "Allocate a new pinned tensor and copy t into it, whatever t is: "
+                    "`torch.empty_like(t, pin_memory=True).copy_(t)`.",
+    "ring_stage": "k = n % len(ring); `events[k].synchronize()` (the host waits only until the copy that last "
+                  "read ring[k] has run); `ring[k].copy_(data)`; `dst.copy_(ring[k], non_blocking=True)`; "
+                  "`events[k].record()` (after the copy, so that it completes when the copy has run).",
+}
+
+
+def reset() -> None:
+    """Forget earlier failures (the hint shows from a checker's second failure on)."""
+    _failures.clear()
+
+
+def _fail(name: str, message: str) -> bool:
+    _failures[name] += 1
+    print(f"❌ {message}")
+    if _failures[name] >= 2:
+        print(f"💡 Hint: {HINTS[name]}")
+    return False
+
+
+def _not_implemented(name: str) -> bool:
+    print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
+    return False
+
+
+# ---- the step loop both torch checkers run ------------------------------------------------------
+
+class _Event:
+    """An event handed to the learner on the emulated stream: ``synchronize()`` waits only while the
+    copy it marks is still queued (the emulated event would otherwise run the whole queue once its
+    mark has already run)."""
+
+    def __init__(self, s):
+        self._e = s.Event()
+
+    def record(self, stream=None) -> None:
+        self._e.record(stream)
+
+    def synchronize(self) -> None:
+        if not self._e.query():
+            self._e.synchronize()
+
+    def query(self) -> bool:
+        return self._e.query()
+
+    def wait(self, stream=None) -> None:
+        self._e.wait(stream)
+
+
+def _event(s):
+    return _Event(s) if s.emulated else s.Event()
+
+
+def _marked(s, busy_ms: float):
+    """The GPU's work for one step, then an event that completes when it has run."""
+    if not s.emulated:
+        s.busy(busy_ms)
+    e = _event(s)
+    e.record()
+    return e
+
+
+def _step_loop(s, stage, *, steps: int = STEPS, ahead: int = AHEAD, busy_ms: float = BUSY_MS,
+               n_ints: int = N_INTS):
+    """Run ``stage(n, data, dst[n])`` for ``steps`` steps, the host at most ``ahead`` steps ahead of
+    the GPU (it starts ``ahead`` steps behind). ``data`` is step n's pageable host data, every value
+    ``n + 1``; ``dst[n]`` its row of device memory.
+
+    Returns ``(delivered, in_flight)``: ``delivered[n]`` the step whose data row n holds (-1: no data,
+    -2: a mix); ``in_flight[n]`` how many earlier steps the GPU had not finished right after
+    ``stage`` returned (``ahead`` when the host did not wait for the GPU; less when it did).
+    """
+    dst = torch.zeros(steps, n_ints, dtype=torch.int32, device=s.device)
+    s.synchronize()
+    marks = [_marked(s, busy_ms) for _ in range(ahead)]
+    in_flight = []
+    for n in range(steps):
+        if n:
+            marks[n - 1].synchronize()  # step n - ahead - 1 has run: the host is at most `ahead` ahead
+        data = torch.full((n_ints,), n + 1, dtype=torch.int32)
+        stage(n, data, dst[n])
+        in_flight.append(sum(not m.query() for m in marks[-ahead:]))
+        marks.append(_marked(s, busy_ms))
+    s.synchronize()
+    rows = dst.cpu()
+    lo, hi = rows.min(dim=1).values.tolist(), rows.max(dim=1).values.tolist()
+    delivered = [a - 1 if a == b else -2 for a, b in zip(lo, hi)]
+    return delivered, in_flight
+
+
+def _corruption(delivered) -> str | None:
+    """'step 17 of 200 delivered step 18's data (...)' for the first wrong step, or None."""
+    bad = [n for n, got in enumerate(delivered) if got != n]
+    if not bad:
+        return None
+    n, got = bad[0], delivered[bad[0]]
+    steps = len(delivered)
+    what = {-1: "no data (its row of dst is still zeros)", -2: "a mix of several steps' data"}.get(
+        got, f"step {got}'s data")
+    return f"step {n} of {steps} delivered {what} ({len(bad)} of {steps} steps corrupted)"
+
+
+def _describe(t) -> str:
+    kind = "pinned" if t.is_pinned() else "pageable"
+    layout = "" if t.is_contiguous() else " non-contiguous"
+    return f"<{kind}{layout} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}>"
+
+
+# ---- 1. pin_snapshot ----------------------------------------------------------------------------
+
+def _snapshot_inputs():
+    """(maker, ...) the tensors pin_snapshot is tried on; made inside the stream (pinned ones need it)."""
+    g = torch.Generator().manual_seed(404)
+    return [
+        lambda: torch.randn(3, 4, generator=g),                                           # pageable
+        lambda: torch.arange(48, dtype=torch.int64).reshape(6, 8)[:, ::2],                # non-contiguous
+        lambda: torch.randn(4, 6, generator=g).to(torch.bfloat16).t(),                    # transposed
+        lambda: torch.tensor(7, dtype=torch.uint8),                                       # 0-d
+        lambda: torch.empty(0, 3),                                                        # empty
+        lambda: torch.randn(64, generator=g).pin_memory(),                                # pinned
+        lambda: torch.randint(-9, 9, (5, 7), generator=g, dtype=torch.int32).pin_memory(),
+        lambda: torch.randn(6, 8, generator=g).half().pin_memory()[:, 1::2],              # a pinned view
+        lambda: (torch.arange(10) % 3 == 0).pin_memory(),                                 # bool
+        lambda: torch.tensor(2.5, dtype=torch.float64).pin_memory(),                      # pinned 0-d
+        lambda: torch.empty(0, dtype=torch.int64).pin_memory(),                           # pinned empty
+    ]
+
+
+def _snapshot_problem(s, t, desc, expected, out) -> str | None:
+    """What is wrong with ``out = pin_snapshot(t)`` (None: nothing); ``desc`` describes ``t``."""
+    call = f"pin_snapshot({desc})"
+    if not isinstance(out, torch.Tensor):
+        return f"{call} returned {type(out).__name__}, not a tensor: return the pinned copy."
+    if out.shape != expected.shape or out.dtype != expected.dtype:
+        return (f"{call} returned shape {tuple(out.shape)} {out.dtype}, t is {tuple(expected.shape)} "
+                f"{expected.dtype}: a snapshot is a copy of t (same shape, same dtype).")
+    if (s.is_device(out) if s.emulated else out.device.type != "cpu"):
+        return (f"{call} returned a tensor on the GPU: the snapshot stays in host memory (pinned), the "
+                "source of the non_blocking copy the caller makes next.")
+    if out.numel() and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+        if t.is_pinned():
+            return (f"{call}: this returns the same storage: pin_memory() of a pinned tensor is a no-op "
+                    "(it returns t itself). The caller rewrites t at the next step, and the copy that is "
+                    "still queued reads the new data: the race of lesson 03 again.")
+        return (f"{call}: this returns t's own storage, not a snapshot: the caller rewrites t at the next "
+                "step, while the copy that reads it may still be queued.")
+    if out.numel() and not out.is_pinned():
+        return (f"{call}: this returns pageable memory, not pinned: a non_blocking copy from pageable memory "
+                "is staged by the driver (and blocks the host when it is large, lesson 02). The snapshot "
+                "must be pinned.")
+    if not torch.equal(out, expected):
+        return (f"{call}: the values differ from t's: a snapshot is a bitwise copy of t "
+                "(a pinned tensor allocated but never filled holds whatever was in that memory).")
+    return None
+
+
+def check_pin_snapshot(fn, stream=None) -> bool:
+    """``pin_snapshot(t)``: a pinned copy of the host tensor ``t`` with its own storage (the caller
+    may rewrite ``t`` right after), equal to ``t``, for pageable and already pinned ``t``. Then used
+    in a step loop that rewrites one pinned buffer every step: no step may see a later step's data.
+
+    ``stream``: the stream to run on (default :func:`pinlab.stream`: CUDA, or emulated without it).
+    """
+    callable_arg("fn", fn)
+    name = "pin_snapshot"
+    s = _default_stream() if stream is None else stream
+    with s:
+        show("pin_snapshot checked on", s.label)
+        makers = _snapshot_inputs()
+        for make in makers:
+            t = make()
+            desc, expected = _describe(t), t.clone()
+            try:
+                out = fn(t)
+            except NotImplementedError:
+                return _not_implemented(name)
+            except Exception as exc:  # the learner's bug, reported, not raised
+                return _fail(name, f"pin_snapshot({desc}) raised {type(exc).__name__}: {exc}")
+            problem = _snapshot_problem(s, t, desc, expected, out)
+            if problem:
+                return _fail(name, problem)
+
+        buf = torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True)   # the reused pinned buffer
+
+        def stage(n, data, dst):
+            buf.copy_(data)                                     # the host writes step n into buf
+            dst.copy_(fn(buf), non_blocking=True)               # and copies a snapshot of it
+
+        try:
+            delivered, _ = _step_loop(s, stage)
+        except Exception as exc:
+            return _fail(name, f"pin_snapshot in the step loop raised {type(exc).__name__}: {exc}")
+        bad = _corruption(delivered)
+        if bad:
+            return _fail(name, f"pin_snapshot in the step loop: {bad}. The loop rewrites one pinned buffer every "
+                               f"step, the host up to {AHEAD} steps ahead of the GPU, and copies pin_snapshot(buf) "
+                               "with non_blocking=True: each call must return new memory that nothing "
+                               "writes again (a snapshot reused by the next call is the same race).")
+    _failures.pop(name, None)
+    print(f"✅ {name} is correct ({len(makers)} tensors, pageable and pinned; {STEPS} steps on a reused "
+          "pinned buffer, 0 corrupted).")
+    return True
+
+
+# ---- 2. ring_stage: a ring of pinned buffers guarded by events ----------------------------------
+
+class _NotInRing(Exception):
+    pass
+
+
+def _ring_run(s, fn, depth):
+    ring = [torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+    events = [_event(s) for _ in range(depth)]
+
+    def stage(n, data, dst):
+        fn(n, data, ring, events, dst)
+        if not any(torch.equal(b, data) for b in ring):
+            raise _NotInRing(n)
+
+    return _step_loop(s, stage)
+
+
+def check_ring_stage(fn, stream=None) -> bool:
+    """``ring_stage(n, data, ring, events, dst)``: stage step n's ``data`` through the ring of pinned
+    buffers ``ring`` into device memory ``dst`` without a race and without blocking the host more than
+    the ring's depth requires (``events[i]`` guards ``ring[i]``).
+
+    Run for :data:`STEPS` steps with the host up to :data:`AHEAD` steps ahead: a ring of ``AHEAD + 1``
+    buffers must deliver every step and never make the host wait; a ring of :data:`SHALLOW` must
+    deliver every step too, by waiting (the host then at most ``SHALLOW`` steps ahead).
+    """
+    callable_arg("fn", fn)
+    name = "ring_stage"
+    s = _default_stream() if stream is None else stream
+    waited_limit = STEPS // 4
+    with s:
+        show("ring_stage checked on", s.label)
+        for depth in (AHEAD + 1, SHALLOW):
+            setting = f"a ring of {depth} buffers, the host up to {AHEAD} steps ahead of the GPU"
+            try:
+                delivered, in_flight = _ring_run(s, fn, depth)
+            except NotImplementedError:
+                s.synchronize()
+                return _not_implemented(name)
+            except _NotInRing as e:
+                s.synchronize()
+                n = e.args[0]
+                return _fail(name, f"ring_stage: after step {n}, no ring buffer holds step {n}'s data ({setting}): "
+                                   f"write data into ring[n % len(ring)] and copy from that pinned buffer.")
+            except Exception as exc:
+                s.synchronize()
+                return _fail(name, f"ring_stage ({setting}) raised {type(exc).__name__}: {exc}")
+            bad = _corruption(delivered)
+            if bad:
+                return _fail(name, f"ring_stage: {bad}, with {setting}: a buffer was rewritten before the copy "
+                                   "that read it had run. Before writing ring[k], wait for the event recorded "
+                                   "after the copy that last read it.")
+            if depth > AHEAD:
+                waited = sum(h <= AHEAD - 2 for h in in_flight)
+                show(f"ring of {depth}: steps in which the host waited for the GPU", f"{waited} of {STEPS}")
+                if waited > waited_limit:
+                    return _fail(name, f"ring_stage blocks the host: the host waited for the GPU in {waited} of "
+                                       f"{STEPS} steps, with {setting}: each buffer's last copy has run by the "
+                                       "time it comes round, so no wait is needed. Wait only for the event of "
+                                       "the buffer you rewrite, not for the whole stream or the latest copy.")
+            else:
+                ahead = max(in_flight[depth:])
+                show(f"ring of {depth}: most steps the GPU was behind after a staging", ahead)
+                if ahead > depth:
+                    return _fail(name, f"ring_stage: with {setting}, the host ran {ahead} steps ahead of the GPU: "
+                                       f"a ring of {depth} must make it wait (at most {depth} steps ahead), or it "
+                                       "rewrites a buffer whose copy has not run.")
+    _failures.pop(name, None)
+    print(f"✅ {name} is correct: {STEPS} steps, 0 corrupted, with a ring of {AHEAD + 1} (no waiting: the host "
+          f"kept its run-ahead) and with a ring of {SHALLOW} (the host waited, never more than {SHALLOW} steps "
+          "ahead).")
+    return True
+
+
+# ---- 3. how deep must the ring be? --------------------------------------------------------------
 
 
 def check_min_ring_depth(fn) -> bool:

@@ -1,0 +1,272 @@
+"""Lesson 04's torch-code exercise checkers (pin_snapshot, ring_stage) accept the master solution and
+reject planted wrong answers, each with the message that names what is wrong in the lesson's terms.
+
+The CPU tests run on the emulated lagging stream, passed explicitly, so that they are exact on any
+machine; the tests marked ``gpu`` run the same checkers on the CUDA stream behind a busy GPU.
+(min_ring_depth's tests live in tests/test_checks_l03_l04.py.)"""
+import re
+
+import pytest
+import torch
+
+from nbtools import solution_namespace
+from pinlab import LaggingStream
+from pinlab.checks import l04 as checks04
+
+STEM = "04_the_fix"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def sol():
+    return solution_namespace(STEM)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    checks04.reset()
+
+
+def _stub(*args):
+    raise NotImplementedError
+
+
+# ---- pin_snapshot -------------------------------------------------------------------------------
+
+def test_pin_snapshot_accepts_solution(sol, capsys):
+    assert checks04.check_pin_snapshot(sol["pin_snapshot"], stream=LaggingStream()) is True
+    out = capsys.readouterr().out
+    assert "✅ pin_snapshot is correct" in out and "200 steps on a reused pinned buffer, 0 corrupted" in out
+
+
+def test_pin_snapshot_accepts_the_library_reference(capsys):
+    from pinlab import pin_snapshot
+
+    assert checks04.check_pin_snapshot(pin_snapshot, stream=LaggingStream()) is True
+
+
+def test_pin_snapshot_accepts_a_contiguous_copy(capsys):
+    # the reference's layout (contiguous) is as good as keeping t's strides
+    def contiguous(t):
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+    assert checks04.check_pin_snapshot(contiguous, stream=LaggingStream()) is True
+
+
+def test_pin_snapshot_says_not_implemented(capsys):
+    assert checks04.check_pin_snapshot(_stub, stream=LaggingStream()) is False
+    assert "⏳ pin_snapshot is not implemented yet" in capsys.readouterr().out
+
+
+def _reused_snapshot():
+    """One pinned snapshot buffer per shape and dtype, refilled at every call: pinned, its own storage,
+    the right values, and still the race, one step later."""
+    cache = {}
+
+    def reused(t):
+        key = (tuple(t.shape), t.dtype)
+        if key not in cache:
+            cache[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return cache[key].copy_(t)
+
+    return reused
+
+
+SAME = "this returns the same storage: pin_memory() of a pinned tensor is a no-op"
+WRONG_SNAPSHOTS = {
+    "pin-memory": (lambda t: t.pin_memory(), SAME),
+    "pin-only-when-pageable": (lambda t: t if t.is_pinned() else t.pin_memory(), SAME),
+    "contiguous-then-pin": (lambda t: t.contiguous().pin_memory(), SAME),
+    "clone": (lambda t: t.clone(), "this returns pageable memory, not pinned"),
+    "t-itself": (lambda t: t, "this returns t's own storage, not a snapshot"),
+    "empty-like-without-copy": (lambda t: torch.empty_like(t, pin_memory=True), "the values differ from t's"),
+    "float32-buffer": (lambda t: torch.empty(t.shape, pin_memory=True).copy_(t), "same shape, same dtype"),
+    "to-the-gpu": (lambda t: t.cuda(), "returned a tensor on the GPU"),
+    "returns-a-list": (lambda t: [t.pin_memory()], "not a tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_SNAPSHOTS))
+def test_pin_snapshot_rejects_wrong(case, capsys):
+    wrong, message = WRONG_SNAPSHOTS[case]
+    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert "❌ pin_snapshot(<" in out and message in out, out
+    assert "💡 Hint" not in out  # the hint comes from the second failure on
+
+
+def test_pin_snapshot_names_the_pinned_input_it_failed_on(capsys):
+    assert checks04.check_pin_snapshot(WRONG_SNAPSHOTS["pin-memory"][0], stream=LaggingStream()) is False
+    assert "❌ pin_snapshot(<pinned (64,) float32>): this returns the same storage" in capsys.readouterr().out
+
+
+def test_pin_snapshot_reused_buffer_is_caught_in_the_step_loop(capsys):
+    assert checks04.check_pin_snapshot(_reused_snapshot(), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    # the host is 4 steps ahead: copy 0 runs after the host wrote step 4 into the one snapshot buffer
+    assert "❌ pin_snapshot in the step loop: step 0 of 200 delivered step 4's data (199 of 200 steps corrupted)" \
+        in out, out
+
+
+def test_pin_snapshot_hints_on_the_second_failure(capsys):
+    wrong = WRONG_SNAPSHOTS["pin-memory"][0]
+    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert out.count("❌") == 2 and out.count("💡 Hint") == 1
+    assert "empty_like(t, pin_memory=True).copy_(t)" in out.split("💡 Hint")[1]
+
+
+def test_pin_snapshot_passing_forgets_the_failures(sol, capsys):
+    wrong = WRONG_SNAPSHOTS["clone"][0]
+    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot(sol["pin_snapshot"], stream=LaggingStream()) is True
+    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    assert "💡 Hint" not in capsys.readouterr().out
+
+
+def test_pin_snapshot_reports_an_exception(capsys):
+    def broken(t):
+        raise ValueError("boom")
+
+    assert checks04.check_pin_snapshot(broken, stream=LaggingStream()) is False
+    assert "raised ValueError: boom" in capsys.readouterr().out
+
+
+# ---- ring_stage ---------------------------------------------------------------------------------
+
+def _ring(wait=True, record_first=False, blocking=False, sync_all=None, one_buffer=False, wait_latest=False,
+          stream_wait=False, record=True, write_ring=True):
+    """A ring_stage with one planted mistake (the defaults give the right one)."""
+    def stage(n, data, ring, events, dst):
+        k = 0 if one_buffer else n % len(ring)
+        if sync_all is not None:
+            sync_all.synchronize()                        # the whole stream
+        if wait_latest:
+            events[(n - 1) % len(ring)].synchronize()     # the previous step's copy (MRV1's event wait)
+        elif wait:
+            events[k].wait() if stream_wait else events[k].synchronize()
+        if record and record_first:
+            events[k].record()
+        if write_ring:
+            ring[k].copy_(data)
+            dst.copy_(ring[k], non_blocking=not blocking)
+        else:
+            dst.copy_(data, non_blocking=True)
+        if record and not record_first:
+            events[k].record()
+    return stage
+
+
+def test_ring_stage_accepts_solution(sol, capsys):
+    assert checks04.check_ring_stage(sol["ring_stage"], stream=LaggingStream()) is True
+    out = capsys.readouterr().out
+    assert "✅ ring_stage is correct: 200 steps, 0 corrupted" in out
+    assert "[measured] ring of 5: steps in which the host waited for the GPU: 0 of 200" in out
+    assert "[measured] ring of 2: most steps the GPU was behind after a staging: 2" in out
+
+
+def test_ring_stage_accepts_the_planted_default(capsys):
+    assert checks04.check_ring_stage(_ring(), stream=LaggingStream()) is True
+
+
+def test_ring_stage_says_not_implemented(capsys):
+    assert checks04.check_ring_stage(_stub, stream=LaggingStream()) is False
+    assert "⏳ ring_stage is not implemented yet" in capsys.readouterr().out
+
+
+RACE = "ring_stage: step 0 of 200 delivered step {}'s data"
+SHALLOW = "with a ring of 2 buffers, the host up to 4 steps ahead of the GPU: a buffer was rewritten before"
+WRONG_RINGS = {
+    # the deep ring never races; the shallow one does, and the message names the step
+    "no-event-wait": (dict(wait=False), [RACE.format(4), SHALLOW]),
+    "event-recorded-before-the-copy": (dict(record_first=True), [RACE.format(2), SHALLOW]),
+    "event-never-recorded": (dict(record=False), [RACE.format(4), SHALLOW]),
+    "stream-wait-instead-of-host-wait": (dict(stream_wait=True), [RACE.format(4), SHALLOW]),
+    # correct, but the host waits for the GPU at (nearly) every step
+    "one-buffer-with-events": (dict(one_buffer=True), [
+        "ring_stage blocks the host: the host waited for the GPU in 199 of 200 steps, "
+        "with a ring of 5 buffers"]),
+    "waits-for-the-previous-copy": (dict(wait_latest=True), ["the host waited for the GPU in 199 of 200 steps"]),
+    "blocking-copy": (dict(blocking=True), ["the host waited for the GPU in 200 of 200 steps"]),
+    # the copy does not come from the ring
+    "bypasses-the-ring": (dict(write_ring=False), ["after step 0, no ring buffer holds step 0's data"]),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_RINGS))
+def test_ring_stage_rejects_wrong(case, capsys):
+    kwargs, messages = WRONG_RINGS[case]
+    assert checks04.check_ring_stage(_ring(**kwargs), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert "❌ ring_stage" in out and all(m in out for m in messages), out
+    assert "💡 Hint" not in out
+
+
+def test_ring_stage_that_synchronizes_the_whole_stream_blocks_the_host(capsys):
+    s = LaggingStream()
+    assert checks04.check_ring_stage(_ring(sync_all=s), stream=s) is False
+    out = capsys.readouterr().out
+    assert "❌ ring_stage blocks the host: the host waited for the GPU in 200 of 200 steps" in out, out
+    assert "[measured] ring of 5: steps in which the host waited for the GPU: 200 of 200" in out
+
+
+def test_ring_stage_hints_on_the_second_failure(capsys):
+    wrong = _ring(wait=False)
+    assert checks04.check_ring_stage(wrong, stream=LaggingStream()) is False
+    assert checks04.check_ring_stage(wrong, stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert out.count("❌") == 2 and out.count("💡 Hint") == 1
+    assert "events[k].synchronize()" in out.split("💡 Hint")[1]
+
+
+def test_ring_stage_reports_an_exception(capsys):
+    def broken(n, data, ring, events, dst):
+        raise ValueError("boom")
+
+    assert checks04.check_ring_stage(broken, stream=LaggingStream()) is False
+    assert "raised ValueError: boom" in capsys.readouterr().out
+
+
+def test_ring_stage_verdicts_rest_on_exact_run_ahead(capsys):
+    """The emulation is exact: the host stays 4 steps ahead with a deep ring and its ring-of-2 run
+    keeps it 2 steps ahead; waiting for the previous step's copy leaves 1 step in flight."""
+    assert checks04.check_ring_stage(_ring(wait_latest=True), stream=LaggingStream()) is False
+    assert "[measured] ring of 5: steps in which the host waited for the GPU: 199 of 200" in capsys.readouterr().out
+
+
+def test_checkers_reject_a_non_callable():
+    with pytest.raises(TypeError, match="fn"):
+        checks04.check_pin_snapshot(None)
+    with pytest.raises(TypeError, match="fn"):
+        checks04.check_ring_stage("ring_stage")
+
+
+# ---- on a real GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_pin_snapshot_checker(sol, capsys):
+    assert checks04.check_pin_snapshot(sol["pin_snapshot"]) is True
+    for case in ("pin-memory", "clone", "empty-like-without-copy"):
+        wrong, message = WRONG_SNAPSHOTS[case]
+        assert checks04.check_pin_snapshot(wrong) is False
+        assert message in capsys.readouterr().out
+    assert checks04.check_pin_snapshot(_reused_snapshot()) is False
+    out = capsys.readouterr().out
+    assert re.search(r"❌ pin_snapshot in the step loop: step \d+ of 200 delivered step \d+'s data", out), out
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_ring_stage_checker(sol, capsys):
+    assert checks04.check_ring_stage(sol["ring_stage"]) is True
+    capsys.readouterr()
+    assert checks04.check_ring_stage(_ring(wait=False)) is False  # the shallow ring races behind the busy GPU
+    out = capsys.readouterr().out
+    assert re.search(r"❌ ring_stage: step \d+ of 200 delivered (step \d+'s|a mix of several steps') data", out), out
+    assert SHALLOW in out
+    for kwargs in (dict(one_buffer=True), dict(blocking=True), dict(sync_all=torch.cuda)):
+        assert checks04.check_ring_stage(_ring(**kwargs)) is False
+        out = capsys.readouterr().out
+        assert re.search(r"❌ ring_stage blocks the host: the host waited for the GPU in (1\d\d|200) of 200 steps", out), out
