@@ -176,10 +176,27 @@ def _run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=None):
     return []
 
 
+def _one_stream(inputs, out, compute):
+    pass
+
+
+def _copy_stream(inputs, out, compute, copy_stream, record=True):
+    pass
+
+
+def _compute(x, out_i, ms):
+    pass
+
+
+def _copy_each(dsts, srcs):
+    pass
+
+
 GPU_FUNCTIONS = [(stalls.single_copy_sweep, (_timed_copy,)), (stalls.staging_pool, ()),
                  (stalls.d2h_visibility, (_copy_back,)),
                  (stalls.hidden_syncs, ()), (stalls.step_loop, (_run_steps,)), (stalls.async_h2d_cost, ()),
-                 (stalls.detector_demo, (demo_step,))]
+                 (stalls.detector_demo, (demo_step,)), (stalls.overlap_loop, (_one_stream, _copy_stream, _compute)),
+                 (stalls.many_tensors, (_copy_each, _copy_each))]
 
 
 @pytest.fixture
@@ -216,7 +233,244 @@ def test_gpu_experiments_need_cuda(fn, args, no_cuda):
     (stalls.detector_demo, {"step_fn": demo_step, "steps": 0}, ValueError, "steps"),
     (stalls.detector_demo, {"step_fn": demo_step, "gpu_ms": float("inf")}, ValueError, "gpu_ms"),
     (stalls.detector_demo, {"step_fn": _timed_copy}, ValueError, "exactly one line"),
+    (stalls.overlap_loop, {"one_stream_fn": None, "copy_stream_fn": _copy_stream, "compute_fn": _compute},
+     TypeError, "one_stream_fn"),
+    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": 3},
+     TypeError, "compute_fn"),
+    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+                           "n_inputs": 1}, ValueError, "n_inputs"),
+    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+                           "input_bytes": 0}, ValueError, "input_bytes"),
+    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+                           "compute_ms": float("nan")}, ValueError, "compute_ms"),
+    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+                           "trace": "../x.json"}, ValueError, "relative path"),
+    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": "x"}, TypeError,
+     "copy_all_then_sync"),
+    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "cases": []},
+     ValueError, "cases must not be empty"),
+    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "cases": [[64]]},
+     TypeError, r"cases\[0\]"),
+    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each,
+                           "cases": [[4, 0]]}, ValueError, r"cases\[0\] bytes"),
+    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each,
+                           "cases": [[1024, MiB]]}, ValueError, "within 256 MiB"),
+    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "repeat": 0},
+     ValueError, "repeat"),
 ])
 def test_gpu_experiments_check_arguments_first(fn, kwargs, err, match, no_cuda):
     with pytest.raises(err, match=match):
         fn(**kwargs)
+
+
+# ---- the copy stream: overlap read from profiled spans ----------------------------------------------
+
+K, PIN, PAG = stalls.COMPUTE_LABEL, "Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Pageable -> Device)"
+
+
+def test_copy_overlap_one_stream_touching_spans_do_not_overlap():
+    # one stream: copy, compute, copy, compute ... end of one = start of the next (profiler rounding)
+    gpu = [[0.0, 0.3, PIN], [0.3, 0.8, K], [0.8, 1.1, PIN], [1.1, 1.6, K], [1.6, 1.9, PIN], [1.9, 2.4, K]]
+    o = stalls.copy_overlap(gpu)
+    assert o == {"copies": 3, "overlapping": 0, "copy_ms": 0.9, "overlapped_ms": 0.0, "share": 0.0}
+    # a timestamp skew of 1 µs is not an overlap; 5 µs or more is
+    gpu[2] = [0.799, 1.1, PIN]
+    assert stalls.copy_overlap(gpu)["overlapping"] == 0
+    assert stalls.copy_overlap(gpu, min_ms=0)["overlapping"] == 1
+
+
+def test_copy_overlap_copy_stream_counts_each_copy_once_over_merged_kernels():
+    gpu = [[0.0, 0.3, PIN], [0.3, 0.6, PIN], [0.3, 0.8, K], [0.5, 0.7, K], [0.6, 0.9, PIN], [0.9, 1.4, K],
+           [2.0, 2.1, "Memset (Device)"]]
+    o = stalls.copy_overlap(gpu)
+    assert o["copies"] == 3 and o["overlapping"] == 2
+    assert o["overlapped_ms"] == pytest.approx(0.3 + 0.2)  # not 0.3 + 0.1 + 0.2: kernels merged first
+    assert o["share"] == pytest.approx(0.5 / 0.9)
+    assert stalls.copy_overlap([[0, 1, K]])["share"] is None
+
+
+def test_overlap_lanes_split_compute_and_copies():
+    gpu = [[0.0, 0.3, PAG], [0.3, 0.8, K], [0.8, 0.9, "Memset (Device)"]]
+    assert stalls.overlap_lanes(gpu) == {"compute": [[0.3, 0.8, K]], "copies": [[0.0, 0.3, PAG]]}
+    assert stalls.overlap_lanes(gpu, kernel_label="other") == {"compute": [], "copies": [[0.0, 0.3, PAG]]}
+
+
+@pytest.mark.parametrize("spans, err, match", [
+    ("spans", TypeError, "gpu_spans"),
+    ({"a": 1}, TypeError, "gpu_spans"),
+    ([[0, 1]], TypeError, r"gpu_spans\[0\]"),
+    ([[0, 1, 3]], TypeError, r"gpu_spans\[0\]"),
+    ([[0, 1, K], [2, 1, K]], ValueError, "ends before it starts"),
+    ([[0, float("nan"), K]], TypeError, "finite"),
+])
+def test_overlap_functions_reject_bad_spans(spans, err, match):
+    with pytest.raises(err, match=match):
+        stalls.copy_overlap(spans)
+    with pytest.raises(err, match=match):
+        stalls.overlap_lanes(spans)
+
+
+def test_copy_overlap_rejects_a_bad_min_ms():
+    with pytest.raises(ValueError, match="min_ms"):
+        stalls.copy_overlap([[0, 1, K]], min_ms=-1)
+
+
+def test_wrong_steps():
+    assert stalls.wrong_steps([1, 2, 3], [1, 2, 3]) == 0
+    assert stalls.wrong_steps([1, 5, 3, 0], [1, 2, 3, 4]) == 2
+    assert stalls.wrong_steps([], []) == 0
+    with pytest.raises(ValueError, match="one entry per step"):
+        stalls.wrong_steps([1, 2], [1])
+    with pytest.raises(TypeError, match="values"):
+        stalls.wrong_steps(3, [1])
+    with pytest.raises(TypeError, match="expected"):
+        stalls.wrong_steps([1], "1")
+
+
+def test_plots_draw_synthetic_results_and_reject_bad_input():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpu = [[0.0, 0.3, PIN], [0.3, 0.8, K]]
+    fig = stalls.plot_overlap({m: {"gpu": gpu} for m in stalls.OVERLAP_MODES}, title="t")
+    assert len(fig.axes) == 3
+    plt.close(fig)
+    with pytest.raises(ValueError, match="keys"):
+        stalls.plot_overlap({"one_stream_pinned": {"gpu": gpu}}, title="t", keys=["copy_stream_pinned"])
+    with pytest.raises(TypeError, match="modes"):
+        stalls.plot_overlap({}, title="t")
+    rows = [{"n": 4, "bytes": 4096, **{k: 1.0 + i for i, k in enumerate(stalls.MANY_VARIANTS)}}]
+    fig = stalls.plot_many_tensors(rows, title="t")
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"rows\[0\]"):
+        stalls.plot_many_tensors([{"n": 4}], title="t")
+    with pytest.raises(TypeError, match="rows"):
+        stalls.plot_many_tensors([], title="t")
+
+
+# ---- the tutorial's advice from the lesson's own results -------------------------------------------
+
+def _sweep(pinned_ms=0.02, small_ms=0.05, large_ms=19.0):
+    rows = [{"bytes": n, "copy_pageable_ms": ms, "to_pageable_ms": ms, "copy_pinned_ms": pinned_ms,
+             "to_pinned_ms": 0.01} for n, ms in ((64 * MiB, large_ms), (256, small_ms), (MiB, 0.3))]
+    return {"busy_ms": 10.0, "rows": rows}
+
+
+def _pool(block_at=(60, 62, 250, 248)):
+    runs = [{"chunk": 64 * KiB, "trials": [], "n_copies": 256}, {"chunk": 16 * KiB, "trials": [], "n_copies": 1024}]
+    for i, at in enumerate(block_at):
+        host = [0.01] * 300
+        if at is not None:
+            host[at] = 48.0
+        runs[i // 2]["trials"].append({"host_ms": host, "data_ok": True})
+    return {"busy_ms": 50.0, "total_bytes": 16 * MiB, "runs": runs}
+
+
+def _d2h(pageable_ms=20.0, pinned_valid=False):
+    def v(name, ms, valid):
+        return {"variant": name, "host_ms": [ms] * 3, "valid_before_sync": [valid] * 3, "valid_after_sync": [True] * 3}
+    return {"busy_ms": 20.0, "nbytes": 64 * KiB,
+            "variants": [v(stalls.D2H_VARIANTS[0], pageable_ms, True), v(stalls.D2H_VARIANTS[1], 0.04, pinned_valid),
+                         v(stalls.D2H_VARIANTS[2], 0.05, False)]}
+
+
+def test_advice_rows_on_an_h200_shaped_run():
+    rows = stalls.advice_rows(_sweep(), _pool(), _d2h())
+    H, W, S = stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_STALE
+    assert [(r["case"], r["outcome"]) for r in rows] == [
+        ("H2D from pinned memory, any size", H),
+        ("H2D from pageable memory, a small copy (256 B)", H),
+        ("H2D from pageable memory, one large copy (64 MiB)", W),
+        ("H2D from pageable memory, many small copies queued", W),
+        ("D2H into pageable memory", W),
+        ("D2H into pinned memory", S),
+    ]
+    assert "4 of 4 trials, after 3840-4000 KiB" in rows[3]["evidence"]  # 64 KiB x 60 ... 16 KiB x 250
+    assert all(isinstance(r["evidence"], str) and r["evidence"] for r in rows)
+
+
+def test_advice_rows_follow_the_data():
+    H, W = stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS
+    out = {r["case"]: r["outcome"] for r in stalls.advice_rows(
+        _sweep(pinned_ms=7.0, large_ms=0.5), _pool(block_at=(60, None, None, None)),
+        _d2h(pageable_ms=1.0, pinned_valid=True))}
+    assert out["H2D from pinned memory, any size"] == W      # a pinned copy that waited is reported
+    assert out["H2D from pageable memory, one large copy (64 MiB)"] == H
+    assert out["H2D from pageable memory, many small copies queued"] == H  # not every trial blocked
+    assert out["D2H into pageable memory"] == H
+    assert out["D2H into pinned memory"] == H                 # data there before the sync: no trap
+
+
+@pytest.mark.parametrize("args, err, match", [
+    (([], _pool(), _d2h()), TypeError, "sweep"),
+    (({"busy_ms": 10.0}, _pool(), _d2h()), ValueError, r"sweep must hold \['rows'\]"),
+    (({"busy_ms": 10.0, "rows": []}, _pool(), _d2h()), ValueError, "sweep\\['rows'\\]"),
+    (({"busy_ms": 0, "rows": _sweep()["rows"]}, _pool(), _d2h()), ValueError, "busy_ms"),
+    ((_sweep(), {"busy_ms": 50.0}, _d2h()), ValueError, "pool must hold"),
+    ((_sweep(), {"busy_ms": 50.0, "runs": []}, _d2h()), ValueError, "at least one trial"),
+    ((_sweep(), _pool(), "d2h"), TypeError, "d2h"),
+    ((_sweep(), _pool(), {"busy_ms": 20.0, "variants": []}), ValueError, "copy_ into pageable"),
+])
+def test_advice_rows_reject_results_of_the_wrong_shape(args, err, match):
+    with pytest.raises(err, match=match):
+        stalls.advice_rows(*args)
+
+
+# ---- on a real GPU: the copy stream and many tensors give exact results ----------------------------
+
+def _gpu_compute(x, out_i, ms):
+    pinlab.gpu_busy(ms)
+    torch.sum(x, dim=0, dtype=torch.int64, out=out_i)
+
+
+def _gpu_one_stream(inputs, out, compute):
+    for i, x in enumerate(inputs):
+        compute(x.to("cuda", non_blocking=True), out[i])
+
+
+def _gpu_copy_stream(inputs, out, compute, copy_stream, record=True):
+    main = torch.cuda.current_stream()
+    copy_stream.wait_stream(main)
+
+    def fetch(x):
+        with torch.cuda.stream(copy_stream):
+            return x.to("cuda", non_blocking=True)
+
+    nxt = fetch(inputs[0])
+    for i in range(len(inputs)):
+        x_gpu = nxt
+        main.wait_stream(copy_stream)
+        if record:
+            x_gpu.record_stream(main)
+        if i + 1 < len(inputs):
+            nxt = fetch(inputs[i + 1])
+        compute(x_gpu, out[i])
+        del x_gpu
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_overlap_loop_results_are_exact():
+    r = stalls.overlap_loop(_gpu_one_stream, _gpu_copy_stream, _gpu_compute, steps=8, rounds=1,
+                            input_bytes=MiB, compute_ms=0.2, profile_steps=2, trace="build/test_traces/02_overlap.json")
+    assert set(r["modes"]) == set(stalls.OVERLAP_MODES)
+    assert all(m["wrong_steps"] == 0 for m in r["modes"].values())
+    assert r["modes"]["one_stream_pinned"]["overlap"]["overlapping"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_many_tensors_data_arrives():
+    def each(dsts, srcs):
+        for d, s in zip(dsts, srcs):
+            d.copy_(s)
+
+    def all_then_sync(dsts, srcs):
+        for d, s in zip(dsts, srcs):
+            d.copy_(s, non_blocking=True)
+        torch.cuda.synchronize()
+
+    r = stalls.many_tensors(each, all_then_sync, cases=[[8, 4 * KiB]], repeat=2)
+    assert [row["data_ok"] for row in r["rows"]] == [True]

@@ -11,6 +11,12 @@
 #   pinned source, `.item()`, the first launch of a kernel;
 # - what a pageable input costs a step loop, and what exactly it serializes, seen in a
 #   `torch.profiler` trace;
+# - how a copy runs *beside* the compute: a free copy engine, a copy stream, a pinned source; the
+#   side-stream pattern (`wait_stream`, `torch.cuda.stream`, `record_stream`), its steps per second
+#   and GPU idle share against one stream, and what goes wrong without `record_stream`;
+# - many tensors: `non_blocking` copies and one sync against a blocking copy each;
+# - the advice "use `non_blocking=True`, pinned or not" from PyTorch's tutorial, tested case by case
+#   with this lesson's data;
 # - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
 #   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
 
@@ -551,7 +557,265 @@ assert set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"}
 # The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
 # the copies that may be fake `non_blocking`.
 #
-# ## 6. `async_tensor_h2d`: host data to the GPU, honestly
+# ## 6. Copy and compute at the same time: a copy stream
+#
+# Look again at the pinned timeline of section 5: between two forwards the GPU runs the copy, and
+# computes nothing meanwhile. `non_blocking=True` freed the **host**; it did not let the copy run
+# beside the GPU's work, because the copy and the forward sit on one stream, and a stream runs its
+# work in order. A copy runs *beside* a kernel only when three things hold:
+#
+# 1. **a free copy engine**: the GPU moves data with DMA engines separate from the cores that run
+#    kernels (data-centre GPUs have several), so one can copy while the others compute;
+# 2. **another stream**: the copy must be queued on a stream other than the compute's, or it waits
+#    its turn behind the compute (and the compute behind it);
+# 3. **a pinned source**: only then can the copy engine read the host memory by itself. From
+#    pageable memory the driver copies through its staging buffer, and a copy too large to stage
+#    makes the host wait (section 1).
+#
+# PyTorch's tutorial "A guide on good usage of `non_blocking` and `pin_memory()`" shows the pattern
+# with a side stream. Here it is in a step loop: each step copies a 16 MiB pinned input to the GPU
+# and computes on it (`compute` keeps the GPU busy for `ms`, then sums the input, so that a step
+# that read the wrong data shows it). `one_stream_steps` does it all on the current stream;
+# `copy_stream_steps` copies each input on a **copy stream** while the step before computes.
+
+# %%
+def compute(x, out_i, ms):
+    """One step's work on the GPU: `ms` of busy kernel, then the sum of the input x into out_i."""
+    pinlab.gpu_busy(ms)
+    torch.sum(x, dim=0, dtype=torch.int64, out=out_i)
+
+
+def one_stream_steps(inputs, out, compute):
+    """Step i copies inputs[i] to the GPU, then computes on it; everything on the current stream."""
+    for i, x in enumerate(inputs):
+        x_gpu = x.to("cuda", non_blocking=True)
+        compute(x_gpu, out[i])
+
+
+def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
+    """The same steps; each input is copied on copy_stream while the step before it computes."""
+    compute_stream = torch.cuda.current_stream()
+    copy_stream.wait_stream(compute_stream)         # copies start after the work queued so far
+
+    def fetch(x):
+        with torch.cuda.stream(copy_stream):        # queue the copy on the copy stream
+            return x.to("cuda", non_blocking=True)  # (its memory now belongs to copy_stream)
+
+    nxt = fetch(inputs[0])
+    for i in range(len(inputs)):
+        x_gpu = nxt
+        compute_stream.wait_stream(copy_stream)     # step i's input has arrived (the GPU waits, not the host)
+        if record:
+            x_gpu.record_stream(compute_stream)     # used there: do not reuse its memory before that is done
+        if i + 1 < len(inputs):
+            nxt = fetch(inputs[i + 1])              # the next input, copied while this step computes
+        compute(x_gpu, out[i])
+        del x_gpu
+
+
+# %% [markdown]
+# Two lines do the ordering. `copy_stream.wait_stream(compute_stream)` makes the copy stream wait
+# for what was queued before the loop; `compute_stream.wait_stream(copy_stream)` makes step *i*'s
+# compute wait, on the GPU, for the copies queued so far, that is up to step *i*'s input (the next
+# one is queued after it). An event does the same: `ev.record(copy_stream)` after the copy, then
+# `compute_stream.wait_event(ev)`.
+#
+# The third line is about memory. PyTorch's caching allocator keeps a pool of GPU memory per
+# stream, and `x_gpu` was allocated on the copy stream. When `x_gpu` is freed (`del x_gpu`, or when
+# the name is reused), its block goes back to the copy stream's pool at once, and the next `fetch`,
+# queued on the copy stream, which never waits for the compute, may write the next input into it
+# while the compute stream has not read it yet. `x_gpu.record_stream(compute_stream)` tells the
+# allocator that the block is in use on the compute stream too: it is reused only once the work
+# queued there at the time of the free has finished. (The other way: keep `x_gpu` alive until an
+# event recorded after its last use has completed.)
+#
+# 🔮 **Predict.** A step computes for 0.5 ms; a 16 MiB copy from pinned memory takes a fraction of
+# that (lesson 01 measured the bandwidth). Which loop runs more steps per second, and how idle is
+# the GPU's compute in each? What changes with pageable inputs on the copy stream? And what does
+# `copy_stream_steps(..., record=False)` compute?
+#
+# <details><summary>Answer</summary>
+#
+# One stream: a copy, then a compute, per step; the compute is idle while each copy runs. With the
+# copy stream and pinned inputs the copies run beside the compute and the step shrinks to about
+# the compute alone, as long as the copy is shorter. With pageable inputs the third condition
+# fails: each 16 MiB copy is too large to be staged, so the host waits inside `fetch` while the
+# driver feeds the data through staging, more slowly than a pinned copy, and it cannot queue the
+# next compute meanwhile. Without `record_stream`, wrong sums: inputs overwritten before they were
+# read.
+# </details>
+#
+# This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
+# single queue and no side streams, so without CUDA the notebook replays the recorded GPU run.
+#
+# `stalls.overlap_loop` runs the three loops in interleaved rounds (40 steps each, 3 rounds, every
+# step's sum checked against the CPU's), then 6 steps of each under the profiler, and last the
+# copy stream once without `record_stream`.
+
+# %%
+OVERLAP = dict(steps=40, rounds=3, input_bytes=16 * MiB, n_inputs=4, compute_ms=0.5, profile_steps=6)
+ov = pinlab.measure("02_overlap", partial(stalls.overlap_loop, one_stream_steps, copy_stream_steps, compute),
+                    **OVERLAP, trace=stalls.OVERLAP_TRACE)
+ovm = ov["modes"]
+
+# %%
+stalls.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})")
+plt.show()
+
+# %% [markdown]
+# What to look for. One stream: compute and copies take turns, never side by side. Copy stream,
+# pinned: the copies run under the compute, one step ahead or more (the host queues every step at
+# once, and the copy stream never waits for the compute). Copy stream, pageable: compare the copy
+# spans, and the gaps in the compute lane. The numbers:
+
+# %%
+for key, label in stalls.OVERLAP_MODES.items():
+    m = ovm[key]
+    o = m["overlap"]
+    pinlab.report(f"{label}: ms per step (median of {ov['rounds']} rounds)", m["ms_per_step"])
+    pinlab.show(f"{label}: steps per second", f"{m['steps_per_s']:.0f}")
+    pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
+    pinlab.show(f"{label}: copies that ran beside a kernel, profiled steps",
+                f"{o['overlapping']} of {o['copies']} ({o['share']:.0%} of the copy time)")
+    copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
+    pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
+
+# %% [markdown]
+# Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
+# the compute's length, and six profiled steps are few (section 5 says why). What holds on every
+# run: the results, and what runs beside what.
+
+# %%
+one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
+facts = {
+    "every step's sum was right in all three loops": all(ovm[k]["wrong_steps"] == 0 for k in stalls.OVERLAP_MODES),
+    "on one stream, no copy ran beside a kernel": one["overlap"]["overlapping"] == 0,
+    "with a copy stream and pinned inputs, most copies ran beside a kernel":
+        side["overlap"]["overlapping"] >= side["overlap"]["copies"] / 2,
+    "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
+        set(ovm["copy_stream_pageable"]["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
+}
+for text, ok in facts.items():
+    print(f"{text}:", ok)
+assert all(facts.values())
+
+# %% [markdown]
+# And without `record_stream`? The same copy-stream loop, pinned inputs, once:
+
+# %%
+race = ov["no_record_stream"]
+pinlab.show("copy stream without record_stream: steps whose sum was wrong", f"{race['wrong_steps']} of {race['steps']}")
+print("without record_stream, at least one step computed on an input overwritten before it was read:",
+      race["wrong_steps"] > 0)
+assert race["wrong_steps"] > 0
+
+# %% [markdown]
+# The host queues all 40 steps long before the GPU has computed the first few: that lead is what
+# makes the reuse fatal here, and what makes it certain to show. In a real loop the lead is smaller
+# and the same bug corrupts a step now and then: the worst kind. Note the cost of the fix too:
+# with `record_stream` and a host far ahead, the allocator cannot reuse an input's memory until
+# its compute has run, so it holds one input per step in flight (an engine bounds the run-ahead,
+# section 5, and with it this memory).
+#
+# ## 7. Many tensors: one sync for all
+#
+# A step rarely copies one tensor. The tutorial's second lesson: copy N tensors with
+# `non_blocking=True` and synchronize once, instead of N blocking copies that each wait for their
+# own copy. Here are both, for N tensors already on the host (pinned, or pageable for contrast),
+# with the GPU idle, as a data loader hands over a batch:
+
+# %%
+def copy_each_blocking(dsts, srcs):
+    for d, s in zip(dsts, srcs):
+        d.copy_(s)                         # each copy: queue it, then wait until it is done
+
+
+def copy_all_then_sync(dsts, srcs):
+    for d, s in zip(dsts, srcs):
+        d.copy_(s, non_blocking=True)      # queue them all
+    torch.cuda.synchronize()               # one wait, for all of them
+
+
+# %% [markdown]
+# 🔮 **Predict.** 64 tensors of 4 KiB, of 64 KiB, of 1 MiB: which way costs the host less, pinned
+# and pageable?
+#
+# <details><summary>Answer</summary>
+#
+# Pinned: one sync instead of 64 saves a round trip to the GPU per tensor, which matters most when
+# the copies are small. Pageable: the driver stages each copy (section 2), so the host pays its own
+# `memcpy` into staging either way, and the one-sync version saves less. See the table.
+# </details>
+#
+# `stalls.many_tensors` times both functions (median of 7 interleaved tries) and checks that every
+# byte arrived.
+
+# %%
+many = pinlab.measure("02_many_tensors", partial(stalls.many_tensors, copy_each_blocking, copy_all_then_sync),
+                      cases=[[64, 4 * KiB], [64, 64 * KiB], [64, MiB]], repeat=7)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(many["rows"], [("n", "tensors"), ("bytes", "each", fmt_bytes),
+                            *[(k, label, ms) for k, label in stalls.MANY_VARIANTS.items()]])
+
+# %%
+stalls.plot_many_tensors(many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})")
+plt.show()
+
+# %%
+for r in many["rows"]:
+    case = f"{r['n']} x {fmt_bytes(r['bytes'])}"
+    pinlab.show(f"{case}: blocking copies / non_blocking + one sync, pinned",
+                f"{r['pinned_blocking_ms'] / r['pinned_nb_sync_ms']:.1f}x")
+    pinlab.show(f"{case}: blocking copies / non_blocking + one sync, pageable",
+                f"{r['pageable_blocking_ms'] / r['pageable_nb_sync_ms']:.1f}x")
+ok = all(r["data_ok"] for r in many["rows"])
+print("every tensor arrived intact, every way:", ok)
+assert ok
+
+# %% [markdown]
+# Read the ratios above (more than 1x: the single sync was cheaper). They are shown, not asserted:
+# a blocking copy's wait is a round trip to an idle GPU, which varies from run to run. The
+# mechanism does not vary: N blocking copies wait N times, the other way waits once, after queuing
+# everything. In a training loop a `DataLoader(..., pin_memory=True)` gives you the pinned batch
+# (a background thread pins it while the loop runs), and `batch.to("cuda", non_blocking=True)` per
+# tensor then queues every copy without a wait.
+#
+# ## 8. The tutorial's advice, tested
+#
+# The tutorial's summary advises calling `tensor.to(device, non_blocking=True)` in general, whether
+# or not the tensor is pinned. This lesson's own measurements (sections 1 to 3, this run) test it,
+# case by case:
+
+# %%
+advice = stalls.advice_rows(sweep.result, pool.result, d2h.result)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(advice, [("case", "non_blocking=True, ..."), ("outcome", "outcome"), ("evidence", "evidence (this run)")])
+
+# %%
+for r in advice:
+    print(f"{r['case']}: {r['outcome']}")
+expected_outcomes = [stalls.ADVICE_HOLDS, stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_WAITS,
+                     stalls.ADVICE_WAITS, stalls.ADVICE_STALE]
+assert [r["outcome"] for r in advice] == expected_outcomes
+
+# %% [markdown]
+# Where the advice holds: a copy from pinned memory is queued at any size, and a small pageable
+# copy is staged by the driver and returns at once. It costs nothing there, and the data is always
+# right for a host-to-device copy: the GPU reads it in stream order. Where it fails: one large
+# pageable copy waits for the GPU; many small ones wait once the staging pool's pending bytes are
+# full; a copy into pageable host memory is synchronous whatever the flag says. And where it is a
+# trap: into pinned memory (`.to("cpu", non_blocking=True)` allocates pinned memory for you), the
+# call returns before the data is there (section 3; the tutorial warns about this one too).
+# Section 6 adds the last case: even pinned and `non_blocking`, a copy on the compute's stream never
+# runs beside the compute.
+#
+# So the advice is harmless for host-to-device copies and a request, not a promise: pin what you
+# copy on a hot path, read device-to-host results only after an event, and put copies on their own
+# stream when they should hide behind the compute.
+#
+# ## 9. `async_tensor_h2d`: host data to the GPU, honestly
 #
 # Host data often starts as a Python list (token ids, positions, a mask). `torch.tensor(list,
 # device="cuda")` is the obvious way, and it blocks (section 4). vLLM's `async_tensor_h2d` keeps
@@ -583,7 +847,7 @@ assert arow["factory"]["blocked"] and not arow["async"]["blocked"] and ah["same_
 # private pinned snapshot instead: `gpu_buf[:n].copy_(pinlab.pin_snapshot(host_buf[:n]),
 # non_blocking=True)` (lesson 04). Off the hot path, `torch.tensor(..., device="cuda")` is fine.
 #
-# ## 7. Finding stalls in your own code: `pinlab.detect_stalls`
+# ## 10. Finding stalls in your own code: `pinlab.detect_stalls`
 #
 # `torch.cuda.set_sync_debug_mode("warn")` warns when PyTorch itself synchronizes. But a fake
 # `non_blocking` copy blocks inside the CUDA driver, not in PyTorch: PyTorch never knows. vLLM
@@ -678,6 +942,16 @@ assert back
 # - In a step loop, a fake `non_blocking` copy serializes the staged copy with the GPU's work:
 #   the host waits inside `copy_` and the GPU computes nothing meanwhile. The profiler names the
 #   copy `Memcpy HtoD (Pageable -> Device)`.
+# - `non_blocking` frees the host, not the GPU: on one stream a copy and a kernel take turns. A copy
+#   runs beside the compute only with a free copy engine, a **copy stream** and a **pinned** source:
+#   `copy_stream.wait_stream(compute_stream)`, the copy inside `with torch.cuda.stream(copy_stream):`,
+#   `compute_stream.wait_stream(copy_stream)` (or an event) before the compute uses it, and
+#   `x_gpu.record_stream(compute_stream)`, or the caching allocator hands the copy's memory to the
+#   next copy before the compute has read it (this run counted the wrong steps above).
+# - Many tensors: queue every copy `non_blocking` and synchronize once, instead of one wait per copy.
+# - "`non_blocking=True`, pinned or not" is harmless for host-to-device copies and a request, not a
+#   promise: large or many pageable copies wait, a copy into pageable host memory is synchronous, and
+#   one into pinned memory returns before the data is there.
 # - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
 #   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
 #
