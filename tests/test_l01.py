@@ -154,3 +154,74 @@ def test_gpu_experiments_need_cuda(no_cuda, name, call):
 def test_arguments_are_checked_before_cuda(no_cuda, call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+# ---- who pins: the DataLoader's data set, the speed-up from threads, its plot ---------------------
+
+def test_pageable_batches_yields_fresh_pageable_batches_of_the_size_asked():
+    ds = l01.PageableBatches(3, 4 * KiB)
+    assert len(ds) == 3
+    a, b = ds[0], ds[2]
+    assert a.numel() * a.element_size() == 4 * KiB and a.dtype == l01.torch.float32
+    assert not a.is_pinned() and a.data_ptr() != b.data_ptr()       # a new tensor per item
+    assert a.data_ptr() != ds.data.data_ptr()
+
+
+def test_pageable_batches_works_in_a_dataloader_with_batch_size_none():
+    from torch.utils.data import DataLoader
+
+    got = list(DataLoader(l01.PageableBatches(4, 64), batch_size=None))
+    assert len(got) == 4 and all(t.shape == (16,) for t in got)
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: l01.PageableBatches(0, 64), ValueError, "batches must be > 0"),
+    (lambda: l01.PageableBatches(2.0, 64), TypeError, "batches must be an int"),
+    (lambda: l01.PageableBatches(2, 6), ValueError, "nbytes must be a multiple of 4"),
+    (lambda: l01.PageableBatches(2, 2 * GiB), ValueError, "nbytes must be <="),
+    (lambda: l01.PageableBatches(2, 64)[2], IndexError, r"i must be in \[0, 2\)"),
+    (lambda: l01.PageableBatches(2, 64)[-1], IndexError, "i must be in"),
+    (lambda: l01.PageableBatches(2, 64)["0"], TypeError, "i must be an int"),
+])
+def test_pageable_batches_rejects_bad_arguments_naming_them(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def test_speedups_are_one_thread_time_over_each_pool_size_time():
+    assert l01.speedups({1: 8.0, 2: 4.0, 4: 4.0, 8: 16.0}) == {1: 1.0, 2: 2.0, 4: 2.0, 8: 0.5}
+    # lists: their medians are compared (here 10 and 5)
+    assert l01.speedups({2: [5.0, 4.0, 90.0], 1: [10.0, 11.0, 9.0]}) == {1: 1.0, 2: 2.0}
+    assert list(l01.speedups({8: 1.0, 1: 1.0, 2: 1.0})) == [1, 2, 8]
+
+
+@pytest.mark.parametrize("arg, err, match", [
+    ({}, TypeError, "ms_by_threads must be a non-empty dict"),
+    ([1.0], TypeError, "ms_by_threads must be a non-empty dict"),
+    ({2: 1.0}, ValueError, "one-thread entry"),
+    ({1: 1.0, 0: 1.0}, ValueError, "threads"),
+    ({1: 1.0, 2: 0.0}, ValueError, r"ms_by_threads\[2\] must be > 0"),
+    ({1: 1.0, 2: []}, ValueError, r"ms_by_threads\[2\] must not be an empty list"),
+    ({1: [1.0, float("nan")]}, ValueError, r"ms_by_threads\[1\]\[1\] must be finite"),
+    ({1: "1"}, TypeError, r"ms_by_threads\[1\] must be a number"),
+])
+def test_speedups_reject_bad_input_naming_it(arg, err, match):
+    with pytest.raises(err, match=match):
+        l01.speedups(arg)
+
+
+def test_plot_pin_threads_draws_cold_warm_and_perfect_scaling():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"threads": t, "cold_ms": [64.0 / t ** 0.2] * 3, "warm_ms": [8.0 / t, 9.0 / t]} for t in l01.PIN_THREADS]
+    ax = l01.plot_pin_threads(rows, title="t")
+    assert len(ax.lines) == 4            # cold, its perfect scaling, warm, its perfect scaling
+    assert list(ax.lines[2].get_ydata()) == [8.5 / t for t in l01.PIN_THREADS]   # medians
+    plt.close("all")
+    with pytest.raises(TypeError, match="rows must be a non-empty list"):
+        l01.plot_pin_threads([], title="t")
+    with pytest.raises(ValueError, match="threads"):
+        l01.plot_pin_threads([{"threads": 0, "cold_ms": [1.0], "warm_ms": [1.0]}], title="t")

@@ -4,13 +4,18 @@ The lesson's key code, the timed copy, the bandwidth sweep and the burst that me
 latency floor, is defined in ``notebooks/src/01_pinned_memory.py`` and handed to
 ``pinlab.measure`` there. What stays here: the two reference answers the exercise checkers import
 (``pinlab.checks.l01``), the copy-loop peak the sweep is compared with, the cost of pinning and
-the allocator's rounding and caching.
+the allocator's rounding and caching, and for "who pins" the data set the DataLoader loop reads
+(:class:`PageableBatches`), the speed-up of pinning from several threads (:func:`speedups`) and
+its plot (the loops themselves are the notebook's).
 """
 from __future__ import annotations
 
+import numbers
+import statistics
 import time
 
 import torch
+from torch.utils.data import Dataset
 
 from ..args import positive_int, positive_number, require_cuda, size_list
 from ..hostmem import host_stats, release_cached_host_blocks
@@ -22,6 +27,7 @@ DEFAULT_SIZES = [KiB << (2 * i) for i in range(11)]  # the bandwidth sweep: 1 Ki
 LATENCY_SIZES = [KiB << (2 * i) for i in range(6)]   # the latency bursts: 1 KiB, 4 KiB, ... 1 MiB
 PIN_COST_SIZES = (MiB, 16 * MiB, 256 * MiB)
 ROUNDING_REQUEST = 129 * MiB + 512 * KiB             # 129.5 MiB: rounded up to 256 MiB
+PIN_THREADS = [1, 2, 4, 8]                           # pinning from several threads: the pool sizes
 
 
 # ---- reference answers (the exercise checkers import these) -------------------------------------
@@ -161,3 +167,79 @@ def pinned_rounding(request_bytes: int = ROUNDING_REQUEST) -> dict:
         "held_after_free": after_free,
         "held_after_release": released,
     }
+
+
+# ---- who pins: the DataLoader's data, and pinning from several threads ----------------------------
+
+class PageableBatches(Dataset):
+    """A data set whose every item is one ready batch: a fresh pageable float32 tensor of ``nbytes``
+    (a clone, as a collate function returns a new tensor). Use it with ``batch_size=None``."""
+
+    def __init__(self, batches: int, nbytes: int):
+        self.batches = positive_int("batches", batches)
+        nbytes = positive_int("nbytes", nbytes, maximum=GiB)
+        if nbytes % 4:
+            raise ValueError(f"nbytes must be a multiple of 4 (float32 elements), got {nbytes}")
+        self.data = torch.ones(nbytes // 4)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __getitem__(self, i):
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"i must be an int index, got {type(i).__name__}")
+        if not 0 <= i < self.batches:
+            raise IndexError(f"i must be in [0, {self.batches}), got {i}")
+        return self.data.clone()
+
+
+def speedups(ms_by_threads) -> dict:
+    """``{threads: ms[1] / ms[threads]}`` from ``{threads: ms or a list of ms (its median is used)}``.
+
+    The speed-up of doing the same work from ``threads`` threads instead of one: 1.0 means no gain,
+    ``threads`` means perfect scaling. Needs the one-thread entry.
+    """
+    if not isinstance(ms_by_threads, dict) or not ms_by_threads:
+        raise TypeError(f"ms_by_threads must be a non-empty dict {{threads: ms}}, got {type(ms_by_threads).__name__}")
+    med = {}
+    for t, v in ms_by_threads.items():
+        t = positive_int("ms_by_threads key (threads)", t)
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise ValueError(f"ms_by_threads[{t}] must not be an empty list")
+            v = statistics.median(positive_number(f"ms_by_threads[{t}][{i}]", x) for i, x in enumerate(v))
+        med[t] = positive_number(f"ms_by_threads[{t}]", v)
+    if 1 not in med:
+        raise ValueError(f"ms_by_threads must have the one-thread entry (key 1), got keys {sorted(med)}")
+    return {t: med[1] / med[t] for t in sorted(med)}
+
+
+def plot_pin_threads(rows, *, title: str, ax=None):
+    """Host ms to pin all the tensors against the number of threads, cold and warm (medians), with
+    perfect scaling from one thread (dotted) for comparison. ``rows``: ``[{"threads", "cold_ms": [...],
+    "warm_ms": [...]}]``."""
+    import matplotlib.pyplot as plt
+
+    if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, (list, tuple)) or not rows:
+        raise TypeError("rows must be a non-empty list of {'threads', 'cold_ms', 'warm_ms'}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    threads = [positive_int("rows[i]['threads']", r.get("threads")) for r in rows]
+    for key, label, style in (("cold_ms", "cold: every block a new cudaHostAlloc", "o-"),
+                              ("warm_ms", "warm: blocks from the cache (copy only)", "s-")):
+        med = [statistics.median(r[key]) for r in rows]
+        line, = ax.plot(threads, med, style, label=label)
+        if 1 in threads:
+            one = med[threads.index(1)]
+            ax.plot(threads, [one / t for t in threads], ":", color=line.get_color(), lw=1,
+                    label="perfect scaling" if key == "warm_ms" else None)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(threads)
+    ax.set_xticklabels([str(t) for t in threads])
+    ax.set_xlabel("threads pinning")
+    ax.set_ylabel("host ms until every tensor is pinned")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
