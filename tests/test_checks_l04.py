@@ -177,12 +177,14 @@ def test_ring_stage_says_not_implemented(capsys):
 
 RACE = "ring_stage: step 0 of 200 delivered step {}'s data"
 SHALLOW = "with a ring of 2 buffers, the host up to 4 steps ahead of the GPU: a buffer was rewritten before"
+NO_WAIT = "the host did not wait for it: before writing ring[k], wait on the host (`events[k].synchronize()`)"
+EARLY = "the host did wait before rewriting, but for an event that completed before the copy"
 WRONG_RINGS = {
     # the deep ring never races; the shallow one does, and the message names the step
-    "no-event-wait": (dict(wait=False), [RACE.format(4), SHALLOW]),
-    "event-recorded-before-the-copy": (dict(record_first=True), [RACE.format(2), SHALLOW]),
-    "event-never-recorded": (dict(record=False), [RACE.format(4), SHALLOW]),
-    "stream-wait-instead-of-host-wait": (dict(stream_wait=True), [RACE.format(4), SHALLOW]),
+    "no-event-wait": (dict(wait=False), [RACE.format(4), SHALLOW, NO_WAIT]),
+    "event-recorded-before-the-copy": (dict(record_first=True), [RACE.format(2), SHALLOW, EARLY]),
+    "event-never-recorded": (dict(record=False), [RACE.format(4), SHALLOW, NO_WAIT]),
+    "stream-wait-instead-of-host-wait": (dict(stream_wait=True), [RACE.format(4), SHALLOW, NO_WAIT]),
     # correct, but the host waits for the GPU at (nearly) every step
     "one-buffer-with-events": (dict(one_buffer=True), [
         "ring_stage blocks the host: the host waited for the GPU in 199 of 200 steps, "
@@ -229,8 +231,8 @@ def test_ring_stage_reports_an_exception(capsys):
 
 
 def test_ring_stage_verdicts_rest_on_exact_run_ahead(capsys):
-    """The emulation is exact: the host stays 4 steps ahead with a deep ring and its ring-of-2 run
-    keeps it 2 steps ahead; waiting for the previous step's copy leaves 1 step in flight."""
+    """The emulation is exact: waiting for the previous step's copy (not for the buffer's own) leaves one
+    step in flight after every staging but the first, each counted as a wait."""
     assert checks04.check_ring_stage(_ring(wait_latest=True), stream=LaggingStream()) is False
     assert "[measured] ring of 5: steps in which the host waited for the GPU: 199 of 200" in capsys.readouterr().out
 

@@ -296,9 +296,15 @@ def check_ring_stage(fn, stream=None) -> bool:
                 return _fail(name, f"ring_stage ({setting}) raised {type(exc).__name__}: {exc}")
             bad = _corruption(delivered)
             if bad:
+                if depth <= AHEAD and max(in_flight[depth:]) <= depth:
+                    why = ("the host did wait before rewriting, but for an event that completed before the copy "
+                           "that reads the buffer had run: record events[k] after the copy.")
+                else:
+                    why = ("the host did not wait for it: before writing ring[k], wait on the host "
+                           "(`events[k].synchronize()`) for the event recorded after the copy that last read it "
+                           "(`events[k].wait()` makes the GPU wait, not the host).")
                 return _fail(name, f"ring_stage: {bad}, with {setting}: a buffer was rewritten before the copy "
-                                   "that read it had run. Before writing ring[k], wait for the event recorded "
-                                   "after the copy that last read it.")
+                                   f"that read it had run; {why}")
             if depth > AHEAD:
                 waited = sum(h <= AHEAD - 2 for h in in_flight)
                 show(f"ring of {depth}: steps in which the host waited for the GPU", f"{waited} of {STEPS}")
