@@ -679,6 +679,8 @@ for key, label in stalls.OVERLAP_MODES.items():
                 f"{o['overlapping']} of {o['copies']} ({o['share']:.0%} of the copy time)")
     copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
+pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
+            f"{ovm['copy_stream_pinned']['steps_per_s'] / ovm['one_stream_pinned']['steps_per_s']:.2f}x")
 
 # %% [markdown]
 # Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and

@@ -780,7 +780,11 @@ def overlap_loop(one_stream_fn, copy_stream_fn, compute_fn, steps: int = 40, rou
         modes[m] = {"ms_per_step": ms, "steps_per_s": 1e3 / ms, "round_ms_per_step": per_step[m],
                     "wrong_steps": wrong[m]}
     names = {m: f"run: {OVERLAP_MODES[m]}" for m in OVERLAP_MODES}
-    runs = {names[m]: (lambda span, m=m: run(m, profile_steps)) for m in OVERLAP_MODES}
+    def profiled(mode):  # the sync keeps all of the run's GPU work inside its annotation's window
+        run(mode, profile_steps)
+        torch.cuda.synchronize()
+
+    runs = {names[m]: (lambda span, m=m: profiled(m)) for m in OVERLAP_MODES}
     spans, spans_from = profile_runs(runs, trace, kernel_label=COMPUTE_LABEL)
     for m in OVERLAP_MODES:
         s = spans[names[m]]
