@@ -795,6 +795,7 @@ def overlap_loop(one_stream_fn, copy_stream_fn, compute_fn, steps: int = 40, rou
                          "gpu_idle_share": gpu_kernel_idle_share(s, COMPUTE_LABEL),
                          "overlap": copy_overlap(s["gpu"])})
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # start from an empty pool: each freed input's block is the next one handed out
     out = run("copy_stream_pinned", steps, record=False)
     torch.cuda.synchronize()
     race = {"steps": steps, "wrong_steps": wrong_steps(out.tolist(), expected(steps))}
