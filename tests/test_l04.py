@@ -1,10 +1,12 @@
 """CPU tests for lesson 04's experiments (pinlab.lessons.l04_the_fix): CUDA is required unless a
-stream is given, the experiments run on the emulated lagging stream, the plan-hazard child
-reports its outcome as data, and the plot draws from a result."""
+stream is given, the experiments run on the emulated lagging stream, the plan-hazard and soak
+children report their outcome as data, the metadata harness catches a race (with the notebook's
+own slab ring), and the plots draw from a result."""
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -13,8 +15,32 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import pinlab  # noqa: E402
+import torch  # noqa: E402
+
 from pinlab import CudaUnavailableError, steploop  # noqa: E402
 from pinlab.lessons import l04_the_fix as l04  # noqa: E402
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "src" / "04_the_fix.py"
+
+
+def notebook_slab_ring():
+    """The SlabRing class as the notebook defines it (its cell, executed here)."""
+    src = NOTEBOOK.read_text()
+    start = src.index("class SlabRing")
+    ns = {"torch": torch}
+    exec(src[start:src.index("# %%", start)], ns)
+    return ns["SlabRing"]
+
+
+SlabRing = notebook_slab_ring()
+
+
+class UnguardedSlabRing(SlabRing):
+    """The same ring without its event wait: a planted bug the harness must catch."""
+
+    def host(self):
+        self.k = (self.k + 1) % len(self.slabs)
+        return self.host_views[self.k]
 
 CORRECT = ("pageable", "snapshot", "ring_events", "event_wait")
 RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned")
@@ -27,6 +53,9 @@ def no_cuda(monkeypatch):
 
 GPU_CALLS = [
     ("snapshot_soak()", lambda: l04.snapshot_soak()),
+    ("fix_race()", lambda: l04.fix_race(SlabRing)),
+    ("shared_pool()", lambda: l04.shared_pool()),
+    ("metadata_loop()", lambda: l04.metadata_loop(None, SlabRing, steps=4, sizes=[4], busy_ms=0.1)),
     ("snapshot_cost()", lambda: l04.snapshot_cost()),
     ("allocator_reuse()", lambda: l04.allocator_reuse()),
     ("pin_trap()", lambda: l04.pin_trap()),
@@ -58,13 +87,131 @@ def test_arguments_are_checked_before_cuda(no_cuda):
         l04.allocator_reuse(ahead=0)
 
 
-def test_snapshot_soak_on_the_lagging_stream():
-    soak = l04.snapshot_soak(steps=300, nbytes=256, busy_ms=0.2, control_steps=40, stream=pinlab.LaggingStream())
-    snap, control = soak["snapshot"], soak["control"]
-    assert snap["steps"] == 300 and snap["corrupted"] == 0 and control["corrupted"] >= 1
-    assert snap["reused_before_copy_done"] == 0 and snap["distinct_blocks"] >= 1
-    assert snap["pinned_bytes_held"] > 0  # the queued snapshots are still held
-    json.dumps(soak)
+def test_metadata_loop_counts_races_on_the_lagging_stream():
+    s, sizes = pinlab.LaggingStream(), [257, 64, 3]
+    runs = {k: l04.metadata_loop(s, lambda st, sz, k=k: l04.PerTensor(st, sz, k), steps=40, sizes=sizes,
+                                 busy_ms=0.3, ahead=2) for k in l04.PER_TENSOR}
+    assert runs["reused_pinned"]["corrupted"] == 39  # step n's copies wait behind step n+1's write, but the last
+    assert runs["pageable"]["corrupted"] == 0 and runs["snapshot"]["corrupted"] == 0
+    for depth in (1, 2, 3):  # too shallow a ring waits (the events), it never races
+        ring = l04.metadata_loop(s, lambda st, sz, d=depth: SlabRing(st, sz, d), steps=40, sizes=sizes, busy_ms=0.3,
+                                 ahead=2)
+        assert ring["corrupted"] == 0 and ring["steps"] == 40
+    bad = l04.metadata_loop(s, lambda st, sz: UnguardedSlabRing(st, sz, 1), steps=40, sizes=sizes, busy_ms=0.3, ahead=2)
+    assert bad["corrupted"] >= 1
+    assert set(runs["pageable"]["host"]) == {"median_us", "mean_us", "p90_us", "max_us"}
+    json.dumps(runs)
+
+
+def test_metadata_loop_bad_input_is_named():
+    s = pinlab.LaggingStream()
+    with pytest.raises(TypeError, match="make"):
+        l04.metadata_loop(s, "SlabRing", steps=4, sizes=[4], busy_ms=0.1)
+    with pytest.raises(TypeError, match="make"):
+        l04.metadata_loop(s, lambda st, sz: object(), steps=4, sizes=[4], busy_ms=0.1)
+    with pytest.raises(ValueError, match="sizes"):
+        l04.metadata_loop(s, SlabRing, steps=4, sizes=[], busy_ms=0.1)
+    with pytest.raises(ValueError, match=r"sizes\[1\]"):
+        l04.metadata_loop(s, SlabRing, steps=4, sizes=[4, 0], busy_ms=0.1)
+    with pytest.raises(TypeError, match="sizes"):
+        l04.metadata_loop(s, SlabRing, steps=4, sizes=4096, busy_ms=0.1)
+    with pytest.raises(ValueError, match="steps"):
+        l04.metadata_loop(s, SlabRing, steps=0, sizes=[4], busy_ms=0.1)
+    with pytest.raises(ValueError, match="ahead"):
+        l04.metadata_loop(s, SlabRing, steps=4, sizes=[4], busy_ms=0.1, ahead=0)
+    with pytest.raises(TypeError, match="stream"):
+        l04.metadata_loop("cuda", SlabRing, steps=4, sizes=[4], busy_ms=0.1)
+    with pytest.raises(ValueError, match="one host and one device tensor per size"):
+        l04.metadata_loop(s, lambda st, sz: SlabRing(st, sz[:1]), steps=4, sizes=[4, 8], busy_ms=0.1)
+    with pytest.raises(ValueError, match="kind"):
+        l04.PerTensor(s, [4], "ring")
+
+
+def test_fix_race_on_the_lagging_stream():
+    res = l04.fix_race(SlabRing, steps=50, sizes=[257, 300, 16], busy_ms=0.3, ahead=2, depth=3, rounds=3,
+                       stream=pinlab.LaggingStream())
+    rows = {r["strategy"]: r for r in res["rows"]}
+    assert list(rows) == ["reused_pinned", "pageable", "snapshot", "slab_ring"]
+    assert all(r["steps"] == 50 and len(r["round_medians_us"]) == 3 for r in rows.values())
+    assert sum(rows["reused_pinned"]["hist"]["counts"]) == 50
+    assert rows["reused_pinned"]["corrupted"] >= 1
+    assert all(rows[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_ring"))
+    assert rows["slab_ring"]["p10_us"] <= rows["slab_ring"]["p50_us"] <= rows["slab_ring"]["max_us"]
+    assert res["bytes_per_step"] == 4 * (257 + 300 + 16)
+    json.dumps(res)
+    l04.plot_host_times(res, title="t")
+    plt.close("all")
+
+
+def test_fix_race_and_shared_pool_check_arguments_before_cuda(no_cuda):
+    with pytest.raises(TypeError, match="make_slab"):
+        l04.fix_race(None)
+    with pytest.raises(ValueError, match="rounds"):
+        l04.fix_race(SlabRing, steps=10, rounds=11)
+    with pytest.raises(ValueError, match="depth"):
+        l04.fix_race(SlabRing, depth=0)
+    with pytest.raises(ValueError, match=r"totals\[0\]"):
+        l04.shared_pool(totals=[100])
+    with pytest.raises(ValueError, match="tensors"):
+        l04.shared_pool(tensors=0)
+    with pytest.raises(ValueError, match="warm_blocks"):
+        l04.snapshot_soak(warm_blocks=0)
+    with pytest.raises(ValueError, match="reserve_mb"):
+        l04.snapshot_soak(reserve_mb=0)
+
+
+def test_shared_pool_on_the_lagging_stream():
+    res = l04.shared_pool(totals=[24 * 1024, 3 * 1024 * 1024], tensors=6, steps=6, busy_ms=0.5, ahead=2, rounds=2,
+                          stream=pinlab.LaggingStream())
+    assert [r["total_bytes"] for r in res["rows"]] == [24 * 1024, 3 * 1024 * 1024]
+    assert [r["tensor_bytes"] for r in res["rows"]] == [4096, 512 * 1024]
+    assert all(r["corrupted"] == 0 and r["pageable_us"] > 0 and r["snapshot_us"] > 0 for r in res["rows"])
+    json.dumps(res)
+    l04.plot_shared_pool(res, title="t")
+    plt.close("all")
+
+
+def test_log_histogram():
+    h = l04.log_histogram([0.5, 1.0, 1.5, 10.0, 99.0, 1e6], lo=1.0, hi=100.0, per_decade=2)
+    assert len(h["edges"]) == 5 and len(h["counts"]) == 4 and sum(h["counts"]) == 6
+    assert h["counts"] == [3, 0, 1, 2]  # below lo -> first bin, above hi -> last bin
+    with pytest.raises(ValueError, match="lo"):
+        l04.log_histogram([1.0], lo=0)
+    with pytest.raises(ValueError, match="hi"):
+        l04.log_histogram([1.0], lo=10, hi=5)
+    with pytest.raises(ValueError, match="finite"):
+        l04.log_histogram([float("nan")])
+
+
+def test_plot_soak_draws():
+    def summary(us):
+        return {"max_us": max(us), "hist": l04.log_histogram(us)}
+    res = {"passes": {"cold": summary([30.0, 40.0, 1500.0]), "warmed": summary([30.0, 31.0])}}
+    l04.plot_soak(res, title="t")
+    plt.close("all")
+
+
+def test_soak_child_reports_no_cuda_as_data(no_cuda):
+    code = l04.soak_child_code(["cold", "warmed"], 10, 4096, 0.1, 4)
+    assert "_soak_child(['cold', 'warmed'], 10, 4096, 0.1, 4, wait_for_go=True)" in code
+    res = l04.run_children({"default": code}, timeout_s=120)["default"]
+    assert res["outcome"] == "unavailable" and res["returncode"] == 0
+
+
+def test_run_children_gives_each_child_its_environment(monkeypatch):
+    monkeypatch.setenv("PINLAB_T_GONE", "parent")
+    tag = "PINLAB_RESULT "
+    show = ("import json, os, sys\nsys.stdin.readline()\n"
+            f"print({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x', "
+            "'a': os.environ.get('PINLAB_T_A'), 'gone': os.environ.get('PINLAB_T_GONE')}), flush=True)\n")
+    out = l04.run_children({"plain": show, "set": show}, timeout_s=30,
+                           envs={"set": {"PINLAB_T_A": "pinned_reserve_segment_size_mb:64", "PINLAB_T_GONE": None}})
+    assert out["plain"]["a"] is None and out["plain"]["gone"] == "parent"
+    assert out["set"]["a"] == "pinned_reserve_segment_size_mb:64" and out["set"]["gone"] is None
+    with pytest.raises(ValueError, match="envs"):
+        l04.run_children({"plain": show}, timeout_s=5, envs={"other": {}})
+    with pytest.raises(TypeError, match="codes"):
+        l04.run_children({}, timeout_s=5)
 
 
 def test_snapshot_cost_on_the_lagging_stream():

@@ -187,7 +187,7 @@ plt.show()
 #
 # A snapshot is a small host allocation (a cached block, when warm) plus a `memcpy` of the bytes
 # copied. `l04.snapshot_cost` times, per step, the host section "write the metadata, stage it,
-# enqueue the copy" for three loops with the same load (500 steps each, the host at most two steps
+# enqueue the copy" for three loops with the same load (300 steps each, the host at most two steps
 # ahead, as with a batch queue of depth 2), in 5 interleaved rounds: each loop's median step per
 # round, then the median over the rounds:
 # - **no copy**: the write alone;
@@ -199,7 +199,7 @@ plt.show()
 # that moving the metadata costs this way, `copy_()` included.
 
 # %%
-cost = pinlab.measure("04_snapshot_cost", l04.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=500,
+cost = pinlab.measure("04_snapshot_cost", l04.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=300,
                       busy_ms=0.1, ahead=2, rounds=5)
 
 # %% tags=["nbval-ignore-output"]
@@ -336,7 +336,7 @@ assert guarded == list(range(len(guarded))) and any(r != n for n, r in enumerate
 #
 # ## The history of fixes, compared
 #
-# Every approach vLLM took, in one loop (1,000 steps, 4 KiB per step, the GPU busy 0.3 ms per
+# Every approach vLLM took, in one loop (500 steps, 4 KiB per step, the GPU busy 0.3 ms per
 # step, the host at most two steps ahead):
 #
 # | approach | where it comes from |
@@ -350,7 +350,7 @@ assert guarded == list(range(len(guarded))) and any(r != n for n, r in enumerate
 # | event wait | MRV1's `prepare_inputs_event`: wait until the previous step's copies ran before rewriting the one pinned buffer |
 
 # %%
-hist = pinlab.measure("04_history", l04.history, strategies=steploop.HISTORY, steps=1000, nbytes=4096,
+hist = pinlab.measure("04_history", l04.history, strategies=steploop.HISTORY, steps=500, nbytes=4096,
                       busy_ms=0.3, ahead=2, ring_depth=3)
 
 # %% tags=["nbval-ignore-output"]

@@ -695,6 +695,8 @@ def _soak_child(passes, steps: int, nbytes: int, busy_ms: float, warm_blocks: in
 
     n_ints = steploop.ints_in("nbytes", nbytes)
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if not torch.cuda.is_available():
+        return {"status": "unavailable", "conf": conf, "detail": "no CUDA device in the child process"}
     try:
         torch.zeros(1, device="cuda")
         torch.zeros(4, dtype=torch.int32).pin_memory()
