@@ -1,10 +1,15 @@
 # %% [markdown]
 # # Exercises · 02 Fake `non_blocking`
 #
-# Two small functions that turn the lesson's raw measurements into the numbers it prints. Write
-# each one where it says `YOUR CODE HERE`, then run the check cell below it. No GPU needed.
+# Two small functions that turn the lesson's raw measurements into the numbers it prints, then the
+# torch code itself: a step with three hidden syncs to find and fix. Write each one where it says
+# `YOUR CODE HERE`, then run the check cell below it. No GPU needed: without one, the third check runs
+# your code on the emulated lagging stream (`pinlab.LaggingStream`), which sees every time the host
+# waits for queued GPU work, and every copy from pageable memory.
 
 # %%
+import torch
+
 from pinlab.checks import l02 as checks02
 
 # %% [markdown]
@@ -65,3 +70,62 @@ def gpu_idle_share(spans, start, end):
 
 
 ok = checks02.check_gpu_idle_share(gpu_idle_share)
+
+
+# %% [markdown]
+# ## 3. Find and fix the hidden syncs (torch code)
+#
+# A step of an inference loop, as it is often first written. `x_host` is a batch of activations in
+# host memory (pageable, a few MiB), `w` a weight on the GPU; the step scales the rows by their
+# largest magnitude, projects them, and hands the scores back to the host. It is correct, and it makes
+# the host wait for the GPU **three times**, in three different ways from this lesson:
+
+# %%
+def step_with_syncs(s, x_host, w):
+    x = x_host.to(s.device, non_blocking=True)
+    scale = x.abs().max().item()
+    scores = (x / scale) @ w
+    return scores.cpu(), None
+
+# %% [markdown]
+# Write `step_without_syncs(s, x_host, w)`: the same scores, with **no** host wait. It returns
+# `(scores_host, done)`: `scores_host` a tensor in host memory, `done` an event (`s.Event()`)
+# recorded after the copy into it. The caller reads `scores_host` only after `done.synchronize()`,
+# so the host is free until it really needs the numbers.
+# - every copy to the GPU is `non_blocking=True` from **pinned** memory;
+# - no value of a GPU tensor is read into Python (`.item()`, `.tolist()`, `if t:`, `int(t)`);
+# - the scores come back with a `non_blocking=True` copy into pinned memory.
+#
+# The checker keeps the GPU busy with a long kernel and runs your step for inputs of three sizes: on a
+# GPU a step that waits takes as long as the kernel, and `pinlab.detect_stalls` names the call; without
+# one, the lagging stream records each wait and the call that made it. Try `step_with_syncs` in
+# the checker first if you like: it names one sync at a time. *(7-9 lines)*
+
+# %%
+def step_without_syncs(s, x_host, w):
+    ### BEGIN SOLUTION
+    x = x_host.pin_memory().to(s.device, non_blocking=True)  # pinned staging: the copy is really queued
+    scale = x.abs().max()                                    # stays on the GPU (a 0-dim tensor)
+    scores = (x / scale) @ w
+    out = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+    out.copy_(scores, non_blocking=True)                     # device to host, queued behind the kernels
+    done = s.Event()
+    done.record()                                            # reached once `out` holds the scores
+    return out, done
+    ### END SOLUTION
+
+
+ok = checks02.check_step_without_syncs(step_without_syncs)
+
+# %% [markdown]
+# ## What to remember
+# - A copy waited when the host spent more than half the GPU's busy time in it; judge it from the
+#   largest size down, so one stray slow measurement does not decide.
+# - An idle share comes from the union of the kernel spans inside the window: merge overlaps, clip the
+#   edges.
+# - `non_blocking=True` from **pageable** memory is fake: the driver stages small copies, and a large one
+#   waits for the GPU. Stage through pinned memory (`x.pin_memory()`, or a pinned buffer you keep).
+# - `.item()`, `.tolist()`, `if t:`, `int(t)` and a blocking `.cpu()` each wait for every kernel queued
+#   before them. Keep values on the GPU; bring results back into pinned memory with `non_blocking=True`
+#   and read them after an event.
+# - On a GPU, `pinlab.detect_stalls` names each of these calls in your own code.

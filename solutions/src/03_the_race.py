@@ -2,12 +2,16 @@
 # # Exercises · 03 The race
 #
 # Two small functions: the metadata that travels host→GPU every decode step, and a verdict on a
-# timeline. Write each one where it says `YOUR CODE HERE`, then run the check cell below it.
-# Everything here runs on the CPU.
+# timeline; then the torch code: a step loop to make race-free without blocking the host. Write each
+# one where it says `YOUR CODE HERE`, then run the check cell below it. Everything here runs on the
+# CPU: without a GPU the third check runs your loop on the emulated lagging stream
+# (`pinlab.LaggingStream`), with a GPU on CUDA.
 
 # %%
 import matplotlib.pyplot as plt
+import torch
 
+import pinlab
 from pinlab.checks import l03 as checks03
 from pinlab import steploop
 from pinlab.plots import timeline
@@ -82,3 +86,70 @@ try:
 except NotImplementedError:
     print("write copies_correct above first")
 print("step each copy read:", sim["received"])
+
+
+# %% [markdown]
+# ## 3. Make the step loop race-free without blocking the host (torch code)
+#
+# The lesson's loop, as a function the checker can drive. It gets the stream `s` and two functions:
+# - `write_metadata(buf, n)`: the host writes step n's metadata (`N_INTS` int32) into the host
+#   tensor `buf`;
+# - `forward(n, meta)`: step n's forward on the GPU, which reads `meta` (step n's metadata in GPU
+#   memory), then keeps the GPU busy. It returns once the GPU is at most `AHEAD` steps behind, as a
+#   real loop that reads step n-`AHEAD`'s output would: that wait is the harness's, not yours.
+#
+# Here it is with one reused pinned buffer:
+
+# %%
+N_INTS, AHEAD = checks03.N_INTS, checks03.AHEAD
+
+
+def racy_loop(s, steps, write_metadata, forward):
+    buf = torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True)   # one reused pinned buffer
+    for n in range(steps):
+        write_metadata(buf, n)                                      # the host writes step n's metadata
+        meta = torch.empty(N_INTS, dtype=torch.int32, device=s.device)
+        meta.copy_(buf, non_blocking=True)                          # the GPU reads buf when it gets there
+        forward(n, meta)
+
+
+run = checks03.run_loop(racy_loop)
+pinlab.show("ran on", run["label"])
+pinlab.show("steps that read another step's data", f"{run['wrong_steps']} of {run['steps']}")
+print("more than half the steps read another step's data:", run["wrong_steps"] > run["steps"] // 2)
+assert run["wrong_steps"] > run["steps"] // 2
+
+# %% [markdown]
+# Write `race_free_loop(s, steps, write_metadata, forward)`: the same loop, in which **every step's
+# forward reads its own metadata** and **the host never waits for the GPU** (`s.synchronize()` in
+# every step fixes the race by blocking the host: the checker rejects it). Copy with
+# `non_blocking=True` from pinned memory. Two fixes from lesson 04 work: a fresh pinned snapshot per
+# step, or a ring of pinned buffers guarded by events (how deep, for a host `AHEAD` steps ahead?).
+#
+# The checker runs 200 steps (on a GPU with the GPU kept busy, so the host runs ahead), then says which
+# step read whose data, or in how many steps the host waited, and why. *(6-8 lines)*
+
+# %%
+def race_free_loop(s, steps, write_metadata, forward):
+    ### BEGIN SOLUTION
+    buf = torch.zeros(N_INTS, dtype=torch.int32)            # pageable: the host writes here
+    for n in range(steps):
+        write_metadata(buf, n)
+        snap = buf.pin_memory()                             # step n's own pinned copy (a snapshot)
+        meta = torch.empty(N_INTS, dtype=torch.int32, device=s.device)
+        meta.copy_(snap, non_blocking=True)                 # reads snap, which nobody rewrites
+        forward(n, meta)
+    ### END SOLUTION
+
+
+ok = checks03.check_race_free_loop(race_free_loop)
+
+# %% [markdown]
+# ## What to remember
+# - A `non_blocking` copy from pinned memory reads the buffer when the GPU gets to it, not when you call
+#   it. Rewrite the buffer before then and that step silently gets another step's data.
+# - Whether copy n is safe depends on the *next writes* to its buffer, not on its own write.
+# - Race-free without blocking: a fresh pinned snapshot per step (the caching host allocator keeps it
+#   until its copy has run), or a ring of pinned buffers at least one deeper than the run-ahead,
+#   guarded by events. `synchronize()` is race-free but blocks; `pin_memory()` of an already pinned
+#   buffer returns the same storage, so it is no snapshot.

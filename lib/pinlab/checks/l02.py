@@ -9,6 +9,7 @@ proves each checker accepts the master solution and rejects planted wrong answer
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from ..lessons.l02_fake_non_blocking import first_waiting_size
 from ..profiler import idle_share
@@ -98,3 +99,482 @@ def check_gpu_idle_share(fn) -> bool:
     """``gpu_idle_share(spans, start, end)``: the share of the window ``[start, end]`` in which no
     kernel span is running (spans may overlap, come unsorted and stick out of the window)."""
     return run_cases(fn, "gpu_idle_share", idle_cases(), idle_share)
+
+
+# =============================================================================================
+# 3. hidden syncs (torch code): the checker runs the learner's step for real
+# =============================================================================================
+#
+# On CUDA the GPU is kept busy by a long kernel while the step runs: a step that waits for the
+# GPU takes about as long as the kernel, a step that does not returns in a few ms. The stall
+# detector (pinlab.detect_stalls) names the call that waited. Without a GPU the step runs on a
+# WatchedLagging stream: a LaggingStream that counts the times the host had to wait for queued
+# device work ("a wait"), with the torch call that made it wait, and that queues plain device
+# arithmetic as kernels (the base emulation runs the queue for any op that reads device memory,
+# so `x.abs().max()` would look like a wait; on a GPU it is two kernel launches).
+
+import linecache
+import sys
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..args import callable_arg
+from ..detector import (BLOCKING_COPY, ITEM_SYNC, PAGEABLE_D2H, PAGEABLE_H2D, SCALAR_SYNC, TOLIST_SYNC,
+                        detect_stalls, find_caller)
+from ..device import has_cuda
+from ..streams import STAGING_LIMIT, CudaStream, LaggingStream
+from ..timing import show
+
+#: Ops the watched emulation queues as kernels (like a GPU launch) instead of waiting for the queue.
+ASYNC_OPS = frozenset("""
+abs neg exp log sqrt rsqrt sigmoid tanh relu square sign clamp clip
+max min amax amin sum mean prod std var norm argmax argmin cumsum softmax log_softmax
+add sub mul div true_divide floor_divide remainder pow maximum minimum where masked_fill
+matmul mm bmm mv addmm einsum
+gt lt ge le eq ne logical_and logical_or logical_not
+__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ __mod__
+__pow__ __neg__ __abs__ __matmul__ __rmatmul__ __gt__ __lt__ __ge__ __le__ __eq__ __ne__ __and__ __or__
+clone contiguous cat stack index_select gather float half bfloat16 int long
+""".split())
+
+SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "__bool__": "bool() (a Python `if` on a GPU value)",
+              "__int__": "int()", "__float__": "float()", "__index__": "an index", "__format__": "an f-string",
+              "__complex__": "complex()", "numpy": ".numpy()", "__repr__": "print()/repr()", "__str__": "str()"}
+
+
+def _name(func) -> str:
+    return getattr(func, "__name__", str(func))
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= (1 << 19) else f"{nbytes / 1024:.1f} KiB"
+
+
+def _source_line(where: str) -> str:
+    """``where`` ("file:line") as "`the code`" when the source is known, else as it is."""
+    file, _, line = where.rpartition(":")
+    text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+    return f"`{text}`" if text else where
+
+
+class WatchedLagging(LaggingStream):
+    """A :class:`pinlab.LaggingStream` that records every time the host waits for queued device work.
+
+    ``counting``: record waits only while True (the checker sets it around the learner's code).
+    ``waits``: ``(step, reason, where)`` per wait. An event that has already been reached does not
+    wait (the base emulation would run the whole queue). Plain device arithmetic (:data:`ASYNC_OPS`
+    on device tensors) is queued as a kernel by :class:`Watch`.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.counting = False
+        self.step = 0
+        self.waits: list[tuple[int, str, str]] = []
+        self.watch = None
+
+    def _run_until(self, mark) -> None:
+        if mark is not None and not any(item is mark for item in self._queue):
+            return  # the event was reached already: nothing to wait for
+        work = False
+        for item in self._queue:
+            if item is mark:
+                break
+            work = work or callable(item)
+        if work and self.counting and not self._draining:
+            op = self.watch.current if self.watch is not None else None
+            reason = describe_op(op, self.is_device, self.is_pinned) if op else (
+                "`synchronize()` waits for everything queued" if mark is None
+                else "`event.synchronize()` waited for work still queued")
+            self.waits.append((self.step, reason, find_caller(sys._getframe(1))))
+        super()._run_until(mark)
+
+    def queue_kernel(self, func, args, kwargs):
+        """Queue ``func(*args, **kwargs)`` on device tensors like a kernel launch; returns its
+        (device) result, or None when it cannot be queued (the caller then lets the emulation
+        wait for the queue, as a GPU would for an op whose output size depends on the data)."""
+        def meta(t):
+            if self.is_device(t):
+                return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            if t.dim() == 0:
+                return t
+            raise TypeError("a host tensor in device arithmetic")
+
+        def conv(obj):
+            if isinstance(obj, torch.Tensor):
+                return meta(obj)
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(conv(o) for o in obj)
+            return obj
+
+        try:
+            out_meta = func(*conv(args), **{k: conv(v) for k, v in kwargs.items()})
+        except Exception:
+            return None
+        if not isinstance(out_meta, torch.Tensor) or out_meta.device.type != "meta":
+            return None
+        with self._drain():
+            out = torch.empty_strided(out_meta.shape, out_meta.stride(), dtype=out_meta.dtype)
+        self._register(self._device, out)
+
+        def kernel():
+            out.copy_(func(*args, **kwargs))
+        self._queue.append(kernel)
+        return out
+
+
+class Watch(TorchFunctionMode):
+    """Sees each torch call the learner's code makes (before the stream's own mode): remembers the
+    current call (the reason of a wait), the host-to-device copies (``h2d``: step, pinned,
+    non_blocking, bytes, source storage, where), ``pin_memory()`` of an already pinned tensor
+    (``pin_of_pinned``), and on a :class:`WatchedLagging` queues device arithmetic as kernels."""
+
+    def __init__(self, s):
+        super().__init__()
+        self.s = s
+        self.current = None
+        self.h2d: list[dict] = []
+        self.pin_of_pinned: list[int] = []
+        self.emulated = isinstance(s, LaggingStream)
+        if self.emulated:
+            s.watch = self
+
+    def is_device(self, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        return self.s.is_device(t) if self.emulated else t.device.type == "cuda"
+
+    def is_device_target(self, target) -> bool:
+        if isinstance(target, int):
+            return True  # a CUDA device index
+        if self.emulated:
+            return self.s._is_our_device(target)
+        return torch.device(target).type == "cuda"
+
+    def _step(self) -> int:
+        return getattr(self.s, "step", 0)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.emulated and self.s._draining:
+            return func(*args, **kwargs)
+        name = _name(func)
+        if name == "pin_memory" and args and isinstance(args[0], torch.Tensor) and args[0].is_pinned():
+            self.pin_of_pinned.append(self._step())
+        copy = _h2d_of(name, args, kwargs, self.is_device, self.is_device_target)
+        if copy is not None:
+            src, non_blocking = copy
+            self.h2d.append({"step": self._step(), "pinned": bool(src.is_pinned()), "non_blocking": non_blocking,
+                             "nbytes": src.numel() * src.element_size(), "storage": src.untyped_storage().data_ptr(),
+                             "where": find_caller(sys._getframe(1))})
+        if (self.emulated and name in ASYNC_OPS and "out" not in kwargs
+                and any(self.is_device(t) for t in _tensors((args, kwargs)))):
+            out = self.s.queue_kernel(func, args, kwargs)
+            if out is not None:
+                return out
+        prev, self.current = self.current, (name, args, kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.current = prev
+
+
+def _to_target(args, kwargs):
+    """(target device or None, non_blocking) of ``Tensor.to(*args, **kwargs)`` (self excluded)."""
+    target = kwargs.get("device")
+    rest = list(args)
+    if rest and isinstance(rest[0], torch.Tensor):
+        target, rest = rest[0].device, rest[1:]
+    elif target is None and rest and isinstance(rest[0], (str, int, torch.device)):
+        target, rest = rest[0], rest[1:]
+    if rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
+        rest = rest[1:]
+    non_blocking = bool(rest[0]) if rest else bool(kwargs.get("non_blocking", False))
+    return target, non_blocking
+
+
+def _h2d_of(name, args, kwargs, is_device, is_device_target):
+    """(host source, non_blocking) when this call copies host memory to the device, else None."""
+    if not args or not isinstance(args[0], torch.Tensor) or is_device(args[0]) and name != "copy_":
+        return None
+    if name == "copy_":
+        if len(args) >= 2 and isinstance(args[1], torch.Tensor) and is_device(args[0]) and not is_device(args[1]):
+            return args[1], bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+        return None
+    if name == "cuda":
+        return args[0], bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+    if name == "to":
+        target, nb = _to_target(args[1:], kwargs)
+        if target is not None and is_device_target(target):
+            return args[0], nb
+    return None
+
+
+def describe_op(op, is_device, is_pinned) -> str:
+    """Why the call ``op = (name, args, kwargs)`` made the host wait, in the lessons' terms."""
+    name, args, kwargs = op
+    if name in SYNC_NAMES:
+        return (f"{SYNC_NAMES[name]} reads a GPU value into Python: the host waits for every kernel queued "
+                "before it (keep the value on the GPU: a 0-dim tensor works in arithmetic)")
+    if name in ("copy_", "to", "cuda", "cpu", "__setitem__") and args and isinstance(args[0], torch.Tensor):
+        if name == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            dst, src = args[0], args[1]
+            nb = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+        elif name == "__setitem__" and len(args) > 2 and isinstance(args[2], torch.Tensor):
+            dst, src, nb = args[0], args[2], False
+        else:
+            src = args[0]
+            target, nb = _to_target(args[1:], kwargs) if name == "to" else (None, False)
+            to_host = name == "cpu" or (target is not None and str(target).startswith("cpu"))
+            dst = None
+            if is_device(src) and to_host:
+                if not nb:
+                    return "a blocking copy from the GPU to the host (`.cpu()` / `.to(\"cpu\")`) waits for the GPU"
+                return "a copy from the GPU into pageable host memory waits for the GPU"
+        if dst is not None and is_device(src) and not is_device(dst):  # D2H
+            if not nb:
+                return "a blocking copy from the GPU to the host waits for the GPU"
+            if not is_pinned(dst):
+                return (f"a copy from the GPU into pageable memory ({_mib(dst.numel() * dst.element_size())}) "
+                        "waits for the GPU: copy into pinned memory with non_blocking=True and read it after an event")
+        host = src
+        size = _mib(host.numel() * host.element_size())
+        if not nb:
+            return f"a blocking copy to the GPU ({size}, no non_blocking=True) waits for the GPU"
+        if not is_pinned(host):
+            return (f"a non_blocking copy from pageable memory ({size}) waited for the GPU: the driver cannot "
+                    "stage a copy that large, so non_blocking is fake (lesson 02); copy from pinned memory")
+        return f"a copy ({size}) waited for the GPU"
+    return f"`{name}` needed a GPU value, so the host waited for the queued work"
+
+
+class NotingCuda(CudaStream):
+    """The CUDA stream handed to the learner's code: notes (``noted``: ``(step, reason)``) each
+    explicit ``synchronize()`` and each ``event.synchronize()`` it makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.noted: list[tuple[int, str]] = []
+
+    def synchronize(self) -> None:
+        self.noted.append((self.step, "`synchronize()` waits for everything queued"))
+        super().synchronize()
+
+    def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
+        return _NotingEvent(self)
+
+
+class _NotingEvent:
+    def __init__(self, s: NotingCuda):
+        self._s, self._ev = s, torch.cuda.Event()
+
+    def record(self, stream=None):
+        return self._ev.record() if stream is None else self._ev.record(stream)
+
+    def query(self) -> bool:
+        return self._ev.query()
+
+    def wait(self, stream=None):
+        return self._ev.wait() if stream is None else self._ev.wait(stream)
+
+    def synchronize(self) -> None:
+        if not self._ev.query():
+            self._s.noted.append((self._s.step, "`event.synchronize()` waited for work still queued"))
+        self._ev.synchronize()
+
+
+def watched_stream():
+    """A :class:`NotingCuda` stream where CUDA is available, else a :class:`WatchedLagging`."""
+    return NotingCuda() if has_cuda() else WatchedLagging()
+
+
+KIND_REASONS = {
+    PAGEABLE_H2D: "a non_blocking copy from pageable memory{size}: the driver stages it, and one that large waits "
+                  "for the GPU, so non_blocking is fake (lesson 02); copy from pinned memory",
+    PAGEABLE_D2H: "a copy from the GPU into pageable memory{size} waits for the GPU: copy into pinned memory with "
+                  "non_blocking=True and read it after an event",
+    BLOCKING_COPY: "a blocking copy between host and GPU{size} (no non_blocking=True) waits for the GPU",
+    ITEM_SYNC: ".item() reads a GPU value into Python: the host waits for every kernel queued before it "
+               "(keep the value on the GPU: a 0-dim tensor works in arithmetic)",
+    TOLIST_SYNC: ".tolist() reads GPU values into Python: the host waits for every kernel queued before it",
+    SCALAR_SYNC: "bool()/int()/float() of a GPU value (a Python `if` on it) reads a GPU value into Python: the "
+                 "host waits for every kernel queued before it (use torch.where / arithmetic on the GPU)",
+}
+
+
+def _event_reason(event) -> str:
+    size = f" ({_mib(event.nbytes)})" if event.nbytes else ""
+    text = KIND_REASONS.get(event.kind, event.kind)
+    return text.format(size=size)
+
+
+# ---- 3. step_without_syncs ----------------------------------------------------------------------
+
+SYNC_CASES = [(2048, 1024), (640, 1024), (256, 1024)]   # 8 MiB, 2.5 MiB (just over the staging limit), 1 MiB
+N_OUT = 64
+SYNC_BUSY_MS = 20.0
+_failures: Counter = Counter()
+HINTS = {
+    "step_without_syncs": (
+        "three changes, one per sync: (1) `x_host.pin_memory().to(s.device, non_blocking=True)` (a host memcpy "
+        "into pinned memory, then a real asynchronous copy); (2) keep the scale on the GPU: "
+        "`scale = x.abs().max()` (no `.item()`, no `if` on it); (3) `out = torch.empty(scores.shape, "
+        "dtype=scores.dtype, pin_memory=True)`, `out.copy_(scores, non_blocking=True)`, then "
+        "`done = s.Event(); done.record()` and `return out, done`."),
+}
+
+
+def reset() -> None:
+    """Forget earlier failures of the torch-code checkers (their hint shows from the second on)."""
+    _failures.clear()
+
+
+def fail(name: str, message: str, hints: dict | None = None) -> bool:
+    """Print ``❌ name: message`` (and, from the second failure of ``name`` on, its hint); False."""
+    _failures[name] += 1
+    print(f"❌ {name}: {message}")
+    hint = (hints or HINTS).get(name)
+    if hint and _failures[name] >= 2:
+        print(f"💡 Hint: {hint}")
+    return False
+
+
+def not_implemented(name: str) -> bool:
+    print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
+    return False
+
+
+def sync_reference(x_host: torch.Tensor, w_host: torch.Tensor) -> torch.Tensor:
+    """What the step computes, on the host: scores of the rows normalised by the largest magnitude."""
+    return (x_host / x_host.abs().max()) @ w_host
+
+
+def _first_sync(report):
+    for e in report.events:
+        if e.kind in KIND_REASONS:
+            return e
+    return None
+
+
+def check_step_without_syncs(fn) -> bool:
+    """``step_without_syncs(s, x_host, w)`` -> ``(scores_host, done_event)``: the step of the exercise
+    with its three hidden syncs removed. Runs it behind a busy GPU (CUDA) or on the watched
+    lagging stream, for three input sizes, and checks: no host wait, no copy from pageable memory,
+    a result in host memory that equals the reference once ``done_event`` is reached."""
+    callable_arg("fn", fn)
+    name = "step_without_syncs"
+    s = watched_stream()
+    host_ms_seen = []
+    with s:
+        for i, shape in enumerate(SYNC_CASES):
+            gen = torch.Generator().manual_seed(20 + i)
+            x_host = torch.randn(shape, generator=gen)
+            w_host = torch.randn(shape[1], N_OUT, generator=gen)
+            expected = sync_reference(x_host, w_host)
+            what = f"with the {_mib(x_host.numel() * 4)} input"
+            w = w_host.to(s.device)
+            s.synchronize()
+            try:
+                if not s.emulated:  # first launches, cuBLAS, the pinned blocks: not timed
+                    fn(s, x_host, w)
+                    s.synchronize()
+                    s.noted.clear()
+                    s.busy(SYNC_BUSY_MS)
+                else:
+                    s.launch(lambda: None)  # the GPU is busy: a wait has work to wait for
+                    s.waits.clear()
+                    s.counting = True
+                with detect_stalls() as report, Watch(s) as watch:
+                    t0 = time.perf_counter()
+                    res = fn(s, x_host, w)
+                    host_ms = (time.perf_counter() - t0) * 1e3
+            except NotImplementedError:
+                s.synchronize()
+                return not_implemented(name)
+            except Exception as exc:  # the learner's bug, reported, not raised
+                if s.emulated:
+                    s.counting = False
+                s.synchronize()
+                return fail(name, f"{name}(s, x_host, w) {what} raised {type(exc).__name__}: {exc}")
+            if s.emulated:
+                s.counting = False
+            host_ms_seen.append(host_ms)
+            problem = _sync_problem(s, report, watch, res, expected, host_ms, what)
+            s.synchronize()
+            if problem:
+                return fail(name, problem)
+    show(f"{name} checked on", s.label)
+    if not s.emulated:
+        show(f"your step's host time behind a {SYNC_BUSY_MS:.0f} ms kernel, largest input", f"{host_ms_seen[0]:.2f} ms")
+    print(f"✅ {name} is correct ({len(SYNC_CASES)} inputs: no host wait, every copy to the GPU from pinned "
+          "memory, the result in host memory equal to the reference once its event is reached).")
+    return True
+
+
+def _sync_problem(s, report, watch, res, expected, host_ms, what) -> str | None:
+    """What is wrong with one call of the learner's step (None: nothing)."""
+    if s.emulated and s.waits:
+        step, reason, where = s.waits[0]
+        n = len(s.waits)
+        return (f"your step made the host wait for the GPU {what} ({n} wait{'s' if n > 1 else ''} on the emulated "
+                f"lagging GPU): {reason}, at {_source_line(where)}.")
+    if not s.emulated:
+        first = _first_sync(report)
+        if host_ms > SYNC_BUSY_MS / 2:
+            if first is not None:
+                why, where = _event_reason(first), first.where
+            elif s.noted:
+                why, where = s.noted[0][1], ""
+            else:
+                why, where = ("something in it waited for the GPU (the stall detector saw no copy or .item(): an op "
+                              "whose kernel needs a sync, such as nonzero, or torch.cuda.synchronize())"), ""
+            at = f", at {_source_line(where)}" if where else ""
+            return (f"your step blocked the host for {host_ms:.1f} ms behind a {SYNC_BUSY_MS:.0f} ms kernel {what}: "
+                    f"{why}{at}.")
+        if first is not None and first.kind != PAGEABLE_H2D:
+            return f"your step has a hidden sync {what}: {_event_reason(first)}, at {_source_line(first.where)}."
+    pageable = [c for c in watch.h2d if not c["pinned"]]
+    if pageable:
+        c = pageable[0]
+        return (f"a non_blocking copy from pageable memory ({_mib(c['nbytes'])}) {what}, at {_source_line(c['where'])}: "
+                "it did not wait this time (the driver staged it), but non_blocking from pageable memory is fake "
+                "(lesson 02): a larger one waits for the GPU. Copy from pinned memory.")
+    blocking = [c for c in watch.h2d if not c["non_blocking"]]
+    if blocking:
+        return (f"a blocking copy to the GPU {what}, at {_source_line(blocking[0]['where'])}: pass non_blocking=True "
+                "(from pinned memory it is truly asynchronous).")
+    if not (isinstance(res, tuple) and len(res) == 2):
+        return (f"your step returned {type(res).__name__}, not a pair `(scores_host, done_event)`: return the "
+                "host tensor the result is copied into, and the event recorded after that copy.")
+    out, done = res
+    if not isinstance(out, torch.Tensor):
+        return f"the result {type(out).__name__} is not a tensor: return the host tensor the scores are copied into."
+    on_gpu = s.is_device(out) if s.emulated else out.device.type != "cpu"
+    if on_gpu:
+        return (f"the result {what} is still on the GPU: copy it into host memory (pinned, non_blocking=True), "
+                "so that the host can read it after the event.")
+    if done is None or not all(hasattr(done, a) for a in ("record", "synchronize", "query")):
+        return (f"no event {what} (got {type(done).__name__}): record one after the copy to the host "
+                "(`done = s.Event(); done.record()`) and return it; the result may be read only once it is reached.")
+    done.synchronize()
+    if tuple(out.shape) != tuple(expected.shape) or out.dtype != expected.dtype:
+        return (f"the result {what} has shape {tuple(out.shape)} {out.dtype}, the reference "
+                f"{tuple(expected.shape)} {expected.dtype}.")
+    if not torch.allclose(out, expected, rtol=1e-2, atol=5e-2):
+        return (f"the result {what} differs from the reference once the event is reached: was the event recorded "
+                "after the copy to the host, and is the scale the largest magnitude of x (`x.abs().max()`)?")
+    return None

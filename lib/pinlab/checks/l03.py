@@ -121,3 +121,230 @@ def timeline_cases(seed: int) -> list:
 def check_copies_correct(fn) -> bool:
     """``copies_correct(writes, copies)`` -> list of bools: did copy n deliver step n's data?"""
     return run_cases(fn, "copies_correct", timeline_cases(5), steploop.copies_correct, compare=_same_bool_list)
+
+
+# ---- lesson 03, exercise 3 (torch code): a race-free step loop that does not block the host ------
+#
+# The harness hands the learner's loop two functions: write_metadata(buf, n) (the host writes step
+# n's metadata into a host buffer) and forward(n, meta) (step n's forward on the GPU: it reads meta,
+# then keeps the GPU busy). forward returns once the GPU is at most AHEAD steps behind (like vLLM's
+# async scheduling, which reads step n-AHEAD's output): the harness waits for that, not the learner.
+# After the loop the checker reads what every step's forward saw. On CUDA the GPU is kept busy
+# BUSY_MS per step, so the host runs ahead; without a GPU the loop runs on the watched lagging
+# stream (checks/l02.py), which counts every wait exactly.
+
+import time
+
+import torch
+
+from ..args import callable_arg
+from ..timing import show
+from .l02 import Watch, fail, not_implemented, watched_stream
+
+STEPS = 200
+N_INTS = 1024
+AHEAD = 2
+BUSY_MS = 4.0
+WAIT_MS = BUSY_MS / 4      # a step whose host time exceeds this waited for the GPU (CUDA)
+WARM_STEPS = 12
+
+HINTS = {
+    "race_free_loop": (
+        "give every step its own pinned host memory: write into a pageable buffer, then "
+        "`snap = buf.pin_memory()` (a fresh pinned copy: the caching host allocator keeps it until its copy "
+        "has run) and `meta.copy_(snap, non_blocking=True)`. Or a ring of AHEAD + 1 pinned buffers, each guarded "
+        "by an event recorded after its copy and waited on before the buffer is rewritten (it is reached "
+        "already, so the wait costs nothing)."),
+}
+
+
+class _HarnessError(Exception):
+    """The learner's loop called write_metadata/forward wrongly (reported as such, not as a crash)."""
+
+
+def _deliver(meta, row):
+    row.copy_(meta)  # what step n's forward read
+
+
+class _Harness:
+    def __init__(self, s, steps):
+        self.s, self.steps = s, steps
+        self.next = 0
+        self.results = torch.full((steps, N_INTS), -1, dtype=torch.int32, device=s.device)
+        self.done = [s.Event() if s.emulated else torch.cuda.Event() for _ in range(AHEAD + 1)]
+        self.host_ms = [0.0] * steps
+        self.t_back = None
+
+    def _is_device(self, t) -> bool:
+        return self.s.is_device(t) if self.s.emulated else t.device.type == "cuda"
+
+    def write_metadata(self, buf, n):
+        if not isinstance(buf, torch.Tensor) or buf.shape != (N_INTS,) or buf.dtype != torch.int32:
+            raise _HarnessError(f"write_metadata(buf, {n!r}): buf must be a host tensor of {N_INTS} int32, "
+                                f"got {buf!r}"[:200])
+        if self._is_device(buf):
+            raise _HarnessError(f"write_metadata(buf, {n!r}): buf is GPU memory, but the metadata is computed on the "
+                                "host (it is the scheduler's output): write it into host memory, then copy it.")
+        buf.fill_(int(n))
+
+    def forward(self, n, meta):
+        now = time.perf_counter()
+        if isinstance(n, bool) or not isinstance(n, int) or n != self.next:
+            raise _HarnessError(f"forward({n!r}, meta) was called for step {n!r}, the next step is {self.next}: "
+                                "call forward(n, meta) once per step, in order.")
+        if (not isinstance(meta, torch.Tensor) or not self._is_device(meta) or meta.shape != (N_INTS,)
+                or meta.dtype != torch.int32):
+            raise _HarnessError(f"forward({n}, meta): meta must be step {n}'s metadata in GPU memory ({N_INTS} int32, "
+                                "device=s.device), copied there with non_blocking=True.")
+        s = self.s
+        self.host_ms[n] = (now - self.t_back) * 1e3
+        if s.emulated:
+            s.counting = False
+        s.launch(_deliver, meta, self.results[n])
+        self.done[n % (AHEAD + 1)].record()   # step n's forward has read its metadata
+        s.busy(BUSY_MS)                        # the rest of step n's forward
+        if n >= AHEAD:
+            self.done[(n - AHEAD) % (AHEAD + 1)].synchronize()   # the host runs at most AHEAD steps ahead
+        self.next = n + 1
+        s.step = n + 1
+        if s.emulated:
+            s.counting = True
+        self.t_back = time.perf_counter()
+
+    def run(self, fn):
+        s = self.s
+        s.step = 0
+        if s.emulated:
+            s.waits.clear()
+            s.counting = True
+        else:
+            s.noted.clear()
+        self.t_back = time.perf_counter()
+        try:
+            fn(s, self.steps, self.write_metadata, self.forward)
+        finally:
+            if s.emulated:
+                s.counting = False
+            s.synchronize()
+        return self.results.cpu()
+
+
+def _race(got, steps) -> tuple[str, int] | None:
+    """(what the first wrong step delivered, how many steps were wrong) or None."""
+    lo, hi = got.min(dim=1).values.tolist(), got.max(dim=1).values.tolist()
+    bad = [n for n in range(steps) if not lo[n] == hi[n] == n]
+    if not bad:
+        return None
+    n = bad[0]
+    if lo[n] == hi[n] == -1:
+        what = f"step {n} of {steps}: forward read memory nothing was copied into"
+    elif lo[n] == hi[n]:
+        what = f"step {n} of {steps} delivered step {lo[n]}'s data"
+    else:
+        what = f"step {n} of {steps} delivered a mix of steps {lo[n]}..{hi[n]} (its buffer was rewritten while the copy read it)"
+    return what, len(bad)
+
+
+def _race_cause(watch) -> str:
+    if watch.pin_of_pinned:
+        return ("`pin_memory()` of a pinned tensor returns the same storage (a no-op), so it is not a snapshot: "
+                "every step's copy still reads the one reused buffer.")
+    storages = {c["storage"] for c in watch.h2d}
+    if watch.h2d and len(storages) < len(watch.h2d):
+        k = len(storages)
+        return (f"your copies read from {k} host buffer{'s' if k > 1 else ''}: the host rewrote a buffer before the "
+                f"GPU had copied it (the host runs up to {AHEAD} steps ahead). Give each step its own snapshot, or use "
+                f"a ring deep enough for the run-ahead, guarded by events.")
+    return "the host rewrote the data before the GPU had copied it."
+
+
+def run_loop(fn) -> dict:
+    """Run ``fn(s, steps, write_metadata, forward)`` through the exercise's harness once, unchecked:
+    ``{"steps", "wrong_steps" (steps that read another step's data), "first_wrong" (its message or None),
+    "label"}``. For showing what the racy loop does; the checker is :func:`check_race_free_loop`."""
+    callable_arg("fn", fn)
+    s = watched_stream()
+    with s:
+        if not s.emulated:
+            with Watch(s):
+                _Harness(s, WARM_STEPS).run(fn)
+        with Watch(s):
+            got = _Harness(s, STEPS).run(fn)
+    race = _race(got, STEPS)
+    return {"steps": STEPS, "wrong_steps": race[1] if race else 0, "first_wrong": race[0] if race else None,
+            "label": s.label}
+
+
+def check_race_free_loop(fn) -> bool:
+    """``race_free_loop(s, steps, write_metadata, forward)``: every step's forward must read its own
+    metadata (copied with non_blocking=True from pinned memory), and the host must not wait for the
+    GPU inside the loop (beyond forward's own run-ahead limit). Runs 200 steps on CUDA with the GPU
+    kept busy, or on the watched lagging stream without a GPU."""
+    callable_arg("fn", fn)
+    name = "race_free_loop"
+    s = watched_stream()
+    with s:
+        try:
+            if not s.emulated:  # first launches, calibration, pinned blocks: a short run, not checked
+                with Watch(s):
+                    _Harness(s, WARM_STEPS).run(fn)
+            with Watch(s) as watch:
+                h = _Harness(s, STEPS)
+                got = h.run(fn)
+        except NotImplementedError:
+            return not_implemented(name)
+        except _HarnessError as exc:
+            return fail(name, str(exc), HINTS)
+        except Exception as exc:  # the learner's bug, reported, not raised
+            return fail(name, f"{name}(s, {STEPS}, write_metadata, forward) raised {type(exc).__name__}: {exc}", HINTS)
+        problem = _loop_problem(s, h, watch, got)
+    if problem:
+        return fail(name, problem, HINTS)
+    show(f"{name} checked on", s.label)
+    if not s.emulated:
+        show(f"host time per step of your loop, outside forward (median of {STEPS})",
+             f"{sorted(h.host_ms)[STEPS // 2]:.3f} ms")
+    print(f"✅ {name} is correct ({STEPS} steps, the host up to {AHEAD} steps ahead: every step read its own "
+          "metadata, copied from pinned memory, and the host never waited for the GPU).")
+    return True
+
+
+def _loop_problem(s, h, watch, got) -> str | None:
+    steps = STEPS
+    if h.next != steps:
+        return f"forward was called for {h.next} of {steps} steps: call forward(n, meta) once for every step."
+    race = _race(got, steps)
+    if race is not None:
+        what, bad = race
+        return f"{what} ({bad} of {steps} steps read another step's data): {_race_cause(watch)}"
+    pageable = [c for c in watch.h2d if not c["pinned"]]
+    if pageable:
+        c = pageable[0]
+        return (f"step {c['step']}'s copy reads pageable memory (clone(), empty() and plain tensors are pageable): the "
+                "driver stages it, which is race-free but not asynchronous beyond its staging pool (lesson 02). "
+                "Copy from pinned memory: a pinned snapshot, or a ring of pinned buffers.")
+    blocking = [c for c in watch.h2d if not c["non_blocking"]]
+    if blocking:
+        return (f"step {blocking[0]['step']}'s copy is blocking (no non_blocking=True): the host waits for the GPU "
+                "at every step.")
+    if not watch.h2d:
+        return "no copy from host memory to the GPU: each step's metadata must be copied with non_blocking=True."
+    if s.emulated:
+        waited = sorted({w[0] for w in s.waits})
+        reasons = {w[0]: w[1] for w in reversed(s.waits)}
+    else:
+        waited = [n for n in range(steps) if h.host_ms[n] > WAIT_MS]
+        noted = {}
+        for step, why in reversed(s.noted):
+            noted[step] = why
+        reasons = {n: noted.get(n, "something in your loop waited for the GPU") for n in waited}
+    if len(waited) > steps // 10:
+        why = reasons[waited[0]]
+        advice = "use a snapshot or a ring"
+        if "event" in why:
+            advice = (f"your ring is too shallow for a host {AHEAD} steps ahead: its events are not reached yet when a "
+                      f"buffer comes round again; add buffers ({AHEAD + 1} are enough)")
+        elif "synchronize()" in why:
+            advice = "synchronize() is race-free but blocks: use a snapshot or a ring"
+        return f"the host waited for the GPU in {len(waited)} of {steps} steps ({why}) — {advice}."
+    return None
