@@ -620,11 +620,11 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 # one is queued after it). An event does the same: `ev.record(copy_stream)` after the copy, then
 # `compute_stream.wait_event(ev)`.
 #
-# The third line is about memory. PyTorch's caching allocator keeps a pool of GPU memory per
-# stream, and `x_gpu` was allocated on the copy stream. When `x_gpu` is freed (`del x_gpu`, or when
-# the name is reused), its block goes back to the copy stream's pool at once, and the next `fetch`,
-# queued on the copy stream, which never waits for the compute, may write the next input into it
-# while the compute stream has not read it yet. `x_gpu.record_stream(compute_stream)` tells the
+# The third line is about memory. PyTorch's caching allocator ties every block it hands out to the
+# stream it was allocated on, here the copy stream, and hands a freed block out again at once to
+# the next allocation on that stream. When `x_gpu` is freed (`del x_gpu`), the next `fetch`,
+# queued on the copy stream, which never waits for the compute, may write the next input into
+# that block while the compute stream has not read it yet. `x_gpu.record_stream(compute_stream)` tells the
 # allocator that the block is in use on the compute stream too: it is reused only once the work
 # queued there at the time of the free has finished. (The other way: keep `x_gpu` alive until an
 # event recorded after its last use has completed.)
@@ -804,8 +804,10 @@ assert [r["outcome"] for r in advice] == expected_outcomes
 
 # %% [markdown]
 # Where the advice holds: a copy from pinned memory is queued at any size, and a small pageable
-# copy is staged by the driver and returns at once. It costs nothing there, and the data is always
-# right for a host-to-device copy: the GPU reads it in stream order. Where it fails: one large
+# copy is staged by the driver and returns at once. On the GPU the copy runs in stream order, before
+# anything queued after it, so the device data is right, with one condition the flag adds: the
+# host must not write a pinned source until the copy has run (lesson 03 is that race; a pageable
+# source is copied into staging at the call). Where it fails: one large
 # pageable copy waits for the GPU; many small ones wait once the staging pool's pending bytes are
 # full; a copy into pageable host memory is synchronous whatever the flag says. And where it is a
 # trap: into pinned memory (`.to("cpu", non_blocking=True)` allocates pinned memory for you), the
@@ -813,9 +815,10 @@ assert [r["outcome"] for r in advice] == expected_outcomes
 # Section 6 adds the last case: even pinned and `non_blocking`, a copy on the compute's stream never
 # runs beside the compute.
 #
-# So the advice is harmless for host-to-device copies and a request, not a promise: pin what you
-# copy on a hot path, read device-to-host results only after an event, and put copies on their own
-# stream when they should hide behind the compute.
+# So for host-to-device copies the advice costs nothing and may help, but it is a request, not a
+# promise: pin what you copy on a hot path (and leave the pinned source alone until the copy has
+# run), read device-to-host results only after an event, and put copies on their own stream when
+# they should hide behind the compute.
 #
 # ## 9. `async_tensor_h2d`: host data to the GPU, honestly
 #
@@ -951,9 +954,9 @@ assert back
 #   `x_gpu.record_stream(compute_stream)`, or the caching allocator hands the copy's memory to the
 #   next copy before the compute has read it (this run counted the wrong steps above).
 # - Many tensors: queue every copy `non_blocking` and synchronize once, instead of one wait per copy.
-# - "`non_blocking=True`, pinned or not" is harmless for host-to-device copies and a request, not a
-#   promise: large or many pageable copies wait, a copy into pageable host memory is synchronous, and
-#   one into pinned memory returns before the data is there.
+# - "`non_blocking=True`, pinned or not" costs nothing for host-to-device copies, but it is a
+#   request, not a promise: large or many pageable copies wait, a copy into pageable host memory is
+#   synchronous, and one into pinned memory returns before the data is there.
 # - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
 #   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
 #
