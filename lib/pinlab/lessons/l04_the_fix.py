@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -316,18 +318,24 @@ def child_code(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: flo
     )
 
 
-def run_children(codes: dict, timeout_s: float, envs: dict | None = None) -> dict:
+def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_timeout_s: float | None = None) -> dict:
     """Run ``python -c`` children: all start at once (their set-up overlaps), then one at a time,
     in the order given, each is told to go (a line on its stdin) and waited for, at most
     ``timeout_s`` (then it is killed). ``envs`` may give a child extra environment variables
-    (``{name: {VAR: value}}``; a value of None removes VAR). Returns ``{name: outcome}``, each from
-    :func:`classify_child` plus ``returncode`` and ``seconds`` (from its go to its end)."""
+    (``{name: {VAR: value}}``; a value of None removes VAR). With ``ready_timeout_s``, no child is
+    told to go before every child has finished its set-up (it creates the file named by its
+    ``PINLAB_READY_FILE``), has ended, or ``ready_timeout_s`` has passed: then no set-up runs
+    beside a timed child. Returns ``{name: outcome}``, each from :func:`classify_child` plus
+    ``returncode`` and ``seconds`` (from its go to its end)."""
     timeout_s = positive_number("timeout_s", timeout_s)
     if not isinstance(codes, dict) or not codes:
         raise TypeError(f"codes must be a non-empty dict {{name: python code}}, got {type(codes).__name__}")
     envs = {} if envs is None else envs
     if not isinstance(envs, dict) or any(k not in codes or not isinstance(v, dict) for k, v in envs.items()):
         raise ValueError("envs must map names of codes to dicts of environment variables")
+    if ready_timeout_s is not None:
+        ready_timeout_s = positive_number("ready_timeout_s", ready_timeout_s)
+    ready_dir = tempfile.mkdtemp(prefix="pinlab_ready_") if ready_timeout_s is not None else None
     lib = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -335,6 +343,8 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None) -> dic
 
     def env_of(name):
         e = dict(env)
+        if ready_dir is not None:
+            e["PINLAB_READY_FILE"] = os.path.join(ready_dir, f"child{list(codes).index(name)}")
         for k, v in envs.get(name, {}).items():
             if v is None:
                 e.pop(k, None)
@@ -347,6 +357,12 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None) -> dic
              for name, code in codes.items()}
     out = {}
     try:
+        if ready_dir is not None:
+            deadline = time.perf_counter() + ready_timeout_s
+            for i, p in enumerate(procs.values()):
+                ready = os.path.join(ready_dir, f"child{i}")
+                while not os.path.exists(ready) and p.poll() is None and time.perf_counter() < deadline:
+                    time.sleep(0.01)
         for name, p in procs.items():
             t0 = time.perf_counter()
             try:
@@ -365,6 +381,8 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None) -> dic
             if p.poll() is None:
                 p.kill()
                 p.communicate()
+        if ready_dir is not None:
+            shutil.rmtree(ready_dir, ignore_errors=True)
     return out
 
 
@@ -705,6 +723,9 @@ def _soak_child(passes, steps: int, nbytes: int, busy_ms: float, warm_blocks: in
                 "detail": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
     gpu_busy(0.05)
     _soak_loop(16, n_ints, 0.05)  # kernels loaded, nothing timed
+    torch.cuda.synchronize()
+    if os.environ.get("PINLAB_READY_FILE"):
+        Path(os.environ["PINLAB_READY_FILE"]).touch()  # set-up done: the parent may start a timed child
     if wait_for_go:
         sys.stdin.readline()
     out = {}
@@ -768,7 +789,7 @@ def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0
             "reserved": {"PYTORCH_CUDA_ALLOC_CONF": conf, "PYTORCH_ALLOC_CONF": None}}
     print("snapshot_soak: two fresh Python processes (default allocator; reserved pinned segment)...",
           file=sys.stderr, flush=True)
-    children = run_children(codes, timeout_s, envs=envs)
+    children = run_children(codes, timeout_s, envs=envs, ready_timeout_s=timeout_s)
     passes = {}
     for name, res in children.items():
         for p, data in (res.get("passes") or {}).items():
