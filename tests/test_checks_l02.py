@@ -191,3 +191,193 @@ def test_stub_is_reported_as_not_implemented(check, capsys):
 def test_crash_is_reported_not_raised(check, capsys):
     assert check(lambda *a: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out
+
+
+# ---- step_without_syncs (torch code) -------------------------------------------------------------
+# Planted wrong answers, each with the words the checker must say: on the watched lagging stream
+# (CPU) and on CUDA behind a busy GPU (the gpu tests). `.dev/probes` may import these too.
+
+import torch  # noqa: E402
+
+from pinlab.checks import l02  # noqa: E402
+
+
+def _fixed_out(s, scores):
+    out = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+    out.copy_(scores, non_blocking=True)
+    done = s.Event()
+    done.record()
+    return out, done
+
+
+def step_original(s, x_host, w):  # all three syncs
+    x = x_host.to(s.device, non_blocking=True)
+    scale = x.abs().max().item()
+    return ((x / scale) @ w).cpu(), None
+
+
+def step_item(s, x_host, w):  # pinned staging and a pinned D2H, but .item()
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    return _fixed_out(s, (x / x.abs().max().item()) @ w)
+
+
+def step_python_if(s, x_host, w):  # the scale stays on the GPU, then an `if` reads it
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    scale = x.abs().max()
+    if scale > 0:
+        x = x / scale
+    return _fixed_out(s, x @ w)
+
+
+def step_blocking_cpu(s, x_host, w):  # the result comes back with a blocking .cpu()
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    return ((x / x.abs().max()) @ w).cpu(), None
+
+
+def step_pin_above_4mib(s, x_host, w):  # near the boundary: stages only large inputs, 2.5 MiB still waits
+    src = x_host.pin_memory() if x_host.numel() * x_host.element_size() > (4 << 20) else x_host
+    x = src.to(s.device, non_blocking=True)
+    return _fixed_out(s, (x / x.abs().max()) @ w)
+
+
+def step_pin_above_2mib(s, x_host, w):  # trusts the driver's staging for the 1 MiB input
+    src = x_host.pin_memory() if x_host.numel() * x_host.element_size() > (2 << 20) else x_host
+    x = src.to(s.device, non_blocking=True)
+    return _fixed_out(s, (x / x.abs().max()) @ w)
+
+
+def step_no_event(s, x_host, w):  # an asynchronous D2H, but nothing says when it has landed
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    return ((x / x.abs().max()) @ w).to("cpu", non_blocking=True), None
+
+
+def step_event_first(s, x_host, w):  # the event is recorded before the copy it should guard
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    scores = (x / x.abs().max()) @ w
+    done = s.Event()
+    done.record()
+    out = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+    out.copy_(scores, non_blocking=True)
+    return out, done
+
+
+def step_blocking_h2d(s, x_host, w):  # pinned, but a blocking copy
+    x = x_host.pin_memory().to(s.device)
+    return _fixed_out(s, (x / x.abs().max()) @ w)
+
+
+def step_no_scale(s, x_host, w):  # no sync at all, and the wrong numbers
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    return _fixed_out(s, x @ w)
+
+
+def step_result_on_gpu(s, x_host, w):
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    done = s.Event()
+    done.record()
+    return (x / x.abs().max()) @ w, done
+
+
+#: name -> (wrong step, words on the lagging stream, words on CUDA)
+WRONG_STEPS = {
+    "original": (step_original, "non_blocking copy from pageable memory (8.0 MiB)", "pageable memory (8.0 MiB)"),
+    "item": (step_item, ".item() reads a GPU value into Python", ".item() reads a GPU value into Python"),
+    "python-if": (step_python_if, "Python `if`", "Python `if`"),
+    "blocking-cpu": (step_blocking_cpu, "a blocking copy from the GPU to the host", "blocking copy"),
+    "pin-above-4mib": (step_pin_above_4mib, "pageable memory (2.5 MiB) waited for the GPU", "pageable memory (2.5 MiB)"),
+    "pin-above-2mib": (step_pin_above_2mib, "pageable memory (1.0 MiB) with the 1.0 MiB input", "pageable memory (1.0 MiB)"),
+    "no-event": (step_no_event, "no event", "no event"),
+    "event-first": (step_event_first, "recorded before the copy into the result", "recorded before the copy"),
+    "blocking-h2d": (step_blocking_h2d, "a blocking copy to the GPU (8.0 MiB", "blocking copy"),
+    "no-scale": (step_no_scale, "differs from the reference", "differs from the reference"),
+    "result-on-gpu": (step_result_on_gpu, "still on the GPU", "still on the GPU"),
+}
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """Force the emulated path (the lagging stream) even on a machine with a GPU."""
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    l02.reset()
+
+
+def test_step_without_syncs_accepts_solution(sol, on_cpu, capsys):
+    assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
+    out = capsys.readouterr().out
+    assert "✅ step_without_syncs is correct" in out and "emulated lagging stream" in out
+
+
+def test_step_with_syncs_of_the_notebook_is_rejected(sol, on_cpu, capsys):
+    """The notebook's own slow step: the checker names its first sync, and counts all three."""
+    assert checks02.check_step_without_syncs(sol["step_with_syncs"]) is False
+    out = capsys.readouterr().out
+    assert "pageable memory (8.0 MiB)" in out and "(3 waits" in out, out
+
+
+@pytest.mark.parametrize("case", list(WRONG_STEPS))
+def test_step_without_syncs_rejects_wrong(case, on_cpu, capsys):
+    wrong, words, _ = WRONG_STEPS[case]
+    assert checks02.check_step_without_syncs(wrong) is False
+    out = capsys.readouterr().out
+    assert "❌ step_without_syncs" in out and words in out, out
+    assert "💡 Hint" not in out
+
+
+def test_step_without_syncs_hints_on_the_second_failure(on_cpu, capsys):
+    assert checks02.check_step_without_syncs(step_item) is False
+    assert checks02.check_step_without_syncs(step_item) is False
+    out = capsys.readouterr().out
+    assert out.count("❌") == 2 and out.count("💡 Hint") == 1
+    assert "pin_memory()" in out.split("💡 Hint")[1]
+
+
+def test_step_without_syncs_says_where(on_cpu, capsys):
+    """The verdict quotes the line of the learner's code that waited."""
+    assert checks02.check_step_without_syncs(step_item) is False
+    assert "`return _fixed_out(s, (x / x.abs().max().item()) @ w)`" in capsys.readouterr().out
+
+
+def test_step_without_syncs_stub_and_crash(on_cpu, capsys):
+    def stub(s, x_host, w):
+        raise NotImplementedError
+
+    assert checks02.check_step_without_syncs(stub) is False
+    assert "⏳ step_without_syncs is not implemented yet" in capsys.readouterr().out
+    assert checks02.check_step_without_syncs(lambda s, x, w: 1 / 0) is False
+    assert "raised ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_watched_lagging_queues_arithmetic_and_counts_waits():
+    """Device arithmetic is queued like kernel launches (no wait); reading a value waits, once."""
+    s = l02.WatchedLagging()
+    with s, l02.Watch(s):
+        x = torch.ones(4, device=s.device)
+        y = (x * 2).sum()          # queued: no wait
+        s.counting = True
+        assert s.pending() >= 2 and s.waits == []
+        assert y.item() == 8.0     # waits for the queue
+        assert len(s.waits) == 1 and ".item()" in s.waits[0][1]
+        done = s.Event()
+        done.record()
+        done.synchronize()         # nothing queued before it: no wait
+        assert len(s.waits) == 1
+        s.counting = False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_step_without_syncs_accepts_solution(sol, capsys):
+    l02.reset()
+    assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
+    assert "CUDA stream" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", list(WRONG_STEPS))
+def test_gpu_step_without_syncs_rejects_wrong(case, capsys):
+    l02.reset()
+    wrong, _, words = WRONG_STEPS[case]
+    assert checks02.check_step_without_syncs(wrong) is False
+    out = capsys.readouterr().out
+    assert "❌ step_without_syncs" in out and words in out, out

@@ -148,3 +148,227 @@ def test_stub_is_reported_as_not_implemented(check, capsys):
 def test_solution_sources_exist():
     for stem in ("03_the_race", "04_the_fix"):
         assert (Path(ROOT) / "solutions" / "src" / f"{stem}.py").exists()
+
+
+# ---- race_free_loop (torch code) -----------------------------------------------------------------
+# Planted wrong loops, each with the words the checker must say (lagging stream / CUDA).
+
+import torch  # noqa: E402
+
+from pinlab.checks import l02 as checks02  # noqa: E402
+
+N = checks03.N_INTS
+
+
+def loop_racy(s, steps, write_metadata, forward):  # the notebook's loop: one reused pinned buffer
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf, non_blocking=True)
+        forward(n, meta)
+
+
+def loop_snapshot_of_pinned(s, steps, write_metadata, forward):  # pin_memory() of a pinned buffer: a no-op
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf.pin_memory(), non_blocking=True)
+        forward(n, meta)
+
+
+def _ring(depth, events):
+    def loop(s, steps, write_metadata, forward):
+        bufs = [torch.zeros(N, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+        done = [None] * depth
+        for n in range(steps):
+            k = n % depth
+            if events and done[k] is not None:
+                done[k].synchronize()          # the copy that last read bufs[k] has run
+            write_metadata(bufs[k], n)
+            meta = torch.empty(N, dtype=torch.int32, device=s.device)
+            meta.copy_(bufs[k], non_blocking=True)
+            if events:
+                done[k] = s.Event()
+                done[k].record()
+            forward(n, meta)
+    return loop
+
+
+def loop_sync_each_step(s, steps, write_metadata, forward):
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    for n in range(steps):
+        s.synchronize()
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf, non_blocking=True)
+        forward(n, meta)
+
+
+def loop_sync_every_other_step(s, steps, write_metadata, forward):
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    for n in range(steps):
+        if n % 2 == 0:
+            s.synchronize()
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf, non_blocking=True)
+        forward(n, meta)
+
+
+def loop_pageable_clone(s, steps, write_metadata, forward):  # a snapshot, but in pageable memory
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf.clone(), non_blocking=True)
+        forward(n, meta)
+
+
+def loop_blocking_copy(s, steps, write_metadata, forward):
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    for n in range(steps):
+        write_metadata(buf, n)
+        forward(n, buf.to(s.device))
+
+
+def loop_writes_device_memory(s, steps, write_metadata, forward):  # no copy: "metadata" made on the GPU
+    for n in range(steps):
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        write_metadata(meta, n)
+        forward(n, meta)
+
+
+def loop_skips_a_step(s, steps, write_metadata, forward):
+    for n in range(steps):
+        if n == 5:
+            continue
+        snap = torch.empty(N, dtype=torch.int32, pin_memory=True)
+        write_metadata(snap, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(snap, non_blocking=True)
+        forward(n, meta)
+
+
+def loop_pinned_snapshot_copy(s, steps, write_metadata, forward):  # another right answer: a fresh pinned tensor
+    buf = torch.zeros(N, dtype=torch.int32)
+    for n in range(steps):
+        write_metadata(buf, n)
+        snap = torch.empty(N, dtype=torch.int32, pin_memory=True)
+        snap.copy_(buf)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(snap, non_blocking=True)
+        forward(n, meta)
+
+
+RIGHT_LOOPS = {
+    "pinned-snapshot-copy": loop_pinned_snapshot_copy,
+    "ring-ahead+1-events": _ring(checks03.AHEAD + 1, True),
+    "ring-ahead+2-events": _ring(checks03.AHEAD + 2, True),
+    "ring-ahead+1-no-events": _ring(checks03.AHEAD + 1, False),  # safe: forward keeps the host AHEAD steps ahead
+}
+
+#: name -> (wrong loop, words on the lagging stream, words on CUDA (any of them))
+WRONG_LOOPS = {
+    "racy": (loop_racy, "step 0 of 200 delivered step 2's data", ("delivered step",)),
+    "snapshot-of-pinned": (loop_snapshot_of_pinned, "`pin_memory()` of a pinned tensor returns the same storage",
+                           ("same storage",)),
+    "ring-one-too-shallow-events": (_ring(checks03.AHEAD, True), "ring is too shallow for a host 2 steps ahead",
+                                    ("ring is too shallow",)),
+    "ring-one-too-shallow-no-events": (_ring(checks03.AHEAD, False), "read from 2 host buffers",
+                                       ("delivered step",)),
+    "sync-each-step": (loop_sync_each_step, "synchronize() is race-free but blocks",
+                       ("synchronize() is race-free but blocks",)),
+    "sync-every-other-step": (loop_sync_every_other_step, "step 0 of 200 delivered step 1's data",
+                              ("delivered step", "synchronize() is race-free but blocks")),
+    "pageable-clone": (loop_pageable_clone, "copy reads pageable memory", ("copy reads pageable memory",)),
+    "blocking-copy": (loop_blocking_copy, "copy is blocking", ("copy is blocking",)),
+    "writes-device-memory": (loop_writes_device_memory, "buf is GPU memory", ("buf is GPU memory",)),
+    "skips-a-step": (loop_skips_a_step, "forward(6, meta) was called for step 6, the next step is 5",
+                     ("the next step is 5",)),
+}
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """Force the emulated path (the lagging stream) even on a machine with a GPU."""
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    checks02.reset()
+
+
+def test_race_free_loop_accepts_solution(sol03, on_cpu, capsys):
+    assert checks03.check_race_free_loop(sol03["race_free_loop"]) is True
+    out = capsys.readouterr().out
+    assert "✅ race_free_loop is correct (200 steps" in out and "emulated lagging stream" in out
+
+
+@pytest.mark.parametrize("case", list(RIGHT_LOOPS))
+def test_race_free_loop_accepts_other_right_answers(case, on_cpu, capsys):
+    assert checks03.check_race_free_loop(RIGHT_LOOPS[case]) is True, capsys.readouterr().out
+
+
+def test_notebook_racy_loop_is_rejected(sol03, on_cpu, capsys):
+    assert checks03.check_race_free_loop(sol03["racy_loop"]) is False
+    assert "delivered step 2's data" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", list(WRONG_LOOPS))
+def test_race_free_loop_rejects_wrong(case, on_cpu, capsys):
+    wrong, words, _ = WRONG_LOOPS[case]
+    assert checks03.check_race_free_loop(wrong) is False
+    out = capsys.readouterr().out
+    assert "❌ race_free_loop" in out and words in out, out
+    assert "💡 Hint" not in out
+
+
+def test_race_free_loop_counts_every_wait(on_cpu, capsys):
+    """The lagging stream counts waits exactly: a synchronize() in each step waits in every step but
+    the first (nothing is queued yet), a ring one too shallow in every step once it has come round."""
+    assert checks03.check_race_free_loop(loop_sync_each_step) is False
+    assert checks03.check_race_free_loop(_ring(checks03.AHEAD, True)) is False
+    out = capsys.readouterr().out
+    assert "waited for the GPU in 199 of 200 steps" in out
+    assert "waited for the GPU in 198 of 200 steps" in out
+
+
+def test_race_free_loop_hints_on_the_second_failure(on_cpu, capsys):
+    assert checks03.check_race_free_loop(loop_racy) is False
+    assert checks03.check_race_free_loop(loop_snapshot_of_pinned) is False
+    out = capsys.readouterr().out
+    assert out.count("❌") == 2 and out.count("💡 Hint") == 1
+    assert "snap = buf.pin_memory()" in out.split("💡 Hint")[1]
+
+
+def test_race_free_loop_stub_and_crash(on_cpu, capsys):
+    assert checks03.check_race_free_loop(_stub) is False
+    assert "⏳ race_free_loop is not implemented yet" in capsys.readouterr().out
+    assert checks03.check_race_free_loop(lambda s, steps, w, f: 1 / 0) is False
+    assert "raised ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_run_loop_shows_the_race(on_cpu):
+    run = checks03.run_loop(loop_racy)
+    assert run["steps"] == 200 and run["wrong_steps"] == 199 and "delivered step 2's data" in run["first_wrong"]
+    assert checks03.run_loop(loop_pinned_snapshot_copy)["wrong_steps"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_race_free_loop_accepts_solution_and_a_ring(sol03, capsys):
+    checks02.reset()
+    assert checks03.check_race_free_loop(sol03["race_free_loop"]) is True
+    assert checks03.check_race_free_loop(RIGHT_LOOPS["ring-ahead+1-events"]) is True
+    assert "CUDA stream" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["racy", "snapshot-of-pinned", "ring-one-too-shallow-events", "sync-each-step",
+                                  "sync-every-other-step", "pageable-clone"])
+def test_gpu_race_free_loop_rejects_wrong(case, capsys):
+    checks02.reset()
+    wrong, _, words = WRONG_LOOPS[case]
+    assert checks03.check_race_free_loop(wrong) is False
+    out = capsys.readouterr().out
+    assert "❌ race_free_loop" in out and any(w in out for w in words), out

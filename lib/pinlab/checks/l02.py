@@ -202,6 +202,9 @@ class WatchedLagging(LaggingStream):
             self.waits.append((self.step, reason, find_caller(sys._getframe(1))))
         super()._run_until(mark)
 
+    def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
+        return _OrderedEvent(self, super().Event())
+
     def queue_kernel(self, func, args, kwargs):
         """Queue ``func(*args, **kwargs)`` on device tensors like a kernel launch; returns its
         (device) result, or None when it cannot be queued (the caller then lets the emulation
@@ -246,11 +249,12 @@ class Watch(TorchFunctionMode):
         super().__init__()
         self.s = s
         self.current = None
+        self.seq = 0                      # order of D2H copies and event records
+        self.d2h: list[dict] = []         # copies from the device into host memory: seq, storage
         self.h2d: list[dict] = []
         self.pin_of_pinned: list[int] = []
         self.emulated = isinstance(s, LaggingStream)
-        if self.emulated:
-            s.watch = self
+        s.watch = self
 
     def is_device(self, t) -> bool:
         if not isinstance(t, torch.Tensor):
@@ -287,9 +291,18 @@ class Watch(TorchFunctionMode):
                 return out
         prev, self.current = self.current, (name, args, kwargs)
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
         finally:
             self.current = prev
+        if name in ("copy_", "to", "cpu") and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            src = args[1] if name == "copy_" and len(args) > 1 else args[0]
+            if isinstance(src, torch.Tensor) and self.is_device(src) and not self.is_device(out):
+                self.d2h.append({"seq": self.next_seq(), "storage": out.untyped_storage().data_ptr()})
+        return out
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
 
 
 def _to_target(args, kwargs):
@@ -369,20 +382,28 @@ class NotingCuda(CudaStream):
         super().__init__()
         self.step = 0
         self.noted: list[tuple[int, str]] = []
+        self.watch = None
 
     def synchronize(self) -> None:
         self.noted.append((self.step, "`synchronize()` waits for everything queued"))
         super().synchronize()
 
     def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
-        return _NotingEvent(self)
+        return _OrderedEvent(self, torch.cuda.Event())
 
 
-class _NotingEvent:
-    def __init__(self, s: NotingCuda):
-        self._s, self._ev = s, torch.cuda.Event()
+class _OrderedEvent:
+    """An event handed to the learner's code: remembers when (``seq``, in the order of the
+    :class:`Watch`'s device-to-host copies) it was last recorded; ``synchronize`` notes a wait."""
+
+    def __init__(self, s, ev):
+        self._s, self._ev = s, ev
+        self.seq = None
 
     def record(self, stream=None):
+        watch = getattr(self._s, "watch", None)
+        if watch is not None:
+            self.seq = watch.next_seq()
         return self._ev.record() if stream is None else self._ev.record(stream)
 
     def query(self) -> bool:
@@ -392,7 +413,7 @@ class _NotingEvent:
         return self._ev.wait() if stream is None else self._ev.wait(stream)
 
     def synchronize(self) -> None:
-        if not self._ev.query():
+        if isinstance(self._s, NotingCuda) and not self._ev.query():
             self._s.noted.append((self._s.step, "`event.synchronize()` waited for work still queued"))
         self._ev.synchronize()
 
@@ -570,6 +591,10 @@ def _sync_problem(s, report, watch, res, expected, host_ms, what) -> str | None:
     if done is None or not all(hasattr(done, a) for a in ("record", "synchronize", "query")):
         return (f"no event {what} (got {type(done).__name__}): record one after the copy to the host "
                 "(`done = s.Event(); done.record()`) and return it; the result may be read only once it is reached.")
+    into_out = [c["seq"] for c in watch.d2h if c["storage"] == out.untyped_storage().data_ptr()]
+    if getattr(done, "seq", None) is not None and into_out and max(into_out) > done.seq:
+        return (f"the event {what} was recorded before the copy into the result: it is reached before the scores "
+                "are there, so the caller would read the result too early. Record it after the copy.")
     done.synchronize()
     if tuple(out.shape) != tuple(expected.shape) or out.dtype != expected.dtype:
         return (f"the result {what} has shape {tuple(out.shape)} {out.dtype}, the reference "
