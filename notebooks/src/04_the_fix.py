@@ -501,7 +501,17 @@ class SlabRing:
 # tensor i with `8n + i`, times `host()` + the writes + `send()`, and checks on the device (a
 # counter of wrong steps, read once at the end, no sync per step). Here it runs 300 steps on
 # `pinlab.stream()` for the slab ring and for the three per-tensor ways of lesson 03 and above, the
-# host at most two steps ahead.
+# host at most two steps ahead; and once more for a ring of a single slab, too shallow for two
+# steps in flight.
+#
+# 🔮 **Predict.** Does the ring of one slab race?
+#
+# <details><summary>Answer</summary>
+#
+# No: before rewriting its only slab, the host waits for the event after that slab's last copy.
+# The events turn a ring that is too shallow into waiting, never into a race; the wait shows up as
+# host time per step (on a GPU: compare the two medians below).
+# </details>
 
 # %%
 SIZES = list(l04.METADATA.values())
@@ -509,11 +519,15 @@ s = pinlab.stream()  # the harness enters it for each run
 demo = {k: l04.metadata_loop(s, (lambda st, sz, k=k: l04.PerTensor(st, sz, k)), steps=300, sizes=SIZES,
                              busy_ms=0.3, ahead=2) for k in l04.PER_TENSOR}
 demo["slab_ring"] = l04.metadata_loop(s, SlabRing, steps=300, sizes=SIZES, busy_ms=0.3, ahead=2)
+shallow = l04.metadata_loop(s, lambda st, sz: SlabRing(st, sz, depth=1), steps=300, sizes=SIZES, busy_ms=0.3, ahead=2)
 pinlab.show("stream", s.label)
 pinlab.show("reused pinned buffers: corrupted steps", f"{demo['reused_pinned']['corrupted']} of 300")
 for k in ("pageable", "snapshot", "slab_ring"):
     print(f"{l04.FIX_LABELS[k]}: corrupted steps: {demo[k]['corrupted']} of 300")
-assert all(demo[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_ring"))
+print("a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps:", shallow["corrupted"], "of 300")
+pinlab.show("host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
+            f"{demo['slab_ring']['host']['median_us']:.1f} / {shallow['host']['median_us']:.1f}")
+assert all(demo[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_ring")) and shallow["corrupted"] == 0
 
 # %% [markdown]
 # Now the measurement: 10,000 steps of each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`,
