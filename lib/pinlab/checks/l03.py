@@ -133,6 +133,7 @@ def check_copies_correct(fn) -> bool:
 # BUSY_MS per step, so the host runs ahead; without a GPU the loop runs on the watched lagging
 # stream (checks/l02.py), which counts every wait exactly.
 
+import gc
 import time
 
 import torch
@@ -219,10 +220,14 @@ class _Harness:
             s.counting = True
         else:
             s.noted.clear()
+        gc_was_on = gc.isenabled()
+        gc.disable()  # a collection pause in the middle of a step would look like a wait
         self.t_back = time.perf_counter()
         try:
             fn(s, self.steps, self.write_metadata, self.forward)
         finally:
+            if gc_was_on:
+                gc.enable()
             if s.emulated:
                 s.counting = False
             s.synchronize()
