@@ -211,10 +211,12 @@ def test_run_children_gives_each_child_its_environment(monkeypatch):
     assert out["set"]["a"] == "pinned_reserve_segment_size_mb:64" and out["set"]["gone"] is None
     ready = ("import json, os, sys, time, pathlib\ntime.sleep(1.0)\nt = time.time()\n"
              "pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\n"
-             f"sys.stdin.readline()\nprint({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x', 'ready_at': t}}))\n")
+             f"sys.stdin.readline()\nprint({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x', "
+             "'ready_at': t}))\n")
     quick = ("import json, os, pathlib, sys, time\n"
              "os.environ.get('PINLAB_READY_FILE') and pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\n"
-             f"sys.stdin.readline()\nprint({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x', 'go': time.time()}}))\n")
+             f"sys.stdin.readline()\nprint({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x', "
+             "'go': time.time()}))\n")
     both = l04.run_children({"quick": quick, "slow_set_up": ready}, timeout_s=30, ready_timeout_s=30)
     assert both["quick"]["outcome"] == "correct" and both["slow_set_up"]["outcome"] == "correct"
     assert both["quick"]["go"] >= both["slow_set_up"]["ready_at"]  # told to go only once every set-up was done

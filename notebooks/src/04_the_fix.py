@@ -545,9 +545,9 @@ fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000
                     depth=3, rounds=4)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(fr.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"), ("p50_us", "host µs median", us),
-                                 ("p10_us", "p10", us), ("p90_us", "p90", us), ("p99_us", "p99", us),
-                                 ("max_us", "max", us)])
+pinlab.table(fr.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"),
+                                 ("p50_us", "host µs median", us), ("p10_us", "p10", us), ("p90_us", "p90", us),
+                                 ("p99_us", "p99", us), ("max_us", "max", us)])
 
 # %%
 l04.plot_host_times(fr.result, title=f"A step's 6 metadata tensors, 10,000 steps each ({fr.tag})")
@@ -562,8 +562,9 @@ pinlab.show("reused pinned buffers (the race): corrupted steps", f["reused_pinne
 for k in l04.FIX_LABELS:
     pinlab.show(f"{l04.FIX_LABELS[k]}: host µs per step, median (round medians)",
                 f"{f[k]['p50_us']:.1f} ({', '.join(f'{v:.1f}' for v in f[k]['round_medians_us'])})")
-pinlab.show("slab ring / per-tensor snapshots (median host time)", f"{f['slab_ring']['p50_us'] / f['snapshot']['p50_us']:.2f}")
-pinlab.show("slab ring / racy reused buffers (median host time)", f"{f['slab_ring']['p50_us'] / f['reused_pinned']['p50_us']:.2f}")
+ratio = lambda a, b: f"{f[a]['p50_us'] / f[b]['p50_us']:.2f}"  # noqa: E731
+pinlab.show("slab ring / per-tensor snapshots (median host time)", ratio("slab_ring", "snapshot"))
+pinlab.show("slab ring / racy reused buffers (median host time)", ratio("slab_ring", "reused_pinned"))
 assert all(f[k]["steps"] == 10_000 and f[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_ring"))
 
 # %% [markdown]

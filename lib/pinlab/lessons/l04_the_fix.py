@@ -15,6 +15,10 @@ GPU with the step loop of :mod:`pinlab.steploop`:
 * :func:`snapshot_soak`: ten thousand snapshots cold, with the cache warmed, and with
   ``pinned_reserve_segment_size_mb``, each in a fresh child process.
 
+Why over 500 lines: the lesson measures six things, three of them (the plan hazard, the soak with
+its allocator settings, the several-tensor loops) with their own child-process or harness code,
+and the children import this module by name; split, each part would need the others' runner.
+
 Each step-loop experiment takes ``stream=None``: None means the CUDA stream (CudaUnavailableError
 without CUDA); a :class:`pinlab.LaggingStream` runs the same code on the CPU. The decode loop
 with the snapshot is :func:`pinlab.lessons.l03_the_race.decode_race`.
@@ -747,7 +751,8 @@ def soak_child_code(passes, steps: int, nbytes: int, busy_ms: float, warm_blocks
     """The ``python -c`` program of one soak child (see :func:`_soak_child`)."""
     return (
         "from pinlab.lessons import l04_the_fix as fix\n"
-        f"r = fix._soak_child({list(passes)!r}, {steps!r}, {nbytes!r}, {busy_ms!r}, {warm_blocks!r}, wait_for_go=True)\n"
+        f"r = fix._soak_child({list(passes)!r}, {steps!r}, {nbytes!r}, {busy_ms!r}, {warm_blocks!r},"
+        " wait_for_go=True)\n"
         "fix._report_and_exit(r)\n"
     )
 
