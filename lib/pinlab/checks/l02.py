@@ -1,10 +1,23 @@
-"""Exercise checkers for lesson 02 (fake ``non_blocking``), built on :func:`pinlab.checks.run_cases`.
+"""Exercise checkers for lesson 02 (fake ``non_blocking``).
 
-Each checker prints one verdict line (⏳ not implemented, ❌ first failing case, ✅ correct) and
-returns True or False. The reference answers are the library's own: ``stall_threshold`` is
-:func:`pinlab.lessons.l02_fake_non_blocking.first_waiting_size` with half the busy time as the
-limit, ``gpu_idle_share`` is :func:`pinlab.profiler.idle_share`. ``tests/test_checks_l02.py``
-proves each checker accepts the master solution and rejects planted wrong answers.
+Each checker prints one verdict line (⏳ not implemented, ❌ what is wrong, ✅ correct) and returns
+True or False; a hint follows from the second failure on.
+
+* ``stall_threshold`` and ``gpu_idle_share`` (arithmetic on measurements) run on cases through
+  :func:`pinlab.checks.run_cases`. Their references are the library's own: ``stall_threshold`` is
+  :func:`pinlab.lessons.l02_fake_non_blocking.first_waiting_size` with half the busy time as the
+  limit, ``gpu_idle_share`` is :func:`pinlab.profiler.idle_share`.
+* ``step_without_syncs`` (torch code) runs the learner's step for real: on CUDA behind a busy GPU
+  (a step that waits takes as long as the kernel; :func:`pinlab.detect_stalls` names the call), or
+  without a GPU on :class:`WatchedLagging`, a :class:`pinlab.LaggingStream` that counts every wait
+  of the host for queued device work and the call that caused it. :class:`Watch` (the copies a
+  step makes, ``pin_memory()`` of pinned tensors, the order of events and copies) and the two
+  watched streams are shared with lesson 03's loop checker (``checks/l03.py``).
+
+``tests/test_checks_l02.py`` proves each checker accepts the master solution and rejects planted
+wrong answers with the right message. (Over 500 lines: the watched streams and the watch belong
+together with the checker they were written for; splitting them out would add a shared module that
+every notebook's evidence depends on.)
 """
 from __future__ import annotations
 

@@ -4,6 +4,11 @@ Each checker runs the learner's function on fixed and random cases through
 :func:`pinlab.checks.run_cases` and prints one verdict line (⏳ / ❌ / ✅), returning True or False.
 The references are the library's own: :func:`pinlab.paged_kv.kv_indptr` and
 :func:`pinlab.paged_kv.last_page_len`, :func:`pinlab.steploop.copies_correct`.
+
+:func:`check_race_free_loop` (torch code) runs the learner's step loop for 200 steps through a
+harness (``write_metadata``, ``forward``; the host at most ``AHEAD`` steps ahead): on CUDA with the
+GPU kept busy, without a GPU on the watched lagging stream of ``checks/l02.py``. It says which step
+read whose data, or in how many steps the host waited for the GPU and why.
 ``tests/test_checks_l03_l04.py`` proves each accepts the solution and rejects planted wrong answers.
 """
 from __future__ import annotations
