@@ -243,16 +243,17 @@ assert sum(r["snapshot_corrupted"] for r in rows) == 0
 #
 # ## The slow path: the soak's distribution
 #
-# The medians above hide a tail. Here is every step of the soak, cold: the host time of "write,
-# `pin_memory()`, copy" per step, on a log scale.
+# The medians above hide a tail. The soak at the top of this lesson timed every step: the host
+# time of "write, `pin_memory()`, copy", 10,000 steps per run. Its cold run first.
 #
 # 🔮 **Predict.** Where do the slow steps come from, and when do they stop?
 #
 # <details><summary>Answer</summary>
 #
 # From blocks the cache does not have yet. A snapshot whose size has no free cached block makes the
-# allocator call `cudaHostAlloc`, which page-locks fresh memory under a driver-wide lock: tens of
-# µs, and far more when another thread (or process) holds the lock. With the host far ahead, as
+# allocator call `cudaHostAlloc`, which page-locks fresh memory under a driver-wide lock: much
+# slower than handing out a cached block, and slower still when another thread holds the lock
+# (a data loader's pin thread, another request's copy). With the host far ahead, as
 # many snapshots are in flight as there are steps queued, so the cache grows block by block until
 # it holds that many. vLLM #37006 removed a `pin_memory()` from `async_copy_to_gpu` because it
 # caused "sporadic stalls of up to ~12ms" with 24+ concurrent requests, attributed to that lock.
