@@ -1,0 +1,154 @@
+"""Exercise checker for lesson 07, the capstone: is the learner's inference loop fixed?
+
+:func:`check_fixed_loop` runs the learner's ``fixed_loop(m, steps)`` for 1000 steps on the CUDA
+stream, or on the emulated :class:`pinlab.LaggingStream` without a GPU (the emulation is exact
+about the order of host writes, copies and reads, so every check below runs there too), under
+:class:`pinlab.lessons.l07_capstone_audit.LoopAudit`, and judges every step exactly
+(:func:`~pinlab.lessons.l07_capstone_audit.run_loop`). It accepts the loop only when:
+
+* every step's metadata copy delivered that step's data (0 corrupted steps), and no
+  ``pin_memory()`` of an already pinned tensor stands in for a snapshot;
+* no H2D copy with ``non_blocking=True`` reads pageable memory;
+* no host sync (``.item()``, ``.tolist()``, ``bool()``... of a device tensor) and no blocking copy
+  runs inside the loop (once, before or after it, is allowed: offloading the LM head is one);
+* the host read every step's tokens after their D2H copy had run, each step once, and noted every
+  step whose tokens hold the end-of-sequence token;
+* the LM head on the GPU is intact.
+
+It prints one verdict (⏳ / ❌ what is wrong, in the lesson's terms / ✅), with a hint from the
+second failure on, and returns True or False. ``tests/test_checks_l07.py`` proves it accepts the
+master solution and rejects plausible wrong answers with the right message.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..args import callable_arg, positive_int
+from ..lessons import l07_capstone_audit as l07
+from ..streams import stream
+from ..timing import show
+
+_failures: Counter = Counter()
+
+STEPS = 1000
+#: A sync or blocking copy seen more often than this ran inside the loop (once per step); fewer
+#: times is set-up or draining (offloading the LM head, the last few deliveries).
+IN_LOOP = 8
+
+HINT = ("go through the loop line by line with the lessons: offload the LM head into pinned memory once "
+        "(`torch.empty_like(w, device=\"cpu\", pin_memory=True).copy_(w)`, lesson 05); give each step in flight "
+        "its own pinned metadata and token buffer, a ring of `depth` slots (lesson 04), and record an event after "
+        "each step's copies; before the scheduler rewrites slot i, and before you read its tokens, wait for that "
+        "event (`done[i].synchronize()`), never for the whole GPU; look for the end-of-sequence token in the "
+        "tokens you read, on the host, instead of `.item()` on the GPU (lesson 02).")
+
+
+def reset() -> None:
+    """Forget earlier failures (the hint shows from the second failure on)."""
+    _failures.clear()
+
+
+def _fail(message: str) -> bool:
+    _failures["fixed_loop"] += 1
+    print(f"❌ {message}")
+    if _failures["fixed_loop"] >= 2:
+        print(f"💡 Hint: {HINT}")
+    return False
+
+
+def _events(r: dict, kind: str, more_than: int = 0) -> list[dict]:
+    return [e for e in r["audit"] if e["kind"] == kind and e["count"] > more_than]
+
+
+def _at(e: dict, name: str) -> str:
+    return f"`{e['call']}` at line {e['line']} of {name} ({e['count']} times)"
+
+
+def problem(r: dict, name: str = "fixed_loop") -> str | None:
+    """What is wrong with a :func:`~pinlab.lessons.l07_capstone_audit.run_loop` result, in the lesson's
+    terms (None: nothing). The first problem found, in the order of the lessons' importance."""
+    steps = r["steps"]
+    noop = _events(r, l07.PIN_NOOP)
+    race = None
+    if r["first_wrong_meta"] is not None:
+        n = r["first_wrong_meta"]
+        got = r["received_first_wrong"]
+        what = f"step {got}'s data" if got >= 0 else "a mix of several steps' data"
+        race = (f"step {n} of {steps} delivered {what} ({r['wrong_meta']} of {steps} steps corrupted): "
+                "its pinned metadata buffer was rewritten by the scheduler before its copy ran")
+    if noop:
+        return (f"pin_memory() of a pinned tensor returns the same storage: {_at(noop[0], name)} is no snapshot, "
+                "the copy still reads the buffer the scheduler rewrites"
+                + (f"; {race}." if race else ". Copy from a buffer nobody rewrites before the copy has run."))
+    if race:
+        return (f"{race}. Give each step in flight its own pinned buffer (a ring, each slot rewritten only after "
+                "the event recorded behind its last copy), or copy from a fresh snapshot.")
+    pageable = _events(r, l07.PAGEABLE)
+    if pageable:
+        e = pageable[0]
+        return (f"a {l07.fmt_bytes(e['nbytes'])} pageable non_blocking copy: {_at(e, name)}. From pageable memory "
+                "`non_blocking=True` is fake: the host waits while the driver stages it (lesson 02). Keep the "
+                "source in pinned memory (offload the LM head with `pin_memory=True`, lesson 05).")
+    syncs = _events(r, l07.SYNC, IN_LOOP)
+    if syncs:
+        return (f"a host sync inside the loop: {_at(syncs[0], name)}. Every call waits for the GPU to finish all "
+                "the work queued so far, so the host and the GPU take turns instead of overlapping.")
+    blocking = _events(r, l07.BLOCKING, IN_LOOP)
+    if blocking:
+        return (f"a blocking copy inside the loop: {_at(blocking[0], name)}. The host waits for the GPU to reach "
+                "it; copy with `non_blocking=True` between pinned memory and the GPU.")
+    if r["first_stale"] is not None:
+        k = r["first_stale"]
+        return (f"step {k}'s tokens were read before their D2H copy had run ({r['stale_reads']} of {steps} steps): "
+                f"emit() got {_short(r['first_stale_got'])}, the GPU computed {_short(r['first_stale_want'])}. "
+                "A `non_blocking` device-to-host copy is only enqueued: read its buffer after an event recorded "
+                "behind it has completed.")
+    if r["missing"]:
+        return (f"step {r['first_missing']}'s tokens were never handed to m.emit() ({r['missing']} of {steps} steps "
+                "missing): deliver every step's tokens, also the last ones still in flight when the loop ends.")
+    if r["extra"] or r["deliveries"] != steps:
+        return (f"m.emit() was called {r['deliveries']} times for {steps} steps"
+                + (f" (steps {r['extra'][:3]} do not exist)" if r["extra"] else "")
+                + ": hand each step's tokens to the detokenizer exactly once.")
+    if not r["stops_ok"]:
+        missed = [k for k in r["want_stops"] if k not in r["stops"]]
+        wrong = [k for k in r["stops"] if k not in r["want_stops"]]
+        detail = (f"step {missed[0]} produced the end-of-sequence token ({l07.EOS}) but was not noted"
+                  if missed else f"step {wrong[0]} was noted, but its tokens hold no end-of-sequence token")
+        return (f"the stop check is wrong: {detail} ({len(r['want_stops'])} steps should be noted). Check the tokens "
+                "you read on the host (after their event) and call m.note_stop(k) once for each such step.")
+    if not r["lm_head_ok"]:
+        return ("the LM head on the GPU is not the model's any more: the restore must copy the offloaded weight "
+                "back unchanged, every step.")
+    return None
+
+
+def _short(tokens) -> str:
+    return str(tokens if tokens is None or len(tokens) <= 8 else tokens[:8] + ["..."])
+
+
+def check_fixed_loop(fn, steps: int = STEPS) -> bool:
+    """``fixed_loop(m, steps)``: the capstone's loop, fixed. Run for ``steps`` steps (1000) and judged
+    exactly: 0 corrupted steps, 0 pageable copies, no sync inside the loop, no early D2H read."""
+    callable_arg("fn", fn)
+    steps = positive_int("steps", steps)
+    name = getattr(fn, "__name__", "fixed_loop")
+    with stream() as s:
+        show("fixed_loop checked on", s.label)
+        model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, host_ms=0.0 if s.emulated else 0.2, seed=7)
+    try:
+        r = l07.run_loop(model, fn, steps)
+    except NotImplementedError:
+        print("⏳ fixed_loop is not implemented yet: write it above, then re-run this cell.")
+        return False
+    except Exception as exc:  # the learner's bug, reported, not raised
+        return _fail(f"{name}(m, {steps}) raised {type(exc).__name__}: {exc}")
+    n = r["first_wrong_meta"]
+    r["received_first_wrong"] = r["received"][n] if n is not None else None
+    found = problem(r, name)
+    if found:
+        return _fail(found)
+    _failures.pop("fixed_loop", None)
+    print(f"✅ fixed_loop is correct ({steps} steps: 0 corrupted, 0 pageable copies, no sync inside the loop, "
+          "every step's tokens read after their copy).")
+    return True

@@ -1,0 +1,688 @@
+"""Lesson 07, the capstone: audit a small inference loop. The model, the harness and the audit.
+
+The loop the learner audits (``planted_loop``) and its fix (``fixed_loop``) are short functions of
+``(m, steps)``; notebook 07 defines the same code in its cells and prints what the harness finds.
+Everything else, the plumbing a real engine would hide, is :class:`CapstoneModel`:
+
+* a toy decoder over a **paged KV cache** (:class:`pinlab.decode_loop.DecodeSetup`: requests grow,
+  join and leave); each step the page indices are built **on the device** from the device copy of
+  the step's ``indptr`` (the metadata the loop copies), then paged decode attention runs
+  (FlashInfer's decode wrapper on CUDA when it can run, :func:`pinlab.decode_loop.torch_paged_decode`
+  otherwise), then the **LM head** (a 4 MiB fp32 weight the loop offloads to host memory and
+  restores every step, as a CPU-offloaded layer is) and an argmax give one token per request;
+* a **vision encoder** step: its rotary position ids built on the device (lesson 06's
+  :func:`~pinlab.lessons.l06_device_side_indices.ids_recommended`), the ``cos``/``sin`` gather,
+  then ``encoder_ms`` of GPU work;
+* the host's own work: ``schedule(n, buf)`` writes step n's ``indptr`` and ``last_page_len`` into
+  a host buffer, ``host_work()`` spends ``host_ms`` of CPU (the server, the detokenizer),
+  ``emit(k, host_tokens)`` hands step k's tokens to the detokenizer (it reads them *now*),
+  ``note_stop(k)`` records that a request of step k produced the end-of-sequence token.
+
+:func:`run_loop` runs a loop on a :mod:`pinlab.streams` stream (CUDA, or the emulated
+:class:`pinlab.LaggingStream`) under :class:`LoopAudit`, which records, with the line of the loop
+that made it, every pageable ``non_blocking`` H2D copy, blocking copy, host sync and
+``pin_memory()`` of an already pinned tensor; then it judges every step exactly
+(:func:`judge`): did the metadata copy deliver this step's data, did the host read the tokens the
+GPU computed, were the stops noted, is the LM head intact. GPU experiments: :func:`audit`,
+:func:`throughput`, :func:`timeline`.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..args import callable_arg, positive_int, positive_number, require_cuda
+from ..decode_loop import DecodeSetup, match_received, safe_indptr, torch_paged_decode
+from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, page_indices
+from ..steploop import cuda_or
+from . import l06_device_side_indices as l06
+
+MiB = 1024 * 1024
+
+#: The model's shapes on CUDA: those of lesson 03's decode (FlashInfer's kernels are then already built).
+SHAPES = dict(max_batch=8, page_size=16, max_seq_len=256, num_qo_heads=8, num_kv_heads=2, head_dim=128)
+#: On the emulated stream (CPU) the attention is smaller, to keep 1000 steps to seconds; the copies
+#: the loop makes (metadata, LM head, tokens) have the same sizes.
+SHAPES_EMULATED = dict(max_batch=8, page_size=16, max_seq_len=64, num_qo_heads=4, num_kv_heads=1, head_dim=32)
+HIDDEN = 1024         # LM head [HIDDEN, VOCAB] fp32: 4 MiB (on CPU the attention output meets its first rows)
+VOCAB = 1024
+EOS = 7               # the end-of-sequence token
+MERGE = 2             # the vision encoder's spatial merge size
+FLASHINFER_WRAPPERS = 8  # FlashInfer wrappers used in turn (each re-planned only after its last run)
+
+# =============================================================================================
+# The model: everything the loops call
+# =============================================================================================
+
+
+class CapstoneModel:
+    """The capstone's toy engine on ``stream`` (see the module docstring). Build it inside
+    ``with stream:``; ``steps`` is the most steps a loop may run on it."""
+
+    def __init__(self, stream, *, steps: int = 1000, encoder_ms: float = 1.5, host_ms: float = 1.0,
+                 seed: int = 0, backend: str = "auto"):
+        self.stream = s = stream
+        self.steps = positive_int("steps", steps)
+        self.encoder_ms = positive_number("encoder_ms", encoder_ms)
+        self.host_ms = positive_number("host_ms", host_ms, allow_zero=True)
+        if backend not in ("auto", "torch", "flashinfer"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'flashinfer', got {backend!r}")
+        self.shapes = shapes = SHAPES_EMULATED if s.emulated else SHAPES
+        self.setup = d = DecodeSetup(s, steps=self.steps, seed=seed, **shapes)
+        self.max_batch = d.max_batch
+        self.meta_ints = 2 * d.max_batch + 1       # indptr [max_batch + 1], then last_page_len [max_batch]
+        self.eos = EOS
+        g = torch.Generator().manual_seed(seed + 1)
+        w = torch.randn(HIDDEN, VOCAB, generator=g) / (shapes["num_qo_heads"] * shapes["head_dim"]) ** 0.5
+        w[:, EOS] *= 1.6  # a frequent end-of-sequence token: some steps stop a request
+        self.lm_head_ref = w                      # the weight's true value (host, for the judge)
+        dev = s.device
+        self.lm_head = w.to(dev)                  # the GPU copy the LM head matmul reads
+        self.meta_dev = torch.zeros(self.steps, self.meta_ints, dtype=torch.int32, device=dev)
+        self.tokens_dev = torch.full((self.steps, d.max_batch), -1, dtype=torch.int64, device=dev)
+        # the vision encoder: one image per step, its rotary table, a scratch output
+        self.rope = l06.VisionRotary(80, device=dev)
+        self.grids = [[(1, 16 + 4 * (n % 5), 16 + 4 * ((3 * n) % 7))] for n in range(self.steps)]
+        self.vision_out = torch.zeros(2, 40, device=dev)
+        self.backend, self.fallback_reason = "torch", None
+        self._wrappers, self._plan_done = [], []
+        if backend in ("auto", "flashinfer"):
+            self._try_flashinfer(backend == "flashinfer")
+        self.span = _no_span
+        self.reset()
+
+    # --- set-up -------------------------------------------------------------------------------
+    def _try_flashinfer(self, required: bool) -> None:
+        if self.stream.emulated:
+            self.fallback_reason = "the emulated stream runs on the CPU; FlashInfer needs CUDA"
+        else:
+            try:
+                d = self.setup
+                for _ in range(FLASHINFER_WRAPPERS):
+                    w = FlashInferDecode(SHAPES["num_qo_heads"], SHAPES["num_kv_heads"], SHAPES["head_dim"],
+                                         SHAPES["page_size"])
+                    ip, lpl = d.plan_inputs[0]
+                    w.plan(ip, d.indices_cpu[0].to(self.stream.device), lpl)
+                    w.run(d.q[0, : d.batch(0)], d.k, d.v)
+                    self._wrappers.append(w)
+                    self._plan_done.append(None)
+                torch.cuda.synchronize()
+                self.backend = "flashinfer"
+            except FlashInferUnavailableError as exc:
+                self._wrappers, self._plan_done = [], []
+                self.fallback_reason = str(exc)
+        if required and self.backend != "flashinfer":
+            raise FlashInferUnavailableError(self.fallback_reason)
+
+    def reset(self) -> None:
+        """Forget what an earlier loop delivered (the device rows are overwritten by the next loop)."""
+        self.delivered: dict[int, list] = {}
+        self.deliveries = 0
+        self.stops: list[int] = []
+        self.lm_head_host = None
+
+    # --- what the loops call --------------------------------------------------------------------
+    def schedule(self, n: int, buf: torch.Tensor) -> None:
+        """The scheduler writes step ``n``'s ``indptr`` and ``last_page_len`` into the host buffer ``buf``."""
+        with self.span("schedule"):
+            d = self.setup
+            a = buf.numpy()
+            ip, lpl = d.ip_np[n], d.lpl_np[n]
+            a[: ip.size] = ip
+            a[d.max_batch + 1: d.max_batch + 1 + lpl.size] = lpl
+
+    def encode(self, n: int) -> None:
+        """The vision encoder for step ``n``'s image: rotary ids on the device, the gather, then
+        ``encoder_ms`` of GPU work (enqueued: returns at once)."""
+        with self.span("launch encoder"):
+            self.stream.launch(self._encode, n)
+            self.stream.busy(self.encoder_ms)
+
+    def _encode(self, n: int) -> None:
+        cos, sin = l06.rot_pos_emb(l06.ids_recommended, self.grids[n], MERGE, self.rope)
+        self.vision_out[0].copy_(cos.mean(0))
+        self.vision_out[1].copy_(sin.mean(0))
+
+    def decode(self, n: int) -> torch.Tensor:
+        """Step ``n``'s decode on the GPU (enqueued): page indices from ``meta_dev[n]`` (the device copy
+        of the metadata), paged attention, the LM head, argmax. Returns ``tokens_dev[n]`` ([max_batch]
+        int64 on the device, -1 past the batch)."""
+        with self.span("launch decode"):
+            self.stream.launch(self._decode, n)
+        return self.tokens_dev[n]
+
+    def _decode(self, n: int) -> None:
+        d = self.setup
+        b, total = d.batch(n), d.indptrs[n][-1]
+        row = self.meta_dev[n]
+        ip_dev = safe_indptr(row[: b + 1], total, d.positions[: b + 1])
+        idx = page_indices(d.block_table[n, :b], ip_dev, total)
+        if self._wrappers:
+            k = n % len(self._wrappers)
+            if self._plan_done[k] is not None:
+                self._plan_done[k].synchronize()  # never re-plan a wrapper whose last plan has not run
+            w = self._wrappers[k]
+            ip_cpu, lpl_cpu = d.plan_inputs[n]
+            w.plan(ip_cpu, idx, lpl_cpu)
+            out = w.run(d.q[n, :b], d.k, d.v)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._plan_done[k] = ev
+        else:
+            lpl_dev = row[d.max_batch + 1: d.max_batch + 1 + b]
+            out = torch_paged_decode(d.q[n, :b], d.k, d.v, ip_dev, idx, lpl_dev, max_pages=d.pages_per_req)
+        o = out.reshape(b, -1).float()
+        logits = o @ self.lm_head[: o.shape[1]]
+        self.tokens_dev[n, :b].copy_(logits.argmax(dim=-1))
+
+    def host_work(self) -> None:
+        """The rest of the host's step (the server, the detokenizer): ``host_ms`` of CPU time."""
+        with self.span("host work"):
+            end = time.perf_counter() + self.host_ms / 1e3
+            while time.perf_counter() < end:
+                pass
+
+    def emit(self, k: int, host_tokens: torch.Tensor) -> list:
+        """Hand step ``k``'s tokens to the detokenizer: ``host_tokens`` (a host tensor) is read *now*."""
+        with self.span("emit"):
+            if not isinstance(host_tokens, torch.Tensor):
+                raise TypeError(f"emit(k, host_tokens): host_tokens must be a host tensor, got {type(host_tokens).__name__}")
+            got = host_tokens.tolist()
+            self.deliveries += 1
+            self.delivered.setdefault(int(k), got)
+            return got
+
+    def note_stop(self, k: int) -> None:
+        """Record that a request of step ``k`` produced the end-of-sequence token."""
+        self.stops.append(int(k))
+
+
+class _NoSpan:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _no_span(name):
+    return _NoSpan()
+
+
+# =============================================================================================
+# The two loops (notebook 07 defines the same code in its cells; tests/test_l07.py checks they match)
+# =============================================================================================
+
+
+def planted_loop(m, steps):
+    """The capstone's inference loop as written: it runs, and it is wrong in five places."""
+    s = m.stream
+    m.lm_head_host = m.lm_head.to("cpu")                      # offload the LM head to host memory
+    meta = torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)  # the metadata buffer
+    tokens_host = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
+    m.schedule(0, meta)                                       # the scheduler writes step 0's metadata
+    for n in range(steps):
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (4 MiB)
+        m.encode(n)                                           # vision encoder: rotary ids, GPU work
+        snap = meta.pin_memory()                              # a private snapshot of step n's metadata
+        m.meta_dev[n].copy_(snap, non_blocking=True)          # H2D: indptr + last_page_len
+        tokens = m.decode(n)                                  # paged attention, LM head, argmax (GPU)
+        tokens_host.copy_(tokens, non_blocking=True)          # D2H into pinned memory
+        m.emit(n, tokens_host)                                # hand step n's tokens to the detokenizer
+        if n + 1 < steps:
+            m.schedule(n + 1, meta)                           # prepare step n+1 while the GPU works
+        if tokens.eq(m.eos).any().item():                     # did a request finish?
+            m.note_stop(n)
+        m.host_work()                                         # the server, the detokenizer (CPU)
+    s.synchronize()
+
+
+def fixed_loop(m, steps, depth=4):
+    """The same loop, fixed: honest copies, a ring of pinned buffers guarded by events, no sync."""
+    s = m.stream
+    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)
+    meta = [torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+    tokens_host = [torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
+    done = [None] * depth                                     # done[i]: recorded after the last step of slot i
+
+    def deliver(k):                                           # step k's tokens, once its copies have run
+        done[k % depth].synchronize()
+        if m.eos in m.emit(k, tokens_host[k % depth]):
+            m.note_stop(k)
+
+    m.schedule(0, meta[0])
+    for n in range(steps):
+        i = n % depth
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # pinned source: a truly async copy
+        m.encode(n)
+        m.meta_dev[n].copy_(meta[i], non_blocking=True)       # slot i is rewritten only after its event
+        tokens = m.decode(n)
+        tokens_host[i].copy_(tokens, non_blocking=True)
+        done[i] = s.Event()
+        done[i].record()
+        if n + 1 >= depth:
+            deliver(n + 1 - depth)                            # frees slot (n + 1) % depth
+        if n + 1 < steps:
+            m.schedule(n + 1, meta[(n + 1) % depth])
+        m.host_work()
+    for k in range(max(0, steps - depth + 1), steps):
+        deliver(k)
+    s.synchronize()
+
+
+# =============================================================================================
+# The audit: what the loop's own lines do
+# =============================================================================================
+
+PAGEABLE = "pageable non_blocking H2D"
+BLOCKING = "blocking copy"
+SYNC = "host sync"
+PIN_NOOP = "pin_memory() of a pinned tensor"
+AUDIT_KINDS = (PAGEABLE, BLOCKING, SYNC, PIN_NOOP)
+_SYNC_NAMES = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy",
+               "cpu", "__format__", "__repr__", "argwhere", "unique", "masked_select"}
+
+
+_TORCH_DIRS = tuple({os.path.dirname(torch.__file__) + os.sep, os.path.realpath(os.path.dirname(torch.__file__)) + os.sep})
+
+
+def _codes(code):
+    """A code object and the code objects nested in it (a loop's inner functions)."""
+    yield code
+    for c in code.co_consts:
+        if hasattr(c, "co_lines"):
+            yield from _codes(c)
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+class LoopAudit(TorchFunctionMode):
+    """Record what ``fn``'s own lines do on ``stream``: pageable ``non_blocking`` H2D copies, blocking
+    copies, host syncs (``.item()``, ``.tolist()``, ``bool()``, ``nonzero``... of device tensors) and
+    ``pin_memory()`` of a pinned tensor. Works on CUDA and on the emulated lagging stream. Enter it
+    *inside* ``with stream:``. ``events``: ``{(kind, call, line, nbytes): count}``, ``line`` counted
+    from ``def`` (line 1) of ``fn``."""
+
+    def __init__(self, stream, fn):
+        super().__init__()
+        callable_arg("fn", fn)
+        self.s = stream
+        code = getattr(fn, "__code__", None)
+        self.file = code.co_filename if code else None
+        self.first = code.co_firstlineno if code else 0
+        self.last = max((ln for c in _codes(code) for _, _, ln in c.co_lines() if ln), default=0) if code else 0
+        self.name = getattr(fn, "__name__", "the loop")
+        self.events: dict = {}
+
+    def _dev(self, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        return self.s.is_device(t) if self.s.emulated else t.device.type == "cuda"
+
+    def _pinned(self, t) -> bool:
+        return self.s.is_pinned(t) if self.s.emulated else bool(t.is_pinned())
+
+    def _where(self):
+        """The line (from ``def``, 1-based) of the loop that made the current torch call itself, or
+        None when the call came from elsewhere (the model's plumbing, FlashInfer, torch)."""
+        f = sys._getframe(1)
+        while f is not None and (f.f_code in _OWN_CODE or f.f_code.co_filename.startswith(_TORCH_DIRS)):
+            f = f.f_back
+        if f is None or f.f_code.co_filename != self.file or not self.first <= f.f_lineno <= self.last:
+            return None
+        return f.f_lineno - self.first + 1
+
+    def _note(self, kind, call, nbytes):
+        line = self._where()
+        if line is None:
+            return
+        key = (kind, call, line, int(nbytes))
+        self.events[key] = self.events.get(key, 0) + 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not (self.s.emulated and self.s._draining):
+            try:
+                self._inspect(getattr(func, "__name__", ""), args, kwargs)
+            except Exception:  # unusual arguments: let torch (and the stream) deal with them
+                pass
+        return func(*args, **kwargs)
+
+    def _inspect(self, name, args, kwargs):
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor):
+            return
+        nbytes = first.numel() * first.element_size()
+        if name == "pin_memory":
+            if not self._dev(first) and self._pinned(first):
+                self._note(PIN_NOOP, ".pin_memory()", nbytes)
+            return
+        if name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            dst, src = first, args[1]
+            nb = bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
+            if self._dev(dst) and not self._dev(src):
+                size = src.numel() * src.element_size()
+                if not nb:
+                    self._note(BLOCKING, ".copy_() host to device", size)
+                elif not self._pinned(src):
+                    self._note(PAGEABLE, ".copy_(..., non_blocking=True)", size)
+            elif self._dev(src) and not self._dev(dst):
+                if not nb or not self._pinned(dst):
+                    self._note(BLOCKING, ".copy_() device to host", src.numel() * src.element_size())
+            return
+        if name in ("to", "cuda"):
+            target = kwargs.get("device", "cuda" if name == "cuda" else None)
+            rest = [a for a in args[1:] if isinstance(a, (str, torch.device))]
+            if target is None and rest:
+                target = rest[0]
+            if target is None:
+                return
+            target = torch.device(target)
+            nb = bool(kwargs.get("non_blocking", False))
+            ours = target.type == "cuda" or (self.s.emulated and target == self.s.device)
+            if ours and not self._dev(first):
+                if not nb:
+                    self._note(BLOCKING, f".{name}() host to device", nbytes)
+                elif not self._pinned(first):
+                    self._note(PAGEABLE, f".{name}(..., non_blocking=True)", nbytes)
+            elif self._dev(first) and target.type == "cpu" and not nb:
+                self._note(SYNC, ".to('cpu')", nbytes)
+            return
+        if name in _SYNC_NAMES and self._dev(first):
+            self._note(SYNC, f".{name}()", nbytes)
+
+    def count(self, kind=None, *, more_than: int = 0) -> int:
+        return sum(c for (k, *_), c in self.events.items() if (kind is None or k == kind) and c > more_than)
+
+    def lines(self) -> list[str]:
+        """One line per (kind, call, line), most frequent first: what a reader of the loop needs."""
+        out = []
+        for (kind, call, line, nbytes), c in sorted(self.events.items(), key=lambda kv: (-kv[1], kv[0][2])):
+            out.append(f"{kind}: {call} at line {line} of {self.name}, {fmt_bytes(nbytes)}, {c} time(s)")
+        return out
+
+    def as_list(self) -> list[dict]:
+        return [{"kind": k, "call": call, "line": line, "nbytes": nb, "count": c}
+                for (k, call, line, nb), c in sorted(self.events.items(), key=lambda kv: (kv[0][2], kv[0][0]))]
+
+
+_OWN_CODE = {LoopAudit._where.__code__, LoopAudit._note.__code__, LoopAudit._inspect.__code__,
+             LoopAudit.__torch_function__.__code__}
+
+
+# =============================================================================================
+# The harness and the judge
+# =============================================================================================
+
+
+def judge(m: CapstoneModel, steps: int, rows: list, tokens: list, lm_head_ok: bool) -> dict:
+    """Exact verdicts for a loop of ``steps`` steps on ``m``: ``rows`` and ``tokens`` are the final
+    device rows (metadata each copy delivered) and tokens the GPU computed, as lists."""
+    d = m.setup
+    received = [match_received(rows[n], d.images, n, d.batch(n), d.max_batch) for n in range(steps)]
+    wrong_meta = [n for n in range(steps) if received[n] != n]
+    missing = [n for n in range(steps) if n not in m.delivered]
+    stale = [n for n in range(steps) if n in m.delivered and m.delivered[n] != tokens[n]]
+    extra = sorted(k for k in m.delivered if not 0 <= k < steps)
+    want_stops = [n for n in range(steps) if EOS in tokens[n][: d.batch(n)]]
+    corrupted = sorted(set(wrong_meta) | set(stale) | set(missing))
+    first_stale = stale[0] if stale else None
+    return {
+        "steps": steps,
+        "received": received,
+        "wrong_meta": len(wrong_meta),
+        "first_wrong_meta": wrong_meta[0] if wrong_meta else None,
+        "stale_reads": len(stale),
+        "first_stale": first_stale,
+        "first_stale_got": m.delivered[first_stale] if stale else None,
+        "first_stale_want": tokens[first_stale] if stale else None,
+        "missing": len(missing),
+        "first_missing": missing[0] if missing else None,
+        "extra": extra,
+        "deliveries": m.deliveries,
+        "stops": sorted(m.stops),
+        "want_stops": want_stops,
+        "stops_ok": sorted(m.stops) == want_stops,
+        "lm_head_ok": bool(lm_head_ok),
+        "corrupted": len(corrupted),
+    }
+
+
+def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
+    """Run ``loop(m, steps)`` on ``m.stream`` under :class:`LoopAudit`, then judge it. Returns the
+    judge's verdicts plus ``audit`` (events), ``audit_lines``, ``counts`` per kind, ``seconds``."""
+    callable_arg("loop", loop)
+    steps = positive_int("steps", steps)
+    if steps > m.steps:
+        raise ValueError(f"steps ({steps}) must be <= the model's steps ({m.steps})")
+    s = m.stream
+    m.reset()
+    with s:
+        m.meta_dev.zero_()
+        m.tokens_dev.fill_(-1)
+        m.lm_head.copy_(m.lm_head_ref.to(s.device))
+        s.synchronize()
+        audit = LoopAudit(s, loop)
+        t0 = time.perf_counter()
+        with audit:
+            loop(m, steps)
+        s.synchronize()
+        seconds = time.perf_counter() - t0
+        rows = m.meta_dev[:steps].cpu().tolist()
+        tokens = m.tokens_dev[:steps].cpu().tolist()
+        lm_ok = torch.equal(m.lm_head.cpu(), m.lm_head_ref)
+    out = judge(m, steps, rows, tokens, lm_ok)
+    out["audit"] = audit.as_list()
+    out["audit_lines"] = audit.lines()
+    out["counts"] = {k: audit.count(k) for k in AUDIT_KINDS}
+    out["seconds"] = seconds
+    return out
+
+
+def model_args(*, steps, encoder_ms, host_ms, seed=0, backend="auto") -> dict:
+    return dict(steps=positive_int("steps", steps), encoder_ms=positive_number("encoder_ms", encoder_ms),
+                host_ms=positive_number("host_ms", host_ms, allow_zero=True),
+                seed=positive_int("seed", seed, allow_zero=True), backend=backend)
+
+
+# =============================================================================================
+# GPU experiments (the notebook hands its loops to these through pinlab.measure)
+# =============================================================================================
+
+
+def _loops_arg(loops) -> dict:
+    if not isinstance(loops, dict) or not loops:
+        raise TypeError("loops must be a non-empty dict {name: loop(m, steps)}")
+    for k, fn in loops.items():
+        callable_arg(f"loops[{k!r}]", fn)
+    return loops
+
+
+def _short(r: dict) -> dict:
+    r = dict(r)
+    r.pop("received", None)
+    return r
+
+
+def audit(loops, *, steps: int = 200, encoder_ms: float = 1.5, host_ms: float = 1.0, seed: int = 0,
+          backend: str = "auto", stream=None) -> dict:
+    """Each loop of ``loops`` once through :func:`run_loop` (audit and judge) on the CUDA stream
+    (``stream=None``) or the given stream. Returns ``{"backend", "fallback_reason", "loops": {name:
+    verdicts}}`` (``received`` per step dropped)."""
+    loops = _loops_arg(loops)
+    s = cuda_or(stream, "audit()")
+    with s:
+        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+                                          backend=backend))
+    out = {name: _short(run_loop(m, fn, steps)) for name, fn in loops.items()}
+    res = {"backend": m.backend, "fallback_reason": m.fallback_reason, "loops": out}
+    del m
+    gc.collect()
+    return res
+
+
+def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10, encoder_ms: float = 1.5,
+               host_ms: float = 1.0, seed: int = 0, backend: str = "auto") -> dict:
+    """Steps per second of each loop (CUDA): a warm-up, then ``rounds`` interleaved rounds of
+    ``steps`` steps each; the median round per loop. Returns ``{"backend", "loops": {name:
+    {"steps_per_s", "ms_per_step", "rounds_ms"}}}``."""
+    loops = _loops_arg(loops)
+    rounds = positive_int("rounds", rounds)
+    warm_steps = positive_int("warm_steps", warm_steps)
+    require_cuda("throughput()")
+    from ..streams import CudaStream
+
+    s = CudaStream()
+    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+                                      backend=backend))
+    for fn in loops.values():
+        m.reset()
+        fn(m, min(warm_steps, steps))
+        torch.cuda.synchronize()
+    per = {name: [] for name in loops}
+    for _ in range(rounds):
+        for name, fn in loops.items():
+            m.reset()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(m, steps)
+            torch.cuda.synchronize()
+            per[name].append((time.perf_counter() - t0) * 1e3)
+    res = {"backend": m.backend, "loops": {}}
+    for name, ms in per.items():
+        med = sorted(ms)[len(ms) // 2]
+        res["loops"][name] = {"steps_per_s": steps / (med / 1e3), "ms_per_step": med / steps,
+                              "rounds_ms": [round(x, 3) for x in ms]}
+    del m
+    gc.collect()
+    torch.cuda.synchronize()
+    return res
+
+
+TRACE = "build/traces/07_capstone.json"
+
+
+def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.5, host_ms: float = 1.0, seed: int = 0,
+             backend: str = "auto", trace: str = TRACE) -> dict:
+    """A few steps of each loop under ``torch.profiler`` (CUDA): host spans (schedule, launches, host
+    work, emit) and GPU spans (kernels, memcpys), per loop (:func:`pinlab.profiler.profile_runs`)."""
+    from ..profiler import gpu_kernel_idle_share, profile_runs
+
+    loops = _loops_arg(loops)
+    require_cuda("timeline()")
+    from ..streams import CudaStream
+
+    s = CudaStream()
+    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+                                      backend=backend))
+
+    def runner(fn):
+        def run(span):
+            m.reset()
+            m.span = span
+            try:
+                fn(m, steps)
+            finally:
+                m.span = _no_span
+            torch.cuda.synchronize()
+        return run
+
+    spans, spans_from = profile_runs({f"run: {name}": runner(fn) for name, fn in loops.items()}, trace)
+    res = {"backend": m.backend, "spans_from": spans_from, "loops": {}}
+    for name in loops:
+        r = spans[f"run: {name}"]
+        res["loops"][name] = {"window_ms": r["window_ms"], "host": r["host"], "gpu": r["gpu"],
+                              "memcpy_names": r["memcpy_names"], "gpu_idle_share": gpu_kernel_idle_share(r)}
+    del m
+    gc.collect()
+    torch.cuda.synchronize()
+    return res
+
+
+def emulated(loops, *, steps: int = 200, seed: int = 0) -> dict:
+    """Each loop through :func:`run_loop` on a new emulated :class:`pinlab.LaggingStream` (the
+    order is exact, the timing says nothing). Same schema as :func:`audit`."""
+    from ..streams import LaggingStream
+
+    loops = _loops_arg(loops)
+    s = LaggingStream()
+    with s:
+        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=1.0, host_ms=0.0, seed=seed, backend="torch"))
+    return {"backend": m.backend, "fallback_reason": m.fallback_reason,
+            "loops": {name: _short(run_loop(m, fn, steps)) for name, fn in loops.items()}}
+
+
+def plot_timelines(result: dict, *, title: str, names=None):
+    """One host-vs-GPU timeline per loop of a :func:`timeline` result, on a shared time axis."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import timeline as draw
+
+    names = list(names or result["loops"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.9 * len(names)), sharex=True)
+    axes = [axes] if len(names) == 1 else list(axes)
+    for ax, name in zip(axes, names):
+        r = result["loops"][name]
+        draw({"host": r["host"], "GPU": r["gpu"]}, title=f"{name}: {title}", ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def stall_lines(report, fn) -> list[str]:
+    """The places of a :func:`pinlab.detect_stalls` report that lie in ``fn`` (a loop), as
+    ``"kind: op at line N of fn, M time(s)"`` (N counted from ``def``, line 1), most frequent first:
+    the same text on every machine (the file a notebook cell runs from has a temporary name)."""
+    callable_arg("fn", fn)
+    code = fn.__code__
+    last = max((ln for c in _codes(code) for _, _, ln in c.co_lines() if ln), default=code.co_firstlineno)
+    rows = []
+    for (kind, op, where), count in report.places.items():
+        file, _, line = where.rpartition(":")
+        if file == code.co_filename and line.isdigit() and code.co_firstlineno <= int(line) <= last:
+            rows.append((-count, int(line) - code.co_firstlineno + 1, kind, op))
+    return [f"{kind}: {op} at line {line} of {fn.__name__}, {-c} time(s)" for c, line, kind, op in sorted(rows)]
+
+
+def detect(loop, *, steps: int = 20, encoder_ms: float = 1.5, host_ms: float = 1.0, seed: int = 0,
+           backend: str = "auto") -> dict:
+    """``loop(m, steps)`` once on CUDA under :func:`pinlab.detect_stalls`: its stalls, by line of the loop
+    (:func:`stall_lines`), and how many events the detector saw elsewhere (FlashInfer, the plumbing)."""
+    from ..detector import detect_stalls
+    from ..streams import CudaStream
+
+    callable_arg("loop", loop)
+    require_cuda("detect()")
+    s = CudaStream()
+    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+                                      backend=backend))
+    loop(m, min(2, steps))  # warm-up: first launches outside the report
+    torch.cuda.synchronize()
+    m.reset()
+    with detect_stalls(max_events=None) as report:
+        loop(m, steps)
+    torch.cuda.synchronize()
+    lines = stall_lines(report, loop)
+    inside = sum(int(x.rsplit(", ", 1)[1].split()[0]) for x in lines)
+    res = {"lines": lines, "events_in_loop": inside, "events_elsewhere": report.total - inside, "backend": m.backend}
+    del m
+    gc.collect()
+    return res
+
+
+def before_after(loops, *, timeline_steps: int = 6, steps: int = 150, rounds: int = 3, encoder_ms: float = 1.5,
+                 host_ms: float = 1.0, seed: int = 0, backend: str = "auto") -> dict:
+    """:func:`throughput` and :func:`timeline` of the same loops (CUDA), in one result."""
+    thr = throughput(loops, steps=steps, rounds=rounds, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+                     backend=backend)
+    tl = timeline(loops, steps=timeline_steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed, backend=backend)
+    return {"throughput": thr, "timeline": tl}

@@ -1,0 +1,339 @@
+# %% [markdown]
+# # 07 · Capstone: audit an inference loop
+#
+# **What you will learn**
+# - to read an inference loop the way the course taught you: every copy (pinned or pageable? who
+#   rewrites its source, and when?), every read of GPU results (after which event?), every place the
+#   host waits for the GPU;
+# - to find each problem with the tools: `pinlab.detect_stalls` and a line-by-line audit of the
+#   loop's copies and syncs, the profiler's host-vs-GPU timeline, and an exact count of corrupted steps;
+# - to fix all of them at once, and to check the fix: 0 corrupted steps over 1000 steps, 0 pageable
+#   copies, no sync inside the loop, every result read after its copy ran;
+# - what the fixes buy: the planted and the fixed loop side by side, on a timeline and in steps per second.
+#
+# Everything here uses lessons 02 to 06; this notebook adds no new mechanism, only practice.
+
+# %% tags=["nbval-ignore-output"]
+import gc
+
+import matplotlib.pyplot as plt
+import torch
+
+import pinlab
+from pinlab.checks import l07 as checks07
+from pinlab.lessons import l07_capstone_audit as l07
+
+pinlab.header("07 capstone: audit an inference loop")
+pinned_at_start = pinlab.pinned_baseline()
+
+# %% [markdown]
+# ## The engine
+#
+# A toy engine, `m = l07.CapstoneModel(stream)`, keeps what a real one hides behind its loop:
+# - a **decoder over a paged KV cache** (lessons 03 and 04): requests grow by one token a step, join
+#   and leave; each step's `indptr` and `last_page_len` are written by the host, copied to
+#   `m.meta_dev[n]` on the GPU, and the page indices are built **on the GPU** from that copy; then
+#   paged decode attention runs (FlashInfer's decode kernel on a GPU where it can run, the torch
+#   reference elsewhere), then the **LM head** and an argmax give one token per request;
+# - an **offloaded LM head** (lesson 05): a 4 MiB weight that lives in host memory and is copied into
+#   its GPU buffer `m.lm_head` before every step, as a CPU-offloaded layer is;
+# - a **vision encoder** whose rotary position ids are built on the device (lesson 06), followed by
+#   about 1.5 ms of GPU work;
+# - the host's side: `m.schedule(n, buf)` writes step n's metadata into a host buffer,
+#   `m.emit(k, host_tokens)` hands step k's tokens to the detokenizer (it reads them **now**),
+#   `m.note_stop(k)` records that a request finished in step k (it produced the end-of-sequence
+#   token `m.eos`), and `m.host_work()` is the rest of the host's step (the server, the detokenizer):
+#   about 1 ms of CPU.
+#
+# Here is the loop someone wrote on top of it. It runs, it produces tokens, and it is wrong in five
+# places. Read it first, with the lessons in mind.
+
+# %%
+def planted_loop(m, steps):
+    """The capstone's inference loop as written: it runs, and it is wrong in five places."""
+    s = m.stream
+    m.lm_head_host = m.lm_head.to("cpu")                      # offload the LM head to host memory
+    meta = torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)  # the metadata buffer
+    tokens_host = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
+    m.schedule(0, meta)                                       # the scheduler writes step 0's metadata
+    for n in range(steps):
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (4 MiB)
+        m.encode(n)                                           # vision encoder: rotary ids, GPU work
+        snap = meta.pin_memory()                              # a private snapshot of step n's metadata
+        m.meta_dev[n].copy_(snap, non_blocking=True)          # H2D: indptr + last_page_len
+        tokens = m.decode(n)                                  # paged attention, LM head, argmax (GPU)
+        tokens_host.copy_(tokens, non_blocking=True)          # D2H into pinned memory
+        m.emit(n, tokens_host)                                # hand step n's tokens to the detokenizer
+        if n + 1 < steps:
+            m.schedule(n + 1, meta)                           # prepare step n+1 while the GPU works
+        if tokens.eq(m.eos).any().item():                     # did a request finish?
+            m.note_stop(n)
+        m.host_work()                                         # the server, the detokenizer (CPU)
+    s.synchronize()
+
+
+# %% [markdown]
+# 🔮 **Predict.** Before running anything: which lines are wrong, and which lesson says why? Write
+# down your list; the rest of the notebook checks it.
+#
+# ## 1. Run it, and judge every step
+#
+# `l07.run_loop(m, loop, steps)` runs the loop on `pinlab.stream()` (the CUDA stream on a GPU, the
+# emulated lagging stream on a CPU, labelled so) and then judges every step exactly: did the metadata
+# copy deliver *this* step's `indptr` (compared entry by entry with what the scheduler wrote for
+# each step), did `emit()` get the tokens the GPU computed for this step, were the finished steps
+# noted, is the LM head intact. A step is **corrupted** when its metadata or its tokens were wrong.
+
+# %%
+STEPS = 200
+with pinlab.stream() as s:
+    m = l07.CapstoneModel(s, steps=STEPS, encoder_ms=1.5, host_ms=1.0)
+pinlab.show("stream", s.label)
+pinlab.show("attention backend", m.backend if m.fallback_reason is None else f"{m.backend} ({m.fallback_reason})")
+planted = l07.run_loop(m, planted_loop, STEPS)
+pinlab.show("planted loop: corrupted steps", f"{planted['corrupted']} of {STEPS}")
+pinlab.show("planted loop: metadata copies that delivered another step's data", planted["wrong_meta"])
+pinlab.show("planted loop: steps whose tokens were read before their copy ran", planted["stale_reads"])
+print("every step's tokens were handed to the detokenizer once:", planted["deliveries"] == STEPS and planted["missing"] == 0)
+print("at least one metadata copy delivered another step's data:", planted["wrong_meta"] >= 1)
+print("at least one step's tokens were read before their copy ran:", planted["stale_reads"] >= 1)
+assert planted["deliveries"] == STEPS and planted["missing"] == 0
+assert planted["wrong_meta"] >= 1 and planted["stale_reads"] >= 1
+
+# %% [markdown]
+# The loop "works": it runs to the end and every step hands tokens to the detokenizer. But the GPU
+# attended the wrong pages (its copy of `indptr` belonged to the next step), and the host handed
+# the detokenizer tokens the GPU had not written yet. Nothing crashed; no test that only looks at
+# shapes would notice.
+#
+# ## 2. Find the stalls: `pinlab.detect_stalls`
+#
+# The detector (lesson 02) watches every torch call of the loop and reports the copies and syncs
+# that make the host wait for the GPU, with the line that made them. Run on the GPU for 20 steps
+# (lines counted from `def planted_loop`, line 1):
+
+# %%
+def detect_planted(steps):
+    return l07.detect(planted_loop, steps=steps, encoder_ms=1.5, host_ms=1.0)
+
+
+stalls = pinlab.measure("07_detect_stalls", detect_planted, steps=20)
+for line in stalls.result["lines"]:
+    print(line)
+pinlab.show("detector events outside planted_loop's own lines (FlashInfer, the engine)",
+            stalls.result["events_elsewhere"])
+kinds = " ".join(stalls.result["lines"])
+assert "pageable H2D" in kinds and "host sync (.item())" in kinds
+
+# %% [markdown]
+# Two of the five problems show up here:
+# - **line 9**, a pageable `non_blocking` copy of 4 MiB, every step: `m.lm_head.to("cpu")` (line 4)
+#   offloaded the LM head into *pageable* memory, so each restore is the fake `non_blocking` of
+#   lesson 02: the host waits while the driver stages 4 MiB through its own pinned buffer;
+# - **line 18**, `.item()` every step: the stop check reads a GPU value into Python, so the host
+#   waits for *all* the work queued so far. Host and GPU take turns instead of overlapping.
+#
+# The blocking copy at line 4 runs once, before the loop: offloading is allowed to wait.
+#
+# The detector sees copies and syncs, not races: it does not know that `meta` is rewritten at line
+# 17 while step n's copy (line 12) may still be waiting in the GPU's queue, nor that line 15 reads
+# `tokens_host` before the copy at line 14 has run. For those, read the loop against lessons 03
+# and 04, or audit it.
+#
+# ## 3. Audit every copy: `l07.LoopAudit`
+#
+# `run_loop` ran the loop under `l07.LoopAudit`, which records, per line of the loop, every
+# pageable `non_blocking` H2D copy, blocking copy, host sync, and every `pin_memory()` of a tensor
+# that is already pinned. It runs on the emulated stream too, so the counts below are exact on
+# every machine:
+
+# %%
+for line in planted["audit_lines"]:
+    print(line)
+assert planted["counts"][l07.PIN_NOOP] == STEPS and planted["counts"][l07.PAGEABLE] == STEPS
+
+# %% [markdown]
+# The third problem: **line 11**, `meta.pin_memory()`. `meta` is already pinned, and `pin_memory()`
+# of a pinned tensor returns **the same storage** (lesson 04's trap): `snap` is `meta`, no
+# snapshot at all. Line 12 copies from the buffer the scheduler rewrites at line 17 for step n+1,
+# while step n's copy waits behind the vision encoder's GPU work: the race of lesson 03.
+#
+# 🔮 **Predict.** The `.item()` at line 18 makes the host wait for the GPU every step. Doesn't
+# that wait save line 12's copy?
+#
+# <details><summary>Answer</summary>
+#
+# No. The wait comes *after* line 17 has rewritten `meta`. Within one step the GPU is still busy
+# with the vision encoder when the host reaches line 17, so the copy that was enqueued at line 12
+# reads step n+1's metadata. A sync in the wrong place costs time and protects nothing. (And once
+# you remove the sync, a reused buffer would race across steps as well.)
+# </details>
+#
+# The fourth: **lines 14 and 15**. A `non_blocking` device-to-host copy into pinned memory is only
+# *enqueued*; line 15 reads `tokens_host` at once, before the GPU has even run the decode. The
+# detokenizer got the previous step's tokens (or zeros). Read a D2H result only after an event
+# recorded behind its copy has completed.
+#
+# ## 4. See it: the profiler timeline
+#
+# A few steps of the planted loop under `torch.profiler` (on the GPU): the host lane shows the
+# engine's host work (schedule, launches, host work, emit); a gap in it is the host waiting, in the
+# pageable copy or in `.item()`. The GPU lane shows kernels and copies.
+
+# %%
+def timeline_planted(steps):
+    return l07.timeline({"planted": planted_loop}, steps=steps, encoder_ms=1.5, host_ms=1.0)
+
+
+tl_planted = pinlab.measure("07_timeline_planted", timeline_planted, steps=6)
+r = tl_planted.result["loops"]["planted"]
+pinlab.show("planted: GPU idle share of the window (no kernel running)", f"{r['gpu_idle_share']:.0%}")
+pinlab.show("planted: copies by kind", r["memcpy_names"])
+l07.plot_timelines(tl_planted.result, title=f"host vs GPU ({tl_planted.tag})")
+plt.show()
+
+# %% [markdown]
+# The GPU sits idle while the host does its host work, and the host sits idle while the GPU runs:
+# each `.item()` hands the turn from one to the other. The pageable copy appears as
+# `Memcpy HtoD (Pageable -> Device)` at the start of every step, with the host waiting through it.
+# The fifth problem is the shape of the whole loop: nothing runs ahead.
+#
+# ## 5. The fix
+#
+# One change per problem, each from its lesson:
+# 1. offload the LM head into **pinned** memory, with one copy (lesson 05): then line 9's restore is a
+#    true asynchronous copy (lesson 02);
+# 2. and 3. give each step in flight **its own pinned metadata buffer**: a ring of `depth` slots,
+#    each rewritten only after the event recorded behind its last copy has completed (lesson 04).
+#    No `pin_memory()` of a pinned buffer;
+# 4. read each step's tokens from its own pinned slot **after its event** (lesson 04's event, used
+#    for a D2H copy); the host delivers step k's tokens a few steps later;
+# 5. drop the `.item()`: look for the end-of-sequence token in the tokens the host reads anyway
+#    (lesson 02). The only waits left are the ring's events, which bound how far the host runs ahead.
+
+# %%
+def fixed_loop(m, steps, depth=4):
+    """The same loop, fixed: honest copies, a ring of pinned buffers guarded by events, no sync."""
+    s = m.stream
+    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)
+    meta = [torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+    tokens_host = [torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
+    done = [None] * depth                                     # done[i]: recorded after the last step of slot i
+
+    def deliver(k):                                           # step k's tokens, once its copies have run
+        done[k % depth].synchronize()
+        if m.eos in m.emit(k, tokens_host[k % depth]):
+            m.note_stop(k)
+
+    m.schedule(0, meta[0])
+    for n in range(steps):
+        i = n % depth
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # pinned source: a truly async copy
+        m.encode(n)
+        m.meta_dev[n].copy_(meta[i], non_blocking=True)       # slot i is rewritten only after its event
+        tokens = m.decode(n)
+        tokens_host[i].copy_(tokens, non_blocking=True)
+        done[i] = s.Event()
+        done[i].record()
+        if n + 1 >= depth:
+            deliver(n + 1 - depth)                            # frees slot (n + 1) % depth
+        if n + 1 < steps:
+            m.schedule(n + 1, meta[(n + 1) % depth])
+        m.host_work()
+    for k in range(max(0, steps - depth + 1), steps):
+        deliver(k)
+    s.synchronize()
+
+
+fixed = l07.run_loop(m, fixed_loop, STEPS)
+for line in fixed["audit_lines"]:
+    print(line)
+print("fixed loop: corrupted steps:", fixed["corrupted"], "of", STEPS)
+print("fixed loop: pageable copies:", fixed["counts"][l07.PAGEABLE], "| pin_memory() of a pinned tensor:",
+      fixed["counts"][l07.PIN_NOOP])
+print("fixed loop: every finished step noted, the LM head intact:", fixed["stops_ok"] and fixed["lm_head_ok"])
+assert fixed["corrupted"] == 0 and fixed["counts"][l07.PAGEABLE] == 0 and fixed["counts"][l07.PIN_NOOP] == 0
+assert fixed["counts"][l07.SYNC] == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]
+
+# %% [markdown]
+# The one blocking copy left is the offload itself, once, before the loop (line 4): allowed.
+#
+# 🔮 **Predict.** Why does the ring need 4 slots, and not 1, when the host waits for step n+1-depth
+# before the scheduler writes step n+1's metadata?
+#
+# <details><summary>Answer</summary>
+#
+# With one slot the host would wait, every step, for the step it just enqueued: the loop would be
+# as serial as the planted one. With `depth` slots the host runs up to `depth - 1` steps ahead of
+# the GPU, and only a wait on a step `depth - 1` steps old can block it, which happens only when
+# the host is the faster of the two. Depth trades a little pinned memory and latency (tokens are
+# delivered `depth - 1` steps late) for overlap.
+# </details>
+#
+# ## 6. The checker: 1000 steps
+#
+# The exercise's checker runs a loop for 1000 steps (on the GPU, or on the emulated stream) and
+# accepts it only with 0 corrupted steps, 0 pageable copies, no sync or blocking copy inside the
+# loop, every step's tokens read after their copy, every finished step noted, the LM head intact.
+
+# %%
+ok = checks07.check_fixed_loop(fixed_loop)
+assert ok
+
+# %% [markdown]
+# ## 7. Before and after: timeline and steps per second
+#
+# Both loops on the GPU, the same engine and work per step: steps per second in 3 interleaved
+# rounds of 150 steps (the median round), then 6 steps of each under the profiler.
+
+# %%
+def both_loops(**params):
+    return l07.before_after({"planted": planted_loop, "fixed": fixed_loop}, **params)
+
+
+ba = pinlab.measure("07_before_after", both_loops, timeline_steps=6, steps=150, rounds=3, encoder_ms=1.5, host_ms=1.0)
+thr = ba.result["throughput"]["loops"]
+speedup = thr["fixed"]["steps_per_s"] / thr["planted"]["steps_per_s"]
+pinlab.show("planted loop: steps per second", f"{thr['planted']['steps_per_s']:.0f}")
+pinlab.show("fixed loop: steps per second", f"{thr['fixed']['steps_per_s']:.0f}")
+pinlab.show("fixed / planted", f"{speedup:.2f}x")
+for name in ("planted", "fixed"):
+    pinlab.show(f"{name}: GPU idle share on the timeline", f"{ba.result['timeline']['loops'][name]['gpu_idle_share']:.0%}")
+print("the fixed loop ran more steps per second than the planted one:", speedup > 1)
+assert speedup > 1
+
+# %%
+l07.plot_timelines(ba.result["timeline"], title=f"host vs GPU ({ba.tag})")
+plt.show()
+
+# %% [markdown]
+# In the planted loop a step costs the pageable copy, plus the host's launches, plus the GPU's
+# work, plus the host's own work, one after the other. In the fixed loop the host's work for step
+# n+1 overlaps the GPU's work for step n, and the LM head's restore is a pinned copy the GPU does
+# on its own: a step costs about the larger of the host's and the GPU's share, and the GPU lane
+# has (almost) no gaps. The speed-up above is that difference; its noise comes from the host side
+# (the spin of `host_work`, launch times), which is why it is the median of interleaved rounds.
+# The speed-up is the smaller half of the story: the planted loop was also *wrong*, and no speed
+# makes up for corrupted steps.
+
+# %%
+del m, planted, fixed
+gc.collect()
+back = pinlab.pinned_back_to(pinned_at_start)
+print("pinned memory held is back to its starting level:", back)
+assert back
+
+# %% [markdown]
+# ## What to remember
+# - Audit a loop copy by copy: **where does the source live** (pinned, or `non_blocking` is fake),
+#   **who rewrites it and when** (before the copy has run, it races), and **when is a D2H result
+#   read** (only after an event behind its copy).
+# - `pin_memory()` of a pinned buffer is that buffer: a snapshot must be a new tensor
+#   (`pinlab.pin_snapshot`), or give each step in flight its own slot.
+# - A hidden sync (`.item()`, `.tolist()`, `bool()` of a GPU tensor) serialises host and GPU, and
+#   protects nothing if it comes after the write that races.
+# - Tools: `pinlab.detect_stalls` for copies and syncs, the profiler timeline for who waits for whom,
+#   an exact count of corrupted steps (on the emulated stream, without a GPU) for races.
+# - A fixed loop waits only on the events that bound its run-ahead: honest and faster.
+#
+# **Exercise:** `exercises/07_capstone_audit.ipynb` asks you to fix the loop yourself (solution in `solutions/`).
