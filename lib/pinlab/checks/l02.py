@@ -537,6 +537,8 @@ def check_step_without_syncs(fn) -> bool:
                     res = fn(s, x_host, w)
                     host_ms = (time.perf_counter() - t0) * 1e3
             except NotImplementedError:
+                if s.emulated:
+                    s.counting = False
                 s.synchronize()
                 return not_implemented(name)
             except Exception as exc:  # the learner's bug, reported, not raised

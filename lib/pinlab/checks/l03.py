@@ -140,6 +140,7 @@ def check_copies_correct(fn) -> bool:
 
 import gc
 import time
+from collections import Counter
 
 import torch
 
@@ -349,7 +350,7 @@ def _loop_problem(s, h, watch, got) -> str | None:
             noted[step] = why
         reasons = {n: noted.get(n, "something in your loop waited for the GPU") for n in waited}
     if len(waited) > steps // 10:
-        why = reasons[waited[0]]
+        why = Counter(reasons[n] for n in waited).most_common(1)[0][0]  # a stray slow step does not decide
         advice = "use a snapshot or a ring"
         if "event" in why:
             advice = (f"your ring is too shallow for a host {AHEAD} steps ahead: its events are not reached yet when a "
