@@ -381,3 +381,22 @@ def test_gpu_step_without_syncs_rejects_wrong(case, capsys):
     assert checks02.check_step_without_syncs(wrong) is False
     out = capsys.readouterr().out
     assert "❌ step_without_syncs" in out and words in out, out
+
+
+def test_watched_lagging_waits_only_where_a_gpu_would():
+    """Ops with several outputs and gathers are queued; a boolean mask (size depends on the data) waits."""
+    s = l02.WatchedLagging()
+    with s, l02.Watch(s):
+        x = torch.arange(12, dtype=torch.float32, device=s.device).reshape(3, 4)
+        s.counting = True
+        values, indices = x.max(dim=1)
+        top = torch.topk(x, 2, dim=1)
+        rows = x[torch.tensor([2, 0], device=s.device)]
+        assert s.waits == []
+        picked = x[x > 5]
+        assert len(s.waits) == 1 and "boolean mask" in s.waits[0][1]
+        s.counting = False
+        assert values.tolist() == [3.0, 7.0, 11.0] and indices.tolist() == [3, 3, 3]
+        assert top.values.tolist() == [[3.0, 2.0], [7.0, 6.0], [11.0, 10.0]]
+        assert rows.tolist() == [[8.0, 9.0, 10.0, 11.0], [0.0, 1.0, 2.0, 3.0]]
+        assert picked.tolist() == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]

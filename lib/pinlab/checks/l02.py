@@ -142,14 +142,21 @@ from ..timing import show
 
 #: Ops the watched emulation queues as kernels (like a GPU launch) instead of waiting for the queue.
 ASYNC_OPS = frozenset("""
-abs neg exp log sqrt rsqrt sigmoid tanh relu square sign clamp clip
-max min amax amin sum mean prod std var norm argmax argmin cumsum softmax log_softmax
-add sub mul div true_divide floor_divide remainder pow maximum minimum where masked_fill
-matmul mm bmm mv addmm einsum
-gt lt ge le eq ne logical_and logical_or logical_not
-__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ __mod__
-__pow__ __neg__ __abs__ __matmul__ __rmatmul__ __gt__ __lt__ __ge__ __le__ __eq__ __ne__ __and__ __or__
-clone contiguous cat stack index_select gather float half bfloat16 int long
+abs neg exp exp2 expm1 log log2 log1p sqrt rsqrt reciprocal sigmoid tanh relu relu6 gelu silu softplus
+leaky_relu hardtanh square sign sin cos floor ceil round trunc frac erf clamp clip clamp_min clamp_max
+nan_to_num isnan isinf isfinite any all count_nonzero
+max min amax amin aminmax sum nansum mean nanmean prod std var std_mean var_mean norm argmax argmin
+cumsum cumprod logsumexp softmax log_softmax topk sort argsort
+add sub rsub mul div true_divide floor_divide remainder pow maximum minimum where masked_fill lerp
+addcmul addcdiv matmul mm bmm mv dot vdot outer addmm addmv baddbmm einsum linear layer_norm rms_norm
+embedding index_select gather take take_along_dim index_add index_copy scatter scatter_add
+bucketize searchsorted diff flip roll repeat tile tril triu cat stack concat concatenate
+gt lt ge le eq ne logical_and logical_or logical_not logical_xor
+bitwise_and bitwise_or bitwise_xor bitwise_not
+__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ __rfloordiv__
+__mod__ __rmod__ __pow__ __rpow__ __neg__ __abs__ __invert__ __matmul__ __rmatmul__
+__gt__ __lt__ __ge__ __le__ __eq__ __ne__ __and__ __rand__ __or__ __ror__ __xor__ __lshift__ __rshift__
+clone contiguous float half bfloat16 int long type_as
 """.split())
 
 SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "__bool__": "bool() (a Python `if` on a GPU value)",
@@ -240,16 +247,26 @@ class WatchedLagging(LaggingStream):
             out_meta = func(*conv(args), **{k: conv(v) for k, v in kwargs.items()})
         except Exception:
             return None
-        if not isinstance(out_meta, torch.Tensor) or out_meta.device.type != "meta":
-            return None
+        single = isinstance(out_meta, torch.Tensor)
+        metas = [out_meta] if single else list(out_meta) if isinstance(out_meta, tuple) else []
+        if not metas or not all(isinstance(m, torch.Tensor) and m.device.type == "meta" for m in metas):
+            return None  # a Python value (the host needs it now), or an output whose size depends on the data
         with self._drain():
-            out = torch.empty_strided(out_meta.shape, out_meta.stride(), dtype=out_meta.dtype)
-        self._register(self._device, out)
+            outs = [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype) for m in metas]
+        for o in outs:
+            self._register(self._device, o)
 
         def kernel():
-            out.copy_(func(*args, **kwargs))
+            result = func(*args, **kwargs)
+            for o, r in zip(outs, [result] if single else list(result)):
+                o.copy_(r)
         self._queue.append(kernel)
-        return out
+        if single:
+            return outs[0]
+        try:
+            return type(out_meta)(outs)   # a torch.return_types structseq, or a tuple
+        except TypeError:
+            return tuple(outs)
 
 
 class Watch(TorchFunctionMode):
@@ -297,7 +314,8 @@ class Watch(TorchFunctionMode):
             self.h2d.append({"step": self._step(), "pinned": bool(src.is_pinned()), "non_blocking": non_blocking,
                              "nbytes": src.numel() * src.element_size(), "storage": src.untyped_storage().data_ptr(),
                              "where": find_caller(sys._getframe(1))})
-        if (self.emulated and name in ASYNC_OPS and "out" not in kwargs
+        gather = name == "__getitem__" and any(self.is_device(t) for t in _tensors(args[1:]))
+        if (self.emulated and (name in ASYNC_OPS or gather) and "out" not in kwargs
                 and any(self.is_device(t) for t in _tensors((args, kwargs)))):
             out = self.s.queue_kernel(func, args, kwargs)
             if out is not None:
@@ -384,6 +402,10 @@ def describe_op(op, is_device, is_pinned) -> str:
             return (f"a non_blocking copy from pageable memory ({size}) waited for the GPU: the driver cannot "
                     "stage a copy that large, so non_blocking is fake (lesson 02); copy from pinned memory")
         return f"a copy ({size}) waited for the GPU"
+    if name in ("__getitem__", "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                "repeat_interleave"):
+        what = "indexing with a boolean mask" if name == "__getitem__" else f"`{name}`"
+        return f"{what}: the size of its result depends on GPU values, so the host waits for them"
     return f"`{name}` needed a GPU value, so the host waited for the queued work"
 
 
