@@ -77,8 +77,9 @@ ok = checks02.check_gpu_idle_share(gpu_idle_share)
 #
 # A step of an inference loop, as it is often first written. `x_host` is a batch of activations in
 # host memory (pageable, a few MiB), `w` a weight on the GPU; the step scales the rows by their
-# largest magnitude, projects them, and hands the scores back to the host. It is correct, and it makes
-# the host wait for the GPU **three times**, in three different ways from this lesson:
+# largest magnitude, projects them, and hands the scores back to the host (they are there when it
+# returns, so it returns no event). It is correct, and it makes the host wait for the GPU **three
+# times**, in three different ways from this lesson:
 
 # %%
 def step_with_syncs(s, x_host, w):
@@ -99,7 +100,9 @@ def step_with_syncs(s, x_host, w):
 # The checker keeps the GPU busy with a long kernel and runs your step for inputs of three sizes: on a
 # GPU a step that waits takes as long as the kernel, and `pinlab.detect_stalls` names the call; without
 # one, the lagging stream records each wait and the call that made it. Try `step_with_syncs` in
-# the checker first if you like: it names one sync at a time. *(7-9 lines)*
+# the checker first if you like: it names one sync at a time. `x_host.pin_memory()` is a fine way to
+# stage here (a host memcpy into a fresh pinned block); a loop that keeps one pinned buffer instead
+# must not rewrite it before its copy has run: that is lesson 03. *(7-9 lines)*
 
 # %%
 def step_without_syncs(s, x_host, w):
