@@ -6,6 +6,12 @@
 # `YOUR CODE HERE`, then run the check cell below it. No GPU needed: without one, the third check runs
 # your code on the emulated lagging stream (`pinlab.LaggingStream`), which sees every time the host
 # waits for queued GPU work, and every copy from pageable memory.
+#
+# ## What you will learn
+# - how to tell from measurements from which size on a `non_blocking` copy from pageable memory waits;
+# - how idle the GPU was, from the kernel spans of a trace;
+# - how to find the three usual hidden syncs in a step (a large pageable copy, a GPU value read into
+#   Python, a blocking copy back) and remove them without changing the result.
 
 # %%
 import torch

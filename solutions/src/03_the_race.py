@@ -6,6 +6,11 @@
 # one where it says `YOUR CODE HERE`, then run the check cell below it. Everything here runs on the
 # CPU: without a GPU the third check runs your loop on the emulated lagging stream
 # (`pinlab.LaggingStream`), with a GPU on CUDA.
+#
+# ## What you will learn
+# - what the paged-KV metadata of one decode step is (`indptr`, `last_page_len`);
+# - when a copy from a reused pinned buffer delivers its own step's data, and when another step's;
+# - how to make a step loop race-free without making the host wait for the GPU.
 
 # %%
 import matplotlib.pyplot as plt
