@@ -135,7 +135,7 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
     name = getattr(fn, "__name__", "fixed_loop")
     with stream() as s:
         show("fixed_loop checked on", s.label)
-        model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, host_ms=0.0 if s.emulated else 0.2, seed=7)
+        model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, host_ms=0.0 if s.emulated else 0.2, seed=3)
     try:
         r = l07.run_loop(model, fn, steps)
     except NotImplementedError:

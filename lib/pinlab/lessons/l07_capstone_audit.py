@@ -93,6 +93,8 @@ class CapstoneModel:
         self._wrappers, self._plan_done = [], []
         if backend in ("auto", "flashinfer"):
             self._try_flashinfer(backend == "flashinfer")
+        else:
+            self.fallback_reason = "the torch backend was asked for"
         self.span = _no_span
         self.reset()
 
@@ -617,7 +619,7 @@ def emulated(loops, *, steps: int = 200, seed: int = 0) -> dict:
     loops = _loops_arg(loops)
     s = LaggingStream()
     with s:
-        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=1.0, host_ms=0.0, seed=seed, backend="torch"))
+        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=1.0, host_ms=0.0, seed=seed, backend="auto"))
     return {"backend": m.backend, "fallback_reason": m.fallback_reason,
             "loops": {name: _short(run_loop(m, fn, steps)) for name, fn in loops.items()}}
 

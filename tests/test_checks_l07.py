@@ -1,0 +1,162 @@
+"""Lesson 07's checker accepts the master solution (1000 steps) and rejects plausible wrong fixes of the
+capstone's loop, each with the message that names what is still wrong (on the emulated lagging stream
+without a GPU: the emulation is exact about the order of host writes, copies and reads)."""
+import inspect
+import textwrap
+
+import pytest
+
+import make_exercises
+import nbtools
+from nbtools import solution_namespace
+from pinlab.checks import l07 as checks07
+from pinlab.lessons import l07_capstone_audit as l07
+
+STEM = "07_capstone_audit"
+FEW = 40  # the wrong answers are judged on fewer steps: they fail on the first ones
+
+
+@pytest.fixture(scope="module")
+def sol():
+    return solution_namespace(STEM)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    checks07.reset()
+
+
+def _variant(name, *edits):
+    """``l07.fixed_loop`` with source edits ``(old, new)`` applied, compiled as its own function."""
+    src = textwrap.dedent(inspect.getsource(l07.fixed_loop))
+    for old, new in edits:
+        assert old in src, f"edit for {name} does not apply: {old!r}"
+        src = src.replace(old, new)
+    ns = {"torch": l07.torch}
+    exec(compile(src, f"<{name}>", "exec"), ns)
+    return ns["fixed_loop"]
+
+
+SCHEDULE = "            m.schedule(n + 1, meta[(n + 1) % depth])"
+COPY_META = "        m.meta_dev[n].copy_(meta[i], non_blocking=True)       # slot i is rewritten only after its event"
+OFFLOAD = ('    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)')
+D2H = "        tokens_host[i].copy_(tokens, non_blocking=True)"
+
+WRONG = {
+    # one pinned buffer, "snapshotted" with pin_memory(): the same storage, the race stays
+    "pin-memory-snapshot-of-pinned": (
+        _variant("pin-memory-snapshot-of-pinned",
+                 (COPY_META, "        m.meta_dev[n].copy_(meta[0].pin_memory(), non_blocking=True)"),
+                 (SCHEDULE, "            m.schedule(n + 1, meta[0])")),
+        ["pin_memory() of a pinned tensor returns the same storage", "at line 19 of fixed_loop",
+         "step 0 of 40 delivered step 3's data"]),
+    # one pinned buffer and no snapshot: the plain race of lesson 03
+    "reused-pinned-buffer": (
+        _variant("reused-pinned-buffer",
+                 (COPY_META, "        m.meta_dev[n].copy_(meta[0], non_blocking=True)"),
+                 (SCHEDULE, "            m.schedule(n + 1, meta[0])")),
+        ["step 0 of 40 delivered step 3's data", "rewritten by the scheduler before its copy ran"]),
+    # the stop check kept on the GPU with .item()
+    "still-item": (
+        _variant("still-item", (D2H, D2H + "\n        if tokens.eq(m.eos).any().item():\n            pass")),
+        ["a host sync inside the loop: `.item()` at line 22 of fixed_loop (40 times)"]),
+    # .tolist() of the GPU tokens to look for the end-of-sequence token
+    "tolist-stop-check": (
+        _variant("tolist-stop-check", (D2H, D2H + "\n        if m.eos in tokens.tolist():\n            pass")),
+        ["a host sync inside the loop: `.tolist()`"]),
+    # the tokens read right after their copy is enqueued, before its event
+    "reads-d2h-before-event": (
+        _variant("reads-d2h-before-event",
+                 (D2H, D2H + "\n        if m.eos in m.emit(n, tokens_host[i]):\n            m.note_stop(n)"),
+                 ("        if m.eos in m.emit(k, tokens_host[k % depth]):\n            m.note_stop(k)", "        pass")),
+        ["step 0's tokens were read before their D2H copy had run", "after an event"]),
+    # the LM head still offloaded to pageable memory
+    "pageable-offload": (
+        _variant("pageable-offload", (OFFLOAD, '    m.lm_head_host = m.lm_head.to("cpu")')),
+        ["a 4.0 MiB pageable non_blocking copy", "at line 17 of fixed_loop (40 times)", "fake"]),
+    # pinned, but through a pageable intermediate... that is still one pinned source: accepted below;
+    # a pinned copy made every step from a pageable offload is a pageable copy per step, though
+    "pin-every-step": (
+        _variant("pin-every-step", (OFFLOAD, '    m.lm_head_host = m.lm_head.to("cpu")'),
+                 ("        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # pinned source: a truly async copy",
+                  "        m.lm_head.copy_(m.lm_head_host.pin_memory(), non_blocking=True)")),
+        None),
+    # the last depth-1 steps never delivered
+    "no-drain": (
+        _variant("no-drain", ("    for k in range(max(0, steps - depth + 1), steps):\n        deliver(k)\n", "")),
+        ["step 37's tokens were never handed to m.emit() (3 of 40 steps missing)"]),
+    # the stop check dropped altogether
+    "no-stop-check": (
+        _variant("no-stop-check", ("        if m.eos in m.emit(k, tokens_host[k % depth]):\n            m.note_stop(k)",
+                                   "        m.emit(k, tokens_host[k % depth])")),
+        ["the stop check is wrong", "was not noted"]),
+    # a blocking H2D copy of the metadata
+    "blocking-metadata-copy": (
+        _variant("blocking-metadata-copy", (COPY_META, "        m.meta_dev[n].copy_(meta[i])")),
+        ["a blocking copy inside the loop: `.copy_() host to device` at line 19 of fixed_loop (40 times)"]),
+}
+
+
+def test_accepts_the_solution_over_1000_steps(sol, capsys):
+    assert checks07.check_fixed_loop(sol["fixed_loop"]) is True
+    out = capsys.readouterr().out
+    assert "✅ fixed_loop is correct (1000 steps: 0 corrupted" in out
+
+
+def test_says_not_implemented(capsys):
+    def stub(m, steps):
+        raise NotImplementedError
+
+    assert checks07.check_fixed_loop(stub, steps=FEW) is False
+    assert "⏳ fixed_loop is not implemented yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", [k for k, (_, msg) in WRONG.items() if msg])
+def test_rejects_wrong_fixes_with_the_right_message(case, capsys):
+    wrong, messages = WRONG[case]
+    assert checks07.check_fixed_loop(wrong, steps=FEW) is False
+    out = capsys.readouterr().out
+    verdict = [line for line in out.splitlines() if line.startswith("❌")]
+    assert len(verdict) == 1, out
+    for message in messages:
+        assert message in verdict[0], (case, verdict[0])
+    assert "💡 Hint" not in out  # the first failure has no hint
+
+
+def test_a_pinned_copy_of_a_pageable_offload_every_step_is_honest_but_accepted(capsys):
+    # .pin_memory() of the pageable offload makes a new pinned tensor each step: the copy reads
+    # pinned memory (no fake non_blocking) and no step races. Slow (a 4 MiB memcpy per step), not wrong.
+    wrong, _ = WRONG["pin-every-step"]
+    assert checks07.check_fixed_loop(wrong, steps=FEW) is True
+
+
+def test_rejects_the_planted_loop_and_hints_from_the_second_failure(capsys):
+    assert checks07.check_fixed_loop(l07.planted_loop, steps=FEW) is False
+    first = capsys.readouterr().out
+    assert "pin_memory() of a pinned tensor returns the same storage" in first and "💡 Hint" not in first
+    assert checks07.check_fixed_loop(l07.planted_loop, steps=FEW) is False
+    second = capsys.readouterr().out
+    assert "💡 Hint:" in second and "pin_memory=True" in second and "done[i].synchronize()" in second
+
+
+def test_reports_a_crash_in_the_loop(capsys):
+    def broken(m, steps):
+        m.decode(steps + 5)
+
+    assert checks07.check_fixed_loop(broken, steps=FEW) is False
+    assert "❌ broken(m, 40) raised IndexError" in capsys.readouterr().out
+
+
+def test_checker_names_bad_arguments():
+    with pytest.raises(TypeError, match="fn"):
+        checks07.check_fixed_loop("fixed_loop")
+    with pytest.raises(ValueError, match="steps"):
+        checks07.check_fixed_loop(l07.fixed_loop, steps=0)
+
+
+def test_the_exercise_is_generated_from_the_solution():
+    cells = make_exercises.exercise_cells(nbtools.ROOT / "solutions" / "src" / f"{STEM}.py")
+    code = "\n".join(c["source"] for c in cells if c["cell_type"] == "code")
+    assert "def planted_loop(m, steps):" in code  # the learner starts from the planted loop
+    assert "def fixed_loop(m, steps, depth=4):\n    # YOUR CODE HERE\n    raise NotImplementedError" in code
+    assert "done[i].record()" not in code
