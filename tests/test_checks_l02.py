@@ -400,3 +400,12 @@ def test_watched_lagging_waits_only_where_a_gpu_would():
         assert top.values.tolist() == [[3.0, 2.0], [7.0, 6.0], [11.0, 10.0]]
         assert rows.tolist() == [[8.0, 9.0, 10.0, 11.0], [0.0, 1.0, 2.0, 3.0]]
         assert picked.tolist() == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+
+
+def test_host_tensor_in_device_arithmetic_fails_as_on_cuda(on_cpu, capsys):
+    def step_on_the_host(s, x_host, w):  # forgets to copy x: host and GPU tensors in one op
+        scores = (x_host / x_host.abs().max()) @ w
+        return _fixed_out(s, scores)
+
+    assert checks02.check_step_without_syncs(step_on_the_host) is False
+    assert "raised RuntimeError: Expected all tensors to be on the same device" in capsys.readouterr().out

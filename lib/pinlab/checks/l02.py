@@ -190,6 +190,10 @@ def _source_line(where: str) -> str:
     return f"`{text}`" if text else where
 
 
+class _MixedDevices(Exception):
+    pass
+
+
 class WatchedLagging(LaggingStream):
     """A :class:`pinlab.LaggingStream` that records every time the host waits for queued device work.
 
@@ -234,7 +238,7 @@ class WatchedLagging(LaggingStream):
                 return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
             if t.dim() == 0:
                 return t
-            raise TypeError("a host tensor in device arithmetic")
+            raise _MixedDevices
 
         def conv(obj):
             if isinstance(obj, torch.Tensor):
@@ -245,6 +249,9 @@ class WatchedLagging(LaggingStream):
 
         try:
             out_meta = func(*conv(args), **{k: conv(v) for k, v in kwargs.items()})
+        except _MixedDevices:
+            raise RuntimeError(f"Expected all tensors to be on the same device, but `{_name(func)}` got GPU and "
+                               "host tensors (emulated GPU: the same error as on CUDA)") from None
         except Exception:
             return None
         single = isinstance(out_meta, torch.Tensor)
