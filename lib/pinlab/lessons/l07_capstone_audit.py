@@ -24,7 +24,10 @@ that made it, every pageable ``non_blocking`` H2D copy, blocking copy, host sync
 ``pin_memory()`` of an already pinned tensor; then it judges every step exactly
 (:func:`judge`): did the metadata copy deliver this step's data, did the host read the tokens the
 GPU computed, were the stops noted, is the LM head intact. GPU experiments: :func:`audit`,
-:func:`throughput`, :func:`timeline`.
+:func:`throughput`, :func:`timeline`, :func:`detect`.
+
+Why about 700 lines: the engine, the audit and the judge exist only for this capstone and are read
+together; the two loops are the lesson's reference code, which the checker and the tests import.
 """
 from __future__ import annotations
 
