@@ -64,6 +64,10 @@ WRONG = {
     "tolist-stop-check": (
         _variant("tolist-stop-check", (D2H, D2H + "\n        if m.eos in tokens.tolist():\n            pass")),
         ["a host sync inside the loop: `.tolist()`"]),
+    # nonzero() of a GPU tensor: its kernel must tell the host how many entries it found
+    "nonzero-stop-check": (
+        _variant("nonzero-stop-check", (D2H, D2H + "\n        if tokens.eq(m.eos).nonzero().numel():\n            pass")),
+        ["a host sync inside the loop: `.nonzero()` at line 22 of fixed_loop (40 times)"]),
     # the tokens read right after their copy is enqueued, before its event
     "reads-d2h-before-event": (
         _variant("reads-d2h-before-event",
@@ -128,6 +132,47 @@ def test_a_pinned_copy_of_a_pageable_offload_every_step_is_honest_but_accepted(c
     # pinned memory (no fake non_blocking) and no step races. Slow (a 4 MiB memcpy per step), not wrong.
     wrong, _ = WRONG["pin-every-step"]
     assert checks07.check_fixed_loop(wrong, steps=FEW) is True
+
+
+def snapshot_fix(m, steps, depth=4):
+    """Another correct fix: a pageable metadata buffer with a pin_memory() snapshot per step (lesson 04),
+    a fresh pinned tensor per step for the tokens, read after its event."""
+    from collections import deque
+
+    s = m.stream
+    m.lm_head_host = l07.torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)
+    meta = l07.torch.zeros(m.meta_ints, dtype=l07.torch.int32)  # pageable, reused
+    pending = deque()
+
+    def deliver():
+        k, out, ev = pending.popleft()
+        ev.synchronize()
+        if m.eos in m.emit(k, out):
+            m.note_stop(k)
+
+    m.schedule(0, meta)
+    for n in range(steps):
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)
+        m.encode(n)
+        m.meta_dev[n].copy_(meta.pin_memory(), non_blocking=True)
+        out = l07.torch.empty(m.max_batch, dtype=l07.torch.int64, pin_memory=True)
+        out.copy_(m.decode(n), non_blocking=True)
+        ev = s.Event()
+        ev.record()
+        pending.append((n, out, ev))
+        if len(pending) >= depth:
+            deliver()
+        if n + 1 < steps:
+            m.schedule(n + 1, meta)
+        m.host_work()
+    while pending:
+        deliver()
+    s.synchronize()
+
+
+def test_accepts_another_correct_fix(capsys):
+    assert checks07.check_fixed_loop(snapshot_fix, steps=120) is True
+    assert "✅ fixed_loop is correct" in capsys.readouterr().out
 
 
 def test_rejects_the_planted_loop_and_hints_from_the_second_failure(capsys):
