@@ -155,8 +155,9 @@ assert planted["counts"][l07.PIN_NOOP] == STEPS and planted["counts"][l07.PAGEAB
 # %% [markdown]
 # The third problem: **line 11**, `meta.pin_memory()`. `meta` is already pinned, and `pin_memory()`
 # of a pinned tensor returns **the same storage** (lesson 04's trap): `snap` is `meta`, no
-# snapshot at all. Line 12 copies from the buffer the scheduler rewrites at line 17 for step n+1,
-# while step n's copy waits behind the vision encoder's GPU work: the race of lesson 03.
+# snapshot at all. Hence the fourth, the race the snapshot was meant to prevent (lesson 03): line 12
+# copies from the buffer the scheduler rewrites at **line 17** for step n+1, while step n's copy
+# still waits behind the vision encoder's GPU work.
 #
 # 🔮 **Predict.** The `.item()` at line 18 makes the host wait for the GPU every step. Doesn't
 # that wait save line 12's copy?
@@ -169,7 +170,7 @@ assert planted["counts"][l07.PIN_NOOP] == STEPS and planted["counts"][l07.PAGEAB
 # you remove the sync, a reused buffer would race across steps as well.)
 # </details>
 #
-# The fourth: **lines 14 and 15**. A `non_blocking` device-to-host copy into pinned memory is only
+# The fifth: **lines 14 and 15**. A `non_blocking` device-to-host copy into pinned memory is only
 # *enqueued*; line 15 reads `tokens_host` at once, before the GPU has even run the decode. The
 # detokenizer got the previous step's tokens (or zeros). Read a D2H result only after an event
 # recorded behind its copy has completed.
@@ -196,20 +197,23 @@ plt.show()
 # The GPU sits idle while the host does its host work, and the host sits idle while the GPU runs:
 # each `.item()` hands the turn from one to the other. The pageable copy appears as
 # `Memcpy HtoD (Pageable -> Device)` at the start of every step, with the host waiting through it.
-# The fifth problem is the shape of the whole loop: nothing runs ahead.
+# Together, the stalls give the loop its shape: nothing runs ahead, host and GPU take turns.
 #
 # ## 5. The fix
 #
 # One change per problem, each from its lesson:
-# 1. offload the LM head into **pinned** memory, with one copy (lesson 05): then line 9's restore is a
-#    true asynchronous copy (lesson 02);
-# 2. and 3. give each step in flight **its own pinned metadata buffer**: a ring of `depth` slots,
-#    each rewritten only after the event recorded behind its last copy has completed (lesson 04).
-#    No `pin_memory()` of a pinned buffer;
-# 4. read each step's tokens from its own pinned slot **after its event** (lesson 04's event, used
-#    for a D2H copy); the host delivers step k's tokens a few steps later;
-# 5. drop the `.item()`: look for the end-of-sequence token in the tokens the host reads anyway
-#    (lesson 02). The only waits left are the ring's events, which bound how far the host runs ahead.
+# 1. (line 9) offload the LM head into **pinned** memory, with one copy (lesson 05): then the restore
+#    is a true asynchronous copy (lesson 02);
+# 2. (line 18) drop the `.item()`: look for the end-of-sequence token in the tokens the host reads
+#    anyway, on the host (lesson 02);
+# 3. and 4. (lines 11, 12, 17) give each step in flight **its own pinned metadata buffer**: a ring of
+#    `depth` slots, each rewritten only after the event recorded behind its last copy has completed
+#    (lesson 04). No `pin_memory()` of a pinned buffer;
+# 5. (lines 14, 15) read each step's tokens from its own pinned slot **after its event** (lesson 04's
+#    event, used for a D2H copy, as in lesson 06's exercise); the host delivers step k's tokens a few
+#    steps later.
+#
+# The only waits left are the ring's events, which bound how far the host runs ahead.
 
 # %%
 def fixed_loop(m, steps, depth=4):
