@@ -68,6 +68,10 @@ WRONG = {
     "nonzero-stop-check": (
         _variant("nonzero-stop-check", (D2H, D2H + "\n        if tokens.eq(m.eos).nonzero().numel():\n            pass")),
         ["a host sync inside the loop: `.nonzero()` at line 22 of fixed_loop (40 times)"]),
+    # boolean-mask indexing of a GPU tensor: the result's size comes back to the host
+    "mask-stop-check": (
+        _variant("mask-stop-check", (D2H, D2H + "\n        if len(tokens[tokens == m.eos]):\n            pass")),
+        ["a host sync inside the loop: `[boolean mask]` at line 22 of fixed_loop (40 times)"]),
     # the tokens read right after their copy is enqueued, before its event
     "reads-d2h-before-event": (
         _variant("reads-d2h-before-event",

@@ -405,6 +405,15 @@ class LoopAudit(TorchFunctionMode):
             return
         if name in _SYNC_NAMES and self._dev(first):
             self._note(SYNC, f".{name}()", nbytes)
+        elif name == "__getitem__" and self._dev(first) and len(args) > 1 and any(
+                isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() > 0
+                for t in (args[1] if isinstance(args[1], tuple) else (args[1],))):
+            self._note(SYNC, "[boolean mask]", nbytes)  # the result's size is known only after the kernel ran
+        elif name == "repeat_interleave" and self._dev(first) and kwargs.get("output_size") is None \
+                and len(args) < 4:
+            reps = kwargs.get("repeats", args[1] if len(args) > 1 else first)
+            if isinstance(reps, torch.Tensor) and self._dev(reps):
+                self._note(SYNC, ".repeat_interleave() without output_size", nbytes)
 
     def count(self, kind=None, *, more_than: int = 0) -> int:
         return sum(c for (k, *_), c in self.events.items() if (kind is None or k == kind) and c > more_than)
