@@ -9,7 +9,8 @@
 #   lagging stream on a laptop), then measured on the GPU;
 # - that real FlashInfer decode attends over the wrong pages when its `indptr` travels that way;
 # - that a **pageable** buffer is correct, and what that costs: host time, and a host that can
-#   no longer run ahead of the GPU.
+#   no longer run ahead of the GPU; and, with a clock around every call of the step, *where* the
+#   host waits (not always in the copy call).
 
 # %% tags=["nbval-ignore-output"]
 import time
