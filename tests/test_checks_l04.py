@@ -136,7 +136,7 @@ def test_pin_snapshot_reports_an_exception(capsys):
 # ---- ring_stage ---------------------------------------------------------------------------------
 
 def _ring(wait=True, record_first=False, blocking=False, sync_all=None, one_buffer=False, wait_latest=False,
-          stream_wait=False, record=True, write_ring=True):
+          stream_wait=False, record=True, write_ring=True, copy_view=False):
     """A ring_stage with one planted mistake (the defaults give the right one)."""
     def stage(n, data, ring, events, dst):
         k = 0 if one_buffer else n % len(ring)
@@ -150,7 +150,7 @@ def _ring(wait=True, record_first=False, blocking=False, sync_all=None, one_buff
             events[k].record()
         if write_ring:
             ring[k].copy_(data)
-            dst.copy_(ring[k], non_blocking=not blocking)
+            dst.copy_(ring[k].view(-1) if copy_view else ring[k], non_blocking=not blocking)
         else:
             dst.copy_(data, non_blocking=True)
         if record and not record_first:
@@ -182,7 +182,13 @@ EARLY = "the host did wait before rewriting, but for an event that completed bef
 WRONG_RINGS = {
     # the deep ring never races; the shallow one does, and the message names the step
     "no-event-wait": (dict(wait=False), [RACE.format(4), SHALLOW, NO_WAIT]),
-    "event-recorded-before-the-copy": (dict(record_first=True), [RACE.format(2), SHALLOW, EARLY]),
+    # recorded before the copy: caught where it happens, on the emulation and on a GPU alike
+    "event-recorded-before-the-copy": (dict(record_first=True), [
+        "ring_stage: at step 0, events[0] was recorded before the copy out of ring[0] (a ring of 5 buffers",
+        "Record the event after the copy."]),
+    # the same through a view of the buffer (not seen as a copy out of ring[k]): the race shows it
+    "event-recorded-before-a-copy-from-a-view": (dict(record_first=True, copy_view=True),
+                                                 [RACE.format(2), SHALLOW, EARLY]),
     "event-never-recorded": (dict(record=False), [RACE.format(4), SHALLOW, NO_WAIT]),
     "stream-wait-instead-of-host-wait": (dict(stream_wait=True), [RACE.format(4), SHALLOW, NO_WAIT]),
     # correct, but the host waits for the GPU at (nearly) every step
@@ -268,6 +274,10 @@ def test_gpu_ring_stage_checker(sol, capsys):
     out = capsys.readouterr().out
     assert re.search(r"❌ ring_stage: step \d+ of 200 delivered (step \d+'s|a mix of several steps') data", out), out
     assert SHALLOW in out
+    # the race of an event recorded before the copy did not show behind the H200's busy GPU (the 16 KiB
+    # copy starts and ends before the host rewrites the buffer): the checker sees the order instead
+    assert checks04.check_ring_stage(_ring(record_first=True)) is False
+    assert "ring_stage: at step 0, events[0] was recorded before the copy out of ring[0]" in capsys.readouterr().out
     for kwargs in (dict(one_buffer=True), dict(blocking=True), dict(sync_all=torch.cuda)):
         assert checks04.check_ring_stage(_ring(**kwargs)) is False
         out = capsys.readouterr().out

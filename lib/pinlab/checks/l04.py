@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .. import steploop
 from ..args import callable_arg
@@ -252,14 +253,77 @@ class _NotInRing(Exception):
     pass
 
 
+class _LoggedEvent:
+    """The event guarding ``ring[j]``, as handed to the learner: it notes each ``record()`` in the
+    step's log (to tell an event recorded before the copy it should follow), the rest is the event's."""
+
+    def __init__(self, event, log: list, j: int):
+        self._event, self._log, self._j = event, log, j
+
+    def record(self, stream=None) -> None:
+        self._log.append(("record", self._j))
+        if stream is None:
+            self._event.record()
+        else:
+            self._event.record(stream)
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+    def query(self) -> bool:
+        return self._event.query()
+
+    def wait(self, stream=None) -> None:
+        if stream is None:
+            self._event.wait()
+        else:
+            self._event.wait(stream)
+
+
+class _CopyLog(TorchFunctionMode):
+    """Notes ``dst.copy_(ring[j], ...)`` (these very tensor objects) in the step's log; changes nothing."""
+
+    def __init__(self, log: list, ring, dst):
+        super().__init__()
+        self.log, self.ring, self.dst = log, ring, dst
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "copy_" and len(args) >= 2 and args[0] is self.dst:
+            for j, b in enumerate(self.ring):
+                if args[1] is b:
+                    self.log.append(("copy", j))
+        return func(*args, **(kwargs or {}))
+
+
+def _recorded_before_copy(log) -> int | None:
+    """The buffer j whose copy this step came after every record of events[j] (None: no such j).
+    A buffer whose event was not recorded at all is left to the race check."""
+    for j in sorted({j for kind, j in log if kind == "copy"}):
+        last_copy = max(i for i, (kind, b) in enumerate(log) if kind == "copy" and b == j)
+        records = [i for i, (kind, b) in enumerate(log) if kind == "record" and b == j]
+        if records and max(records) < last_copy:
+            return j
+    return None
+
+
+class _RecordedEarly(Exception):
+    pass
+
+
 def _ring_run(s, fn, depth):
     ring = [torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
-    events = [_event(s) for _ in range(depth)]
+    log: list = []
+    events = [_LoggedEvent(_event(s), log, j) for j in range(depth)]
 
     def stage(n, data, dst):
-        fn(n, data, ring, events, dst)
+        log.clear()
+        with _CopyLog(log, ring, dst):
+            fn(n, data, ring, events, dst)
         if not any(torch.equal(b, data) for b in ring):
             raise _NotInRing(n)
+        j = _recorded_before_copy(log)
+        if j is not None:
+            raise _RecordedEarly(n, j)
 
     return _step_loop(s, stage)
 
@@ -286,6 +350,13 @@ def check_ring_stage(fn, stream=None) -> bool:
             except NotImplementedError:
                 s.synchronize()
                 return _not_implemented(name)
+            except _RecordedEarly as e:
+                s.synchronize()
+                n, j = e.args
+                return _fail(name, f"ring_stage: at step {n}, events[{j}] was recorded before the copy out of "
+                                   f"ring[{j}] ({setting}): it completes when the work before it has run, before "
+                                   f"that copy has, so waiting for it later does not protect ring[{j}] (the race, "
+                                   "whenever the GPU is behind). Record the event after the copy.")
             except _NotInRing as e:
                 s.synchronize()
                 n = e.args[0]
