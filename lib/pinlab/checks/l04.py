@@ -11,6 +11,8 @@ answers with the right message.
 * :func:`check_ring_stage` runs the learner's staging step of an event-guarded ring of pinned
   buffers for 200 steps, the host up to :data:`AHEAD` steps ahead of the GPU: with a ring deep
   enough (it must never make the host wait) and with a shallower one (it must wait, not race).
+  It also notes, per step, whether ``events[k]`` was recorded before the copy out of ``ring[k]``:
+  that race does not show on a GPU whose small copy runs before the host rewrites the buffer.
 * :func:`check_min_ring_depth` checks the arithmetic of the ring's depth on timelines
   (reference: :func:`pinlab.steploop.min_ring_depth`).
 
