@@ -161,3 +161,24 @@ def test_plot_step_parts_draws_one_stacked_bar_per_buffer_and_size():
         l03.plot_step_parts({"runs": []}, title="t")
     with pytest.raises(ValueError, match="busy_ms"):
         l03.plot_step_parts({**timed_sweep(), "busy_ms": 0}, title="t")
+
+
+def test_waits_counts_the_steps_whose_call_took_longer_than_the_threshold():
+    run = timed_run([1, 1, 1, 1], [10, 600, 10, 900], [5, 5, 300, 5], [5, 5, 5, 5], 2.0, 0.0)
+    w = l03.waits(run, 250)
+    assert w["copy"] == {"steps": 2, "first": 1}
+    assert w["check"] == {"steps": 1, "first": 2}
+    assert w["write"] == {"steps": 0, "first": None} and w["forward"] == {"steps": 0, "first": None}
+    assert set(w) == set(l03.STEP_PARTS)
+    # strictly longer: a call of exactly the threshold did not wait
+    assert l03.waits(run, 300)["check"] == {"steps": 0, "first": None}
+
+
+def test_waits_checks_its_arguments():
+    run = timed_run([1], [1], [1], [1], 1.0, 1.0)
+    with pytest.raises(ValueError, match="threshold_us must be > 0"):
+        l03.waits(run, 0)
+    with pytest.raises(TypeError, match="threshold_us must be a number"):
+        l03.waits(run, "250")
+    with pytest.raises(ValueError, match="equally long"):
+        l03.waits(timed_run([1], [1, 2], [1], [1], 1.0, 1.0), 250)

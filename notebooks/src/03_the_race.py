@@ -345,19 +345,45 @@ pinlab.table([{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"
 l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
 plt.show()
 
+# %% [markdown]
+# Now count the waits. A call that only enqueues work takes microseconds; a call that waits for
+# the GPU takes about a GPU step. So count, per call, the steps where it took longer than **half a
+# GPU step** (`l03.waits`). (The largest copy here, 4 MiB, is slow to stage even with nothing
+# queued: lesson 01's pageable bandwidth.) For the first step where some call took that long, the
+# line also estimates how much was queued then: the steps the host had issued minus the steps the
+# GPU had run in the host's time so far.
+
 # %%
-sizes = pc.result["sizes"]
-for n in sizes:
-    p = parts[("pageable", n)]
-    pinlab.show(f"pageable, {fmt_bytes(n)} per step: host loop / whole run; copy calls, launches (share of the loop)",
+sizes, steps, busy_ms = pc.result["sizes"], pc.result["steps"], pc.result["busy_ms"]
+half_step_us = busy_ms * 1e3 / 2
+call_names = {"write": "the write", "copy": "the copy call", "check": "the launch of the kernel that reads the copy",
+              "forward": "the launch of the forward"}
+waited = {n: l03.waits(r, half_step_us) for r in pc.result["runs"] if r["buffer"] == "pageable"
+          for n in [r["nbytes"]]}
+for r in (r for r in pc.result["runs"] if r["buffer"] == "pageable"):
+    n, p, w = r["nbytes"], parts[("pageable", r["nbytes"])], waited[r["nbytes"]]
+    launches = w["check"]["steps"] + w["forward"]["steps"]
+    pinlab.show(f"pageable, {fmt_bytes(n)} per step: host loop / whole run; share of the loop in copy calls, launches",
                 f"{p['share']:.0%}; {p['group_ms']['copy call'] / p['loop_ms']:.0%}, "
                 f"{p['group_ms']['kernel launches'] / p['loop_ms']:.0%}")
+    firsts = [(v["first"], part) for part, v in w.items() if v["first"] is not None]
+    if firsts:
+        first, part = min(firsts)
+        host_ms = sum(sum(r["us"][q][:first]) for q in l03.STEP_PARTS) / 1e3
+        queued = max(0.0, first - host_ms / busy_ms)
+        where = f"step {first}, in {call_names[part]}, with about {queued:.0f} steps " \
+                f"({fmt_bytes(queued * n)} of copies) queued"
+    else:
+        where = "none"
+    pinlab.show(f"pageable, {fmt_bytes(n)} per step: steps whose copy call / a launch took over half a GPU step; the first",
+                f"{w['copy']['steps']} / {launches} of {steps}; {where}")
 pinlab.show("pinned (racy), host loop / whole run per size",
             ", ".join(f"{parts[('pinned', n)]['share']:.0%}" for n in sizes))
-copy_share = {n: parts[("pageable", n)]["group_ms"]["copy call"] / parts[("pageable", n)]["loop_ms"] for n in sizes}
-small, mid, big = 1024, 64 * 1024, 4 * 1024 * 1024
+small, mid = 1024, 64 * 1024
+w64 = waited[mid]
 # thresholds sit between the two behaviours, far from both: a host that runs ahead spends a small
-# share of the run in its loop; a host that waits for the GPU spends nearly all of it there
+# share of the run in its loop, one that waits nearly all of it; a call that waited took about a
+# GPU step, one that did not a few µs
 claims = {
     "pageable buffer, steps that received another step's data, at every size":
         sum(r["wrong"] for r in pc.result["runs"] if r["buffer"] == "pageable"),
@@ -365,10 +391,12 @@ claims = {
         parts[("pageable", small)]["share"] < 0.5,
     "64 KiB and larger, pageable: the host loop lasted at least half of the run (it waited)":
         all(parts[("pageable", n)]["share"] >= 0.5 for n in sizes if n >= mid),
-    "64 KiB pageable: the copy calls took under a quarter of the host loop (the wait was elsewhere)":
-        copy_share[mid] < 0.25,
-    "4 MiB pageable: the copy calls took more than half of the host loop (the wait was in them)":
-        copy_share[big] > 0.5,
+    "64 KiB pageable: at most 1 in 10 copy calls took over half a GPU step (they did not wait)":
+        w64["copy"]["steps"] <= steps // 10,
+    "64 KiB pageable: a launch after the copy took over half a GPU step on at least a quarter of the steps":
+        w64["check"]["steps"] + w64["forward"]["steps"] >= steps // 4,
+    "1 MiB and 4 MiB pageable: the copy call took over half a GPU step on more than half of the steps":
+        all(waited[n]["copy"]["steps"] > steps // 2 for n in sizes if n >= 1024 * 1024),
     "reused pinned buffer: the host finished its loop first at every size":
         all(parts[("pinned", n)]["share"] < 0.5 for n in sizes),
 }
@@ -380,17 +408,22 @@ assert all(v for k, v in claims.items() if not k.startswith("pageable buffer, st
 # %% [markdown]
 # Read the bars against the dashed line (the GPU's work): a bar far below it is a host that ran
 # ahead; a bar that reaches it is a host that ran at the GPU's pace, and the colours say where it
-# spent that time.
+# spent that time. The lines above say which calls waited.
 #
 # - With the **pinned** buffer the host ran ahead at every size: nothing was staged, every call
 #   only enqueued work (and the data was wrong, as above).
 # - **1 KiB pageable**: the copy call pays the staging `memcpy` and returns; the host stays ahead.
-# - **64 KiB pageable**: the host ran at the GPU's pace, yet its copy calls stayed short. The
-#   copy call returned once its data was staged; the host waited in the **launches** that follow
-#   it in the step. The driver does not document which call absorbs the wait: only a clock
-#   around every call of the step shows it, and a profiler that blamed "the copy" would be wrong.
-# - **1 MiB and 4 MiB pageable**: the wait is in the copy calls themselves: a copy that large
-#   waits for the GPU before it is staged (lesson 02's limits).
+#   Its bar is mostly launches: the launch calls' own cost, summed over the loop (the wait counts
+#   say whether any of them waited).
+# - **64 KiB pageable**: the host ran at the GPU's pace, yet its copy calls stayed short: each
+#   returned once its data was staged. The host waited in the **launch right after the copy**,
+#   about a GPU step each time, from the moment a few MiB of staged copies were queued (the
+#   first-wait line). Timing only the copy call would have missed it entirely: the wait is in a
+#   call that does not copy anything. Which call absorbs it is the driver's business, not
+#   documented; only a clock around every call of the step shows it.
+# - **1 MiB and 4 MiB pageable**: from the first few steps on, the copy calls themselves took
+#   about a GPU step or longer: a copy this large is staged only as the GPU works through what is
+#   queued before it, so the host waits inside the copy call (lesson 02's limits).
 #
 # vLLM's metadata is small, but the same pattern elsewhere is not, and even at 1 KiB the staging
 # is a host `memcpy` on the critical path of every step. Lesson 04 shows the fix that is both

@@ -25,8 +25,8 @@ from .. import decode_loop, steploop
 from ..args import positive_int, positive_number
 from ..steploop import LABELS
 
-__all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "plot_received", "plot_errors",
-           "plot_step_parts"]
+__all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
+           "plot_errors", "plot_step_parts"]
 
 #: The calls of one step that the notebook's timed step loop clocks, in order: the host writes the
 #: step's data, the copy call, the launch of the kernel that reads the copy, the launch of the rest
@@ -200,6 +200,23 @@ def step_parts(run: dict) -> dict:
         "group_ms": groups,
         "largest": max(groups, key=groups.get),
     }
+
+
+def waits(run: dict, threshold_us: float) -> dict:
+    """Which calls of the step waited: per part of :data:`STEP_PARTS`, ``{"steps": how many steps
+    took longer than ``threshold_us`` in that call, "first": the first such step (None: none)}``.
+
+    ``run`` as in :func:`step_parts` (checked the same way). A call that waits for the GPU takes about
+    a GPU step; pass half of one as the threshold, far from both a call that only enqueues (µs) and
+    one that waits.
+    """
+    threshold_us = positive_number("threshold_us", threshold_us)
+    step_parts(run)  # the same checks: a dict with equally long lists of µs >= 0
+    out = {}
+    for part in STEP_PARTS:
+        slow = [n for n, v in enumerate(run["us"][part]) if v > threshold_us]
+        out[part] = {"steps": len(slow), "first": slow[0] if slow else None}
+    return out
 
 
 def plot_step_parts(result: dict, *, title: str, ax=None):
