@@ -216,12 +216,22 @@ def test_plot_pin_threads_draws_cold_warm_and_perfect_scaling():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [{"threads": t, "cold_ms": [64.0 / t ** 0.2] * 3, "warm_ms": [8.0 / t, 9.0 / t]} for t in l01.PIN_THREADS]
+    pool = [t for t in l01.PIN_THREADS if t > 0]
+    assert l01.PIN_THREADS[0] == 0 and pool == sorted(pool) and 1 in pool
+    rows = [{"threads": t, "cold_ms": [64.0 / t ** 0.2] * 3, "warm_ms": [8.0 / t, 9.0 / t]} for t in pool]
     ax = l01.plot_pin_threads(rows, title="t")
     assert len(ax.lines) == 4            # cold, its perfect scaling, warm, its perfect scaling
-    assert list(ax.lines[2].get_ydata()) == [8.5 / t for t in l01.PIN_THREADS]   # medians
+    assert list(ax.lines[2].get_ydata()) == [8.5 / t for t in pool]   # medians
+    assert list(ax.lines[2].get_xdata()) == pool
+    # the main thread (threads 0) is a horizontal line per kind, at its median
+    main = {"threads": 0, "cold_ms": [70.0, 71.0, 90.0], "warm_ms": [3.0]}
+    ax = l01.plot_pin_threads([main] + rows, title="t")
+    assert len(ax.lines) == 6
+    assert {tuple(ln.get_ydata()) for ln in ax.lines if ln.get_linestyle() == "--"} == {(71.0, 71.0), (3.0, 3.0)}
     plt.close("all")
     with pytest.raises(TypeError, match="rows must be a non-empty list"):
         l01.plot_pin_threads([], title="t")
-    with pytest.raises(ValueError, match="threads"):
-        l01.plot_pin_threads([{"threads": 0, "cold_ms": [1.0], "warm_ms": [1.0]}], title="t")
+    with pytest.raises(ValueError, match="at least one pool size"):
+        l01.plot_pin_threads([main], title="t")
+    with pytest.raises(ValueError, match=r"rows\[0\]\['threads'\] must be >= 0"):
+        l01.plot_pin_threads([{"threads": -1, "cold_ms": [1.0], "warm_ms": [1.0]}], title="t")

@@ -403,6 +403,8 @@ def loader_to_gpu(pin_memory, num_workers, batches=48, nbytes=4 * bw.MiB, step_m
     loader = DataLoader(bw.PageableBatches(batches, nbytes), batch_size=None,
                         num_workers=num_workers, pin_memory=pin_memory)
     dev = torch.empty(nbytes // 4, device="cuda")
+    allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731  (cudaHostAlloc calls)
+    allocs_before = allocs()
     next_ms, copy_ms, pinned, pin_thread = [], [], 0, False
     it = iter(loader)                                   # the worker processes (and the pin thread) start
     for n in range(batches):
@@ -423,11 +425,17 @@ def loader_to_gpu(pin_memory, num_workers, batches=48, nbytes=4 * bw.MiB, step_m
     del it, loader
     return {"pin_memory": pin_memory, "num_workers": num_workers, "batches": batches, "step_ms": step_ms,
             "next_ms": statistics.median(next_ms[1:]), "copy_call_ms": statistics.median(copy_ms[1:]),
-            "per_batch_ms": per_batch_ms, "pinned_batches": pinned, "pin_thread": pin_thread}
+            "per_batch_ms": per_batch_ms, "pinned_batches": pinned, "pin_thread": pin_thread,
+            "host_allocs": allocs() - allocs_before}
 
 
 def loader_sweep(workers, batches=48, nbytes=4 * bw.MiB, step_ms=2.0):
-    return [loader_to_gpu(pin, w, batches, nbytes, step_ms) for w in workers for pin in (False, True)]
+    runs = []
+    for w in workers:
+        for pin in (False, True):
+            pinlab.release_cached_host_blocks()          # every run starts with an empty pinned cache
+            runs.append(loader_to_gpu(pin, w, batches, nbytes, step_ms))
+    return runs
 
 
 loaders = pinlab.measure("01_dataloader_pin", loader_sweep, workers=[0, 2], batches=48, nbytes=4 * bw.MiB,
@@ -446,10 +454,15 @@ for (w, pin), r in by.items():
     pinlab.show(f"num_workers={w}, pin_memory={pin}: main thread per batch (next() + copy call), wall per batch",
                 f"{r['next_ms'] + r['copy_call_ms']:.3f} ms, {r['per_batch_ms']:.3f} ms (step {r['step_ms']} ms)")
 n = loaders.result[0]["batches"]
+pinlab.show(f"pin_memory=True: cudaHostAlloc calls during the {n} batches (num_workers 0, 2)",
+            f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']}")
 facts = {
     "pin_memory=True: every batch arrived pinned (both num_workers)":
         all(by[(w, True)]["pinned_batches"] == n for w in (0, 2)),
-    "pin_memory=False: no batch arrived pinned": all(by[(w, False)]["pinned_batches"] == 0 for w in (0, 2)),
+    "pin_memory=False: no batch arrived pinned, and nothing was pinned":
+        all(by[(w, False)]["pinned_batches"] == 0 and by[(w, False)]["host_allocs"] == 0 for w in (0, 2)),
+    "pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the batches)":
+        all(by[(w, True)]["host_allocs"] < n / 2 for w in (0, 2)),
     "a pin-memory thread ran only with num_workers=2 and pin_memory=True":
         [k for k, r in by.items() if r["pin_thread"]] == [(2, True)],
     # a pageable 4 MiB copy is staged by the host (hundreds of µs); a pinned one is only enqueued (µs)
@@ -461,32 +474,49 @@ for fact, ok in facts.items():
 assert all(facts.values())
 
 # %% [markdown]
-# With workers and `pin_memory=True`, the batch the main thread receives is already pinned: its
-# copy call only enqueues a DMA, and the pinning itself (a `memcpy` into a pinned block, by the
-# pin-memory thread) happened while the main thread was waiting for the training step. With
-# `pin_memory=False` the same copy call stages the batch through the driver on the main thread.
-# With `num_workers=0`, `pin_memory=True` still delivers pinned batches, but the main thread pins
-# them itself, inside `next()`: the work moved, it did not disappear (compare the `next()` and copy
-# columns). The pinned blocks are freed after each step and reused from the caching allocator, so
-# only the first batches pay a cold `cudaHostAlloc`.
+# Read the table column by column:
+#
+# - **The copy call**: from a pinned batch it only enqueues the DMA; from a pageable one the main
+#   thread stages the whole batch through the driver (the fact above).
+# - **`next()` with workers**: the batch comes from a worker process through shared memory, and
+#   some thread has to take it off the workers' queue. With `pin_memory=False` that is the main
+#   thread, inside `next()`; with `pin_memory=True` it is the pin-memory thread, which takes the
+#   batch, pins it (a `memcpy` into a pinned block) and queues it, while the main thread waits for
+#   the training step. The main thread then gets a ready, pinned batch.
+# - **`next()` without workers**: `pin_memory=True` still delivers pinned batches, but the main
+#   thread pins them itself, inside `next()`: compare its `next()` with `pin_memory=False`'s.
+# - **Wall ms per batch**: how close each set-up came to the training step alone, the one number a
+#   training loop feels.
+#
+# Each pinned batch is freed after its step, and its block goes back to the caching allocator's
+# free list; the next batch reuses it, so the loader calls `cudaHostAlloc` only for the first few
+# batches (the count above), not once per batch.
 #
 # ### Pinning from several threads
 #
 # Pinning many tensors is work for the host: page-locking new memory (`cudaHostAlloc`, cold) or a
 # `memcpy` into a cached pinned block (warm). Does it go faster from several threads? Below: 32
-# tensors of 4 MiB, pinned with `t.pin_memory()` from a pool of 1, 2, 4 and 8 threads, cold (the
-# allocator's cache emptied first) and warm (the blocks just freed, cached), in interleaved rounds.
+# tensors of 4 MiB, pinned with `t.pin_memory()` from the main thread itself (no pool) and from a
+# pool of 1, 2, 4 and 8 threads, cold (the allocator's cache emptied first) and warm (the blocks
+# just freed, cached), in interleaved rounds.
+#
+# 🔮 **Predict.** Which gains more from 8 threads: cold pinning or warm pinning?
 
 # %%
 def pin_from_threads(tensors, threads):
-    """`t.pin_memory()` of every tensor from a pool of `threads` threads: host ms until all are pinned."""
+    """`t.pin_memory()` of every tensor from a pool of `threads` threads (0: the calling thread, no pool).
+    Returns the host ms until all are pinned, and the pinned tensors."""
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        pinned = list(pool.map(torch.Tensor.pin_memory, tensors))
+    if threads == 0:
+        pinned = [t.pin_memory() for t in tensors]
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            pinned = list(pool.map(torch.Tensor.pin_memory, tensors))
     return (time.perf_counter() - t0) * 1e3, pinned
 
 
 def pin_scaling(count, nbytes, threads, rounds=3):
+    """Host ms to pin `count` tensors of `nbytes`, cold and warm, per pool size, and cudaHostAlloc calls."""
     tensors = [torch.ones(nbytes // 4) for _ in range(count)]
     allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731  (cudaHostAlloc calls)
     rows = {t: {"threads": t, "cold_ms": [], "warm_ms": [], "cold_allocs": [], "warm_allocs": []} for t in threads}
@@ -504,24 +534,30 @@ def pin_scaling(count, nbytes, threads, rounds=3):
             rows[t]["warm_allocs"].append(allocs() - a0)
             del pinned
     pinlab.release_cached_host_blocks()
-    return list(rows.values())
+    return {"rows": list(rows.values()), "intra_op_threads": torch.get_num_threads()}
 
 
 pin_count = 32
 threaded = pinlab.measure("01_pin_threads", pin_scaling, count=pin_count, nbytes=4 * bw.MiB, threads=bw.PIN_THREADS)
 
 # %%
-bw.plot_pin_threads(threaded.result, title=f"Pinning 32 x 4 MiB from several threads ({threaded.tag})")
+bw.plot_pin_threads(threaded.result["rows"], title=f"Pinning 32 x 4 MiB from several threads ({threaded.tag})")
 plt.show()
 
 # %%
-rows_t = threaded.result
-cold_up = bw.speedups({r["threads"]: r["cold_ms"] for r in rows_t})
-warm_up = bw.speedups({r["threads"]: r["warm_ms"] for r in rows_t})
-pinlab.show("cold, speed-up over one thread (2, 4, 8 threads)",
-            ", ".join(f"{cold_up[t]:.1f}x" for t in bw.PIN_THREADS[1:]))
-pinlab.show("warm, speed-up over one thread (2, 4, 8 threads)",
-            ", ".join(f"{warm_up[t]:.1f}x" for t in bw.PIN_THREADS[1:]))
+rows_t = threaded.result["rows"]
+pool = [t for t in bw.PIN_THREADS if t > 0]
+med = {(r["threads"], k): statistics.median(r[k]) for r in rows_t for k in ("cold_ms", "warm_ms")}
+cold_up = bw.speedups({t: med[(t, "cold_ms")] for t in pool})
+warm_up = bw.speedups({t: med[(t, "warm_ms")] for t in pool})
+pinlab.show(f"cold, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a pool of one",
+            ", ".join(f"{cold_up[t]:.1f}x" for t in pool[1:]))
+pinlab.show(f"warm, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a pool of one",
+            ", ".join(f"{warm_up[t]:.1f}x" for t in pool[1:]))
+best = min(pool, key=lambda t: med[(t, "warm_ms")])
+pinlab.show("warm, the main thread alone vs the best pool",
+            f"{med[(0, 'warm_ms')]:.1f} ms vs {med[(best, 'warm_ms')]:.1f} ms ({best} threads); torch's intra-op "
+            f"threads: {threaded.result['intra_op_threads']}")
 facts = {
     "cold: every tensor cost exactly one cudaHostAlloc, whatever the number of threads":
         all(a == pin_count for r in rows_t for a in r["cold_allocs"]),
@@ -532,13 +568,19 @@ for fact, ok in facts.items():
 assert all(facts.values())
 
 # %% [markdown]
-# Read each line against its dotted line, perfect scaling from one thread. A warm pin is a
-# `memcpy` into a cached block: work threads can share, until the host's memory bandwidth is the
-# limit (and PyTorch's copy may already use several cores from one thread). A cold pin first
-# page-locks new memory through the driver (`cudaHostAlloc`; PyTorch's source notes a global lock
-# in the driver) and the operating system's page tables: work that threads share badly. The
-# speed-up lines above say how much each gained on this machine; the counts say that threads
-# change nothing about *how many* `cudaHostAlloc` calls are made: warm the cache, and there are none.
+# Read each line against its dotted line (perfect scaling from a pool of one):
+#
+# - **Cold**, every tensor is a new `cudaHostAlloc`: page-locking new memory goes through the
+#   driver (PyTorch's source notes a global lock in the driver there) and the operating system's
+#   page tables, work that threads share badly. Expect the cold line to stay near the one-thread
+#   time, and read the speed-up line for this machine. Threads change nothing about *how many*
+#   `cudaHostAlloc` calls are made (the counts): only a warm cache removes them.
+# - **Warm**, every tensor is a `memcpy` into a cached block: work that threads do share, until the
+#   host's memory bandwidth is the limit.
+# - The **main thread alone** (the dashed lines): PyTorch can spread one copy over its intra-op
+#   threads (`torch.get_num_threads()`), and a call from a pool thread need not get that. So one
+#   call at a time from the main thread can match a pool, or beat it: the last line above says
+#   which it did here. Measure before you add a pool.
 #
 # ## When *not* to pin
 # - **One-off transfers** of big buffers: a cold pin can cost more than the pageable copy.
@@ -571,7 +613,8 @@ assert back
 #   swapped: do not pin everything.
 # - `DataLoader(..., pin_memory=True)` hands you pinned batches: with workers a pin-memory thread
 #   pins them off the main thread; with `num_workers=0` the main thread pins them in `next()`.
-#   Pinning from several threads splits the `memcpy`; it does not make `cudaHostAlloc` cheaper.
+#   Pinning from several threads splits the warm `memcpy` (which one main-thread call may already
+#   spread over torch's intra-op threads); cold pinning (`cudaHostAlloc`) barely gains: warm the cache.
 #
 # **Exercise:** `exercises/01_pinned_memory.ipynb` (solution in `solutions/`).
 # **Next:** 02 · fake `non_blocking`.

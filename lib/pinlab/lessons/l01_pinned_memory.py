@@ -27,7 +27,7 @@ DEFAULT_SIZES = [KiB << (2 * i) for i in range(11)]  # the bandwidth sweep: 1 Ki
 LATENCY_SIZES = [KiB << (2 * i) for i in range(6)]   # the latency bursts: 1 KiB, 4 KiB, ... 1 MiB
 PIN_COST_SIZES = (MiB, 16 * MiB, 256 * MiB)
 ROUNDING_REQUEST = 129 * MiB + 512 * KiB             # 129.5 MiB: rounded up to 256 MiB
-PIN_THREADS = [1, 2, 4, 8]                           # pinning from several threads: the pool sizes
+PIN_THREADS = [0, 1, 2, 4, 8]                        # pinning from several threads: pool sizes (0: the main thread)
 
 
 # ---- reference answers (the exercise checkers import these) -------------------------------------
@@ -215,31 +215,40 @@ def speedups(ms_by_threads) -> dict:
 
 
 def plot_pin_threads(rows, *, title: str, ax=None):
-    """Host ms to pin all the tensors against the number of threads, cold and warm (medians), with
-    perfect scaling from one thread (dotted) for comparison. ``rows``: ``[{"threads", "cold_ms": [...],
-    "warm_ms": [...]}]``."""
+    """Host ms to pin all the tensors against the pool size, cold and warm (medians), with perfect
+    scaling from a pool of one (dotted) and the main thread without a pool (``threads`` 0: dashed).
+    ``rows``: ``[{"threads", "cold_ms": [...], "warm_ms": [...]}]``."""
     import matplotlib.pyplot as plt
 
     if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, (list, tuple)) or not rows:
         raise TypeError("rows must be a non-empty list of {'threads', 'cold_ms', 'warm_ms'}")
+    threads_all = [positive_int(f"rows[{i}]['threads']", r.get("threads") if isinstance(r, dict) else None,
+                                allow_zero=True) for i, r in enumerate(rows)]
+    pool = [(t, r) for t, r in zip(threads_all, rows) if t > 0]
+    main = [r for t, r in zip(threads_all, rows) if t == 0]
+    if not pool:
+        raise ValueError("rows must have at least one pool size (threads >= 1)")
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4))
-    threads = [positive_int("rows[i]['threads']", r.get("threads")) for r in rows]
+    threads = [t for t, _ in pool]
     for key, label, style in (("cold_ms", "cold: every block a new cudaHostAlloc", "o-"),
                               ("warm_ms", "warm: blocks from the cache (copy only)", "s-")):
-        med = [statistics.median(r[key]) for r in rows]
-        line, = ax.plot(threads, med, style, label=label)
+        med = [statistics.median(r[key]) for _, r in pool]
+        line, = ax.plot(threads, med, style, label=f"{label}, from a pool")
         if 1 in threads:
             one = med[threads.index(1)]
             ax.plot(threads, [one / t for t in threads], ":", color=line.get_color(), lw=1,
                     label="perfect scaling" if key == "warm_ms" else None)
+        if main:
+            ax.axhline(statistics.median(main[0][key]), color=line.get_color(), ls="--", lw=1,
+                       label=f"{key[:4]}: the main thread, no pool")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(threads)
     ax.set_xticklabels([str(t) for t in threads])
-    ax.set_xlabel("threads pinning")
+    ax.set_xlabel("threads in the pool")
     ax.set_ylabel("host ms until every tensor is pinned")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     return ax
