@@ -275,7 +275,8 @@ assert max(bad["max_err_right_inputs"], good["max_err_right_inputs"]) <= tol
 # *Where* does it wait? Timing only the copy call cannot say: a wait can surface in any call that
 # follows it. So clock **every** call of the step: the write, the copy call, the launch of the
 # kernel that reads the copy, and the launch of the rest of the forward. The loop is the one
-# above, unbounded (no sync until the end), with a clock around each call:
+# above, unbounded (no sync until the end), plus a small kernel that reads each copy (it records
+# what arrived, so the data is checked too), with a clock around each call:
 
 # %%
 def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
@@ -334,12 +335,14 @@ parts = {(r["buffer"], r["nbytes"]): l03.step_parts(r) for r in pc.result["runs"
 # %% tags=["nbval-ignore-output"]
 f1 = lambda v: f"{v:.1f}"  # noqa: E731
 pinlab.table([{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"], **p["group_ms"],
-               "copy_med": p["median_us"]["copy"], "fwd_med": p["median_us"]["forward"]}
+               "copy_med": p["median_us"]["copy"], "check_med": p["median_us"]["check"],
+               "fwd_med": p["median_us"]["forward"]}
               for (b, n), p in parts.items()],
              [("buffer", "buffer", str), ("bytes", "per step", fmt_bytes), ("loop", "host loop ms", f1),
               ("share", "loop / run", lambda v: f"{v:.0%}"), ("copy call", "in copy calls ms", f1),
               ("kernel launches", "in launches ms", f1), ("write + loop", "write + loop ms", f1),
-              ("copy_med", "copy call µs (median)", f1), ("fwd_med", "forward launch µs (median)", f1)])
+              ("copy_med", "copy call µs (median)", f1), ("check_med", "check launch µs (median)", f1),
+              ("fwd_med", "forward launch µs (median)", f1)])
 
 # %%
 l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
