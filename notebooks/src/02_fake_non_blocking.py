@@ -663,10 +663,13 @@ stalls.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kern
 plt.show()
 
 # %% [markdown]
-# What to look for. One stream: compute and copies take turns, never side by side. Copy stream,
-# pinned: the copies run under the compute, one step ahead or more (the host queues every step at
-# once, and the copy stream never waits for the compute). Copy stream, pageable: compare the copy
-# spans, and the gaps in the compute lane. The numbers:
+# What to look for (each plot has its own time axis). One stream: compute and copies take turns,
+# never side by side. Copy stream, pinned: the copies run under the compute, one step ahead or more
+# (the host queues every step at once, and the copy stream never waits for the compute). Copy
+# stream, pageable: the staged copies are much longer than the pinned ones, and the compute runs
+# only in the gaps between them. The host waited inside each `fetch` until its staged copy was
+# done, and queued the step's compute only after that: a second stream cannot help a copy that
+# holds the host. The numbers:
 
 # %%
 for key, label in stalls.OVERLAP_MODES.items():
@@ -713,8 +716,10 @@ assert race["wrong_steps"] > 0
 
 # %% [markdown]
 # The host queues all 40 steps long before the GPU has computed the first few: that lead is what
-# makes the reuse fatal here, and what makes it certain to show. In a real loop the lead is smaller
-# and the same bug corrupts a step now and then: the worst kind. Note the cost of the fix too:
+# makes the reuse fatal here, for many steps of the run. Some steps still come out right, by luck:
+# their block was last overwritten by an input with the same contents (the loop cycles through 4
+# inputs, and the freed blocks are handed out in turn). In a real loop the lead is smaller and the
+# same bug corrupts a step now and then: the worst kind. Note the cost of the fix too:
 # with `record_stream` and a host far ahead, the allocator cannot reuse an input's memory until
 # its compute has run, so it holds one input per step in flight (an engine bounds the run-ahead,
 # section 5, and with it this memory).
@@ -744,9 +749,11 @@ def copy_all_then_sync(dsts, srcs):
 #
 # <details><summary>Answer</summary>
 #
-# Pinned: one sync instead of 64 saves a round trip to the GPU per tensor, which matters most when
-# the copies are small. Pageable: the driver stages each copy (section 2), so the host pays its own
-# `memcpy` into staging either way, and the one-sync version saves less. See the table.
+# Pinned: blocking copies make the host and the copy engine take turns (queue a copy, wait for it,
+# queue the next); with one sync the host queues the next copy while the engine runs the last one,
+# and waits once. Pageable: the host itself copies every tensor into the driver's staging buffer
+# either way, and once the staging pool is full (section 2) the `non_blocking` copies wait too, so
+# the single sync saves less as the tensors grow. See the table.
 # </details>
 #
 # `stalls.many_tensors` times both functions (median of 7 interleaved tries) and checks that every

@@ -698,9 +698,12 @@ def plot_overlap(modes: dict, *, title: str, keys=None):
     for k in keys:
         if k not in modes or not isinstance(modes[k], dict) or "gpu" not in modes[k]:
             raise ValueError(f"keys: {k!r} is not a mode with profiled 'gpu' spans in modes")
-    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 1.9 * len(keys) + 0.6), sharex=True, squeeze=False)
-    for ax, k in zip(axes[:, 0], keys):
+    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.1 * len(keys) + 0.6), squeeze=False)
+    for ax, k in zip(axes[:, 0], keys):  # each run on its own time axis: a slow one would squash the others
         timeline(overlap_lanes(modes[k]["gpu"]), title=OVERLAP_MODES.get(k, k), ax=ax)
+        for bars in ax.collections:  # a thin edge shows where one kernel (or copy) ends and the next begins
+            bars.set_edgecolor("white")
+            bars.set_linewidth(0.6)
         ax.set_ylim(1.5, -1.6)  # room for the legend above the first lane
     fig.suptitle(title)
     fig.tight_layout()
