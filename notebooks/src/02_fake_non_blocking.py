@@ -814,9 +814,9 @@ assert [r["outcome"] for r in advice] == expected_outcomes
 # copy is staged by the driver and returns at once. On the GPU the copy runs in stream order, before
 # anything queued after it, so the device data is right, with one condition the flag adds: the
 # host must not write a pinned source until the copy has run (lesson 03 is that race; a pageable
-# source is copied into staging at the call). Where it fails: one large
-# pageable copy waits for the GPU; many small ones wait once the staging pool's pending bytes are
-# full; a copy into pageable host memory is synchronous whatever the flag says. And where it is a
+# source is copied into staging at the call). Where it fails: one large pageable copy waits for
+# the GPU; many small ones wait once the staging pool's pending bytes are full; a copy into
+# pageable host memory is synchronous whatever the flag says. And where it is a
 # trap: into pinned memory (`.to("cpu", non_blocking=True)` allocates pinned memory for you), the
 # call returns before the data is there (section 3; the tutorial warns about this one too).
 # Section 6 adds the last case: even pinned and `non_blocking`, a copy on the compute's stream never
