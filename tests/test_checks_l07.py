@@ -81,7 +81,7 @@ WRONG = {
     # the LM head still offloaded to pageable memory
     "pageable-offload": (
         _variant("pageable-offload", (OFFLOAD, '    m.lm_head_host = m.lm_head.to("cpu")')),
-        ["a 4.0 MiB pageable non_blocking copy", "at line 17 of fixed_loop (40 times)", "fake"]),
+        ["a 8.0 MiB pageable non_blocking copy", "at line 17 of fixed_loop (40 times)", "fake"]),
     # pinned, but through a pageable intermediate... that is still one pinned source: accepted below;
     # a pinned copy made every step from a pageable offload is a pageable copy per step, though
     "pin-every-step": (

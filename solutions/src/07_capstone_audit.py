@@ -34,15 +34,15 @@ def planted_loop(m, steps):
     tokens_host = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
     m.schedule(0, meta)                                       # the scheduler writes step 0's metadata
     for n in range(steps):
-        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (4 MiB)
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (8 MiB)
         m.encode(n)                                           # vision encoder: rotary ids, GPU work
         snap = meta.pin_memory()                              # a private snapshot of step n's metadata
         m.meta_dev[n].copy_(snap, non_blocking=True)          # H2D: indptr + last_page_len
+        if n + 1 < steps:
+            m.schedule(n + 1, meta)                           # the scheduler moves on to step n+1
         tokens = m.decode(n)                                  # paged attention, LM head, argmax (GPU)
         tokens_host.copy_(tokens, non_blocking=True)          # D2H into pinned memory
         m.emit(n, tokens_host)                                # hand step n's tokens to the detokenizer
-        if n + 1 < steps:
-            m.schedule(n + 1, meta)                           # prepare step n+1 while the GPU works
         if tokens.eq(m.eos).any().item():                     # did a request finish?
             m.note_stop(n)
         m.host_work()                                         # the server, the detokenizer (CPU)

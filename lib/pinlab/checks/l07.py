@@ -135,7 +135,10 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
     name = getattr(fn, "__name__", "fixed_loop")
     with stream() as s:
         show("fixed_loop checked on", s.label)
-        model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, host_ms=0.0 if s.emulated else 0.2, seed=3)
+        # the torch attention (no FlashInfer plan() to guard, whatever the loop's run-ahead); on a GPU the
+        # work per step keeps it behind a host with no work of its own, so that a race can show
+        model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, decoder_ms=0.8, host_ms=0.0, seed=3,
+                                  backend="torch")
     try:
         r = l07.run_loop(model, fn, steps)
     except NotImplementedError:

@@ -52,8 +52,8 @@ SHAPES = dict(max_batch=8, page_size=16, max_seq_len=256, num_qo_heads=8, num_kv
 #: On the emulated stream (CPU) the attention is smaller, to keep 1000 steps to seconds; the copies
 #: the loop makes (metadata, LM head, tokens) have the same sizes.
 SHAPES_EMULATED = dict(max_batch=8, page_size=16, max_seq_len=64, num_qo_heads=4, num_kv_heads=1, head_dim=32)
-HIDDEN = 1024         # LM head [HIDDEN, VOCAB] fp32: 4 MiB (on CPU the attention output meets its first rows)
-VOCAB = 1024
+HIDDEN = 1024         # LM head [HIDDEN, VOCAB] fp32: 8 MiB (on CPU the attention output meets its first rows)
+VOCAB = 2048
 EOS = 7               # the end-of-sequence token
 MERGE = 2             # the vision encoder's spatial merge size
 FLASHINFER_WRAPPERS = 8  # FlashInfer wrappers used in turn (each re-planned only after its last run)
@@ -67,11 +67,12 @@ class CapstoneModel:
     """The capstone's toy engine on ``stream`` (see the module docstring). Build it inside
     ``with stream:``; ``steps`` is the most steps a loop may run on it."""
 
-    def __init__(self, stream, *, steps: int = 1000, encoder_ms: float = 1.5, host_ms: float = 1.0,
-                 seed: int = 0, backend: str = "auto"):
+    def __init__(self, stream, *, steps: int = 1000, encoder_ms: float = 1.0, decoder_ms: float = 1.0,
+                 host_ms: float = 0.3, seed: int = 0, backend: str = "auto"):
         self.stream = s = stream
         self.steps = positive_int("steps", steps)
         self.encoder_ms = positive_number("encoder_ms", encoder_ms)
+        self.decoder_ms = positive_number("decoder_ms", decoder_ms)
         self.host_ms = positive_number("host_ms", host_ms, allow_zero=True)
         if backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'flashinfer', got {backend!r}")
@@ -93,6 +94,7 @@ class CapstoneModel:
         self.grids = [[(1, 16 + 4 * (n % 5), 16 + 4 * ((3 * n) % 7))] for n in range(self.steps)]
         self.vision_out = torch.zeros(2, 40, device=dev)
         self.backend, self.fallback_reason = "torch", None
+        self._attn_out = None
         self._wrappers, self._plan_done = [], []
         if backend in ("auto", "flashinfer"):
             self._try_flashinfer(backend == "flashinfer")
@@ -155,10 +157,12 @@ class CapstoneModel:
 
     def decode(self, n: int) -> torch.Tensor:
         """Step ``n``'s decode on the GPU (enqueued): page indices from ``meta_dev[n]`` (the device copy
-        of the metadata), paged attention, the LM head, argmax. Returns ``tokens_dev[n]`` ([max_batch]
-        int64 on the device, -1 past the batch)."""
+        of the metadata), paged attention, ``decoder_ms`` of GPU work (the decoder's other layers), the
+        LM head, argmax. Returns ``tokens_dev[n]`` ([max_batch] int64 on the device, -1 past the batch)."""
         with self.span("launch decode"):
             self.stream.launch(self._decode, n)
+            self.stream.busy(self.decoder_ms)
+            self.stream.launch(self._lm_head, n)
         return self.tokens_dev[n]
 
     def _decode(self, n: int) -> None:
@@ -181,9 +185,13 @@ class CapstoneModel:
         else:
             lpl_dev = row[d.max_batch + 1: d.max_batch + 1 + b]
             out = torch_paged_decode(d.q[n, :b], d.k, d.v, ip_dev, idx, lpl_dev, max_pages=d.pages_per_req)
-        o = out.reshape(b, -1).float()
+        self._attn_out = out
+
+    def _lm_head(self, n: int) -> None:
+        out, self._attn_out = self._attn_out, None
+        o = out.reshape(out.shape[0], -1).float()
         logits = o @ self.lm_head[: o.shape[1]]
-        self.tokens_dev[n, :b].copy_(logits.argmax(dim=-1))
+        self.tokens_dev[n, : o.shape[0]].copy_(logits.argmax(dim=-1))
 
     def host_work(self) -> None:
         """The rest of the host's step (the server, the detokenizer): ``host_ms`` of CPU time."""
@@ -232,15 +240,15 @@ def planted_loop(m, steps):
     tokens_host = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
     m.schedule(0, meta)                                       # the scheduler writes step 0's metadata
     for n in range(steps):
-        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (4 MiB)
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (8 MiB)
         m.encode(n)                                           # vision encoder: rotary ids, GPU work
         snap = meta.pin_memory()                              # a private snapshot of step n's metadata
         m.meta_dev[n].copy_(snap, non_blocking=True)          # H2D: indptr + last_page_len
+        if n + 1 < steps:
+            m.schedule(n + 1, meta)                           # the scheduler moves on to step n+1
         tokens = m.decode(n)                                  # paged attention, LM head, argmax (GPU)
         tokens_host.copy_(tokens, non_blocking=True)          # D2H into pinned memory
         m.emit(n, tokens_host)                                # hand step n's tokens to the detokenizer
-        if n + 1 < steps:
-            m.schedule(n + 1, meta)                           # prepare step n+1 while the GPU works
         if tokens.eq(m.eos).any().item():                     # did a request finish?
             m.note_stop(n)
         m.host_work()                                         # the server, the detokenizer (CPU)
@@ -503,8 +511,9 @@ def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
     return out
 
 
-def model_args(*, steps, encoder_ms, host_ms, seed=0, backend="auto") -> dict:
+def model_args(*, steps, encoder_ms, decoder_ms, host_ms, seed=0, backend="auto") -> dict:
     return dict(steps=positive_int("steps", steps), encoder_ms=positive_number("encoder_ms", encoder_ms),
+                decoder_ms=positive_number("decoder_ms", decoder_ms),
                 host_ms=positive_number("host_ms", host_ms, allow_zero=True),
                 seed=positive_int("seed", seed, allow_zero=True), backend=backend)
 
@@ -528,7 +537,8 @@ def _short(r: dict) -> dict:
     return r
 
 
-def audit(loops, *, steps: int = 200, encoder_ms: float = 1.5, host_ms: float = 1.0, seed: int = 0,
+def audit(loops, *, steps: int = 200, encoder_ms: float = 1.0,
+          decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0,
           backend: str = "auto", stream=None) -> dict:
     """Each loop of ``loops`` once through :func:`run_loop` (audit and judge) on the CUDA stream
     (``stream=None``) or the given stream. Returns ``{"backend", "fallback_reason", "loops": {name:
@@ -536,7 +546,8 @@ def audit(loops, *, steps: int = 200, encoder_ms: float = 1.5, host_ms: float = 
     loops = _loops_arg(loops)
     s = cuda_or(stream, "audit()")
     with s:
-        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
+                                      host_ms=host_ms, seed=seed,
                                           backend=backend))
     out = {name: _short(run_loop(m, fn, steps)) for name, fn in loops.items()}
     res = {"backend": m.backend, "fallback_reason": m.fallback_reason, "loops": out}
@@ -545,8 +556,8 @@ def audit(loops, *, steps: int = 200, encoder_ms: float = 1.5, host_ms: float = 
     return res
 
 
-def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10, encoder_ms: float = 1.5,
-               host_ms: float = 1.0, seed: int = 0, backend: str = "auto") -> dict:
+def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10, encoder_ms: float = 1.0,
+               decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0, backend: str = "auto") -> dict:
     """Steps per second of each loop (CUDA): a warm-up, then ``rounds`` interleaved rounds of
     ``steps`` steps each; the median round per loop. Returns ``{"backend", "loops": {name:
     {"steps_per_s", "ms_per_step", "rounds_ms"}}}``."""
@@ -557,7 +568,8 @@ def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10
     from ..streams import CudaStream
 
     s = CudaStream()
-    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
+                                      host_ms=host_ms, seed=seed,
                                       backend=backend))
     for fn in loops.values():
         m.reset()
@@ -586,7 +598,8 @@ def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10
 TRACE = "build/traces/07_capstone.json"
 
 
-def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.5, host_ms: float = 1.0, seed: int = 0,
+def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.0,
+          decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0,
              backend: str = "auto", trace: str = TRACE) -> dict:
     """A few steps of each loop under ``torch.profiler`` (CUDA): host spans (schedule, launches, host
     work, emit) and GPU spans (kernels, memcpys), per loop (:func:`pinlab.profiler.profile_runs`)."""
@@ -597,7 +610,8 @@ def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.5, host_ms: float =
     from ..streams import CudaStream
 
     s = CudaStream()
-    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
+                                      host_ms=host_ms, seed=seed,
                                       backend=backend))
 
     def runner(fn):
@@ -631,7 +645,8 @@ def emulated(loops, *, steps: int = 200, seed: int = 0) -> dict:
     loops = _loops_arg(loops)
     s = LaggingStream()
     with s:
-        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=1.0, host_ms=0.0, seed=seed, backend="auto"))
+        m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=1.0, decoder_ms=1.0, host_ms=0.0, seed=seed,
+                                          backend="auto"))
     return {"backend": m.backend, "fallback_reason": m.fallback_reason,
             "loops": {name: _short(run_loop(m, fn, steps)) for name, fn in loops.items()}}
 
@@ -667,7 +682,8 @@ def stall_lines(report, fn) -> list[str]:
     return [f"{kind}: {op} at line {line} of {fn.__name__}, {-c} time(s)" for c, line, kind, op in sorted(rows)]
 
 
-def detect(loop, *, steps: int = 20, encoder_ms: float = 1.5, host_ms: float = 1.0, seed: int = 0,
+def detect(loop, *, steps: int = 20, encoder_ms: float = 1.0,
+          decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0,
            backend: str = "auto") -> dict:
     """``loop(m, steps)`` once on CUDA under :func:`pinlab.detect_stalls`: its stalls, by line of the loop
     (:func:`stall_lines`), and how many events the detector saw elsewhere (FlashInfer, the plumbing)."""
@@ -677,7 +693,8 @@ def detect(loop, *, steps: int = 20, encoder_ms: float = 1.5, host_ms: float = 1
     callable_arg("loop", loop)
     require_cuda("detect()")
     s = CudaStream()
-    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
+    m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
+                                      host_ms=host_ms, seed=seed,
                                       backend=backend))
     loop(m, min(2, steps))  # warm-up: first launches outside the report
     torch.cuda.synchronize()
@@ -693,10 +710,11 @@ def detect(loop, *, steps: int = 20, encoder_ms: float = 1.5, host_ms: float = 1
     return res
 
 
-def before_after(loops, *, timeline_steps: int = 6, steps: int = 150, rounds: int = 3, encoder_ms: float = 1.5,
-                 host_ms: float = 1.0, seed: int = 0, backend: str = "auto") -> dict:
+def before_after(loops, *, timeline_steps: int = 6, steps: int = 150, rounds: int = 3, encoder_ms: float = 1.0,
+                 decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0, backend: str = "auto") -> dict:
     """:func:`throughput` and :func:`timeline` of the same loops (CUDA), in one result."""
-    thr = throughput(loops, steps=steps, rounds=rounds, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed,
-                     backend=backend)
-    tl = timeline(loops, steps=timeline_steps, encoder_ms=encoder_ms, host_ms=host_ms, seed=seed, backend=backend)
+    thr = throughput(loops, steps=steps, rounds=rounds, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
+                     host_ms=host_ms, seed=seed, backend=backend)
+    tl = timeline(loops, steps=timeline_steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms, host_ms=host_ms,
+                  seed=seed, backend=backend)
     return {"throughput": thr, "timeline": tl}
