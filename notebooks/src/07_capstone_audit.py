@@ -336,13 +336,14 @@ plt.show()
 
 # %% [markdown]
 # In the planted loop a step costs the pageable copy, plus the host's launches, plus the GPU's
-# work, plus the host's own work, one after the other. In the fixed loop the host's work for step
-# n+1 overlaps the GPU's work for step n, and the LM head's restore is a pinned copy the GPU does
-# on its own: a step costs about the larger of the host's and the GPU's share, and the GPU lane
-# has (almost) no gaps. The speed-up above is that difference; its noise comes from the host side
-# (the spin of `host_work`, launch times), which is why it is the median of interleaved rounds.
-# The speed-up is the smaller half of the story: the planted loop was also *wrong*, and no speed
-# makes up for corrupted steps.
+# work, plus the host's own work, largely one after the other: the `.item()` makes them take turns.
+# In the fixed loop the host prepares step n+1 while the GPU runs step n, and the LM head's restore
+# is a pinned copy the GPU does on its own: a step costs about the larger of the host's share and the
+# GPU's. The timelines show where the difference goes (under the profiler the host's launches are
+# slower than without it, so the fixed loop's GPU lane keeps some gaps). The speed-up's noise comes
+# from the host side (the spin of `host_work`, launch times), which is why it is the median of
+# interleaved rounds. And the speed-up is the smaller half of the story: the planted loop was also
+# *wrong*, and no speed makes up for corrupted steps.
 
 # %%
 del em, planted, fixed
