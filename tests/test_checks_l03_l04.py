@@ -351,6 +351,13 @@ def test_run_loop_shows_the_race(on_cpu):
     run = checks03.run_loop(loop_racy)
     assert run["steps"] == 200 and run["wrong_steps"] == 199 and "delivered step 2's data" in run["first_wrong"]
     assert checks03.run_loop(loop_pinned_snapshot_copy)["wrong_steps"] == 0
+    short = checks03.run_loop(loop_racy, steps=100)
+    assert short["steps"] == 100 and short["wrong_steps"] == 99
+    for bad in (0, -3, 10**9):
+        with pytest.raises(ValueError, match="steps"):
+            checks03.run_loop(loop_racy, steps=bad)
+    with pytest.raises(TypeError, match="fn"):
+        checks03.run_loop("not a loop")
 
 
 @pytest.mark.gpu

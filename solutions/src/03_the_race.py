@@ -118,7 +118,7 @@ def racy_loop(s, steps, write_metadata, forward):
         forward(n, meta)
 
 
-run = checks03.run_loop(racy_loop)
+run = checks03.run_loop(racy_loop, steps=100)
 pinlab.show("ran on", run["label"])
 pinlab.show("steps that read another step's data", f"{run['wrong_steps']} of {run['steps']}")
 print("more than half the steps read another step's data:", run["wrong_steps"] > run["steps"] // 2)

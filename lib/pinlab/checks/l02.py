@@ -489,7 +489,8 @@ def _event_reason(event) -> str:
 
 SYNC_CASES = [(2048, 1024), (640, 1024), (256, 1024)]   # 8 MiB, 2.5 MiB (just over the staging limit), 1 MiB
 N_OUT = 64
-SYNC_BUSY_MS = 20.0
+SYNC_BUSY_MS = 40.0     # a step that waits takes about this long; one that does not took 1.5-5 ms on the H200
+SYNC_ATTEMPTS = 2       # on CUDA the faster of two timed calls counts (each behind its own busy kernel)
 _failures: Counter = Counter()
 HINTS = {
     "step_without_syncs": (
@@ -555,16 +556,26 @@ def check_step_without_syncs(fn) -> bool:
                 if not s.emulated:  # first launches, cuBLAS, the pinned blocks: not timed
                     fn(s, x_host, w)
                     s.synchronize()
-                    s.noted.clear()
-                    s.busy(SYNC_BUSY_MS)
-                else:
-                    s.launch(lambda: None)  # the GPU is busy: a wait has work to wait for
-                    s.waits.clear()
-                    s.counting = True
-                with detect_stalls() as report, Watch(s) as watch:
-                    t0 = time.perf_counter()
-                    res = fn(s, x_host, w)
-                    host_ms = (time.perf_counter() - t0) * 1e3
+                best = None
+                for _ in range(1 if s.emulated else SYNC_ATTEMPTS):
+                    if s.emulated:
+                        s.launch(lambda: None)  # the GPU is busy: a wait has work to wait for
+                        s.waits.clear()
+                        s.counting = True
+                    else:
+                        s.synchronize()
+                        s.noted.clear()
+                        s.busy(SYNC_BUSY_MS)
+                    with detect_stalls() as report, Watch(s) as watch:
+                        t0 = time.perf_counter()
+                        res = fn(s, x_host, w)
+                        host_ms = (time.perf_counter() - t0) * 1e3
+                    noted = list(getattr(s, "noted", ()))
+                    if best is None or host_ms < best[0]:  # a slow host moment once is not a wait
+                        best = (host_ms, report, watch, res, noted)
+                host_ms, report, watch, res, noted = best
+                if not s.emulated:
+                    s.noted[:] = noted
             except NotImplementedError:
                 if s.emulated:
                     s.counting = False

@@ -144,7 +144,8 @@ from collections import Counter
 
 import torch
 
-from ..args import callable_arg
+from ..args import callable_arg, positive_int
+from ..steploop import MAX_LOOP_STEPS
 from ..timing import show
 from .l02 import Watch, fail, not_implemented, watched_stream
 
@@ -269,20 +270,21 @@ def _race_cause(watch) -> str:
     return "the host rewrote the data before the GPU had copied it."
 
 
-def run_loop(fn) -> dict:
+def run_loop(fn, steps: int = STEPS) -> dict:
     """Run ``fn(s, steps, write_metadata, forward)`` through the exercise's harness once, unchecked:
     ``{"steps", "wrong_steps" (steps that read another step's data), "first_wrong" (its message or None),
     "label"}``. For showing what the racy loop does; the checker is :func:`check_race_free_loop`."""
     callable_arg("fn", fn)
+    steps = positive_int("steps", steps, maximum=MAX_LOOP_STEPS)
     s = watched_stream()
     with s:
         if not s.emulated:
             with Watch(s):
                 _Harness(s, WARM_STEPS).run(fn)
         with Watch(s):
-            got = _Harness(s, STEPS).run(fn)
-    race = _race(got, STEPS)
-    return {"steps": STEPS, "wrong_steps": race[1] if race else 0, "first_wrong": race[0] if race else None,
+            got = _Harness(s, steps).run(fn)
+    race = _race(got, steps)
+    return {"steps": steps, "wrong_steps": race[1] if race else 0, "first_wrong": race[0] if race else None,
             "label": s.label}
 
 
