@@ -64,6 +64,10 @@ WRONG = {
     "tolist-stop-check": (
         _variant("tolist-stop-check", (D2H, D2H + "\n        if m.eos in tokens.tolist():\n            pass")),
         ["a host sync inside the loop: `.tolist()`"]),
+    # a wait for the whole GPU every step "to be safe"
+    "sync-every-step": (
+        _variant("sync-every-step", (D2H, D2H + "\n        s.synchronize()")),
+        ["a host sync inside the loop: `stream.synchronize()` at line 22 of fixed_loop (40 times)"]),
     # nonzero() of a GPU tensor: its kernel must tell the host how many entries it found
     "nonzero-stop-check": (
         _variant("nonzero-stop-check", (D2H, D2H + "\n        if tokens.eq(m.eos).nonzero().numel():\n            pass")),

@@ -275,13 +275,15 @@ for line in fixed["audit_lines"]:
     print(line)
 print("fixed loop, emulated: corrupted steps:", fixed["corrupted"], "of", STEPS)
 print("fixed loop: pageable copies:", fixed["counts"][l07.PAGEABLE], "| pin_memory() of a pinned tensor:",
-      fixed["counts"][l07.PIN_NOOP])
+      fixed["counts"][l07.PIN_NOOP], "| syncs or blocking copies inside the loop:", sum(fixed["in_loop"].values()))
 print("fixed loop: every finished step noted, the LM head intact:", fixed["stops_ok"] and fixed["lm_head_ok"])
 assert fixed["corrupted"] == 0 and fixed["counts"][l07.PAGEABLE] == 0 and fixed["counts"][l07.PIN_NOOP] == 0
-assert fixed["counts"][l07.SYNC] == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]
+assert sum(fixed["in_loop"].values()) == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]
 
 # %% [markdown]
-# The one blocking copy left is the offload itself, once, before the loop (line 4): allowed. On the
+# What is left runs once: the offload before the loop (line 4) and the final `synchronize()` after it
+# (line 31), both allowed (`run_loop` also counts `m.stream.synchronize()` calls, which are no torch
+# calls; waits on events are the ring's, and are not counted). On the
 # emulated stream, where every race shows, no step is corrupted; the checker below runs the loop for
 # 1000 steps on this machine's stream (the GPU when there is one).
 #

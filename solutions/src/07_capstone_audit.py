@@ -58,8 +58,9 @@ def planted_loop(m, steps):
 # - **no pageable `non_blocking` copy** (where should the offloaded LM head live? lesson 05);
 # - **no race**: no buffer rewritten before the copy that reads it has run, and no `pin_memory()` of
 #   a pinned buffer passed off as a snapshot (lessons 03 and 04);
-# - **no host sync inside the loop**: no `.item()`, `.tolist()`, `bool()` of a GPU tensor (lesson 02);
-#   waiting on an event that bounds how far the host runs ahead is fine;
+# - **no host sync inside the loop**: no `.item()`, `.tolist()`, `bool()` of a GPU tensor, no
+#   `s.synchronize()` every step (lesson 02); waiting on an event that bounds how far the host runs
+#   ahead is fine, and so is one `s.synchronize()` at the end;
 # - **no early read**: read a `non_blocking` D2H result only after an event recorded behind it.
 #
 # Start from a copy of `planted_loop`'s body. The checker runs it for 1000 steps and names what is

@@ -31,9 +31,7 @@ from ..timing import show
 _failures: Counter = Counter()
 
 STEPS = 1000
-#: A sync or blocking copy seen more often than this ran inside the loop (once per step); fewer
-#: times is set-up or draining (offloading the LM head, the last few deliveries).
-IN_LOOP = 8
+IN_LOOP = l07.IN_LOOP  # more often than this: inside the loop (fewer: set-up or draining)
 
 HINT = ("go through the loop line by line with the lessons: offload the LM head into pinned memory once "
         "(`torch.empty_like(w, device=\"cpu\", pin_memory=True).copy_(w)`, lesson 05); give each step in flight "

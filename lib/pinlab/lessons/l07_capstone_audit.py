@@ -430,7 +430,8 @@ class LoopAudit(TorchFunctionMode):
         """One line per (kind, call, line), most frequent first: what a reader of the loop needs."""
         out = []
         for (kind, call, line, nbytes), c in sorted(self.events.items(), key=lambda kv: (-kv[1], kv[0][2])):
-            out.append(f"{kind}: {call} at line {line} of {self.name}, {fmt_bytes(nbytes)}, {c} time(s)")
+            size = f", {fmt_bytes(nbytes)}" if nbytes else ""
+            out.append(f"{kind}: {call} at line {line} of {self.name}{size}, {c} time(s)")
         return out
 
     def as_list(self) -> list[dict]:
@@ -438,8 +439,27 @@ class LoopAudit(TorchFunctionMode):
                 for (k, call, line, nb), c in sorted(self.events.items(), key=lambda kv: (kv[0][2], kv[0][0]))]
 
 
+class _WatchedStream:
+    """``m.stream`` while a loop runs under :func:`run_loop`: the stream itself, except that
+    ``synchronize()`` is recorded as a host sync at the loop's line (it is no torch call)."""
+
+    def __init__(self, stream, audit: LoopAudit):
+        self._stream, self._audit = stream, audit
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def synchronize(self) -> None:
+        self._audit._note(SYNC, "stream.synchronize()", 0)
+        self._stream.synchronize()
+
+
 _OWN_CODE = {LoopAudit._where.__code__, LoopAudit._note.__code__, LoopAudit._inspect.__code__,
-             LoopAudit.__torch_function__.__code__}
+             LoopAudit.__torch_function__.__code__, _WatchedStream.synchronize.__code__}
+
+#: A sync or blocking copy seen more often than this ran inside the loop (once per step); fewer
+#: times is set-up or draining (offloading the LM head, the last deliveries, the final synchronize).
+IN_LOOP = 8
 
 
 # =============================================================================================
@@ -496,8 +516,12 @@ def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
         s.synchronize()
         audit = LoopAudit(s, loop)
         t0 = time.perf_counter()
-        with audit:
-            loop(m, steps)
+        m.stream = _WatchedStream(s, audit)
+        try:
+            with audit:
+                loop(m, steps)
+        finally:
+            m.stream = s
         s.synchronize()
         seconds = time.perf_counter() - t0
         rows = m.meta_dev[:steps].cpu().tolist()
@@ -507,6 +531,7 @@ def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
     out["audit"] = audit.as_list()
     out["audit_lines"] = audit.lines()
     out["counts"] = {k: audit.count(k) for k in AUDIT_KINDS}
+    out["in_loop"] = {k: audit.count(k, more_than=IN_LOOP) for k in AUDIT_KINDS}
     out["seconds"] = seconds
     return out
 
