@@ -560,7 +560,7 @@ assert all(demo[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_rin
 # Now the measurement: 10,000 steps of each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`,
 # about 21 KiB per step), the GPU busy 0.25 ms per step, and the run-ahead bounded the way an engine
 # bounds it: before step N the host waits (untimed) for step N-2's "done" event. The slab ring has
-# 3 slabs (one more than the two steps in flight). Four interleaved rounds of 2,500 steps.
+# 3 slabs (one more than the two steps in flight). Eight interleaved rounds of 1,250 steps.
 #
 # Why bound the run-ahead? Without it the host runs until CUDA's launch queue is full and then waits
 # for a free slot on every launch, and the pageable copies wait for the staging pool: the timings
@@ -569,7 +569,7 @@ assert all(demo[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_rin
 
 # %%
 fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000, sizes=SIZES, busy_ms=0.25, ahead=2,
-                    depth=3, rounds=4)
+                    depth=3, rounds=8)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(fr.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"),
@@ -590,20 +590,28 @@ print("the reused pinned buffers (the race) corrupted at least one step:", f["re
 for k in l04.FIX_LABELS:
     pinlab.show(f"{l04.FIX_LABELS[k]}: host µs per step, median (round medians)",
                 f"{f[k]['p50_us']:.1f} ({', '.join(f'{v:.1f}' for v in f[k]['round_medians_us'])})")
-ratio = lambda a, b: f"{f[a]['p50_us'] / f[b]['p50_us']:.2f}"  # noqa: E731
-pinlab.show("slab ring / per-tensor snapshots (median host time)", ratio("slab_ring", "snapshot"))
-pinlab.show("slab ring / racy reused buffers (median host time)", ratio("slab_ring", "reused_pinned"))
+best = {k: min(f[k]["round_medians_us"]) for k in f}  # each approach's best round: its cost undisturbed
+pinlab.show("best round median, host µs per step: racy / pageable / snapshot / slab ring",
+            " / ".join(f"{best[k]:.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")))
+ratio = lambda a, b: f"{best[a] / best[b]:.2f}"  # noqa: E731
+pinlab.show("slab ring / per-tensor snapshots (best rounds)", ratio("slab_ring", "snapshot"))
+pinlab.show("slab ring / racy reused buffers (best rounds)", ratio("slab_ring", "reused_pinned"))
 assert all(f[k]["steps"] == 10_000 and f[k]["corrupted"] == 0 for k in ("pageable", "snapshot", "slab_ring"))
 assert f["reused_pinned"]["corrupted"] >= 1  # the GPU is 0.25 ms per step behind a host that needs far less
 
 # %% [markdown]
+# Read the round medians first: the same approach can cost the host twice as much in one round as
+# in the next. That is the machine, not the approach (other threads, interrupts, frequency): it hits
+# every approach in some rounds, and a median over all steps inherits it when it falls on one
+# approach's rounds more than another's. So compare each approach's **best round**, its cost when
+# nothing disturbed the host (disturbance only adds), and keep the spread in view.
+#
 # Read the two ratios above: a correct fix worth its code should cost the host clearly less than
 # the snapshots (half, say), and no more than the racy buffers, that is, correctness at no price
 # over the bug. The slab ring does one copy call instead of six and asks no allocator for
 # anything; its event wait returns at once, because the ring is deeper than the steps in flight.
-# The ratios are shown, not asserted: host timings vary from run to run, and the round medians
-# beside each median show by how much. What is asserted holds on every run: 0 corrupted steps for
-# the three fixes, and at least one for the race.
+# The ratios are shown, not asserted: they are timings. What is asserted holds on every run: 0
+# corrupted steps for the three fixes, and at least one for the race.
 #
 # A ring too shallow for the run-ahead does not race: its events make the host wait, which shows
 # up as host time (the ring of one slab above). A ring without events races as soon as the host
@@ -684,8 +692,8 @@ assert hz["parent_context_ok"]
 
 # %%
 fw = {r["strategy"]: r for r in fr.result["rows"]}
-pinlab.show("which fix when, host µs per step (6 tensors, 10,000 steps): racy / pageable / snapshot / slab ring",
-            " / ".join(f"{fw[k]['p50_us']:.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")))
+pinlab.show("which fix when, host µs per step (6 tensors; best round median): racy / pageable / snapshot / slab ring",
+            " / ".join(f"{min(fw[k]['round_medians_us']):.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")))
 big = pool.result["rows"][-1]
 pinlab.show(f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
             f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}")
@@ -712,8 +720,9 @@ assert back
 #     run's crossing is printed in "Several tensors per step"), and sync checkers flag it;
 #   - several small tensors, the simplest safe change to existing code: a `pin_memory()` snapshot
 #     per tensor (the PR);
-#   - several small tensors, fastest: pack them into one pinned slab per step from a ring as deep
-#     as the steps in flight, guarded by events, one copy, views on the device;
+#   - several small tensors, least host time when the machine is quiet (compare the best rounds
+#     above): pack them into one pinned slab per step from a ring as deep as the steps in flight,
+#     guarded by events, one copy, views on the device;
 #   - never: a reused pinned buffer, a double buffer, or `pin_memory()` of a pinned buffer (they race).
 # - Any reused pinned buffer behind an async copy is the same hazard, FlashInfer's `plan()` included.
 #
