@@ -6,11 +6,13 @@ import os
 import pytest
 import torch
 
+import nbtools
 import pinlab
 from pinlab.detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D, detect_stalls
 from pinlab.lessons import l02_fake_non_blocking as stalls
 
 KiB, MiB = stalls.KiB, stalls.MiB
+NOTEBOOK = nbtools.ROOT / "notebooks" / "src" / "02_fake_non_blocking.py"
 
 
 # ---- sizes and "waited" --------------------------------------------------------------------------
@@ -86,12 +88,8 @@ def test_cumulative():
 
 # ---- the detector demo: lines counted inside the notebook's function -----------------------------
 
-def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
-    inputs_gpu.copy_(inputs_cpu, non_blocking=True)       # the batch, from pageable memory
-    positions = torch.tensor([step] * 64, device="cuda")   # built from a Python list
-    hidden = torch.relu(inputs_gpu @ weights) + positions[0]
-    pinlab.gpu_busy(gpu_ms)                                # the rest of the forward
-    return hidden.sum().item()                             # the loss, read on the host
+# the notebook's own demo_step (its cell, executed here), not a copy of it
+demo_step = nbtools.load_definition(NOTEBOOK, "demo_step", {"torch": torch, "pinlab": pinlab})
 
 
 def test_source_lines_count_from_the_def_line():
@@ -117,7 +115,7 @@ def test_the_detector_points_into_the_function_whatever_its_file():
             demo_step(0, w, host, dev, 0.5)  # fails later: torch.tensor(..., device="cuda") needs CUDA
     assert report.counts[PAGEABLE_H2D] == 1
     assert stalls.stall_lines(report.events, demo_step) == {PAGEABLE_H2D: [2]}
-    assert report.events[0].where.startswith(__file__)
+    assert report.events[0].where.startswith(demo_step.__code__.co_filename + ":")
 
 
 def test_stall_lines_keeps_only_lines_inside_the_function():

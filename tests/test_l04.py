@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+import nbtools  # noqa: E402
 import pinlab  # noqa: E402
 import torch  # noqa: E402
 
@@ -24,16 +25,8 @@ from pinlab.lessons import l04_the_fix as l04  # noqa: E402
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "src" / "04_the_fix.py"
 
 
-def notebook_slab_ring():
-    """The SlabRing class as the notebook defines it (its cell, executed here)."""
-    src = NOTEBOOK.read_text()
-    start = src.index("class SlabRing")
-    ns = {"torch": torch}
-    exec(src[start:src.index("# %%", start)], ns)
-    return ns["SlabRing"]
-
-
-SlabRing = notebook_slab_ring()
+# the SlabRing class as the notebook defines it (its cell, executed here)
+SlabRing = nbtools.load_definition(NOTEBOOK, "SlabRing", {"torch": torch})
 
 
 class UnguardedSlabRing(SlabRing):

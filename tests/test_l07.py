@@ -1,7 +1,6 @@
 """Lesson 07 (the capstone) on a CPU: the planted loop corrupts on the emulated lagging stream and the
 fixed one does not, the audit names the planted lines exactly, the judge is exact, the notebook and
 the exercise hold the same loops as the library, and bad input is named."""
-import ast
 import types
 
 import pytest
@@ -81,15 +80,6 @@ def test_a_loop_that_fixes_nothing_but_the_race_is_still_judged_exactly(model):
     assert r["wrong_meta"] == 0 and r["stale_reads"] == 5 and r["lm_head_ok"]
 
 
-def _function_source(path, name):
-    src = path.read_text(encoding="utf-8")
-    code = "\n".join(c["source"] for c in nbtools.parse_percent(src) if c["cell_type"] == "code")
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            return ast.get_source_segment(code, node)
-    raise AssertionError(f"{path.name} defines no {name}")
-
-
 def _lib_source(fn):
     import inspect
     import textwrap
@@ -100,10 +90,10 @@ def _lib_source(fn):
 def test_the_notebook_and_the_exercise_hold_the_librarys_loops():
     nb = ROOT / "notebooks" / "src" / "07_capstone_audit.py"
     sol = ROOT / "solutions" / "src" / "07_capstone_audit.py"
-    assert _function_source(nb, "planted_loop") == _lib_source(l07.planted_loop)
-    assert _function_source(nb, "fixed_loop") == _lib_source(l07.fixed_loop)
-    assert _function_source(sol, "planted_loop") == _lib_source(l07.planted_loop)
-    body = _function_source(sol, "fixed_loop").replace("    ### BEGIN SOLUTION\n", "").replace("\n    ### END SOLUTION", "")
+    assert nbtools.definition_source(nb, "planted_loop") == _lib_source(l07.planted_loop)
+    assert nbtools.definition_source(nb, "fixed_loop") == _lib_source(l07.fixed_loop)
+    assert nbtools.definition_source(sol, "planted_loop") == _lib_source(l07.planted_loop)
+    body = nbtools.definition_source(sol, "fixed_loop").replace("    ### BEGIN SOLUTION\n", "").replace("\n    ### END SOLUTION", "")
     lib = _lib_source(l07.fixed_loop).split("\n")
     assert body == "\n".join([lib[0]] + lib[2:]), "the solution is the library's fixed_loop (without its docstring)"
 

@@ -7,8 +7,10 @@ built from it and carries the outputs of the latest GPU run.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import linecache
 import os
 import re
 import subprocess
@@ -54,6 +56,28 @@ def parse_percent(text: str) -> list[dict]:
         c["source"] = "\n".join(lines)
         out.append(c)
     return out
+
+
+def definition_source(path: Path, name: str) -> str:
+    """The source of the top-level function or class ``name`` defined in a code cell of the
+    percent-format source ``path`` (a notebook's or a solution's), as the reader sees it there."""
+    code = "\n\n".join(c["source"] for c in parse_percent(Path(path).read_text(encoding="utf-8"))
+                       if c["cell_type"] == "code")
+    for node in ast.parse(code).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return ast.get_source_segment(code, node, padded=True)
+    raise LookupError(f"{Path(path).name} defines no top-level {name}")
+
+
+def load_definition(path: Path, name: str, namespace: dict):
+    """``name`` as the notebook ``path`` defines it, executed in ``namespace`` (the names its code
+    uses) and returned: tests run the notebook's own code instead of a copy of it. Its source is
+    registered with ``linecache`` under ``<file name:name>`` so that ``inspect`` and tracebacks see it."""
+    src = definition_source(path, name) + "\n"
+    filename = f"<{Path(path).name}:{name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), namespace)
+    return namespace[name]
 
 
 def source_sha256(nb: dict) -> str:
