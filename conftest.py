@@ -26,9 +26,58 @@ sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
 
+def _register_hypothesis_profiles() -> None:
+    """One set of Hypothesis settings for every property test (a test file sets only max_examples).
+
+    * ``default`` (also CI): derandomized, no example database, no deadline: a fresh clone's first example
+      may import half of torch (``torch.testing.assert_close`` pulls in ``torch.distributed.tensor``, about
+      6 s cold), and a loaded 2-core machine runs any example slower; a hang is caught by the bad-input
+      suite's own generous deadline (tests/test_bad_input.py) and by pytest's CI time limit, not by 2 s;
+    * ``deep`` (``HYPOTHESIS_PROFILE=deep`` or ``PINLAB_BAD_INPUT_EXAMPLES=N``): random, N examples (500).
+    """
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the test extra is not installed: nothing to register
+        return
+    quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large]
+    settings.register_profile("default", deadline=None, derandomize=True, database=None,
+                              suppress_health_check=quiet, print_blob=True)
+    deep = int(os.environ.get("PINLAB_BAD_INPUT_EXAMPLES", "0") or 0) or 500
+    settings.register_profile("deep", deadline=None, derandomize=False, database=None, max_examples=deep,
+                              suppress_health_check=quiet, print_blob=True)
+    wanted = os.environ.get("HYPOTHESIS_PROFILE") or ("deep" if os.environ.get("PINLAB_BAD_INPUT_EXAMPLES") else "default")
+    settings.load_profile(wanted)
+
+
+_register_hypothesis_profiles()
+
+
 def pytest_addoption(parser):
     parser.addoption("--require-gpu", action="store_true",
                      help="fail instead of replaying recorded results when CUDA is absent")
+
+
+_PHASE_SECONDS: dict[str, float] = {}
+
+
+def _phase(nodeid: str) -> str:
+    head = nodeid.split("::", 1)[0]
+    if head.endswith(".ipynb"):
+        return f"nbval {head.split('/', 1)[0]}/"
+    if head.startswith("tests/test_site"):
+        return "site (headless browser)"
+    if head.startswith("tests/test_lab"):
+        return "JupyterLab"
+    return "unit tests"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time per phase at the end of every run (`make test`: unit tests, each notebook folder, the site)."""
+    if not _PHASE_SECONDS:
+        return
+    total = sum(_PHASE_SECONDS.values())
+    parts = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(_PHASE_SECONDS.items(), key=lambda kv: -kv[1]))
+    terminalreporter.write_line(f"time per phase: {parts} (tests: {total:.0f} s)")
 
 
 def pytest_configure(config):
@@ -69,6 +118,7 @@ def _log(record: dict) -> None:
 
 
 def pytest_runtest_logreport(report):
+    _PHASE_SECONDS[_phase(report.nodeid)] = _PHASE_SECONDS.get(_phase(report.nodeid), 0.0) + report.duration
     _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
           "duration": round(report.duration, 3), "message": _short(report)})
 

@@ -31,11 +31,24 @@ from pinlab import busy, h2d, hostmem, paged_kv, plots, replay, timing
 from pinlab.args import CudaUnavailableError
 from pinlab.checks import as_int, run_cases, same_int
 
-#: Deterministic by default; PINLAB_BAD_INPUT_EXAMPLES=500 searches deeper, with a fresh random seed.
+#: The loaded profile (conftest.py: derandomized, no database) with this suite's example counts and a
+#: deadline that catches a hang or a huge allocation, not a slow machine: 30 s per example (the heaviest
+#: example takes well under a second warm; imports are warmed before any example runs, below).
+#: PINLAB_BAD_INPUT_EXAMPLES=500 (the "deep" profile) searches deeper, with a fresh random seed.
 _DEEP = int(os.environ.get("PINLAB_BAD_INPUT_EXAMPLES", "0"))
-PROFILE = settings(max_examples=_DEEP or 30, deadline=timedelta(seconds=2), derandomize=not _DEEP, database=None,
+PROFILE = settings(max_examples=_DEEP or 30, deadline=timedelta(seconds=30),
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 FEW = settings(PROFILE, max_examples=max(15, _DEEP // 4))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_imports():
+    """Import what the first examples would otherwise import inside their timed body (cold, about 6 s):
+    ``torch.testing.assert_close`` pulls in ``torch.distributed.tensor``."""
+    import importlib
+
+    torch.testing.assert_close(torch.zeros(2, 2).t(), torch.zeros(2, 2))
+    importlib.import_module("torch.distributed.tensor")
 
 
 @pytest.fixture(autouse=True)
@@ -661,9 +674,84 @@ COVERED = {
     "table", "wall_ms", "warmup", "async_tensor_h2d", "pin_snapshot",
     # no arguments: nothing to get wrong (called below)
     "facts", "flashinfer_status", "has_cuda", "host_stats", "pinned_baseline", "pinned_bytes_held",
-    "pinned_memory_available", "release_cached_host_blocks",
+    "pinned_memory_available", "release_cached_host_blocks", "platform_facts", "machine_summary",
+    "ClaimError", "claim", "claims", "observe",
 }
-SHARED = {"args", "busy", "device", "doctor", "h2d", "hostmem", "progress", "replay", "timing"}
+SHARED = {"args", "busy", "claims", "device", "doctor", "h2d", "hostmem", "probe", "progress", "replay", "timing"}
+
+
+# ----------------------------------------------------------------- claims and the platform probe
+
+@PROFILE
+@given(text=st.one_of(st.none(), st.integers(), st.just(""), st.just("   ")), holds=st.booleans())
+def test_claim_and_observe_refuse_a_claim_without_words(text, holds):
+    clear_error(lambda: pinlab.claim(text, holds), "text")
+    clear_error(lambda: pinlab.observe(text, holds), "text")
+
+
+@PROFILE
+@given(holds=st.one_of(st.none(), st.text(max_size=3), st.just(torch.tensor([True, False]))))
+def test_claim_refuses_a_truth_that_is_not_a_bool(holds):
+    clear_error(lambda: pinlab.claim("a claim", holds), "holds")
+
+
+@PROFILE
+@given(holds=st.booleans(), value=st.one_of(st.none(), st.integers(), st.floats(allow_nan=True)))
+def test_claim_fails_with_its_words_its_value_and_this_machine(holds, value, capsys):
+    capsys.readouterr()
+    if holds:
+        assert pinlab.claim("the fact", holds, value=value) is True
+        assert capsys.readouterr().out == "the fact: True\n"
+        return
+    with pytest.raises(pinlab.ClaimError) as err:
+        pinlab.claim("the fact", holds, value=value, why="a shared GPU interleaves")
+    msg = str(err.value)
+    assert "the fact" in msg and "a shared GPU interleaves" in msg and "This machine:" in msg
+    assert value is None or f"This run's value: {value}" in msg
+    assert isinstance(err.value, AssertionError)  # a ClaimError is still an assertion
+
+
+@PROFILE
+@given(mapping=st.one_of(st.none(), st.just({}), st.lists(st.booleans(), max_size=2), st.text(max_size=2)))
+def test_claims_refuses_what_is_not_a_dict_of_claims(mapping):
+    clear_error(lambda: pinlab.claims(mapping), "mapping")
+
+
+@PROFILE
+@given(count=st.integers(min_value=-3, max_value=3))
+def test_claims_with_an_expected_count_fail_exactly_when_it_differs(count, capsys):
+    capsys.readouterr()
+    try:
+        pinlab.claims({"corrupted steps": count, "the race showed": True}, expect={"corrupted steps": 0})
+        assert count == 0
+    except pinlab.ClaimError as exc:
+        assert count != 0 and "expected exactly 0" in str(exc)
+    assert capsys.readouterr().out.startswith(f"corrupted steps: {count}\nthe race showed: True\n")
+
+
+@PROFILE
+@given(holds=st.booleans())
+def test_observe_never_fails_and_prints_a_measured_line(holds, capsys):
+    capsys.readouterr()
+    assert pinlab.observe("pinned at least 2x pageable", holds, value="3.1x", why="a Gen3 link") is holds
+    out = capsys.readouterr().out
+    assert out.startswith("[measured] pinned at least 2x pageable: ") and ("yes (3.1x)" in out) == holds
+    assert holds or "not in this run (3.1x); a Gen3 link" in out
+
+
+def test_the_platform_report_answers_plainly_without_a_gpu():
+    p = pinlab.platform_facts()
+    assert p["gpu_usable"] is False and p["gpu"] is None and isinstance(p["cpu_cores_usable"], int)
+    summary = pinlab.machine_summary()
+    assert "no CUDA GPU" in summary and "CPU core" in summary
+
+
+@PROFILE
+@given(requires=st.one_of(st.just([]), st.just("vram"), st.just({"vram": 1}), st.just({"gpu_traces": True})))
+def test_unmet_requirements_name_what_is_wrong(requires):
+    from pinlab import probe
+
+    clear_error(lambda: probe.unmet(requires), "requires")
 
 
 def test_every_public_name_of_the_shared_modules_is_covered():

@@ -18,7 +18,9 @@ def has_cuda() -> bool:
 
 @lru_cache(maxsize=1)
 def flashinfer_status() -> tuple[str | None, str]:
-    """(version or None, a one-line explanation). Never raises."""
+    """(version or None, a one-line explanation). Never raises. ``PINLAB_NO_FLASHINFER=1`` takes it as absent."""
+    if os.environ.get("PINLAB_NO_FLASHINFER", "") not in ("", "0"):
+        return None, "FlashInfer taken as absent ($PINLAB_NO_FLASHINFER is set): the torch reference runs instead"
     try:
         import flashinfer  # noqa: F401
     except Exception as exc:  # ImportError, or a crash inside flashinfer's import

@@ -1,0 +1,132 @@
+"""Claims that explain themselves: what a notebook asserts, and what it only observes.
+
+Two kinds of statement, one helper each:
+
+* :func:`claim` - a fact that holds on **any CUDA GPU, quiet or shared**: an exact result (0 corrupted
+  steps, the same storage, bitwise equality, a count), or a race shown with a wide GPU lead. It prints
+  ``<text>: True`` (a compared line under nbval) and, where it does not hold, raises
+  :class:`ClaimError` with the claim, this run's value, the lesson's reason why it may not hold, and
+  what this machine is (GPU, link, other processes on the GPU, CPU cores): never a bare
+  ``AssertionError``.
+* :func:`observe` - what depends on the link, the driver's staging or the host's speed. It prints a
+  ``[measured]`` line (masked under nbval) saying whether it held **in this run**, with the value, and
+  where it did not, why a machine may differ. It never fails.
+
+::
+
+    pinlab.claim("corrupted steps with the snapshot", corrupted == 0, value=corrupted,
+                 why="the snapshot must be taken before the buffer is rewritten")
+    pinlab.observe("pinned H2D at least 2x pageable at 1 GiB", ratio >= 2, value=f"{ratio:.1f}x",
+                   why="a PCIe Gen3 link or a GH200 (NVLink-C2C) brings pageable close to pinned")
+"""
+from __future__ import annotations
+
+from .timing import show
+
+__all__ = ["ClaimError", "claim", "claims", "observe"]
+
+
+class ClaimError(AssertionError):
+    """A claim a lesson asserts did not hold in this run; the message says which, with what value, and why
+    this machine may differ."""
+
+
+def _text(name: str, text) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError(f"{name} must be a non-empty str (the claim in words), got {type(text).__name__}")
+    return text.strip()
+
+
+def _truth(name: str, holds) -> bool:
+    if holds is None or isinstance(holds, (str, bytes)):
+        raise TypeError(f"{name} must be a bool (whether the claim held), got {type(holds).__name__}")
+    try:
+        return bool(holds)
+    except Exception as exc:  # a tensor of several values: ambiguous
+        raise TypeError(f"{name} must be a bool (whether the claim held); bool() of it failed: {exc}") from None
+
+
+def _why(why) -> str:
+    if why is None:
+        return ""
+    return _text("why", why)
+
+
+def failure_message(text: str, value=None, why: str | None = None) -> str:
+    """The message of a failed claim: the claim, this run's value, why it may not hold, and this machine."""
+    from .probe import machine_summary
+
+    parts = [f"Claim did not hold in this run: {text}."]
+    if value is not None:
+        parts.append(f"This run's value: {value}.")
+    if why:
+        parts.append(f"Why it may not hold here: {why.rstrip('.')}.")
+    parts.append(f"This machine: {machine_summary()}.")
+    return " ".join(parts)
+
+
+def claim(text: str, holds, *, value=None, why: str | None = None, shown=True) -> bool:
+    """Assert a fact that holds on any CUDA GPU, quiet or shared; print ``text: True``.
+
+    ``holds``: whether it held; ``value``: what this run measured (shown in the failure message);
+    ``why``: what may make it fail on some machine (a shared GPU, the link, the OS), in the lesson's
+    words. ``shown=False`` prints nothing (for a claim the cell already printed). Raises
+    :class:`ClaimError` with all of that, never a bare ``AssertionError``. Returns True.
+    """
+    text = _text("text", text)
+    ok = _truth("holds", holds)
+    why = _why(why)
+    if shown:
+        print(f"{text}: {ok}")
+    if not ok:
+        raise ClaimError(failure_message(text, value, why))
+    return True
+
+
+def claims(mapping: dict, *, why=None, values: dict | None = None, expect=None) -> bool:
+    """Print ``claim: value`` for every entry of ``mapping`` (claim text -> bool, or a count with
+    ``expect``), then fail, like :func:`claim`, on the first that does not hold.
+
+    ``why``: one sentence for all, or a dict claim text -> sentence; ``values``: claim text -> the value
+    behind it (for the message); ``expect``: claim text -> the exact value a count must have (e.g. 0).
+    """
+    if not isinstance(mapping, dict) or not mapping:
+        raise TypeError("mapping must be a non-empty dict of claim text -> whether it held")
+    if why is not None and not isinstance(why, (str, dict)):
+        raise TypeError(f"why must be a str or a dict of claim text -> str, got {type(why).__name__}")
+    values = {} if values is None else values
+    expect = {} if expect is None else expect
+    for name, arg in (("values", values), ("expect", expect)):
+        if not isinstance(arg, dict):
+            raise TypeError(f"{name} must be a dict keyed by claim text, got {type(arg).__name__}")
+        unknown = [k for k in arg if k not in mapping]
+        if unknown:
+            raise ValueError(f"{name} names claims that are not in mapping: {unknown[:3]}")
+    for text, value in mapping.items():
+        print(f"{_text('a claim', text)}: {value}")
+    for text, value in mapping.items():
+        ok = value == expect[text] if text in expect else _truth(f"mapping[{text!r}]", value)
+        if not ok:
+            reason = why.get(text) if isinstance(why, dict) else why
+            shown = values.get(text, value)
+            if text in expect:
+                shown = f"{shown} (expected exactly {expect[text]})"
+            raise ClaimError(failure_message(text, shown, _why(reason)))
+    return True
+
+
+def observe(text: str, holds, *, value=None, why: str | None = None) -> bool:
+    """Print whether a machine-dependent expectation held in this run, as a ``[measured]`` line; never fail.
+
+    ``text: yes (value)``, or ``text: not in this run (value); why``. Returns whether it held, so that
+    the sentence beside it can be computed from this run.
+    """
+    text = _text("text", text)
+    ok = _truth("holds", holds)
+    why = _why(why)
+    shown = f" ({value})" if value is not None else ""
+    if ok:
+        show(text, f"yes{shown}")
+    else:
+        show(text, f"not in this run{shown}" + (f"; {why.rstrip('.')}" if why else ""))
+    return ok

@@ -1,0 +1,299 @@
+"""The platform probe: what this machine can show, and which experiments need what.
+
+:func:`platform_facts` reads, without running an experiment: CUDA or HIP, WSL, an integrated GPU and
+whether the GPU reads pageable host memory through the host's page tables (ATS/HMM: Grace Hopper, some
+HMM-enabled Linux set-ups), the link (PCIe generation and width, where ``nvidia-smi`` tells), the copy
+engines (``asyncEngineCount``), free and total VRAM, available host RAM, the memlock limit, the CPU cores
+this process may use, other processes on the GPU, and the driver's CUDA against the wheel's. The costlier
+probes run only when asked: :func:`profiler_records_gpu` (one profiled kernel) and
+:func:`largest_pinned_gib` (page-locks the course's largest pinned request once).
+
+:data:`REQUIREMENTS` names what each recorded experiment needs beyond a CUDA GPU; :func:`unmet` says
+which of those this machine lacks, in words, and :func:`pinlab.measure` replays the recorded run where
+one is unmet (labelled with the reason) instead of failing mid-lesson.
+
+Adverse conditions can be imitated on a large GPU (``tools/gpu_suite.py --adverse``) through:
+
+* ``PINLAB_VRAM_LIMIT_GIB=16``: the process may use at most that much VRAM
+  (``torch.cuda.set_per_process_memory_fraction``, applied by :func:`apply_limits`); free VRAM reads as
+  at most that much;
+* ``PINLAB_PINNED_LIMIT_GIB=2``: the course treats that as the most pinned memory it may take;
+* ``PINLAB_SIMULATE_NO_GPU_TRACE=1``: the profiler is taken to record no GPU activity (as under WSL2);
+* ``PINLAB_NO_FLASHINFER=1``: FlashInfer is taken as absent (:func:`pinlab.flashinfer_status`).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import subprocess
+from functools import lru_cache
+
+import torch
+
+from .device import has_cuda
+
+GiB = 1024 ** 3
+
+#: What each recorded experiment needs beyond a CUDA GPU. Keys: ``gpu_trace`` (the profiler records GPU
+#: activity), ``vram_gib`` (free VRAM), ``pinned_gib`` (page-locked host memory), ``host_ram_gib``
+#: (available host RAM). Sizes are what the experiment allocates at its peak, rounded up.
+REQUIREMENTS: dict[str, dict] = {
+    "01_bandwidth": {"vram_gib": 2.5, "pinned_gib": 2.5, "host_ram_gib": 4},
+    "01_copy_loop_peak": {"vram_gib": 1, "pinned_gib": 1},
+    "01_rounding": {"pinned_gib": 0.5},
+    "02_step_loop": {"gpu_trace": True},
+    "02_overlap": {"gpu_trace": True},
+    "05_restore": {"vram_gib": 1, "pinned_gib": 1, "host_ram_gib": 2},
+    "05_d2h_copy_loop_peak": {"vram_gib": 1, "pinned_gib": 1},
+    "05_sleep_wake": {"vram_gib": 6.5, "pinned_gib": 4, "host_ram_gib": 10},
+    "06_launches": {"gpu_trace": True},
+    "07_timeline_planted": {"gpu_trace": True},
+}
+
+_KNOWN = {"gpu_trace", "vram_gib", "pinned_gib", "host_ram_gib"}
+
+
+def _env_gib(name: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be a number of GiB such as 16, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"${name} must be a positive number of GiB, got {raw!r}")
+    return value
+
+
+def apply_limits() -> None:
+    """Apply ``PINLAB_VRAM_LIMIT_GIB`` (a smaller GPU, imitated) to this process; idempotent."""
+    limit = _env_gib("PINLAB_VRAM_LIMIT_GIB")
+    if limit is None or not has_cuda():
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit * GiB / total), 0)
+
+
+def _nvidia_smi(query: str, kind: str = "--query-gpu") -> list[str] | None:
+    try:
+        out = subprocess.run(["nvidia-smi", f"{kind}={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return [ln.strip() for ln in out.stdout.strip().splitlines() if ln.strip()]
+
+
+@lru_cache(maxsize=1)
+def _cu_attributes() -> dict:
+    """Device attributes read from the driver API (libcuda), or {} where it cannot be read."""
+    names = {"copy_engines": 40, "integrated": 18, "pageable_memory_access": 88,
+             "pageable_access_uses_host_page_tables": 100}
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        if lib.cuInit(0) != 0:
+            return {}
+        dev = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+            return {}
+        out = {}
+        for key, attr in names.items():
+            value = ctypes.c_int()
+            if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0:
+                out[key] = int(value.value)
+        return out
+    except (OSError, AttributeError):
+        return {}
+
+
+def _wsl() -> bool:
+    try:
+        with open("/proc/version", encoding="utf-8") as f:
+            return "microsoft" in f.read().lower()
+    except OSError:
+        return False
+
+
+def _host_ram_available_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / GiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _memlock_gib() -> float | None:
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft / GiB
+
+
+def _gpu_processes() -> int | None:
+    """Compute processes on the GPU other than this one (a shared GPU), where nvidia-smi tells."""
+    rows = _nvidia_smi("pid", kind="--query-compute-apps")
+    if rows is None:
+        return None
+    pids = {r.split(",")[0].strip() for r in rows}
+    pids.discard(str(os.getpid()))
+    return len(pids)
+
+
+def platform_facts() -> dict:
+    """The platform report (all JSON-able; None where this machine cannot tell)."""
+    out = {
+        "backend": "hip" if getattr(torch.version, "hip", None) else ("cuda" if torch.version.cuda else None),
+        "gpu_usable": has_cuda(),
+        "wsl": _wsl(),
+        "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "host_ram_available_gib": _host_ram_available_gib(),
+        "memlock_limit_gib": _memlock_gib(),
+        "pinned_limit_gib": _env_gib("PINLAB_PINNED_LIMIT_GIB"),
+        "vram_limit_gib": _env_gib("PINLAB_VRAM_LIMIT_GIB"),
+        "gpu": None, "integrated": None, "pageable_memory_access": None, "ats": None, "copy_engines": None,
+        "vram_total_gib": None, "vram_free_gib": None, "pcie_gen": None, "pcie_gen_max": None,
+        "pcie_width": None, "pcie_width_max": None, "driver_cuda": None, "wheel_cuda": torch.version.cuda,
+        "other_gpu_processes": None,
+    }
+    if not out["gpu_usable"]:
+        return out
+    props = torch.cuda.get_device_properties(0)
+    free, total = torch.cuda.mem_get_info(0)
+    if out["vram_limit_gib"] is not None:
+        free = min(free, out["vram_limit_gib"] * GiB)
+    attrs = _cu_attributes()
+    out.update({
+        "gpu": props.name,
+        "integrated": bool(getattr(props, "is_integrated", attrs.get("integrated", 0))),
+        "pageable_memory_access": None if "pageable_memory_access" not in attrs
+        else bool(attrs["pageable_memory_access"]),
+        "ats": None if "pageable_access_uses_host_page_tables" not in attrs
+        else bool(attrs["pageable_access_uses_host_page_tables"]),
+        "copy_engines": attrs.get("copy_engines"),
+        "vram_total_gib": round(total / GiB, 1),
+        "vram_free_gib": round(free / GiB, 1),
+        "other_gpu_processes": _gpu_processes(),
+    })
+    try:
+        version = torch._C._cuda_getDriverVersion()  # e.g. 13000
+        out["driver_cuda"] = f"{version // 1000}.{version % 1000 // 10}" if version else None
+    except (AttributeError, RuntimeError):
+        pass
+    rows = _nvidia_smi("pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max")
+    if rows:
+        vals = [v.strip() for v in rows[0].split(",")]
+        for key, v in zip(("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max"), vals):
+            out[key] = int(v) if v.isdigit() else None
+    return out
+
+
+@lru_cache(maxsize=1)
+def profiler_records_gpu() -> bool:
+    """Does ``torch.profiler`` record GPU activity here? (Often not under WSL2.) Profiles one small kernel.
+
+    ``PINLAB_SIMULATE_NO_GPU_TRACE=1`` answers False (imitating such a machine)."""
+    if os.environ.get("PINLAB_SIMULATE_NO_GPU_TRACE", "") not in ("", "0"):
+        return False
+    if not has_cuda():
+        return False
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(1024, device="cuda")
+    torch.cuda.synchronize()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                (x * 2).sum()
+                torch.cuda.synchronize()
+        return any(getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA for e in prof.events())
+    except Exception:  # a profiler that cannot start is one that records nothing
+        return False
+
+
+@lru_cache(maxsize=4)
+def largest_pinned_gib(want_gib: float = 4.0) -> float:
+    """Page-lock ``want_gib`` GiB once (then free it): ``want_gib`` where that worked, else the largest
+    power-of-two share that did (0 where none). ``PINLAB_PINNED_LIMIT_GIB`` caps the answer."""
+    limit = _env_gib("PINLAB_PINNED_LIMIT_GIB")
+    if not has_cuda():
+        return 0.0
+    size = want_gib if limit is None else min(want_gib, limit)
+    while size >= 1 / 64:
+        try:
+            t = torch.empty(int(size * GiB), dtype=torch.uint8, pin_memory=True)
+            del t
+            from .hostmem import release_cached_host_blocks
+
+            release_cached_host_blocks()
+            return size
+        except RuntimeError:
+            size /= 2
+    return 0.0
+
+
+def unmet(requires: dict | None) -> list[str]:
+    """The requirements in ``requires`` this machine does not meet, each as a short reason (empty: all met)."""
+    if requires is None:
+        return []
+    if not isinstance(requires, dict):
+        raise TypeError(f"requires must be a dict such as {{'vram_gib': 6.5, 'gpu_trace': True}}, "
+                        f"got {type(requires).__name__}")
+    unknown = sorted(set(requires) - _KNOWN)
+    if unknown:
+        raise ValueError(f"requires has unknown keys {unknown}; known: {sorted(_KNOWN)}")
+    reasons = []
+    if requires.get("gpu_trace") and not profiler_records_gpu():
+        why = ("$PINLAB_SIMULATE_NO_GPU_TRACE is set" if os.environ.get("PINLAB_SIMULATE_NO_GPU_TRACE")
+               not in (None, "", "0") else "as often under WSL2")
+        reasons.append(f"the profiler records no GPU activity on this machine ({why})")
+    p = platform_facts() if any(k in requires for k in ("vram_gib", "host_ram_gib", "pinned_gib")) else {}
+    need = requires.get("vram_gib")
+    if need and p.get("vram_free_gib") is not None and p["vram_free_gib"] < need:
+        reasons.append(f"it needs {need} GiB of free VRAM and this GPU has {p['vram_free_gib']} GiB free")
+    need = requires.get("host_ram_gib")
+    if need and p.get("host_ram_available_gib") is not None and p["host_ram_available_gib"] < need:
+        reasons.append(f"it needs {need} GiB of host RAM and {p['host_ram_available_gib']:.1f} GiB is available")
+    need = requires.get("pinned_gib")
+    if need:
+        budget = [v for v in (p.get("pinned_limit_gib"), p.get("memlock_limit_gib")) if v is not None]
+        if budget and min(budget) < need:
+            reasons.append(f"it page-locks {need} GiB and this machine allows {min(budget):.1f} GiB "
+                           "(memlock limit or $PINLAB_PINNED_LIMIT_GIB)")
+    return reasons
+
+
+def machine_summary() -> str:
+    """One line on what about this machine may explain a result: GPU, link, sharing, cores, OS."""
+    p = platform_facts()
+    parts = []
+    if not p["gpu_usable"]:
+        parts.append("no CUDA GPU (this is the recorded GPU run, replayed: a failure here means the recorded "
+                     "file does not say what the lesson claims; restore it with `git checkout -- reports/gpu`)")
+    else:
+        link = (f"PCIe Gen{p['pcie_gen']} x{p['pcie_width']}" if p["pcie_gen"] and p["pcie_width"]
+                else "link not reported")
+        parts.append(f"{p['gpu']} ({link}, {p['vram_free_gib']} of {p['vram_total_gib']} GiB VRAM free)")
+        if p["other_gpu_processes"]:
+            parts.append(f"{p['other_gpu_processes']} other process(es) on the GPU (a shared GPU: its work "
+                         "interleaves with yours)")
+        if p["ats"] or p["integrated"]:
+            parts.append("the GPU reads host memory through the host's page tables (pageable behaves closer "
+                         "to pinned)")
+        if p["backend"] == "hip":
+            parts.append("ROCm/HIP (every pageable copy blocks)")
+        if p["driver_cuda"] and p["wheel_cuda"] and p["driver_cuda"] != p["wheel_cuda"]:
+            parts.append(f"driver CUDA {p['driver_cuda']} vs torch's {p['wheel_cuda']}")
+    parts.append(f"{p['cpu_cores_usable']} CPU core(s) usable")
+    if p["wsl"]:
+        parts.append("WSL2 (the driver's staging and the profiler differ from native Linux)")
+    return "; ".join(parts)
