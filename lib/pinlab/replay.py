@@ -119,6 +119,8 @@ class Run:
     result: object
     meta: dict
     live: bool
+    #: why a machine with CUDA replays this experiment (a requirement it does not meet), else None
+    reason: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -132,7 +134,8 @@ class Run:
         gpu = self.meta.get("gpu") or "unknown GPU"
         if self.live:
             return f"measured now on {gpu}"
-        return f"recorded on {gpu}, {self.meta.get('date', '?')} (replayed here: no CUDA on this machine)"
+        why = self.reason or "no CUDA on this machine"
+        return f"recorded on {gpu}, {self.meta.get('date', '?')} (replayed here: {why})"
 
     @property
     def tag(self) -> str:
@@ -150,10 +153,13 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, default=lambda o: o.as_dict() if hasattr(o, "as_dict") else str(o)))
 
 
-def measure(name: str, fn, *, quiet: bool = False, **params) -> Run:
+def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None, **params) -> Run:
     """Run ``fn(**params)`` on the GPU, or replay its recorded result without CUDA.
 
     ``params`` must be JSON-able; a replay checks that the recording used the same ones.
+    ``requires`` (merged over :data:`pinlab.probe.REQUIREMENTS` for ``name``): what the experiment needs
+    beyond a CUDA GPU (``gpu_trace``, ``vram_gib``, ``pinned_gib``, ``host_ram_gib``); where this machine
+    does not meet one, the recorded run is replayed and labelled with the reason.
     Prints one ``[measured] source: ...`` line unless ``quiet``.
     """
     if not isinstance(name, str) or not _NAME.match(name):
@@ -162,7 +168,12 @@ def measure(name: str, fn, *, quiet: bool = False, **params) -> Run:
     bool_arg("quiet", quiet)
     params = _jsonable(params)
     path = data_dir() / f"{name}.json"
+    reasons = []
     if has_cuda():
+        from .probe import REQUIREMENTS, unmet
+
+        reasons = unmet({**REQUIREMENTS.get(name, {}), **(requires or {})})
+    if has_cuda() and not reasons:
         result = _jsonable(fn(**params))
         f = facts()
         meta = {
@@ -186,7 +197,8 @@ def measure(name: str, fn, *, quiet: bool = False, **params) -> Run:
                 f"The recorded GPU run for '{name}' used other parameters ({stored.get('params')}) "
                 f"than this notebook asks for ({params}): re-run the GPU suite (make gpu-suite)."
             )
-        run = Run(name, stored["result"], stored["meta"], live=False)
+        run = Run(name, stored["result"], stored["meta"], live=False,
+                  reason="; ".join(reasons) if reasons else None)
     if not quiet:
         show("source", run.label)
     return run
