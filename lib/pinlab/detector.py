@@ -1,5 +1,8 @@
 """A stall detector: find the copies and syncs in *your* code that make the host wait for the GPU.
 
+(Why about 600 lines: it is one ``TorchFunctionMode`` with a handler per kind of stall, each with the
+rule that decides it and the words it reports; split, the rules would no longer read side by side.)
+
 Wrap the code you want to check::
 
     with pinlab.detect_stalls() as report:
