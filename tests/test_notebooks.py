@@ -107,3 +107,28 @@ def test_every_exercise_stub_runs_and_says_not_implemented(stem, capsys):
     out = capsys.readouterr().out
     assert out.count("is not implemented yet") >= 1 and src.count("### BEGIN SOLUTION") >= 1
     assert not any(line.startswith("✅") for line in out.splitlines())
+
+
+SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py")) + sorted((ROOT / "solutions" / "src").glob("*.py"))
+
+
+def bare_asserts(text: str) -> list[int]:
+    """Line numbers of the ``assert`` statements in a notebook source (cell magics and shell lines dropped)."""
+    import ast
+
+    code = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in text.splitlines())
+    return [n.lineno for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Assert)]
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=_id)
+def test_no_bare_assert_in_a_lesson(src):
+    """A check in a lesson is pinlab.claim / claims (holds on any CUDA GPU; its failure explains itself) or
+    pinlab.observe (machine-dependent, never fails): never a bare assert (CONTRIBUTING, assertion policy)."""
+    lines = bare_asserts(src.read_text(encoding="utf-8"))
+    assert not lines, (f"{_id(src)} has bare asserts at lines {lines}: use pinlab.claim(text, holds, value=..., "
+                       "why=...) for what holds on any CUDA GPU, pinlab.observe(...) for what depends on the machine")
+
+
+def test_the_bare_assert_finder_finds_them():
+    assert bare_asserts("x = 1\nassert x\n%timeit x\nif x:\n    assert x == 1, 'm'\n") == [2, 5]
+    assert bare_asserts("pinlab.claim('x', True)\n") == []
