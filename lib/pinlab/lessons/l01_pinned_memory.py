@@ -1,7 +1,7 @@
 """Lesson 01's library: the reference answers (``gbps``, ``n_half``) and the plumbing experiments.
 
 The lesson's key code, the timed copy, the bandwidth sweep and the burst that measures the
-latency floor, is defined in ``notebooks/src/01_pinned_memory.py`` and handed to
+interval between back-to-back small copies, is defined in ``notebooks/src/01_pinned_memory.py`` and handed to
 ``pinlab.measure`` there. What stays here: the two reference answers the exercise checkers import
 (``pinlab.checks.l01``), the copy-loop peak the sweep is compared with, the cost of pinning and
 the allocator's rounding and caching, and for "who pins" the data set the DataLoader loop reads
