@@ -161,7 +161,91 @@ def test_doctor_reports_required_checks(capsys):
     names = [c["check"] for c in rep["checks"]]
     assert "import torch" in names and "CUDA GPU" in names and "FlashInfer" in names
     assert rep["ok"] is True
-    assert "This machine shows:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "This machine shows:" in out
+    assert "Platform:" in out and "CPU cores usable:" in out and "experiments:" in out
+    assert rep["platform_lines"] and rep["experiment_lines"]
+
+
+# ----------------------------------------------------------------- the platform report (facts faked)
+
+import importlib  # noqa: E402
+
+doctor_mod = importlib.import_module("pinlab.doctor")  # pinlab.doctor is the function; this is its module
+
+H200 = {"backend": "cuda", "gpu_usable": True, "wsl": False, "cpu_cores_usable": 16, "host_ram_available_gib": 120.0,
+        "memlock_limit_gib": None, "pinned_limit_gib": None, "vram_limit_gib": None, "gpu": "NVIDIA H200",
+        "integrated": False, "pageable_memory_access": False, "ats": False, "copy_engines": 3,
+        "vram_total_gib": 139.7, "vram_free_gib": 139.1, "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16,
+        "pcie_width_max": 16, "driver_cuda": "13.0", "wheel_cuda": "13.0", "other_gpu_processes": 0}
+CPU_ONLY = {k: None for k in H200} | {"gpu_usable": False, "wsl": False, "cpu_cores_usable": 2,
+                                      "host_ram_available_gib": 12.0, "wheel_cuda": None}
+
+
+def _lines(p):
+    return dict(doctor_mod.platform_lines(p))
+
+
+def test_platform_lines_of_a_quiet_h200():
+    lines = _lines(H200)
+    assert lines["GPU"] == "NVIDIA H200 (CUDA)"
+    assert lines["link"] == "PCIe Gen5 x16"
+    assert lines["other processes on the GPU"] == "none: the GPU is yours"
+    assert lines["VRAM"] == "139.1 GiB free of 139.7 GiB"
+    assert lines["CUDA"] == "the driver's 13.0, torch built for 13.0"
+    assert lines["CPU cores usable"] == "16" and lines["WSL2"] == "no"
+    assert "stages every pageable copy" in lines["pageable host memory"]
+
+
+def test_platform_lines_of_a_shared_colab_t4_under_wsl2():
+    p = H200 | {"gpu": "Tesla T4", "pcie_gen": 1, "pcie_gen_max": 3, "wsl": True, "cpu_cores_usable": 2,
+                "other_gpu_processes": 2, "vram_total_gib": 15.0, "vram_free_gib": 0.5, "memlock_limit_gib": 8 / 1024}
+    lines = _lines(p)
+    assert lines["link"].startswith("PCIe Gen1 x16 now, Gen3 x16 at most")
+    assert lines["other processes on the GPU"].startswith("2: a shared GPU")
+    assert lines["WSL2"].startswith("yes") and "profiler" in lines["WSL2"]
+    assert lines["VRAM"] == "512 MiB free of 15.0 GiB"
+    assert lines["pinned memory budget"] == "memlock limit 8 MiB"
+
+
+def test_platform_lines_of_a_gh200_and_of_rocm():
+    gh = _lines(H200 | {"gpu": "NVIDIA GH200 480GB", "ats": True, "pageable_memory_access": True,
+                        "pcie_gen": None, "pcie_width": None})
+    assert "ATS" in gh["pageable host memory"] and "close to pinned" in gh["pageable host memory"]
+    assert gh["link"].startswith("not reported")
+    rocm = _lines(H200 | {"backend": "hip", "gpu": "AMD Instinct MI300X", "other_gpu_processes": None,
+                          "copy_engines": None})
+    assert rocm["GPU"] == "AMD Instinct MI300X (ROCm/HIP)" and "blocks the host" in rocm["ROCm"]
+    assert rocm["other processes on the GPU"].startswith("unknown") and "copy engines" not in rocm
+
+
+def test_platform_lines_without_a_gpu():
+    lines = _lines(CPU_ONLY)
+    assert lines["GPU"].startswith("none: this torch is CPU-only") and "replay" in lines["GPU"]
+    assert "link" not in lines and lines["CPU cores usable"] == "2" and lines["host RAM available"] == "12.0 GiB"
+    with pytest.raises(TypeError, match="platform_facts"):
+        doctor_mod.platform_lines(["not", "a", "dict"])
+
+
+def test_experiment_lines_say_what_replays_and_why(monkeypatch):
+    assert doctor_mod.experiment_lines(CPU_ONLY)[0][1].startswith("all replay")
+    monkeypatch.setattr(doctor_mod.probe, "REQUIREMENTS", {"05_sleep_wake": {"vram_gib": 6.5}, "06_launches": {"gpu_trace": True}})
+    monkeypatch.setattr(doctor_mod.probe, "unmet", lambda need: ["it needs 6.5 GiB of free VRAM"] if "vram_gib" in need else [])
+    lines = doctor_mod.experiment_lines(H200)
+    assert lines == [("experiments", "live, except 1 that replay the recorded run:"),
+                     ("replays 05_sleep_wake", "it needs 6.5 GiB of free VRAM")]
+    monkeypatch.setattr(doctor_mod.probe, "unmet", lambda need: [])
+    assert doctor_mod.experiment_lines(H200) == [("experiments", "all run live on this GPU")]
+
+
+def test_doctor_prints_the_platform_it_is_given(monkeypatch, capsys):
+    monkeypatch.setattr(doctor_mod.probe, "platform_facts", lambda: H200 | {"other_gpu_processes": 3})
+    monkeypatch.setattr(doctor_mod.probe, "unmet", lambda need: [])
+    rep = pinlab.doctor()
+    out = capsys.readouterr().out
+    assert "    GPU: NVIDIA H200 (CUDA)" in out and "    other processes on the GPU: 3: a shared GPU" in out
+    assert "  experiments: all run live on this GPU" in out
+    assert rep["platform"]["other_gpu_processes"] == 3
 
 
 # ----------------------------------------------------------------- nonsense in, a clear error out

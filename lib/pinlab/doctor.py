@@ -1,13 +1,107 @@
-"""Check this machine's set-up and say what it can show."""
+"""Check this machine's set-up and say what it can show.
+
+:func:`doctor` checks the packages, prints the platform report (:func:`platform_lines`, the same lines
+lesson 00 shows) and which recorded experiments run live here and which replay, and why
+(:func:`experiment_lines`, from :data:`pinlab.probe.REQUIREMENTS` and :func:`pinlab.probe.unmet`).
+"""
 from __future__ import annotations
 
 import importlib
 import json
 import sys
 
+from . import probe
 from .args import bool_arg
 from .device import facts
 from .replay import check_recorded, data_dir
+
+
+def _gib(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "unknown"
+    return f"{v:.1f} GiB" if v >= 1 else f"{v * 1024:.0f} MiB"
+
+
+def platform_lines(p: dict | None = None) -> list[tuple[str, str]]:
+    """The platform report as ``(label, text)`` lines, from :func:`pinlab.probe.platform_facts` (or the
+    dict ``p`` it returned: a recorded one, or facts made up in a test). Each line says what this
+    machine is, and where that changes what the lessons show (the link, a shared GPU, WSL2, ATS, ROCm)."""
+    p = probe.platform_facts() if p is None else p
+    if not isinstance(p, dict):
+        raise TypeError(f"p must be the dict platform_facts() returns, got {type(p).__name__}")
+    g = p.get
+    lines = []
+    backend = {"cuda": "CUDA", "hip": "ROCm/HIP"}.get(g("backend"))
+    if not g("gpu_usable"):
+        what = f"none visible to this {backend} build of torch" if backend else "none: this torch is CPU-only"
+        lines.append(("GPU", f"{what}; the lessons replay the recorded GPU run and run the host/GPU ordering "
+                             "loops on the emulated stream"))
+    else:
+        lines.append(("GPU", f"{g('gpu') or 'unknown'} ({backend})"))
+        if g("backend") == "hip":
+            lines.append(("ROCm", "a pageable copy blocks the host there: what the lessons measure of CUDA's "
+                                  "staging (fake non_blocking) does not carry over one to one"))
+        if g("integrated"):
+            lines.append(("memory", "an integrated GPU: GPU and CPU share one physical memory"))
+        if g("ats"):
+            lines.append(("pageable host memory", "the GPU reads it through the host's page tables (ATS, as on "
+                                                  "GH200/GB200 over NVLink-C2C): pageable copies come close to pinned"))
+        elif g("pageable_memory_access"):
+            lines.append(("pageable host memory", "the GPU can access it (HMM); copies from it are still staged"))
+        else:
+            lines.append(("pageable host memory", "not accessible to the GPU: the driver stages every pageable copy"))
+        if g("pcie_gen") and g("pcie_width"):
+            link = f"PCIe Gen{g('pcie_gen')} x{g('pcie_width')}"
+            if (g("pcie_gen_max") and g("pcie_gen_max") != g("pcie_gen")) or \
+                    (g("pcie_width_max") and g("pcie_width_max") != g("pcie_width")):
+                link += (f" now, Gen{g('pcie_gen_max') or '?'} x{g('pcie_width_max') or '?'} at most "
+                         "(an idle GPU may run its link slower)")
+            lines.append(("link", link))
+        else:
+            lines.append(("link", "not reported (no nvidia-smi, WSL2, ROCm, or NVLink-C2C)"))
+        if g("copy_engines") is not None:
+            lines.append(("copy engines", str(g("copy_engines"))))
+        vram = f"{_gib(g('vram_free_gib'))} free of {_gib(g('vram_total_gib'))}"
+        if g("vram_limit_gib"):
+            vram += f" (limited to {g('vram_limit_gib')} GiB by $PINLAB_VRAM_LIMIT_GIB)"
+        lines.append(("VRAM", vram))
+        others = g("other_gpu_processes")
+        lines.append(("other processes on the GPU",
+                      "unknown (nvidia-smi cannot tell)" if others is None
+                      else "none: the GPU is yours" if others == 0
+                      else f"{others}: a shared GPU (their work interleaves with yours; timings vary more)"))
+        if g("driver_cuda") or g("wheel_cuda"):
+            lines.append(("CUDA", f"the driver's {g('driver_cuda') or 'unknown'}, torch built for "
+                                  f"{g('wheel_cuda') or 'unknown'}"))
+    lines.append(("host RAM available", _gib(g("host_ram_available_gib"))))
+    limits = [f"memlock limit {_gib(g('memlock_limit_gib'))}"] if g("memlock_limit_gib") is not None else []
+    if g("pinned_limit_gib"):
+        limits.append(f"$PINLAB_PINNED_LIMIT_GIB {g('pinned_limit_gib')} GiB")
+    lines.append(("pinned memory budget", ", ".join(limits) if limits else "no limit set"))
+    lines.append(("CPU cores usable", str(g("cpu_cores_usable") or "unknown")))
+    lines.append(("WSL2", "yes: the driver's staging and the profiler differ from native Linux (the profiler often "
+                          "records no GPU activity)" if g("wsl") else "no"))
+    return lines
+
+
+def experiment_lines(p: dict | None = None) -> list[tuple[str, str]]:
+    """Which recorded experiments run live on this machine and which replay, and why, as ``(label, text)``
+    lines. Without a usable GPU every experiment replays; on one, each experiment listed in
+    :data:`pinlab.probe.REQUIREMENTS` whose needs this machine does not meet (:func:`pinlab.probe.unmet`)
+    replays, labelled with the reason, and every other experiment runs live."""
+    p = probe.platform_facts() if p is None else p
+    if not isinstance(p, dict):
+        raise TypeError(f"p must be the dict platform_facts() returns, got {type(p).__name__}")
+    recorded, _ = check_recorded()
+    n = len(recorded)
+    if not p.get("gpu_usable"):
+        return [("experiments", f"all replay: the {n} recorded ones (no CUDA GPU here)")]
+    replay = [(name, "; ".join(reasons)) for name, need in sorted(probe.REQUIREMENTS.items())
+              if (reasons := probe.unmet(need))]
+    lines = [("experiments", "all run live on this GPU" if not replay
+              else f"live, except {len(replay)} that replay the recorded run:")]
+    lines += [(f"replays {name}", why) for name, why in replay]
+    return lines
 
 
 def doctor(verbose: bool = True) -> dict:
@@ -62,4 +156,13 @@ def doctor(verbose: bool = True) -> dict:
             print(f"  [{mark}] {c['check']:<18} {c['note']}")
         print("  This machine shows:", "live GPU measurements" if f["cuda_available"]
               else "the recorded GPU run, replayed (no CUDA here)")
-    return {"ok": ok, "checks": checks, "live": f["cuda_available"]}
+    p = probe.platform_facts()
+    platform, experiments = platform_lines(p), experiment_lines(p)
+    if verbose:
+        print("  Platform:")
+        for label, text in platform:
+            print(f"    {label}: {text}")
+        for label, text in experiments:
+            print(f"  {label}: {text}" if label == "experiments" else f"    {label}: {text}")
+    return {"ok": ok, "checks": checks, "live": f["cuda_available"], "platform": p,
+            "platform_lines": platform, "experiment_lines": experiments}
