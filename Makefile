@@ -7,6 +7,9 @@ comma := ,
 # A CPU-only machine gets the CPU build of torch and no CUDA-only package. On a Linux laptop with internet,
 # add TORCH_INDEX=https://download.pytorch.org/whl/cpu so that pip finds the CPU build there.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+# An AMD GPU (rocm-smi, no nvidia-smi) is not set up automatically: set-up says so and installs the CPU build.
+HAS_ROCM := $(if $(HAS_GPU),,$(shell command -v rocm-smi >/dev/null 2>&1 && echo yes))
+ROCM_NOTE := make setup: rocm-smi found, no nvidia-smi: the course does not set up ROCm automatically, so this installs the CPU build of torch (lessons replay the recorded GPU run); for your AMD GPU install torch by hand from pip's ROCm index, e.g. $(VPY) -m pip install torch --index-url https://download.pytorch.org/whl/rocm6.4 (the ROCm version you have: pytorch.org/get-started)
 KIND := $(if $(HAS_GPU),gpu,cpu)
 EXTRAS := $(if $(HAS_GPU),test$(comma)site$(comma)gpu,test$(comma)site)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.11$(comma)<2.15,torch==2.13.0)
@@ -31,6 +34,7 @@ $(STAMP): pyproject.toml Makefile
 	@# a venv left half-built by an interrupted set-up (no working pip) is made again
 	@$(VPY) -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(VENV)
 	@rm -f $(VENV)/.installed-*
+	@$(if $(and $(HAS_ROCM),$(if $(TORCH_INDEX),,yes)),echo "$(ROCM_NOTE)",true)
 	$(VPY) -m pip install -q --upgrade pip
 	@# --no-compile: no byte code for the whole of every package (about 230 MB); Python caches what it imports
 	$(VPY) -m pip install -q --no-compile "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
