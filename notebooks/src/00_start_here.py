@@ -11,7 +11,7 @@
 # **What you will learn in this notebook**
 # - what the course covers, and for whom;
 # - how to run it, with or without a GPU;
-# - what *this* machine can show (the doctor below).
+# - what *this* machine can show (the doctor below), and what it is: the platform report.
 
 # %% [markdown]
 # ## Who it is for
@@ -52,7 +52,10 @@
 
 # %% [markdown]
 # ## The doctor
-# It checks the packages and tells you what this machine can show.
+# It checks the packages, prints this machine's platform (the GPU, its link, who else uses it, the
+# CPU cores, WSL2...) and says which experiments will run live here and which replay the recorded
+# GPU run, and why (an experiment that needs more free VRAM or pinned memory than this machine has,
+# or a profiler that records GPU activity, replays instead of failing mid-lesson).
 
 # %% tags=["nbval-ignore-output"]
 import pinlab
@@ -65,8 +68,33 @@ report = pinlab.doctor()
 # everything the course *needs* must be there, GPU or not.
 
 # %%
-print("everything the course needs is installed:", report["ok"])
-assert report["ok"], "run `make setup`, then re-run this notebook"
+pinlab.claim("everything the course needs is installed", report["ok"],
+             why="a package is missing or a recorded GPU run is broken (the FAIL lines above say which): "
+                 "run `make setup` (or `git checkout -- reports/gpu`), then re-run this notebook")
+
+# %% [markdown]
+# ## The platform: what this machine is
+#
+# The same facts as the doctor's, as an experiment: on a GPU, this machine's, measured now; without
+# one, the recorded GPU run's machine, replayed (the `source` line says which). They decide how far
+# the numbers of the lessons carry over to your machine:
+# - the **link** (PCIe generation and width, or NVLink-C2C on a GH200) sets the copy bandwidth
+#   lesson 01 measures; on a GH200 the GPU also reads pageable memory through the host's page
+#   tables, so pageable copies come much closer to pinned ones;
+# - **other processes on the GPU** (a GPU shared with other learners) interleave their kernels with
+#   yours: timings vary more, and a GPU that is busier than yours alone shows races *more* often;
+# - the **CPU cores** and **WSL2** change how fast and how evenly the host runs (under WSL2 the
+#   profiler often records no GPU activity, so the timelines of lessons 02, 06 and 07 replay).
+#
+# What the lessons *assert* holds on any CUDA GPU, quiet or shared; what depends on these facts is
+# printed as a `[measured]` line that says whether it held in this run.
+
+# %%
+from pinlab.doctor import platform_lines
+
+plat = pinlab.measure("00_platform", pinlab.platform_facts)
+for label, text in platform_lines(plat.result):
+    pinlab.show(label, text)
 
 # %% [markdown]
 # ## Your first measurement
@@ -99,13 +127,18 @@ tiny = pinlab.measure("00_tiny_copy", tiny_copy_ms)
 pinlab.report("one 4-byte H2D copy, events around it (launch + copy)", tiny.result["median"])
 
 # %%
-print("one 4-byte copy, timed alone, takes at least a microsecond:", tiny.result["median"] >= 1e-3)
-assert tiny.result["median"] >= 1e-3
+pinlab.observe("one 4-byte copy, timed alone, takes at least a microsecond", tiny.result["median"] >= 1e-3,
+               value=pinlab.fmt_ms(tiny.result["median"]),
+               why="the events bracket the host's launch only when the GPU passes the first one before the copy "
+                   "is submitted: a GPU busy with other processes' work passes it late, and then the events "
+                   "bracket the copy alone")
 
 # %% [markdown]
 # ## What to remember
 # - Every lesson measures its claims; without a GPU it replays the recorded GPU run and says so.
 # - `[timing]` and `[measured]` lines are measured numbers (this GPU's now, or the recorded run's in
-#   a replay); everything else is a checked fact.
+#   a replay); everything else is a checked fact, true on any CUDA GPU, quiet or shared.
+# - How far a measured number carries over depends on the platform: the link, a shared GPU, the CPU
+#   cores, WSL2. The doctor and the platform report say what yours is.
 # - A small copy timed alone measures a round trip through the host, not the copy.
 # - Next: **01 · Pinned memory**.
