@@ -27,7 +27,8 @@ def no_cuda(monkeypatch):
 @pytest.mark.parametrize("name,call", [
     ("plain_race()", lambda: l03.plain_race()),
     ("decode_race()", lambda: l03.decode_race()),
-], ids=["plain_race", "decode_race"])
+    ("launch_queue()", lambda: l03.launch_queue()),
+], ids=["plain_race", "decode_race", "launch_queue"])
 def test_experiments_need_cuda_without_a_stream(no_cuda, name, call):
     with pytest.raises(CudaUnavailableError, match=name.replace("(", r"\(").replace(")", r"\)")):
         call()
@@ -182,3 +183,71 @@ def test_waits_checks_its_arguments():
         l03.waits(run, "250")
     with pytest.raises(ValueError, match="equally long"):
         l03.waits(timed_run([1], [1, 2], [1], [1], 1.0, 1.0), 250)
+
+
+# ---- the launch queue: the experiment on the emulated stream, the analysis on synthetic times ----
+
+def test_launch_queue_on_the_lagging_stream_runs_every_launch_and_never_blocks():
+    res = l03.launch_queue(launches=300, busy_ms=5.0, numel=8, stream=pinlab.LaggingStream())
+    assert res["ran"] == 300 and len(res["launch_us"]) == 300 and res["launches"] == 300
+    # nothing limits the emulated queue: unless the OS took the CPU away for half the loop, no call waited
+    assert res["full_at"] is None or res["launch_us"][res["full_at"]] > l03.LAUNCH_WAIT_US
+    assert set(res["before_full"]) == {"median_us", "p90_us", "max_us"}
+    assert res["before_full"]["median_us"] <= res["before_full"]["p90_us"] <= res["before_full"]["max_us"]
+    json.dumps(res)
+
+
+def test_launch_queue_checks_its_arguments_before_cuda(no_cuda):
+    with pytest.raises(ValueError, match="launches"):
+        l03.launch_queue(launches=0)
+    with pytest.raises(TypeError, match="launches"):
+        l03.launch_queue(launches=2.5)
+    with pytest.raises(ValueError, match="busy_ms"):
+        l03.launch_queue(busy_ms=-1)
+    with pytest.raises(ValueError, match="busy_ms"):
+        l03.launch_queue(busy_ms=1e9)
+    with pytest.raises(ValueError, match="numel"):
+        l03.launch_queue(numel=0)
+    with pytest.raises(TypeError, match="pinlab stream"):
+        l03.launch_queue(stream="cuda")
+
+
+def test_queue_full_at_finds_the_call_that_waited_for_the_busy_kernel():
+    quick = [4.0] * 10
+    # the queue filled at call 6: it waited ~80 ms for the busy kernel; the calls after it are quick again
+    assert l03.queue_full_at(quick[:6] + [80_000.0] + quick) == 6
+    # an earlier OS hiccup (over the threshold, far shorter than the real wait) is not the full queue
+    assert l03.queue_full_at([4.0, 900.0, 4.0, 4.0, 60_000.0, 4.0]) == 4
+    # no call over the threshold: the queue never filled while the GPU was busy
+    assert l03.queue_full_at(quick) is None
+    assert l03.queue_full_at([4.0, 500.0, 4.0]) is None  # strictly over
+    assert l03.queue_full_at([4.0, 501.0, 4.0]) == 1
+    assert l03.queue_full_at([4.0, 30.0, 4.0], wait_us=20.0) == 1
+    # the first of two comparable waits
+    assert l03.queue_full_at([4.0, 50_000.0, 4.0, 40_000.0]) == 1
+
+
+@pytest.mark.parametrize("args, err, match", [
+    (([],), ValueError, "must not be empty"),
+    (("12",), TypeError, "launch_us must be a list"),
+    (({"a": 1},), TypeError, "launch_us must be a list"),
+    (([1.0, -2.0],), ValueError, r"launch_us\[1\] must be >= 0"),
+    (([1.0, float("nan")],), ValueError, "finite"),
+    (([1.0], 0), ValueError, "wait_us must be > 0"),
+])
+def test_queue_full_at_rejects_bad_input_naming_it(args, err, match):
+    with pytest.raises(err, match=match):
+        l03.queue_full_at(*args)
+
+
+def test_plot_launch_queue_draws_and_marks_the_full_queue():
+    us = [4.0] * 20 + [70_000.0] + [3.0] * 20
+    ax = l03.plot_launch_queue({"launch_us": us, "full_at": l03.queue_full_at(us)}, title="t")
+    assert ax.get_yscale() == "log" and any("launch 20" in t.get_text() for t in ax.get_legend().get_texts())
+    ax = l03.plot_launch_queue({"launch_us": [4.0, 5.0], "full_at": None}, title="t")
+    assert not any("full" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close("all")
+    with pytest.raises(TypeError, match="launch_queue"):
+        l03.plot_launch_queue({"launch_us": []}, title="t")
+    with pytest.raises(ValueError, match="full_at"):
+        l03.plot_launch_queue({"launch_us": [4.0], "full_at": 3}, title="t")

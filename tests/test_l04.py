@@ -4,6 +4,7 @@ children report their outcome as data, the metadata harness catches a race (with
 own slab ring), and the plots draw from a result."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -216,11 +217,59 @@ def test_run_children_gives_each_child_its_environment(monkeypatch):
     t0 = time.time()
     nosetup = l04.run_children({"quick": quick, "never_ready": "import time\ntime.sleep(30)\n"}, timeout_s=0.5,
                                ready_timeout_s=1.0)
-    assert nosetup["never_ready"]["outcome"] == "hung" and time.time() - t0 < 10
+    # still setting up at the deadline: killed without a go, reported as not tested (never "hung")
+    assert nosetup["never_ready"]["outcome"] == "unavailable" and "set-up" in nosetup["never_ready"]["detail"]
+    assert nosetup["quick"]["outcome"] == "correct" and time.time() - t0 < 10
     with pytest.raises(ValueError, match="envs"):
         l04.run_children({"plain": show}, timeout_s=5, envs={"other": {}})
     with pytest.raises(TypeError, match="codes"):
         l04.run_children({}, timeout_s=5)
+
+
+def test_run_children_starts_the_time_limit_only_after_the_set_up():
+    """A child whose set-up (2 s here; importing torch, CUDA and a JIT build in the plan hazard) is
+    longer than its time limit still gets the whole limit for its test."""
+    tag = "PINLAB_RESULT "
+    slow = ("import json, os, pathlib, sys, time\ntime.sleep(2.0)\n"
+            "pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\n"
+            "sys.stdin.readline()\ntime.sleep(0.3)\n"
+            f"print({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x'}}), flush=True)\n")
+    out = l04.run_children({"a": slow, "b": slow}, timeout_s=1.5, ready_timeout_s=30)
+    assert out["a"]["outcome"] == "correct" and out["b"]["outcome"] == "correct"
+    assert out["a"]["seconds"] < 1.5 and out["b"]["seconds"] < 1.5  # counted from the go, not from the start
+    # without the ready protocol the same child is killed at its time limit, inside its set-up
+    late = l04.run_children({"a": slow.replace("pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\n", "")},
+                            timeout_s=1.0)
+    assert late["a"]["outcome"] == "hung"
+
+
+def test_the_plan_hazard_child_says_it_is_ready_after_its_set_up_and_before_its_go():
+    src = inspect.getsource(l04._plan_hazard_child)
+    setup_done = src.index("torch.cuda.synchronize()")  # the warm plan+run has finished
+    ready = src.index('Path(os.environ["PINLAB_READY_FILE"]).touch()')
+    go = src.index("sys.stdin.readline()")
+    hazard = src.index("gpu_busy(busy_ms)")
+    assert setup_done < ready < go < hazard
+
+
+def test_plan_hazard_gives_its_children_a_start_up_limit_apart_from_the_time_limit(monkeypatch):
+    seen = {}
+
+    def fake_run_children(codes, timeout_s, envs=None, ready_timeout_s=None):
+        seen.update(codes=codes, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s)
+        return {m: {"outcome": "correct", "detail": "ok", "seconds": 0.1, "returncode": 0} for m in codes}
+
+    import pinlab.paged_kv as paged_kv
+    monkeypatch.setattr(l04, "require_cuda", lambda what: None)
+    monkeypatch.setattr(paged_kv, "flashinfer_available", lambda: (True, ""))
+    monkeypatch.setattr(l04, "run_children", fake_run_children)
+    monkeypatch.setattr(l04, "_context_ok", lambda: True)
+    out = l04.plan_hazard(timeout_s=12.0, watchdog_s=3.0, startup_s=250.0)
+    assert seen["timeout_s"] == 12.0 and seen["ready_timeout_s"] == 250.0
+    assert list(seen["codes"]) == ["synced", "back_to_back"] and all("wait_for_go=True" in c for c in seen["codes"].values())
+    assert out["synced"]["outcome"] == "correct" and out["parent_context_ok"] and out["timeout_s"] == 12.0
+    with pytest.raises(ValueError, match="startup_s"):
+        l04.plan_hazard(startup_s=0)
 
 
 def test_snapshot_cost_on_the_lagging_stream():
@@ -250,12 +299,37 @@ def test_pin_trap_on_the_lagging_stream():
 
 def test_history_on_the_lagging_stream():
     hist = l04.history(strategies=steploop.HISTORY, steps=25, nbytes=256, busy_ms=0.3, ahead=2, ring_depth=3,
-                       stream=pinlab.LaggingStream())
+                       rounds=3, stream=pinlab.LaggingStream())
     rows = {r["strategy"]: r for r in hist["rows"]}
     assert list(rows) == steploop.HISTORY
     assert all(rows[s]["corrupted"] == 0 for s in CORRECT) and all(rows[s]["corrupted"] > 0 for s in RACY)
     assert rows["pageable"]["pinned_bytes_held"] == 0 and rows["snapshot"]["label"] == steploop.LABELS["snapshot"]
+    # interleaved rounds: 25 steps per approach as 9 + 8 + 8, one median per round, the row's value their median
+    assert hist["rounds"] == 3 and len(hist["no_copy_round_medians_us"]) == 3
+    for r in rows.values():
+        assert r["steps"] == 25 and len(r["round_medians_us"]) == 3
+        assert r["host_us"] == round(sorted(r["round_medians_us"])[1], 2)
+        assert math.isclose(r["host_extra_us"], r["host_us"] - hist["no_copy_us"], abs_tol=0.011)
     json.dumps(hist)
+
+
+def test_history_runs_the_approaches_round_robin(monkeypatch):
+    order = []
+    real = steploop.plain_loop
+
+    def spy(stream, strategy, **kw):
+        order.append((strategy, kw["steps"]))
+        return real(stream, strategy, **kw)
+
+    monkeypatch.setattr(steploop, "plain_loop", spy)
+    l04.history(strategies=["pageable", "snapshot"], steps=7, nbytes=64, busy_ms=0.1, ahead=2, rounds=3,
+                stream=pinlab.LaggingStream())
+    measured = order[-9:]  # after the warm-up: 3 rounds of 3 approaches, the order rotating each round
+    assert [s for s, _ in measured] == ["no_copy", "pageable", "snapshot", "pageable", "snapshot", "no_copy",
+                                        "snapshot", "no_copy", "pageable"]
+    assert [n for _, n in measured] == [3, 3, 3, 2, 2, 2, 2, 2, 2]
+    with pytest.raises(ValueError, match="rounds"):
+        l04.history(steps=4, rounds=5, stream=pinlab.LaggingStream())
 
 
 def test_classify_child():

@@ -13,20 +13,26 @@ Each takes ``stream=None``: None means the CUDA stream (CudaUnavailableError wit
 What the pageable buffer costs (#32799) is measured by the notebook's own timed step loop (a clock
 around every call of the step); :func:`step_parts` sums one such run up, :func:`plot_step_parts`
 draws where the host's time went, per size.
+
+* :func:`launch_queue`: how many tiny kernels the host can launch behind a busy GPU before a launch
+  call blocks (CUDA's launch queue is full); :func:`queue_full_at` finds that call in the host times,
+  :func:`plot_launch_queue` draws them.
 """
 from __future__ import annotations
 
 import numbers
 import statistics
+import time
 
 import numpy as np
+import torch
 
 from .. import decode_loop, steploop
 from ..args import positive_int, positive_number
 from ..steploop import LABELS
 
 __all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
-           "plot_errors", "plot_step_parts"]
+           "plot_errors", "plot_step_parts", "LAUNCH_WAIT_US", "launch_queue", "queue_full_at", "plot_launch_queue"]
 
 #: The calls of one step that the notebook's timed step loop clocks, in order: the host writes the
 #: step's data, the copy call, the launch of the kernel that reads the copy, the launch of the rest
@@ -262,4 +268,113 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+# =============================================================================================
+# The launch queue: how many launches wait behind a busy GPU before a launch call blocks
+# =============================================================================================
+
+#: A launch call that took longer than this (µs) waited: one that only enqueues takes a few µs.
+LAUNCH_WAIT_US = 500.0
+
+
+def queue_full_at(launch_us, wait_us: float = LAUNCH_WAIT_US):
+    """The index of the launch call at which the launch queue was full, or None.
+
+    ``launch_us``: host µs of each launch call, in order, all issued behind one long GPU kernel.
+    The call that finds the queue full waits for that kernel to end: the longest wait of the loop.
+    So it is the first call that took over ``wait_us`` **and** at least half as long as the longest
+    call; an earlier, shorter hiccup (the OS taking the CPU away for a moment) is not that wait.
+    None: no call took over ``wait_us`` (the queue never filled while the GPU was busy).
+    """
+    wait_us = positive_number("wait_us", wait_us)
+    if isinstance(launch_us, (str, bytes, dict)) or not hasattr(launch_us, "__iter__"):
+        raise TypeError(f"launch_us must be a list of µs per launch call, got {type(launch_us).__name__}")
+    us = [positive_number(f"launch_us[{i}]", v, allow_zero=True) for i, v in enumerate(launch_us)]
+    if not us:
+        raise ValueError("launch_us must not be empty")
+    longest = max(us)
+    if longest <= wait_us:
+        return None
+    return next(i for i, v in enumerate(us) if v > wait_us and v >= longest / 2)
+
+
+def launch_queue(launches: int = 5000, busy_ms: float = 100.0, numel: int = 16, stream=None) -> dict:
+    """How many tiny kernels the host can launch behind a busy GPU before a launch call blocks.
+
+    One kernel keeps the GPU busy ``busy_ms``; then the host launches ``launches`` tiny kernels
+    (``x.add_(1)`` on ``numel`` int32 on the device, warmed first), timing each launch call. While
+    the GPU is busy they all wait in the stream's launch queue; once it is full, the next launch
+    call blocks until the GPU frees a slot (CUDA documents only that a call "may block ... for
+    unavailability of internal resources"). Afterwards ``x`` is read back: each launch added 1.
+
+    Returns ``{"launches", "busy_ms", "numel", "launch_us" (host µs per launch call), "full_at"
+    (:func:`queue_full_at`: the index of the call that found the queue full; None: no call waited,
+    the GPU was done before the queue filled, or the queue holds more than ``launches``),
+    "waited_ms" (how long that call took), "slow_calls" (calls over :data:`LAUNCH_WAIT_US`),
+    "before_full" (median / p90 / max host µs of the calls before it), "loop_ms", "drain_ms",
+    "ran" (launches the GPU ran, read back: must equal ``launches``)}``. ``stream=None``: CUDA
+    (CudaUnavailableError without it); on a :class:`pinlab.LaggingStream` nothing ever blocks.
+    """
+    launches = positive_int("launches", launches, maximum=100_000)
+    busy_ms = positive_number("busy_ms", busy_ms, maximum=10_000.0)
+    numel = positive_int("numel", numel, maximum=1 << 20)
+    stream = steploop.cuda_or(stream, "launch_queue()")
+    clock = time.perf_counter_ns
+    ns = [0] * launches
+    with stream:
+        x = torch.zeros(numel, dtype=torch.int32, device=stream.device)
+        for _ in range(3):                  # warm-up: every kernel used below loaded (lazy loading blocks)
+            x.add_(1)
+            x.zero_()
+        stream.busy(0.05)
+        stream.synchronize()
+        stream.busy(busy_ms)                # the GPU is busy; everything below queues behind it
+        t_loop = clock()
+        for i in range(launches):
+            t0 = clock()
+            x.add_(1)                       # one tiny kernel: the call only enqueues it, until the queue is full
+            ns[i] = clock() - t0
+        t_end = clock()
+        stream.synchronize()
+        t_drain = clock()
+        ran = int(x[0].item())
+        del x
+    us = [round(v / 1e3, 2) for v in ns]
+    full = queue_full_at(us)
+    before = us[:full] if full else us
+    return {
+        "launches": launches, "busy_ms": busy_ms, "numel": numel, "launch_us": us, "full_at": full,
+        "waited_ms": round(us[full] / 1e3, 3) if full is not None else None,
+        "slow_calls": sum(v > LAUNCH_WAIT_US for v in us),
+        "before_full": {"median_us": round(statistics.median(before), 2),
+                        "p90_us": round(steploop.percentile(before, 0.9), 2), "max_us": round(max(before), 2)},
+        "loop_ms": round((t_end - t_loop) / 1e6, 3), "drain_ms": round((t_drain - t_end) / 1e6, 3), "ran": ran,
+    }
+
+
+def plot_launch_queue(result: dict, *, title: str, ax=None):
+    """Host µs of each launch call (log scale) behind the busy GPU, the call that found the queue full
+    marked. ``result`` is a :func:`launch_queue` result."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(result, dict) or not isinstance(result.get("launch_us"), list) or not result["launch_us"]:
+        raise TypeError("result must be a launch_queue() result (a dict with a non-empty list 'launch_us')")
+    us = [positive_number(f"result['launch_us'][{i}]", v, allow_zero=True) for i, v in enumerate(result["launch_us"])]
+    full = result.get("full_at")
+    if full is not None:
+        full = positive_int("result['full_at']", full, allow_zero=True, maximum=len(us) - 1)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.8))
+    ax.plot(range(len(us)), [max(v, 0.1) for v in us], ".", ms=2, color="tab:blue", label="one launch call")
+    ax.axhline(LAUNCH_WAIT_US, color="k", ls=":", lw=0.8, label=f"{LAUNCH_WAIT_US:g} µs")
+    if full is not None:
+        ax.axvline(full, color="tab:red", ls="--", lw=1.0, label=f"launch {full}: the queue was full")
+    ax.set_yscale("log")
+    ax.set_xlabel("launch call (in order, all behind one busy kernel)")
+    ax.set_ylabel("host µs in the launch call")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     return ax

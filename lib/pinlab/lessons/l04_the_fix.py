@@ -184,40 +184,61 @@ def pin_trap(nbytes: int = 256, steps: int = 200, busy_ms: float = 0.5, stream=N
 
 
 def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB, busy_ms: float = 0.3,
-            ahead: int | None = 2, ring_depth: int = 3, stream=None) -> dict:
+            ahead: int | None = 2, ring_depth: int = 3, rounds: int = 5, stream=None) -> dict:
     """The fixes side by side in one step loop: corrupted steps, host µs per step, pinned bytes.
 
-    ``ahead=2``: the host runs at most two steps ahead, as vLLM's batch queue allows. Returns
-    ``{"rows": [{"strategy", "label", "corrupted", "steps", "host_us", "host_extra_us",
-    "host_p90_us", "pinned_bytes_held"}], "no_copy_us", ...}``; ``host_us`` is the median host
-    time per step inside write + stage + copy (event waits included), ``host_extra_us`` the same
-    minus the no-copy baseline.
+    ``ahead=2``: the host runs at most two steps ahead, as vLLM's batch queue allows. After a
+    warm-up, the approaches (and the no-copy baseline) run round-robin in ``rounds`` interleaved
+    rounds (the order rotates), ``steps`` per approach split over the rounds, so that a slow spell
+    of the machine does not land on one approach only. Returns ``{"rows": [{"strategy", "label",
+    "corrupted", "steps", "host_us", "host_extra_us", "host_p90_us", "round_medians_us",
+    "pinned_bytes_held"}], "no_copy_us", "no_copy_round_medians_us", ...}``: ``host_us`` is the
+    median over rounds of each round's median host time per step inside write + stage + copy
+    (event waits included), ``host_p90_us`` the same for the p90, ``host_extra_us`` ``host_us``
+    minus the no-copy baseline's, ``corrupted`` the count over all rounds and
+    ``pinned_bytes_held`` the most any round held.
     """
     strategies = steploop.strategies_arg(list(strategies), allow_no_copy=False)
-    steps = positive_int("steps", steps)
-    steploop.ints_in("nbytes", nbytes)
+    steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
+    n_ints = steploop.ints_in("nbytes", nbytes)
     busy_ms = positive_number("busy_ms", busy_ms)
     ahead = steploop.ahead_arg(ahead)
     ring_depth = positive_int("ring_depth", ring_depth)
+    rounds = positive_int("rounds", rounds, maximum=steps)
+    steploop.check_dst(steps, n_ints)
     stream = steploop.cuda_or(stream, "history()")
-    res = steploop.every_strategy(stream, strategies=["no_copy"] + strategies, steps=steps, nbytes=nbytes,
-                                  busy_ms=busy_ms, ahead=ahead, ring_depth=ring_depth, per_step=False)
-    base = res["runs"]["no_copy"]["host"]["median_us"]
+    names = ["no_copy"] + strategies
+    steploop.warm(stream, names, n_ints, busy_ms, ahead, ring_depth)
+    per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
+    meds = {k: [] for k in names}
+    p90s = {k: [] for k in names}
+    corrupted = {k: 0 for k in names}
+    held = {k: 0 for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            run = steploop.plain_loop(stream, k, steps=per_round[r], n_ints=n_ints, busy_ms=busy_ms, ahead=ahead,
+                                      ring_depth=ring_depth, per_step=False)
+            meds[k].append(run["host"]["median_us"])
+            p90s[k].append(run["host"]["p90_us"])
+            corrupted[k] += run["corrupted"]
+            held[k] = max(held[k], run["pinned_bytes_held"])
+    med = {k: round(statistics.median(v), 2) for k, v in meds.items()}
     rows = []
     for s in strategies:
-        r = res["runs"][s]
         rows.append({
             "strategy": s,
             "label": LABELS[s],
-            "corrupted": r["corrupted"],
-            "steps": r["steps"],
-            "host_us": r["host"]["median_us"],
-            "host_extra_us": round(r["host"]["median_us"] - base, 2),
-            "host_p90_us": r["host"]["p90_us"],
-            "pinned_bytes_held": r["pinned_bytes_held"],
+            "corrupted": corrupted[s],
+            "steps": sum(per_round),
+            "host_us": med[s],
+            "host_extra_us": round(med[s] - med["no_copy"], 2),
+            "host_p90_us": round(statistics.median(p90s[s]), 2),
+            "round_medians_us": meds[s],
+            "pinned_bytes_held": held[s],
         })
     return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "ahead": ahead, "ring_depth": ring_depth,
-            "no_copy_us": base, "rows": rows}
+            "rounds": rounds, "no_copy_us": med["no_copy"], "no_copy_round_medians_us": meds["no_copy"],
+            "rows": rows}
 
 
 # =============================================================================================
@@ -237,10 +258,12 @@ def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdo
                        wait_for_go: bool = False) -> dict:
     """Runs in a child process: two plans on ONE wrapper, with (``synced``) or without
     (``back_to_back``) a sync between them. May crash or hang the CUDA context: never call it in a
-    process you care about. With ``wait_for_go`` the set-up (FlashInfer's first plan+run
-    included) is done first, then the child waits for a line on its stdin before the hazard. Once
-    it starts, a watchdog thread reports "hung" and ends the process if the two plans' work has
-    not finished within ``watchdog_s`` seconds."""
+    process you care about. With ``wait_for_go`` the set-up (CUDA, FlashInfer's first plan+run
+    included) is done first, then the child says it is ready (it creates the file named by
+    ``PINLAB_READY_FILE``, when set: :func:`run_children` starts its time limit only then) and
+    waits for a line on its stdin before the hazard. Once it starts, a watchdog thread reports
+    "hung" and ends the process if the two plans' work has not finished within ``watchdog_s``
+    seconds."""
     one_of("mode", mode, {"synced", "back_to_back"})
     watchdog_s = positive_number("watchdog_s", watchdog_s)
     from ..busy import gpu_busy
@@ -263,6 +286,8 @@ def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdo
         torch.cuda.synchronize()
     except FlashInferUnavailableError as exc:
         return {"status": "unavailable", "detail": str(exc)}
+    if os.environ.get("PINLAB_READY_FILE"):
+        Path(os.environ["PINLAB_READY_FILE"]).touch()  # set-up done: the parent's time limit starts now
     if wait_for_go:
         sys.stdin.readline()  # the parent says when: never two hazards on the GPU at once
     watchdog = threading.Timer(watchdog_s, _report_and_exit, args=(
@@ -328,9 +353,12 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
     ``timeout_s`` (then it is killed). ``envs`` may give a child extra environment variables
     (``{name: {VAR: value}}``; a value of None removes VAR). With ``ready_timeout_s``, no child is
     told to go before every child has finished its set-up (it creates the file named by its
-    ``PINLAB_READY_FILE``), has ended, or ``ready_timeout_s`` has passed: then no set-up runs
-    beside a timed child. Returns ``{name: outcome}``, each from :func:`classify_child` plus
-    ``returncode`` and ``seconds`` (from its go to its end)."""
+    ``PINLAB_READY_FILE``) or has ended, waiting at most ``ready_timeout_s`` from the start: then
+    no set-up runs beside a timed child, and ``timeout_s`` measures the child's test alone, never
+    its start-up (importing torch, CUDA, a JIT build). A child still in its set-up at that deadline
+    is killed without being told to go: outcome "unavailable" (its set-up did not finish), never
+    "hung". Returns ``{name: outcome}``, each from :func:`classify_child` plus ``returncode`` and
+    ``seconds`` (from its go to its end)."""
     timeout_s = positive_number("timeout_s", timeout_s)
     if not isinstance(codes, dict) or not codes:
         raise TypeError(f"codes must be a non-empty dict {{name: python code}}, got {type(codes).__name__}")
@@ -361,13 +389,23 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
              for name, code in codes.items()}
     out = {}
     try:
+        not_ready = set()
         if ready_dir is not None:
             deadline = time.perf_counter() + ready_timeout_s
-            for i, p in enumerate(procs.values()):
+            for i, (name, p) in enumerate(procs.items()):
                 ready = os.path.join(ready_dir, f"child{i}")
                 while not os.path.exists(ready) and p.poll() is None and time.perf_counter() < deadline:
                     time.sleep(0.01)
+                if not os.path.exists(ready) and p.poll() is None:
+                    not_ready.add(name)
         for name, p in procs.items():
+            if name in not_ready:  # still setting up at the deadline: not tested, and not "hung"
+                p.kill()
+                p.communicate()
+                out[name] = {"outcome": "unavailable", "returncode": None, "seconds": 0.0,
+                             "detail": f"its set-up (starting Python, torch, CUDA, any JIT build) did not finish "
+                                       f"within {ready_timeout_s:g} s; killed before its test"}
+                continue
             t0 = time.perf_counter()
             try:
                 stdout, stderr = p.communicate(input="go\n", timeout=timeout_s)
@@ -399,16 +437,20 @@ def _context_ok() -> bool:
 
 
 def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout_s: float = 12.0,
-                watchdog_s: float = 3.0) -> dict:
+                watchdog_s: float = 3.0, startup_s: float = 600.0) -> dict:
     """Two ``plan()`` calls on one FlashInfer wrapper while the GPU is busy, each in a child process.
 
     FlashInfer's ``plan()`` writes its plan info into one pinned buffer per wrapper and copies it
     to the GPU with ``cudaMemcpyAsync``: the same class of hazard as the lessons' reused buffer.
     ``synced`` (a sync between the two plans: the control) and ``back_to_back`` (no sync, as under
     overlap scheduling) each run in a fresh ``python -c`` child, so a crash or a hang cannot touch
-    this process. Both children set up at once; the hazards run one after the other
-    (:func:`run_children`). A child reports "hung" itself when the plans' work has not finished
-    ``watchdog_s`` after it was queued, and is killed ``timeout_s`` after its go in any case. The batches
+    this process. Both children set up at once (Python, torch, CUDA, FlashInfer's first plan+run:
+    seconds, more with a JIT build or a busy machine), each within ``startup_s`` of its start, and
+    say when they are ready; the hazards then run one after the other (:func:`run_children`), so
+    ``timeout_s`` covers a child's hazard only, never its set-up. A child reports "hung" itself
+    when the plans' work has not finished ``watchdog_s`` after it was queued, and is killed
+    ``timeout_s`` after its go in any case; one whose set-up outlasts ``startup_s`` is reported
+    "unavailable" (not tested). The batches
     come from :func:`pinlab.paged_kv.random_batch`. CUDA only (a child process has its own CUDA
     context; no stream argument). Returns ``{"synced": outcome, "back_to_back": outcome,
     "parent_context_ok": bool, "timeout_s"}``, each outcome from :func:`classify_child` plus
@@ -419,6 +461,7 @@ def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout
     tol = positive_number("tol", tol)
     timeout_s = positive_number("timeout_s", timeout_s)
     watchdog_s = positive_number("watchdog_s", watchdog_s)
+    startup_s = positive_number("startup_s", startup_s, maximum=3600.0)
     require_cuda("plan_hazard()")
     from ..paged_kv import flashinfer_available
 
@@ -427,7 +470,8 @@ def plan_hazard(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout
     if ok:
         print("plan_hazard: running the synced, then the back_to_back child (fresh Python processes)...",
               file=sys.stderr, flush=True)
-        out = run_children({m: child_code(m, busy_ms, seed, tol, watchdog_s) for m in modes}, timeout_s)
+        out = run_children({m: child_code(m, busy_ms, seed, tol, watchdog_s) for m in modes}, timeout_s,
+                           ready_timeout_s=startup_s)
     else:  # nothing to test: do not spend a child process on it
         out = {m: {"outcome": "unavailable", "detail": reason, "seconds": 0.0, "returncode": None} for m in modes}
     out["parent_context_ok"] = _context_ok()
