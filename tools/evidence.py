@@ -10,6 +10,9 @@
   pass it), and per ``[measured]``/``[timing]`` line (cell index + label) the min / median / max of each
   number in it. An nbval run (``"via": "nbval"``) comes from conftest.py's capture ($PINLAB_NBVAL_CAPTURE):
   :func:`nbval_outcome`, :func:`add_nbval_runs`.
+* Adverse conditions (``tools/gpu_suite.py --adverse``, reports/gpu/adverse.json): the conditions an H200
+  imitates (:data:`ADVERSE_CONDITIONS`), one nbval pass's counts from the capture (:func:`adverse_notebook_run`),
+  merging (:func:`merge_adverse`) and the check that every cell passed under each (:func:`adverse_problems`).
 * The nbval pass: one pytest run for every notebook and the ``gpu`` unit tests; conftest.py writes one JSON
   line per test phase to $PINLAB_PYTEST_LOG, read back here per notebook and for the unit tests.
 """
@@ -377,3 +380,151 @@ def unit_test_results(records: list[dict], prefix: str = "tests/") -> dict:
     counts = {k: sum(t["outcome"] == k for t in tests.values()) for k in ("passed", "failed", "skipped")}
     counts["failures"] = [f"{nid}: {t['message']}"[:400] for nid, t in tests.items() if t["outcome"] == "failed"]
     return counts
+
+
+# ---- adverse conditions (tools/gpu_suite.py --adverse, reports/gpu/adverse.json) ----------------------------
+
+#: The conditions an H200 imitates for ``--adverse``: strict nbval of notebooks/ under each. ``env``: what the
+#: pytest process (and so its notebooks' kernels) gets, besides ``PYTHONPATH=lib``; ``learners``: pytest
+#: processes at once on the same notebooks; ``cores``: CPU cores it is pinned to; ``stability``: whether its
+#: nbval passes count as runs in stability.json (every cell executes live on the GPU, as in the suite's own
+#: nbval pass; under (c)-(e) sections replay the recorded run instead, so they do not).
+ADVERSE_CONDITIONS: dict[str, dict] = {
+    "a": {"name": "three learners at once on one GPU",
+          "imitates": "a workshop where three participants run the same notebooks at the same time on one GPU: "
+                      "three pytest processes (three kernels) whose copies and kernels interleave on it",
+          "learners": 3, "env": {}, "cores": None, "stability": True},
+    "b": {"name": "2 CPU cores",
+          "imitates": "a small VM or Colab (2 vCPUs): pytest and its notebook kernels pinned to 2 cores "
+                      "(taskset -c, or os.sched_setaffinity where taskset is missing), OMP_NUM_THREADS=2",
+          "learners": 1, "env": {"OMP_NUM_THREADS": "2"}, "cores": 2, "stability": True},
+    "c": {"name": "a 16 GB GPU with a small host pinned budget",
+          "imitates": "a 16 GB GPU (T4, V100-16GB class) on a host that lets the course page-lock 2 GiB: torch may "
+                      "use 16 GiB of VRAM (set_per_process_memory_fraction) and free VRAM reads at most 16 GiB; "
+                      "experiments that need more VRAM or pinned memory replay the recorded run, labelled",
+          "learners": 1, "env": {"PINLAB_VRAM_LIMIT_GIB": "16", "PINLAB_PINNED_LIMIT_GIB": "2"}, "cores": None,
+          "stability": False},
+    "d": {"name": "no FlashInfer",
+          "imitates": "a machine without FlashInfer (not installed, or no build for its GPU): lessons 03 and 04 "
+                      "decode with the torch reference and say so",
+          "learners": 1, "env": {"PINLAB_NO_FLASHINFER": "1"}, "cores": None, "stability": False},
+    "e": {"name": "a profiler that records no GPU activity (simulated)",
+          "imitates": "WSL2 or a container where torch.profiler records no CUDA activity: the experiments that read a "
+                      "profiler trace replay the recorded run, labelled with the reason",
+          "learners": 1, "env": {"PINLAB_SIMULATE_NO_GPU_TRACE": "1"}, "cores": None, "stability": False},
+}
+ADVERSE_RENEW = "python3 tools/gpu_suite.py --adverse"
+
+
+def condition_title(cid: str) -> str:
+    """``(c) a 16 GB GPU with a small host pinned budget``."""
+    return f"({cid}) {ADVERSE_CONDITIONS[cid]['name']}"
+
+
+def code_cell_count(nb: dict) -> int:
+    return sum(c["cell_type"] == "code" for c in nb["cells"])
+
+
+def skip_tagged_cells(nb: dict) -> int:
+    """Code cells nbval skips by design (tag ``nbval-skip``): the only cells an adverse pass may skip."""
+    return sum(c["cell_type"] == "code" and "nbval-skip" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+
+
+def adverse_notebook_run(cells: list[dict], code_cells: int, collect_error: str | None = None) -> dict:
+    """One pytest process's strict nbval pass over one notebook, from conftest.py's capture records of it
+    (``cells``; $PINLAB_NBVAL_CAPTURE): cells passed / failed / skipped / not run, each failing cell with
+    nbval's message and its error output, and the seconds the cells took. ``collect_error``: pytest could not
+    collect the notebook (the records are then empty)."""
+    by_cell: dict = {}
+    for c in cells:
+        by_cell[c.get("cell")] = c  # one record per cell (the last, should a cell appear twice)
+    outcomes = [c.get("outcome") for c in by_cell.values()]
+    failing = [{"cell": c.get("cell"), "code_cell": c.get("code_cell"), "outcome": c.get("outcome"),
+                "message": (c.get("message") or "")[:400], "error": c.get("error")}
+               for c in sorted(by_cell.values(), key=lambda c: (c.get("cell") is None, c.get("cell") or 0))
+               if c.get("outcome") in ("failed", "error")]
+    if collect_error is not None:
+        failing.insert(0, {"cell": None, "code_cell": None, "outcome": "error",
+                           "message": f"pytest could not collect the notebook: {collect_error}"[:400], "error": None})
+    return {"cells": code_cells,
+            "passed": outcomes.count("passed"),
+            "failed": outcomes.count("failed") + outcomes.count("error") + (collect_error is not None),
+            "skipped": outcomes.count("skipped"),
+            "not_run": max(0, code_cells - len(by_cell)),
+            "failing_cells": failing,
+            "seconds": round(sum(c.get("seconds") or 0.0 for c in by_cell.values()), 1)}
+
+
+def adverse_run_passed(run: dict, allowed_skips: int = 0) -> bool:
+    """Every cell passed (a cell tagged ``nbval-skip`` may be skipped instead)."""
+    return (run.get("failed") == 0 and run.get("not_run") == 0 and run.get("passed", 0) >= 1
+            and run.get("skipped", 0) <= allowed_skips and run["passed"] + run.get("skipped", 0) == run.get("cells"))
+
+
+def merge_adverse(old: dict, new_conditions: list[dict], keep_paths) -> list[dict]:
+    """adverse.json's ``conditions`` after a call: a condition of this call takes its new notebook entries and keeps
+    its old entries of other notebooks of notebooks/ (a call with ``--only``, or one the budget cut short);
+    conditions this call did not run are kept as they were. Whether an entry still holds is for
+    :func:`adverse_problems` to say (it names the stale ones)."""
+    olds = {c.get("id"): c for c in old.get("conditions", [])}
+    out = dict(olds)
+    for c in new_conditions:
+        prev = olds.get(c["id"]) or {}
+        by_path = {e.get("path"): e for e in prev.get("notebooks", []) if e.get("path") in keep_paths}
+        by_path.update({e["path"]: e for e in c["notebooks"]})
+        out[c["id"]] = dict(c, notebooks=[by_path[p] for p in sorted(by_path)])
+    return [out[k] for k in sorted(out)]
+
+
+def adverse_problems(report: dict | None, paths, root: Path = ROOT) -> list[str]:
+    """What keeps ``report`` (reports/gpu/adverse.json, None if absent) from showing that every notebook of
+    ``paths`` (notebooks/*.ipynb) passed every cell under each condition of :data:`ADVERSE_CONDITIONS`, for
+    its current source and deps. Each problem names the condition, the notebook and the command that renews it."""
+    if report is None:
+        return [f"no reports/gpu/adverse.json: run `{ADVERSE_RENEW}` on a CUDA machine (README: Running the GPU "
+                "suite) and commit reports/gpu/"]
+    problems = [f"reports/gpu/adverse.json lacks {k}: run `{ADVERSE_RENEW}`"
+                for k in ("gpu", "driver", "torch", "cuda", "flashinfer", "python", "utc", "conditions") if k not in report]
+    conds = {c.get("id"): c for c in report.get("conditions", []) if isinstance(c, dict)}
+    for cid, spec in ADVERSE_CONDITIONS.items():
+        title = condition_title(cid)
+        cond = conds.get(cid)
+        if cond is None:
+            problems.append(f"{title} is not in reports/gpu/adverse.json: run `{ADVERSE_RENEW} {cid}`")
+            continue
+        if cond.get("env") != spec["env"]:
+            problems.append(f"{title} ran with {cond.get('env')}, not {spec['env']} (an older definition): "
+                            f"run `{ADVERSE_RENEW} {cid}`")
+        entries = {e.get("path"): e for e in cond.get("notebooks", [])}
+        for p in paths:
+            rel = Path(p).relative_to(root).as_posix()
+            again = f"`{ADVERSE_RENEW} {cid}` (this notebook only: `{ADVERSE_RENEW} {cid} --only {Path(p).stem}`)"
+            e = entries.get(rel)
+            if e is None:
+                problems.append(f"{title}: {rel} was not run under it: run {again}")
+                continue
+            why = freshness(e, root)
+            if why:
+                problems.append(f"{title}: {why}: run `{ADVERSE_RENEW}` on a CUDA machine "
+                                f"(this notebook only: `{ADVERSE_RENEW} --only {Path(p).stem}`)")
+                continue
+            runs = e.get("runs") or []
+            if len(runs) != spec["learners"]:
+                problems.append(f"{title}: {rel} has {len(runs)} runs recorded, the condition has "
+                                f"{spec['learners']} learner(s): run {again}")
+            nb = nbtools.load(Path(p))
+            skips = skip_tagged_cells(nb)
+            for k, r in enumerate(runs, 1):
+                who = f", learner {r.get('learner', k)}" if spec["learners"] > 1 else ""
+                if r.get("cells") != code_cell_count(nb):
+                    problems.append(f"{title}{who}: {rel} recorded {r.get('cells')} code cells, the notebook has "
+                                    f"{code_cell_count(nb)}: run {again}")
+                    continue
+                if adverse_run_passed(r, skips):
+                    continue
+                failing = "; ".join(f"cell {f.get('cell')}: {f.get('message') or f.get('outcome')}"
+                                    for f in r.get("failing_cells", [])[:3])
+                problems.append(f"{title}{who}: {rel} passed {r.get('passed')} of {r.get('cells')} cells "
+                                f"({r.get('failed')} failed, {r.get('skipped')} skipped, {r.get('not_run')} not run)"
+                                + (f": {failing}" if failing else "") + f"; fix it, then run {again}")
+    return problems
