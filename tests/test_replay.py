@@ -1,5 +1,6 @@
 """measure(): live on CUDA (recorded when asked), replayed and labelled without CUDA."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +184,307 @@ def test_doctor_names_a_missing_suite_report(tmp_path, monkeypatch):
     (tmp_path / "gpu" / "latest.json").write_text('{"notebooks": [{"path": "notebooks/00.ipynb"}]}')
     check = next(c for c in pinlab.doctor(verbose=False)["checks"] if c["check"] == "GPU suite report")
     assert check["ok"] is True
+
+
+# ---- issue 19: one validation path, per-experiment checks, one sentence with the fix --------------------------
+
+REAL = record.repo_root() / "reports" / "gpu" / "data"
+
+
+def _real_copy(datadir, name, *, as_recorded_now=True, source=None):
+    """A copy of the committed recording ``source`` (default ``name``) saved as ``datadir/name.json``; with
+    ``as_recorded_now`` it carries meta name and schema, as measure() writes them since issue 19."""
+    stored = json.loads((REAL / f"{source or name}.json").read_text())
+    if as_recorded_now:
+        stored["meta"]["name"] = source or name
+        stored["meta"]["schema"] = record.result_schema(stored["result"])
+    path = datadir / f"{name}.json"
+    path.write_text(json.dumps(stored, indent=1))
+    return path, stored
+
+
+def _nan_in_peak(datadir):
+    path, stored = _real_copy(datadir, "01_copy_loop_peak")
+    path.write_text(path.read_text().replace(f'"best_GBps": {stored["result"]["best_GBps"]!r}', '"best_GBps": NaN'))
+    return path, "holds NaN at ['result']['best_GBps']"
+
+
+def _infinity_old_format(datadir):
+    path, stored = _real_copy(datadir, "01_bandwidth", as_recorded_now=False)
+    first = stored["result"][0]["h2d_pinned_ms"]
+    path.write_text(path.read_text().replace(repr(first), "Infinity", 1))
+    return path, "holds infinity at ['result'][0]['h2d_pinned_ms']"
+
+
+def _huge(datadir):
+    path, _ = _real_copy(datadir, "01_bandwidth")
+    with open(path, "r+b") as fh:  # sparse: 600 MiB on paper, nothing on disk
+        fh.truncate(600 * 2**20)
+    return path, "is 600 MiB, over the 20 MiB"
+
+
+def _missing_key(datadir):
+    path, stored = _real_copy(datadir, "03_plain_race")
+    del stored["result"]["steps"]
+    path.write_text(json.dumps(stored))
+    return path, "does not have the structure it was recorded with (result['steps'] is missing)"
+
+
+def _type_changed(datadir):
+    path, stored = _real_copy(datadir, "03_plain_race")
+    stored["result"]["steps"] = "200"
+    path.write_text(json.dumps(stored))
+    return path, "result['steps'] is a string, recorded as a number"
+
+
+def _row_dropped(datadir):
+    path, stored = _real_copy(datadir, "01_bandwidth")
+    stored["result"].pop()
+    path.write_text(json.dumps(stored))
+    return path, f"result has {len(stored['result'])} items, recorded with {len(stored['result']) + 1}"
+
+
+def _other_experiment(datadir):
+    # 00_tiny_copy has the same params ({}) as 01_copy_loop_peak: before issue 19, KeyError 'best_GBps'
+    path, _ = _real_copy(datadir, "01_copy_loop_peak", source="00_tiny_copy")
+    return path, "holds the result of another experiment ('00_tiny_copy', not '01_copy_loop_peak'"
+
+
+def _binary(datadir):
+    path, _ = _real_copy(datadir, "00_tiny_copy")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff" + path.read_bytes()[:40])
+    return path, "cannot be read (not UTF-8 text: binary garbage at byte 0)"
+
+
+def _truncated(datadir):
+    path, _ = _real_copy(datadir, "01_bandwidth")
+    path.write_text(path.read_text()[:300])
+    return path, "is not valid JSON (truncated or edited by hand? error at line"
+
+
+def _emptied(datadir):
+    path, _ = _real_copy(datadir, "02_d2h")
+    path.write_text("\n")
+    return path, "is empty"
+
+
+def _no_result(datadir):
+    path, stored = _real_copy(datadir, "02_d2h")
+    del stored["result"]
+    path.write_text(json.dumps(stored))
+    return path, "has the wrong shape (no 'result' key)"
+
+
+CORRUPTIONS = {f.__name__.lstrip("_"): f for f in (
+    _nan_in_peak, _infinity_old_format, _huge, _missing_key, _type_changed, _row_dropped, _other_experiment,
+    _binary, _truncated, _emptied, _no_result)}
+
+
+def _assert_one_sentence(exc, path, what):
+    msg = str(exc)
+    assert isinstance(exc, record.ReplayFileError), msg
+    assert msg.startswith(f"The recorded GPU run {path} "), msg
+    assert what in msg, msg
+    assert f"`git checkout -- {path}`" in msg and "make gpu-suite" in msg, msg
+    assert "\n" not in msg and msg.endswith(".") and msg.count(": ") <= 2, msg
+    assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)  # no chained noise
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupted_copies_of_real_recordings_give_one_sentence(datadir, monkeypatch, kind):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    path, what = CORRUPTIONS[kind](datadir)
+    name = path.stem
+    params = json.loads((REAL / f"{name}.json").read_text())["params"]
+    with pytest.raises(record.ReplayFileError) as info:   # the notebook's path
+        pinlab.measure(name, lambda **kw: pytest.fail("measured without CUDA"), **params)
+    _assert_one_sentence(info.value, path, what)
+    with pytest.raises(record.ReplayFileError) as info:   # every other reader's path, by name or by file
+        record.load_recorded(name)
+    _assert_one_sentence(info.value, path, what)
+    good, broken = record.check_recorded(datadir)          # the doctor's
+    assert good == [] and len(broken) == 1 and f"`git checkout -- {path}`" in broken[0]
+
+
+def test_a_huge_file_is_refused_before_it_is_read(datadir, monkeypatch):
+    path, _ = _huge(datadir)
+    real_open = open
+
+    def watching_open(file, *args, **kwargs):
+        assert str(file) != str(path), "the 600 MiB file was opened"
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", watching_open)
+    with pytest.raises(record.ReplayFileError, match="600 MiB"):
+        record.load_recorded(path)
+
+
+def test_uncorrupted_copies_load_in_both_formats(datadir):
+    for name in ("01_bandwidth", "03_plain_race", "00_tiny_copy"):
+        _real_copy(datadir, name, as_recorded_now=True)
+        assert record.load_recorded(name)["meta"]["name"] == name
+        _real_copy(datadir, name, as_recorded_now=False)       # recorded before issue 19: no name, no schema
+        assert "schema" not in record.load_recorded(name)["meta"]
+
+
+def test_doctor_names_the_binary_file_and_the_checkout_fix(datadir, monkeypatch, capsys):
+    """Binary garbage in 00_tiny_copy.json: the doctor's line says which file and `git checkout -- <file>`."""
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    path, _ = _binary(datadir)
+    rep = pinlab.doctor()
+    check = next(c for c in rep["checks"] if c["check"] == "recorded GPU run")
+    assert check["ok"] is False and f"`git checkout -- {path}`" in check["note"]
+    assert "make setup" not in capsys.readouterr().out
+
+
+def test_solution_01_reads_the_recording_through_load_recorded(datadir, monkeypatch):
+    """solutions/src/01 (and so exercises/01) reads 01_bandwidth.json with load_recorded: a truncated file is a
+    ReplayFileError naming it, not a raw JSONDecodeError."""
+    import nbtools
+
+    cells = nbtools.parse_percent((record.repo_root() / "solutions" / "src" / "01_pinned_memory.py").read_text())
+    cell = next(c["source"] for c in cells if c["cell_type"] == "code" and "01_bandwidth" in c["source"])
+    assert "json.loads" not in cell and "load_recorded(" in cell
+    path, what = _truncated(datadir)
+    with pytest.raises(record.ReplayFileError) as info:
+        exec(compile(cell, "solutions/src/01_pinned_memory.py", "exec"),
+             {"ok_gbps": False, "ok_n_half": False, "pinlab": pinlab})
+    _assert_one_sentence(info.value, path, what)
+
+
+def test_checker_05_reads_the_recording_through_load_recorded(datadir):
+    from nbtools import solution_namespace
+    from pinlab.checks import l05
+
+    path, stored = _real_copy(datadir, "05_restore")
+    path.write_text(path.read_text()[:-40])
+    l05.reset()
+    with pytest.raises(record.ReplayFileError) as info:
+        l05.check_pinned_footprint(solution_namespace("05_pinned_weight_restore")["pinned_footprint"])
+    _assert_one_sentence(info.value, path, "is not valid JSON")
+
+
+def _fake_gpu(monkeypatch):
+    monkeypatch.setattr(record, "has_cuda", lambda: True)
+    monkeypatch.setattr(record, "facts", lambda: {"gpu": "FakeGPU", "driver": None, "torch": "t",
+                                                  "cuda_runtime": None, "flashinfer": None, "python": "3"})
+
+
+def test_a_recording_names_its_experiment_and_structure_and_replays(datadir, monkeypatch):
+    _fake_gpu(monkeypatch)
+    monkeypatch.setenv("PINLAB_RECORD", "1")
+    result = {"steps": 3, "rows": [{"a": 1.5, "b": None}, {"a": 2.0, "b": None}], "ok": True}
+    pinlab.measure("x9", lambda n: result, quiet=True, n=1)
+    stored = json.loads((datadir / "x9.json").read_text())
+    assert stored["meta"]["name"] == "x9"
+    assert stored["meta"]["schema"] == {"steps": "num", "rows": [2, {"a": "num", "b": "null"}], "ok": "bool"}
+    assert not list(datadir.glob(".*.tmp"))
+    monkeypatch.setattr(record, "has_cuda", lambda: False)
+    assert pinlab.measure("x9", lambda n: 0, quiet=True, n=1).result == result
+    stored["result"]["rows"][1]["a"] = "2.0"
+    (datadir / "x9.json").write_text(json.dumps(stored))
+    with pytest.raises(record.ReplayFileError, match=r"result\['rows'\] has another structure|result\['rows'\]"):
+        pinlab.measure("x9", lambda n: 0, quiet=True, n=1)
+
+
+@pytest.mark.parametrize("bad, what", [(float("nan"), "NaN"), (float("inf"), "infinity"), (-float("inf"), "infinity")])
+def test_recording_refuses_what_a_replay_would_refuse(datadir, monkeypatch, bad, what):
+    _fake_gpu(monkeypatch)
+    monkeypatch.setenv("PINLAB_RECORD", "1")
+    with pytest.raises(record.RecordingError, match=f"returned {what} at result\\['rows'\\]\\[1\\]"):
+        pinlab.measure("x9", lambda: {"rows": [1.0, bad]}, quiet=True)
+    assert not (datadir / "x9.json").exists()
+    monkeypatch.delenv("PINLAB_RECORD")
+    assert pinlab.measure("x9", lambda: {"rows": [1.0, bad]}, quiet=True).live  # shown live, not recorded
+
+
+def test_schema_fingerprint_and_difference():
+    s = record.result_schema([{"a": 1, "b": [1, 2.5]}, {"a": 2, "b": []}, "x"])
+    assert s == [3, {"a": "num", "b": [2, "num"]}, {"a": "num", "b": [0]}, "str"]
+    assert record.schema_difference(s, s) is None
+    assert record.schema_difference({"a": "num"}, {}) == "result['a'] is missing"
+    assert record.schema_difference({}, {"z": "num"}) == "result['z'] was not recorded"
+    assert record.schema_difference({"a": [2, "num"]}, {"a": [2, "str"]}) == "result['a'][*] is a string, recorded as a number"
+    assert record.schema_difference([2, "num"], {"a": "num"}) == "result is an object, recorded as a list"
+    assert "not a fingerprint" in record.schema_difference([], [0])
+    with pytest.raises(TypeError, match="value must be JSON data"):
+        record.result_schema({"a": object()})
+
+
+# ---- where the recordings are found, and never written ------------------------------------------------------
+
+def _installed_copy(tmp_path, with_data=True):
+    """pinlab as a wheel installs it: site/pinlab (no pyproject.toml above it), the recordings in pinlab/_recorded."""
+    import shutil
+
+    pkg = tmp_path / "site" / "pinlab"
+    pkg.mkdir(parents=True)
+    if with_data:
+        shutil.copytree(REAL.parent, pkg / "_recorded", ignore=shutil.ignore_patterns("traces", "*.log"))
+    return pkg
+
+
+def test_data_dir_order(tmp_path, monkeypatch):
+    monkeypatch.delenv("PINLAB_DATA_DIR", raising=False)
+    root = record.repo_root()
+    assert record.data_location() == (root / "reports" / "gpu" / "data", "checkout")   # this checkout
+    monkeypatch.setenv("PINLAB_DATA_DIR", str(tmp_path))
+    assert record.data_location() == (tmp_path, "env")
+    monkeypatch.delenv("PINLAB_DATA_DIR")
+    pkg = _installed_copy(tmp_path)
+    monkeypatch.setattr(record, "PACKAGE_DIR", pkg)                # a non-editable install
+    monkeypatch.chdir(root / "notebooks")                   # run inside a checkout: its recordings
+    assert record.data_location() == (root / "reports" / "gpu" / "data", "cwd")
+    assert record.repo_root() == root
+    monkeypatch.chdir(tmp_path)                             # anywhere else: the wheel's copy
+    assert record.data_location() == (pkg / "_recorded" / "data", "package")
+    assert record.repo_root() == tmp_path                   # traces go here, never into the package
+    not_course = tmp_path / "other"
+    (not_course / ".git").mkdir(parents=True)
+    monkeypatch.chdir(not_course)                           # a git checkout of something else
+    assert record.data_location()[1] == "package"
+
+
+def test_installed_copy_replays_and_refuses_to_record(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PINLAB_DATA_DIR", raising=False)
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    pkg = _installed_copy(tmp_path)
+    monkeypatch.setattr(record, "PACKAGE_DIR", pkg)
+    monkeypatch.chdir(tmp_path)
+    run = pinlab.measure("00_tiny_copy", lambda: 1, quiet=True)
+    assert not run.live and run.result["median"] > 0
+    rep = pinlab.doctor(verbose=False)
+    check = next(c for c in rep["checks"] if c["check"] == "recorded GPU run")
+    assert check["ok"] and rep["ok"]
+    assert next(c for c in rep["checks"] if c["check"] == "GPU suite report")["ok"]
+    (pkg / "_recorded" / "data" / "00_tiny_copy.json").write_text("{")
+    with pytest.raises(record.ReplayFileError, match="reinstall pinlab"):
+        pinlab.measure("00_tiny_copy", lambda: 1, quiet=True)
+    # recording: never into the installed package
+    _fake_gpu(monkeypatch)
+    monkeypatch.setenv("PINLAB_RECORD", "1")
+    before = sorted(p.name for p in (pkg / "_recorded" / "data").iterdir())
+    with pytest.raises(record.RecordingError, match="inside an installed package"):
+        pinlab.measure("x9", lambda: 1, quiet=True)
+    assert sorted(p.name for p in (pkg / "_recorded" / "data").iterdir()) == before
+    monkeypatch.setenv("PINLAB_DATA_DIR", str(tmp_path / "mine"))   # unless told where
+    pinlab.measure("x9", lambda: 1, quiet=True)
+    assert (tmp_path / "mine" / "x9.json").is_file()
+
+
+def test_installed_copy_without_data_says_where_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("PINLAB_DATA_DIR", raising=False)
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    monkeypatch.setattr(record, "PACKAGE_DIR", _installed_copy(tmp_path, with_data=False))
+    monkeypatch.chdir(tmp_path)
+    assert record.data_location()[1] == "none"
+    with pytest.raises(pinlab.ReplayMissingError, match="ships no recorded run: run the course from a git checkout"):
+        pinlab.measure("00_tiny_copy", lambda: 1, quiet=True)
+
+
+def test_recording_into_site_packages_is_refused(tmp_path, monkeypatch):
+    import sysconfig
+
+    monkeypatch.setenv("PINLAB_DATA_DIR", str(Path(sysconfig.get_paths()["purelib"]) / "reports"))
+    with pytest.raises(record.RecordingError, match="inside an installed package"):
+        record.record_dir()

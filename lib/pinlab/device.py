@@ -100,9 +100,9 @@ def _recorded_run() -> str:
     """One line on the GPU run the replay shows (its GPU and versions, from reports/gpu/latest.json)."""
     import json
 
-    from .replay import repo_root
+    from .replay import data_dir
 
-    path = repo_root() / "reports" / "gpu" / "latest.json"
+    path = data_dir().parent / "latest.json"  # beside the recorded data: a checkout's or a wheel's
     try:
         rep = json.loads(path.read_text(encoding="utf-8"))
         return (f"{rep['gpu']}, {rep['utc'][:10]}: torch {rep['torch']}, CUDA {rep['cuda']}, "

@@ -6,11 +6,19 @@ Every experiment a notebook shows goes through :func:`measure`:
   result is also written to ``reports/gpu/data/<name>.json``;
 * without CUDA, the result recorded by the latest GPU suite run is loaded and labelled
   "recorded on <GPU>, <date>". Nothing is typed in or invented.
+
+Every reader of a recording (notebooks through :func:`measure`, exercises, solutions, checkers) goes
+through :func:`load_recorded`, which refuses a broken file with one :class:`ReplayFileError` sentence
+naming the file, what is wrong and ``git checkout -- <file>``. :func:`data_dir` finds the recordings in
+``PINLAB_DATA_DIR``, the source checkout pinlab is imported from, the git checkout around the current
+directory, or the copy a wheel ships (``pinlab/_recorded``); recordings are never written into an
+installed package (:func:`record_dir`).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -28,55 +36,195 @@ class ReplayMissingError(RuntimeError):
 
 
 class ReplayFileError(ReplayMissingError):
-    """A recorded GPU result exists but cannot be used: unreadable, truncated, or of the wrong shape."""
+    """A recorded GPU result exists but cannot be used: unreadable, too large, not JSON, of the wrong shape, holding
+    NaN or infinity, of another experiment, or not matching the structure it was recorded with."""
 
 
-_FIX = ("restore it with `git checkout -- reports/gpu/data` or re-run the GPU suite on a CUDA machine "
-        "(make gpu-suite)")
+class RecordingError(RuntimeError):
+    """A live result cannot be recorded: nowhere to write it but an installed package, or a result a replay would
+    refuse (NaN/infinity, too large)."""
 
 
-def load_recorded(path) -> dict:
-    """Read and validate one recorded result file: ``{"meta": {...}, "params": {...}, "result": ...}``.
+#: the largest recorded file a replay reads (the largest recording is a few hundred KiB)
+MAX_RECORDED_BYTES = 20 * 2**20
+#: the folder pinlab is imported from (lib/pinlab in a checkout, site-packages/pinlab when installed)
+PACKAGE_DIR = Path(__file__).resolve().parent
 
-    Raises :class:`ReplayMissingError` (missing file) or :class:`ReplayFileError` (unreadable,
-    not JSON, truncated, or JSON of another shape), each one sentence naming the file and what
-    to do. Returns the parsed dict.
+
+def _fix(path: Path) -> str:
+    if _is_within(path, PACKAGE_DIR) and _source_checkout() is None:  # data shipped in an installed package
+        return ("reinstall pinlab to restore it, or run the course from a git checkout of it "
+                "(git clone, then make lab)")
+    return f"restore it with `git checkout -- {path}` or re-run the GPU suite on a CUDA machine (make gpu-suite)"
+
+
+def _broken(path: Path, what: str) -> ReplayFileError:
+    what = " ".join(str(what).split())  # one line, whatever the file held
+    if len(what) > 240:
+        what = what[:237] + "..."
+    return ReplayFileError(f"The recorded GPU run {path} {what}: {_fix(path)}.")
+
+
+def load_recorded(path_or_name) -> dict:
+    """Read and validate one recorded result: ``{"meta": {...}, "params": {...}, "result": ...}``.
+
+    ``path_or_name`` is a file, or an experiment's name (``"01_bandwidth"``: the file
+    ``data_dir() / "01_bandwidth.json"``). The one way notebooks (:func:`measure`), exercises, solutions and
+    checkers read a recording. Checks, before anything uses the data: the file is at most
+    :data:`MAX_RECORDED_BYTES` (refused before it is read), UTF-8 JSON of that shape, with no NaN or
+    infinity anywhere; where the recording names its experiment (``meta["name"]``, written by
+    :func:`measure` since issue 19) the file is that experiment's, and where it carries the structure of its
+    result (``meta["schema"]``, :func:`result_schema`) the result still has it (no key missing, no
+    type changed, no row dropped). Files recorded before either was written are checked without them.
+
+    Raises :class:`ReplayMissingError` (missing file) or :class:`ReplayFileError`: one sentence naming the
+    file, what is wrong and how to restore it (``git checkout -- <file>``). Returns the parsed dict.
     """
-    path = Path(path)
+    if isinstance(path_or_name, str) and _NAME.match(path_or_name) and not path_or_name.endswith(".json"):
+        path = data_dir() / f"{path_or_name}.json"
+    elif isinstance(path_or_name, (str, os.PathLike)):
+        path = Path(path_or_name)
+    else:
+        raise TypeError(f"path_or_name must be an experiment name or a path, got {type(path_or_name).__name__}")
     if not path.is_file():
-        raise ReplayMissingError(f"The recorded GPU run {path} is missing: {_FIX}.")
+        raise ReplayMissingError(f"The recorded GPU run {path} is missing: {_fix(path)}.")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReplayFileError(f"The recorded GPU run {path} cannot be read ({type(exc).__name__}): {_FIX}.") from None
+        size = path.stat().st_size
+        if size > MAX_RECORDED_BYTES:
+            raise _broken(path, f"is {size / 2**20:.0f} MiB, over the {MAX_RECORDED_BYTES >> 20} MiB a recording "
+                                "may hold (it was not written by the GPU suite)")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RECORDED_BYTES + 1)
+    except OSError as exc:
+        raise _broken(path, f"cannot be read ({type(exc).__name__})") from None
+    if len(raw) > MAX_RECORDED_BYTES:  # grew while read, or a special file
+        raise _broken(path, f"holds over the {MAX_RECORDED_BYTES >> 20} MiB a recording may hold")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _broken(path, f"cannot be read (not UTF-8 text: binary garbage at byte {exc.start})") from None
     if not text.strip():
-        raise ReplayFileError(f"The recorded GPU run {path} is empty: {_FIX}.")
+        raise _broken(path, "is empty")
     try:
         stored = json.loads(text)
+    except RecursionError:
+        raise _broken(path, "is JSON nested too deeply to be a recording") from None
     except ValueError as exc:  # JSONDecodeError, or a number too large
-        where = f"line {exc.lineno}" if hasattr(exc, "lineno") else "somewhere"
-        raise ReplayFileError(
-            f"The recorded GPU run {path} is not valid JSON (truncated or edited by hand? error at {where}): {_FIX}."
-        ) from None
-    problem = _shape_problem(stored)
+        where = f"line {exc.lineno}, column {exc.colno}" if hasattr(exc, "lineno") else "somewhere"
+        raise _broken(path, f"is not valid JSON (truncated or edited by hand? error at {where})") from None
+    try:
+        problem = _problem(stored, path.stem)
+    except RecursionError:
+        problem = "is JSON nested too deeply to be a recording"
     if problem:
-        raise ReplayFileError(f"The recorded GPU run {path} has the wrong shape ({problem}): {_FIX}.")
+        raise _broken(path, problem)
     return stored
 
 
-def _shape_problem(stored) -> str | None:
+def _problem(stored, name: str) -> str | None:
+    """What is wrong with a parsed recording of experiment ``name`` (the file's stem), or None."""
     if not isinstance(stored, dict):
-        return f"a JSON {type(stored).__name__} instead of an object with meta, params and result"
+        return f"has the wrong shape (a JSON {type(stored).__name__} instead of an object with meta, params and result)"
     missing = [k for k in ("meta", "params", "result") if k not in stored]
     if missing:
-        return f"no {', '.join(repr(k) for k in missing)} key"
-    if not isinstance(stored["meta"], dict):
-        return "'meta' is not an object"
+        return f"has the wrong shape (no {', '.join(repr(k) for k in missing)} key)"
+    meta = stored["meta"]
+    if not isinstance(meta, dict):
+        return "has the wrong shape ('meta' is not an object)"
     if not isinstance(stored["params"], dict):
-        return "'params' is not an object"
+        return "has the wrong shape ('params' is not an object)"
     for key in ("gpu", "date"):
-        if not isinstance(stored["meta"].get(key), str) or not stored["meta"][key]:
-            return f"meta has no {key!r} string"
+        if not isinstance(meta.get(key), str) or not meta[key]:
+            return f"has the wrong shape (meta has no {key!r} string)"
+    bad = _non_finite(stored)
+    if bad:
+        return f"holds {bad[1]} at {bad[0]} (a recording holds finite numbers only)"
+    if "name" in meta and meta["name"] != name:
+        return (f"holds the result of another experiment ({meta['name']!r}, not {name!r}: "
+                "a file copied over this one?)")
+    if "schema" in meta:
+        diff = schema_difference(meta["schema"], result_schema(stored["result"]))
+        if diff:
+            return f"does not have the structure it was recorded with ({diff})"
+    return None
+
+
+def _non_finite(value) -> tuple[str, str] | None:
+    """(where, "NaN"/"infinity") of the first non-finite number in ``value``, or None."""
+    todo = [(value, "")]
+    while todo:
+        v, where = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return where or "the top level", "NaN" if math.isnan(v) else "infinity"
+        if isinstance(v, dict):
+            todo.extend((x, f"{where}[{k!r}]") for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            todo.extend((x, f"{where}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
+
+
+def result_schema(value):
+    """A compact structural fingerprint of a JSON value, as :func:`measure` records it in ``meta["schema"]``:
+    ``"num"``, ``"str"``, ``"bool"`` or ``"null"`` for a scalar; for an object, an object with the same keys
+    and the fingerprint of each value; for a list, ``[length, fingerprint, ...]`` with each distinct element
+    fingerprint once, in order of first appearance (a sweep of 21 rows of one shape: ``[21, {...}]``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "num"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, dict):
+        return {str(k): result_schema(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        kinds, seen = [], set()
+        for v in value:
+            s = result_schema(v)
+            key = json.dumps(s, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                kinds.append(s)
+        return [len(value), *kinds]
+    raise TypeError(f"value must be JSON data (dict, list, str, number, bool, None), got {type(value).__name__}")
+
+
+def _kind(schema) -> str:
+    if isinstance(schema, dict):
+        return "an object"
+    if isinstance(schema, list):
+        return "a list"
+    return {"num": "a number", "str": "a string", "bool": "a boolean", "null": "null"}.get(schema, repr(schema))
+
+
+def schema_difference(recorded, now, where: str = "result") -> str | None:
+    """The first way ``now`` (a :func:`result_schema`) differs from ``recorded``, in words, or None."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        for k in recorded:
+            if k not in now:
+                return f"{where}[{k!r}] is missing"
+        for k in now:
+            if k not in recorded:
+                return f"{where}[{k!r}] was not recorded"
+        for k in recorded:
+            diff = schema_difference(recorded[k], now[k], f"{where}[{k!r}]")
+            if diff:
+                return diff
+        return None
+    if isinstance(recorded, list) and isinstance(now, list):
+        if not recorded or not isinstance(recorded[0], int):
+            return f"the recorded structure of {where} is not a fingerprint (meta['schema'] edited by hand?)"
+        if recorded[0] != now[0]:
+            return f"{where} has {now[0]} items, recorded with {recorded[0]}"
+        if len(recorded) == len(now) == 2:
+            return schema_difference(recorded[1], now[1], f"{where}[*]")
+        keys = {json.dumps(s, sort_keys=True) for s in recorded[1:]}
+        if any(json.dumps(s, sort_keys=True) not in keys for s in now[1:]) or len(now) != len(recorded):
+            return f"an item of {where} has another structure than recorded"
+        return None
+    if recorded != now:
+        return f"{where} is {_kind(now)}, recorded as {_kind(recorded)}"
     return None
 
 
@@ -97,14 +245,104 @@ def check_recorded(directory=None) -> tuple[list[str], list[str]]:
     return good, broken
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+# ------------------------------------------------------------------ where recordings live
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(folder).resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _source_checkout() -> Path | None:
+    """The source tree this package is imported from (an editable install or PYTHONPATH=lib): the folder
+    holding ``pyproject.toml`` and ``lib/pinlab``; None for an installed copy (site-packages)."""
+    root = PACKAGE_DIR.parent.parent
+    if PACKAGE_DIR.parent.name == "lib" and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+def _cwd_checkout() -> Path | None:
+    """The git checkout around the current directory, if it holds recorded GPU runs."""
+    try:
+        here = Path.cwd().resolve()
+    except OSError:
+        return None
+    for d in (here, *here.parents):
+        if (d / ".git").exists():
+            return d if (d / "reports" / "gpu" / "data").is_dir() else None
+    return None
+
+
+def _package_data() -> Path:
+    """Where a wheel of pinlab ships the recorded GPU run (pyproject.toml: package ``pinlab._recorded``,
+    mapped to ``reports/gpu``)."""
+    return PACKAGE_DIR / "_recorded" / "data"
+
+
+def data_location() -> tuple[Path, str]:
+    """(the folder of recorded GPU results, where it was found): the first of ``PINLAB_DATA_DIR`` ("env"),
+    the source checkout pinlab is imported from ("checkout"), the git checkout around the current
+    directory when it has ``reports/gpu/data`` ("cwd"), the recorded run shipped in an installed
+    wheel ("package"); else ("none") the place a wheel would hold it, which does not exist."""
+    override = os.environ.get("PINLAB_DATA_DIR")
+    if override:
+        return Path(override), "env"
+    root = _source_checkout()
+    if root is not None:
+        return root / "reports" / "gpu" / "data", "checkout"
+    root = _cwd_checkout()
+    if root is not None:
+        return root / "reports" / "gpu" / "data", "cwd"
+    return _package_data(), "package" if _package_data().is_dir() else "none"
 
 
 def data_dir() -> Path:
-    """Where recorded GPU results live (``PINLAB_DATA_DIR`` overrides)."""
-    override = os.environ.get("PINLAB_DATA_DIR")
-    return Path(override) if override else repo_root() / "reports" / "gpu" / "data"
+    """Where recorded GPU results live (see :func:`data_location`; ``PINLAB_DATA_DIR`` overrides)."""
+    return data_location()[0]
+
+
+def repo_root() -> Path:
+    """The course's checkout: the source tree pinlab is imported from, else the git checkout around the
+    current directory, else the current directory (never an installed package's folder)."""
+    root = _source_checkout() or _cwd_checkout()
+    if root is not None:
+        return root
+    try:
+        return Path.cwd()
+    except OSError:
+        return Path.home()
+
+
+def _installed_dirs() -> list[Path]:
+    """Folders of installed packages (site-packages): never written by a recording."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # some virtualenvs
+        pass
+    dirs.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else None)
+    if _source_checkout() is None:
+        dirs.add(str(PACKAGE_DIR))
+    return [Path(d) for d in dirs if d]
+
+
+def record_dir() -> Path:
+    """Where :func:`measure` writes a recording (``PINLAB_RECORD=1``): :func:`data_dir`, unless that is
+    inside an installed package or site-packages (:class:`RecordingError`)."""
+    where, kind = data_location()
+    inside = next((d for d in _installed_dirs() if _is_within(where, d)), None)
+    if kind in ("package", "none") or inside is not None:
+        raise RecordingError(
+            f"PINLAB_RECORD=1 would write recordings into {where}, inside an installed package: recordings go "
+            "into a git checkout of the course (run from one, with pinlab installed from it: pip install -e .) "
+            "or into PINLAB_DATA_DIR.")
+    return where
 
 
 def recording() -> bool:
@@ -153,6 +391,25 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, default=lambda o: o.as_dict() if hasattr(o, "as_dict") else str(o)))
 
 
+def _record(path: Path, name: str, meta: dict, params: dict, result) -> None:
+    """Write one recording, with its experiment's name and the structure of its result
+    (``meta["name"]``, ``meta["schema"]``: :func:`load_recorded` checks both), refusing what a replay
+    would refuse."""
+    bad = _non_finite(result)
+    if bad:
+        raise RecordingError(f"'{name}' returned {bad[1]} at result{bad[0]}: a replay refuses non-finite numbers, "
+                             "so it is not recorded (return None, or leave the entry out, where there is no number)")
+    meta = {**meta, "name": name, "schema": result_schema(result)}
+    text = json.dumps({"meta": meta, "params": params, "result": result}, indent=1) + "\n"
+    if len(text.encode("utf-8")) > MAX_RECORDED_BYTES:
+        raise RecordingError(f"'{name}' returned {len(text) / 2**20:.0f} MiB of JSON, over the "
+                             f"{MAX_RECORDED_BYTES >> 20} MiB a replay reads: record a summary")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)  # never a half-written recording
+
+
 def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None, **params) -> Run:
     """Run ``fn(**params)`` on the GPU, or replay its recorded result without CUDA.
 
@@ -182,13 +439,15 @@ def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None,
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
         }
         if recording():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"meta": meta, "params": params, "result": result}, indent=1) + "\n")
+            _record(record_dir() / f"{name}.json", name, meta, params, result)
         run = Run(name, result, meta, live=True)
     else:
         if not path.exists():
+            where = "" if data_location()[1] != "none" else (
+                " (this installed pinlab ships no recorded run: run the course from a git checkout of it, "
+                "or point PINLAB_DATA_DIR at a reports/gpu/data folder)")
             raise ReplayMissingError(
-                f"No CUDA here and no recorded GPU run for '{name}' ({path} is missing): "
+                f"No CUDA here and no recorded GPU run for '{name}' ({path} is missing{where}): "
                 "run the GPU suite on a CUDA machine (make gpu-suite) and commit reports/gpu/."
             )
         stored = load_recorded(path)

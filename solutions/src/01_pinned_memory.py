@@ -49,12 +49,10 @@ ok_n_half = checks.check_n_half(n_half)
 # finds where pinned H2D copies, each timed alone, reach half their best rate.
 
 # %%
-import json
-
 from pinlab.plots import fmt_bytes
-from pinlab.replay import data_dir
+from pinlab.replay import load_recorded
 
-recorded = json.loads((data_dir() / "01_bandwidth.json").read_text())
+recorded = load_recorded("01_bandwidth")  # validated: a broken file says which, and how to restore it
 if ok_gbps and ok_n_half:
     sizes = [r["bytes"] for r in recorded["result"]]
     rates = [gbps(r["bytes"], r["h2d_pinned_ms"]) for r in recorded["result"]]
@@ -68,5 +66,5 @@ else:
 # ## What to remember
 # - GB/s means 10⁹ bytes per second; milliseconds are 10⁻³ s.
 # - N½ splits small copies (latency-bound: batch them) from large ones (bandwidth-bound).
-# - Small copies timed alone each carry a host round trip (lesson 01's latency section), so rates
-#   computed from them understate what copies issued back to back reach.
+# - Small copies timed alone each carry a host round trip (lesson 01's section on small copies), so
+#   rates computed from them understate what copies issued back to back reach.

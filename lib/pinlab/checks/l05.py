@@ -19,12 +19,12 @@ from collections import Counter
 
 import torch
 
-from ..args import callable_arg
 from ..lessons.l05_pinned_weight_restore import count_copies, pinned_footprint
 from ..replay import data_dir
 from ..streams import stream
 from ..timing import show
-from . import _fmt_args, same_int
+from . import (LearnerStop, _fmt_args, _number, is_stub, learner_arg, learner_call, not_implemented, raised,
+               same_int, same_tensor, summary)
 
 _failures: Counter = Counter()
 
@@ -72,7 +72,7 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
                 "(device=\"cpu\"), so that the GPU memory can be freed.")
     if out.untyped_storage().data_ptr() == w.untyped_storage().data_ptr():
         return f"{call} returned the weight's own storage: a restore must be a copy, not an alias of the GPU tensor."
-    if pending or not torch.equal(out, expected):
+    if pending or not same_tensor(out, expected):
         if pending or out.is_pinned():
             return (f"{call}: the data is not there yet when it returns. A `non_blocking=True` device-to-host copy "
                     "only enqueues the copy behind the busy GPU; the host would read garbage. Copy without "
@@ -95,16 +95,21 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
 
 
 def _call_settled(fn, w, pin, s):
-    out = fn(w, pin=pin)
+    out = _call(fn, w, pin)
     s.synchronize()
     return out
+
+
+def _call(fn, w, pin):
+    with learner_call(f"restore_weight(<{tuple(w.shape)} {str(w.dtype).replace('torch.', '')} weight>, pin={pin})"):
+        return fn(w, pin=pin)
 
 
 def check_restore_weight(fn) -> bool:
     """``restore_weight(w, pin=True)``: a host copy of the GPU weight ``w``, made with one copy straight
     into pinned memory (pageable with ``pin=False``), complete when it returns, aliasing nothing."""
-    callable_arg("fn", fn)
     name = "restore_weight"
+    learner_arg(name, fn, "(w, pin=True) -> tensor (the host copy of w)")
     with stream() as s:
         show("restore_weight checked on", s.label)
         for i, (shape, dtype, pin) in enumerate(RESTORE_CASES):
@@ -118,14 +123,15 @@ def check_restore_weight(fn) -> bool:
             # its queue is run inside the count (the pinned cases check what is left queued).
             settle = s.emulated and not pin
             try:
-                out, ops = count_copies(lambda: _call_settled(fn, w, pin, s) if settle else fn(w, pin=pin))
-            except NotImplementedError:
+                out, ops = count_copies(lambda: _call_settled(fn, w, pin, s) if settle else _call(fn, w, pin))
+            except LearnerStop as stop:  # it ran past its time, or left torch's state changed
                 s.synchronize()
-                print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
-                return False
+                return _fail(name, f"{name}: {stop}")
             except Exception as exc:  # the learner's bug, reported, not raised
                 s.synchronize()
-                return _fail(name, f"{name}(w, pin={pin}) raised {type(exc).__name__}: {exc}")
+                if is_stub(exc, fn):
+                    return not_implemented(name)
+                return _fail(name, f"{name}(w, pin={pin}) raised {raised(exc)}")
             pending = s.emulated and not settle and s.pending() > 0
             problem = _problem(s, w, expected, out, ops, pin, pending)
             s.synchronize()
@@ -158,35 +164,41 @@ def _footprint_cases():
 
 
 def _recorded(name: str):
+    """The recorded GPU run ``name``, validated (:func:`pinlab.replay.load_recorded`: a broken file is one
+    ``ReplayFileError`` sentence naming it and ``git checkout -- <file>``), or None when there is none."""
+    from ..replay import load_recorded
+
     path = data_dir() / f"{name}.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    return load_recorded(path)
 
 
 def check_pinned_footprint(fn) -> bool:
     """``pinned_footprint(param_bytes)``: bytes the caching host allocator page-locks when each weight
     gets its own pinned tensor (each request rounded up to a power of two; 0 bytes pin nothing).
     Then applied to the recorded GPU run, when there is one."""
-    callable_arg("fn", fn)
     name = "pinned_footprint"
+    learner_arg(name, fn, "(param_bytes) -> int (bytes)")
     cases = _footprint_cases()
     for args in cases:
         expected = pinned_footprint(*args)
         try:
-            got = fn(*[list(a) for a in args])
-        except NotImplementedError:
-            print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
-            return False
+            with learner_call(f"{name}{_fmt_args(args)}"):
+                got = fn(*[list(a) for a in args])
+        except LearnerStop as stop:  # it ran past its time, or left torch's state changed
+            return _fail(name, f"{name}: {stop}")
         except Exception as exc:
-            return _fail(name, f"{name}{_fmt_args(args)} raised {type(exc).__name__}: {exc}")
+            if is_stub(exc, fn):
+                return not_implemented(name)
+            return _fail(name, f"{name}{_fmt_args(args)} raised {raised(exc)}")
         if not same_int(got, expected):
             why = ""
-            if isinstance(got, (int, float)) and not isinstance(got, bool) and got == sum(args[0]):
+            if _number(got) is not None and _number(got) == sum(args[0]):
                 why = " (that is the bytes requested: the allocator rounds every block up to a power of two)"
             elif isinstance(got, float):
                 why = " (give a whole number of bytes, an int)"
-            return _fail(name, f"{name}{_fmt_args(args)} returned {got!r}, expected {expected!r}{why}")
+            return _fail(name, f"{name}{_fmt_args(args)} returned {summary(got)}, expected {expected!r}{why}")
     print(f"✅ {name} is correct ({len(cases)} cases).")
     rec = _recorded("05_restore")
     if rec is None:
@@ -194,11 +206,18 @@ def check_pinned_footprint(fn) -> bool:
         return True
     res = rec["result"]
     took = res["methods"]["empty_pinned_copy"]["pinned_bytes_delta"]
-    mine = fn(list(res["param_bytes"]))
+    try:
+        with learner_call(f"{name}(<the recorded run's {len(res['param_bytes'])} weights>)"):
+            mine = fn(list(res["param_bytes"]))
+    except LearnerStop as stop:
+        return _fail(name, f"{name}: {stop}")
+    except Exception as exc:
+        return _fail(name, f"{name} on the recorded GPU run's weights raised {raised(exc)}")
     show("recorded run", f"{rec['meta'].get('gpu')}, {rec['meta'].get('date')}")
-    show("your footprint for its model / the allocator took", f"{mine} / {took} bytes")
-    if mine != took:
-        return _fail(name, f"on the recorded GPU run your function predicts {mine} bytes, the allocator took {took}.")
+    show("your footprint for its model / the allocator took", f"{summary(mine)} / {took} bytes")
+    if not same_int(mine, took):
+        return _fail(name, f"on the recorded GPU run your function predicts {summary(mine)} bytes, the allocator "
+                           f"took {took}.")
     print(f"✅ applied to the recorded GPU run: it predicts exactly what the allocator page-locked "
           f"({len(res['param_bytes'])} weights).")
     return True
