@@ -5,7 +5,8 @@
 # - what `non_blocking=True` promises, and when a host-to-device copy keeps the promise;
 # - the copy that returns or waits, as ten lines of code you can run, and the size from which a
 #   single copy from pageable memory makes the host wait for the GPU;
-# - the two limits of the driver's staging: one per copy, one for the bytes pending;
+# - the two limits of the driver's staging, undocumented and measured on your machine: one per
+#   copy, one for the bytes pending;
 # - why data copied `non_blocking` *into* pinned memory is wrong until you synchronize;
 # - other calls that quietly block the host: `torch.tensor(list, device="cuda")`, a *non-dense*
 #   pinned source, `.item()`, the first launch of a kernel;
@@ -45,14 +46,23 @@ pinned_at_start = pinlab.pinned_baseline()
 # return at once. While the GPU works through its queue, the host prepares the next step: that
 # overlap is what keeps a GPU fed.
 #
-# The promise can only hold when the copy engine can read `cpu_t` where it lies, that is when
+# The promise holds for sure when the copy engine can read `cpu_t` where it lies, that is when
 # `cpu_t` is **pinned** (lesson 01). From pageable memory the driver first copies the data into a
-# pinned staging buffer of its own, and it has only so much of that. When a copy does not fit,
-# the driver waits until the GPU has worked through everything queued before it and copies the
-# data through staging itself, with the host waiting. The call still says `non_blocking=True`;
-# the host waits anyway. That is the *fake* `non_blocking`. CUDA's documentation promises no
-# more than that: for copies between device memory and pageable host memory, an asynchronous
-# copy "might be synchronous" with respect to the host. When it is, the driver decides.
+# pinned staging buffer of its own, and it has only so much of that. A copy it stages returns at
+# once: asynchronous as far as the host is concerned, at the price of the staging `memcpy`. When a
+# copy does not fit, the driver waits until the GPU has worked through everything queued before
+# it and copies the data through staging itself, with the host waiting. The call still says
+# `non_blocking=True`; the host waits anyway. That copy, the one that waits, is the *fake*
+# `non_blocking`.
+#
+# CUDA's documentation promises no more than that. The CUDA Runtime API's page "API
+# synchronization behavior" (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html)
+# says that for transfers between device memory and pageable host memory an asynchronous copy
+# "might be synchronous" with respect to the host. When it is, and up to which sizes the driver
+# stages instead, is not documented: the driver decides, and this lesson measures what it did on
+# this machine. Other platforms decide differently: on ROCm every pageable copy waits; where the
+# GPU reads host memory through the host's page tables (a GH200), a pageable copy need not be
+# staged at all.
 #
 # **How we make waiting visible.** An idle GPU runs a copy at once, so a call that waits for it
 # still looks fast. Every experiment therefore first enqueues `pinlab.gpu_busy(ms)`, a kernel that
@@ -86,8 +96,9 @@ def copy_returns_or_waits(dst, src, busy_ms):
 # <details><summary>Answer</summary>
 #
 # From pinned memory: microseconds, at every size (the copy is only enqueued). From pageable
-# memory: microseconds for small copies, which the driver stages at once; from some size on, the
-# whole busy time and then some. Find that size below.
+# memory, on a CUDA GPU over PCIe: microseconds for small copies, which the driver stages at once;
+# from some size on, the whole busy time and then some. Find that size below (on ROCm, expect every
+# pageable copy to wait).
 # </details>
 #
 # `stalls.single_copy_sweep` runs the function above for 27 sizes from 256 B to 64 MiB (a finer
@@ -128,27 +139,61 @@ pinlab.show("pageable .to: first size from which every call waited", fmt_bytes(f
 
 # %%
 by_size = {r["bytes"]: r for r in rows}
-facts = {
-    "a 64 MiB pageable copy_ waited for the GPU": stalls.waited(by_size[64 * MiB]["copy_pageable_ms"], busy_ms),
-    "a 64 MiB pageable .to waited for the GPU": stalls.waited(by_size[64 * MiB]["to_pageable_ms"], busy_ms),
-    "a 256 B pageable copy_ returned at once": not stalls.waited(by_size[256]["copy_pageable_ms"], busy_ms),
-    "every pinned copy_ and .to returned at once": not any(
-        stalls.waited(r[k], busy_ms) for r in rows for k in ("copy_pinned_ms", "to_pinned_ms")),
-}
-for text, ok in facts.items():
-    print(f"{text}:", ok)
-assert all(facts.values())
+slowest_pinned = max(r[k] for r in rows for k in ("copy_pinned_ms", "to_pinned_ms"))
+ok = pinlab.claim("every pinned copy_ and .to returned at once", not stalls.waited(slowest_pinned, busy_ms),
+                  value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} behind {busy_ms:g} ms of GPU work",
+                  why="a copy from pinned memory is only enqueued (the CUDA Runtime API documents it as asynchronous); "
+                      "only a host stalled for half the busy time in most tries of one size (an overloaded machine) "
+                      "could make it look as if it waited")
+big_waited = pinlab.observe(
+    "a 64 MiB pageable copy_ and .to waited for the GPU",
+    stalls.waited(by_size[64 * MiB]["copy_pageable_ms"], busy_ms)
+    and stalls.waited(by_size[64 * MiB]["to_pageable_ms"], busy_ms),
+    value=", ".join(pinlab.fmt_ms(by_size[64 * MiB][k]) for k in ("copy_pageable_ms", "to_pageable_ms")),
+    why="how large a pageable copy the driver stages behind the queue is undocumented driver behaviour; a GPU "
+        "that reads pageable memory through the host's page tables (GH200) need not stage it at all")
+small_returned = pinlab.observe(
+    "a 256 B pageable copy_ returned at once", not stalls.waited(by_size[256]["copy_pageable_ms"], busy_ms),
+    value=pinlab.fmt_ms(by_size[256]["copy_pageable_ms"]),
+    why="staging small pageable copies is undocumented driver behaviour; on ROCm every pageable copy waits")
 
 # %% [markdown]
-# Read the plot from the left: small pageable copies return too, with a host cost that tends to grow
-# with their size (the driver's `memcpy` into staging). Where the pageable lines jump to the busy time,
-# a `non_blocking=True` copy from pageable memory has become a blocking copy.
-#
+# Read the plot from the left: the copies that returned, pageable and pinned, each cost the host
+# something. Is that cost the driver's `memcpy` into staging, growing with the bytes, or a cost per
+# call? The lines below compare the smallest sizes with the largest pageable copy that still
+# returned, in this run. Where the pageable lines jump to the busy time, a `non_blocking=True` copy
+# from pageable memory has become a blocking copy.
+
+# %%
+tiny = [r for r in rows if r["bytes"] <= 32 * KiB]
+pag_tiny = [r["copy_pageable_ms"] for r in tiny]
+pin_tiny = [r["copy_pinned_ms"] for r in tiny]
+span = f"{fmt_bytes(tiny[0]['bytes'])} to {fmt_bytes(tiny[-1]['bytes'])}"
+pinlab.show(f"host cost of one copy_, {span}: pageable / pinned",
+            f"{pinlab.fmt_ms(min(pag_tiny))}-{pinlab.fmt_ms(max(pag_tiny))} / "
+            f"{pinlab.fmt_ms(min(pin_tiny))}-{pinlab.fmt_ms(max(pin_tiny))}")
+flat = max(pag_tiny) <= 2 * min(pag_tiny)
+pinned_alike = statistics.median(pin_tiny) >= statistics.median(pag_tiny) / 2
+words = (f"from {span} a pageable copy's host cost stayed within 2x whatever its size: a cost per call"
+         + (", which pinned copies paid too" if pinned_alike else "") if flat
+         else f"from {span} the host cost of a pageable copy varied more than 2x")
+if quick and max(quick) > tiny[-1]["bytes"]:
+    top_quick = by_size[max(quick)]["copy_pageable_ms"]
+    pinlab.report(f"host cost of the largest pageable copy_ that returned ({fmt_bytes(max(quick))})", top_quick)
+    growth = top_quick / statistics.median(pag_tiny)
+    words += (f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost {growth:.1f}x as much: the "
+              "driver's memcpy into staging, which grows with the bytes" if growth > 2
+              else f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost about as much")
+pinlab.show("what this run shows", words)
+
+# %% [markdown]
 # Note what the function does first: `torch.cuda.synchronize()`. Every copy in this sweep was
-# issued **alone**, with nothing else pending and the driver's staging buffer empty, and still the
-# large ones waited. So the first limit is **per copy**: above a certain size the driver does not
-# stage a pageable copy behind the queue at all, whatever room it has. Section 2 finds a second
-# limit, for the bytes of many small copies pending at once.
+# issued **alone**, with nothing else pending and the driver's staging buffer empty. Where the
+# large ones waited anyway (the lines above say whether they did here), the first limit is **per
+# copy**: above a certain size this driver does not stage a pageable copy behind the queue at all,
+# whatever room it has. Section 2 finds a second limit, for the bytes of many small copies pending
+# at once. Both are the driver's choice, undocumented (CUDA's "API synchronization behavior" page
+# only says such a copy "might be synchronous").
 #
 # **The benchmark.** An honest `non_blocking` copy should cost the host next to nothing, whatever
 # the GPU is doing. A step loop issues its copies one after another, so that is how we time them:
@@ -164,21 +209,24 @@ pinlab.report(f"pinned copy_ of {size} behind a busy GPU, per call in a loop (me
 pinlab.report(f"pinned copy_ of {size}, a single call right after a sync (median)", bench["copy_pinned"]["median"])
 pinlab.report(f"pinned .to of {size}, a single call right after a sync (median)", bench["to_pinned"]["median"])
 pinlab.report(f"pageable copy_ of {size} behind a busy GPU (median)", pageable_ms)
-ok = pageable_ms >= 100 * loop_ms
-print(f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times less than a pageable one:", ok)
-assert ok
+single_ms = bench["copy_pinned"]["median"]
+pinlab.show(f"pinned copy_ of {size}: a single call after a sync / a call in a loop", f"{single_ms / loop_ms:.2f}x")
+pinned_cheap = pinlab.observe(
+    f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times less than a pageable one",
+    pageable_ms >= 100 * loop_ms, value=f"{pageable_ms / loop_ms:.0f}x",
+    why=f"a pageable copy of {size} that the driver stages (another driver, a GH200) costs the host a staging "
+        "memcpy, not a wait")
 
 # %% [markdown]
-# Compare the two pinned copy_ lines above: a single call made right after the host waited can
-# cost more than a call in a loop (it is the driver's first submission after an idle spell), so
-# time copies the way your code issues them. Either way it is a small fraction of what a pageable
-# copy of the same size costs the host (the line above checks a factor of 100).
+# Compare the two pinned copy_ lines above: the same call, issued two ways, need not cost the same
+# (the ratio line says how they compared in this run), so time copies the way your code issues
+# them. Set either against what the pageable copy of the same size cost the host, the last line.
 
 # %% [markdown]
 # ## 2. The staging pool: many small copies
 #
-# Small pageable copies return at once because the driver stages them. But staging space is
-# finite, and staged data leaves it only when the GPU performs the copy, after everything queued
+# Small pageable copies return at once where the driver stages them (section 1). But staging
+# space is finite, and staged data leaves it only when the GPU performs the copy, after everything queued
 # before it.
 #
 # 🔮 **Predict.** Behind a kernel that runs for 50 ms, you issue 64 KiB pageable copies, one after
@@ -186,8 +234,9 @@ assert ok
 #
 # <details><summary>Answer</summary>
 #
-# The first few dozen return in microseconds; then one copy waits for the whole kernel, because
-# the staging pool is full. The number of *bytes* pending at that moment is the pool's size.
+# On a CUDA GPU over PCIe (what this course was recorded on): the first few dozen return in
+# microseconds; then one copy waits for the whole kernel, because the staging pool is full. The
+# number of *bytes* pending at that moment is the pool's size. On ROCm the first one already waits.
 # </details>
 #
 # The experiment queues 16 MiB of copies, in 16 KiB and in 64 KiB pieces, behind a 50 ms kernel,
@@ -221,18 +270,28 @@ for chunk, at in pending.items():
 
 # %%
 every = [a for at in pending.values() for a in at]
-print("in every trial, the host blocked after at least 1 MiB had been queued:",
-      all(a is not None and a >= MiB for a in every))
-print("every queued copy arrived intact:", all(t["data_ok"] for run in pool["runs"] for t in run["trials"]))
-assert all(a is not None and a >= MiB for a in every)
-assert all(t["data_ok"] for run in pool["runs"] for t in run["trials"])
+ok = pinlab.claim("every queued copy arrived intact", all(t["data_ok"] for run in pool["runs"] for t in run["trials"]),
+                  why="a pageable copy is read into staging at the call, so its data cannot change; a copy that "
+                      "came out wrong would be a driver or hardware fault")
+pool_seen = pinlab.observe(
+    "in every trial, the host blocked after at least 1 MiB had been queued",
+    all(a is not None and a >= MiB for a in every),
+    value=", ".join(fmt_bytes(a) if a is not None else "never" for a in every),
+    why="the staging pool's size is undocumented driver behaviour (another driver, WSL2 or a GH200 may differ), "
+        "and on ROCm every pageable copy waits")
+counts = {chunk: [a // chunk for a in at if a is not None] for chunk, at in pending.items()}
+if all(counts.values()) and len(counts) == 2:
+    (c1, n1), (c2, n2) = ((c, statistics.median(n)) for c, n in sorted(counts.items()))
+    pinlab.show("what this run shows",
+                f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies queued as the {fmt_bytes(c2)} ones "
+                f"before the host blocked ({c2 // c1}x would mean a pool counted in bytes, 1x one counted in copies)")
 
 # %% [markdown]
-# Each curve rises slowly, then jumps by about the busy time: that copy waited until the GPU had
-# worked through the kernel and started draining the staging pool. Is the pool counted in bytes
-# or in copies? If in copies, both curves would jump at the same copy; if in bytes, the 16 KiB
-# copies would get four times as far. Compare the lines above. Nothing was lost, the data is
-# right: only the host's time went.
+# On a CUDA GPU over PCIe each curve rises slowly, then jumps by about the busy time: that copy
+# waited until the GPU had worked through the kernel and started draining the staging pool. Is the
+# pool counted in bytes or in copies? If in copies, both curves would jump at the same copy; if in
+# bytes, the 16 KiB copies would get four times as far. The last line compares them for this run.
+# Nothing was lost, the data is right: only the host's time went.
 #
 # **Two limits, then.** Side by side, from this run's two experiments:
 
@@ -245,11 +304,11 @@ pinlab.show("limit 2, pending bytes: small copies queued before the host blocked
 
 # %% [markdown]
 # A single copy above the first limit waits even into an empty pool; many small copies, each far
-# below it, wait once the bytes pending reach the second. Neither limit is documented: CUDA only
-# says that a copy from pageable memory "might be synchronous", and the sizes above are what this
-# driver did on this machine. Another driver version, another GPU or another operating system may
-# draw both lines elsewhere. Write code that does not depend on them: pin what you copy
-# `non_blocking`.
+# below it, wait once the bytes pending reach the second. Neither limit is documented: CUDA's "API
+# synchronization behavior" page only says that a copy from pageable memory "might be
+# synchronous", and the sizes above are what this driver did on this machine. Another driver
+# version, another GPU or another operating system may draw both lines elsewhere (on ROCm every
+# pageable copy waits). Write code that does not depend on them: pin what you copy `non_blocking`.
 #
 # ## 3. Device to host: `non_blocking` the other way
 #
@@ -297,17 +356,25 @@ for r in d2h["variants"]:
     pinlab.report(f"{r['variant']}: host time inside the call (median)", statistics.median(r["host_ms"]))
 
 # %%
-facts = {
+ok = pinlab.claims({
     "copy_ into pageable memory waited for the GPU every time":
         all(stalls.waited(t, d2h["busy_ms"]) for t in into_pageable["host_ms"]),
-    "  ... and its data was right without a sync": all(into_pageable["valid_before_sync"]),
+    "... and its data was right without a sync": all(into_pageable["valid_before_sync"]),
     "copy_ into pinned memory returned at once every time":
         not any(stalls.waited(t, d2h["busy_ms"]) for t in into_pinned["host_ms"]),
-    "  ... and read before synchronizing, its data was wrong every time": not any(into_pinned["valid_before_sync"]),
-}
-for text, ok in facts.items():
-    print(f"{text}:", ok)
-assert all(facts.values())
+    "... and read before synchronizing, its data was wrong every time": not any(into_pinned["valid_before_sync"]),
+}, why={
+    "copy_ into pageable memory waited for the GPU every time":
+        "the CUDA Runtime API documents that a copy into pageable host memory returns only once it has completed",
+    "... and its data was right without a sync": "the call returned after the copy had completed",
+    "copy_ into pinned memory returned at once every time":
+        "a copy into pinned memory is only enqueued (documented); only a host stalled for half the busy time "
+        "could make it look as if it waited",
+    "... and read before synchronizing, its data was wrong every time":
+        "the host reads within microseconds while the copy waits behind 20 ms of GPU work; only a host stalled "
+        "for that long between the call and the read could see the new data",
+}, values={"copy_ into pinned memory returned at once every time":
+           ", ".join(pinlab.fmt_ms(t) for t in into_pinned["host_ms"])})
 
 # %% [markdown]
 # What did the host read? The first four values of the pinned buffer, right after the call and
@@ -317,8 +384,8 @@ assert all(facts.values())
 print("read right after the call:    ", into_pinned["head_before"])
 print("expected:                     ", into_pinned["expected_head"])
 print("read after done.synchronize():", into_pinned["head_after"])
-print("correct after synchronizing, every time:", all(into_pinned["valid_after_sync"]))
-assert all(into_pinned["valid_after_sync"])
+ok = pinlab.claim("correct after synchronizing, every time", all(into_pinned["valid_after_sync"]),
+                  why="an event recorded after the copy on its stream completes only once the copy has")
 
 # %% [markdown]
 # The fix is the end of `copy_back`: record an event right after the copy and `synchronize()` the
@@ -327,16 +394,14 @@ assert all(into_pinned["valid_after_sync"])
 # `gpu_t.to("cpu", non_blocking=True)` allocates the result in pinned memory for you: same rule.
 
 # %%
-facts = {
+ok = pinlab.claims({
     ".to('cpu', non_blocking=True) returned at once every time":
         not any(stalls.waited(t, d2h["busy_ms"]) for t in to_cpu["host_ms"]),
-    "  ... its result is pinned": to_cpu["result_pinned"],
-    "  ... wrong before synchronizing, right after torch.cuda.synchronize()":
+    "... its result is pinned": to_cpu["result_pinned"],
+    "... wrong before synchronizing, right after torch.cuda.synchronize()":
         not any(to_cpu["valid_before_sync"]) and all(to_cpu["valid_after_sync"]),
-}
-for text, ok in facts.items():
-    print(f"{text}:", ok)
-assert all(facts.values())
+}, why="torch allocates the result of a non_blocking copy to the CPU in pinned memory and only enqueues the copy; "
+       "the host reads within microseconds while the copy waits behind 20 ms of GPU work")
 
 # %% [markdown]
 # ## 4. Other hidden syncs
@@ -357,14 +422,16 @@ assert all(facts.values())
 # copy. For a copy between host and GPU, PyTorch hands the driver one block of memory only when
 # source and destination have the same dtype and the same dense layout (in any order of the
 # dimensions). Otherwise it first gathers the source into a contiguous temporary **on the CPU**,
-# in ordinary pageable memory, and copies that: fake `non_blocking` again, however pinned the
-# source was. So `x[:, ::2]`, which is not dense (holes between the elements), always goes through
-# a pageable temporary; `x.t()` is dense: copied into `torch.empty_like(x.t(), device="cuda")`,
-# which keeps its layout, it goes straight from pinned memory; copied into a contiguous tensor, it
-# is gathered first. The rule is *dense in the destination's layout*, not *contiguous*. A
-# dtype-converting copy from a contiguous pinned tensor copies first and converts on the GPU:
-# asynchronous once its conversion kernel is loaded; the *first* launch of any kernel blocks while
-# CUDA loads it (lazy module loading). `.item()` has to wait for the value: it always blocks.
+# in ordinary pageable memory, and copies that: a pageable copy again, however pinned the source
+# was. This one is 8 MiB: whether it waits is the driver's staging decision of section 1 (where
+# one copy of that size waited, this one waits too: fake `non_blocking`). So `x[:, ::2]`, which
+# is not dense (holes between the elements), always goes through a pageable temporary; `x.t()` is
+# dense: copied into `torch.empty_like(x.t(), device="cuda")`, which keeps its layout, it goes
+# straight from pinned memory; copied into a contiguous tensor, it is gathered first. The rule is
+# *dense in the destination's layout*, not *contiguous*. A dtype-converting copy from a
+# contiguous pinned tensor copies first and converts on the GPU: asynchronous once its conversion
+# kernel is loaded; the *first* launch of any kernel blocks while CUDA loads it (lazy module
+# loading). `.item()` has to wait for the value: it always blocks.
 # </details>
 
 # %%
@@ -377,20 +444,24 @@ pinlab.table(hs["rows"], [("op", "operation"), ("blocked", "host blocked"),
                           ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
 
 # %%
-facts = {
+ok = pinlab.claims({
     "torch.tensor(list, device='cuda') blocked": row["tensor_list"]["blocked"],
-    "copy_ from a non-dense pinned view x[:, ::2] blocked": row["nondense_pinned"]["blocked"],
     "copy_ from the dense view x.t() into a GPU tensor of the same layout did not block":
         not row["permuted_same_layout"]["blocked"],
-    "copy_ from x.t() into a contiguous GPU tensor blocked": row["permuted_to_contiguous"]["blocked"],
     "copy_ from a contiguous pinned tensor did not block": not row["contig_pinned"]["blocked"],
     "a warm dtype-converting copy_ from pinned memory did not block": not row["dtype_warm"]["blocked"],
     ".item() blocked": row["item"]["blocked"],
     "a second launch of the same kernel did not block": not row["kernel_warm"]["blocked"],
-}
-for text, ok in facts.items():
-    print(f"{text}:", ok)
-assert all(facts.values())
+}, why="torch.tensor(list, device=...) makes a blocking copy and .item() needs the value, so both wait for the "
+       "busy GPU; a copy from pinned memory and a launch are only enqueued. Only a host stalled for half the "
+       "busy time (an overloaded machine) could turn a 'did not block' into 'blocked'")
+gathered_waited = pinlab.observe(
+    "the copies gathered through a pageable temporary (from x[:, ::2], and x.t() into a contiguous tensor) waited",
+    row["nondense_pinned"]["blocked"] and row["permuted_to_contiguous"]["blocked"],
+    value=f"{pinlab.fmt_ms(row['nondense_pinned']['host_ms'])}, "
+          f"{pinlab.fmt_ms(row['permuted_to_contiguous']['host_ms'])} behind {hs['busy_ms']:g} ms",
+    why="the 8 MiB temporary is pageable: whether its copy waits is the driver's staging decision (section 1), "
+        "undocumented; a driver or a GH200 that stages or reads it directly returns at once")
 
 # %% [markdown]
 # The two *first* calls depend on how CUDA loads kernels, which the environment variable
@@ -464,12 +535,14 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
 #
 # Pinned: about one forward plus one copy per step. The copy and the forwards share one stream,
 # so the GPU still runs them one after the other, but the host's 1 ms hides behind the GPU's work.
-# Pageable: not the sum. The 8 MiB copy is too large to be staged behind the queue, so `copy_`
-# waits until the previous forward is done, then the driver feeds the data through its staging
-# buffer while the host waits inside the call, and only then does the host launch the next
-# forward. The host's preparation still overlapped the previous forward; what is serialized is
-# the **staged copy**: about one forward plus one (slower) staged copy per step, plus the moment
-# the host needs to return from `copy_` and launch the forward. The timeline shows it.
+# Pageable: not the sum. Where the driver does not stage an 8 MiB copy behind the queue (section
+# 1 measured from which size on it does not, on this machine), `copy_` waits until the previous
+# forward is done, then the driver feeds the data through its staging buffer while the host waits
+# inside the call, and only then does the host launch the next forward. The host's preparation
+# still overlaps the previous forward, as long as it is shorter than a forward; what is serialized
+# is the **staged copy**: about one forward plus one (slower) staged copy per step, plus the moment
+# the host needs to return from `copy_` and launch the forward. A host that needs longer than a
+# forward (a busy machine, few cores) sets the pace itself. The timeline shows which it was.
 # </details>
 
 # %%
@@ -492,12 +565,13 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# What to look for. Pageable: the host enters `copy_` while the previous forward still runs and
-# leaves it only after the copy has run on the GPU; the next forward starts after that, and the
-# GPU computes nothing in between. The host's "prepare" still overlaps the GPU's forward.
-# Pinned: `copy_` returns at once, the host waits only at the bounded run-ahead ("wait for step
-# i-2"), and the forwards follow each other with only the short copy in between. The numbers,
-# and two models of the pageable step:
+# What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
+# enters `copy_` while the previous forward still runs and leaves it only after the copy has run on
+# the GPU; the next forward starts after that, and the GPU computes nothing in between. The host's
+# "prepare" overlaps the GPU's forward, where it is the shorter of the two. Pinned: `copy_`
+# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and the
+# forwards follow each other with only the short copy in between. The numbers, two models of the
+# pageable step, and what this run shows:
 
 # %%
 memcpy = {m: span_stats(loop["modes"][m]["gpu"], name) for m in stalls.STEP_MODES
@@ -518,40 +592,64 @@ pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host
 pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
 pinlab.show("GPU idle share in the six profiled steps (no kernel running), pageable vs pinned",
             f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
+prep = span_stats(pag["host"], "prepare inputs (CPU)")["duration_ms"]
+gap = forward["pageable"]["gap_ms"]
+pinlab.report("host time preparing a step's input, pageable run (median of the profiled steps)", prep)
+held = pag["copy_host_ms"] >= staged  # the host stayed inside copy_ at least as long as the copy ran on the GPU
+if prep < STEP["gpu_ms"]:
+    pace = (f"the host prepared a step in {ms(prep)}, less than a forward ({ms(STEP['gpu_ms'])}), so the "
+            f"preparation hid behind the previous forward; between two forwards the GPU waited {ms(gap)}: the "
+            f"staged copy ({ms(staged)}) and {ms(max(0.0, gap - staged))} for the host to leave copy_ and launch")
+else:
+    pace = (f"the host needed {ms(prep)} to prepare a step, more than a forward ({ms(STEP['gpu_ms'])}): the host "
+            f"set the pace; between two forwards the GPU waited {ms(gap)}, of which the staged copy ran "
+            f"{ms(staged)}")
+models = {"only the staged copy serialized": STEP["gpu_ms"] + staged,
+          "host and GPU time added up": STEP["cpu_ms"] + STEP["gpu_ms"] + staged}
+nearest = min(models, key=lambda k: abs(models[k] - pag["ms_per_step"]))
+pinlab.show("what this run shows",
+            f"{pace}; the host {'stayed' if held else 'did not stay'} inside copy_ as long as the copy ran "
+            f"on the GPU; the measured pageable step ({ms(pag['ms_per_step'])}) came closer to '{nearest}'")
 
 # %% [markdown]
-# Compare the measured step with the two models above. The mechanism says which one to expect: a
-# fake `non_blocking` copy does not make the host's preparation serial with the GPU's work (in
-# the timeline it overlaps the previous forward), only the copy itself, so the "added up" model
-# counts host time that was hidden. The second model is the mechanism's, but not to the
-# microsecond, and the measured step can land on either side of it: after the staged copy the GPU
-# also waits while the host returns from `copy_` and launches the next forward (the GPU time
-# between two forwards, above, is the staged copy plus that wait); the timed steps include the
-# loop's start and its final sync; and the staged copy's duration comes from the six profiled
-# steps, not the timed ones. With more host work per step the "added up" model drifts further
-# from the truth; with several such copies per step the serialized part grows with them.
+# Compare the measured step with the two models above. The mechanism predicts the second one
+# while the host's work fits inside a forward: a fake `non_blocking` copy does not make the host's
+# preparation serial with the GPU's work (in the timeline it overlaps the previous forward), only
+# the copy itself, so the "added up" model counts host time that was hidden. Not to the
+# microsecond: after the staged copy the GPU also waits while the host returns from `copy_` and
+# launches the next forward; the timed steps include the loop's start and its final sync; and the
+# staged copy's duration comes from the six profiled steps, not the timed ones. Where the host
+# needs longer than a forward to prepare a step (a busy machine, few cores, a GPU shared with
+# other learners), neither model holds: the host sets the pace, and the GPU waits for it between
+# forwards. The last line above says which case this run was.
 #
 # **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
-# What pinned inputs change per step is what sits between two forwards on the GPU (the gaps above:
-# a staged copy and the launch wait, against a pinned copy): a fraction of a step, of the order of
-# what a step's time moves from run to run, so a comparison could flip on a noisy run.
+# What pinned inputs change per step is what sits between two forwards on the GPU (the gaps above):
+# a fraction of a step, of the order of what a step's time moves from run to run, so a comparison
+# could flip on a noisy run.
 # And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
 # why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and six profiled
 # steps are few: the profiler adds host work to every call, and one slow host step (the operating
 # system, a page fault, the profiler itself) shows up as idle GPU time. A run in which the pinned
-# loop is faster can still show it the larger idle share. What holds on every run is the cause,
-# measured on the host, and the names the profiler gives the copies:
+# loop is faster can still show it the larger idle share. What holds on every run are the names
+# the profiler gives the copies; the cause, measured on the host, is shown beside them:
 
 # %%
-ratio_ok = pag["copy_host_ms"] >= 10 * pin["copy_host_ms"]
-print("the host spent at least 10 times longer inside a pageable copy_ than inside a pinned one:", ratio_ok)
 print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
 print("memcpy names in the pinned run:  ", sorted(pin["memcpy_names"]))
 pinlab.show("memcpys recorded, pageable / pinned run",
             f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}")
-assert ratio_ok
-assert set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"}
-assert set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"}
+ok = pinlab.claims({
+    "the profiler named every copy of the pageable run 'Pageable -> Device'":
+        set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
+    "the profiler named every copy of the pinned run 'Pinned -> Device'":
+        set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"},
+}, why="CUPTI names a copy by the kind of host memory it reads; ROCm's profiler names copies differently")
+host_held = pinlab.observe(
+    "the host spent at least 10 times longer inside a pageable copy_ than inside a pinned one",
+    pag["copy_host_ms"] >= 10 * pin["copy_host_ms"], value=f"{pag['copy_host_ms'] / pin['copy_host_ms']:.0f}x",
+    why="where the driver stages an 8 MiB pageable copy behind the queue (another driver) or the GPU reads "
+        "pageable memory directly (GH200), the pageable copy_ returns sooner")
 
 # %% [markdown]
 # The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
@@ -568,9 +666,10 @@ assert set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"}
 #    kernels (data-centre GPUs have several), so one can copy while the others compute;
 # 2. **another stream**: the copy must be queued on a stream other than the compute's, or it waits
 #    its turn behind the compute (and the compute behind it);
-# 3. **a pinned source**: only then can the copy engine read the host memory by itself. From
-#    pageable memory the driver copies through its staging buffer, and a copy too large to stage
-#    makes the host wait (section 1).
+# 3. **a pinned source**: only then can the copy engine of a GPU over PCIe read the host memory
+#    by itself. From pageable memory the driver copies through its staging buffer, and a copy it
+#    does not stage behind the queue makes the host wait (section 1). (A GPU that reads host
+#    memory through the host's page tables, as on a GH200, is another case.)
 #
 # PyTorch's tutorial "A guide on good usage of `non_blocking` and `pin_memory()`" shows the pattern
 # with a side stream. Here it is in a step loop: each step copies a 16 MiB pinned input to the GPU
@@ -639,10 +738,10 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 # One stream: a copy, then a compute, per step; the compute is idle while each copy runs. With the
 # copy stream and pinned inputs the copies run beside the compute and the step shrinks to about
 # the compute alone, as long as the copy is shorter. With pageable inputs the third condition
-# fails: each 16 MiB copy is too large to be staged, so the host waits inside `fetch` while the
-# driver feeds the data through staging, more slowly than a pinned copy, and it cannot queue the
-# next compute meanwhile. Without `record_stream`, wrong sums: inputs overwritten before they were
-# read.
+# fails: where the driver does not stage a 16 MiB copy behind the queue (section 1 says from which
+# size on it did not, here), the host waits inside `fetch` while the driver feeds the data through
+# staging, more slowly than a pinned copy, and it cannot queue the next compute meanwhile. Without
+# `record_stream`, wrong sums: inputs overwritten before they were read.
 # </details>
 #
 # This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
@@ -666,10 +765,11 @@ plt.show()
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns,
 # never side by side. Copy stream, pinned: the copies run under the compute, one step ahead or more
 # (the host queues every step at once, and the copy stream never waits for the compute). Copy
-# stream, pageable: the staged copies are much longer than the pinned ones, and the compute runs
-# only in the gaps between them. The host waited inside each `fetch` until its staged copy was
-# done, and queued the step's compute only after that: a second stream cannot help a copy that
-# holds the host. The numbers:
+# stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
+# copies are longer than the pinned ones (the last line below says by how much here), and the
+# compute runs only in the gaps between them. The host waits inside each `fetch` until its staged
+# copy is done, and queues the step's compute only after that: a second stream cannot help a copy
+# that holds the host. The numbers:
 
 # %%
 for key, label in stalls.OVERLAP_MODES.items():
@@ -684,6 +784,10 @@ for key, label in stalls.OVERLAP_MODES.items():
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
 pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
             f"{ovm['copy_stream_pinned']['steps_per_s'] / ovm['one_stream_pinned']['steps_per_s']:.2f}x")
+copy_ms = {k: span_stats(stalls.overlap_lanes(ovm[k]["gpu"])["copies"], next(iter(ovm[k]["memcpy_names"])))
+           ["duration_ms"] for k in ("copy_stream_pinned", "copy_stream_pageable")}
+pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
+            f"{copy_ms['copy_stream_pageable'] / copy_ms['copy_stream_pinned']:.1f}x")
 
 # %% [markdown]
 # Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
@@ -692,17 +796,26 @@ pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
 
 # %%
 one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
-facts = {
+ok = pinlab.claims({
     "every step's sum was right in all three loops": all(ovm[k]["wrong_steps"] == 0 for k in stalls.OVERLAP_MODES),
     "on one stream, no copy ran beside a kernel": one["overlap"]["overlapping"] == 0,
-    "with a copy stream and pinned inputs, most copies ran beside a kernel":
-        side["overlap"]["overlapping"] >= side["overlap"]["copies"] / 2,
     "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
         set(ovm["copy_stream_pageable"]["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
-}
-for text, ok in facts.items():
-    print(f"{text}:", ok)
-assert all(facts.values())
+}, why={
+    "every step's sum was right in all three loops":
+        "each step's compute waits, on the GPU, for its input's copy (wait_stream), and record_stream keeps the "
+        "input's memory from reuse until the compute has read it",
+    "on one stream, no copy ran beside a kernel": "a stream runs its work in order, one operation at a time",
+    "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
+        "CUPTI names a copy by the kind of host memory it reads; ROCm's profiler names copies differently",
+}, values={"every step's sum was right in all three loops":
+           ", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in stalls.OVERLAP_MODES)})
+overlapped = pinlab.observe(
+    "with a copy stream and pinned inputs, most copies ran beside a kernel",
+    side["overlap"]["overlapping"] >= side["overlap"]["copies"] / 2,
+    value=f"{side['overlap']['overlapping']} of {side['overlap']['copies']}",
+    why="it needs a free copy engine and is read from the profiler's timestamps of six steps; a GPU shared with "
+        "other processes switches between their work and yours")
 
 # %% [markdown]
 # And without `record_stream`? The same copy-stream loop, pinned inputs, once:
@@ -710,9 +823,11 @@ assert all(facts.values())
 # %%
 race = ov["no_record_stream"]
 pinlab.show("copy stream without record_stream: steps whose sum was wrong", f"{race['wrong_steps']} of {race['steps']}")
-print("without record_stream, at least one step computed on an input overwritten before it was read:",
-      race["wrong_steps"] > 0)
-assert race["wrong_steps"] > 0
+ok = pinlab.claim("without record_stream, at least one step computed on an input overwritten before it was read",
+                  race["wrong_steps"] > 0, value=f"{race['wrong_steps']} of {race['steps']} steps wrong",
+                  why="the race needs the host far ahead of the GPU (it queues 40 steps of 0.5 ms in well under a "
+                      "millisecond each) and the caching allocator handing a freed input's block to the next copy; "
+                      "a host slower than the GPU's 0.5 ms per step would let the compute read each input in time")
 
 # %% [markdown]
 # The host queues all 40 steps long before the GPU has computed the first few: that lead is what
@@ -752,8 +867,11 @@ def copy_all_then_sync(dsts, srcs):
 # Pinned: blocking copies make the host and the copy engine take turns (queue a copy, wait for it,
 # queue the next); with one sync the host queues the next copy while the engine runs the last one,
 # and waits once. Pageable: the host itself copies every tensor into the driver's staging buffer
-# either way, and once the staging pool is full (section 2) the `non_blocking` copies wait too, so
-# the single sync saves less as the tensors grow. See the table.
+# either way, a cost the single sync does not remove, and once the staging pool is full (section
+# 2) the `non_blocking` copies wait too. So expect one sync to be cheaper both ways, and look at
+# two numbers per case below: the ratio, and the time it saved. They need not move together: as
+# the tensors grow, the copies take longer either way, which can shrink the ratio while the time
+# saved grows.
 # </details>
 #
 # `stalls.many_tensors` times both functions (median of 7 interleaved tries) and checks that every
@@ -774,21 +892,22 @@ plt.show()
 # %%
 for r in many["rows"]:
     case = f"{r['n']} x {fmt_bytes(r['bytes'])}"
-    pinlab.show(f"{case}: blocking copies / non_blocking + one sync, pinned",
-                f"{r['pinned_blocking_ms'] / r['pinned_nb_sync_ms']:.1f}x")
-    pinlab.show(f"{case}: blocking copies / non_blocking + one sync, pageable",
-                f"{r['pageable_blocking_ms'] / r['pageable_nb_sync_ms']:.1f}x")
-ok = all(r["data_ok"] for r in many["rows"])
-print("every tensor arrived intact, every way:", ok)
-assert ok
+    for kind in ("pinned", "pageable"):
+        blocking, one_sync = r[f"{kind}_blocking_ms"], r[f"{kind}_nb_sync_ms"]
+        saved = blocking - one_sync
+        pinlab.show(f"{case}, {kind}: blocking copies / non_blocking + one sync",
+                    f"{blocking / one_sync:.1f}x, {ms(abs(saved))} {'saved' if saved >= 0 else 'lost'} by the one sync")
+ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in many["rows"]),
+                  why="every copy is checked after a sync, byte for byte; a wrong byte would be a fault, not a timing")
 
 # %% [markdown]
-# Read the ratios above (more than 1x: the single sync was cheaper). They are shown, not asserted:
-# a blocking copy's wait is a round trip to an idle GPU, which varies from run to run. The
-# mechanism does not vary: N blocking copies wait N times, the other way waits once, after queuing
-# everything. In a training loop a `DataLoader(..., pin_memory=True)` gives you the pinned batch
-# (a background thread pins it while the loop runs), and `batch.to("cuda", non_blocking=True)` per
-# tensor then queues every copy without a wait.
+# Read the lines above: the ratio (more than 1x: the single sync was cheaper) and the host time it
+# saved, per case. They are shown, not asserted: a blocking copy's wait is a round trip to an idle
+# GPU, which varies from run to run. The mechanism does not vary: N blocking copies wait N times,
+# the other way waits once, after queuing everything. In a training loop a `DataLoader(...,
+# pin_memory=True)` gives you the pinned batch (with `num_workers > 0` a pin-memory thread pins it
+# while the loop runs; with `num_workers=0` the main thread pins it inside `next()`, lesson 01),
+# and `batch.to("cuda", non_blocking=True)` per tensor then queues every copy without a wait.
 #
 # ## 8. The tutorial's advice, tested
 #
@@ -803,20 +922,31 @@ advice = stalls.advice_rows(sweep.result, pool.result, d2h.result)
 pinlab.table(advice, [("case", "non_blocking=True, ..."), ("outcome", "outcome"), ("evidence", "evidence (this run)")])
 
 # %%
-for r in advice:
-    print(f"{r['case']}: {r['outcome']}")
 expected_outcomes = [stalls.ADVICE_HOLDS, stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_WAITS,
                      stalls.ADVICE_WAITS, stalls.ADVICE_STALE]
-assert [r["outcome"] for r in advice] == expected_outcomes
+documented = (0, 4, 5)  # pinned H2D, D2H into pageable, D2H into pinned: what CUDA documents
+ok = pinlab.claims({f"{advice[i]['case']}: {expected_outcomes[i]}": advice[i]["outcome"] == expected_outcomes[i]
+                    for i in documented},
+                   why="CUDA documents these three (a copy from or into pinned memory is only enqueued, a copy into "
+                       "pageable host memory returns once it has completed); only a host stalled for half the busy "
+                       "time could change an outcome")
+for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
+    if i not in documented:
+        pinlab.observe(f"{r['case']}: {want}", r["outcome"] == want, value=r["evidence"],
+                       why="when a pageable copy waits is undocumented driver behaviour (the staging limits of "
+                           "sections 1 and 2); on ROCm every pageable copy waits, on a GH200 it need not")
 
 # %% [markdown]
-# Where the advice holds: a copy from pinned memory is queued at any size, and a small pageable
-# copy is staged by the driver and returns at once. On the GPU the copy runs in stream order, before
+# Where the advice holds: a copy from pinned memory is queued at any size (documented), and a small
+# pageable copy is staged by the driver and returns at once where the driver stages it (CUDA's
+# drivers do, up to limits they do not document; on ROCm every pageable copy waits: the
+# `[measured]` lines above say what happened here). On the GPU the copy runs in stream order, before
 # anything queued after it, so the device data is right, with one condition the flag adds: the
 # host must not write a pinned source until the copy has run (lesson 03 is that race; a pageable
 # source is copied into staging at the call). Where it fails: one large pageable copy waits for
-# the GPU; many small ones wait once the staging pool's pending bytes are full; a copy into
-# pageable host memory is synchronous whatever the flag says. And where it is a
+# the GPU where the driver does not stage it; many small ones wait once the staging pool's pending
+# bytes are full; a copy into pageable host memory is synchronous whatever the flag says
+# (documented). And where it is a
 # trap: into pinned memory (`.to("cpu", non_blocking=True)` allocates pinned memory for you), the
 # call returns before the data is there (section 3; the tutorial warns about this one too).
 # Section 6 adds the last case: even pinned and `non_blocking`, a copy on the compute's stream never
@@ -846,14 +976,21 @@ pinlab.table(ah["rows"], [("op", f"{ah['list_len']} ints to the GPU"), ("blocked
                           ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
 
 # %%
-print("torch.tensor(list, device='cuda') waited for the GPU:", arow["factory"]["blocked"])
-print("pinlab.async_tensor_h2d(list) did not:", not arow["async"]["blocked"])
-print("all three calls gave the same GPU tensor:", ah["same_values"])
-assert arow["factory"]["blocked"] and not arow["async"]["blocked"] and ah["same_values"]
+ok = pinlab.claims({
+    "torch.tensor(list, device='cuda') waited for the GPU": arow["factory"]["blocked"],
+    "pinlab.async_tensor_h2d(list) did not": not arow["async"]["blocked"],
+    "all three calls gave the same GPU tensor": ah["same_values"],
+}, why="torch.tensor(list, device=...) makes a blocking copy; async_tensor_h2d copies from a fresh pinned block, "
+       "which is only enqueued; only a host stalled for half the busy time could change that")
+small_staged = pinlab.observe(
+    "torch.tensor(list).to('cuda', non_blocking=True) did not wait (the driver staged it)",
+    not arow["pageable_nb"]["blocked"], value=pinlab.fmt_ms(arow["pageable_nb"]["host_ms"]),
+    why="a small pageable copy is staged where the driver chooses to (undocumented); on ROCm it waits")
 
 # %% [markdown]
-# The middle one, a small pageable tensor copied `non_blocking`, fits the staging pool, so it can
-# return at once (see its row); in a loop that queues more pageable copies, it waits (section 2).
+# The middle one, a small pageable tensor copied `non_blocking`, is staged by the driver where it
+# fits the staging pool, and then returns at once (the last line says whether it did here); in a
+# loop that queues more pageable copies, it waits (section 2).
 # Use `async_tensor_h2d` for host data that becomes a **new** GPU tensor on a hot path (a step
 # loop, while the GPU is busy). For a GPU buffer you keep and refill every step, copy from a
 # private pinned snapshot instead: `gpu_buf[:n].copy_(pinlab.pin_snapshot(host_buf[:n]),
@@ -901,12 +1038,16 @@ print(det["summary"])
 expected = {kind: det["steps"] for kind in stalls.DEMO_STALLS.values()}
 for kind, n in det["counts"].items():
     print(f"{kind}: {n}")
-print("one stall of each kind per step, and nothing else:", det["counts"] == expected)
 lines = {kind: [line] for kind, line in stalls.source_lines(demo_step).items()}
 for kind, line in sorted(lines.items(), key=lambda kv: kv[1]):
     print(f"line {line[0]} of demo_step: {kind}")
-print("each stall points at its line of demo_step:", det["stall_lines"] == lines)
-assert det["counts"] == expected and det["stall_lines"] == lines
+ok = pinlab.claims({
+    "one stall of each kind per step, and nothing else": det["counts"] == expected,
+    "each stall points at its line of demo_step": det["stall_lines"] == lines,
+}, values={"one stall of each kind per step, and nothing else": det["counts"],
+           "each stall points at its line of demo_step": det["stall_lines"]},
+   why="the detector classifies each call by its arguments (a pageable source, a Python list, .item()), not by "
+       "timing, so the counts are exact on any machine")
 
 # %% [markdown]
 # The same three calls, one at a time, under `torch.cuda.set_sync_debug_mode("warn")` (its
@@ -917,7 +1058,11 @@ for c in det["compare"]:
     print(f"{c['op']}\n    set_sync_debug_mode('warn') warned: {c['sync_debug_warnings'] > 0}"
           f"   detect_stalls() reported: {c['detector_events'] > 0}")
 cmp = {c["key"]: c for c in det["compare"]}
-assert cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]["detector_events"] > 0
+ok = pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking copy, detect_stalls() reported it",
+                  cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]["detector_events"] > 0,
+                  value=cmp["pageable_copy"],
+                  why="torch's sync debug mode warns only where torch itself synchronizes; a torch release that "
+                      "learned to flag pageable non_blocking copies would change the first half")
 
 # %% [markdown]
 # Does watching cost much? The loop's host time with and without the detector (median of 5 runs
@@ -928,24 +1073,28 @@ assert cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]
 plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]
 pinlab.report(f"{det['steps']} steps, plain (median)", plain)
 pinlab.report(f"{det['steps']} steps under detect_stalls() (median)", watched)
-ok = watched <= 2 * plain
-print("the detector at most doubled the loop's host time:", ok)
-assert ok
+cheap = pinlab.observe("the detector at most doubled the loop's host time", watched <= 2 * plain,
+                       value=f"{watched / plain:.2f}x",
+                       why="the detector adds Python work to every torch call; a slow or busy host (2 cores, other "
+                           "learners) pays more for it against the same GPU work")
 
 # %% [markdown]
 # ## Clean up
 
 # %%
-back = pinlab.pinned_back_to(pinned_at_start)
-print("pinned memory held is back to its starting level:", back)
-assert back
+ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
+                  why="every experiment frees what it pinned and empties torch's pinned cache; a tensor still "
+                      "referenced from a cell, or an error that stopped an experiment halfway, keeps its block")
 
 # %% [markdown]
 # ## What to remember
 # - `non_blocking=True` is a request. From **pinned** memory it is honoured; from **pageable**
 #   memory only while the driver agrees to stage the copy: one copy above a size limit, or many
 #   small ones queued behind a busy GPU up to a limit on pending bytes, and the host waits. Both
-#   limits are undocumented and driver-dependent; this run's sizes are above.
+#   limits are undocumented and driver-dependent (CUDA's "API synchronization behavior" page only
+#   says such a copy "might be synchronous"; on ROCm every pageable copy waits); this run's sizes
+#   are above. A pageable copy the driver stages is asynchronous for the host, at the cost of the
+#   staging `memcpy`; *fake* is the one that says `non_blocking` and waits.
 # - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
 #   event after it and `synchronize()` the event before you read.
 # - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is not dense in the

@@ -132,8 +132,10 @@ ok = checks02.check_step_without_syncs(step_without_syncs)
 #   largest size down, so one stray slow measurement does not decide.
 # - An idle share comes from the union of the kernel spans inside the window: merge overlaps, clip the
 #   edges.
-# - `non_blocking=True` from **pageable** memory is fake: the driver stages small copies, and a large one
-#   waits for the GPU. Stage through pinned memory (`x.pin_memory()`, or a pinned buffer you keep).
+# - `non_blocking=True` from **pageable** memory is only as asynchronous as the driver's staging: a small
+#   copy it stages returns at once (the host pays the staging `memcpy`), a large one waits for the GPU: the
+#   fake `non_blocking` (where the line falls is the driver's choice, undocumented; on ROCm every pageable
+#   copy waits). Stage through pinned memory (`x.pin_memory()`, or a pinned buffer you keep).
 # - `.item()`, `.tolist()`, `if t:`, `int(t)` and a blocking `.cpu()` each wait for every kernel queued
 #   before them. Keep values on the GPU; bring results back into pinned memory with `non_blocking=True`
 #   and read them after an event.
