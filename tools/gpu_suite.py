@@ -496,13 +496,14 @@ def _report_finished(p: dict, notebooks, code_cells: dict, t_start: float, ended
         if nb in p["reported"]:
             continue
         recs = capture.get(nb, [])
-        done = len({r.get("cell") for r in recs}) >= code_cells[nb] or k < last_begun
-        if not done and ended and not p["killed"]:
-            done = True  # pytest ended: what it did not run of this notebook is "not run" (or a collection error)
+        if nb in collect:
+            done = True  # pytest could not collect it (it collects every notebook before running the first)
+        elif recs and (len({r.get("cell") for r in recs}) >= code_cells[nb] or k < last_begun):
+            done = True  # every cell captured, or pytest went on to a later notebook
+        else:
+            done = ended and not p["killed"]  # pytest ended: what it did not run of this notebook is "not run"
         if not done:
             continue
-        if not recs and nb not in collect and not ended:
-            continue  # skipped over (a collection error shows in the log only when pytest says so)
         p["reported"].add(nb)
         res = evidence.adverse_notebook_run(recs, code_cells[nb], collect.get(nb))
         if not recs and nb not in collect:
