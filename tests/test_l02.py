@@ -401,6 +401,16 @@ def test_advice_rows_follow_the_data():
     assert out["D2H into pinned memory"] == H                 # data there before the sync: no trap
 
 
+def test_advice_rows_on_a_rocm_shaped_run():
+    """Where every pageable copy waits (ROCm), the lesson's observed rows say so and its claimed rows hold:
+    the notebook observes the three pageable H2D rows and claims only pinned H2D and the two D2H rows."""
+    H, W, S = stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_STALE
+    rows = stalls.advice_rows(_sweep(small_ms=12.0), _pool(block_at=(0, 0, 0, 0)), _d2h())
+    assert [r["outcome"] for r in rows] == [H, W, W, W, W, S]
+    assert "after 0-0 KiB queued" in rows[3]["evidence"]
+    assert stalls.first_waiting_size([256, MiB, 64 * MiB], [12.0, 12.0, 19.0], 5.0) == 256
+
+
 @pytest.mark.parametrize("args, err, match", [
     (([], _pool(), _d2h()), TypeError, "sweep"),
     (({"busy_ms": 10.0}, _pool(), _d2h()), ValueError, r"sweep must hold \['rows'\]"),

@@ -444,9 +444,10 @@ ok = pinlab.claims({
 #
 # <details><summary>Answer</summary>
 #
-# The copy call, certainly: from a pinned batch it only enqueues the DMA. The time in `next()` can
-# change too, because with `pin_memory=True` another thread takes each batch off the workers'
-# queue. The table below says how much each changed on this machine.
+# The copy call: from a pinned batch it only enqueues the DMA, where from a pageable one the host
+# stages the whole batch through the driver (on a PCIe GPU). The time in `next()` can change too,
+# because with `pin_memory=True` another thread takes each batch off the workers' queue. The table
+# below says how much each changed on this machine.
 # </details>
 
 # %%
