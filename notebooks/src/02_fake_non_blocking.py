@@ -226,8 +226,8 @@ pinned_cheap = pinlab.observe(
 # ## 2. The staging pool: many small copies
 #
 # Small pageable copies return at once where the driver stages them (section 1). But staging
-# space is finite, and staged data leaves it only when the GPU performs the copy, after everything queued
-# before it.
+# space is finite, and staged data leaves it only when the GPU performs the copy, after
+# everything queued before it.
 #
 # 🔮 **Predict.** Behind a kernel that runs for 50 ms, you issue 64 KiB pageable copies, one after
 # another. Do they all return at once? If not, after how many?
