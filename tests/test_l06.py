@@ -228,7 +228,16 @@ def test_step_loop_schema(emulated):
     assert r["encoder_ms"] == 1.0 and r["in_flight"] == 2
     for row in r["mixes"].values():
         assert set(row) == set(l06.BUILDERS)
-        assert all(v["ms_per_step"] > 0 and v["gpu_idle_share"] is None for v in row.values())
+        for v in row.values():
+            assert set(v) == {"ms_per_step", "build_ms", "idle_ms", "wall_ms_per_step", "gpu_idle_share"}
+            assert v["ms_per_step"] > 0 and 0 < v["build_ms"] <= v["ms_per_step"] and v["wall_ms_per_step"] > 0
+            assert v["gpu_idle_share"] is None and v["idle_ms"] is None  # no GPU clock on the emulated stream
+
+
+def test_step_loop_medians_need_no_more_steps_than_the_run_ahead():
+    with pinlab.LaggingStream() as s:
+        r = l06.builder_step_loop({"one": [[1, 4, 4]]}, steps=1, warm_steps=0, in_flight=2, stream=s)
+    assert all(v["ms_per_step"] > 0 and v["build_ms"] > 0 for v in r["mixes"]["one"].values())
 
 
 def test_launch_counts_schema_and_emulated_facts(emulated):

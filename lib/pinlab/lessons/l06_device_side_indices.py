@@ -500,12 +500,15 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
                       encoder_ms: float = 1.0, in_flight: int = 2, head_dim: int = 80, stream=None) -> dict:
     """An encoder step loop with the run-ahead bounded like an engine's: step n first waits for
     step n-``in_flight``'s event, builds the rotary embeddings with one builder, then launches
-    the "encoder" (a kernel of ``encoder_ms``). Per builder and mix: host ms per step and the
-    share of GPU time outside the encoder kernels (``gpu_idle_share``, from CUDA events; None on
-    an emulated stream).
+    the "encoder" (a kernel of ``encoder_ms``). Per builder and mix, medians over the steps after
+    the first ``in_flight`` (the run-ahead filled): ``ms_per_step`` (host time from one step's start
+    to the next's), ``build_ms`` (the builder's host time), ``idle_ms`` (GPU time between one
+    encoder's end and the next one's start, the builder's own small kernels included); and over the
+    whole run ``wall_ms_per_step`` and ``gpu_idle_share`` (the share of the GPU's span outside the
+    encoder kernels). The GPU figures come from CUDA events (None on an emulated stream).
 
-    Returns ``{"encoder_ms", "in_flight", "mixes": {mix: {builder: {"ms_per_step",
-    "gpu_idle_share"}}}}``.
+    Returns ``{"encoder_ms", "in_flight", "mixes": {mix: {builder: {"ms_per_step", "build_ms",
+    "idle_ms", "wall_ms_per_step", "gpu_idle_share"}}}}``.
     """
     s = _stream(stream)
     mixes = _check_mixes(MIXES if mixes is None else mixes, merge_size)
@@ -520,12 +523,16 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
         done = [s.Event() for _ in range(n_steps)]
         marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                  for _ in range(n_steps)] if timed else None
+        starts, builds = [], []
         _sync(s)
         t0 = time.perf_counter()
         for n in range(n_steps):
+            starts.append(time.perf_counter())
             if n >= in_flight:
                 done[n - in_flight].synchronize()  # bounded run-ahead, like an engine's batch queue
+            b0 = time.perf_counter()
             _call(builder, grid, merge_size, rope, s)
+            builds.append(time.perf_counter() - b0)
             if timed:
                 marks[n][0].record()
             s.busy(encoder_ms)
@@ -533,13 +540,19 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
                 marks[n][1].record()
             done[n].record()
         _sync(s)
-        wall_ms = (time.perf_counter() - t0) * 1e3
-        idle = None
+        end = time.perf_counter()
+        steady = range(min(in_flight, n_steps - 1), n_steps)  # after the run-ahead has filled
+        bounds = starts + [end]
+        out = {"ms_per_step": statistics.median((bounds[n + 1] - bounds[n]) * 1e3 for n in steady),
+               "build_ms": statistics.median(builds[n] * 1e3 for n in steady),
+               "idle_ms": None, "wall_ms_per_step": (end - t0) * 1e3 / n_steps, "gpu_idle_share": None}
         if timed:
             busy = sum(a.elapsed_time(b) for a, b in marks)
             span = marks[0][0].elapsed_time(marks[-1][1])
-            idle = max(0.0, 1.0 - busy / span) if span > 0 else None
-        return wall_ms / n_steps, idle
+            out["gpu_idle_share"] = max(0.0, 1.0 - busy / span) if span > 0 else None
+            gaps = [marks[n - 1][1].elapsed_time(marks[n][0]) for n in steady if n >= 1]
+            out["idle_ms"] = max(0.0, statistics.median(gaps)) if gaps else None
+        return out
 
     out = {"encoder_ms": encoder_ms, "in_flight": in_flight, "mixes": {}}
     for name, grid in mixes.items():
@@ -547,8 +560,7 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
         for k, f in BUILDERS.items():
             if warm_steps:
                 loop(f, grid, warm_steps)
-            ms, idle = loop(f, grid, steps)
-            row[k] = {"ms_per_step": ms, "gpu_idle_share": idle}
+            row[k] = loop(f, grid, steps)
         out["mixes"][name] = row
     return out
 
