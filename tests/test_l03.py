@@ -190,8 +190,10 @@ def test_waits_checks_its_arguments():
 def test_launch_queue_on_the_lagging_stream_runs_every_launch_and_never_blocks():
     res = l03.launch_queue(launches=300, busy_ms=5.0, numel=8, stream=pinlab.LaggingStream())
     assert res["ran"] == 300 and len(res["launch_us"]) == 300 and res["launches"] == 300
-    # nothing limits the emulated queue: unless the OS took the CPU away for half the loop, no call waited
-    assert res["full_at"] is None or res["launch_us"][res["full_at"]] > l03.LAUNCH_WAIT_US
+    # nothing limits the emulated queue; its busy kernel runs at the first event query (the emulated GPU
+    # progresses while the host polls), so a slow call later on is never taken for a full queue
+    assert res["busy_done_at"] is not None and res["busy_done_at"] <= 2
+    assert res["full_at"] is None or res["full_at"] < res["busy_done_at"]
     assert set(res["before_full"]) == {"median_us", "p90_us", "max_us"}
     assert res["before_full"]["median_us"] <= res["before_full"]["p90_us"] <= res["before_full"]["max_us"]
     json.dumps(res)
@@ -225,6 +227,32 @@ def test_queue_full_at_finds_the_call_that_waited_for_the_busy_kernel():
     assert l03.queue_full_at([4.0, 30.0, 4.0], wait_us=20.0) == 1
     # the first of two comparable waits
     assert l03.queue_full_at([4.0, 50_000.0, 4.0, 40_000.0]) == 1
+
+
+def test_queue_full_at_with_the_busy_kernels_event_tells_the_wait_from_a_hiccup():
+    us = [4.0, 9_000.0, 4.0, 4.0, 3_000.0, 4.0, 4.0]
+    # a long hiccup at call 1 while the kernel still ran; the real wait at call 4, the kernel done right after
+    done = [False, False, False, False, False, False, True, True]
+    assert l03.queue_full_at(us, busy_done=done) == 4
+    assert l03.queue_full_at(us) == 1  # without the event, the longer hiccup would have been taken
+    # the kernel ended before the queue filled: the slow call came after it, so no call waited for it
+    assert l03.queue_full_at(us, busy_done=[False, True, True, True, True, True, True, True]) is None
+    # the kernel never finished during the loop (nothing freed a slot): no call found the queue full
+    assert l03.queue_full_at(us, busy_done=[False] * 8) is None
+    # a hiccup just before the real wait: the call during which the kernel ended is the last slow one
+    assert l03.queue_full_at([4.0, 900.0, 4.0, 60_000.0, 4.0], busy_done=[False] * 4 + [True] * 2) == 3
+    # the event completes a few calls after the wait, not later
+    w = l03.QUEUE_DONE_WITHIN
+    assert l03.queue_full_at([4.0, 3_000.0] + [4.0] * (w - 1), busy_done=[False] * (w + 1) + [True]) == 1
+    assert l03.queue_full_at([4.0, 3_000.0] + [4.0] * w, busy_done=[False] * (w + 2) + [True]) is None
+    # the last call waited: the query after the loop counts
+    assert l03.queue_full_at([4.0, 4.0, 2_000.0], busy_done=[False, False, False, True]) == 2
+    with pytest.raises(ValueError, match="busy_done"):
+        l03.queue_full_at(us, busy_done=[False] * 7)
+    with pytest.raises(ValueError, match="busy_done"):
+        l03.queue_full_at(us, busy_done=[0] * 8)
+    with pytest.raises(TypeError, match="busy_done"):
+        l03.queue_full_at(us, busy_done="no")
 
 
 @pytest.mark.parametrize("args, err, match", [

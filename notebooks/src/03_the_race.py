@@ -387,9 +387,12 @@ plt.show()
 #
 # When a pageable copy waits, and in which call the wait lands, is the driver's business: the CUDA
 # Runtime API's ["API synchronization behavior"](https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html)
-# page says only that where pageable memory must first be staged, "the driver may synchronize with
-# the stream", and that any call "may block or synchronize" when internal resources run short. So
-# everything below is *observed* on this run, not asserted; only the data is checked.
+# page says only that an asynchronous copy between device memory and pageable host memory "might
+# be synchronous with respect to host", and the Driver API's
+# [page of the same name](https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html) that
+# any call "may block or synchronize for various reasons such as contention for or unavailability
+# of internal resources". So everything below is *observed* on this run, not asserted; only the
+# data is checked.
 
 # %%
 sizes, steps, busy_ms = pc.result["sizes"], pc.result["steps"], pc.result["busy_ms"]
@@ -521,14 +524,15 @@ pinned_ran_ahead = pinlab.observe(
 # A launch call (a kernel, a copy, an event record) normally only *enqueues* work and returns in
 # microseconds. But the queue between the host and the GPU has a limited number of slots: once it is
 # full, the next launch call blocks until the GPU has finished something and freed a slot. CUDA
-# does not document the depth (the same "API synchronization behavior" page says only that a call
-# may block "for unavailability of internal resources"), so measure it.
+# does not document the depth (the "API synchronization behavior" pages above say only that a call
+# may block for "unavailability of internal resources"), so measure it.
 #
 # `l03.launch_queue` keeps the GPU busy with one long kernel (100 ms), then launches 5,000 tiny
 # kernels (`x.add_(1)` on 16 ints, warmed up first) and times each launch call. Behind the busy
 # kernel nothing runs, so the queue only fills; the call that finds it full waits until the long
-# kernel ends, far longer than any other call. Afterwards `x` is read back: every launch must have
-# added 1.
+# kernel ends, far longer than any other call (an event recorded after the long kernel tells that
+# wait from a moment the OS took the CPU away: after the real one, the kernel is done). Afterwards
+# `x` is read back: every launch must have added 1.
 #
 # 🔮 **Predict.** Will all 5,000 launch calls return in microseconds?
 #
@@ -554,10 +558,13 @@ pinlab.claim("every queued launch ran once (x read back after the sync)", q["ran
 if q["full_at"] is not None:
     pinlab.show("launches queued behind the busy GPU before a launch call blocked (the queue's depth)", q["full_at"])
     pinlab.show("that launch call waited", f"{q['waited_ms']:.1f} ms")
+elif q["busy_done_at"] is not None:
+    pinlab.show("launches queued behind the busy GPU before a launch call blocked",
+                f"none: the busy kernel ended at launch {q['busy_done_at']}, before the queue was full")
 else:
     pinlab.show("launches queued behind the busy GPU before a launch call blocked",
-                f"none blocked among {q['launches']} (the queue is deeper, or the GPU was done first)")
-pinlab.show("host µs per launch call before that: median / p90 / max",
+                f"none among {q['launches']}: the queue holds more")
+pinlab.show("host µs per launch call, before the one that blocked if any: median / p90 / max",
             f"{q['before_full']['median_us']:.1f} / {q['before_full']['p90_us']:.1f} / {q['before_full']['max_us']:.1f}")
 # the 1 KiB loop above: operations queued when its first wait came, against the depth measured here
 fw = first_wait[small]
@@ -578,8 +585,9 @@ else:
 # Where the queue filled, the plot has two populations: the launch calls that only enqueued
 # (microseconds; their spread is the host: Python, the driver, the OS), and one call far above
 # them, the launch that found the queue full and waited for the busy kernel to end (the dashed
-# line). Its index is the queue's depth in launches on this machine and driver, printed above; it
-# is not documented, and other drivers, GPUs or platforms (ROCm, WSL2) may hold more or fewer.
+# line). Its index is the queue's depth in launches on this machine and driver (give or take the
+# long kernel and its event, which hold slots too), printed above; it is not documented, and other
+# drivers, GPUs or platforms (ROCm, WSL2) may hold more or fewer.
 #
 # It explains the waits of the smallest size above: a loop that never synchronizes runs ahead until
 # the launch queue is full, and from then on every launch waits for a slot, that is, for the GPU,

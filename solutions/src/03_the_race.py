@@ -121,8 +121,11 @@ def racy_loop(s, steps, write_metadata, forward):
 run = checks03.run_loop(racy_loop, steps=100)
 pinlab.show("ran on", run["label"])
 pinlab.show("steps that read another step's data", f"{run['wrong_steps']} of {run['steps']}")
-print("more than half the steps read another step's data:", run["wrong_steps"] > run["steps"] // 2)
-assert run["wrong_steps"] > run["steps"] // 2
+# the harness keeps the GPU busy per step, far longer than the host needs: a wide lead on any GPU
+ok = pinlab.claim("more than half the steps read another step's data", run["wrong_steps"] > run["steps"] // 2,
+                  value=f"{run['wrong_steps']} of {run['steps']}",
+                  why="the race needs the GPU behind the host; a host slower than the GPU's work per step (a CPU "
+                      "shared by many processes) lets the GPU keep up")
 
 # %% [markdown]
 # Write `race_free_loop(s, steps, write_metadata, forward)`: the same loop, in which **every step's

@@ -32,7 +32,8 @@ from ..args import positive_int, positive_number
 from ..steploop import LABELS
 
 __all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
-           "plot_errors", "plot_step_parts", "LAUNCH_WAIT_US", "launch_queue", "queue_full_at", "plot_launch_queue"]
+           "plot_errors", "plot_step_parts", "LAUNCH_WAIT_US", "QUEUE_DONE_WITHIN", "launch_queue", "queue_full_at",
+           "plot_launch_queue"]
 
 #: The calls of one step that the notebook's timed step loop clocks, in order: the host writes the
 #: step's data, the copy call, the launch of the kernel that reads the copy, the launch of the rest
@@ -277,16 +278,26 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
 
 #: A launch call that took longer than this (µs) waited: one that only enqueues takes a few µs.
 LAUNCH_WAIT_US = 500.0
+#: The call that found the queue full returns when the busy kernel ends; the event recorded after that
+#: kernel completes a moment later: :func:`queue_full_at` looks this many calls ahead for it.
+QUEUE_DONE_WITHIN = 8
 
 
-def queue_full_at(launch_us, wait_us: float = LAUNCH_WAIT_US):
+def queue_full_at(launch_us, wait_us: float = LAUNCH_WAIT_US, busy_done=None):
     """The index of the launch call at which the launch queue was full, or None.
 
     ``launch_us``: host µs of each launch call, in order, all issued behind one long GPU kernel.
-    The call that finds the queue full waits for that kernel to end: the longest wait of the loop.
-    So it is the first call that took over ``wait_us`` **and** at least half as long as the longest
-    call; an earlier, shorter hiccup (the OS taking the CPU away for a moment) is not that wait.
-    None: no call took over ``wait_us`` (the queue never filled while the GPU was busy).
+    The call that finds the queue full waits until that kernel ends (a slot frees only then): it
+    takes over ``wait_us``, and the kernel is done right after it. An earlier hiccup (the OS taking
+    the CPU away for a moment) also takes long, but the kernel is still running after it.
+
+    ``busy_done`` (optional): ``len(launch_us) + 1`` booleans, whether the long kernel had finished
+    before each call (the last: after the loop), from an event recorded right after it. With it,
+    the answer is the last call over ``wait_us`` before the first query that found the kernel
+    finished, at most :data:`QUEUE_DONE_WITHIN` calls before it: the call during which the kernel
+    ended. Without it, the first call over ``wait_us`` that took at least half as long as the
+    longest (the kernel's wait is the longest of the loop).
+    None: no such call (the queue never filled while the GPU was busy).
     """
     wait_us = positive_number("wait_us", wait_us)
     if isinstance(launch_us, (str, bytes, dict)) or not hasattr(launch_us, "__iter__"):
@@ -294,27 +305,40 @@ def queue_full_at(launch_us, wait_us: float = LAUNCH_WAIT_US):
     us = [positive_number(f"launch_us[{i}]", v, allow_zero=True) for i, v in enumerate(launch_us)]
     if not us:
         raise ValueError("launch_us must not be empty")
-    longest = max(us)
-    if longest <= wait_us:
+    if busy_done is None:
+        longest = max(us)
+        return next((i for i, v in enumerate(us) if v > wait_us and v >= longest / 2), None)
+    if isinstance(busy_done, (str, bytes, dict)) or not hasattr(busy_done, "__iter__"):
+        raise TypeError(f"busy_done must be a list of booleans, got {type(busy_done).__name__}")
+    done = list(busy_done)
+    if len(done) != len(us) + 1 or not all(isinstance(d, bool) for d in done):
+        raise ValueError(f"busy_done must hold len(launch_us) + 1 = {len(us) + 1} booleans (one before each call, "
+                         f"one after the loop), got {len(done)} values")
+    d = next((k for k, v in enumerate(done) if v), None)  # the first query that found the kernel finished
+    if d is None:
         return None
-    return next(i for i, v in enumerate(us) if v > wait_us and v >= longest / 2)
+    return next((i for i in range(d - 1, max(-1, d - 1 - QUEUE_DONE_WITHIN), -1) if us[i] > wait_us), None)
 
 
 def launch_queue(launches: int = 5000, busy_ms: float = 100.0, numel: int = 16, stream=None) -> dict:
     """How many tiny kernels the host can launch behind a busy GPU before a launch call blocks.
 
-    One kernel keeps the GPU busy ``busy_ms``; then the host launches ``launches`` tiny kernels
-    (``x.add_(1)`` on ``numel`` int32 on the device, warmed first), timing each launch call. While
-    the GPU is busy they all wait in the stream's launch queue; once it is full, the next launch
-    call blocks until the GPU frees a slot (CUDA documents only that a call "may block ... for
-    unavailability of internal resources"). Afterwards ``x`` is read back: each launch added 1.
+    One kernel keeps the GPU busy ``busy_ms``, an event recorded after it; then the host launches
+    ``launches`` tiny kernels (``x.add_(1)`` on ``numel`` int32 on the device, warmed first),
+    timing each launch call, and asks the event (untimed) before each call whether the busy kernel
+    has finished. While the GPU is busy every launch waits in the stream's launch queue; once it is
+    full, the next launch call blocks until the GPU frees a slot (CUDA documents only that any call
+    "may block or synchronize for various reasons such as contention for or unavailability of
+    internal resources"). Afterwards ``x`` is read back: each launch added 1.
 
     Returns ``{"launches", "busy_ms", "numel", "launch_us" (host µs per launch call), "full_at"
-    (:func:`queue_full_at`: the index of the call that found the queue full; None: no call waited,
-    the GPU was done before the queue filled, or the queue holds more than ``launches``),
-    "waited_ms" (how long that call took), "slow_calls" (calls over :data:`LAUNCH_WAIT_US`),
-    "before_full" (median / p90 / max host µs of the calls before it), "loop_ms", "drain_ms",
-    "ran" (launches the GPU ran, read back: must equal ``launches``)}``. ``stream=None``: CUDA
+    (:func:`queue_full_at`: the index of the call that found the queue full, that is how many
+    launches were queued before it; None: no call waited for the busy kernel, because the GPU was
+    done before the queue filled or the queue holds more than ``launches``), "waited_ms" (how long
+    that call took), "busy_done_at" (the first call before which the busy kernel had finished;
+    None: not during the loop), "slow_calls" (calls over :data:`LAUNCH_WAIT_US`), "before_full"
+    (median / p90 / max host µs of the calls before it), "loop_ms", "drain_ms", "ran" (launches
+    the GPU ran, read back: must equal ``launches``)}``. ``stream=None``: CUDA
     (CudaUnavailableError without it); on a :class:`pinlab.LaggingStream` nothing ever blocks.
     """
     launches = positive_int("launches", launches, maximum=100_000)
@@ -323,30 +347,37 @@ def launch_queue(launches: int = 5000, busy_ms: float = 100.0, numel: int = 16, 
     stream = steploop.cuda_or(stream, "launch_queue()")
     clock = time.perf_counter_ns
     ns = [0] * launches
+    done = [False] * (launches + 1)
     with stream:
         x = torch.zeros(numel, dtype=torch.int32, device=stream.device)
+        busy_done = stream.Event()
         for _ in range(3):                  # warm-up: every kernel used below loaded (lazy loading blocks)
             x.add_(1)
             x.zero_()
         stream.busy(0.05)
+        busy_done.record()
         stream.synchronize()
         stream.busy(busy_ms)                # the GPU is busy; everything below queues behind it
+        busy_done.record()                  # completes when the busy kernel has finished
         t_loop = clock()
         for i in range(launches):
+            done[i] = busy_done.query()     # untimed: has the busy kernel finished yet?
             t0 = clock()
             x.add_(1)                       # one tiny kernel: the call only enqueues it, until the queue is full
             ns[i] = clock() - t0
+        done[launches] = busy_done.query()
         t_end = clock()
         stream.synchronize()
         t_drain = clock()
         ran = int(x[0].item())
         del x
     us = [round(v / 1e3, 2) for v in ns]
-    full = queue_full_at(us)
+    full = queue_full_at(us, busy_done=done)
     before = us[:full] if full else us
     return {
         "launches": launches, "busy_ms": busy_ms, "numel": numel, "launch_us": us, "full_at": full,
         "waited_ms": round(us[full] / 1e3, 3) if full is not None else None,
+        "busy_done_at": next((i for i, d in enumerate(done) if d), None),
         "slow_calls": sum(v > LAUNCH_WAIT_US for v in us),
         "before_full": {"median_us": round(statistics.median(before), 2),
                         "p90_us": round(steploop.percentile(before, 0.9), 2), "max_us": round(max(before), 2)},
