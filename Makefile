@@ -25,7 +25,7 @@ NOTEBOOKS := notebooks solutions exercises
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
 	@echo "make test       unit tests + every notebook under nbval (strict)"
-	@echo "make lab        open JupyterLab on the course"
+	@echo "make lab        open JupyterLab on the course (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 
@@ -56,8 +56,14 @@ test-lib: setup
 test-notebooks: setup
 	$(VPY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
+# JupyterLab on the course (tools/lab.py): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
+# arguments). It prints the URL with its token, warns when LAB_IP is not a loopback address (plain HTTP: whoever
+# has the URL gets a shell), and refuses to run as root unless ALLOW_ROOT=1 is given on the command line.
+LAB_IP ?= localhost
+LAB_PORT ?= 8888
+LAB_ARGS ?=
 lab: setup
-	$(VPY) -m jupyter lab --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
+	$(VPY) tools/lab.py --python $(VPY) --ip $(LAB_IP) --port $(LAB_PORT) $(if $(and $(filter command line,$(origin ALLOW_ROOT)),$(filter 1,$(ALLOW_ROOT))),--allow-root) -- $(LAB_ARGS)
 
 # On a GPU host: see README "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
 # Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".

@@ -1,7 +1,8 @@
 """JupyterLab as `make lab` starts it, driven through its REST API and a kernel's websocket.
 
-The server is started the way the Makefile does (`python -m jupyter lab notebooks/00_start_here.ipynb`
-in the repository), headless, on a free port of 127.0.0.1, with a token. The test checks that the
+The server is started the way the Makefile does (`make lab`: `python tools/lab.py ...`, which runs
+`python -m jupyter lab notebooks/00_start_here.ipynb` in the repository), headless (LAB_ARGS=--no-browser), on a
+free port of 127.0.0.1 (LAB_IP, LAB_PORT), with a token handed over in JUPYTER_TOKEN. The test checks that the
 course's notebooks, exercises and solutions are listed, that a kernel starts and runs
 `import pinlab; pinlab.header("x")`, then stops the kernel and the server and checks that no process
 of theirs is left (every one of them names this test's runtime folder on its command line).
@@ -31,15 +32,21 @@ START_TIMEOUT_S = 120   # JupyterLab's first start on a busy 2-core machine
 KERNEL_TIMEOUT_S = 120  # kernel start + importing torch
 
 
-def _lab_command() -> list[str]:
-    """The command `make lab` runs (read with `make -n`, this Python in place of the venv's)."""
+def _lab_command(port: int) -> list[str]:
+    """The command `make lab` runs (read with `make -n`, this Python in place of the venv's), headless on
+    127.0.0.1:``port``; as root (CI) with ALLOW_ROOT=1, which `make lab` needs there."""
+    make_vars = [f"VPY={sys.executable}", "LAB_IP=127.0.0.1", f"LAB_PORT={port}", "LAB_ARGS=--no-browser"]
+    if os.geteuid() == 0:
+        make_vars.append("ALLOW_ROOT=1")
     if shutil.which("make"):
-        res = subprocess.run(["make", "-s", "-n", "lab", f"VPY={sys.executable}"], cwd=ROOT,
+        res = subprocess.run(["make", "-s", "-n", "lab", *make_vars], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
-        lines = [ln for ln in res.stdout.splitlines() if " -m jupyter lab" in ln or " jupyter-lab" in ln]
-        assert lines, f"`make -n lab` shows no `jupyter lab` command:\n{res.stdout}{res.stderr}"
+        lines = [ln for ln in res.stdout.splitlines() if "tools/lab.py" in ln]
+        assert lines, f"`make -n lab` shows no `tools/lab.py` command:\n{res.stdout}{res.stderr}"
         return shlex.split(lines[-1])
-    return [sys.executable, "-m", "jupyter", "lab", "notebooks/00_start_here.ipynb"]  # the Makefile's, without make
+    # the Makefile's, without make
+    return [sys.executable, "tools/lab.py", "--python", sys.executable, "--ip", "127.0.0.1", "--port", str(port),
+            *(["--allow-root"] if os.geteuid() == 0 else []), "--", "--no-browser"]
 
 
 def _free_port() -> int:
@@ -93,13 +100,8 @@ def lab(tmp_path):
     pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (make setup installs it)")
     runtime = tmp_path / "jupyter-runtime"
     port, token = _free_port(), secrets.token_hex(24)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1")
-    env.pop("JUPYTER_TOKEN", None)
-    # the Makefile's `lab` command, plus what makes it headless and private
-    cmd = _lab_command() + ["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-                            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"]
-    if os.geteuid() == 0 and "--allow-root" not in cmd:  # as root (CI), JupyterLab refuses to start without it
-        cmd.append("--allow-root")
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1", JUPYTER_TOKEN=token)
+    cmd = _lab_command(port)  # the Makefile's `lab` command, headless and private
     log = tmp_path / "lab.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -118,6 +120,9 @@ def lab(tmp_path):
             if time.monotonic() > deadline:
                 pytest.fail(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{server.log_tail()}")
             time.sleep(0.5)
+        head = log.read_text(errors="replace")[:3000]
+        assert f"JupyterLab on the course: http://127.0.0.1:{port}/lab?token={token}" in head, head
+        assert "plain HTTP" not in head and token not in " ".join(cmd)  # loopback: no warning; token not in argv
         yield server
     finally:
         if proc.poll() is None:  # the test failed before its own shutdown: end the server's group

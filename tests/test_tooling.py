@@ -99,3 +99,238 @@ def test_an_installed_wheel_replays_outside_a_checkout_and_never_records_into_it
                          text=True, timeout=300)
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["pinlab"].startswith(str(site)) and out["where"] == [str(ROOT / "reports" / "gpu" / "data"), "cwd"]
+
+
+# ---- make lab (tools/lab.py) ------------------------------------------------------------------------------------
+
+def _make_n_lab(*make_args, env=None):
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    res = subprocess.run(["make", "-s", "-n", "lab", f"VPY={sys.executable}", *make_args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=env)
+    (line,) = [ln for ln in res.stdout.splitlines() if "tools/lab.py" in ln]
+    return line
+
+
+def test_make_lab_passes_ip_port_args_and_allow_root_only_from_the_command_line():
+    line = _make_n_lab()
+    assert "--ip localhost --port 8888" in line and "--allow-root" not in line
+    line = _make_n_lab("LAB_IP=0.0.0.0", "LAB_PORT=9001", "LAB_ARGS=--no-browser --ServerApp.base_url=/x/")
+    assert "--ip 0.0.0.0 --port 9001" in line and line.endswith("-- --no-browser --ServerApp.base_url=/x/")
+    assert "--allow-root" in _make_n_lab("ALLOW_ROOT=1")
+    assert "--allow-root" not in _make_n_lab("ALLOW_ROOT=yes")
+    assert "--allow-root" not in _make_n_lab(env=dict(os.environ, ALLOW_ROOT="1"))  # an exported variable: no
+    recipe = (ROOT / "Makefile").read_text().split("\nlab: setup\n", 1)[1].split("\n\n", 1)[0]
+    assert "id -u" not in recipe  # no silent --allow-root for uid 0
+
+
+@pytest.fixture
+def lab_tool(monkeypatch):
+    import lab
+
+    monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
+    monkeypatch.setattr(lab.os, "execve", lambda *a: pytest.fail(f"exec'd {a[1]}"))
+    return lab
+
+
+def test_lab_refuses_root_unless_allowed(lab_tool, monkeypatch, capsys):
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 0)
+    assert lab_tool.main(["--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to start JupyterLab as root" in err and "make lab ALLOW_ROOT=1" in err
+    assert lab_tool.main(["--dry-run", "--allow-root"]) == 0
+    out = capsys.readouterr().out
+    assert "--allow-root" in out and "running as root" in out
+
+
+def test_lab_prints_the_url_with_its_token_and_warns_off_loopback(lab_tool, monkeypatch, capsys):
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("JUPYTER_TOKEN", "tok123")
+    assert lab_tool.main(["--dry-run", "--ip", "127.0.0.1", "--port", "8899"]) == 0
+    cap = capsys.readouterr()
+    assert "http://127.0.0.1:8899/lab?token=tok123" in cap.out and "plain HTTP" not in cap.err
+    assert "tok123" not in cap.out.split("would run:", 1)[1]  # the token travels in the environment, not argv
+    for ip in ("0.0.0.0", "192.168.1.20", "lab.example.org"):
+        assert lab_tool.main(["--dry-run", "--ip", ip]) == 0
+        cap = capsys.readouterr()
+        assert "lab?token=tok123" in cap.out
+        assert "WARNING" in cap.err and "plain HTTP" in cap.err and "gets a shell" in cap.err, cap.err
+    monkeypatch.delenv("JUPYTER_TOKEN")
+    lab_tool.main(["--dry-run"])
+    token = capsys.readouterr().out.split("token=", 1)[1].split()[0]
+    assert len(token) >= 32  # a random one
+    assert [lab_tool.is_loopback(a) for a in ("localhost", "127.0.0.2", "::1", "0.0.0.0", "10.0.0.1")] == [
+        True, True, True, False, False]
+
+
+def test_lab_refuses_an_empty_token_and_a_busy_port(lab_tool, monkeypatch, capsys):
+    import socket
+
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("JUPYTER_TOKEN", "")
+    assert lab_tool.main(["--dry-run"]) == 2 and "turns authentication off" in capsys.readouterr().err
+    monkeypatch.setenv("JUPYTER_TOKEN", "t")
+    assert lab_tool.main(["--dry-run", "--", "--IdentityProvider.token="]) == 2
+    assert "turns authentication off" in capsys.readouterr().err
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert lab_tool.main(["--ip", "127.0.0.1", "--port", str(port)]) == 2
+    assert f"127.0.0.1:{port} cannot be used" in capsys.readouterr().err
+
+
+# ---- tools/gpu-wheels.sh ----------------------------------------------------------------------------------------
+
+_FAKE_PIP = """#!/usr/bin/env python3
+# stands in for `python3 -m pip download ... -d DIR ...`: writes two wheels there, one the GPU image has
+import sys
+from pathlib import Path
+d = Path(sys.argv[sys.argv.index("-d") + 1]); d.mkdir(parents=True, exist_ok=True)
+for name in ("nbval-0.11.0-py2.py3-none-any.whl", "numpy-2.2.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
+    (d / name).write_bytes(name.encode() * 100)
+"""
+
+
+@pytest.fixture
+def wheels_env(tmp_path):
+    if not shutil.which("bash") or not shutil.which("sha256sum"):
+        pytest.skip("needs bash and sha256sum")
+    fake = tmp_path / "fakepy"
+    fake.write_text(_FAKE_PIP)
+    fake.chmod(0o755)
+    return dict(os.environ, PYTHON=str(fake))
+
+
+def _wheels(dest, env):
+    return subprocess.run(["bash", str(ROOT / "tools" / "gpu-wheels.sh"), str(dest)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_wheels_writes_sha256sums_and_prints_a_private_install(tmp_path, wheels_env):
+    dest = tmp_path / "whl"
+    res = _wheels(dest, wheels_env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["SHA256SUMS", "nbval-0.11.0-py2.py3-none-any.whl"]
+    assert subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=dest, capture_output=True).returncode == 0
+    assert "/tmp/site" not in res.stdout and 'SITE=$(mktemp -d)' in res.stdout and "sha256sum --strict -c" in res.stdout
+    # an earlier run's output is emptied first; anything else is refused and left alone
+    (dest / "stale-1.0-py3-none-any.whl").write_bytes(b"old")
+    res = _wheels(dest, wheels_env)
+    assert res.returncode == 0 and "emptying" in res.stdout and not (dest / "stale-1.0-py3-none-any.whl").exists()
+    (dest / "notes.txt").write_text("mine")
+    res = _wheels(dest, wheels_env)
+    assert res.returncode == 2 and "refusing to empty it" in res.stderr and (dest / "notes.txt").read_text() == "mine"
+    assert _wheels(dest / "notes.txt", wheels_env).returncode == 2
+
+
+def _recipe() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Running the GPU suite", 1)[1].split("\n## ", 1)[0]
+    (line,) = [ln for ln in section.splitlines() if ln.startswith("SITE=")]
+    return line
+
+
+def test_the_readme_recipe_checks_the_sums_and_installs_into_a_fresh_private_folder(tmp_path, wheels_env):
+    work = tmp_path / "project"
+    work.mkdir()
+    assert _wheels(work / ".whl", wheels_env).returncode == 0
+    bin_dir = tmp_path / "bin"   # a python3 that records how pip was called
+    bin_dir.mkdir()
+    log = tmp_path / "pip.log"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$@" > {log}\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    script = _recipe() + '\necho "PYTHONPATH=$PYTHONPATH"; stat -c %a "$PYTHONPATH"'
+    res = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    site = res.stdout.split("PYTHONPATH=", 1)[1].split()[0]
+    assert site != "/tmp/site" and Path(site).is_dir() and res.stdout.strip().endswith("700")
+    assert log.read_text().split() == ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", site,
+                                       "nbval-0.11.0-py2.py3-none-any.whl"]
+    shutil.rmtree(site)
+    log.unlink()
+    (work / ".whl" / "nbval-0.11.0-py2.py3-none-any.whl").write_bytes(b"tampered")  # a changed wheel: no install
+    res = subprocess.run(["bash", "-c", _recipe()], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "FAILED" in res.stdout + res.stderr and not log.exists()
+
+
+def test_gpu_wheels_needs_nothing_from_shared():
+    for path in (ROOT / "tools" / "gpu-wheels.sh", ROOT / "tools" / "gpu_suite.py"):
+        assert "../shared" not in path.read_text() and "/tmp/site" not in path.read_text().replace(
+            "such as /tmp/site", "")
+
+
+# ---- tools/build_site.py --out ------------------------------------------------------------------------------
+
+def test_build_site_refuses_to_empty_a_folder_outside_build(tmp_path, monkeypatch):
+    import build_site
+
+    monkeypatch.chdir(ROOT)
+
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("years of work")
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(victim)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "outside" in res.stderr and "--force" in res.stderr
+    assert (victim / "thesis.tex").read_text() == "years of work"
+    assert build_site.out_problem(ROOT / "build" / "site") is None
+    assert build_site.out_problem(Path("build/site")) is None                # as make site gives it
+    assert build_site.out_problem(ROOT / "build") is not None            # build/ itself: not a site folder
+    assert build_site.out_problem(ROOT / "build" / ".." / "lib") is not None
+    assert build_site.out_problem(victim, force=True) is None
+    for never in (ROOT, ROOT.parent, Path("/"), Path.home()):
+        assert "refused" in build_site.out_problem(never, force=True)
+
+
+# ---- tools/mutation_check.py: only behaviour tests catch a mutant ----------------------------------------------
+
+_BEHAVIOUR = "from pinlab.x import f\n\n\ndef test_f():\n    assert f() == 1\n"
+_HASH = """import hashlib
+from pathlib import Path
+
+SHA = {sha!r}
+
+
+def test_source_unchanged():  # a staleness check: fails for any edit of lib/
+    assert hashlib.sha256((Path(__file__).parents[1] / "lib/pinlab/x.py").read_bytes()).hexdigest() == SHA
+"""
+
+
+def test_mutation_check_counts_only_behaviour_tests(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    import mutation_check as mc
+
+    repo = tmp_path / "repo"
+    (repo / "lib" / "pinlab").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "lib" / "pinlab" / "__init__.py").write_text("")
+    src = "def f():\n    one = 1\n    return one\n"
+    (repo / "lib" / "pinlab" / "x.py").write_text(src)
+    sha = hashlib.sha256(src.encode()).hexdigest()
+    (repo / "tests" / "test_behaviour.py").write_text(_BEHAVIOUR)
+    (repo / "tests" / "test_evidence.py").write_text(_HASH.format(sha=sha))   # listed in STALENESS_TESTS
+    (repo / "tests" / "test_pinned_hash.py").write_text(_HASH.format(sha=sha))  # found by the control run
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    tests = ["tests/test_behaviour.py", "tests/test_evidence.py", "tests/test_pinned_hash.py"]
+    monkeypatch.setattr(mc, "ROOT", repo)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # these tiny tests need no plugin: faster starts
+    monkeypatch.setattr(mc, "MUTATIONS", [
+        mc.Mutation("x.wrong", "lib/pinlab/x.py", "    return one\n", "    return one + 1\n", tests, "f() is 2"),
+        mc.Mutation("x.renamed", "lib/pinlab/x.py", "    one = 1\n    return one\n",
+                    "    uno = 1\n    return uno\n", tests, "a rename: no behaviour changes"),
+        mc.Mutation("x.only_hashes", "lib/pinlab/x.py", "    return one\n", "    return one + 1\n",
+                    ["tests/test_evidence.py"], "listed with a staleness check only"),
+    ])
+    assert mc.main(["--timeout", "120"]) == 1   # the rename survives: only hash checks fail on it
+    out = capsys.readouterr().out
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("x.")}
+    assert "caught" in rows["x.wrong"] and "1 tests: test_behaviour.py::test_f" in rows["x.wrong"]
+    assert "SURVIVED" in rows["x.renamed"]
+    assert "STALE" in rows["x.only_hashes"] and "no behaviour test listed" in rows["x.only_hashes"]
+    assert "test_pinned_hash.py::test_source_unchanged" in out.split("control", 1)[1].splitlines()[0]
+    assert mc.caught_by({"test_evidence.py::t", "test_notebooks.py::t", "test_l01.py::t"}, set(), set()) == [
+        "test_l01.py::t"]

@@ -16,7 +16,9 @@ sources and runs Sphinx:
 3. copies the repository files that the notebooks link to (so that every link resolves);
 4. runs Sphinx (warnings are errors for ``make site`` and the tests).
 
-Usage:  python3 tools/build_site.py [--out build/site] [--lenient]
+Usage:  python3 tools/build_site.py [--out build/site] [--lenient] [--force]
+``--out`` is emptied first, so it must be a folder inside ``build/`` (``out_problem``) unless ``--force``
+is given; even then never the repository, a folder holding it, the home folder or ``/``.
 ``make run`` (tools/run_course.py) calls ``build()`` with the notebooks it executed and its run
 table, so that what it ran looks the same as this site.
 """
@@ -26,6 +28,7 @@ import argparse
 import dataclasses
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -395,11 +398,32 @@ def missing_packages() -> list[str]:
             if importlib.util.find_spec(mod) is None]
 
 
+def out_problem(out: Path, force: bool = False, root: Path = ROOT) -> str | None:
+    """Why ``--out`` may not be emptied and rebuilt (None when it may): outside ``root/build/`` without
+    ``force``; with it, still never the repository, a folder that holds it, the home folder or ``/``."""
+    out = Path(out).expanduser().resolve()
+    build_dir = (root / "build").resolve()
+    if out != build_dir and build_dir in out.parents:
+        return None
+    if out == out.parent or out == Path.home().resolve() or out == root.resolve() or out in root.resolve().parents:
+        return f"--out {out} would delete the repository, a folder holding it, your home folder or /: refused"
+    if not force:
+        return (f"--out {out} is outside {build_dir}{os.sep} and is deleted before the site is written there: "
+                "give a folder inside build/, or --force if you mean it")
+    return None
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="output folder (default build/site)")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "site",
+                    help="output folder, emptied first: inside build/ (default build/site) unless --force")
+    ap.add_argument("--force", action="store_true", help="allow an --out outside build/ (it is deleted first)")
     ap.add_argument("--lenient", action="store_true", help="Sphinx warnings are not errors")
     args = ap.parse_args(argv)
+    problem = out_problem(args.out, args.force)
+    if problem:
+        print(f"build_site: {problem}", file=sys.stderr)
+        return 2
     missing = missing_packages()
     if missing:
         print(f"build_site: {', '.join(missing)} not installed: run `{sys.executable} -m pip install -e '.[site]'`"

@@ -5,14 +5,34 @@
 # and a second copy of torch's own dependencies would shadow the image's).
 #
 # Usage (on a machine with network, from the project root):  bash tools/gpu-wheels.sh [DEST]   (default .whl)
-# Then on the GPU host:  python3 -m pip install -q --no-index --no-deps --target /tmp/site DEST/*.whl
-#                        export PYTHONPATH=/tmp/site
+# DEST must be empty or hold only what an earlier run wrote there (*.whl and SHA256SUMS: emptied first);
+# anything else in it is refused. The script installs nothing; it writes DEST/SHA256SUMS of the wheels it
+# kept and prints the install recipe for the GPU host, which checks them and installs exactly those into a
+# fresh private folder (mktemp -d; never a fixed world-writable path such as /tmp/site, which anyone on the
+# host could have created and filled first):
+#   SITE=$(mktemp -d) && (cd DEST && sha256sum --strict -c SHA256SUMS && python3 -m pip install -q --no-index \
+#     --no-deps --target "$SITE" $(awk '{print $2}' SHA256SUMS)) && export PYTHONPATH="$SITE"
 # Environment: PYTHON (default python3) runs pip; MAX_MIB (default 60) is the size the set must stay under.
 set -euo pipefail
 dest=${1:-.whl}
 py=${PYTHON:-python3}
 max_mib=${MAX_MIB:-60}
+if [[ -e "$dest" && ! -d "$dest" ]]; then
+  echo "gpu-wheels.sh: $dest exists and is not a folder: give another DEST" >&2
+  exit 2
+fi
 mkdir -p "$dest"
+others=$(find "$dest" -mindepth 1 -maxdepth 1 ! \( -type f \( -name '*.whl' -o -name SHA256SUMS \) \) -print -quit)
+if [[ -n "$others" ]]; then
+  echo "gpu-wheels.sh: $dest holds more than an earlier run's wheels (e.g. $others): refusing to empty it;" \
+       "give an empty or new DEST" >&2
+  exit 2
+fi
+old=$(find "$dest" -mindepth 1 -maxdepth 1 -type f | wc -l)
+if (( old > 0 )); then
+  echo "emptying $dest: $old files of an earlier run"
+  find "$dest" -mindepth 1 -maxdepth 1 -type f \( -name '*.whl' -o -name SHA256SUMS \) -delete
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -67,11 +87,20 @@ for f in "$tmp"/w/*.whl; do
     kept+=("$name")
   fi
 done
+(cd "$dest" && sha256sum -- *.whl > SHA256SUMS)
 echo "wheels in $dest: ${kept[*]}"
 echo "left out (the GPU image has them): ${left[*]:-none}"
 kib=$(du -sk "$dest" | cut -f1)
-echo "total: $((kib / 1024)) MiB in $(ls "$dest"/*.whl | wc -l) wheels"
+echo "total: $((kib / 1024)) MiB in $(ls "$dest"/*.whl | wc -l) wheels; their SHA-256 sums in $dest/SHA256SUMS"
 if (( kib > max_mib * 1024 )); then
   echo "gpu-wheels.sh: $dest holds over $max_mib MiB (a device call carries at most 64 MiB): leave something out" >&2
   exit 1
 fi
+cat <<MSG
+Copy $dest/ to the GPU host (into the project root), then there, from the project root: check the wheels
+against SHA256SUMS, install exactly those into a fresh private folder, and put it on PYTHONPATH:
+
+  SITE=\$(mktemp -d) && (cd $dest && sha256sum --strict -c SHA256SUMS && python3 -m pip install -q --no-index \\
+    --no-deps --target "\$SITE" \$(awk '{print \$2}' SHA256SUMS)) && export PYTHONPATH="\$SITE"
+  python3 tools/gpu_suite.py
+MSG

@@ -12,6 +12,15 @@ exact text replacement in that copy, and ``pytest -m "not gpu"`` runs the mutati
 there with ``PYTHONPATH`` pointing at the copy's ``lib`` and ``PINLAB_FORCE_CPU=1``. A test that
 already fails on the unmutated copy is not counted as catching anything.
 
+Only behaviour tests count as catching a mutant. Staleness checks fail for *any* edit of ``lib/``, a
+planted bug or a comment alike, so they would "catch" every mutant and prove nothing: the GPU-evidence
+hash checks (``tests/test_evidence.py``: ``deps_sha256`` of the notebooks' ``lib/`` files) and the
+notebook and packaging hygiene checks (``tests/test_notebooks.py``, ``tests/test_packaging.py``), listed in
+``STALENESS_TESTS``, are never run for a mutant and their failures never count. Beyond that list, a
+control run makes a *neutral* edit (a comment appended) to every file a mutation touches: a test that
+fails on that neutral copy but not on the unmutated one is a staleness check too, and is left out of
+what catches a mutant (the report names such tests).
+
 Prints one row per mutation (caught by which tests, or SURVIVED) and exits 1 when a planted bug
 survives, 2 when a mutation of a shared module no longer matches the code (update the list
 below). A lesson-module mutation that no longer matches is reported as STALE and only fails the
@@ -47,6 +56,11 @@ class Mutation:
 
 
 M = Mutation
+
+#: tests that fail for any edit of lib/ (hashes of sources, notebooks in step with their sources): they never
+#: count as catching a mutant (see the module docstring)
+STALENESS_TESTS = ("tests/test_evidence.py", "tests/test_notebooks.py", "tests/test_packaging.py")
+NEUTRAL_EDIT = "\n# mutation_check: a neutral edit (a comment: no behaviour changes)\n"
 MUTATIONS: list[Mutation] = [
     # ---- h2d: the take-home snapshot ------------------------------------------------------------
     M("h2d.pin_snapshot_same_storage", "lib/pinlab/h2d.py",
@@ -262,6 +276,39 @@ def _short(test_id: str) -> str:
     return test_id  # already "file.py::name[params]"
 
 
+def behaviour_tests(tests: list[str]) -> list[str]:
+    """``tests`` without the staleness checks (:data:`STALENESS_TESTS`), which never count as catching."""
+    return [t for t in tests if t not in STALENESS_TESTS and Path(t).name not in {Path(s).name for s in STALENESS_TESTS}]
+
+
+def is_staleness_failure(test_id: str) -> bool:
+    """A failing ``file.py::name`` of a staleness check file."""
+    return test_id.split("::", 1)[0] in {Path(s).name for s in STALENESS_TESTS}
+
+
+def neutral_failures(copy: Path, paths: list[str], tests: list[str], timeout: float) -> set[str]:
+    """Tests failing with a neutral edit (a comment) appended to every one of ``paths``: checks that any edit
+    fails (hashes), which must not count as catching a mutant."""
+    originals = {}
+    try:
+        for rel in paths:
+            f = copy / rel
+            if f.is_file():
+                originals[rel] = f.read_text(encoding="utf-8")
+                f.write_text(originals[rel] + NEUTRAL_EDIT, encoding="utf-8")
+        failed, _, _ = run_tests(copy, tests, timeout)
+    finally:
+        for rel, text in originals.items():
+            (copy / rel).write_text(text, encoding="utf-8")
+    return failed
+
+
+def caught_by(failed: set[str], baseline: set[str], neutral: set[str]) -> list[str]:
+    """The tests that catch a mutant: failing with it, not without it, not with a neutral edit, and not a
+    staleness check."""
+    return sorted(t for t in failed - baseline - neutral if not is_staleness_failure(t))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutations")
@@ -270,6 +317,8 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true", help="a stale lesson mutation fails the run too")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run (default 300)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    ap.add_argument("--no-control", dest="control", action="store_false",
+                    help="skip the neutral-edit control run (staleness checks beyond STALENESS_TESTS then count)")
     args = ap.parse_args(argv)
 
     muts = MUTATIONS
@@ -293,18 +342,28 @@ def main(argv=None) -> int:
             return 2
         print(f"mutating a copy of {'commit ' + args.rev if args.rev else 'the working tree'} in {copy}")
 
-        test_files = sorted({t for m in muts for t in m.tests if (copy / t).is_file()})
+        test_files = sorted({t for m in muts for t in behaviour_tests(m.tests) if (copy / t).is_file()})
         baseline, tail, secs = run_tests(copy, test_files, args.timeout)
         print(f"baseline (no mutation), {len(test_files)} test files: {tail} ({secs:.0f} s)", flush=True)
         if baseline:
             print("  already failing without a mutation (not counted as catching anything): "
                   + ", ".join(sorted(_short(t) for t in baseline)))
+        neutral = set()
+        if args.control:
+            neutral = neutral_failures(copy, sorted({m.path for m in muts}), test_files, args.timeout) - baseline
+            print(f"control (a neutral comment in every mutated file): "
+                  f"{len(neutral)} tests fail on it and never count as catching"
+                  + (": " + ", ".join(sorted(neutral)) if neutral else ""), flush=True)
 
         rows = []
         for i, m in enumerate(muts, 1):
             if rows:
                 print(f"  [{i - 1}/{len(muts)}] {rows[-1][0].id}: {rows[-1][1]}", flush=True)
-            tests = [t for t in m.tests if (copy / t).is_file()]
+            tests = [t for t in behaviour_tests(m.tests) if (copy / t).is_file()]
+            if not behaviour_tests(m.tests):
+                rows.append((m, "STALE", "no behaviour test listed (staleness checks never count): "
+                                         "update tools/mutation_check.py", 0.0))
+                continue
             original = _apply(copy, m) if tests else None
             if original is None:
                 rows.append((m, "STALE", "pattern or test files not found: update tools/mutation_check.py", 0.0))
@@ -313,7 +372,7 @@ def main(argv=None) -> int:
                 failed, tail, secs = run_tests(copy, tests, args.timeout)
             finally:
                 (copy / m.path).write_text(original, encoding="utf-8")
-            caught = sorted(failed - baseline)
+            caught = caught_by(failed, baseline, neutral)
             if caught:
                 shown = ", ".join(_short(t) for t in caught[:3]) + (f" (+{len(caught) - 3} more)" if len(caught) > 3 else "")
                 rows.append((m, "caught", f"{len(caught)} tests: {shown}", secs))
