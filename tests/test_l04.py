@@ -243,6 +243,20 @@ def test_run_children_starts_the_time_limit_only_after_the_set_up():
     assert late["a"]["outcome"] == "hung"
 
 
+def test_run_children_a_chatty_set_up_cannot_block_on_its_output():
+    """A child that writes far more than a pipe holds (a JIT build's log) before it is ready still gets
+    ready: its output goes to a file the parent reads at the end."""
+    tag = "PINLAB_RESULT "
+    chatty = ("import json, os, pathlib, sys\n"
+              "sys.stderr.write('x' * 300_000); sys.stdout.write('y' * 300_000 + '\\n'); sys.stdout.flush()\n"
+              "pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\nsys.stdin.readline()\n"
+              f"print({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x'}}), flush=True)\n")
+    out = l04.run_children({"a": chatty, "b": chatty}, timeout_s=10, ready_timeout_s=10)
+    assert out["a"]["outcome"] == "correct" and out["b"]["outcome"] == "correct"
+    dies = "import sys\nsys.stderr.write('noise\\n' * 50_000 + 'RuntimeError: the last line')\n"
+    assert l04.run_children({"d": dies}, timeout_s=10)["d"]["detail"] == "RuntimeError: the last line"
+
+
 def test_the_plan_hazard_child_says_it_is_ready_after_its_set_up_and_before_its_go():
     src = inspect.getsource(l04._plan_hazard_child)
     setup_done = src.index("torch.cuda.synchronize()")  # the warm plan+run has finished

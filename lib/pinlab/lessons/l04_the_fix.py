@@ -357,8 +357,9 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
     no set-up runs beside a timed child, and ``timeout_s`` measures the child's test alone, never
     its start-up (importing torch, CUDA, a JIT build). A child still in its set-up at that deadline
     is killed without being told to go: outcome "unavailable" (its set-up did not finish), never
-    "hung". Returns ``{name: outcome}``, each from :func:`classify_child` plus ``returncode`` and
-    ``seconds`` (from its go to its end)."""
+    "hung". A child's output goes to a file, not a pipe, so a chatty set-up (a JIT build's log)
+    can never block on a full pipe while it waits. Returns ``{name: outcome}``, each from
+    :func:`classify_child` plus ``returncode`` and ``seconds`` (from its go to its end)."""
     timeout_s = positive_number("timeout_s", timeout_s)
     if not isinstance(codes, dict) or not codes:
         raise TypeError(f"codes must be a non-empty dict {{name: python code}}, got {type(codes).__name__}")
@@ -367,7 +368,8 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
         raise ValueError("envs must map names of codes to dicts of environment variables")
     if ready_timeout_s is not None:
         ready_timeout_s = positive_number("ready_timeout_s", ready_timeout_s)
-    ready_dir = tempfile.mkdtemp(prefix="pinlab_ready_") if ready_timeout_s is not None else None
+    work = tempfile.mkdtemp(prefix="pinlab_children_")  # the children's output files, and their ready files
+    ready_dir = work if ready_timeout_s is not None else None
     lib = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -384,8 +386,20 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
                 e[k] = str(v)
         return e
 
-    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env_of(name))
+    files = {name: (open(os.path.join(work, f"child{i}.out"), "w+", encoding="utf-8", errors="replace"),
+                    open(os.path.join(work, f"child{i}.err"), "w+", encoding="utf-8", errors="replace"))
+             for i, name in enumerate(codes)}
+
+    def output(name):
+        texts = []
+        for f in files[name]:
+            f.flush()
+            f.seek(0)
+            texts.append(f.read())
+        return texts
+
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=files[name][0],
+                                    stderr=files[name][1], text=True, env=env_of(name))
              for name, code in codes.items()}
     out = {}
     try:
@@ -408,8 +422,8 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
                 continue
             t0 = time.perf_counter()
             try:
-                stdout, stderr = p.communicate(input="go\n", timeout=timeout_s)
-                res = classify_child(p.returncode, stdout, stderr, False)
+                p.communicate(input="go\n", timeout=timeout_s)
+                res = classify_child(p.returncode, *output(name), False)
                 res["returncode"] = p.returncode
             except subprocess.TimeoutExpired:
                 p.kill()
@@ -423,8 +437,10 @@ def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-        if ready_dir is not None:
-            shutil.rmtree(ready_dir, ignore_errors=True)
+        for fo, fe in files.values():
+            fo.close()
+            fe.close()
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
