@@ -488,3 +488,9 @@ def test_recording_into_site_packages_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PINLAB_DATA_DIR", str(Path(sysconfig.get_paths()["purelib"]) / "reports"))
     with pytest.raises(record.RecordingError, match="inside an installed package"):
         record.record_dir()
+
+
+@pytest.mark.parametrize("bad", [3, None, b"01_bandwidth", ["01_bandwidth"]])
+def test_load_recorded_names_a_wrong_argument(bad):
+    with pytest.raises(TypeError, match="path_or_name must be an experiment name or a path"):
+        record.load_recorded(bad)
