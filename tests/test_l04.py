@@ -280,7 +280,8 @@ def test_plan_hazard_gives_its_children_a_start_up_limit_apart_from_the_time_lim
     monkeypatch.setattr(l04, "_context_ok", lambda: True)
     out = l04.plan_hazard(timeout_s=12.0, watchdog_s=3.0, startup_s=250.0)
     assert seen["timeout_s"] == 12.0 and seen["ready_timeout_s"] == 250.0
-    assert list(seen["codes"]) == ["synced", "back_to_back"] and all("wait_for_go=True" in c for c in seen["codes"].values())
+    assert list(seen["codes"]) == ["synced", "back_to_back"]
+    assert all("wait_for_go=True" in c for c in seen["codes"].values())
     assert out["synced"]["outcome"] == "correct" and out["parent_context_ok"] and out["timeout_s"] == 12.0
     with pytest.raises(ValueError, match="startup_s"):
         l04.plan_hazard(startup_s=0)

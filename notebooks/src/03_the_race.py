@@ -178,7 +178,8 @@ ok = pinlab.claims({
     "the pageable buffer, corrupted steps": pageable["corrupted"],
 }, expect={"the pageable buffer, corrupted steps": 0},
    values={"the reused pinned buffer corrupted at least one step": pinned["corrupted"],
-           "the reused pinned buffer corrupted more than half of the steps": f"{pinned['corrupted']} of {pinned['steps']}"},
+           "the reused pinned buffer corrupted more than half of the steps":
+           f"{pinned['corrupted']} of {pinned['steps']}"},
    why={"the reused pinned buffer corrupted at least one step": lead,
         "the reused pinned buffer corrupted more than half of the steps": lead,
         "the pageable buffer, corrupted steps": "the driver stages a pageable copy during the call: a corrupted "
@@ -565,7 +566,7 @@ else:
     pinlab.show("launches queued behind the busy GPU before a launch call blocked",
                 f"none among {q['launches']}: the queue holds more")
 pinlab.show("host µs per launch call, before the one that blocked if any: median / p90 / max",
-            f"{q['before_full']['median_us']:.1f} / {q['before_full']['p90_us']:.1f} / {q['before_full']['max_us']:.1f}")
+            " / ".join(f"{q['before_full'][k]:.1f}" for k in ("median_us", "p90_us", "max_us")))
 # the 1 KiB loop above: operations queued when its first wait came, against the depth measured here
 fw = first_wait[small]
 if q["full_at"] is not None and fw is not None:
@@ -579,7 +580,8 @@ if q["full_at"] is not None and fw is not None:
         pinlab.show("what this run shows", f"the {fmt_bytes(small)} loop waited because the launch queue was full, "
                     f"with only {fmt_bytes(fw[2] * small)} of copies staged: not the staging pool")
 else:
-    pinlab.show("what this run shows", "the launch queue did not fill in one of the two runs, so they cannot be compared")
+    pinlab.show("what this run shows",
+                "the launch queue did not fill in one of the two runs, so they cannot be compared")
 
 # %% [markdown]
 # Where the queue filled, the plot has two populations: the launch calls that only enqueued

@@ -100,7 +100,8 @@ passes, control = soak.result["passes"], soak.result["control"]
 
 # %%
 pinlab.show("control (reused pinned buffer): corrupted steps", f"{control['corrupted']} of {control['steps']}")
-pinlab.show("snapshot, cold: distinct pinned blocks used", passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a")
+pinlab.show("snapshot, cold: distinct pinned blocks used",
+            passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a")
 pinlab.show("runs of the snapshot loop", ", ".join(passes) or "none")  # "reserved" needs a torch that knows the setting
 ran = {"cold", "warmed"} <= set(passes) and all(p["steps"] == 10_000 for p in passes.values())
 ok = pinlab.claims({
@@ -666,9 +667,11 @@ pinlab.show("stream", s.label)
 pinlab.show("reused pinned buffers: corrupted steps", f"{demo['reused_pinned']['corrupted']} of 200")
 pinlab.show("host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
             f"{demo['slab_ring']['host']['median_us']:.1f} / {shallow['host']['median_us']:.1f}")
-fix_why = "a correct fix by construction (its own memory per step in flight, or staged at the call): a wrong step is a bug"
+fix_why = ("a correct fix by construction (its own memory per step in flight, or staged at the call): "
+           "a wrong step is a bug")
 ok = pinlab.claims({
-    **{f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)": demo[k]["corrupted"] for k in ("pageable", "snapshot", "slab_ring")},
+    **{f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)": demo[k]["corrupted"]
+       for k in ("pageable", "snapshot", "slab_ring")},
     "a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps (of 200)": shallow["corrupted"],
 }, expect={**{f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)": 0 for k in ("pageable", "snapshot", "slab_ring")},
            "a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps (of 200)": 0},
