@@ -113,14 +113,49 @@ def metadata_images(indptrs, last_page_lens, max_batch: int) -> list[list[int]]:
 def match_received(row, images, n: int, batch: int, max_batch: int) -> int:
     """Which step's metadata copy ``n`` delivered, judged on the entries step n uses
     (``indptr[:batch+1]`` and ``last_page_len[:batch]``): n if its own, a later step k if step k's
-    (the race), or -1 if it matches no image from step n on (a mix of steps)."""
-    row = [int(v) for v in row]
+    (the race), or -1 if it matches no image from step n on (a mix of steps).
+
+    ``row`` and every image hold ``2 * max_batch + 1`` ints (:func:`metadata_images`); ``n`` is a
+    step of ``images`` (0 <= n < len(images)) and ``batch`` <= ``max_batch``."""
+    max_batch = positive_int("max_batch", max_batch)
+    batch = positive_int("batch", batch, allow_zero=True, maximum=max_batch)
+    if isinstance(images, (str, bytes)) or not hasattr(images, "__len__") or not hasattr(images, "__getitem__"):
+        raise TypeError(f"images must be a list of metadata images (lists of ints), got {type(images).__name__}")
+    if not images:
+        raise ValueError("images must not be empty: one metadata image per step")
+    n = positive_int("n", n, allow_zero=True, maximum=len(images) - 1)
+    width = 2 * max_batch + 1
+    row = _int_row("row", row, width)
     used = list(range(batch + 1)) + list(range(max_batch + 1, max_batch + 1 + batch))
     want = [row[i] for i in used]
     for k in range(n, len(images)):
-        if [images[k][i] for i in used] == want:
+        image = images[k]
+        if isinstance(image, (str, bytes)) or not hasattr(image, "__len__") or len(image) != width:
+            raise ValueError(f"images[{k}] must hold 2 * max_batch + 1 = {width} ints, got "
+                             f"{len(image) if hasattr(image, '__len__') else type(image).__name__}")
+        if [image[i] for i in used] == want:
             return k
     return -1
+
+
+def _int_row(name: str, row, width: int) -> list[int]:
+    """``row`` (a list, tuple or 1-D integer tensor/array) as a list of ``width`` Python ints."""
+    if isinstance(row, (torch.Tensor, np.ndarray)):
+        if row.ndim != 1 or row.dtype == torch.bool or row.dtype == np.bool_ or not (
+                (isinstance(row, torch.Tensor) and not row.dtype.is_floating_point and not row.dtype.is_complex)
+                or (isinstance(row, np.ndarray) and np.issubdtype(row.dtype, np.integer))):
+            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {row.dtype} "
+                            f"of shape {tuple(row.shape)}")
+        row = row.tolist()
+    elif isinstance(row, (str, bytes, dict)) or not hasattr(row, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(row).__name__}")
+    row = list(row)
+    if len(row) != width:
+        raise ValueError(f"{name} must hold 2 * max_batch + 1 = {width} ints, got {len(row)}")
+    for i, v in enumerate(row):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__} ({v!r})"[:200])
+    return [int(v) for v in row]
 
 def safe_indptr(row: torch.Tensor, total_pages: int, positions: torch.Tensor) -> torch.Tensor:
     """Turn a (possibly wrong) device copy of indptr into a well-formed one, on the device.
@@ -134,6 +169,12 @@ def safe_indptr(row: torch.Tensor, total_pages: int, positions: torch.Tensor) ->
     out-of-bounds read. Only kernels with scalar arguments: no host sync.
     """
     total_pages = positive_int("total_pages", total_pages, allow_zero=True)
+    for name, t in (("row", row), ("positions", positions)):
+        if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer torch.Tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if row.numel() == 0:
+        raise ValueError("row must not be empty: an indptr has batch + 1 >= 1 entries")
     if row.dim() != 1 or positions.shape != row.shape:
         raise ValueError(f"row and positions must be 1-D and of the same length, got {tuple(row.shape)} "
                          f"and {tuple(positions.shape)}")
@@ -506,9 +547,15 @@ def every_strategy(stream, *, strategies, steps, max_batch, page_size, max_seq_l
 def error_matrix(run: dict, max_batch: int) -> np.ndarray:
     """A decode run's ragged ``err`` rows as a [steps, max_batch] float array, NaN where no request."""
     max_batch = positive_int("max_batch", max_batch)
+    if not isinstance(run, dict) or not isinstance(run.get("err"), (list, tuple)):
+        raise TypeError(f"run must be one decode run (a dict with an 'err' list of per-step error lists), "
+                        f"got {type(run).__name__}{' without err' if isinstance(run, dict) else ''}")
     err = run["err"]
     m = np.full((len(err), max_batch), np.nan)
     for n, row in enumerate(err):
+        if not isinstance(row, (list, tuple)) or not all(
+                isinstance(e, (int, float, np.number)) and not isinstance(e, bool) for e in row):
+            raise TypeError(f"run['err'][{n}] must be a list of numbers (one error per request), got {row!r}"[:200])
         if len(row) > max_batch:
             raise ValueError(f"step {n} has {len(row)} requests, more than max_batch={max_batch}")
         m[n, : len(row)] = row

@@ -113,9 +113,30 @@ def median_span_ms(spans, label: str) -> float | None:
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+class TraceFileNotFoundError(FileNotFoundError):
+    """:func:`load_trace_events` was given the path of a file that does not exist (the message names it)."""
+
+
 def load_trace_events(path) -> list[dict]:
-    """The events of a Chrome trace written by ``prof.export_chrome_trace(path)``."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    """The events of a Chrome trace written by ``prof.export_chrome_trace(path)``.
+
+    A missing file is a :class:`TraceFileNotFoundError` (a ``FileNotFoundError``) naming ``path``;
+    a file that is not JSON is a ``ValueError`` naming it."""
+    if not (isinstance(path, str) or hasattr(path, "__fspath__")) or not str(path):
+        raise TypeError(f"path must be the path of a Chrome trace (a str or pathlib.Path), got {path!r}"[:200])
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFileNotFoundError(f"path {str(path)!r}: no such trace file (write it first with "
+                                     "prof.export_chrome_trace(path))") from None
+    except IsADirectoryError:
+        raise ValueError(f"path {str(path)!r} is a directory, not a Chrome trace file") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"path {str(path)!r} is not a Chrome trace (not UTF-8 text)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"path {str(path)!r} is not a Chrome trace (not JSON: {exc})") from None
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ValueError(f"{path} holds no list of trace events")
@@ -154,13 +175,16 @@ def trace_runs(events, run_names, host_names, *, kernel_label: str = "kernel", g
         raise TypeError("run_names must be a non-empty dict {run: annotation name}")
     host_names = set(host_names)
     spans = []
-    for e in events:
+    for i, e in enumerate(events):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+            raise ValueError(f"events[{i}] ({str(e.get('name', ''))[:60]!r}) must have a finite ts and a "
+                             f"dur >= 0, got ts={e['ts']!r}, dur={e.get('dur', 0.0)!r}")
         where = _category(e)
         if where == "skip":
             continue
@@ -207,6 +231,15 @@ def gpu_kernel_idle_share(run: dict, kernel_label: str = "kernel") -> float | No
     if not isinstance(run, dict) or "gpu" not in run:
         raise TypeError("run must be one run of trace_runs(): a dict with a 'gpu' list")
     gpu = run["gpu"]
+    if isinstance(gpu, (str, bytes)) or not hasattr(gpu, "__iter__"):
+        raise TypeError(f"run['gpu'] must be a list of [start, end, label] spans, got {type(gpu).__name__}")
+    gpu = list(gpu)
+    for i, s in enumerate(gpu):
+        if isinstance(s, (str, bytes)) or not hasattr(s, "__len__") or len(s) != 3:
+            raise TypeError(f"run['gpu'][{i}] must be a [start, end, label] span, got {s!r}"[:200])
+        a, b = _finite(f"run['gpu'][{i}] start", s[0]), _finite(f"run['gpu'][{i}] end", s[1])
+        if b < a:
+            raise ValueError(f"run['gpu'][{i}] ends before it starts ({a} > {b})")
     if not gpu:
         return None
     start, end = min(s[0] for s in gpu), max(s[1] for s in gpu)

@@ -159,11 +159,16 @@ def corruption_summary(received, expected=None) -> dict:
 def received_from_minmax(minmax) -> list[int]:
     """[(min, max)] of each received row -> the step it holds (rows are filled with the step
     number), or -1 where the row mixes steps."""
+    if isinstance(minmax, (str, bytes, dict)) or not hasattr(minmax, "__iter__"):
+        raise TypeError(f"minmax must be a list of (min, max) pairs, got {type(minmax).__name__}")
     out = []
     for i, mm in enumerate(minmax):
-        if len(mm) != 2:
-            raise ValueError(f"minmax[{i}] must be a (min, max) pair, got {mm!r}")
-        lo, hi = int(mm[0]), int(mm[1])
+        if isinstance(mm, (str, bytes)) or not hasattr(mm, "__len__") or len(mm) != 2:
+            raise ValueError(f"minmax[{i}] must be a (min, max) pair, got {mm!r}"[:200])
+        lo = positive_int(f"minmax[{i}] min", mm[0], allow_zero=True)  # rows hold step numbers: >= 0
+        hi = positive_int(f"minmax[{i}] max", mm[1], allow_zero=True)
+        if lo > hi:
+            raise ValueError(f"minmax[{i}] must have min <= max, got ({lo}, {hi})")
         out.append(lo if lo == hi else -1)
     return out
 
@@ -179,8 +184,15 @@ def percentile(values, q: float) -> float:
 
 
 def time_summary_us(samples_ns) -> dict:
-    """Median, mean, p90 and max of host times given in ns, in µs (rounded to 0.01 µs)."""
-    us = [s / 1e3 for s in samples_ns]
+    """Median, mean, p90 and max of host times given in ns, in µs (rounded to 0.01 µs).
+    Every sample must be a finite number >= 0 (a negative duration is a bug upstream)."""
+    if isinstance(samples_ns, (str, bytes, dict)) or not hasattr(samples_ns, "__iter__"):
+        raise TypeError(f"samples_ns must be a list of durations in ns, got {type(samples_ns).__name__}")
+    us = []
+    for i, s in enumerate(samples_ns):
+        if type(s) is not int or s < 0:  # the loops' perf_counter_ns() differences: ints, checked fast
+            s = positive_number(f"samples_ns[{i}]", s, allow_zero=True)
+        us.append(s / 1e3)
     if not us:
         raise ValueError("samples_ns must not be empty")
     return {

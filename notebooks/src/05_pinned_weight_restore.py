@@ -74,7 +74,7 @@ RESTORES = {"to_cpu": restore_before, "to_cpu_pin_memory": restore_before_uva, "
 @contextlib.contextmanager
 def device_loading_context(module, target_device, pin=not DISABLE_PIN):
     """Move the module's host parameters to target_device for the block; restore them, pinned, after."""
-    target = wr.check_restore_args(module, target_device)
+    target = wr.check_restore_args(module, target_device, pin=pin)
     host_params = {name for name, p in module.named_parameters() if p.device.type == "cpu"}
     for name, p in module.named_parameters():
         if name in host_params:

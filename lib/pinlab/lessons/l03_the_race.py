@@ -99,12 +99,22 @@ def decode_race(strategies=("reused_pinned", "pageable"), steps: int = 64, max_b
 # Plots (computed from recorded results, identical live and replayed)
 # =============================================================================================
 
+def _keys_of(value) -> str:
+    return f"a dict with keys {sorted(map(str, value))[:8]}" if isinstance(value, dict) else type(value).__name__
+
+
 def plot_received(runs: dict, *, title: str, ax=None):
     """x: the step, y: the step whose data its copy delivered (-1: a mix); the diagonal is correct."""
     import matplotlib.pyplot as plt
 
     if not isinstance(runs, dict) or not runs:
         raise TypeError("runs must be a non-empty dict {strategy: run with 'received'}")
+    for name, run in runs.items():
+        if not isinstance(run, dict) or not isinstance(run.get("received"), (list, tuple)) or not run["received"]:
+            raise TypeError(f"runs[{name!r}] must be a run with a non-empty 'received' list (a run of plain_race), "
+                            f"got {_keys_of(run)}")
+        if isinstance(run.get("corrupted"), bool) or not isinstance(run.get("corrupted"), numbers.Integral):
+            raise TypeError(f"runs[{name!r}]['corrupted'] must be an int (a run of plain_race), got {_keys_of(run)}")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     markers = "oxs^v+"

@@ -877,10 +877,33 @@ def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0
 # Plots (computed from recorded results, identical live and replayed)
 # =============================================================================================
 
+def _check_history(result) -> None:
+    """``result`` must be a :func:`history` result: TypeError naming the missing part otherwise."""
+    if not isinstance(result, dict):
+        raise TypeError(f"result must be a history() result (a dict), got {type(result).__name__}")
+    for key in ("rows", "steps", "no_copy_us"):
+        if key not in result:
+            raise TypeError(f"result must be a history() result: result[{key!r}] is missing "
+                            f"(got keys {sorted(map(str, result))[:8]})")
+    rows = result["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise TypeError(f"result['rows'] must be a non-empty list of rows, got {rows!r}"[:200])
+    positive_number("result['no_copy_us']", result["no_copy_us"], allow_zero=True)
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise TypeError(f"result['rows'][{i}] must be a dict, got {type(r).__name__}")
+        for key in ("label", "corrupted", "host_us", "pinned_bytes_held"):
+            if key not in r:
+                raise TypeError(f"result['rows'][{i}][{key!r}] is missing (a row of history())")
+            if key != "label":
+                positive_number(f"result['rows'][{i}][{key!r}]", r[key], allow_zero=True)
+
+
 def plot_history(result: dict, *, title: str):
     """Three bar charts side by side: corrupted steps, host µs per step, pinned KiB held."""
     import matplotlib.pyplot as plt
 
+    _check_history(result)
     rows = result["rows"]
     labels = [r["label"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..args import callable_arg, positive_int, positive_number, require_cuda, size_list
+from ..args import bool_arg, callable_arg, positive_int, positive_number, require_cuda, size_list
 from ..busy import gpu_busy, warmup
 from ..hostmem import host_stats, next_pow2, pinned_bytes_held, release_cached_host_blocks
 from ..progress import progress
@@ -36,6 +36,10 @@ HIDDEN, INTER, BLOCKS = 4096, 11008, 2
 #: The sleep/wake sweep: target model sizes (the real sizes come out a little larger).
 SLEEP_SIZES = [64 * MiB, 256 * MiB, 1 * GiB, 3 * GiB]
 BUSY_MS = 20.0
+#: The largest model :func:`make_model` builds: 64 GiB of weights (the sweep's largest is about 3 GiB),
+#: and at most 256 blocks (the lesson uses 2). Beyond that is a typo, not a lesson.
+MAX_MODEL_BYTES = 64 * GiB
+MAX_BLOCKS = 256
 
 #: The aten ops that copy a tensor's data (what :func:`count_copies` counts).
 COPY_OPS = frozenset({"copy_", "_to_copy", "_pin_memory", "pin_memory", "clone", "_copy_from",
@@ -61,7 +65,13 @@ def make_model(hidden: int = HIDDEN, inter: int = INTER, blocks: int = BLOCKS, *
     random weights drawn on ``device`` (reproducible from ``seed``)."""
     hidden = positive_int("hidden", hidden)
     inter = positive_int("inter", inter)
-    blocks = positive_int("blocks", blocks)
+    blocks = positive_int("blocks", blocks, maximum=MAX_BLOCKS)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {type(dtype).__name__}")
+    nbytes = 2 * blocks * hidden * inter * dtype.itemsize
+    if nbytes > MAX_MODEL_BYTES:
+        raise ValueError(f"hidden={hidden}, inter={inter}, blocks={blocks} would make {nbytes / GiB:.3g} GiB of "
+                         f"weights: at most MAX_MODEL_BYTES = {MAX_MODEL_BYTES // GiB} GiB")
     layers = []
     for _ in range(blocks):
         layers += [nn.Linear(hidden, inter, bias=False, device="meta", dtype=dtype),
@@ -85,7 +95,7 @@ def param_bytes(module) -> list[int]:
 
 # ---- argument checks ---------------------------------------------------------------------------
 
-def check_restore_args(module, target_device=None):
+def check_restore_args(module, target_device=None, *, pin: bool = False):
     """Check what a restore is given; return ``torch.device(target_device)`` (or None).
 
     * ``module`` must be a ``torch.nn.Module`` (TypeError);
@@ -93,7 +103,9 @@ def check_restore_args(module, target_device=None):
       (ValueError, naming the first);
     * ``target_device`` must name a device that exists here: ``cuda`` needs CUDA
       (:class:`pinlab.CudaUnavailableError`), ``cuda:N`` needs N < the number of GPUs (ValueError),
-      and a misspelt name is a ValueError.
+      and a misspelt name is a ValueError;
+    * ``pin=True`` (a restore into pinned memory) needs page-locked memory: a CUDA GPU, or the
+      emulated one of a :class:`pinlab.LaggingStream` (a ValueError naming ``pin`` otherwise).
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}: "
@@ -102,10 +114,12 @@ def check_restore_args(module, target_device=None):
         if p.device.type == "meta":
             raise ValueError(f"parameter {name!r} is on the meta device: it has a shape but no data, "
                              "so there is nothing to restore (load the weights first, e.g. to_empty() + load_state_dict())")
+    bool_arg("pin", pin)
     if target_device is None:
+        _check_pin(pin)
         return None
-    try:
-        device = torch.device(target_device)
+    try:  # a torch.device comes back as it is (a LaggingStream knows its own s.device by identity)
+        device = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"target_device {target_device!r} is not a device name "
                          f"(try 'cuda', 'cuda:0' or 'cpu'): {exc}") from None
@@ -119,7 +133,27 @@ def check_restore_args(module, target_device=None):
         require_cuda(f"restoring to {str(device)!r}")
     elif device.type not in ("cpu",):
         raise ValueError(f"target_device {str(device)!r}: this lesson restores to 'cuda' or 'cpu'")
+    _check_pin(pin)
     return device
+
+
+def _check_pin(pin: bool) -> None:
+    if pin and not _can_pin():
+        raise ValueError("pin=True restores into pinned memory, and there is none here: pinning needs a CUDA "
+                         "GPU, or run inside `with pinlab.LaggingStream() as s:` (the emulated one); or pass pin=False")
+
+
+def _can_pin() -> bool:
+    """Can a pinned tensor be made here (a real GPU's allocator, or a LaggingStream's emulation)?"""
+    from ..device import has_cuda
+
+    if has_cuda():
+        return True
+    try:
+        torch.empty(0, pin_memory=True)  # 0 bytes: no block is taken
+    except RuntimeError:
+        return False
+    return True
 
 
 # ---- counting copies -------------------------------------------------------------------------

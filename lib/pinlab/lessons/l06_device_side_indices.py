@@ -41,7 +41,22 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..args import positive_int, positive_number, require_cuda
+from ..busy import MAX_BUSY_MS
 from ..h2d import async_tensor_h2d
+
+#: Upper bounds on what the lesson's functions are given; each is far above the lesson's own sizes
+#: (beyond them is a typo that would allocate gigabytes or run for hours, not a lesson):
+#: a batch of at most 1024 images or videos (the lesson's largest: 32) and 2**24 tokens (its random
+#: batches reach 32 videos of 4 frames of 128 x 128 = 2**21);
+MAX_IMAGES = 1024
+MAX_TOKENS = 2**24
+#: a rotary table of at most 2**17 positions (vLLM's 8192) and head_dim 1024 (Qwen2-VL's 80);
+MAX_POSITION = 2**17
+MAX_HEAD_DIM = 1024
+#: a streaming mask of at most 8192 frames (the lesson's: 750; the mask is x_len**2 bools);
+MAX_MASK_LEN = 8192
+#: experiments of at most 10,000 steps or rounds (the lesson's: 20 steps, 15 rounds).
+MAX_STEPS = 10_000
 
 # ---------------------------------------------------------------------------------------------
 # arguments
@@ -58,7 +73,7 @@ def check_grid(grid_thw, merge_size) -> list[tuple[int, int, int]]:
     if type(merge_size) is int and merge_size > 0 and type(grid_thw) in (list, tuple) and grid_thw:
         fast = _fast_rows(grid_thw, merge_size)  # the common case, in a few µs
         if fast is not None:
-            return fast
+            return _bounded(fast)
     m = positive_int("merge_size", merge_size)
     if isinstance(grid_thw, torch.Tensor):
         if grid_thw.device.type != "cpu":
@@ -87,7 +102,17 @@ def check_grid(grid_thw, merge_size) -> list[tuple[int, int, int]]:
                 raise ValueError(f"grid_thw[{i}]: {k}={v} is not a multiple of merge_size={m} "
                                  f"(the m x m merge blocks must tile the frame)")
         out.append((t, h, w))
-    return out
+    return _bounded(out)
+
+
+def _bounded(grid):
+    """``grid`` itself, if the batch is of a size a lesson builds (:data:`MAX_IMAGES`, :data:`MAX_TOKENS`)."""
+    if len(grid) > MAX_IMAGES:
+        raise ValueError(f"grid_thw has {len(grid)} rows: at most MAX_IMAGES = {MAX_IMAGES} images or videos")
+    tokens = sum(t * h * w for t, h, w in grid)
+    if tokens > MAX_TOKENS:
+        raise ValueError(f"grid_thw makes {tokens} tokens (sum of t * h * w): at most MAX_TOKENS = {MAX_TOKENS}")
+    return grid
 
 
 def _fast_rows(rows, m):
@@ -212,12 +237,14 @@ class VisionRotary:
     lives on ``device``."""
 
     def __init__(self, head_dim: int = 80, device="cpu", theta: float = 10000.0, max_position: int = 8192):
-        head_dim = positive_int("head_dim", head_dim)
+        head_dim = positive_int("head_dim", head_dim, maximum=MAX_HEAD_DIM)
         if head_dim % 4:
             raise ValueError(f"head_dim must be a multiple of 4, got {head_dim}")
-        self.max_position = positive_int("max_position", max_position)
+        self.max_position = positive_int("max_position", max_position, maximum=MAX_POSITION)
         theta = positive_number("theta", theta)
         device = as_device(device)
+        if device.type == "cuda":
+            require_cuda(f"VisionRotary(device={str(device)!r})")
         rotary_dim = head_dim // 2
         inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim)
         freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32, device=device), inv_freq)
@@ -226,6 +253,8 @@ class VisionRotary:
 
     def get_cos_sin(self, seqlen: int):
         """``cos_sin_cache[:seqlen].chunk(2, -1)``: each ``[seqlen, head_dim / 4]`` (views, no copy)."""
+        if type(seqlen) is not int:  # a bool is not a length; numpy ints are
+            seqlen = positive_int("seqlen", seqlen)
         if not 0 < seqlen <= self.max_position:
             raise ValueError(f"seqlen must be in 1..{self.max_position}, got {seqlen}")
         return self.cos_sin_cache[:seqlen].chunk(2, dim=-1)
@@ -248,10 +277,17 @@ def rot_pos_emb(builder, grid_thw, merge_size, rope: VisionRotary):
 def random_grid(rng, merge_size: int = 2, max_images: int = 32, max_side: int = 128, max_t: int = 4):
     """A random batch: 1..``max_images`` rows, images (t=1) and videos (t in 2..max_t) mixed,
     h and w multiples of ``merge_size`` up to ``max_side``."""
-    m = merge_size
+    if not (callable(getattr(rng, "randint", None)) and callable(getattr(rng, "random", None))):
+        raise TypeError(f"rng must be a random.Random, got {type(rng).__name__}")
+    m = positive_int("merge_size", merge_size)
+    max_images = positive_int("max_images", max_images, maximum=MAX_IMAGES)
+    max_side = positive_int("max_side", max_side)
+    max_t = positive_int("max_t", max_t)
+    if max_side < m:
+        raise ValueError(f"max_side ({max_side}) must be >= merge_size ({m}): a side is a multiple of merge_size")
     rows = []
     for _ in range(rng.randint(1, max_images)):
-        t = 1 if rng.random() < 0.6 else rng.randint(2, max_t)
+        t = 1 if max_t == 1 or rng.random() < 0.6 else rng.randint(2, max_t)
         rows.append([t, m * rng.randint(1, max_side // m), m * rng.randint(1, max_side // m)])
     return rows
 
@@ -369,7 +405,7 @@ def count_calls(fn, *args, stream=None) -> TorchCalls:
 
 
 def _mask_args(x_len, chunk_size, left_window, right_window):
-    return (positive_int("x_len", x_len), positive_int("chunk_size", chunk_size),
+    return (positive_int("x_len", x_len, maximum=MAX_MASK_LEN), positive_int("chunk_size", chunk_size),
             positive_int("left_window", left_window, allow_zero=True),
             positive_int("right_window", right_window, allow_zero=True))
 
@@ -465,8 +501,8 @@ def builder_times(mixes=None, merge_size: int = 2, rounds: int = 15, busy_ms: fl
     """
     s = _stream(stream)
     mixes = _check_mixes(MIXES if mixes is None else mixes, merge_size)
-    rounds = positive_int("rounds", rounds)
-    busy_ms = positive_number("busy_ms", busy_ms)
+    rounds = positive_int("rounds", rounds, maximum=MAX_STEPS)
+    busy_ms = positive_number("busy_ms", busy_ms, maximum=MAX_BUSY_MS)
     rope = VisionRotary(head_dim, device=s.device)
     keys = list(BUILDERS)
     for grid in mixes.values():  # warm up every kernel (lazy module loading blocks first launches)
@@ -512,10 +548,10 @@ def builder_step_loop(mixes=None, merge_size: int = 2, steps: int = 20, warm_ste
     """
     s = _stream(stream)
     mixes = _check_mixes(MIXES if mixes is None else mixes, merge_size)
-    steps = positive_int("steps", steps)
-    warm_steps = positive_int("warm_steps", warm_steps, allow_zero=True)
-    encoder_ms = positive_number("encoder_ms", encoder_ms)
-    in_flight = positive_int("in_flight", in_flight)
+    steps = positive_int("steps", steps, maximum=MAX_STEPS)
+    warm_steps = positive_int("warm_steps", warm_steps, allow_zero=True, maximum=MAX_STEPS)
+    encoder_ms = positive_number("encoder_ms", encoder_ms, maximum=MAX_BUSY_MS)
+    in_flight = positive_int("in_flight", in_flight, maximum=MAX_STEPS)
     rope = VisionRotary(head_dim, device=s.device)
     timed = not s.emulated
 
@@ -689,8 +725,8 @@ def mask_times(x_len: int = 750, chunk_size: int = 16, left_window: int = 3, rig
     Returns ``{"bytes", "equal", "forms": {form: {"host_us"}}}``.
     """
     s = _stream(stream)
-    rounds = positive_int("rounds", rounds)
-    busy_ms = positive_number("busy_ms", busy_ms)
+    rounds = positive_int("rounds", rounds, maximum=MAX_STEPS)
+    busy_ms = positive_number("busy_ms", busy_ms, maximum=MAX_BUSY_MS)
     args = _mask_args(x_len, chunk_size, left_window, right_window)
     dev = s.device
 

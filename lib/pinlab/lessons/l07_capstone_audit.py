@@ -57,6 +57,8 @@ VOCAB = 2048
 EOS = 7               # the end-of-sequence token
 MERGE = 2             # the vision encoder's spatial merge size
 FLASHINFER_WRAPPERS = 8  # FlashInfer wrappers used in turn (each re-planned only after its last run)
+#: The most steps a model is built for (the lesson runs 1000; more is a typo that would take minutes and GiBs).
+MAX_STEPS = 10_000
 
 # =============================================================================================
 # The model: everything the loops call
@@ -69,8 +71,11 @@ class CapstoneModel:
 
     def __init__(self, stream, *, steps: int = 1000, encoder_ms: float = 1.0, decoder_ms: float = 1.0,
                  host_ms: float = 0.3, seed: int = 0, backend: str = "auto"):
-        self.stream = s = stream
-        self.steps = positive_int("steps", steps)
+        if stream is None:
+            raise TypeError("stream must be a pinlab stream (pinlab.stream(), pinlab.LaggingStream(), "
+                            "pinlab.CudaStream()), got None: build the model inside `with stream:`")
+        self.stream = s = cuda_or(stream, "CapstoneModel()")
+        self.steps = positive_int("steps", steps, maximum=MAX_STEPS)
         self.encoder_ms = positive_number("encoder_ms", encoder_ms)
         self.decoder_ms = positive_number("decoder_ms", decoder_ms)
         self.host_ms = positive_number("host_ms", host_ms, allow_zero=True)
@@ -467,9 +472,23 @@ IN_LOOP = 8
 # =============================================================================================
 
 
+def _model_arg(m) -> None:
+    if not isinstance(m, CapstoneModel):
+        raise TypeError(f"m must be a CapstoneModel (l07.CapstoneModel(stream, steps=...)), got {type(m).__name__}")
+
+
 def judge(m: CapstoneModel, steps: int, rows: list, tokens: list, lm_head_ok: bool) -> dict:
     """Exact verdicts for a loop of ``steps`` steps on ``m``: ``rows`` and ``tokens`` are the final
     device rows (metadata each copy delivered) and tokens the GPU computed, as lists."""
+    _model_arg(m)
+    steps = positive_int("steps", steps, maximum=m.steps)
+    for name, value, width in (("rows", rows, m.meta_ints), ("tokens", tokens, m.max_batch)):
+        if not isinstance(value, (list, tuple)) or len(value) < steps:
+            raise ValueError(f"{name} must be a list of at least steps={steps} rows, got "
+                             f"{len(value) if isinstance(value, (list, tuple)) else type(value).__name__}")
+        for n in range(steps):
+            if not isinstance(value[n], (list, tuple)) or len(value[n]) != width:
+                raise ValueError(f"{name}[{n}] must be a list of {width} ints, got {value[n]!r}"[:200])
     d = m.setup
     received = [match_received(rows[n], d.images, n, d.batch(n), d.max_batch) for n in range(steps)]
     wrong_meta = [n for n in range(steps) if received[n] != n]
@@ -503,6 +522,7 @@ def judge(m: CapstoneModel, steps: int, rows: list, tokens: list, lm_head_ok: bo
 def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
     """Run ``loop(m, steps)`` on ``m.stream`` under :class:`LoopAudit`, then judge it. Returns the
     judge's verdicts plus ``audit`` (events), ``audit_lines``, ``counts`` per kind, ``seconds``."""
+    _model_arg(m)
     callable_arg("loop", loop)
     steps = positive_int("steps", steps)
     if steps > m.steps:
@@ -537,7 +557,7 @@ def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
 
 
 def model_args(*, steps, encoder_ms, decoder_ms, host_ms, seed=0, backend="auto") -> dict:
-    return dict(steps=positive_int("steps", steps), encoder_ms=positive_number("encoder_ms", encoder_ms),
+    return dict(steps=positive_int("steps", steps, maximum=MAX_STEPS), encoder_ms=positive_number("encoder_ms", encoder_ms),
                 decoder_ms=positive_number("decoder_ms", decoder_ms),
                 host_ms=positive_number("host_ms", host_ms, allow_zero=True),
                 seed=positive_int("seed", seed, allow_zero=True), backend=backend)
