@@ -1,6 +1,7 @@
 """Lesson 07 (the capstone) on a CPU: the planted loop corrupts on the emulated lagging stream and the
 fixed one does not, the audit names the planted lines exactly, the judge is exact, the notebook and
 the exercise hold the same loops as the library, and bad input is named."""
+import sys
 import types
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 import nbtools
 import pinlab
 from pinlab.lessons import l07_capstone_audit as l07
+from pinlab.paged_kv import FlashInferDecode
 
 ROOT = nbtools.ROOT
 STEPS = 40
@@ -166,3 +168,120 @@ def test_emulated_experiment_has_the_audit_schema():
     assert r["backend"] == "torch" and "FlashInfer needs CUDA" in r["fallback_reason"]
     assert r["loops"]["fixed"]["corrupted"] == 0 and r["loops"]["planted"]["corrupted"] == 6
     assert "received" not in r["loops"]["fixed"]
+
+
+# ---- FlashInfer's plan() inputs: pageable (vLLM 0.29) or pinned (vLLM 0.33) -----------------------------
+
+def test_plan_host_is_pageable_by_default_and_a_pinned_copy_when_asked(model):
+    d = model.setup
+    with model.stream:
+        assert model.pin_plan_inputs is False
+        ip, lpl = model.plan_host(3)
+        assert ip is d.plan_inputs[3][0] and not ip.is_pinned()
+        model.pin_plan_inputs = True
+        try:
+            for n in (0, 3, STEPS - 1):
+                ip, lpl = model.plan_host(n)
+                assert ip.is_pinned() and lpl.is_pinned()
+                assert ip.tolist() == d.indptrs[n] and lpl.tolist() == d.lpls[n]
+        finally:
+            model.pin_plan_inputs = False
+    with pytest.raises(TypeError, match="pin_plan_inputs"):
+        with pinlab.LaggingStream() as s:
+            l07.CapstoneModel(s, steps=2, pin_plan_inputs="yes")
+
+
+def _fake_flashinfer(monkeypatch):
+    """A stand-in for flashinfer.utils' range-table cache and a decode wrapper whose plan() takes its
+    qo_indptr table from that cache, as FlashInfer 0.4-0.6.18 does; records what plan() copied from."""
+    utils = types.ModuleType("flashinfer.utils")
+    utils._cache_buf = {}
+    utils._ceil_pow2 = lambda n: 1 << (n - 1).bit_length()
+
+    def get_range_buf(n, device):
+        key = (f"range_{utils._ceil_pow2(n)}", device)
+        if key not in utils._cache_buf:
+            utils._cache_buf[key] = torch.arange(utils._ceil_pow2(n), dtype=torch.int32)
+        return utils._cache_buf[key][:n]
+
+    seen = []
+
+    class Wrapper:
+        def plan(self, indptr, indices, last_page_len, *args, **kwargs):
+            qo = get_range_buf(last_page_len.numel() + 1, "cpu")
+            seen.append({"indptr": indptr.is_pinned(), "last_page_len": last_page_len.is_pinned(),
+                         "range table": qo.is_pinned(), "range values": qo.tolist()})
+
+    fi = types.ModuleType("flashinfer")
+    fi.utils = utils
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setitem(sys.modules, "flashinfer.utils", utils)
+    dec = object.__new__(FlashInferDecode)  # no CUDA here: the wrapper is the stand-in above
+    dec.__dict__.update(num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=16, dtype=torch.float16,
+                        wrapper=Wrapper(), _proven=True, _batch_size=None, _pinned_ranges={})
+    return dec, utils, seen
+
+
+def test_plan_with_pinned_inputs_gets_flashinfers_range_table_pinned_for_that_call_only(monkeypatch):
+    dec, utils, seen = _fake_flashinfer(monkeypatch)
+    indices = torch.arange(5, dtype=torch.int32)
+    with pinlab.LaggingStream():
+        dec.plan(torch.tensor([0, 2, 5], dtype=torch.int32), indices, torch.tensor([3, 16], dtype=torch.int32))
+        ip = torch.tensor([0, 2, 5], dtype=torch.int32).pin_memory()
+        lpl = torch.tensor([3, 16], dtype=torch.int32).pin_memory()
+        dec.plan(ip, indices, lpl)
+        dec.plan(ip, indices, lpl)
+    assert seen[0] == {"indptr": False, "last_page_len": False, "range table": False, "range values": [0, 1, 2]}
+    assert seen[1] == seen[2] == {"indptr": True, "last_page_len": True, "range table": True, "range values": [0, 1, 2]}
+    # FlashInfer's own cache holds its own (pageable) table again after each call: nothing pinned outlives the wrapper
+    assert not utils._cache_buf[("range_4", "cpu")].is_pinned()
+    assert list(dec._pinned_ranges) == [4]
+
+
+def test_plan_leaves_flashinfers_cache_alone_where_it_is_not_as_expected(monkeypatch):
+    dec, utils, seen = _fake_flashinfer(monkeypatch)
+    del utils._ceil_pow2  # another FlashInfer: no such helper, so plan() copies its own table as before
+    with pinlab.LaggingStream():
+        ip = torch.tensor([0, 2], dtype=torch.int32).pin_memory()
+        lpl = torch.tensor([3], dtype=torch.int32).pin_memory()
+        with pytest.raises(AttributeError):  # the stand-in itself needs the helper
+            dec.plan(ip, torch.arange(2, dtype=torch.int32), lpl)
+    assert dec._pinned_ranges == {}
+
+
+# ---- the harness's helpers ------------------------------------------------------------------------------
+
+def test_span_union_counts_overlaps_once():
+    assert l07.span_union_ms([]) == 0.0
+    assert l07.span_union_ms([[0, 1, "kernel"], [0.5, 2, "copy"], [3, 4, "kernel"], [3.5, 3.6, "kernel"]]) == 3.0
+    with pytest.raises(ValueError, match="ends before it starts"):
+        l07.span_union_ms([[2, 1, "kernel"]])
+    with pytest.raises(TypeError, match="spans"):
+        l07.span_union_ms("spans")
+
+
+def test_elsewhere_lines_group_the_places_outside_the_loop_by_file():
+    def loop(m, steps):
+        return None
+
+    first, file = loop.__code__.co_firstlineno, loop.__code__.co_filename
+    fi = "/venv/lib/python3.12/site-packages/flashinfer/decode.py"
+    report = types.SimpleNamespace(places={
+        ("pageable H2D (non_blocking is fake)", "Tensor.copy_", f"{file}:{first + 1}"): 3,
+        ("pageable H2D (non_blocking is fake)", "Tensor.to", f"{fi}:1509"): 20,
+        ("pageable H2D (non_blocking is fake)", "Tensor.to", f"{fi}:1515"): 20,
+        ("pageable H2D (non_blocking is fake)", "Tensor.to", f"{fi}:1518"): 20,
+        ("host sync (.item())", "Tensor.item", "/elsewhere/engine.py:10"): 7,
+    })
+    assert l07.elsewhere_lines(report, loop) == [
+        "pageable H2D (non_blocking is fake): Tensor.to in flashinfer/decode.py, 60 time(s)",
+        "host sync (.item()): Tensor.item in elsewhere/engine.py, 7 time(s)",
+    ]
+
+
+def test_the_harness_names_a_bad_pinned_plan():
+    loops = {"planted": l07.planted_loop, "fixed": l07.fixed_loop}
+    with pytest.raises(TypeError, match="pinned_plan"):
+        l07.throughput(loops, pinned_plan="fixed")
+    with pytest.raises(ValueError, match="pinned_plan names loops"):
+        l07.timeline(loops, pinned_plan=["repaired"])

@@ -419,7 +419,8 @@ class FlashInferDecode:
     """FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (NHD layout) with the shapes fixed.
 
     Call :meth:`plan` once per step with the metadata (host ``indptr``/``last_page_len``,
-    device ``indices``), then :meth:`run`. Construction raises
+    device ``indices``), then :meth:`run`. Given **pinned** host ``indptr`` and ``last_page_len``
+    (as vLLM 0.33 passes them), ``plan()`` makes no pageable copy at all (see :meth:`plan`). Construction raises
     :class:`FlashInferUnavailableError` when FlashInfer cannot run here. The first ``plan``
     and ``run`` compile kernels (JIT, seconds): an error there is re-raised as
     :class:`FlashInferUnavailableError`, with the original as ``__cause__``.
@@ -467,6 +468,31 @@ class FlashInferDecode:
             ) from exc
         self._batch_size: int | None = None
         self._proven = False  # becomes True after the first plan+run succeeded
+        self._pinned_ranges: dict[int, torch.Tensor] = {}  # see _pinned_range_table()
+
+    def _pinned_range_table(self, n: int):
+        """FlashInfer's ``plan()`` also copies a range table ``arange(n)`` (its ``qo_indptr``) to the GPU
+        with ``non_blocking``, from a host tensor it caches itself (``flashinfer.utils._cache_buf``,
+        key ``("range_<n rounded up to a power of two>", "cpu")``), pageable. Returns ``(cache, key,
+        old)`` after putting this wrapper's pinned copy of that table in the cache for one ``plan()``
+        (:meth:`plan` puts ``old`` back after it), or None where FlashInfer's cache is not as expected
+        (then ``plan()`` copies its own pageable table, as it always did)."""
+        try:
+            from flashinfer import utils as fi_utils
+
+            cache, ceil_pow2 = fi_utils._cache_buf, fi_utils._ceil_pow2
+            size = int(ceil_pow2(n))
+        except (ImportError, AttributeError, TypeError, ValueError):
+            return None
+        if not isinstance(cache, dict) or size < n:
+            return None
+        table = self._pinned_ranges.get(size)
+        if table is None:  # one per size, kept with the wrapper: never rewritten, freed with it
+            table = self._pinned_ranges[size] = torch.arange(size, dtype=torch.int32).pin_memory()
+        key = (f"range_{size}", "cpu")
+        old = cache.get(key)
+        cache[key] = table
+        return cache, key, old
 
     def _first_use(self, what: str, fn):
         if self._proven:
@@ -489,7 +515,12 @@ class FlashInferDecode:
         non_blocking: bool = True,
     ) -> None:
         """Plan one decode step. Pass ``indptr``/``last_page_len`` as CPU tensors and ``indices``
-        on the GPU: a GPU indptr makes ``plan()`` copy it back to the host (a sync)."""
+        on the GPU: a GPU indptr makes ``plan()`` copy it back to the host (a sync).
+
+        FlashInfer's ``plan()`` copies ``indptr``, ``last_page_len`` and a range table of its own to
+        the GPU with ``non_blocking=True``: from pageable host tensors those are fake-``non_blocking``
+        copies (lesson 02). When ``indptr`` and ``last_page_len`` are pinned, the range table is
+        handed to it pinned too, for this call only (:meth:`_pinned_range_table`): no pageable copy."""
         indptr = _int_tensor("indptr", indptr, ndim=1, dtypes=(torch.int32,))
         indices = _int_tensor("indices", indices, ndim=1, dtypes=(torch.int32,))
         last_page_len = _int_tensor("last_page_len", last_page_len, ndim=1, dtypes=(torch.int32,))
@@ -501,15 +532,25 @@ class FlashInferDecode:
             sm_scale = positive_number("sm_scale", sm_scale)
 
         def call():
-            self.wrapper.plan(
-                indptr, indices, last_page_len,
-                self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size,
-                pos_encoding_mode="NONE",
-                q_data_type=self.dtype,
-                kv_data_type=self.dtype,
-                sm_scale=sm_scale,
-                non_blocking=non_blocking,
-            )
+            swap = (self._pinned_range_table(indptr.numel())
+                    if indptr.device.type == "cpu" and indptr.is_pinned() and last_page_len.is_pinned() else None)
+            try:
+                self.wrapper.plan(
+                    indptr, indices, last_page_len,
+                    self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                    pos_encoding_mode="NONE",
+                    q_data_type=self.dtype,
+                    kv_data_type=self.dtype,
+                    sm_scale=sm_scale,
+                    non_blocking=non_blocking,
+                )
+            finally:
+                if swap is not None:  # FlashInfer's own cache as it was: nothing pinned outlives the wrapper
+                    cache, key, old = swap
+                    if old is None:
+                        cache.pop(key, None)
+                    else:
+                        cache[key] = old
 
         self._first_use("plan", call)
         self._batch_size = last_page_len.numel()

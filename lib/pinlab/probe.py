@@ -49,6 +49,7 @@ REQUIREMENTS: dict[str, dict] = {
     "05_sleep_wake": {"vram_gib": 6.5, "pinned_gib": 4, "host_ram_gib": 10},
     "06_launches": {"gpu_trace": True},
     "07_timeline_planted": {"gpu_trace": True},
+    "07_before_after": {"gpu_trace": True},
 }
 
 _KNOWN = {"gpu_trace", "vram_gib", "pinned_gib", "host_ram_gib"}

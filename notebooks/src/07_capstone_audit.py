@@ -8,7 +8,7 @@
 # - to find each problem with the tools: `pinlab.detect_stalls` and a line-by-line audit of the
 #   loop's copies and syncs, the profiler's host-vs-GPU timeline, and an exact count of corrupted steps;
 # - to fix all of them at once, and to check the fix: 0 corrupted steps over 1000 steps, 0 pageable
-#   copies, no sync inside the loop, every result read after its copy ran;
+#   copies (FlashInfer's own included), no sync inside the loop, every result read after its copy ran;
 # - what the fixes buy: the planted and the fixed loop side by side, on a timeline and in steps per second.
 #
 # Everything here uses lessons 02 to 06; this notebook adds no new mechanism, only practice.
@@ -21,7 +21,10 @@ import torch
 
 import pinlab
 from pinlab.checks import l07 as checks07
+from pinlab.detector import PAGEABLE_H2D
 from pinlab.lessons import l07_capstone_audit as l07
+
+NO_TRACE = "not measured: the trace holds no GPU activity (a profiler that records none, as often under WSL2)"
 
 pinlab.header("07 capstone: audit an inference loop")
 pinned_at_start = pinlab.pinned_baseline()
@@ -93,11 +96,16 @@ with pinlab.LaggingStream() as es:
     em = l07.CapstoneModel(es, steps=STEPS)
 pinlab.show("stream", es.label)
 planted = l07.run_loop(em, planted_loop, STEPS)
-print(f"planted loop, emulated: corrupted steps: {planted['corrupted']} of {STEPS}")
-print("  metadata copies that delivered the next step's data:", planted["wrong_meta"])
-print("  steps whose tokens were read before their copy ran:", planted["stale_reads"])
-print("  every step's tokens handed to the detokenizer once:", planted["deliveries"] == STEPS and planted["missing"] == 0)
-assert planted["corrupted"] == STEPS and planted["wrong_meta"] == STEPS - 1 and planted["stale_reads"] == STEPS
+EMULATED_WHY = "the emulated stream is exact about the order of host writes, copies and reads, on every machine"
+pinlab.claims({f"planted loop, emulated: corrupted steps (of {STEPS})": planted["corrupted"],
+               "metadata copies that delivered the next step's data": planted["wrong_meta"],
+               "steps whose tokens were read before their copy ran": planted["stale_reads"],
+               "every step's tokens handed to the detokenizer once":
+                   planted["deliveries"] == STEPS and planted["missing"] == 0},
+              expect={f"planted loop, emulated: corrupted steps (of {STEPS})": STEPS,
+                      "metadata copies that delivered the next step's data": STEPS - 1,
+                      "steps whose tokens were read before their copy ran": STEPS},
+              why=EMULATED_WHY)
 
 # %% [markdown]
 # The loop "works": it runs to the end and every step hands tokens to the detokenizer. But the GPU
@@ -129,22 +137,29 @@ pinlab.show("attention backend", on_gpu.result["backend"])
 #
 # ## 2. Find the stalls: `pinlab.detect_stalls`
 #
-# The detector (lesson 02) watches every torch call of the loop and reports the copies and syncs
-# that make the host wait for the GPU, with the line that made them. Run on the GPU for 20 steps
-# (lines counted from `def planted_loop`, line 1):
+# The detector (lesson 02) watches every torch call of the process while the loop runs (the loop's,
+# the engine's, FlashInfer's) and reports the copies and syncs that make the host wait for the GPU,
+# with the line that made them. Run on the GPU for 20 steps (lines counted from `def planted_loop`,
+# line 1), the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
 
 # %%
-def detect_planted(steps):
-    return l07.detect(planted_loop, steps=steps)
+def detect_loop(loop, steps, pin_plan_inputs):
+    return l07.detect(loop, steps=steps, pin_plan_inputs=pin_plan_inputs)
 
 
-stalls = pinlab.measure("07_detect_stalls", detect_planted, steps=20)
+stalls = pinlab.measure("07_detect_stalls", lambda **kw: detect_loop(planted_loop, **kw), steps=20,
+                        pin_plan_inputs=False)
 for line in stalls.result["lines"]:
     print(line)
-pinlab.show("detector events outside planted_loop's own lines (FlashInfer, the engine)",
-            stalls.result["events_elsewhere"])
 kinds = " ".join(stalls.result["lines"])
-assert "pageable H2D" in kinds and "host sync (.item())" in kinds
+pinlab.claim("the detector names line 9's pageable copy and line 18's .item()",
+             "pageable H2D" in kinds and "host sync (.item())" in kinds, value=stalls.result["lines"],
+             why="the detector classifies calls, not timings: it names them on any CUDA GPU")
+pinlab.show("attention backend", stalls.result["backend"])
+pinlab.show("detector events outside planted_loop's own lines, per step",
+            f"{stalls.result['events_elsewhere'] / stalls.result['steps']:g}")
+for line in stalls.result["elsewhere"]:
+    pinlab.show("  elsewhere", line)
 
 # %% [markdown]
 # Two of the five problems show up here:
@@ -155,6 +170,12 @@ assert "pageable H2D" in kinds and "host sync (.item())" in kinds
 #   waits for *all* the work queued so far. Host and GPU take turns instead of overlapping.
 #
 # The blocking copy at line 4 runs once, before the loop: offloading is allowed to wait.
+#
+# The events outside the loop's own lines (the `elsewhere` lines name their file) come, where
+# FlashInfer runs, from its `plan()`: every step it copies the host `indptr` and `last_page_len` it
+# is given, and a small range table it keeps itself, to the GPU with `non_blocking=True`. The engine
+# hands it pageable tensors (as vLLM 0.29 did), so these are fake-`non_blocking` copies too, made
+# by no line of the loop. vLLM 0.33 pins them; the fix below does the same.
 #
 # The detector sees copies and syncs, not races: it does not know that `meta` is rewritten at line
 # 14 while step n's copy (line 12) may still be waiting in the GPU's queue, nor that line 17 reads
@@ -171,7 +192,11 @@ assert "pageable H2D" in kinds and "host sync (.item())" in kinds
 # %%
 for line in planted["audit_lines"]:
     print(line)
-assert planted["counts"][l07.PIN_NOOP] == STEPS and planted["counts"][l07.PAGEABLE] == STEPS
+pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"][l07.PIN_NOOP],
+               "planted loop: pageable non_blocking copies in its lines": planted["counts"][l07.PAGEABLE]},
+              expect={"planted loop: pin_memory() of a pinned tensor": STEPS,
+                      "planted loop: pageable non_blocking copies in its lines": STEPS},
+              why="the audit counts calls, not time: the same on the emulated stream and on any GPU")
 
 # %% [markdown]
 # The third problem: **line 11**, `meta.pin_memory()`. `meta` is already pinned, and `pin_memory()`
@@ -200,24 +225,32 @@ assert planted["counts"][l07.PIN_NOOP] == STEPS and planted["counts"][l07.PAGEAB
 #
 # A few steps of the planted loop under `torch.profiler` (on the GPU): the host lane shows the
 # engine's host work (schedule, launches, host work, emit); a gap in it is the host waiting, in the
-# pageable copy or in `.item()`. The GPU lane shows kernels and copies.
+# pageable copy or in `.item()`. The GPU lane shows kernels and copies. Where the profiler records
+# no GPU activity (often so under WSL2), the timelines replay the recorded run, and the `source`
+# line says why.
 
 # %%
 def timeline_planted(steps):
     return l07.timeline({"planted": planted_loop}, steps=steps)
 
 
-tl_planted = pinlab.measure("07_timeline_planted", timeline_planted, steps=6)
+TL_STEPS = 6
+PAGEABLE_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
+tl_planted = pinlab.measure("07_timeline_planted", timeline_planted, steps=TL_STEPS)
 r = tl_planted.result["loops"]["planted"]
-pinlab.show("planted: GPU idle share of the window (no kernel running)", f"{r['gpu_idle_share']:.0%}")
+share = r["gpu_idle_share"]
+pinlab.show("planted: GPU idle share of the window (no kernel running)", NO_TRACE if share is None else f"{share:.0%}")
 pinlab.show("planted: copies by kind", r["memcpy_names"])
+pinlab.show("planted: pageable H2D copies per step", f"{r['memcpy_names'].get(PAGEABLE_MEMCPY, 0) / TL_STEPS:g}")
 l07.plot_timelines(tl_planted.result, title=f"host vs GPU ({tl_planted.tag})")
 plt.show()
 
 # %% [markdown]
 # The GPU sits idle while the host does its host work, and the host sits idle while the GPU runs:
-# each `.item()` hands the turn from one to the other. The pageable copy appears as
-# `Memcpy HtoD (Pageable -> Device)` at the start of every step, with the host waiting through it.
+# each `.item()` hands the turn from one to the other. The pageable copies appear as
+# `Memcpy HtoD (Pageable -> Device)`: one per step is line 9's 8 MiB LM head, which holds the host
+# at least while the driver stages it; the others (where FlashInfer runs) are the small copies its
+# `plan()` makes from the pageable metadata the engine gives it, the detector's events elsewhere.
 # Together, the stalls give the loop its shape: nothing runs ahead, host and GPU take turns.
 #
 # ## 5. The fix
@@ -232,7 +265,11 @@ plt.show()
 #    (lesson 04). No `pin_memory()` of a pinned buffer;
 # 5. (lines 16, 17) read each step's tokens from its own pinned slot **after its event** (lesson 04's
 #    event, used for a D2H copy, as in lesson 06's exercise); the host delivers step k's tokens a few
-#    steps later.
+#    steps later;
+# 6. (the engine, not the loop) hand FlashInfer's `plan()` **pinned** host `indptr` and
+#    `last_page_len` that nobody rewrites, as vLLM 0.33 does after this PR (`CapstoneModel(...,
+#    pin_plan_inputs=True)`; the GPU runs of the fixed loop below use it). `pinlab.paged_kv.
+#    FlashInferDecode` then hands `plan()` its range table pinned too: no pageable copy is left.
 #
 # The only waits left are the ring's events, which bound how far the host runs ahead.
 
@@ -273,12 +310,16 @@ def fixed_loop(m, steps, depth=4):
 fixed = l07.run_loop(em, fixed_loop, STEPS)
 for line in fixed["audit_lines"]:
     print(line)
-print("fixed loop, emulated: corrupted steps:", fixed["corrupted"], "of", STEPS)
-print("fixed loop: pageable copies:", fixed["counts"][l07.PAGEABLE], "| pin_memory() of a pinned tensor:",
-      fixed["counts"][l07.PIN_NOOP], "| syncs or blocking copies inside the loop:", sum(fixed["in_loop"].values()))
-print("fixed loop: every finished step noted, the LM head intact:", fixed["stops_ok"] and fixed["lm_head_ok"])
-assert fixed["corrupted"] == 0 and fixed["counts"][l07.PAGEABLE] == 0 and fixed["counts"][l07.PIN_NOOP] == 0
-assert sum(fixed["in_loop"].values()) == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]
+pinlab.claims({f"fixed loop, emulated: corrupted steps (of {STEPS})": fixed["corrupted"],
+               "fixed loop: pageable copies in its lines": fixed["counts"][l07.PAGEABLE],
+               "fixed loop: pin_memory() of a pinned tensor": fixed["counts"][l07.PIN_NOOP],
+               "fixed loop: syncs or blocking copies inside the loop": sum(fixed["in_loop"].values()),
+               "fixed loop: every finished step noted, the LM head intact": fixed["stops_ok"] and fixed["lm_head_ok"]},
+              expect={f"fixed loop, emulated: corrupted steps (of {STEPS})": 0,
+                      "fixed loop: pageable copies in its lines": 0,
+                      "fixed loop: pin_memory() of a pinned tensor": 0,
+                      "fixed loop: syncs or blocking copies inside the loop": 0},
+              why=EMULATED_WHY)
 
 # %% [markdown]
 # What is left runs once: the offload before the loop (line 4) and the final `synchronize()` after it
@@ -286,6 +327,23 @@ assert sum(fixed["in_loop"].values()) == 0 and fixed["stops_ok"] and fixed["lm_h
 # calls; waits on events are the ring's, and are not counted). On the
 # emulated stream, where every race shows, no step is corrupted; the checker below runs the loop for
 # 1000 steps on this machine's stream (the GPU when there is one).
+#
+# The audit counts the loop's own lines. End to end, the detector counts every torch call of the
+# process, FlashInfer's included: the fixed loop on the GPU for 20 steps, the engine handing
+# `plan()` pinned inputs (fix 6):
+
+# %%
+fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_loop, **kw), steps=20,
+                              pin_plan_inputs=True)
+for line in fixed_stalls.result["lines"]:
+    print(line)
+text = "fixed loop, the whole process: pageable non_blocking H2D copies the detector saw"
+pinlab.claims({text: fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)}, expect={text: 0},
+              values={text: fixed_stalls.result["elsewhere"] or fixed_stalls.result["counts"]},
+              why="a FlashInfer version whose plan() copies host tensors of its own that pinlab does not hand it "
+                  "pinned (the value names where)")
+for line in fixed_stalls.result["elsewhere"]:
+    pinlab.show("  elsewhere", line)
 #
 # 🔮 **Predict.** Why does the ring need 4 slots, and not 1, when the host waits for step n+1-depth
 # before the scheduler writes step n+1's metadata?
@@ -306,33 +364,58 @@ assert sum(fixed["in_loop"].values()) == 0 and fixed["stops_ok"] and fixed["lm_h
 # loop, every step's tokens read after their copy, every finished step noted, the LM head intact.
 
 # %%
-ok = checks07.check_fixed_loop(fixed_loop)
-assert ok
+pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop(fixed_loop), shown=False,
+             why="the ring's events make every copy run before its buffer is rewritten or read, on any GPU "
+                 "(the checker's line above says what it found)")
 
 # %% [markdown]
 # ## 7. Before and after: timeline and steps per second
 #
-# Both loops on the GPU, the same engine and work per step, with the host's own work (`host_work`)
-# at 0.6 ms per step instead of 0.3, as a busier server's: steps per second in 3 interleaved rounds
-# of 150 steps (the median round), then 6 steps of each under the profiler. The more host work per
-# step, the more a loop gains from running it while the GPU works instead of in turn with it.
+# Both loops on the GPU, the same engine and work per step (the fixed loop's runs with fix 6), with
+# the host's own work (`host_work`) at 0.6 ms per step instead of 0.3, as a busier server's: steps
+# per second in 3 interleaved rounds of 150 steps (the median round; the host's time in the
+# engine's calls is clocked in the same round, without the profiler), then 6 steps of each under the
+# profiler. The more host work per step, the more a loop gains from running it while the GPU works
+# instead of in turn with it.
 
 # %%
 def both_loops(**params):
     return l07.before_after({"planted": planted_loop, "fixed": fixed_loop}, **params)
 
 
-ba = pinlab.measure("07_before_after", both_loops, timeline_steps=6, steps=150, rounds=3, encoder_ms=1.0,
-                    decoder_ms=1.0, host_ms=0.6)
-thr = ba.result["throughput"]["loops"]
+ba = pinlab.measure("07_before_after", both_loops, timeline_steps=TL_STEPS, steps=150, rounds=3, encoder_ms=1.0,
+                    decoder_ms=1.0, host_ms=0.6, pinned_plan=["fixed"])
+thr, tl = ba.result["throughput"]["loops"], ba.result["timeline"]["loops"]
 speedup = thr["fixed"]["steps_per_s"] / thr["planted"]["steps_per_s"]
 pinlab.show("planted loop: steps per second", f"{thr['planted']['steps_per_s']:.0f}")
 pinlab.show("fixed loop: steps per second", f"{thr['fixed']['steps_per_s']:.0f}")
-pinlab.show("fixed / planted", f"{speedup:.2f}x")
+pinlab.observe("the fixed loop ran more steps per second than the planted one", speedup > 1, value=f"{speedup:.2f}x",
+               why="the fixed loop gains by overlapping host and GPU work: a host so slow that its work alone sets "
+                   "the pace (few CPU cores shared with others) leaves it little to gain")
+text = "fixed loop on the timeline: pageable H2D copies, FlashInfer's included"
+pinlab.claims({text: tl["fixed"]["memcpy_names"].get(PAGEABLE_MEMCPY, 0)}, expect={text: 0},
+              values={text: tl["fixed"]["memcpy_names"]},
+              why="the profiler names every copy of this process; only a library copying from pageable memory of "
+                  "its own shows one")
+share = {}
 for name in ("planted", "fixed"):
-    pinlab.show(f"{name}: GPU idle share on the timeline", f"{ba.result['timeline']['loops'][name]['gpu_idle_share']:.0%}")
-print("the fixed loop ran more steps per second than the planted one:", speedup > 1)
-assert speedup > 1
+    gpu = l07.span_union_ms(tl[name]["gpu"]) / TL_STEPS if tl[name]["gpu"] else None
+    share[name] = (thr[name]["ms_per_step"], thr[name]["host_ms_per_step"], gpu)
+    pinlab.show(f"{name}: GPU idle share on the timeline",
+                NO_TRACE if tl[name]["gpu_idle_share"] is None else f"{tl[name]['gpu_idle_share']:.0%}")
+    pinlab.show(f"{name}: per step", f"{share[name][0]:.2f} ms; host time in the engine's calls {share[name][1]:.2f} ms "
+                f"without the profiler, {l07.span_union_ms(tl[name]['host']) / TL_STEPS:.2f} ms under it; GPU busy "
+                + ("not measured" if gpu is None else f"{gpu:.2f} ms (kernels or copies, timeline)"))
+step, host, gpu = share["fixed"]
+if gpu is not None:
+    larger, who = max((host, "the host's"), (gpu, "the GPU's"))
+    pinlab.show("what this run shows", f"a fixed step took {step:.2f} ms, {step / larger:.2f}x the larger share, "
+                f"{who} ({larger:.2f} ms); a planted step took {share['planted'][0]:.2f} ms against host + GPU "
+                f"{share['planted'][1] + (share['planted'][2] or 0):.2f} ms")
+    pinlab.observe("a fixed step costs about the larger of the host's share and the GPU's (within 25%)",
+                   step <= 1.25 * larger, value=f"{step:.2f} ms against {larger:.2f} ms",
+                   why="the host's share counts the engine's calls only: the loop's own calls (copies, events, the "
+                       "ring's waits) and a host slowed down by other processes add to it")
 
 # %%
 l07.plot_timelines(ba.result["timeline"], title=f"host vs GPU ({ba.tag})")
@@ -342,19 +425,23 @@ plt.show()
 # In the planted loop a step costs the pageable copy, plus the host's launches, plus the GPU's
 # work, plus the host's own work, largely one after the other: the `.item()` makes them take turns.
 # In the fixed loop the host prepares step n+1 while the GPU runs step n, and the LM head's restore
-# is a pinned copy the GPU does on its own: a step costs about the larger of the host's share and the
-# GPU's. The timelines show where the difference goes (under the profiler the host's launches are
-# slower than without it, so the fixed loop's GPU lane keeps some gaps). The speed-up's noise comes
-# from the host side (the spin of `host_work`, launch times), which is why it is the median of
-# interleaved rounds. And the speed-up is the smaller half of the story: the planted loop was also
-# *wrong*, and no speed makes up for corrupted steps.
+# is a pinned copy the GPU does on its own: a step cannot cost less than the larger of the host's
+# share and the GPU's, and costs more by what neither share counts (the loop's own calls, the
+# hand-offs between host and GPU). The `per step` and `what this run shows` lines compare them for
+# this run: which share is the larger decides what to speed up next. The timelines show where the
+# time goes; under the profiler the host's calls take longer than without it (the two host figures
+# above), so a host-bound loop shows more GPU idle there than in the unprofiled rounds. The
+# speed-up's noise comes from the host side (the spin of `host_work`, launch times), which is why it
+# is the median of interleaved rounds. And the speed-up is the smaller half of the story: the
+# planted loop was also *wrong*, and no speed makes up for corrupted steps.
 
 # %%
 del em, planted, fixed
 gc.collect()
-back = pinlab.pinned_back_to(pinned_at_start)
-print("pinned memory held is back to its starting level:", back)
-assert back
+pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
+             value=pinlab.pinned_bytes_held(),
+             why="a pinned tensor of this notebook is still referenced (a loop's ring, a model not yet collected), "
+                 "or another library in this process took pinned memory")
 
 # %% [markdown]
 # ## What to remember
@@ -365,8 +452,11 @@ assert back
 #   (`pinlab.pin_snapshot`), or give each step in flight its own slot.
 # - A hidden sync (`.item()`, `.tolist()`, `bool()` of a GPU tensor) serialises host and GPU, and
 #   protects nothing if it comes after the write that races.
-# - Tools: `pinlab.detect_stalls` for copies and syncs, the profiler timeline for who waits for whom,
-#   an exact count of corrupted steps (on the emulated stream, without a GPU) for races.
+# - Count the copies of the libraries you call too: FlashInfer's `plan()` copies the host metadata it
+#   is given with `non_blocking=True`; hand it pinned tensors nobody rewrites (vLLM 0.33).
+# - Tools: `pinlab.detect_stalls` for copies and syncs (the whole process's), the profiler timeline
+#   for who waits for whom, an exact count of corrupted steps (on the emulated stream, without a GPU)
+#   for races.
 # - A fixed loop waits only on the events that bound its run-ahead: honest and faster.
 #
 # **Exercise:** `exercises/07_capstone_audit.ipynb` asks you to fix the loop yourself (solution in `solutions/`).

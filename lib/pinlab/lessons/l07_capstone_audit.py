@@ -13,6 +13,10 @@ Everything else, the plumbing a real engine would hide, is :class:`CapstoneModel
 * a **vision encoder** step: its rotary position ids built on the device (lesson 06's
   :func:`~pinlab.lessons.l06_device_side_indices.ids_recommended`), the ``cos``/``sin`` gather,
   then ``encoder_ms`` of GPU work;
+* FlashInfer's ``plan()`` gets step n's ``indptr`` and ``last_page_len`` as host tensors of the
+  engine's own (never the loop's buffer): pageable, as vLLM 0.29 passes them, or, with
+  ``pin_plan_inputs``, rows of one pinned table written once (vLLM 0.33 pins them), so that
+  ``plan()`` makes no pageable copy (the harness's ``pinned_plan`` names the loops run that way);
 * the host's own work: ``schedule(n, buf)`` writes step n's ``indptr`` and ``last_page_len`` into
   a host buffer, ``host_work()`` spends ``host_ms`` of CPU (the server, the detokenizer),
   ``emit(k, host_tokens)`` hands step k's tokens to the detokenizer (it reads them *now*),
@@ -39,7 +43,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..args import callable_arg, positive_int, positive_number, require_cuda
+from ..args import bool_arg, callable_arg, positive_int, positive_number, require_cuda
 from ..decode_loop import DecodeSetup, match_received, safe_indptr, torch_paged_decode
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, page_indices
 from ..steploop import cuda_or
@@ -70,7 +74,7 @@ class CapstoneModel:
     ``with stream:``; ``steps`` is the most steps a loop may run on it."""
 
     def __init__(self, stream, *, steps: int = 1000, encoder_ms: float = 1.0, decoder_ms: float = 1.0,
-                 host_ms: float = 0.3, seed: int = 0, backend: str = "auto"):
+                 host_ms: float = 0.3, seed: int = 0, backend: str = "auto", pin_plan_inputs: bool = False):
         if stream is None:
             raise TypeError("stream must be a pinlab stream (pinlab.stream(), pinlab.LaggingStream(), "
                             "pinlab.CudaStream()), got None: build the model inside `with stream:`")
@@ -100,6 +104,9 @@ class CapstoneModel:
         self.vision_out = torch.zeros(2, 40, device=dev)
         self.backend, self.fallback_reason = "torch", None
         self._attn_out = None
+        #: hand FlashInfer's plan() pinned host metadata (vLLM 0.33) instead of pageable (vLLM 0.29)
+        self.pin_plan_inputs = bool_arg("pin_plan_inputs", pin_plan_inputs)
+        self._plan_pinned = None  # the pinned table, made at first use
         self._wrappers, self._plan_done = [], []
         if backend in ("auto", "flashinfer"):
             self._try_flashinfer(backend == "flashinfer")
@@ -181,7 +188,7 @@ class CapstoneModel:
             if self._plan_done[k] is not None:
                 self._plan_done[k].synchronize()  # never re-plan a wrapper whose last plan has not run
             w = self._wrappers[k]
-            ip_cpu, lpl_cpu = d.plan_inputs[n]
+            ip_cpu, lpl_cpu = self.plan_host(n)
             w.plan(ip_cpu, idx, lpl_cpu)
             out = w.run(d.q[n, :b], d.k, d.v)
             ev = torch.cuda.Event()
@@ -191,6 +198,24 @@ class CapstoneModel:
             lpl_dev = row[d.max_batch + 1: d.max_batch + 1 + b]
             out = torch_paged_decode(d.q[n, :b], d.k, d.v, ip_dev, idx, lpl_dev, max_pages=d.pages_per_req)
         self._attn_out = out
+
+    def plan_host(self, n: int):
+        """Step ``n``'s host ``indptr`` and ``last_page_len`` for FlashInfer's ``plan()``: the setup's
+        pageable tensors (vLLM 0.29), or, with :attr:`pin_plan_inputs`, views of one pinned table the
+        engine writes once and never rewrites (vLLM 0.33 takes a pinned snapshot per step instead;
+        either way ``plan()`` copies pinned memory nobody rewrites)."""
+        d = self.setup
+        if not self.pin_plan_inputs:
+            return d.plan_inputs[n]
+        if self._plan_pinned is None:
+            table = torch.zeros(self.steps, self.meta_ints, dtype=torch.int32, pin_memory=True)
+            a = table.numpy()
+            for k in range(self.steps):
+                a[k, : d.ip_np[k].size] = d.ip_np[k]
+                a[k, d.max_batch + 1: d.max_batch + 1 + d.lpl_np[k].size] = d.lpl_np[k]
+            self._plan_pinned = table
+        b, row = d.batch(n), self._plan_pinned[n]
+        return row[: b + 1], row[d.max_batch + 1: d.max_batch + 1 + b]
 
     def _lm_head(self, n: int) -> None:
         out, self._attn_out = self._attn_out, None
@@ -582,6 +607,59 @@ def _short(r: dict) -> dict:
     return r
 
 
+def _pinned_plan_arg(pinned_plan, loops: dict) -> frozenset:
+    """``pinned_plan``: the names of the loops whose runs hand FlashInfer's ``plan()`` pinned host
+    metadata (:attr:`CapstoneModel.pin_plan_inputs`); every other loop's runs hand it pageable tensors."""
+    if isinstance(pinned_plan, (str, bytes)) or not isinstance(pinned_plan, (list, tuple, set, frozenset)):
+        raise TypeError(f"pinned_plan must be a list of loop names such as ['fixed'], got {type(pinned_plan).__name__}")
+    unknown = [n for n in pinned_plan if n not in loops]
+    if unknown:
+        raise ValueError(f"pinned_plan names loops that are not in loops: {unknown[:3]} (loops: {list(loops)})")
+    return frozenset(pinned_plan)
+
+
+class _SpanClock:
+    """``m.span`` for a timed run without the profiler: adds up the host ms spent inside each named
+    span (the engine's calls: schedule, launches, host work, emit), a few µs per span."""
+
+    def __init__(self):
+        self.ms: dict[str, float] = {}
+
+    def __call__(self, name):
+        return _ClockSpan(self, name)
+
+
+class _ClockSpan:
+    __slots__ = ("clock", "name", "t0")
+
+    def __init__(self, clock, name):
+        self.clock, self.name, self.t0 = clock, name, 0.0
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        ms = self.clock.ms
+        ms[self.name] = ms.get(self.name, 0.0) + (time.perf_counter() - self.t0) * 1e3
+        return False
+
+
+def span_union_ms(spans) -> float:
+    """Milliseconds covered by at least one of ``spans`` (``[start, end, ...]``, ms): overlapping
+    spans count once (a GPU lane's kernels and copies, a host lane's calls)."""
+    if isinstance(spans, (str, bytes)) or not hasattr(spans, "__iter__"):
+        raise TypeError(f"spans must be a list of [start, end, label] spans, got {type(spans).__name__}")
+    total, end = 0.0, None
+    for a, b in sorted((float(sp[0]), float(sp[1])) for sp in spans):
+        if b < a:
+            raise ValueError(f"a span ends before it starts ({a} > {b})")
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total
+
+
 def audit(loops, *, steps: int = 200, encoder_ms: float = 1.0,
           decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0,
           backend: str = "auto", stream=None) -> dict:
@@ -602,11 +680,16 @@ def audit(loops, *, steps: int = 200, encoder_ms: float = 1.0,
 
 
 def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10, encoder_ms: float = 1.0,
-               decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0, backend: str = "auto") -> dict:
+               decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0, backend: str = "auto",
+               pinned_plan=()) -> dict:
     """Steps per second of each loop (CUDA): a warm-up, then ``rounds`` interleaved rounds of
-    ``steps`` steps each; the median round per loop. Returns ``{"backend", "loops": {name:
-    {"steps_per_s", "ms_per_step", "rounds_ms"}}}``."""
+    ``steps`` steps each; the median round per loop. Also, in that round, the host ms per step spent
+    in the engine's calls (schedule, launches, host work, emit; timed without the profiler), in all
+    and per call. Loops named in ``pinned_plan`` hand FlashInfer's ``plan()`` pinned inputs.
+    Returns ``{"backend", "loops": {name: {"steps_per_s", "ms_per_step", "rounds_ms",
+    "host_ms_per_step", "host_spans_ms"}}}``."""
     loops = _loops_arg(loops)
+    pinned = _pinned_plan_arg(pinned_plan, loops)
     rounds = positive_int("rounds", rounds)
     warm_steps = positive_int("warm_steps", warm_steps)
     require_cuda("throughput()")
@@ -616,24 +699,33 @@ def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10
     m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
                                       host_ms=host_ms, seed=seed,
                                       backend=backend))
-    for fn in loops.values():
+    for name, fn in loops.items():
         m.reset()
+        m.pin_plan_inputs = name in pinned
         fn(m, min(warm_steps, steps))
         torch.cuda.synchronize()
     per = {name: [] for name in loops}
+    spans = {name: [] for name in loops}
     for _ in range(rounds):
         for name, fn in loops.items():
             m.reset()
+            m.pin_plan_inputs = name in pinned
+            clock = m.span = _SpanClock()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            fn(m, steps)
-            torch.cuda.synchronize()
+            try:
+                fn(m, steps)
+                torch.cuda.synchronize()
+            finally:
+                m.span = _no_span
             per[name].append((time.perf_counter() - t0) * 1e3)
+            spans[name].append({k: v / steps for k, v in clock.ms.items()})
     res = {"backend": m.backend, "loops": {}}
     for name, ms in per.items():
-        med = sorted(ms)[len(ms) // 2]
-        res["loops"][name] = {"steps_per_s": steps / (med / 1e3), "ms_per_step": med / steps,
-                              "rounds_ms": [round(x, 3) for x in ms]}
+        i = sorted(range(len(ms)), key=ms.__getitem__)[len(ms) // 2]  # the median round
+        res["loops"][name] = {"steps_per_s": steps / (ms[i] / 1e3), "ms_per_step": ms[i] / steps,
+                              "rounds_ms": [round(x, 3) for x in ms],
+                              "host_ms_per_step": sum(spans[name][i].values()), "host_spans_ms": spans[name][i]}
     del m
     gc.collect()
     torch.cuda.synchronize()
@@ -645,12 +737,15 @@ TRACE = "build/traces/07_capstone.json"
 
 def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.0,
           decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0,
-             backend: str = "auto", trace: str = TRACE) -> dict:
+             backend: str = "auto", trace: str = TRACE, pinned_plan=()) -> dict:
     """A few steps of each loop under ``torch.profiler`` (CUDA): host spans (schedule, launches, host
-    work, emit) and GPU spans (kernels, memcpys), per loop (:func:`pinlab.profiler.profile_runs`)."""
+    work, emit) and GPU spans (kernels, memcpys), per loop (:func:`pinlab.profiler.profile_runs`).
+    Loops named in ``pinned_plan`` hand FlashInfer's ``plan()`` pinned inputs. ``gpu_idle_share`` is
+    None where the trace holds no GPU span (a profiler that records no GPU activity)."""
     from ..profiler import gpu_kernel_idle_share, profile_runs
 
     loops = _loops_arg(loops)
+    pinned = _pinned_plan_arg(pinned_plan, loops)
     require_cuda("timeline()")
     from ..streams import CudaStream
 
@@ -659,9 +754,10 @@ def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.0,
                                       host_ms=host_ms, seed=seed,
                                       backend=backend))
 
-    def runner(fn):
+    def runner(name, fn):
         def run(span):
             m.reset()
+            m.pin_plan_inputs = name in pinned
             m.span = span
             try:
                 fn(m, steps)
@@ -670,7 +766,7 @@ def timeline(loops, *, steps: int = 6, encoder_ms: float = 1.0,
             torch.cuda.synchronize()
         return run
 
-    spans, spans_from = profile_runs({f"run: {name}": runner(fn) for name, fn in loops.items()}, trace)
+    spans, spans_from = profile_runs({f"run: {name}": runner(name, fn) for name, fn in loops.items()}, trace)
     res = {"backend": m.backend, "spans_from": spans_from, "loops": {}}
     for name in loops:
         r = spans[f"run: {name}"]
@@ -727,11 +823,30 @@ def stall_lines(report, fn) -> list[str]:
     return [f"{kind}: {op} at line {line} of {fn.__name__}, {-c} time(s)" for c, line, kind, op in sorted(rows)]
 
 
+def elsewhere_lines(report, fn) -> list[str]:
+    """The places of a :func:`pinlab.detect_stalls` report that do **not** lie in ``fn``'s own lines (what
+    FlashInfer or another library called), grouped by file: ``"kind: op in pkg/file.py, M time(s)"``
+    (the file's last two path parts), most frequent first."""
+    callable_arg("fn", fn)
+    code = fn.__code__
+    last = max((ln for c in _codes(code) for _, _, ln in c.co_lines() if ln), default=code.co_firstlineno)
+    rows: dict = {}
+    for (kind, op, where), count in report.places.items():
+        file, _, line = where.rpartition(":")
+        if file == code.co_filename and line.isdigit() and code.co_firstlineno <= int(line) <= last:
+            continue
+        short = "/".join(os.path.normpath(file or where).split(os.sep)[-2:])
+        rows[(kind, op, short)] = rows.get((kind, op, short), 0) + count
+    return [f"{kind}: {op} in {short}, {c} time(s)"
+            for (kind, op, short), c in sorted(rows.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
 def detect(loop, *, steps: int = 20, encoder_ms: float = 1.0,
           decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0,
-           backend: str = "auto") -> dict:
+           backend: str = "auto", pin_plan_inputs: bool = False) -> dict:
     """``loop(m, steps)`` once on CUDA under :func:`pinlab.detect_stalls`: its stalls, by line of the loop
-    (:func:`stall_lines`), and how many events the detector saw elsewhere (FlashInfer, the plumbing)."""
+    (:func:`stall_lines`), and the events the detector saw elsewhere (:func:`elsewhere_lines`: FlashInfer's
+    ``plan()``, given pageable inputs unless ``pin_plan_inputs``), and the events of every kind."""
     from ..detector import detect_stalls
     from ..streams import CudaStream
 
@@ -740,7 +855,7 @@ def detect(loop, *, steps: int = 20, encoder_ms: float = 1.0,
     s = CudaStream()
     m = CapstoneModel(s, **model_args(steps=steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
                                       host_ms=host_ms, seed=seed,
-                                      backend=backend))
+                                      backend=backend), pin_plan_inputs=pin_plan_inputs)
     loop(m, min(2, steps))  # warm-up: first launches outside the report
     torch.cuda.synchronize()
     m.reset()
@@ -749,17 +864,20 @@ def detect(loop, *, steps: int = 20, encoder_ms: float = 1.0,
     torch.cuda.synchronize()
     lines = stall_lines(report, loop)
     inside = sum(int(x.rsplit(", ", 1)[1].split()[0]) for x in lines)
-    res = {"lines": lines, "events_in_loop": inside, "events_elsewhere": report.total - inside, "backend": m.backend}
+    res = {"lines": lines, "events_in_loop": inside, "events_elsewhere": report.total - inside,
+           "elsewhere": elsewhere_lines(report, loop), "counts": dict(report.counts), "steps": steps,
+           "pin_plan_inputs": pin_plan_inputs, "backend": m.backend}
     del m
     gc.collect()
     return res
 
 
 def before_after(loops, *, timeline_steps: int = 6, steps: int = 150, rounds: int = 3, encoder_ms: float = 1.0,
-                 decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0, backend: str = "auto") -> dict:
+                 decoder_ms: float = 1.0, host_ms: float = 0.3, seed: int = 0, backend: str = "auto",
+                 pinned_plan=()) -> dict:
     """:func:`throughput` and :func:`timeline` of the same loops (CUDA), in one result."""
     thr = throughput(loops, steps=steps, rounds=rounds, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
-                     host_ms=host_ms, seed=seed, backend=backend)
+                     host_ms=host_ms, seed=seed, backend=backend, pinned_plan=pinned_plan)
     tl = timeline(loops, steps=timeline_steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms, host_ms=host_ms,
-                  seed=seed, backend=backend)
+                  seed=seed, backend=backend, pinned_plan=pinned_plan)
     return {"throughput": thr, "timeline": tl}
