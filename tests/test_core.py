@@ -192,7 +192,8 @@ def test_platform_lines_of_a_quiet_h200():
     assert lines["link"] == "PCIe Gen5 x16"
     assert lines["other processes on the GPU"] == "none: the GPU is yours"
     assert lines["VRAM"] == "139.1 GiB free of 139.7 GiB"
-    assert lines["CUDA"] == "the driver's 13.0, torch built for 13.0"
+    assert lines["CUDA"] == "torch built for CUDA 13.0; the driver supports CUDA 13.0"
+    assert _lines(H200 | {"driver_cuda": None})["CUDA"] == "torch built for CUDA 13.0"
     assert lines["CPU cores usable"] == "16" and lines["WSL2"] == "no"
     assert "stages every pageable copy" in lines["pageable host memory"]
 

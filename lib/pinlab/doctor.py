@@ -71,8 +71,8 @@ def platform_lines(p: dict | None = None) -> list[tuple[str, str]]:
                       else "none: the GPU is yours" if others == 0
                       else f"{others}: a shared GPU (their work interleaves with yours; timings vary more)"))
         if g("driver_cuda") or g("wheel_cuda"):
-            lines.append(("CUDA", f"the driver's {g('driver_cuda') or 'unknown'}, torch built for "
-                                  f"{g('wheel_cuda') or 'unknown'}"))
+            cuda = f"torch built for CUDA {g('wheel_cuda')}" if g("wheel_cuda") else "torch's CUDA version unknown"
+            lines.append(("CUDA", cuda + (f"; the driver supports CUDA {g('driver_cuda')}" if g("driver_cuda") else "")))
     lines.append(("host RAM available", _gib(g("host_ram_available_gib"))))
     limits = [f"memlock limit {_gib(g('memlock_limit_gib'))}"] if g("memlock_limit_gib") is not None else []
     if g("pinned_limit_gib"):
