@@ -111,3 +111,6 @@ ok = checks07.check_fixed_loop(fixed_loop)
 #   give each step in flight its own slot of a ring guarded by events.
 # - A hidden sync serialises host and GPU, and protects nothing if it comes after the write that races.
 # - The only waits a fast loop keeps are the events that bound how far the host runs ahead.
+# - The checker audits your loop's own lines. The libraries it calls copy too: FlashInfer's `plan()`
+#   copies the host metadata it is given with `non_blocking=True`, so an engine hands it pinned
+#   tensors nobody rewrites (notebook 07, fix 6).
