@@ -107,14 +107,14 @@ def test_stall_lines_keep_only_the_loops_own_lines():
     first = loop.__code__.co_firstlineno
     file = loop.__code__.co_filename
     report = types.SimpleNamespace(places={
-        ("pageable H2D (non_blocking is fake)", "Tensor.copy_", f"{file}:{first + 1}"): 3,
+        ("pageable H2D (may wait for the GPU)", "Tensor.copy_", f"{file}:{first + 1}"): 3,
         ("host sync (.item())", "Tensor.item", f"{file}:{first + 1}"): 5,
         ("host sync (.item())", "Tensor.item", "/elsewhere/flashinfer/x.py:10"): 7,
         ("blocking copy", "Tensor.to", f"{file}:{first + 400}"): 1,
     })
     assert l07.stall_lines(report, loop) == [
         "host sync (.item()): Tensor.item at line 2 of loop, 5 time(s)",
-        "pageable H2D (non_blocking is fake): Tensor.copy_ at line 2 of loop, 3 time(s)",
+        "pageable H2D (may wait for the GPU): Tensor.copy_ at line 2 of loop, 3 time(s)",
     ]
 
 
@@ -267,14 +267,14 @@ def test_elsewhere_lines_group_the_places_outside_the_loop_by_file():
     first, file = loop.__code__.co_firstlineno, loop.__code__.co_filename
     fi = "/venv/lib/python3.12/site-packages/flashinfer/decode.py"
     report = types.SimpleNamespace(places={
-        ("pageable H2D (non_blocking is fake)", "Tensor.copy_", f"{file}:{first + 1}"): 3,
-        ("pageable H2D (non_blocking is fake)", "Tensor.to", f"{fi}:1509"): 20,
-        ("pageable H2D (non_blocking is fake)", "Tensor.to", f"{fi}:1515"): 20,
-        ("pageable H2D (non_blocking is fake)", "Tensor.to", f"{fi}:1518"): 20,
+        ("pageable H2D (may wait for the GPU)", "Tensor.copy_", f"{file}:{first + 1}"): 3,
+        ("pageable H2D (may wait for the GPU)", "Tensor.to", f"{fi}:1509"): 20,
+        ("pageable H2D (may wait for the GPU)", "Tensor.to", f"{fi}:1515"): 20,
+        ("pageable H2D (may wait for the GPU)", "Tensor.to", f"{fi}:1518"): 20,
         ("host sync (.item())", "Tensor.item", "/elsewhere/engine.py:10"): 7,
     })
     assert l07.elsewhere_lines(report, loop) == [
-        "pageable H2D (non_blocking is fake): Tensor.to in flashinfer/decode.py, 60 time(s)",
+        "pageable H2D (may wait for the GPU): Tensor.to in flashinfer/decode.py, 60 time(s)",
         "host sync (.item()): Tensor.item in elsewhere/engine.py, 7 time(s)",
     ]
 

@@ -61,7 +61,9 @@ from .args import positive_int
 
 # --- kinds -----------------------------------------------------------------------------------
 
-PAGEABLE_H2D = "pageable H2D (non_blocking is fake)"
+#: a pageable non_blocking H2D copy: the driver stages it at the call (a host memcpy) and it waits for the
+#: GPU once the staging cannot take it (lesson 02): "fake" only then, so the kind says "may wait"
+PAGEABLE_H2D = "pageable H2D (may wait for the GPU)"
 NONCONTIG_H2D = "non-contiguous pinned H2D"
 PAGEABLE_D2H = "pageable D2H"
 NONCONTIG_D2H = "non-contiguous pinned D2H"

@@ -445,7 +445,7 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 
 # %% [markdown]
 # ## What to remember
-# - Audit a loop copy by copy: **where does the source live** (pinned, or `non_blocking` is fake),
+# - Audit a loop copy by copy: **where does the source live** (pinned, or a `non_blocking` that may wait),
 #   **who rewrites it and when** (before the copy has run, it races), and **when is a D2H result
 #   read** (only after an event behind its copy).
 # - `pin_memory()` of a pinned buffer is that buffer: a snapshot must be a new tensor

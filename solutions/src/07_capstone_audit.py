@@ -105,7 +105,7 @@ ok = checks07.check_fixed_loop(fixed_loop)
 
 # %% [markdown]
 # ## What to remember
-# - Audit a loop copy by copy: where does the source live (pinned, or `non_blocking` is fake), who
+# - Audit a loop copy by copy: where does the source live (pinned, or a `non_blocking` that may wait), who
 #   rewrites it and when (before the copy has run, it races), when is a D2H result read (after its event).
 # - `pin_memory()` of a pinned buffer returns that same buffer: a snapshot must be a new tensor, or
 #   give each step in flight its own slot of a ring guarded by events.
