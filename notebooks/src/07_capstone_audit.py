@@ -165,7 +165,9 @@ for line in stalls.result["elsewhere"]:
 # Two of the five problems show up here:
 # - **line 9**, a pageable `non_blocking` copy of 8 MiB, every step: `m.lm_head.to("cpu")` (line 4)
 #   offloaded the LM head into *pageable* memory, so each restore is the fake `non_blocking` of
-#   lesson 02: the host waits while the driver stages 8 MiB through its own pinned buffer;
+#   lesson 02: the host waits while the driver stages 8 MiB through its own pinned buffer (how long,
+#   and whether also for the GPU, is the driver's choice and undocumented: the CUDA Runtime API's
+#   "API synchronization behavior" page says only that such a copy may be synchronous);
 # - **line 18**, `.item()` every step: the stop check reads a GPU value into Python, so the host
 #   waits for *all* the work queued so far. Host and GPU take turns instead of overlapping.
 #
