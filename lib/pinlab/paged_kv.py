@@ -518,9 +518,10 @@ class FlashInferDecode:
         on the GPU: a GPU indptr makes ``plan()`` copy it back to the host (a sync).
 
         FlashInfer's ``plan()`` copies ``indptr``, ``last_page_len`` and a range table of its own to
-        the GPU with ``non_blocking=True``: from pageable host tensors those are fake-``non_blocking``
-        copies (lesson 02). When ``indptr`` and ``last_page_len`` are pinned, the range table is
-        handed to it pinned too, for this call only (:meth:`_pinned_range_table`): no pageable copy."""
+        the GPU with ``non_blocking=True``: from pageable host tensors the driver stages each of them,
+        and each may wait for the GPU (lesson 02). When ``indptr`` and ``last_page_len`` are pinned, the
+        range table is handed to it pinned too, for this call only (:meth:`_pinned_range_table`): no
+        pageable copy."""
         indptr = _int_tensor("indptr", indptr, ndim=1, dtypes=(torch.int32,))
         indices = _int_tensor("indices", indices, ndim=1, dtypes=(torch.int32,))
         last_page_len = _int_tensor("last_page_len", last_page_len, ndim=1, dtypes=(torch.int32,))

@@ -60,11 +60,12 @@ pinlab.claim("block by block, row-major inside each 2x2 block",
 # `.to(device, non_blocking=True)` from pageable memory. For ids this small (a few hundred KiB at
 # most here) the driver first copies them into a pinned staging buffer of its own, and the call
 # usually returns without waiting for the GPU: the host pays for the staging on every call, and
-# once the driver's staging pool is full the same call waits for the GPU (lesson 02 measures when).
-# That is undocumented driver behaviour: the CUDA Runtime API's "API synchronization behavior" page
+# once the driver's staging pool is full the same call waits for the GPU (lesson 02 measures when:
+# then it is lesson 02's fake `non_blocking`). That is undocumented driver behaviour: the CUDA
+# Runtime API's "API synchronization behavior" page
 # (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html) says only that a copy from
-# pageable memory may be synchronous. Asynchronous by the driver's grace, at a host cost: lesson 02's
-# fake `non_blocking`.
+# pageable memory may be synchronous. So (a)'s copy is staged and usually returns at once, at a host
+# cost on every call, and only as long as the driver has room.
 
 # %%
 print(inspect.getsource(l06.ids_before))
@@ -422,7 +423,7 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 # %% [markdown]
 # ## What to remember
 # - Indices that depend only on shapes (rotary position ids, masks) can be **built on the device**:
-#   no host tensor, no copy, no fake `non_blocking`.
+#   no host tensor, no copy, nothing for the driver to stage.
 # - Removing a copy is not free: a **per-image chain of launches** costs the host a fixed price
 #   per kernel, and can be slower than the CPU build it replaced. Count launches with
 #   `torch.profiler` (or the torch calls with a `TorchFunctionMode`, on any machine).

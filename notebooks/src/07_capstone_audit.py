@@ -176,8 +176,10 @@ for line in stalls.result["elsewhere"]:
 # The events outside the loop's own lines (the `elsewhere` lines name their file) come, where
 # FlashInfer runs, from its `plan()`: every step it copies the host `indptr` and `last_page_len` it
 # is given, and a small range table it keeps itself, to the GPU with `non_blocking=True`. The engine
-# hands it pageable tensors (as vLLM 0.29 did), so these are fake-`non_blocking` copies too, made
-# by no line of the loop. vLLM 0.33 pins them; the fix below does the same.
+# hands it pageable tensors (as vLLM 0.29 did), so these are pageable copies too, made by no line
+# of the loop: small, so the driver stages them and they usually return at once, but each costs the
+# host its staging, and each may wait once the driver's staging pool is full. vLLM 0.33 pins them;
+# the fix below does the same.
 #
 # The detector sees copies and syncs, not races: it does not know that `meta` is rewritten at line
 # 14 while step n's copy (line 12) may still be waiting in the GPU's queue, nor that line 17 reads
