@@ -201,7 +201,7 @@ def test_reports_a_crash_in_the_loop(capsys):
 
 
 def test_checker_names_bad_arguments():
-    with pytest.raises(TypeError, match="fn"):
+    with pytest.raises(TypeError, match=r"fixed_loop must be a function \(m, steps\) .*, got str"):
         checks07.check_fixed_loop("fixed_loop")
     with pytest.raises(ValueError, match="steps"):
         checks07.check_fixed_loop(l07.fixed_loop, steps=0)

@@ -15,7 +15,7 @@ def check_gbps(fn) -> bool:
     rng = random.Random(1)
     cases = [(2**30, 19.43), (1024, 0.0128), (256 * 2**20, 31.5), (10**9, 1000.0), (0, 5.0)]
     cases += [(rng.randint(1, 2**31), rng.uniform(1e-3, 500)) for _ in range(20)]
-    return run_cases(fn, "gbps", cases, gbps,
+    return run_cases(fn, "gbps", cases, gbps, signature="(nbytes, ms) -> float (GB/s)",
                      hint="GB/s means 10**9 bytes (not 2**30) per second, and ms are thousandths of a "
                           "second: convert ms to seconds before you divide.")
 
@@ -36,7 +36,7 @@ def check_n_half(fn) -> bool:
         n = rng.randint(1, 12)
         sizes = rng.sample([1 << k for k in range(10, 31)], n)
         cases.append((sizes, [round(rng.uniform(0.01, 60), 2) for _ in range(n)]))
-    return run_cases(fn, "n_half", cases, n_half, compare=same_int,
+    return run_cases(fn, "n_half", cases, n_half, compare=same_int, signature="(sizes, rates) -> int (a size)",
                      hint="compare each rate with max(rates) / 2 exactly (no rounding: 4.6 is below half of "
                           "9.5), keep each size with its own rate, and return the smallest size that "
                           "qualifies, not the first one in the list.")

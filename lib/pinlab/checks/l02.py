@@ -26,7 +26,7 @@ from collections import Counter
 
 from ..lessons.l02_fake_non_blocking import first_waiting_size
 from ..profiler import idle_share
-from . import run_cases
+from . import LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_tensor
 
 MiB = 1 << 20
 
@@ -74,7 +74,8 @@ def stall_cases():
 def check_stall_threshold(fn) -> bool:
     """``stall_threshold(sizes, host_ms, busy_ms)``: the smallest size from which on every larger size
     waited (host time more than half the busy time); ``None`` when the largest size did not wait."""
-    return run_cases(fn, "stall_threshold", stall_cases(), stall_threshold_reference)
+    return run_cases(fn, "stall_threshold", stall_cases(), stall_threshold_reference,
+                     signature="(sizes, host_ms, busy_ms) -> int (a size) or None")
 
 
 # ---- 2. gpu_idle_share ------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def idle_cases():
 def check_gpu_idle_share(fn) -> bool:
     """``gpu_idle_share(spans, start, end)``: the share of the window ``[start, end]`` in which no
     kernel span is running (spans may overlap, come unsorted and stick out of the window)."""
-    return run_cases(fn, "gpu_idle_share", idle_cases(), idle_share)
+    return run_cases(fn, "gpu_idle_share", idle_cases(), idle_share, signature="(spans, start, end) -> float")
 
 
 # =============================================================================================
@@ -133,7 +134,6 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..args import callable_arg
 from ..detector import (BLOCKING_COPY, ITEM_SYNC, PAGEABLE_D2H, PAGEABLE_H2D, SCALAR_SYNC, TOLIST_SYNC,
                         detect_stalls, find_caller)
 from ..device import has_cuda
@@ -517,11 +517,6 @@ def fail(name: str, message: str, hints: dict | None = None) -> bool:
     return False
 
 
-def not_implemented(name: str) -> bool:
-    print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
-    return False
-
-
 def sync_reference(x_host: torch.Tensor, w_host: torch.Tensor) -> torch.Tensor:
     """What the step computes, on the host: scores of the rows normalised by the largest magnitude."""
     return (x_host / x_host.abs().max()) @ w_host
@@ -539,8 +534,8 @@ def check_step_without_syncs(fn) -> bool:
     with its three hidden syncs removed. Runs it behind a busy GPU (CUDA) or on the watched
     lagging stream, for three input sizes, and checks: no host wait, no copy from pageable memory,
     a result in host memory that equals the reference once ``done_event`` is reached."""
-    callable_arg("fn", fn)
     name = "step_without_syncs"
+    learner_arg(name, fn, "(s, x_host, w) -> (scores_host, done_event)")
     s = watched_stream()
     host_ms_seen = []
     with s:
@@ -550,11 +545,13 @@ def check_step_without_syncs(fn) -> bool:
             w_host = torch.randn(shape[1], N_OUT, generator=gen)
             expected = sync_reference(x_host, w_host)
             what = f"with the {_mib(x_host.numel() * 4)} input"
+            call = f"{name}(s, x_host, w) {what}"
             w = w_host.to(s.device)
             s.synchronize()
             try:
                 if not s.emulated:  # first launches, cuBLAS, the pinned blocks: not timed
-                    fn(s, x_host, w)
+                    with learner_call(call):
+                        fn(s, x_host, w)
                     s.synchronize()
                 best = None
                 for _ in range(1 if s.emulated else SYNC_ATTEMPTS):
@@ -566,7 +563,7 @@ def check_step_without_syncs(fn) -> bool:
                         s.synchronize()
                         s.noted.clear()
                         s.busy(SYNC_BUSY_MS)
-                    with detect_stalls() as report, Watch(s) as watch:
+                    with detect_stalls() as report, Watch(s) as watch, learner_call(call):
                         t0 = time.perf_counter()
                         res = fn(s, x_host, w)
                         host_ms = (time.perf_counter() - t0) * 1e3
@@ -576,16 +573,18 @@ def check_step_without_syncs(fn) -> bool:
                 host_ms, report, watch, res, noted = best
                 if not s.emulated:
                     s.noted[:] = noted
-            except NotImplementedError:
+            except LearnerStop as stop:  # it ran past its time, or left torch's state changed
                 if s.emulated:
                     s.counting = False
                 s.synchronize()
-                return not_implemented(name)
+                return fail(name, str(stop))
             except Exception as exc:  # the learner's bug, reported, not raised
                 if s.emulated:
                     s.counting = False
                 s.synchronize()
-                return fail(name, f"{name}(s, x_host, w) {what} raised {type(exc).__name__}: {exc}")
+                if is_stub(exc, fn):
+                    return not_implemented(name)
+                return fail(name, f"{call} raised {raised(exc)}")
             if s.emulated:
                 s.counting = False
             host_ms_seen.append(host_ms)
@@ -650,11 +649,17 @@ def _sync_problem(s, report, watch, res, expected, host_ms, what) -> str | None:
     if getattr(done, "seq", None) is not None and into_out and max(into_out) > done.seq:
         return (f"the event {what} was recorded before the copy into the result: it is reached before the scores "
                 "are there, so the caller would read the result too early. Record it after the copy.")
-    done.synchronize()
+    try:
+        with learner_call(f"done_event.synchronize() {what}"):
+            done.synchronize()
+    except LearnerStop as stop:
+        return str(stop)
+    except Exception as exc:
+        return f"done_event.synchronize() {what} raised {raised(exc)}"
     if tuple(out.shape) != tuple(expected.shape) or out.dtype != expected.dtype:
         return (f"the result {what} has shape {tuple(out.shape)} {out.dtype}, the reference "
                 f"{tuple(expected.shape)} {expected.dtype}.")
-    if not torch.allclose(out, expected, rtol=1e-2, atol=5e-2):
+    if not same_tensor(out, expected, rtol=1e-2, atol=5e-2):
         return (f"the result {what} differs from the reference once the event is reached: was the event recorded "
                 "after the copy to the host, and is the scale the largest magnitude of x (`x.abs().max()`)?")
     return None

@@ -28,10 +28,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import steploop
-from ..args import callable_arg
 from ..streams import stream as _default_stream
 from ..timing import show
-from . import run_cases, same_int
+from . import (LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_int,
+               same_tensor)
 from .l03 import timeline_cases
 
 STEPS = 200        #: steps of each step loop
@@ -62,11 +62,6 @@ def _fail(name: str, message: str) -> bool:
     print(f"❌ {message}")
     if _failures[name] >= 2:
         print(f"💡 Hint: {HINTS[name]}")
-    return False
-
-
-def _not_implemented(name: str) -> bool:
-    print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
     return False
 
 
@@ -195,7 +190,7 @@ def _snapshot_problem(s, t, desc, expected, out) -> str | None:
         return (f"{call}: this returns pageable memory, not pinned: a non_blocking copy from pageable memory "
                 "is staged by the driver (and blocks the host when it is large, lesson 02). The snapshot "
                 "must be pinned.")
-    if not torch.equal(out, expected):
+    if not same_tensor(out, expected):
         return (f"{call}: the values differ from t's: a snapshot is a bitwise copy of t "
                 "(a pinned tensor allocated but never filled holds whatever was in that memory).")
     return None
@@ -208,8 +203,8 @@ def check_pin_snapshot(fn, stream=None) -> bool:
 
     ``stream``: the stream to run on (default :func:`pinlab.stream`: CUDA, or emulated without it).
     """
-    callable_arg("fn", fn)
     name = "pin_snapshot"
+    learner_arg(name, fn, "(t) -> tensor (a pinned copy of t)")
     s = _default_stream() if stream is None else stream
     with s:
         show("pin_snapshot checked on", s.label)
@@ -218,11 +213,14 @@ def check_pin_snapshot(fn, stream=None) -> bool:
             t = make()
             desc, expected = _describe(t), t.clone()
             try:
-                out = fn(t)
-            except NotImplementedError:
-                return _not_implemented(name)
+                with learner_call(f"pin_snapshot({desc})"):
+                    out = fn(t)
+            except LearnerStop as stop:  # it ran past its time, or left torch's state changed
+                return _fail(name, f"{name}: {stop}")
             except Exception as exc:  # the learner's bug, reported, not raised
-                return _fail(name, f"pin_snapshot({desc}) raised {type(exc).__name__}: {exc}")
+                if is_stub(exc, fn):
+                    return not_implemented(name)
+                return _fail(name, f"pin_snapshot({desc}) raised {raised(exc)}")
             problem = _snapshot_problem(s, t, desc, expected, out)
             if problem:
                 return _fail(name, problem)
@@ -231,12 +229,16 @@ def check_pin_snapshot(fn, stream=None) -> bool:
 
         def stage(n, data, dst):
             buf.copy_(data)                                     # the host writes step n into buf
-            dst.copy_(fn(buf), non_blocking=True)               # and copies a snapshot of it
+            with learner_call(f"pin_snapshot(buf) at step {n} of the step loop"):
+                snap = fn(buf)
+            dst.copy_(snap, non_blocking=True)                  # and copies a snapshot of it
 
         try:
             delivered, _ = _step_loop(s, stage)
+        except LearnerStop as stop:
+            return _fail(name, f"{name}: {stop}")
         except Exception as exc:
-            return _fail(name, f"pin_snapshot in the step loop raised {type(exc).__name__}: {exc}")
+            return _fail(name, f"pin_snapshot in the step loop raised {raised(exc)}")
         bad = _corruption(delivered)
         if bad:
             return _fail(name, f"pin_snapshot in the step loop: {bad}. The loop rewrites one pinned buffer every "
@@ -317,11 +319,13 @@ def _ring_run(s, fn, depth):
     log: list = []
     events = [_LoggedEvent(_event(s), log, j) for j in range(depth)]
 
+    buffers = tuple(ring)  # the checker's own references: the learner's code may change the list
+
     def stage(n, data, dst):
         log.clear()
-        with _CopyLog(log, ring, dst):
+        with _CopyLog(log, ring, dst), learner_call(f"ring_stage({n}, data, ring, events, dst)"):
             fn(n, data, ring, events, dst)
-        if not any(torch.equal(b, data) for b in ring):
+        if not any(torch.equal(b, data) for b in buffers):
             raise _NotInRing(n)
         j = _recorded_before_copy(log)
         if j is not None:
@@ -339,8 +343,8 @@ def check_ring_stage(fn, stream=None) -> bool:
     buffers must deliver every step and never make the host wait; a ring of :data:`SHALLOW` must
     deliver every step too, by waiting (the host then at most ``SHALLOW`` steps ahead).
     """
-    callable_arg("fn", fn)
     name = "ring_stage"
+    learner_arg(name, fn, "(n, data, ring, events, dst) -> None")
     s = _default_stream() if stream is None else stream
     waited_limit = STEPS // 4
     with s:
@@ -349,9 +353,9 @@ def check_ring_stage(fn, stream=None) -> bool:
             setting = f"a ring of {depth} buffers, the host up to {AHEAD} steps ahead of the GPU"
             try:
                 delivered, in_flight = _ring_run(s, fn, depth)
-            except NotImplementedError:
+            except LearnerStop as stop:  # it ran past its time, or left torch's state changed
                 s.synchronize()
-                return _not_implemented(name)
+                return _fail(name, f"{name}: {stop}")
             except _RecordedEarly as e:
                 s.synchronize()
                 n, j = e.args
@@ -366,7 +370,9 @@ def check_ring_stage(fn, stream=None) -> bool:
                                    f"write data into ring[n % len(ring)] and copy from that pinned buffer.")
             except Exception as exc:
                 s.synchronize()
-                return _fail(name, f"ring_stage ({setting}) raised {type(exc).__name__}: {exc}")
+                if is_stub(exc, fn):
+                    return not_implemented(name)
+                return _fail(name, f"ring_stage ({setting}) raised {raised(exc)}")
             bad = _corruption(delivered)
             if bad:
                 if depth <= AHEAD and max(in_flight[depth:]) <= depth:
@@ -416,4 +422,5 @@ def check_min_ring_depth(fn) -> bool:
         ([(0.0, 0.5), (0.5, 1.0), (1.9, 2.5)], [(1.0, 2.0), (2.0, 2.5), (2.5, 3.0)]),  # 0.1 before it: 3
         ([(0.0, 1.0)], [(5.0, 6.0)]),                                                  # one step: 1
     ]
-    return run_cases(fn, "min_ring_depth", cases, steploop.min_ring_depth, compare=same_int)
+    return run_cases(fn, "min_ring_depth", cases, steploop.min_ring_depth, compare=same_int,
+                     signature="(writes, copies) -> int (buffers)")

@@ -18,7 +18,8 @@ import random
 
 import torch
 
-from ..args import callable_arg
+from . import (LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
+               summary)
 from ..lessons import l06_device_side_indices as l06
 from ..streams import LaggingStream
 
@@ -51,11 +52,6 @@ def _fail(name: str, message: str) -> bool:
     return False
 
 
-def _not_implemented(name: str) -> bool:
-    print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
-    return False
-
-
 # ---- exercise 1: rotary ids on the device, no Python loop over images ----------------------------
 
 
@@ -75,7 +71,12 @@ def rot_pos_cases(seed: int = 6) -> list:
 
 
 def _describe_mismatch(got: torch.Tensor, expected: torch.Tensor, grid, m) -> str:
-    if got.shape != expected.shape:
+    with torch._C.DisableTorchFunctionSubclass():  # a tensor subclass's own __torch_function__ does not decide
+        return _mismatch(got, expected, grid, m)
+
+
+def _mismatch(got: torch.Tensor, expected: torch.Tensor, grid, m) -> str:
+    if tuple(got.shape) != tuple(expected.shape):
         n_frame = sum(h * w for _, h, w in grid)
         if got.dim() == 2 and got.shape[0] == n_frame and n_frame != expected.shape[0]:
             return (f"returned {got.shape[0]} rows, expected {expected.shape[0]} = Σ t·h·w: every frame of a "
@@ -96,7 +97,8 @@ def _run_emulated(fn, grid, m):
     """Run ``fn(grid, m, device)`` on a fresh LaggingStream under a call counter."""
     with LaggingStream() as s:
         with l06.TorchCalls(s) as calls:
-            out = fn([list(r) for r in grid], m, s.device)
+            with learner_call(f"rot_pos_ids({grid if len(grid) <= 3 else f'<{len(grid)} rows>'}, m={m}, device)"):
+                out = fn([list(r) for r in grid], m, s.device)
         # device memory, or made from device factories (the emulation loses track of a reshape
         # that copies, so ids built with torch.arange(..., device=device) count as on the device)
         on_device = isinstance(out, torch.Tensor) and (s.is_device(out) or calls.device_factories > 0
@@ -108,17 +110,19 @@ def _run_emulated(fn, grid, m):
 def check_rot_pos_ids(fn) -> bool:
     """``rot_pos_ids(grid_thw, m, device)`` -> int64 ``[Σ t·h·w, 2]`` on ``device``, no Python loop
     of per-image launches, at most one (pinned, ``non_blocking``) H2D copy, no host sync."""
-    callable_arg("fn", fn)
     name = "rot_pos_ids"
+    learner_arg(name, fn, "(grid_thw, m, device) -> tensor of int64 ids [Σ t·h·w, 2]")
     n = 0
     for grid, m in rot_pos_cases():
         expected = l06.ids_before(grid, m, "cpu")
         try:
             got, on_device, calls = _run_emulated(fn, grid, m)
-        except NotImplementedError:
-            return _not_implemented(name)
+        except LearnerStop as stop:  # it ran past its time, or left torch's state changed
+            return _fail(name, f"{name}: {stop}")
         except Exception as exc:  # the learner's bug, reported, not raised
-            return _fail(name, f"{name}({grid}, m={m}) raised {type(exc).__name__}: {exc}"[:400])
+            if is_stub(exc, fn):
+                return not_implemented(name)
+            return _fail(name, f"{name}({grid}, m={m}) raised {raised(exc)}"[:400])
         where = f"{name}(grid_thw={grid if len(grid) <= 3 else f'{len(grid)} rows'}, m={m})"
         if not isinstance(got, torch.Tensor):
             return _fail(name, f"{where} returned {type(got).__name__}, expected a torch.Tensor of ids")
@@ -127,7 +131,7 @@ def check_rot_pos_ids(fn) -> bool:
                                f"ids stay integers (they index the cos/sin table)")
         if got.dtype != torch.int64:
             return _fail(name, f"{where} returned {got.dtype} ids, expected torch.int64 (as torch.arange makes them)")
-        if not torch.equal(got, expected):
+        if not same_tensor(got, expected):
             return _fail(name, f"{where} {_describe_mismatch(got, expected, grid, m)}")
         if not on_device:
             return _fail(name, f"{where}: the ids are host memory; build them with device=device "
@@ -148,8 +152,13 @@ def check_rot_pos_ids(fn) -> bool:
                                f"images, once")
         n += 1
     few, many = [[1, 4, 4], [2, 6, 2]], [[1, 4, 4], [2, 6, 2]] * 8
-    _, _, c_few = _run_emulated(fn, few, 2)
-    _, _, c_many = _run_emulated(fn, many, 2)
+    try:
+        _, _, c_few = _run_emulated(fn, few, 2)
+        _, _, c_many = _run_emulated(fn, many, 2)
+    except LearnerStop as stop:
+        return _fail(name, f"{name}: {stop}")
+    except Exception as exc:
+        return _fail(name, f"{name}({many}, m=2) raised {raised(exc)}"[:400])
     if c_many.calls > c_few.calls + 2:
         return _fail(name, f"{name} made {c_few.calls} torch calls for {len(few)} images and {c_many.calls} "
                            f"for {len(many)}: the calls grow with the images, so there is a Python loop of "
@@ -158,11 +167,14 @@ def check_rot_pos_ids(fn) -> bool:
     if torch.cuda.is_available():  # and for real on the GPU
         for grid, m in rot_pos_cases()[:6]:
             try:
-                got = fn([list(r) for r in grid], m, torch.device("cuda"))
-                same = isinstance(got, torch.Tensor) and got.device.type == "cuda" and torch.equal(
+                with learner_call(f"{name}({grid}, m={m}, device='cuda')"):
+                    got = fn([list(r) for r in grid], m, torch.device("cuda"))
+                same = isinstance(got, torch.Tensor) and got.device.type == "cuda" and same_tensor(
                     got.cpu(), l06.ids_before(grid, m, "cpu"))
+            except LearnerStop as stop:
+                return _fail(name, f"{name}: {stop}")
             except Exception as exc:
-                return _fail(name, f"{name}({grid}, m={m}, device='cuda') raised {type(exc).__name__}: {exc}"[:400])
+                return _fail(name, f"{name}({grid}, m={m}, device='cuda') raised {raised(exc)}"[:400])
             if not same:
                 return _fail(name, f"{name}({grid}, m={m}, device='cuda') did not return the ids on the GPU, "
                                    f"equal to (a)")
@@ -182,17 +194,21 @@ def check_d2h_outputs(start_d2h, finish_d2h) -> bool:
     """``start_d2h(s, out)`` -> ``(host, event)``: a fresh pinned host tensor with ``out``'s copy
     queued (``non_blocking``) and an event recorded after it; ``finish_d2h(host, event)`` -> the
     values (list or tensor), read only after the event, waiting for nothing more."""
-    callable_arg("start_d2h", start_d2h)
-    callable_arg("finish_d2h", finish_d2h)
+    learner_arg("start_d2h", start_d2h, "(s, out) -> (host, event)")
+    learner_arg("finish_d2h", finish_d2h, "(host, event) -> the values (a list or a tensor)")
     name = "d2h_outputs"
     n_steps_total = 0
     for steps, width in _steps_cases():
         try:
             verdict = _run_d2h(start_d2h, finish_d2h, steps, width)
-        except NotImplementedError:
-            return _not_implemented(name)
+        except LearnerStop as stop:  # it ran past its time, or left torch's state changed
+            return _fail(name, f"{name}: {stop}")
+        except _NotValues as exc:
+            return _fail(name, str(exc))
         except Exception as exc:
-            return _fail(name, f"{name} raised {type(exc).__name__}: {exc}"[:400])
+            if is_stub(exc, start_d2h, finish_d2h):
+                return not_implemented(name)
+            return _fail(name, f"{name} raised {raised(exc)}"[:400])
         if verdict is not None:
             return _fail(name, verdict)
         n_steps_total += steps
@@ -201,10 +217,18 @@ def check_d2h_outputs(start_d2h, finish_d2h) -> bool:
     return True
 
 
-def _as_values(v):
-    if isinstance(v, torch.Tensor):
-        return v.tolist()
-    return list(v)
+class _NotValues(Exception):
+    pass
+
+
+def _as_values(v, m: int):
+    """finish_d2h's answer (a list, tuple or tensor of ints) as a list of Python ints: its type is
+    checked first, so that no object of the learner's decides the comparison."""
+    try:
+        return int_list(v)
+    except TypeError:
+        raise _NotValues(f"step {m}: finish_d2h returned {summary(v, 80)}, expected the step's values as a list "
+                         "of ints or a tensor (host.tolist(), or host itself)") from None
 
 
 def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
@@ -219,7 +243,8 @@ def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
             torch.add(base, 1000 * (n + 1), out=out)            # step n's result, computed on the GPU
             s.busy(1.0)
             s.launch(ran.add, n)                                 # marks the moment step n's work has run
-            got = start_d2h(s, out)
+            with learner_call(f"start_d2h(s, out) at step {n}"):
+                got = start_d2h(s, out)
             if not (isinstance(got, tuple) and len(got) == 2):
                 return "start_d2h must return (host_tensor, event)"
             host, ev = got
@@ -240,13 +265,17 @@ def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
             pending.append((n, (host, ev)))
             if len(pending) > 1:  # the host reads step n-1 while step n is in flight
                 m, (h, e) = pending.pop(0)
-                values = _as_values(finish_d2h(h, e))
+                with learner_call(f"finish_d2h(host, event) for step {m}"):
+                    values = finish_d2h(h, e)
+                values = _as_values(values, m)
                 if n in ran:
                     return (f"step {m}: finish_d2h waited for the whole stream (step {n} had finished too): "
                             f"wait only for this step's event, so that the next steps stay queued")
                 results[m] = values
         for m, (h, e) in pending:
-            results[m] = _as_values(finish_d2h(h, e))
+            with learner_call(f"finish_d2h(host, event) for step {m}"):
+                values = finish_d2h(h, e)
+            results[m] = _as_values(values, m)
         s.synchronize()
     for m in range(steps):
         expected = [1000 * (m + 1) + i for i in range(width)]
