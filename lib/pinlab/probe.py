@@ -101,6 +101,9 @@ def _cu_attributes() -> dict:
         if lib.cuDeviceGet(ctypes.byref(dev), 0) != 0:
             return {}
         out = {}
+        version = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            out["driver_version"] = int(version.value)
         for key, attr in names.items():
             value = ctypes.c_int()
             if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0:
@@ -182,11 +185,8 @@ def platform_facts() -> dict:
         "vram_free_gib": round(free / GiB, 1),
         "other_gpu_processes": _gpu_processes(),
     })
-    try:
-        version = torch._C._cuda_getDriverVersion()  # e.g. 13000
-        out["driver_cuda"] = f"{version // 1000}.{version % 1000 // 10}" if version else None
-    except (AttributeError, RuntimeError):
-        pass
+    version = _cu_attributes().get("driver_version")  # e.g. 13000
+    out["driver_cuda"] = f"{version // 1000}.{version % 1000 // 10}" if version else None
     rows = _nvidia_smi("pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max")
     if rows:
         vals = [v.strip() for v in rows[0].split(",")]
@@ -266,10 +266,11 @@ def unmet(requires: dict | None) -> list[str]:
         reasons.append(f"it needs {need} GiB of host RAM and {p['host_ram_available_gib']:.1f} GiB is available")
     need = requires.get("pinned_gib")
     if need:
-        budget = [v for v in (p.get("pinned_limit_gib"), p.get("memlock_limit_gib")) if v is not None]
-        if budget and min(budget) < need:
-            reasons.append(f"it page-locks {need} GiB and this machine allows {min(budget):.1f} GiB "
-                           "(memlock limit or $PINLAB_PINNED_LIMIT_GIB)")
+        # only the course's own budget: cudaHostAlloc is not bound by the memlock limit (ulimit -l; 2 GiB
+        # were pinned under a 1 MiB limit on the H200 machine), so that limit would replay what runs fine
+        budget = p.get("pinned_limit_gib")
+        if budget is not None and budget < need:
+            reasons.append(f"it page-locks {need} GiB and $PINLAB_PINNED_LIMIT_GIB allows {budget:.1f} GiB")
     return reasons
 
 
