@@ -334,3 +334,28 @@ def test_mutation_check_counts_only_behaviour_tests(tmp_path, monkeypatch, capsy
     assert "test_pinned_hash.py::test_source_unchanged" in out.split("control", 1)[1].splitlines()[0]
     assert mc.caught_by({"test_evidence.py::t", "test_notebooks.py::t", "test_l01.py::t"}, set(), set()) == [
         "test_l01.py::t"]
+
+
+def test_suites_started_at_once_add_their_stability_runs_under_one_lock(tmp_path):
+    """gpu_suite.stability_lock: three writers doing read-merge-write lose no update."""
+    import json
+    import threading
+
+    import gpu_suite
+
+    path = tmp_path / "stability.json"
+    path.write_text("[]")
+
+    def add(i):
+        for _ in range(40):
+            with gpu_suite.stability_lock(path):
+                runs = json.loads(path.read_text())
+                runs.append(i)
+                path.write_text(json.dumps(runs))
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(json.loads(path.read_text())) == sorted([0, 1, 2] * 40)

@@ -293,6 +293,19 @@ def build_stability(old: dict, entries: list[dict], meta: dict, command: str, ke
     return {**meta, "utc": utc_now(), "command": command, "notebooks": merged}, dropped
 
 
+@contextlib.contextmanager
+def stability_lock(path: Path):
+    """An exclusive lock (fcntl) beside ``path`` for its read-merge-write."""
+    import fcntl
+
+    with open(path.with_name("." + path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def load_json(path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -820,9 +833,13 @@ def main(argv: list[str]) -> int:
         for why in dropped:
             print(f"    dropped a stale entry: {why}")
     if stab:
-        stability, s_dropped = build_stability(old_stab, stab, meta, command, keep)
         spath = out_dir / ("keep-going-stability.json" if args.keep_going else "stability.json")
-        spath.write_text(json.dumps(stability, indent=1) + "\n")
+        # read again under a lock: suites started at once on disjoint --only sets (the runs of a short lease
+        # spread over one GPU) each add their runs to the file as it is now, not as it was at their start
+        with stability_lock(spath):
+            current = load_json(spath) if spath == REPORTS / "stability.json" else old_stab
+            stability, s_dropped = build_stability(current or {}, stab, meta, command, keep)
+            spath.write_text(json.dumps(stability, indent=1) + "\n")
         print(f"wrote {spath.relative_to(ROOT)} ({len(stab)} notebooks from this run, "
               f"{len(stability['notebooks']) - len(stab)} kept)")
         for why in s_dropped:
