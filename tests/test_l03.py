@@ -190,10 +190,10 @@ def test_waits_checks_its_arguments():
 def test_launch_queue_on_the_lagging_stream_runs_every_launch_and_never_blocks():
     res = l03.launch_queue(launches=300, busy_ms=5.0, numel=8, stream=pinlab.LaggingStream())
     assert res["ran"] == 300 and len(res["launch_us"]) == 300 and res["launches"] == 300
-    # nothing limits the emulated queue; its busy kernel runs at the first event query (the emulated GPU
-    # progresses while the host polls), so a slow call later on is never taken for a full queue
-    assert res["busy_done_at"] is not None and res["busy_done_at"] <= 2
-    assert res["full_at"] is None or res["full_at"] < res["busy_done_at"]
+    # nothing limits the emulated queue, and a single event query runs nothing (the emulated GPU moves on
+    # only while the host spins on one event): the busy kernel is never seen done during the loop, so no
+    # call, however slow, is taken for a full queue
+    assert res["busy_done_at"] is None and res["full_at"] is None
     assert set(res["before_full"]) == {"median_us", "p90_us", "max_us"}
     assert res["before_full"]["median_us"] <= res["before_full"]["p90_us"] <= res["before_full"]["max_us"]
     json.dumps(res)

@@ -14,31 +14,47 @@ The lessons' loops are plain torch code::
 * :class:`CudaStream` is the current CUDA stream, nothing added: ``busy`` is
   :func:`pinlab.gpu_busy`, ``Event`` is ``torch.cuda.Event``.
 * :class:`LaggingStream` runs the same code on a machine without a GPU, as if the GPU were far
-  behind the host: device work waits in a queue and runs only when the host waits for it. While
-  its ``with`` block is active, a :class:`torch.overrides.TorchFunctionMode` emulates what
-  matters for host-to-device copies:
+  behind the host: device work waits in a queue and runs only when the host waits for it (or polls
+  an event, see below). While its ``with`` block is active, a
+  :class:`torch.overrides.TorchFunctionMode` emulates what matters for host-to-device copies:
 
   - ``torch.zeros(..., pin_memory=True)``, ``t.pin_memory()`` and ``t.is_pinned()`` work on a
     CPU-only torch; ``pin_memory()`` of an (emulated) pinned tensor returns that same tensor, as
     torch does;
-  - a tensor created with an explicit ``device=s.device`` (or ``t.to(s.device)``) is device
-    memory; create host tensors *without* a device argument;
+  - a tensor created with an explicit ``device=s.device`` is device memory; create host tensors
+    *without* a device argument. ``t.to(s.device)``, ``t.to("cuda")`` and ``t.cuda()`` give device
+    memory (``t`` itself when it already is, as torch returns ``self``); ``t.to("cpu")`` and
+    ``t.cpu()`` give host memory. A device tensor's ``.device`` is ``s.device`` itself (so
+    ``x.to(d.device)`` follows ``d``); ``s.device`` equals ``torch.device("cpu")``, so only that
+    object (or a CUDA device) names the emulated GPU in ``to()`` (``module.to(s.device)`` hands its
+    tensors a copy of it: they stay host memory);
   - ``dst.copy_(src, non_blocking=True)`` into device memory is queued. From a pinned ``src`` it
     reads ``src`` when it runs (later); from a pageable ``src`` it is staged (copied) now, as the
     driver does, except that a pageable copy larger than :data:`STAGING_LIMIT` first waits for
     the queue (the driver cannot stage it: the fake ``non_blocking``). A D2H ``non_blocking`` copy
     into pinned host memory is queued too (read it only after an event); into pageable memory it
-    waits;
-  - in-place ops and ``out=`` ops on device memory, and :meth:`LaggingStream.launch`, are queued;
+    waits. ``non_blocking`` counts however torch accepts it: ``copy_(src, True)``,
+    ``to(device, dtype, True)``, ``to(dtype, True)``, ``to(other, True)``, ``cuda(device, True)``;
+  - in-place ops and ``out=`` ops on device memory, device-to-device copies (``d2.copy_(d)``,
+    ``d.to(torch.float64)``, ``d.to(s.device, copy=True)``) and :meth:`LaggingStream.launch` are queued;
     any other op that reads device memory (``.tolist()``, ``.item()``, arithmetic, a blocking
-    copy) first runs the queue: the host waits for the emulated GPU, as it would for a real one.
+    copy) first runs the queue: the host waits for the emulated GPU, as it would for a real one;
+  - events (``s.Event()``, and ``torch.cuda.Event()`` while the block is active) mark the queue:
+    ``synchronize()`` runs the queue up to the mark and no further (at once if the mark has run,
+    or was never recorded); ``query()`` says whether the queue has run past the mark, without
+    running anything, except that an event polled again with nothing queued or run in between
+    lets the emulated GPU run one more queued item (a GPU progresses while the host spins, so
+    ``while not ev.query(): pass`` ends);
+  - emulated device and pinned memory is host memory, freed when the program drops the last
+    reference to it, as the CUDA caching allocators make it reusable
+    (:meth:`LaggingStream.device_bytes`, :meth:`LaggingStream.pinned_bytes`).
 
   The emulation is exact about *order* (what a lagging GPU would read) and says nothing about
   time: its results are labelled "emulated" wherever they are shown.
 """
 from __future__ import annotations
 
-import sys
+import weakref
 from collections import deque
 
 import torch
@@ -79,8 +95,11 @@ class CudaStream:
 
         gpu_busy(ms)
 
-    def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
-        return torch.cuda.Event()
+    def Event(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):  # noqa: N802
+        """A ``torch.cuda.Event`` (the same arguments): ``record()`` it after the work it marks;
+        ``synchronize()`` waits until the GPU has run that work, ``query()`` says whether it has
+        (without waiting). Named like the class it returns."""
+        return torch.cuda.Event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()
@@ -96,6 +115,10 @@ class CudaStream:
 
         return pinned_bytes_held()
 
+    def device_bytes(self) -> int:
+        """Bytes of device memory held by live tensors (``torch.cuda.memory_allocated()``)."""
+        return int(torch.cuda.memory_allocated())
+
     def host_stats(self) -> dict:
         from .hostmem import host_stats
 
@@ -108,27 +131,79 @@ class CudaStream:
         release_cached_host_blocks()
 
 
-class _LaggingEvent:
-    """An event on a :class:`LaggingStream`: ``record()`` marks the queue, ``synchronize()`` runs
-    the queue up to the mark, ``query()`` says whether the mark has been reached."""
+class _Queue(deque):
+    """A :class:`LaggingStream`'s queue of device work (callables) and event marks; ``state()``
+    changes whenever an item is added or taken out."""
 
-    def __init__(self, stream: "LaggingStream"):
+    def __init__(self):
+        super().__init__()
+        self.pushed = 0
+
+    def append(self, item) -> None:
+        self.pushed += 1
+        super().append(item)
+
+    def state(self) -> tuple:
+        return self.pushed, len(self)
+
+
+class _Mark:
+    """An event's place in a :class:`LaggingStream`'s queue; ``done`` once the queue has passed it."""
+
+    __slots__ = ("done",)
+
+    def __init__(self):
+        self.done = False
+
+
+class _LaggingEvent:
+    """An event on a :class:`LaggingStream`, made by ``s.Event()`` (or ``torch.cuda.Event()`` in its
+    ``with`` block), with ``torch.cuda.Event``'s calls:
+
+    - ``record()`` marks the queue (a new mark each time, as CUDA re-records);
+    - ``synchronize()`` runs the queue up to the mark, and nothing after it; it returns at once when
+      the mark has already run, or when the event was never recorded (as ``torch.cuda.Event`` does);
+    - ``query()`` is True when the queue has run past the mark, or the event was never recorded.
+      A query looks and runs nothing: until the host waits, it says False, as it would behind a
+      busy GPU. But a real GPU drains its queue while the host spins on an event, so when the host
+      queries this event again with nothing queued or run in between (it only polls), the emulated
+      GPU first runs one more queued item: ``while not ev.query(): pass`` ends, after at most one
+      poll more than the items queued before the mark. (A single query per step, as a loop that
+      counts what is still in flight makes, runs nothing, so the emulated GPU stays as far behind
+      as ever and a race still shows.) The choice: a query that ran queued work on its own would
+      let a loop that only looks hide its race; a poll that never ran anything would hang.
+    - ``wait()`` does nothing (one emulated stream: everything is already in order);
+    - ``elapsed_time()`` raises: the emulation says nothing about time.
+    """
+
+    def __init__(self, stream: "LaggingStream", enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False):
         self._stream = stream
         self._mark = None
+        self._polled = None  # the queue's state() when this event was last queried
 
     def record(self, stream=None) -> None:
-        self._mark = object()
+        self._mark = _Mark()
         self._stream._queue.append(self._mark)
 
     def synchronize(self) -> None:
-        if self._mark is not None:
+        if self._mark is not None and not self._mark.done:
             self._stream._run_until(self._mark)
 
     def wait(self, stream=None) -> None:
         return None  # one emulated stream: everything is already in order
 
     def query(self) -> bool:
-        return self._mark is None or self._mark not in self._stream._queue
+        if self._mark is None or self._mark.done:
+            return True
+        stream, queue = self._stream, self._stream._queue
+        if self._polled == queue.state():
+            stream._advance()  # polled again, nothing else happened: the GPU moves on meanwhile
+        self._polled = queue.state()
+        return self._mark.done
+
+    def elapsed_time(self, end_event) -> float:
+        raise RuntimeError("elapsed_time() needs CUDA events on a GPU: the emulated stream says nothing about time")
 
 
 # Ops that only look at metadata or make views: they never wait for the emulated GPU.
@@ -143,6 +218,9 @@ _NO_DATA = {
 _FACTORIES = {"zeros", "empty", "ones", "full", "arange", "tensor", "as_tensor", "zeros_like", "empty_like",
               "ones_like", "full_like", "rand", "randn", "randint", "randperm", "linspace", "empty_strided",
               "eye", "rand_like", "randn_like"}
+# The positional arguments of Tensor.to's three forms (after self), as torch names them.
+_TO_FORMS = {"device": ("device", "dtype", "non_blocking", "copy"), "dtype": ("dtype", "non_blocking", "copy"),
+             "other": ("other", "non_blocking", "copy")}
 
 
 def _name(func) -> str:
@@ -160,6 +238,12 @@ def _tensors(obj):
             yield from _tensors(o)
 
 
+def _forget(table: dict, key: int, ref) -> None:
+    """A tracked storage was freed: forget its address (unless a newer storage holds it already)."""
+    if table.get(key) is ref:
+        del table[key]
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, stream: "LaggingStream"):
         super().__init__()
@@ -171,6 +255,9 @@ class _Mode(TorchFunctionMode):
         if s._draining:
             return func(*args, **kwargs)
         name = _name(func)
+        if name == "__get__" and getattr(getattr(func, "__self__", None), "__name__", None) == "device":
+            t = args[0] if args else None
+            return s.device if s.is_device(t) else func(*args, **kwargs)  # t.device of device memory
         if name in ("pin_memory",) and args and isinstance(args[0], torch.Tensor):
             return s._pin_memory(args[0])
         if name == "is_pinned" and args and isinstance(args[0], torch.Tensor):
@@ -178,11 +265,10 @@ class _Mode(TorchFunctionMode):
         if name in _FACTORIES and ("pin_memory" in kwargs or "device" in kwargs):
             return s._factory(func, args, kwargs)
         if name == "copy_" and len(args) >= 2:
-            return s._copy(args[0], args[1], bool(kwargs.get("non_blocking", False)))
-        if name == "to" and args and isinstance(args[0], torch.Tensor):
-            return s._to(func, args, kwargs)
-        if name in ("cuda", "cpu") and args and isinstance(args[0], torch.Tensor):
-            return s._to(func, (args[0], s.device if name == "cuda" else torch.device("cpu")), kwargs)
+            non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)  # copy_(src, True)
+            return s._copy(args[0], args[1], bool(non_blocking))
+        if name in ("to", "cuda", "cpu") and args and isinstance(args[0], torch.Tensor):
+            return s._to(func, name, args, kwargs)
         touched = [t for t in _tensors((args, kwargs)) if s.is_device(t)]
         if not touched:
             return func(*args, **kwargs)
@@ -225,7 +311,8 @@ class LaggingStream:
     """A CPU stand-in for a CUDA stream that lags far behind the host (see the module docstring).
 
     Use it as a context manager; :func:`stream` returns one on a machine without CUDA. Leaving the
-    ``with`` block runs whatever is still queued.
+    ``with`` block runs whatever is still queued. While the block is active, ``torch.cuda.Event``
+    makes this stream's events (as :meth:`Event`), so code written for CUDA runs unchanged.
     """
 
     emulated = True
@@ -233,11 +320,14 @@ class LaggingStream:
 
     def __init__(self):
         self.device = torch.device("cpu")
-        self._queue: deque = deque()
-        self._device: dict[int, torch.Tensor] = {}   # storage data_ptr -> a tensor holding it
-        self._pinned: dict[int, torch.Tensor] = {}
+        self._queue = _Queue()
+        # storage data_ptr -> a weak reference to that storage: held weakly, so that memory the program
+        # drops is freed (and forgotten: a new tensor at the same address is not taken for it)
+        self._device: dict[int, weakref.ref] = {}
+        self._pinned: dict[int, weakref.ref] = {}
         self._draining = False
         self._mode = None
+        self._saved_cuda_event = None
 
     # --- the context ------------------------------------------------------------------------
     def __enter__(self) -> "LaggingStream":
@@ -245,6 +335,8 @@ class LaggingStream:
             raise RuntimeError("this LaggingStream is already active; make a new one for a nested block")
         self._mode = _Mode(self)
         self._mode.__enter__()
+        self._saved_cuda_event = torch.cuda.Event
+        torch.cuda.Event = self._cuda_event_class()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -252,16 +344,34 @@ class LaggingStream:
             if exc[0] is None:
                 self.synchronize()
         finally:
+            torch.cuda.Event, self._saved_cuda_event = self._saved_cuda_event, None
             mode, self._mode = self._mode, None
             mode.__exit__(*exc)
+
+    def _cuda_event_class(self):
+        """What ``torch.cuda.Event`` is while this stream is active: a class making its events."""
+        stream = self
+
+        class Event(_LaggingEvent):
+            """``torch.cuda.Event`` inside an active :class:`LaggingStream`: an event on that stream
+            (the same as ``s.Event()``; the timing and IPC arguments are accepted and ignored)."""
+
+            def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+                super().__init__(stream)
+
+        return Event
 
     # --- the calls the lessons use ----------------------------------------------------------
     def busy(self, ms: float) -> None:
         """The emulated GPU is always behind: nothing to add (``ms`` is checked, then ignored)."""
         positive_number("ms", ms)
 
-    def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
-        return _LaggingEvent(self)
+    def Event(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):  # noqa: N802
+        """An event on this stream, with ``torch.cuda.Event``'s calls and arguments (the timing
+        ones are ignored): ``record()`` marks the queue, ``synchronize()`` runs the queue up to the
+        mark (at once when it has run), ``query()`` says whether the mark has run (polled again and
+        again, it lets the emulated GPU move on one item per poll). Named like the class it mirrors."""
+        return _LaggingEvent(self, enable_timing, blocking, interprocess)
 
     def synchronize(self) -> None:
         """Run everything queued (the host waits for the emulated GPU)."""
@@ -273,16 +383,19 @@ class LaggingStream:
         self._queue.append(lambda: fn(*args, **kwargs))
 
     def pinned_bytes(self) -> int:
-        """Bytes of emulated pinned memory still referenced by the program."""
-        self._prune()
-        return sum(t.untyped_storage().nbytes() for t in self._pinned.values())
+        """Bytes of emulated pinned memory still referenced by the program (or by queued work)."""
+        return self._live_bytes(self._pinned)
+
+    def device_bytes(self) -> int:
+        """Bytes of emulated device memory still referenced by the program (or by queued work)."""
+        return self._live_bytes(self._device)
 
     def host_stats(self) -> dict:
         return {}
 
     def release(self) -> None:
+        """Run the queue (the emulation caches no pinned blocks: dropped memory is already freed)."""
         self.synchronize()
-        self._prune()
 
     def pending(self) -> int:
         """How many queued items (copies, kernels, event marks) have not run yet."""
@@ -293,28 +406,36 @@ class LaggingStream:
     def _key(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
 
+    @staticmethod
+    def _live_bytes(table: dict) -> int:
+        storages = [ref() for ref in list(table.values())]
+        return sum(st.nbytes() for st in storages if st is not None)
+
     def _register(self, table: dict, t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().nbytes():
-            table[self._key(t)] = t
+        st = t.untyped_storage()
+        if st.nbytes():
+            key = st.data_ptr()
+            old = table.get(key)
+            if old is None or old() is not st:
+                # forgotten when the storage is freed (the last tensor or view on it dropped)
+                table[key] = weakref.ref(st, lambda ref, table=table, key=key: _forget(table, key, ref))
         return t
 
+    @staticmethod
+    def _holds(table: dict, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        st = t.untyped_storage()
+        if not st.nbytes():
+            return False
+        ref = table.get(st.data_ptr())
+        return ref is not None and ref() is st  # the same storage, not a new one at a freed address
+
     def is_device(self, t: torch.Tensor) -> bool:
-        return isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0 and self._key(t) in self._device
+        return self._holds(self._device, t)
 
     def is_pinned(self, t: torch.Tensor) -> bool:
-        return isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0 and self._key(t) in self._pinned
-
-    def _prune(self) -> None:
-        """Forget pinned blocks nobody references any more (a freed snapshot), so that a new
-        allocation at the same address is not taken for pinned memory."""
-        for key in list(self._pinned):
-            t = self._pinned[key]
-            # forget it when nobody else holds the tensor (only the dict, `t` and the argument) and
-            # nobody else uses its storage (only the dict's tensor and the temporary storage object):
-            # a parameter given it with `p.data = pinned` shares the storage, not the tensor object
-            use_count = getattr(torch._C, "_storage_Use_Count", None)
-            if sys.getrefcount(t) <= 3 and (use_count is None or use_count(t.untyped_storage()._cdata) <= 2):
-                del self._pinned[key]
+        return self._holds(self._pinned, t)
 
     # --- the queue --------------------------------------------------------------------------
     class _Drain:
@@ -331,22 +452,50 @@ class LaggingStream:
         return LaggingStream._Drain(self)
 
     def _run_until(self, mark) -> None:
+        """Run the queue up to ``mark`` (a :class:`_Mark` still queued) or, for None, all of it."""
         with self._drain():
             while self._queue:
                 item = self._queue.popleft()
-                if item is mark:
-                    return
-                if callable(item):
+                if isinstance(item, _Mark):
+                    item.done = True
+                    if item is mark:
+                        return
+                else:
                     item()
-        self._prune()
+
+    def _advance(self) -> None:
+        """The emulated GPU moves on by one queued item (marks it passes cost nothing)."""
+        with self._drain():
+            ran = False
+            while self._queue:
+                item = self._queue[0]
+                if isinstance(item, _Mark):
+                    item.done = True
+                elif ran:
+                    return
+                else:
+                    ran = True
+                    self._queue.popleft()
+                    item()
+                    continue
+                self._queue.popleft()
 
     # --- intercepted torch calls ------------------------------------------------------------
     def _is_our_device(self, device) -> bool:
-        """An explicit ``device=`` names the emulated GPU: ``s.device``, or any CUDA device."""
+        """An explicit ``device=`` of a factory names the emulated GPU: ``s.device``, or any CUDA device."""
         if device is None:
             return False
         d = torch.device(device)
         return d.type == "cuda" or d == self.device
+
+    def _names_gpu(self, device) -> bool:
+        """A ``to()`` target names the emulated GPU: ``s.device`` itself, or any CUDA device (an int
+        too, as torch reads it). Any other CPU device (``"cpu"``) is host memory."""
+        if device is self.device:
+            return True
+        if isinstance(device, int) and not isinstance(device, bool):
+            return True
+        return torch.device(device).type == "cuda"
 
     def _factory(self, func, args, kwargs):
         pin = bool(kwargs.pop("pin_memory", False))
@@ -401,40 +550,71 @@ class LaggingStream:
         self._queue.append(lambda: dst.copy_(src))  # device to device: a kernel, in order
         return dst
 
-    def _to(self, func, args, kwargs):
+    def _to_args(self, name: str, rest: tuple, kwargs: dict):
+        """``(target, dtype, non_blocking, copy)`` of ``t.to/cuda/cpu(*rest, **kwargs)`` in every form
+        torch accepts (non_blocking positional too); ``target`` is ``"gpu"``, ``"host"``, None (the
+        same side) or another torch.device. Arguments torch refuses raise torch's own error."""
+        if name == "cpu":
+            torch.empty(0).cpu(*rest, **kwargs)  # torch's check of the arguments (memory_format only)
+            return "host", None, False, False
+        if name == "cuda":
+            if len(rest) > 2:
+                raise TypeError(f"cuda() takes at most 2 positional arguments ({len(rest)} given)")
+            vals = dict(zip(("device", "non_blocking"), rest), **kwargs)
+            return "gpu", None, bool(vals.get("non_blocking", False)), False
+        form = ("other" if rest and isinstance(rest[0], torch.Tensor)
+                else "dtype" if rest and isinstance(rest[0], torch.dtype) else "device")
+        names = _TO_FORMS[form]
+        vals = dict(zip(names, rest))
+        vals.update(kwargs)
+        # torch's own check of the arguments (it knows no copy=; an int device is a CUDA index)
+        check = list(rest[: len(names) - 1]) if len(rest) == len(names) else list(rest)
+        check_kw = {k: v for k, v in kwargs.items() if k != "copy"}
+        if form == "device" and check and isinstance(check[0], int) and not isinstance(check[0], bool):
+            check[0] = torch.device("cuda", check[0])
+        if isinstance(check_kw.get("device"), int) and not isinstance(check_kw["device"], bool):
+            check_kw["device"] = torch.device("cuda", check_kw["device"])
+        torch._C._nn._parse_to(*check, **check_kw)
+        if form == "other":
+            other = vals["other"]
+            device, dtype = (self.device if self.is_device(other) else other.device), other.dtype
+        else:
+            device, dtype = vals.get("device"), vals.get("dtype")
+        if device is None:
+            target = None
+        elif self._names_gpu(device):
+            target = "gpu"
+        else:
+            target = "host" if torch.device(device).type == "cpu" else torch.device(device)
+        return target, dtype, bool(vals.get("non_blocking", False)), bool(vals.get("copy", False))
+
+    def _to(self, func, name: str, args: tuple, kwargs: dict):
         t = args[0]
-        target = kwargs.get("device")
-        rest = list(args[1:])
-        if target is None and rest and isinstance(rest[0], (str, int, torch.device)):
-            target = rest.pop(0)
-            target = torch.device("cuda", target) if isinstance(target, int) else target
-        dtype = kwargs.get("dtype")
-        if dtype is None and rest and isinstance(rest[0], torch.dtype):
-            dtype = rest[0]
-        non_blocking = bool(kwargs.get("non_blocking", False))
-        if target is None:  # a dtype conversion on the same side
-            if self.is_device(t):
-                self.synchronize()
-            with self._drain():
-                out = func(*args, **kwargs)
-            return self._register(self._device, out) if self.is_device(t) else out
-        to_device = self._is_our_device(target) and not self.is_device(t)
+        target, dtype, non_blocking, copy = self._to_args(name, args[1:], kwargs)
+        on_device = self.is_device(t)
+        if target is None:
+            target = "gpu" if on_device else "host"
         dtype = dtype or t.dtype
-        if to_device:
+        fmt = kwargs.get("memory_format") or torch.preserve_format  # (nn.Module.to may pass None)
+        if target == "gpu":
+            if on_device and dtype == t.dtype and not copy and fmt is torch.preserve_format:
+                return t  # already there: torch returns the tensor itself
             with self._drain():
-                out = torch.empty(t.shape, dtype=dtype)
+                out = torch.empty_like(t, dtype=dtype, memory_format=fmt)
             self._register(self._device, out)
-            self._copy(out, t, non_blocking)
+            self._copy(out, t, non_blocking)  # H2D as copy_ would do it; on the device a queued kernel
             return out
-        if self.is_device(t):  # to the host
+        if target == "host" and on_device:
             with self._drain():
-                out = torch.empty(t.shape, dtype=dtype)
+                out = torch.empty_like(t, dtype=dtype, memory_format=fmt)
             if non_blocking:  # torch allocates the result pinned
                 self._register(self._pinned, out)
             self._copy(out, t, non_blocking)
             return out
+        if on_device:  # another kind of device (meta, ...): read after the queue
+            self.synchronize()
         with self._drain():
-            return func(*args, **kwargs) if torch.device(target).type == "cpu" else t
+            return func(*args, **kwargs)  # host to host: torch's own answer (often t itself)
 
 
 def stream():
