@@ -468,7 +468,7 @@ def test_a_learner_function_that_changes_its_input_changes_nothing_else(capsys):
 def test_run_cases_checks_its_own_arguments():
     from pinlab.checks import run_cases
 
-    with pytest.raises(TypeError, match="fn must be callable"):
+    with pytest.raises(TypeError, match="fn must be a function taking the arguments of each case"):
         run_cases(None, "x", [(1,)], abs)
     with pytest.raises(TypeError, match=r"cases\[0\] must be a tuple"):
         run_cases(abs, "x", [1], abs)
