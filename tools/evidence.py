@@ -82,13 +82,39 @@ def _source(cell) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
+#: a check a lesson makes: ``pinlab.claim(...)`` / ``pinlab.claims(...)`` (CONTRIBUTING, assertion policy)
+_CLAIM = re.compile(r"\bpinlab\.claims?\(")
+
+
 def asserts(source: str) -> bool:
-    """Whether code holds an ``assert`` statement (not in a comment or string)."""
+    """Whether code checks something: an ``assert`` statement or a ``pinlab.claim``/``pinlab.claims`` call
+    (not in a comment or string)."""
     try:
-        return any(tok.type == tokenize.NAME and tok.string == "assert"
-                   for tok in tokenize.generate_tokens(io.StringIO(source).readline))
+        toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):  # IPython magics and the like
-        return any(re.match(r"\s*assert\b", line) for line in source.splitlines())
+        return any(re.match(r"\s*assert\b", line) or _CLAIM.search(line.split("#")[0])
+                   for line in source.splitlines())
+    names = [t.string for t in toks if t.type in (tokenize.NAME, tokenize.OP)]
+    return "assert" in names or any(names[k:k + 4] in (["pinlab", ".", "claim", "("], ["pinlab", ".", "claims", "("])
+                                    for k in range(len(names)))
+
+
+def check_line(source: str) -> str:
+    """The first line of a cell that checks something (what stability.json shows for it)."""
+    return next((ln.strip() for ln in source.splitlines()
+                 if re.match(r"\s*assert\b", ln) or _CLAIM.search(ln.split("#")[0])), "")
+
+
+def cell_passed(run: dict, cell: int) -> bool:
+    """Whether one stored run passed a checking cell: listed in its ``passed``; or, for a cell that run did
+    not list either way (a run stored before the cell was recognised as checking: the claims of issue 18),
+    whether the run reached past it without an error (no first error, or a first error after the cell)."""
+    if cell in run.get("passed", []):
+        return True
+    if cell in run.get("failed", []):
+        return False
+    first = run.get("first_error")
+    return first is None or cell < first.get("cell", -1)
 
 
 def assert_cells(nb: dict) -> list[int]:
@@ -223,9 +249,8 @@ def aggregate_stability(runs: list[dict], nb: dict) -> dict:
     n = len(runs)
     cells = []
     for i in assert_cells(nb):
-        first_line = next((ln.strip() for ln in _source(nb["cells"][i]).splitlines() if re.match(r"\s*assert\b", ln)),
-                          "")
-        cells.append({"cell": i, "passed": sum(i in r["passed"] for r in runs), "of": n, "assert": first_line[:160]})
+        cells.append({"cell": i, "passed": sum(cell_passed(r, i) for r in runs), "of": n,
+                      "assert": check_line(_source(nb["cells"][i]))[:160]})
     groups: dict = {}
     for r in runs:
         for ln in r["lines"]:
