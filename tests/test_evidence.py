@@ -473,11 +473,21 @@ def test_stability_problems(tree):
     good = entry(tree, n=5, assert_cells=[{"cell": 1, "passed": 5, "of": 5, "assert": "assert pkg.a.X == 1"}])
     assert evidence.assert_cells(nb) == [1]
     assert evidence.stability_problems(good, tree) == []
-    assert any("only 3 runs" in p for p in evidence.stability_problems(dict(good, n=3, assert_cells=[
-        {"cell": 1, "passed": 3, "of": 3}]), tree))
+    assert any("only 3 runs (at least 5 needed)" in p for p in evidence.stability_problems(dict(good, n=3, assert_cells=[
+        {"cell": 1, "passed": 3, "of": 3}]), tree, min_runs=5))
+    few = evidence.MIN_RUNS - 1
+    assert any(f"only {few} runs" in p for p in evidence.stability_problems(dict(good, n=few, assert_cells=[
+        {"cell": 1, "passed": few, "of": few}]), tree))
     assert any("passed 4 of 5" in p for p in evidence.stability_problems(dict(good, assert_cells=[
         {"cell": 1, "passed": 4, "of": 5}]), tree))
     assert any("asserted cells [] recorded" in p for p in evidence.stability_problems(dict(good, assert_cells=[]), tree))
+    # a claim is a checking cell; a run stored before claims counted passes one it reached without an error
+    assert evidence.asserts("ok = pinlab.claims({'x': 1},\n    expect={'x': 1})") and evidence.asserts("pinlab.claim('x', 1)")
+    assert not evidence.asserts("pinlab.observe('x', True)  # pinlab.claim( in a comment")
+    assert evidence.cell_passed({"passed": [], "failed": [], "first_error": None}, 7)
+    assert not evidence.cell_passed({"passed": [], "failed": [], "first_error": {"cell": 5}}, 7)
+    assert evidence.cell_passed({"passed": [], "failed": [], "first_error": {"cell": 9}}, 7)
+    assert not evidence.cell_passed({"passed": [], "failed": [7], "first_error": None}, 7)
     (tree / "lib" / "pkg" / "a.py").write_text("X = 1\n# changed\n")
     assert any("changed after its GPU run" in p for p in evidence.stability_problems(good, tree))
 
