@@ -198,6 +198,9 @@ def _real_copy(datadir, name, *, as_recorded_now=True, source=None):
     if as_recorded_now:
         stored["meta"]["name"] = source or name
         stored["meta"]["schema"] = record.result_schema(stored["result"])
+    else:  # as recorded before issue 19 (the committed files have both since the GPU run that followed it)
+        stored["meta"].pop("name", None)
+        stored["meta"].pop("schema", None)
     path = datadir / f"{name}.json"
     path.write_text(json.dumps(stored, indent=1))
     return path, stored
