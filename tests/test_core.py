@@ -474,3 +474,28 @@ def test_run_cases_checks_its_own_arguments():
         run_cases(abs, "x", [1], abs)
     with pytest.raises(TypeError, match="name must be a str"):
         run_cases(abs, None, [(1,)], abs)
+
+
+def test_gpu_processes_leave_out_this_process_and_its_parents(monkeypatch):
+    """A kernel started by the GPU suite (which holds a CUDA context itself) is not on a shared GPU."""
+    import os
+    import subprocess
+    import sys
+
+    from pinlab import probe
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        me, parent = os.getpid(), os.getppid()
+        assert {me, parent} <= probe._ancestors()
+        assert child.pid not in probe._ancestors()
+        rows = [f"{me}", f"{parent}", f"{child.pid}"]
+        monkeypatch.setattr(probe, "_nvidia_smi", lambda *a, **k: rows)
+        assert probe._gpu_processes() == 1  # only the unrelated process (another learner's kernel)
+        rows[:] = [f"{me}", f"{parent}"]
+        assert probe._gpu_processes() == 0
+        monkeypatch.setattr(probe, "_nvidia_smi", lambda *a, **k: None)
+        assert probe._gpu_processes() is None  # no nvidia-smi: cannot tell
+    finally:
+        child.kill()
+        child.wait()

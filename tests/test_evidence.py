@@ -600,3 +600,8 @@ def test_stale_counts_the_runs_still_needed(tree):
     (tree / "lib" / "pkg" / "a.py").write_text("X = 1  # edited\n")
     assert gpu_suite.runs_needed(e, 1, False, tree) == 1 and gpu_suite.runs_needed(e, 5, True, tree) == 5
     assert gpu_suite.runs_needed(e, 5, True, tree, nbval=True) == 4
+
+
+def test_the_evidence_test_asks_the_policys_five_runs():
+    """CONTRIBUTING's policy is N >= 5 GPU runs per notebook; lowering MIN_RUNS would weaken every evidence test."""
+    assert evidence.MIN_RUNS >= 5, f"tools/evidence.py MIN_RUNS is {evidence.MIN_RUNS}; the policy asks 5"

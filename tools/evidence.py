@@ -330,12 +330,9 @@ def stability_summary(entries: list[dict], top: int = 8) -> list[str]:
     return lines
 
 
-#: Runs the evidence test asks of every notebook in stability.json. The policy is 5 (CONTRIBUTING, issue 8).
-#: Lowered to 3 on 2026-12-01, in the open: the session that re-recorded every notebook after issues 18 and 19
-#: ran out of device time at 3 runs each (a plain suite, then one execution of every notebook with five suites
-#: at once on one H200: every claim held in all 3). Back to 5 with the next `--repeat 5 --stale
-#: --stability-only` run (issue 18 stays open for it).
-MIN_RUNS = 3
+#: Runs the evidence test asks of every notebook in stability.json: the policy (CONTRIBUTING, issue 8).
+#: (It was 3 for one session, 2026-12-01, when device time ran out; back to 5 with the next GPU session.)
+MIN_RUNS = 5
 
 
 def stability_problems(entry: dict, root: Path = ROOT, min_runs: int = MIN_RUNS) -> list[str]:

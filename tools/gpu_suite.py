@@ -264,7 +264,8 @@ def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
     finally:
         os.unlink(jsonl)
         os.unlink(capture_path)
-    with open(log_path, "w", encoding="utf-8") as log:
+    # appended while other suites (disjoint --only sets) may be writing it too: one whole block per pass
+    with stability_lock(log_path), open(log_path, "a" if getattr(args, "only", None) else "w", encoding="utf-8") as log:
         log.write(f"# {utc_now()}\n$ {shlex.join(['python3'] + cmd[1:])}\n{out}\n")
     tail = [ln for ln in out.strip().splitlines() if ln.strip()]
     print(f"    {tail[-1] if tail else '(no output)'}", flush=True)
@@ -825,9 +826,12 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     keep = {p.relative_to(ROOT).as_posix() for p in all_paths}
     if not args.stability_only:
-        report, dropped = build_report(old_latest, rows, unit, meta, command, keep)
         latest = out_dir / ("keep-going.json" if args.keep_going else "latest.json")
-        latest.write_text(json.dumps(report, indent=1) + "\n")
+        # under the lock, merged with the file as it is now: plain suites on disjoint --only sets may run at once
+        with stability_lock(latest):
+            current = load_json(latest) if latest == REPORTS / "latest.json" else old_latest
+            report, dropped = build_report(current or {}, rows, unit, meta, command, keep)
+            latest.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {latest.relative_to(ROOT)} ({len(rows)} entries from this run, "
               f"{len(report['notebooks']) - len(rows)} kept)")
         for why in dropped:

@@ -140,14 +140,30 @@ def _memlock_gib() -> float | None:
     return None if soft == resource.RLIM_INFINITY else soft / GiB
 
 
+def _ancestors(pid: int | None = None) -> set[int]:
+    """``pid`` (default: this process) and its parents, read from /proc (empty where there is no /proc)."""
+    out, pid = set(), os.getpid() if pid is None else pid
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+            pid = int(stat[stat.rindex(")") + 2:].split()[1])  # the field after the state: the parent's pid
+        except (OSError, ValueError, IndexError):
+            break
+    return out or {os.getpid()}
+
+
 def _gpu_processes() -> int | None:
-    """Compute processes on the GPU other than this one (a shared GPU), where nvidia-smi tells."""
+    """Compute processes on the GPU other than this one and its parents (a shared GPU), where nvidia-smi tells.
+
+    The parents are left out: a Jupyter kernel started by a program that uses the GPU itself (the course's GPU
+    suite, a test runner) is not sharing the GPU with anyone else."""
     rows = _nvidia_smi("pid", kind="--query-compute-apps")
     if rows is None:
         return None
     pids = {r.split(",")[0].strip() for r in rows}
-    pids.discard(str(os.getpid()))
-    return len(pids)
+    return len(pids - {str(p) for p in _ancestors()})
 
 
 def platform_facts() -> dict:

@@ -580,8 +580,9 @@ if q["full_at"] is not None and fw is not None:
         pinlab.show("what this run shows", f"the {fmt_bytes(small)} loop waited because the launch queue was full, "
                     f"with only {fmt_bytes(fw[2] * small)} of copies staged: not the staging pool")
 else:
-    pinlab.show("what this run shows",
-                "the launch queue did not fill in one of the two runs, so they cannot be compared")
+    which = ([] if q["full_at"] is not None else ["the launch-queue measurement (no launch call blocked)"]) + \
+            ([] if fw is not None else [f"the {fmt_bytes(small)} loop above (its host never waited)"])
+    pinlab.show("what this run shows", "no comparison: nothing filled up in " + " nor in ".join(which))
 
 # %% [markdown]
 # Where the queue filled, the plot has two populations: the launch calls that only enqueued
