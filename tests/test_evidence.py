@@ -605,3 +605,35 @@ def test_stale_counts_the_runs_still_needed(tree):
 def test_the_evidence_test_asks_the_policys_five_runs():
     """CONTRIBUTING's policy is N >= 5 GPU runs per notebook; lowering MIN_RUNS would weaken every evidence test."""
     assert evidence.MIN_RUNS >= 5, f"tools/evidence.py MIN_RUNS is {evidence.MIN_RUNS}; the policy asks 5"
+
+
+def test_a_wrapped_machine_line_is_read_as_one_line(capsys):
+    """pinlab.show wraps at 100 columns; the stability numbers come from the whole line, joined back."""
+    import pinlab
+
+    label = "what this run shows: a label long enough to wrap, with numbers at its end"
+    pinlab.show(label, "pinned 5.7x pageable, 12.5 GB/s against 2.2 GB/s, over 3 rounds of 1 GiB each, and so on")
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) > 1 and all(len(ln) <= 100 for ln in out.splitlines())
+    nb = {"cells": [{"cell_type": "code", "source": "", "outputs": [{"output_type": "stream", "name": "stdout",
+                                                                        "text": out + "an ordinary line\n"}]}]}
+    lines = evidence.machine_lines(nb)
+    assert len(lines) == 1 and lines[0]["label"] == "what this run shows"
+    assert [n for n, _ in evidence.numbers_of(lines[0]["value"])][:3] == [5.7, 12.5, 2.2]
+    assert lines[0]["value"].endswith("and so on")
+
+
+def test_the_sanitizer_masks_a_wrapped_machine_line_and_nothing_after_it(capsys):
+    import configparser
+    import re
+
+    import pinlab
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).parent / "nbval_sanitize.cfg")
+    sec = cfg["pinlab-machine-dependent-lines"]
+    pinlab.report("a timing " + "with a long label " * 6, 1.5)
+    pinlab.show("then", "a measured line " * 10)
+    out = capsys.readouterr().out + "    an indented ordinary line\nok: True\n"
+    masked = re.sub(sec["regex"], sec["replace"].replace("\\n", "\n"), out)
+    assert masked == "[machine-dependent lines masked]\n    an indented ordinary line\nok: True\n"

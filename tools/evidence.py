@@ -134,6 +134,22 @@ def numbers_of(value: str) -> list[tuple[float, str | None]]:
     return out
 
 
+_CONTINUATION = re.compile(r"^ {11}\S")  # a [measured]/[timing] line wrapped onto the next (pinlab.timing.wrapped)
+
+
+def _unwrapped(stdout: str) -> list[str]:
+    """The printed lines with each wrapped ``[measured]``/``[timing]`` line joined back into one."""
+    out: list[str] = []
+    in_machine_line = False
+    for line in stdout.splitlines():
+        if in_machine_line and _CONTINUATION.match(line):
+            out[-1] += " " + line.strip()
+            continue
+        in_machine_line = line.startswith(("[measured]", "[timing]"))
+        out.append(line)
+    return out
+
+
 def machine_lines(nb: dict, cells=None) -> list[dict]:
     """Every ``[measured]``/``[timing]`` line printed (stdout) by the code cells (those in ``cells`` if given):
     [{cell, kind, label, occurrence, text}], ``occurrence`` counting repeats of one label in one cell."""
@@ -142,7 +158,7 @@ def machine_lines(nb: dict, cells=None) -> list[dict]:
         if c["cell_type"] != "code" or (cells is not None and i not in cells):
             continue
         seen: dict = {}
-        for line in nbtools._stdout(c).splitlines():
+        for line in _unwrapped(nbtools._stdout(c)):
             m = _LINE.match(line.strip())
             if not m:
                 continue

@@ -21,7 +21,7 @@ Two kinds of statement, one helper each:
 """
 from __future__ import annotations
 
-from .timing import show
+from .timing import show, wrapped
 
 __all__ = ["ClaimError", "claim", "claims", "observe"]
 
@@ -77,7 +77,7 @@ def claim(text: str, holds, *, value=None, why: str | None = None, shown=True) -
     ok = _truth("holds", holds)
     why = _why(why)
     if shown:
-        print(f"{text}: {ok}")
+        print(wrapped(f"{text}: {ok}"))
     if not ok:
         raise ClaimError(failure_message(text, value, why))
     return True
@@ -103,7 +103,7 @@ def claims(mapping: dict, *, why=None, values: dict | None = None, expect=None) 
         if unknown:
             raise ValueError(f"{name} names claims that are not in mapping: {unknown[:3]}")
     for text, value in mapping.items():
-        print(f"{_text('a claim', text)}: {value}")
+        print(wrapped(f"{_text('a claim', text)}: {value}"))
     for text, value in mapping.items():
         ok = value == expect[text] if text in expect else _truth(f"mapping[{text!r}]", value)
         if not ok:

@@ -14,6 +14,7 @@ from . import probe
 from .args import bool_arg
 from .device import facts
 from .replay import check_recorded, data_dir
+from .timing import wrapped
 
 
 def _gib(v) -> str:
@@ -153,7 +154,7 @@ def doctor(verbose: bool = True) -> dict:
     if verbose:
         for c in checks:
             mark = "ok  " if c["ok"] else ("FAIL" if c["required"] else "--  ")
-            print(f"  [{mark}] {c['check']:<18} {c['note']}")
+            print(wrapped(f"  [{mark}] {c['check']:<18} {c['note']}", indent=28))
         print("  This machine shows:", "live GPU measurements" if f["cuda_available"]
               else "the recorded GPU run, replayed (no CUDA here)")
     p = probe.platform_facts()
@@ -161,8 +162,8 @@ def doctor(verbose: bool = True) -> dict:
     if verbose:
         print("  Platform:")
         for label, text in platform:
-            print(f"    {label}: {text}")
+            print(wrapped(f"    {label}: {text}", indent=6))
         for label, text in experiments:
-            print(f"  {label}: {text}" if label == "experiments" else f"    {label}: {text}")
+            print(wrapped(f"  {label}: {text}", indent=4) if label == "experiments" else wrapped(f"    {label}: {text}", indent=6))
     return {"ok": ok, "checks": checks, "live": f["cuda_available"], "platform": p,
             "platform_lines": platform, "experiment_lines": experiments}

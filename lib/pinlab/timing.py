@@ -16,6 +16,25 @@ from .args import bool_arg, callable_arg, positive_int, positive_number, require
 
 TIMING_PREFIX = "[timing]"
 MEASURED_PREFIX = "[measured]"
+#: Printed lines are wrapped to this many columns (a notebook output, a site page, a terminal); a wrapped
+#: ``[timing]``/``[measured]`` line goes on indented by :data:`MACHINE_INDENT` spaces (tests/nbval_sanitize.cfg).
+WIDTH = 100
+MACHINE_INDENT = len(MEASURED_PREFIX) + 1
+
+
+def wrapped(text: str, indent: int = 4, width: int = WIDTH) -> str:
+    """``text`` (one line) wrapped at spaces to ``width`` columns, the lines after the first indented by
+    ``indent`` spaces; words longer than a line are kept whole. Joining the lines with single spaces
+    (after the indent) gives ``text`` back where it had single spaces."""
+    import textwrap
+
+    lines = textwrap.wrap(text, width=width, subsequent_indent=" " * indent, break_long_words=False,
+                          break_on_hyphens=False, replace_whitespace=False, drop_whitespace=True)
+    return "\n".join(lines) if lines else text
+
+
+def _print_machine_line(prefix: str, label: str, text) -> None:
+    print(wrapped(f"{prefix} {label}: {text}", indent=MACHINE_INDENT))
 #: At most this many timed calls per host_time/cuda_time: a typo such as repeat=10**9 is an
 #: error, not a notebook that never finishes.
 MAX_REPEAT = 100_000
@@ -137,13 +156,13 @@ def report(label: str, value, unit: str = "ms") -> None:
         text = fmt_ms(positive_number("value", value, allow_zero=True))
     else:
         text = f"{positive_number('value', value, allow_zero=True):.3g} {unit}"
-    print(f"{TIMING_PREFIX} {label}: {text}")
+    _print_machine_line(TIMING_PREFIX, label, text)
 
 
 def show(label: str, value) -> None:
     """Print one machine-dependent measured fact that is not a timing: ``[measured] label: value``."""
     _label(label)
-    print(f"{MEASURED_PREFIX} {label}: {value}")
+    _print_machine_line(MEASURED_PREFIX, label, value)
 
 
 def table(rows, columns) -> None:
@@ -178,6 +197,31 @@ def table(rows, columns) -> None:
             raise ValueError(f"rows[{i}] has no key {missing[0]!r} (columns ask for it)")
     cells = [[str(fn(r[k])) for k, _, fn in cols] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, (_, h, _) in enumerate(cols)]
-    print("  ".join(h.rjust(w) for (_, h, _), w in zip(cols, widths)))
-    for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    lines = ["  ".join(h.rjust(w) for (_, h, _), w in zip(cols, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    text = "\n".join(lines)
+    shell = _ipython_kernel()
+    if shell is None:
+        print(text)
+        return
+    # in a notebook: an HTML table (it wraps and scrolls in its own box on a narrow page; the site shows it),
+    # with the text table as the plain-text form
+    import html
+
+    from IPython.display import display
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in cells)
+    display({"text/plain": text,
+             "text/html": f'<table class="pinlab-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'},
+            raw=True)
+
+
+def _ipython_kernel():
+    """The running IPython kernel's shell (a notebook), or None (a script, a terminal, a test)."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return None
+    shell = sys.modules["IPython"].get_ipython()
+    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
