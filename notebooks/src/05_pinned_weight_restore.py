@@ -45,7 +45,8 @@ pinned_at_start = pinlab.pinned_baseline()
 # One term first. **UVA** (unified virtual addressing) means the GPU can address pinned host memory
 # directly: a kernel reads a weight that stays in host memory, over the link, with no copy. vLLM's UVA
 # offloader keeps offloaded weights that way, so they must live in *pinned* memory (the section
-# it: "Zero-copy" below measures it). The few lines that matter, before and after the vLLM change (vLLM 0.28 → 0.29):
+# "Zero-copy" below measures it). The few lines that matter, before and after the vLLM change
+# (vLLM 0.28 → 0.29):
 
 # %%
 # vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1 turns pinning off (see "When not to pin")
