@@ -186,6 +186,80 @@ def ring_with_torch_cuda_events(s, depth=3, steps=9):
 
 RING = list(range(9))
 
+
+def graph_replay_reads_the_pinned_buffer_when_it_runs(s, steps=8):
+    """Issue 21: a graph captured with ``static.copy_(pin, non_blocking=True)`` replays with the address it
+    captured. The host rewrites ``pin`` after every replay while the GPU is behind: every replayed copy
+    reads what the buffer holds when it runs (the last write), not the step's data: the lesson-03 race,
+    under graph replay."""
+    pin = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+    static = torch.zeros(4, dtype=torch.int32, device=s.device)
+    seen = torch.zeros(steps, 4, dtype=torch.int32, device=s.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static.copy_(pin, non_blocking=True)      # captured: this address, read at every replay
+    capturing_after = torch.cuda.is_current_stream_capturing()
+    s.busy(LEAD_MS)
+    for n in range(steps):
+        pin.fill_(n)                              # the host writes step n's metadata
+        g.replay()                                # queued behind the busy GPU
+        seen[n].copy_(static)                     # what step n's kernels would read (device to device)
+    pin.fill_(100)
+    s.synchronize()
+    return {"seen": seen[:, 0].tolist(), "capturing_after": capturing_after}
+
+
+GRAPH_RACE = {"seen": [100] * 8, "capturing_after": False}
+
+
+def graph_with_snapshot_outside(s, steps=8):
+    """Issue 21, the PR's fix under graphs: the host's metadata is pageable; each step copies a fresh pinned
+    snapshot of it into the graph's static input *outside* the graph, then replays a graph that only reads
+    the static input. The host rewrites the metadata at once: every step sees its own data."""
+    meta = torch.zeros(4, dtype=torch.int32)                  # pageable, rewritten every step
+    static = torch.zeros(4, dtype=torch.int32, device=s.device)
+    out = torch.zeros(4, dtype=torch.int32, device=s.device)
+    seen = torch.zeros(steps, 4, dtype=torch.int32, device=s.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out.copy_(static)                                     # the step's kernels read the static input
+    s.busy(LEAD_MS)
+    for n in range(steps):
+        meta.fill_(n)
+        static.copy_(meta.pin_memory(), non_blocking=True)   # the snapshot: its own pinned block
+        g.replay()
+        seen[n].copy_(out)
+        meta.fill_(-1)                                       # rewritten right away (the next step's builder)
+    s.synchronize()
+    return seen[:, 0].tolist()
+
+
+GRAPH_SNAPSHOT = list(range(8))
+
+
+def graph_capture_refuses_a_pageable_copy(s):
+    """Issue 21: a capture refuses a copy from pageable host memory (torch checks it before calling CUDA),
+    and accepts one from pinned memory."""
+    pageable = torch.ones(4, dtype=torch.int32)
+    pin = torch.ones(4, dtype=torch.int32, pin_memory=True)
+    static = torch.zeros(4, dtype=torch.int32, device=s.device)
+    g = torch.cuda.CUDAGraph()
+    message = ""
+    try:
+        with torch.cuda.graph(g):
+            static.copy_(pageable, non_blocking=True)
+    except RuntimeError as exc:
+        message = str(exc)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        static.copy_(pin, non_blocking=True)
+    g2.replay()
+    s.synchronize()
+    return {"refused": "unless the CPU tensor is pinned" in message, "pinned_replayed": static.tolist()}
+
+
+GRAPH_REFUSES = {"refused": True, "pinned_replayed": [1] * 4}
+
 SCENARIOS = {
     "positional_non_blocking_h2d": (positional_non_blocking_h2d, POSITIONAL_H2D),
     "positional_non_blocking_d2h": (positional_non_blocking_d2h, POSITIONAL_D2H),
@@ -194,6 +268,10 @@ SCENARIOS = {
     "dropped_temporaries_are_freed": (dropped_temporaries_are_freed, DROPPED),
     "polling_an_event_ends": (polling_an_event_ends, POLLING),
     "ring_with_torch_cuda_events": (ring_with_torch_cuda_events, RING),
+    "graph_replay_reads_the_pinned_buffer_when_it_runs": (graph_replay_reads_the_pinned_buffer_when_it_runs,
+                                                          GRAPH_RACE),
+    "graph_with_snapshot_outside": (graph_with_snapshot_outside, GRAPH_SNAPSHOT),
+    "graph_capture_refuses_a_pageable_copy": (graph_capture_refuses_a_pageable_copy, GRAPH_REFUSES),
 }
 
 
@@ -390,3 +468,65 @@ def test_gpu_cuda_and_the_emulation_agree(name):
     with LaggingStream() as s:
         emulated = fn(s)
     assert live == emulated == cuda_gives, (live, emulated)
+
+
+# --------------------------------------------------------------------------- graphs on the emulated stream
+
+def test_a_capture_refuses_waits_and_events_and_graph_api_is_restored():
+    from pinlab.streams import CAPTURE_SYNC_ERROR
+
+    real = (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing)
+    with LaggingStream() as s:
+        d = torch.ones(4, device=s.device)
+        pin = torch.zeros(4, pin_memory=True)
+        g = torch.cuda.CUDAGraph()
+        for body in (lambda: d.sum().item(), s.synchronize, lambda: d.copy_(pin),  # a blocking copy waits
+                     lambda: s.Event().record()):
+            with pytest.raises(RuntimeError) as exc, torch.cuda.graph(g):
+                assert torch.cuda.is_current_stream_capturing()
+                body()
+            assert CAPTURE_SYNC_ERROR in str(exc.value) or "event recorded inside a graph" in str(exc.value)
+            assert not torch.cuda.is_current_stream_capturing()
+        with pytest.raises(RuntimeError, match="never captured"):
+            torch.cuda.CUDAGraph().replay()
+        with pytest.raises(TypeError, match="CUDAGraph"):
+            with torch.cuda.graph(object()):
+                pass
+    assert (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing) == real
+
+
+def test_a_captured_graph_replays_in_stream_order_and_only_when_the_gpu_runs():
+    with LaggingStream() as s:
+        pin = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        acc = torch.zeros(2, dtype=torch.int64, device=s.device)
+        static = torch.zeros(2, dtype=torch.int64, device=s.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static.copy_(pin, non_blocking=True)
+            acc.add_(static)
+        assert s.pending() == 0  # captured, not queued
+        for n in range(1, 4):
+            pin.fill_(n)
+            g.replay()
+            ev = s.Event()
+            ev.record()
+            ev.synchronize()     # a wait after each replay: every replay reads its own step's data
+        assert acc.tolist() == [6, 6]
+        for n in range(1, 4):    # no wait: every replay reads the last write
+            pin.fill_(n)
+            g.replay()
+        assert s.pending() == 6
+        s.synchronize()
+        assert acc.tolist() == [6 + 9, 6 + 9]
+
+
+@pytest.mark.parametrize("racy, expect_corrupted", [(True, True), (False, False)])
+def test_the_graph_regression_test_fails_the_racy_step_and_passes_the_fix(racy, expect_corrupted):
+    """The regression test the PR lacked (issue 21), on the emulated stream, 10 runs each: the racy variant
+    (a captured copy from the reused pinned buffer) fails every time, the snapshot outside the graph never."""
+    for _ in range(10):
+        with LaggingStream() as s:
+            seen = (graph_replay_reads_the_pinned_buffer_when_it_runs(s)["seen"] if racy
+                    else graph_with_snapshot_outside(s))
+        corrupted = sum(v != n for n, v in enumerate(seen))
+        assert (corrupted > 0) == expect_corrupted, seen

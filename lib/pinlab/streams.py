@@ -45,6 +45,14 @@ The lessons' loops are plain torch code::
     running anything, except that an event polled again with nothing queued or run in between
     lets the emulated GPU run one more queued item (a GPU progresses while the host spins, so
     ``while not ev.query(): pass`` ends);
+  - CUDA graphs (``torch.cuda.CUDAGraph()``, ``with torch.cuda.graph(g):``, ``g.replay()`` while the
+    block is active): a capture records the device work the body queues instead of queuing it, and
+    ``replay()`` queues that recorded work again, reading the tensors it captured (the addresses, as a
+    real graph does: a captured copy from a pinned buffer reads what the buffer holds when the replay
+    runs). As on a GPU, a capture refuses a copy between host memory that is not pinned and the device
+    (:data:`CAPTURE_PAGEABLE_ERROR`) and any wait for the GPU (``.item()``, a blocking copy,
+    ``synchronize()``: :data:`CAPTURE_SYNC_ERROR`); ``torch.cuda.is_current_stream_capturing()``
+    says whether a capture is under way;
   - emulated device and pinned memory is host memory, freed when the program drops the last
     reference to it, as the CUDA caching allocators make it reusable
     (:meth:`LaggingStream.device_bytes`, :meth:`LaggingStream.pinned_bytes`).
@@ -68,6 +76,13 @@ from .device import has_cuda
 STAGING_LIMIT = 2 * 1024 * 1024
 
 EMULATED_LABEL = "emulated lagging stream (CPU): queued device work runs only when the host waits"
+
+#: torch's error for a capture that copies between pageable host memory and the device (the emulation
+#: raises the same text; torch's copy_ checks it before it calls CUDA).
+CAPTURE_PAGEABLE_ERROR = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
+                          "tensor is pinned.")
+#: CUDA's error for a wait on the GPU (a sync) while a stream is capturing (cudaErrorStreamCaptureUnsupported).
+CAPTURE_SYNC_ERROR = "CUDA error: operation not permitted when stream is capturing"
 
 
 class CudaStream:
@@ -145,6 +160,56 @@ class _Queue(deque):
 
     def state(self) -> tuple:
         return self.pushed, len(self)
+
+
+class _CaptureQueue(_Queue):
+    """What a :class:`LaggingStream` queues into while a graph is captured: the graph's recorded work."""
+
+    def __init__(self, graph: "_EmulatedGraph"):
+        super().__init__()
+        self.graph = graph
+
+    def append(self, item) -> None:
+        if isinstance(item, _Mark):
+            raise RuntimeError("an event recorded inside a graph capture is not emulated: record it before "
+                               "the capture or after replay()")
+        super().append(item)
+
+
+class _EmulatedGraph:
+    """``torch.cuda.CUDAGraph`` on a :class:`LaggingStream`: ``replay()`` queues the captured work again."""
+
+    def __init__(self, stream: "LaggingStream"):
+        self._stream = stream
+        self._items: list | None = None
+
+    def capture_begin(self, *args, **kwargs) -> None:
+        s = self._stream
+        if s._capture is not None:
+            raise RuntimeError("a graph capture is already under way on this stream")
+        s.synchronize()  # torch.cuda.graph synchronizes the device before it captures
+        s._capture, s._queue_outside = self, s._queue
+        s._queue = _CaptureQueue(self)
+
+    def capture_end(self) -> None:
+        s = self._stream
+        if s._capture is not self:
+            raise RuntimeError("capture_end() without capture_begin() on this graph")
+        self._items = list(s._queue)
+        s._queue, s._queue_outside, s._capture = s._queue_outside, None, None
+
+    def replay(self) -> None:
+        """Queue the captured work (it runs in stream order, later, reading what its tensors hold then)."""
+        if self._items is None:
+            raise RuntimeError("replay() of a graph that was never captured (capture it with torch.cuda.graph(g))")
+        for item in self._items:
+            self._stream._queue.append(item)
+
+    def reset(self) -> None:
+        self._items = None
+
+    def pool(self):
+        return None
 
 
 class _Mark:
@@ -328,6 +393,9 @@ class LaggingStream:
         self._draining = False
         self._mode = None
         self._saved_cuda_event = None
+        self._saved_graph_api = None
+        self._capture: _EmulatedGraph | None = None  # the graph being captured, if any
+        self._queue_outside = None                    # the stream's queue while a capture records
 
     # --- the context ------------------------------------------------------------------------
     def __enter__(self) -> "LaggingStream":
@@ -337,6 +405,8 @@ class LaggingStream:
         self._mode.__enter__()
         self._saved_cuda_event = torch.cuda.Event
         torch.cuda.Event = self._cuda_event_class()
+        self._saved_graph_api = (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing)
+        torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing = self._graph_api()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -345,8 +415,42 @@ class LaggingStream:
                 self.synchronize()
         finally:
             torch.cuda.Event, self._saved_cuda_event = self._saved_cuda_event, None
+            (torch.cuda.CUDAGraph, torch.cuda.graph,
+             torch.cuda.is_current_stream_capturing), self._saved_graph_api = self._saved_graph_api, None
+            if self._capture is not None:  # an error left a capture open: end it
+                self._capture.capture_end()
             mode, self._mode = self._mode, None
             mode.__exit__(*exc)
+
+    def _graph_api(self):
+        """``torch.cuda.CUDAGraph``, ``torch.cuda.graph`` and ``torch.cuda.is_current_stream_capturing``
+        while this stream is active: graphs captured and replayed on it."""
+        import contextlib
+
+        stream = self
+
+        class CUDAGraph(_EmulatedGraph):
+            """``torch.cuda.CUDAGraph`` inside an active :class:`LaggingStream` (see the module docstring)."""
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(stream)
+
+        @contextlib.contextmanager
+        def graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+            """``torch.cuda.graph`` inside an active :class:`LaggingStream`: captures into ``cuda_graph``."""
+            if not isinstance(cuda_graph, _EmulatedGraph):
+                raise TypeError("torch.cuda.graph(g): g must be a torch.cuda.CUDAGraph() made inside this "
+                                f"stream's with block, got {type(cuda_graph).__name__}")
+            cuda_graph.capture_begin()
+            try:
+                yield cuda_graph
+            finally:
+                cuda_graph.capture_end()
+
+        def is_current_stream_capturing() -> bool:
+            return stream._capture is not None
+
+        return CUDAGraph, graph, is_current_stream_capturing
 
     def _cuda_event_class(self):
         """What ``torch.cuda.Event`` is while this stream is active: a class making its events."""
@@ -453,6 +557,8 @@ class LaggingStream:
 
     def _run_until(self, mark) -> None:
         """Run the queue up to ``mark`` (a :class:`_Mark` still queued) or, for None, all of it."""
+        if self._capture is not None:
+            raise RuntimeError(CAPTURE_SYNC_ERROR)  # the host would wait for the GPU in the middle of a capture
         with self._drain():
             while self._queue:
                 item = self._queue.popleft()
@@ -465,6 +571,8 @@ class LaggingStream:
 
     def _advance(self) -> None:
         """The emulated GPU moves on by one queued item (marks it passes cost nothing)."""
+        if self._capture is not None:
+            return  # a capture records work; nothing of it runs until a replay
         with self._drain():
             ran = False
             while self._queue:
@@ -528,6 +636,8 @@ class LaggingStream:
         if not d_dev and not s_dev:  # host to host: a memcpy, now
             with self._drain():
                 return dst.copy_(src)
+        if self._capture is not None and d_dev != s_dev and not self.is_pinned(dst if s_dev else src):
+            raise RuntimeError(CAPTURE_PAGEABLE_ERROR)
         if d_dev and not s_dev:  # H2D
             if non_blocking and self.is_pinned(src):
                 self._queue.append(lambda: dst.copy_(src))  # the DMA reads src when it runs
