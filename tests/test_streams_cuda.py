@@ -530,3 +530,24 @@ def test_the_graph_regression_test_fails_the_racy_step_and_passes_the_fix(racy, 
                     else graph_with_snapshot_outside(s))
         corrupted = sum(v != n for n, v in enumerate(seen))
         assert (corrupted > 0) == expect_corrupted, seen
+
+
+def test_ops_making_new_device_tensors_are_recomputed_at_every_replay():
+    from pinlab.streams import CAPTURE_SYNC_ERROR
+
+    with LaggingStream() as s:
+        ids = torch.zeros(4, dtype=torch.int64, device=s.device)
+        out = torch.zeros(4, dtype=torch.int64, device=s.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            pos = torch.arange(4, device=ids.device)
+            y = ids * 2 + pos                   # new device tensors: allocated now, recomputed at replay
+            torch.clamp(y, max=10, out=out)
+        for case in ([1, 2, 3, 4], [5, 0, 5, 0]):
+            ids.copy_(torch.tensor(case))
+            g.replay()
+            s.synchronize()
+            assert out.tolist() == [min(v * 2 + i, 10) for i, v in enumerate(case)]
+        for body in (lambda: ids.nonzero(), lambda: bool(ids.sum() > 0), lambda: int(ids[0])):
+            with pytest.raises(RuntimeError, match=CAPTURE_SYNC_ERROR), torch.cuda.graph(torch.cuda.CUDAGraph()):
+                body()

@@ -49,10 +49,11 @@ The lessons' loops are plain torch code::
     block is active): a capture records the device work the body queues instead of queuing it, and
     ``replay()`` queues that recorded work again, reading the tensors it captured (the addresses, as a
     real graph does: a captured copy from a pinned buffer reads what the buffer holds when the replay
-    runs). As on a GPU, a capture refuses a copy between host memory that is not pinned and the device
-    (:data:`CAPTURE_PAGEABLE_ERROR`) and any wait for the GPU (``.item()``, a blocking copy,
-    ``synchronize()``: :data:`CAPTURE_SYNC_ERROR`); ``torch.cuda.is_current_stream_capturing()``
-    says whether a capture is under way;
+    runs; an op that makes a new device tensor during the capture allocates it then and is recomputed at
+    every replay). As on a GPU, a capture refuses a copy between host memory that is not pinned and the
+    device (:data:`CAPTURE_PAGEABLE_ERROR`) and any wait for the GPU (``.item()``, ``nonzero()``, a
+    blocking copy, ``synchronize()``: :data:`CAPTURE_SYNC_ERROR`);
+    ``torch.cuda.is_current_stream_capturing()`` says whether a capture is under way;
   - emulated device and pinned memory is host memory, freed when the program drops the last
     reference to it, as the CUDA caching allocators make it reusable
     (:meth:`LaggingStream.device_bytes`, :meth:`LaggingStream.pinned_bytes`).
@@ -280,6 +281,10 @@ _NO_DATA = {
     "dtype", "device", "is_cuda", "layout", "requires_grad", "is_leaf", "grad_fn", "_base", "ndim",
     "is_floating_point", "is_complex", "__hash__", "names", "nbytes", "itemsize", "is_pinned", "__get__",
 }
+# Ops whose result is a host value or has a data-dependent shape: in a capture they would make the host wait.
+_DATA_DEPENDENT = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "__format__",
+                   "__repr__", "__str__", "__array__", "numpy", "nonzero", "masked_select", "unique",
+                   "unique_consecutive", "argwhere", "bincount", "repeat_interleave", "equal", "allclose"}
 _FACTORIES = {"zeros", "empty", "ones", "full", "arange", "tensor", "as_tensor", "zeros_like", "empty_like",
               "ones_like", "full_like", "rand", "randn", "randint", "randperm", "linspace", "empty_strided",
               "eye", "rand_like", "randn_like"}
@@ -364,6 +369,8 @@ class _Mode(TorchFunctionMode):
         if inplace and s.is_device(args[0]) or "out" in kwargs:
             s._queue.append(lambda: func(*args, **kwargs))  # device work, in stream order
             return kwargs["out"] if "out" in kwargs else args[0]
+        if s._capture is not None:
+            return s._captured_op(func, name, args, kwargs)
         s.synchronize()  # the host needs a value computed from device memory: it waits
         with s._drain():
             out = func(*args, **kwargs)
@@ -504,6 +511,28 @@ class LaggingStream:
     def pending(self) -> int:
         """How many queued items (copies, kernels, event marks) have not run yet."""
         return len(self._queue)
+
+    def _captured_op(self, func, name: str, args: tuple, kwargs: dict):
+        """An op on device memory during a capture: its result tensors are allocated now (the shapes, from
+        what the inputs hold now) and the graph records recomputing them from what the inputs hold at each
+        replay. An op whose result is a host value, or whose shape depends on the data, would make the host
+        wait: refused, as CUDA refuses it."""
+        if name in _DATA_DEPENDENT:
+            raise RuntimeError(CAPTURE_SYNC_ERROR)
+        with self._drain():
+            out = func(*args, **kwargs)
+        outs = list(_tensors(out))
+        if not outs or not isinstance(out, (torch.Tensor, tuple, list)):
+            raise RuntimeError(CAPTURE_SYNC_ERROR)  # a Python value (bool(), int(), len of a result ...)
+        for t in outs:
+            self._register(self._device, t)
+
+        def recompute():
+            for dst, src in zip(outs, _tensors(func(*args, **kwargs))):
+                dst.copy_(src)
+
+        self._queue.append(recompute)
+        return out
 
     # --- memory kinds -----------------------------------------------------------------------
     @staticmethod
