@@ -67,37 +67,11 @@ def _fail(name: str, message: str) -> bool:
 
 # ---- the step loop both torch checkers run ------------------------------------------------------
 
-class _Event:
-    """An event handed to the learner on the emulated stream: ``synchronize()`` waits only while the
-    copy it marks is still queued (the emulated event would otherwise run the whole queue once its
-    mark has already run)."""
-
-    def __init__(self, s):
-        self._e = s.Event()
-
-    def record(self, stream=None) -> None:
-        self._e.record(stream)
-
-    def synchronize(self) -> None:
-        if not self._e.query():
-            self._e.synchronize()
-
-    def query(self) -> bool:
-        return self._e.query()
-
-    def wait(self, stream=None) -> None:
-        self._e.wait(stream)
-
-
-def _event(s):
-    return _Event(s) if s.emulated else s.Event()
-
-
 def _marked(s, busy_ms: float):
     """The GPU's work for one step, then an event that completes when it has run."""
     if not s.emulated:
         s.busy(busy_ms)
-    e = _event(s)
+    e = s.Event()
     e.record()
     return e
 
@@ -317,7 +291,7 @@ class _RecordedEarly(Exception):
 def _ring_run(s, fn, depth):
     ring = [torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
     log: list = []
-    events = [_LoggedEvent(_event(s), log, j) for j in range(depth)]
+    events = [_LoggedEvent(s.Event(), log, j) for j in range(depth)]
 
     buffers = tuple(ring)  # the checker's own references: the learner's code may change the list
 
