@@ -305,7 +305,7 @@ WRONG_LOOPS = {
     "racy": (loop_racy, "step 0 of 200 delivered step 2's data", ("delivered step",)),
     "snapshot-of-pinned": (loop_snapshot_of_pinned, "`pin_memory()` of a pinned tensor returns the same storage",
                            ("same storage",)),
-    "ring-one-too-shallow-events": (_ring(checks03.AHEAD, True), "ring is too shallow for a host 2 steps ahead",
+    "ring-one-too-shallow-events": (_ring(checks03.AHEAD, True), "ring is too shallow for run-ahead 2",
                                     ("ring is too shallow",)),
     "ring-one-too-shallow-no-events": (_ring(checks03.AHEAD, False), "read from 2 host buffers",
                                        ("delivered step",)),
@@ -326,7 +326,7 @@ WRONG_LOOPS = {
                                       "step 1's copy read the buffer write_metadata wrote step 0's metadata into",
                                       ("step 1's copy read the buffer write_metadata wrote step 0's",)),
     "ring-waits-on-the-wrong-slot": (_ring_planted(lambda n, d: n % d, lambda n, d: (n + 1) % d),
-                                     "read from 3 pinned buffers, enough for a host 2 steps ahead, but the event you "
+                                     "read from 3 pinned buffers, enough for run-ahead 2, but the event you "
                                      "wait on is not reached yet", ("the event you wait on is not reached yet",)),
 }
 
@@ -429,3 +429,35 @@ def test_gpu_race_free_loop_rejects_wrong(case, capsys):
     assert checks03.check_race_free_loop(wrong) is False
     out = capsys.readouterr().out
     assert "❌ race_free_loop" in out and any(w in out for w in words), out
+
+
+# ---- run-ahead: one definition (steploop.RUN_AHEAD), used by the checkers' messages ---------------
+
+def test_run_ahead_has_one_definition_and_the_model_agrees():
+    from pinlab import steploop
+
+    assert steploop.RUN_AHEAD.startswith("run-ahead k: ") and steploop.RING_RULE in steploop.RUN_AHEAD
+    assert [steploop.ring_depth_for(k) for k in (0, 1, 2, 4)] == [1, 2, 3, 5]
+    with pytest.raises(ValueError, match="run_ahead"):
+        steploop.ring_depth_for(-1)
+    # the loops' ahead=a (wait for step n-a before writing step n) is run-ahead a - 1: a ring of a buffers
+    for a in (1, 2, 3, 4):
+        sim = steploop.simulate("reused_pinned", steps=12, ahead=a)
+        assert steploop.min_ring_depth(sim["writes"], sim["copies"]) == steploop.ring_depth_for(a - 1)
+    # the exercises' checkers state their run-ahead: a ring of AHEAD + 1 is the one that never waits
+    assert checks03.AHEAD + 1 == steploop.ring_depth_for(checks03.AHEAD)
+
+
+@pytest.mark.parametrize("case", ["ring-one-too-shallow-events", "ring-one-too-shallow-no-events", "racy",
+                                  "ring-waits-on-the-wrong-slot"])
+def test_race_free_loop_messages_use_the_run_ahead_definition(case, on_cpu, capsys):
+    from pinlab import steploop
+
+    wrong, _, _ = WRONG_LOOPS[case]
+    assert checks03.check_race_free_loop(wrong) is False
+    assert checks03.check_race_free_loop(wrong) is False   # the hint too
+    out = capsys.readouterr().out
+    assert f"run-ahead {checks03.AHEAD}" in out, out
+    assert "steps ahead" not in out, out                   # the old, ambiguous wording
+    if case != "ring-waits-on-the-wrong-slot":
+        assert steploop.RING_RULE in out, out

@@ -176,7 +176,8 @@ def test_ring_stage_says_not_implemented(capsys):
 
 
 RACE = "ring_stage: step 0 of 200 delivered step {}'s data"
-SHALLOW = "with a ring of 2 buffers, the host up to 4 steps ahead of the GPU: a buffer was rewritten before"
+SHALLOW = ("with a ring of 2 buffers, run-ahead 4 (the host may write step n+4's data while the GPU has not yet run "
+           "step n's copy): a buffer was rewritten before")
 NO_WAIT = "the host did not wait for it: before writing ring[k], wait on the host (`events[k].synchronize()`)"
 EARLY = "the host did wait before rewriting, but for an event that completed before the copy"
 WRONG_RINGS = {

@@ -154,16 +154,19 @@ from .l02 import Watch, fail, not_implemented, watched_stream
 STEPS = 200
 MAX_STEPS = 10_000  #: run_loop's most steps (the notebook runs 100, the checker 200): 40 MiB of results
 N_INTS = 1024
-AHEAD = 2
+AHEAD = 2           #: the harness's run-ahead (steploop.RUN_AHEAD): a ring needs AHEAD + 1 buffers
 BUSY_MS = 4.0
 WAIT_MS = BUSY_MS / 4      # a step whose host time exceeds this waited for the GPU (CUDA)
 WARM_STEPS = 12
+#: run-ahead AHEAD in this exercise's words (steploop.RUN_AHEAD)
+_RUN_AHEAD_HERE = f"the host may write step n+{AHEAD}'s metadata while the GPU has not yet run step n's copy"
 
 HINTS = {
     "race_free_loop": (
         "give every step its own pinned host memory: write into a pageable buffer, then "
         "`snap = buf.pin_memory()` (a fresh pinned copy: the caching host allocator keeps it until its copy "
-        "has run) and `meta.copy_(snap, non_blocking=True)`. Or a ring of AHEAD + 1 pinned buffers, each guarded "
+        f"has run) and `meta.copy_(snap, non_blocking=True)`. Or, for run-ahead {AHEAD}, a ring of {AHEAD + 1} pinned "
+        f"buffers ({steploop.RING_RULE}), each guarded "
         "by an event recorded after its copy and waited on before the buffer is rewritten (it is reached "
         "already, so the wait costs nothing)."),
 }
@@ -319,8 +322,8 @@ def _race_cause(watch, written: dict | None = None, stale: int | None = None) ->
     if watch.h2d and len(storages) < len(watch.h2d):
         k = len(storages)
         return (f"your copies read from {k} host buffer{'s' if k > 1 else ''}: the host rewrote a buffer before the "
-                f"GPU had copied it (the host runs up to {AHEAD} steps ahead). Give each step its own snapshot, or use "
-                f"a ring deep enough for the run-ahead, guarded by events.")
+                f"GPU had copied it (run-ahead {AHEAD}: {_RUN_AHEAD_HERE}). Give each step its own snapshot, or use a "
+                f"ring of {AHEAD + 1} buffers ({steploop.RING_RULE}), guarded by events.")
     return "the host rewrote the data before the GPU had copied it."
 
 
@@ -417,13 +420,14 @@ def _loop_problem(s, h, watch, got) -> str | None:
         advice = "use a snapshot or a ring"
         depth = len({c["storage"] for c in watch.h2d if c["pinned"]})
         if "event" in why and depth > AHEAD:
-            advice = (f"your copies read from {depth} pinned buffers, enough for a host {AHEAD} steps ahead, but the "
+            advice = (f"your copies read from {depth} pinned buffers, enough for run-ahead {AHEAD}, but the "
                       "event you wait on is not reached yet: before rewriting a buffer, wait on the event recorded "
                       "after that same buffer's last copy (the same index for the write, the copy and its event), "
                       "not on a more recent step's event")
         elif "event" in why:
-            advice = (f"your ring is too shallow for a host {AHEAD} steps ahead: its events are not reached yet when a "
-                      f"buffer comes round again; add buffers ({AHEAD + 1} are enough)")
+            advice = (f"your ring is too shallow for run-ahead {AHEAD} ({_RUN_AHEAD_HERE}): its events are not reached "
+                      f"yet when a buffer comes round again; {steploop.RING_RULE}: "
+                      f"{AHEAD + 1} here")
         elif "synchronize()" in why:
             advice = "synchronize() is race-free but blocks: use a snapshot or a ring"
         return f"the host waited for the GPU in {len(waited)} of {steps} steps ({why}) — {advice}."

@@ -35,10 +35,12 @@ from . import (LearnerStop, is_stub, learner_arg, learner_call, not_implemented,
 from .l03 import timeline_cases
 
 STEPS = 200        #: steps of each step loop
-AHEAD = 4          #: the host runs at most this many steps ahead of the GPU
+AHEAD = 4          #: the step loop's run-ahead (steploop.RUN_AHEAD): a ring needs AHEAD + 1 buffers
 BUSY_MS = 1.0      #: GPU work per step (CUDA): the host needs well under this per step
 N_INTS = 4096      #: int32 values per step's data (16 KiB)
 SHALLOW = 2        #: the ring that must make the host wait (shallower than AHEAD + 1)
+#: run-ahead AHEAD in this exercise's words (steploop.RUN_AHEAD)
+_RUN_AHEAD_HERE = f"the host may write step n+{AHEAD}'s data while the GPU has not yet run step n's copy"
 
 _failures: Counter = Counter()
 
@@ -216,7 +218,7 @@ def check_pin_snapshot(fn, stream=None) -> bool:
         bad = _corruption(delivered)
         if bad:
             return _fail(name, f"pin_snapshot in the step loop: {bad}. The loop rewrites one pinned buffer every "
-                               f"step, the host up to {AHEAD} steps ahead of the GPU, and copies pin_snapshot(buf) "
+                               f"step with run-ahead {AHEAD} ({_RUN_AHEAD_HERE}), and copies pin_snapshot(buf) "
                                "with non_blocking=True: each call must return new memory that nothing "
                                "writes again (a snapshot reused by the next call is the same race).")
     _failures.pop(name, None)
@@ -324,7 +326,7 @@ def check_ring_stage(fn, stream=None) -> bool:
     with s:
         show("ring_stage checked on", s.label)
         for depth in (AHEAD + 1, SHALLOW):
-            setting = f"a ring of {depth} buffers, the host up to {AHEAD} steps ahead of the GPU"
+            setting = f"a ring of {depth} buffers, run-ahead {AHEAD} ({_RUN_AHEAD_HERE})"
             try:
                 delivered, in_flight = _ring_run(s, fn, depth)
             except LearnerStop as stop:  # it ran past its time, or left torch's state changed
@@ -371,7 +373,8 @@ def check_ring_stage(fn, stream=None) -> bool:
                 show(f"ring of {depth}: most steps the GPU was behind after a staging", ahead)
                 if ahead > depth:
                     return _fail(name, f"ring_stage: with {setting}, the host ran {ahead} steps ahead of the GPU: "
-                                       f"a ring of {depth} must make it wait (at most {depth} steps ahead), or it "
+                                       f"a ring of {depth} is enough only for run-ahead {depth - 1} "
+                                       f"({steploop.RING_RULE}), so it must make the host wait, or it "
                                        "rewrites a buffer whose copy has not run.")
     _failures.pop(name, None)
     print(f"✅ {name} is correct: {STEPS} steps, 0 corrupted, with a ring of {AHEAD + 1} (no waiting: the host "
