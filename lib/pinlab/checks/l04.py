@@ -261,24 +261,27 @@ class _LoggedEvent:
 
 
 class _CopyLog(TorchFunctionMode):
-    """Notes ``dst.copy_(ring[j], ...)`` (these very tensor objects) in the step's log; changes nothing."""
+    """Notes ``dst.copy_(ring[j], ...)`` (these very tensor objects) in the step's log, and
+    ``dst.copy_(data, ...)`` as ``("copy", None)``; changes nothing."""
 
-    def __init__(self, log: list, ring, dst):
+    def __init__(self, log: list, ring, dst, data=None):
         super().__init__()
-        self.log, self.ring, self.dst = log, ring, dst
+        self.log, self.ring, self.dst, self.data = log, ring, dst, data
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") == "copy_" and len(args) >= 2 and args[0] is self.dst:
             for j, b in enumerate(self.ring):
                 if args[1] is b:
                     self.log.append(("copy", j))
+            if self.data is not None and args[1] is self.data:
+                self.log.append(("copy", None))
         return func(*args, **(kwargs or {}))
 
 
 def _recorded_before_copy(log) -> int | None:
     """The buffer j whose copy this step came after every record of events[j] (None: no such j).
     A buffer whose event was not recorded at all is left to the race check."""
-    for j in sorted({j for kind, j in log if kind == "copy"}):
+    for j in sorted({j for kind, j in log if kind == "copy" and j is not None}):
         last_copy = max(i for i, (kind, b) in enumerate(log) if kind == "copy" and b == j)
         records = [i for i, (kind, b) in enumerate(log) if kind == "record" and b == j]
         if records and max(records) < last_copy:
@@ -290,6 +293,36 @@ class _RecordedEarly(Exception):
     pass
 
 
+class _WrongSlot(Exception):
+    """A step whose copy, or event, was not the ring buffer it wrote: ``(n, message)``."""
+
+
+def _slot_problem(n: int, log, written: list) -> str | None:
+    """What a step did with the wrong ring buffer (None: nothing): it wrote step n's data into ring[k]
+    (``written``) but copied from another buffer, or from ``data`` itself, or recorded another buffer's
+    event than the one it copied from."""
+    copies = [j for kind, j in log if kind == "copy"]
+    records = [j for kind, j in log if kind == "record"]
+    if None in copies:
+        return (f"ring_stage: at step {n}, dst was copied from data itself (pageable memory, staged by the driver), "
+                f"not from the ring buffer you wrote it into: copy out of ring[k], the pinned buffer.")
+    ring_copies = sorted(set(copies))
+    if not written or not ring_copies:
+        return None  # no copy out of the ring seen (a view of it, say): the race check decides
+    k = written[0]
+    if not set(ring_copies) & set(written):
+        return (f"ring_stage: at step {n}, step {n}'s data was written into ring[{k}] but the copy read "
+                f"ring[{ring_copies[0]}]: use the same index for the write, the copy and the event "
+                f"(k = n % len(ring)); the buffer copied from holds another step's data, or is rewritten while its "
+                "copy waits in the queue.")
+    if records and not set(records) & set(ring_copies):
+        j = ring_copies[0]
+        return (f"ring_stage: at step {n}, the copy read ring[{j}] but the event recorded after it was "
+                f"events[{records[-1]}]: record events[{j}], the event of the buffer you copied from, so that the "
+                f"wait before ring[{j}] is rewritten waits for this copy, not for another one.")
+    return None
+
+
 def _ring_run(s, fn, depth):
     ring = [torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
     log: list = []
@@ -299,10 +332,14 @@ def _ring_run(s, fn, depth):
 
     def stage(n, data, dst):
         log.clear()
-        with _CopyLog(log, ring, dst), learner_call(f"ring_stage({n}, data, ring, events, dst)"):
+        with _CopyLog(log, ring, dst, data), learner_call(f"ring_stage({n}, data, ring, events, dst)"):
             fn(n, data, ring, events, dst)
-        if not any(torch.equal(b, data) for b in buffers):
+        written = [j for j, b in enumerate(buffers) if torch.equal(b, data)]
+        if not written:
             raise _NotInRing(n)
+        problem = _slot_problem(n, log, written)
+        if problem is not None:
+            raise _WrongSlot(n, problem)
         j = _recorded_before_copy(log)
         if j is not None:
             raise _RecordedEarly(n, j)
@@ -339,6 +376,9 @@ def check_ring_stage(fn, stream=None) -> bool:
                                    f"ring[{j}] ({setting}): it completes when the work before it has run, before "
                                    f"that copy has, so waiting for it later does not protect ring[{j}] (the race, "
                                    "whenever the GPU is behind). Record the event after the copy.")
+            except _WrongSlot as e:
+                s.synchronize()
+                return _fail(name, f"{e.args[1]} ({setting})")
             except _NotInRing as e:
                 s.synchronize()
                 n = e.args[0]
