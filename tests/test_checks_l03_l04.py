@@ -262,6 +262,37 @@ def loop_pinned_snapshot_copy(s, steps, write_metadata, forward):  # another rig
         forward(n, meta)
 
 
+def loop_snapshot_before_write(s, steps, write_metadata, forward):  # no race: the snapshot is a step old
+    buf = torch.zeros(N, dtype=torch.int32)
+    for n in range(steps):
+        snap = buf.pin_memory()                # taken before this step's write: step n-1's data
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(snap, non_blocking=True)
+        forward(n, meta)
+
+
+def _ring_planted(copy_slot, wait_slot):
+    """A ring of AHEAD + 1 pinned buffers with events, written at n % depth; the copy reads
+    copy_slot(n, depth) and the host waits on events[wait_slot(n, depth)] (the right answer: both n % depth)."""
+    def loop(s, steps, write_metadata, forward):
+        depth = checks03.AHEAD + 1
+        bufs = [torch.zeros(N, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+        done = [None] * depth
+        for n in range(steps):
+            k = n % depth
+            w = wait_slot(n, depth)
+            if done[w] is not None:
+                done[w].synchronize()
+            write_metadata(bufs[k], n)
+            meta = torch.empty(N, dtype=torch.int32, device=s.device)
+            meta.copy_(bufs[copy_slot(n, depth)], non_blocking=True)
+            done[k] = s.Event()
+            done[k].record()
+            forward(n, meta)
+    return loop
+
+
 RIGHT_LOOPS = {
     "pinned-snapshot-copy": loop_pinned_snapshot_copy,
     "ring-ahead+1-events": _ring(checks03.AHEAD + 1, True),
@@ -274,7 +305,7 @@ WRONG_LOOPS = {
     "racy": (loop_racy, "step 0 of 200 delivered step 2's data", ("delivered step",)),
     "snapshot-of-pinned": (loop_snapshot_of_pinned, "`pin_memory()` of a pinned tensor returns the same storage",
                            ("same storage",)),
-    "ring-one-too-shallow-events": (_ring(checks03.AHEAD, True), "ring is too shallow for a host 2 steps ahead",
+    "ring-one-too-shallow-events": (_ring(checks03.AHEAD, True), "ring is too shallow for run-ahead 2",
                                     ("ring is too shallow",)),
     "ring-one-too-shallow-no-events": (_ring(checks03.AHEAD, False), "read from 2 host buffers",
                                        ("delivered step",)),
@@ -287,6 +318,23 @@ WRONG_LOOPS = {
     "writes-device-memory": (loop_writes_device_memory, "buf is GPU memory", ("buf is GPU memory",)),
     "skips-a-step": (loop_skips_a_step, "forward(6, meta) was called for step 6, the next step is 5",
                      ("the next step is 5",)),
+    # issue "self-paced path", part 3: diagnoses that named the wrong cause
+    "snapshot-before-write": (loop_snapshot_before_write,
+                              "your snapshot copies the buffer before this step's write: the GPU receives step "
+                              "n-1's data", ("your snapshot copies the buffer before this step's write",)),
+    "ring-copies-the-previous-slot": (_ring_planted(lambda n, d: (n - 1) % d, lambda n, d: n % d),
+                                      "step 1's copy read the buffer write_metadata wrote step 0's metadata into",
+                                      ("step 1's copy read the buffer write_metadata wrote step 0's",)),
+    "ring-waits-on-the-wrong-slot": (_ring_planted(lambda n, d: n % d, lambda n, d: (n + 1) % d),
+                                     "read from 3 pinned buffers, enough for run-ahead 2, but the event you "
+                                     "wait on is not reached yet", ("the event you wait on is not reached yet",)),
+}
+
+#: the cause each planted answer was given before, wrongly
+WRONG_CAUSES = {
+    "snapshot-before-write": "rewrote",
+    "ring-copies-the-previous-slot": "run-ahead, guarded by events",
+    "ring-waits-on-the-wrong-slot": "too shallow",
 }
 
 
@@ -320,6 +368,8 @@ def test_race_free_loop_rejects_wrong(case, on_cpu, capsys):
     out = capsys.readouterr().out
     assert "❌ race_free_loop" in out and words in out, out
     assert "💡 Hint" not in out
+    if case in WRONG_CAUSES:
+        assert WRONG_CAUSES[case] not in out, out
 
 
 def test_race_free_loop_counts_every_wait(on_cpu, capsys):
@@ -371,10 +421,43 @@ def test_gpu_race_free_loop_accepts_solution_and_a_ring(sol03, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", ["racy", "snapshot-of-pinned", "ring-one-too-shallow-events", "sync-each-step"])
+@pytest.mark.parametrize("case", ["racy", "snapshot-of-pinned", "ring-one-too-shallow-events", "sync-each-step",
+                                  "snapshot-before-write"])
 def test_gpu_race_free_loop_rejects_wrong(case, capsys):
     checks02.reset()
     wrong, _, words = WRONG_LOOPS[case]
     assert checks03.check_race_free_loop(wrong) is False
     out = capsys.readouterr().out
     assert "❌ race_free_loop" in out and any(w in out for w in words), out
+
+
+# ---- run-ahead: one definition (steploop.RUN_AHEAD), used by the checkers' messages ---------------
+
+def test_run_ahead_has_one_definition_and_the_model_agrees():
+    from pinlab import steploop
+
+    assert steploop.RUN_AHEAD.startswith("run-ahead k: ") and steploop.RING_RULE in steploop.RUN_AHEAD
+    assert [steploop.ring_depth_for(k) for k in (0, 1, 2, 4)] == [1, 2, 3, 5]
+    with pytest.raises(ValueError, match="run_ahead"):
+        steploop.ring_depth_for(-1)
+    # the loops' ahead=a (wait for step n-a before writing step n) is run-ahead a - 1: a ring of a buffers
+    for a in (1, 2, 3, 4):
+        sim = steploop.simulate("reused_pinned", steps=12, ahead=a)
+        assert steploop.min_ring_depth(sim["writes"], sim["copies"]) == steploop.ring_depth_for(a - 1)
+    # the exercises' checkers state their run-ahead: a ring of AHEAD + 1 is the one that never waits
+    assert checks03.AHEAD + 1 == steploop.ring_depth_for(checks03.AHEAD)
+
+
+@pytest.mark.parametrize("case", ["ring-one-too-shallow-events", "ring-one-too-shallow-no-events", "racy",
+                                  "ring-waits-on-the-wrong-slot"])
+def test_race_free_loop_messages_use_the_run_ahead_definition(case, on_cpu, capsys):
+    from pinlab import steploop
+
+    wrong, _, _ = WRONG_LOOPS[case]
+    assert checks03.check_race_free_loop(wrong) is False
+    assert checks03.check_race_free_loop(wrong) is False   # the hint too
+    out = capsys.readouterr().out
+    assert f"run-ahead {checks03.AHEAD}" in out, out
+    assert "steps ahead" not in out, out                   # the old, ambiguous wording
+    if case != "ring-waits-on-the-wrong-slot":
+        assert steploop.RING_RULE in out, out

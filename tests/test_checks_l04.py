@@ -176,7 +176,8 @@ def test_ring_stage_says_not_implemented(capsys):
 
 
 RACE = "ring_stage: step 0 of 200 delivered step {}'s data"
-SHALLOW = "with a ring of 2 buffers, the host up to 4 steps ahead of the GPU: a buffer was rewritten before"
+SHALLOW = ("with a ring of 2 buffers, run-ahead 4 (the host may write step n+4's data while the GPU has not yet run "
+           "step n's copy): a buffer was rewritten before")
 NO_WAIT = "the host did not wait for it: before writing ring[k], wait on the host (`events[k].synchronize()`)"
 EARLY = "the host did wait before rewriting, but for an event that completed before the copy"
 WRONG_RINGS = {
@@ -200,6 +201,41 @@ WRONG_RINGS = {
     # the copy does not come from the ring
     "bypasses-the-ring": (dict(write_ring=False), ["after step 0, no ring buffer holds step 0's data"]),
 }
+
+
+def _ring_slots(copy_slot=None, record_slot=None, copy_data=False):
+    """A ring_stage that writes ring[n % len(ring)] and waits on its event, but copies from
+    ring[copy_slot(n, depth)] (or from data too) or records events[record_slot(n, depth)]."""
+    def stage(n, data, ring, events, dst):
+        d = len(ring)
+        k = n % d
+        events[k].synchronize()
+        ring[k].copy_(data)
+        dst.copy_(ring[copy_slot(n, d) if copy_slot else k], non_blocking=True)
+        if copy_data:
+            dst.copy_(data, non_blocking=True)
+        events[record_slot(n, d) if record_slot else k].record()
+    return stage
+
+
+#: issue "self-paced path", part 3: (answer, words, the cause it was given before, wrongly)
+WRONG_SLOTS = {
+    "copies-the-previous-slot": (_ring_slots(copy_slot=lambda n, d: (n - 1) % d),
+                                 "at step 0, step 0's data was written into ring[0] but the copy read ring[4]",
+                                 "the host did not wait for it"),
+    "records-the-next-slots-event": (_ring_slots(record_slot=lambda n, d: (n + 1) % d),
+                                     "at step 0, the copy read ring[0] but the event recorded after it was events[1]",
+                                     "ring_stage blocks the host"),
+    "copies-data-itself": (_ring_slots(copy_data=True), "at step 0, dst was copied from data itself", "✅"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_SLOTS))
+def test_ring_stage_names_the_wrong_slot(case, capsys):
+    wrong, words, old_cause = WRONG_SLOTS[case]
+    assert checks04.check_ring_stage(wrong, stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert "❌ ring_stage" in out and words in out and old_cause not in out, out
 
 
 @pytest.mark.parametrize("case", list(WRONG_RINGS))

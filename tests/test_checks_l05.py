@@ -51,6 +51,16 @@ WRONG_RESTORES = {
     "converts-dtype": (
         lambda w, pin=True: torch.empty(w.shape, dtype=torch.float32, pin_memory=pin).copy_(w), "must not change"),
     "returns-a-list": (lambda w, pin=True: [w.to("cpu")], "not a tensor"),
+    # issue "self-paced path", part 3: diagnoses that named the wrong cause
+    "no-copy": (lambda w, pin=True: torch.empty_like(w, device="cpu", pin_memory=pin), "made no copy of the data"),
+    # pageable where pinned was asked: on the emulated stream device="cpu" memory counts as the GPU's
+    "empty-like-cpu-unpinned": (lambda w, pin=True: torch.empty_like(w, device="cpu").copy_(w), "pin_memory=True"),
+}
+
+#: the cause each planted answer was given before, wrongly
+WRONG_CAUSES = {
+    "no-copy": "non_blocking",
+    "empty-like-cpu-unpinned": "returned a tensor that is still on the GPU",
 }
 
 
@@ -61,6 +71,8 @@ def test_restore_weight_rejects_wrong(case, capsys):
     out = capsys.readouterr().out
     assert "❌" in out and message in out, out
     assert "💡 Hint" not in out  # the hint comes from the second failure on
+    if case in WRONG_CAUSES:
+        assert WRONG_CAUSES[case] not in out, out
 
 
 def test_restore_weight_hints_on_the_second_failure(capsys):

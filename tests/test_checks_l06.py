@@ -213,6 +213,38 @@ def _start_remember_stream(s, out):
     return _start_ok(s, out)
 
 
+def _start_event_first(s, out):  # the event recorded before the copy: it marks the work before it
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+    ev = s.Event()
+    ev.record()
+    host.copy_(out, non_blocking=True)
+    return host, ev
+
+
+def _start_cpu(s, out):  # a blocking copy into pageable memory
+    ev = s.Event()
+    ev.record()
+    return out.cpu(), ev
+
+
+def test_d2h_event_recorded_before_the_copy_is_named(capsys):
+    """Issue "self-paced path", part 3: finish_d2h waited for the event, so "call event.synchronize()
+    first" named the wrong cause."""
+    assert checks06.check_d2h_outputs(_start_event_first, _finish_ok) is False
+    out = capsys.readouterr().out
+    assert "the event was recorded before the copy was queued" in out, out
+    assert "call event.synchronize() first" not in out, out
+    assert checks06.check_d2h_outputs(_start_ok, _finish_early) is False   # no wait at all: the old advice
+    out = capsys.readouterr().out
+    assert "call event.synchronize() first" in out and "recorded before the copy" not in out, out
+
+
+def test_d2h_blocking_cpu_copy_is_not_called_a_non_blocking_one(capsys):
+    assert checks06.check_d2h_outputs(_start_cpu, _finish_ok) is False
+    out = capsys.readouterr().out
+    assert "host buffer is pageable memory (`.cpu()`" in out and "non_blocking or not" in out, out
+
+
 @pytest.mark.parametrize("start, finish, message", [
     (_start_ok, _finish_early, "before its copy had run"),
     (_start_pageable, _finish_ok, "host buffer is pageable"),

@@ -50,6 +50,20 @@ def test_one_of_and_callable():
         _check.callable_arg("fn", 3)
 
 
+def test_callable_arg_asks_for_no_arguments_only_where_the_function_takes_none():
+    with pytest.raises(TypeError, match=r"^fn must be callable \(a function\), got int$"):
+        _check.callable_arg("fn", 3)
+    with pytest.raises(TypeError, match=r"^fn must be callable \(a function of no arguments\), got int$"):
+        _check.callable_arg("fn", 3, no_args=True)
+    for call in (lambda: timing.host_time(3), lambda: timing.cuda_time(3), lambda: pinlab.warmup(3),
+                 lambda: timing.host_time(lambda: None, setup=3)):   # called as fn(), setup(), each of fns()
+        with pytest.raises(TypeError, match=r"a function of no arguments\)"):
+            call()
+    with pinlab.LaggingStream() as s, pytest.raises(TypeError) as info:
+        s.launch(3)                                                  # launch(fn, *args, **kwargs)
+    assert "no arguments" not in str(info.value)
+
+
 def test_stats_summary():
     s = timing.Stats.of([3.0, 1.0, 2.0, 10.0])
     assert (s.median, s.min, s.max, s.n) == (2.5, 1.0, 10.0, 4)

@@ -192,3 +192,39 @@ def test_reshape_that_copies_reads_after_the_queue_and_stays_on_the_device():
         assert y.tolist() == [1.0] * 24
         v = x.reshape(2, 12)                                           # a view: no wait needed
         assert s.is_device(v)
+
+
+def test_torch_cuda_event_is_restored_when_the_block_raises():
+    before = torch.cuda.Event
+    with pytest.raises(ZeroDivisionError):
+        with LaggingStream() as s:
+            assert torch.cuda.Event is not before
+            ev = torch.cuda.Event()
+            ev.record()
+            1 / 0
+    assert torch.cuda.Event is before                # restored although the block raised
+    with LaggingStream() as s:                       # and a new block patches it again
+        assert torch.cuda.Event().query() and s.pending() == 0
+    assert torch.cuda.Event is before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch.cuda.Event works on a CUDA machine")
+def test_torch_cuda_event_outside_the_block_points_to_s_event():
+    """Issue "self-paced path" 3: outside an active emulated stream, torch says only "Tried to instantiate
+    dummy base class Event"; a learner's call in a checker is told what to use instead."""
+    from pinlab.checks import learner_call
+    from pinlab.streams import explain_dummy_event
+
+    with pytest.raises(RuntimeError, match="dummy base class Event"):
+        torch.cuda.Event()                           # torch's own words, outside any block
+    with pytest.raises(RuntimeError) as info:
+        with learner_call("start_d2h(s, out)"):
+            torch.cuda.Event()
+    text = str(info.value)
+    assert "on this machine the stream is emulated: use s.Event() (works on a GPU too)" in text, text
+    assert "dummy base class Event" in text and isinstance(info.value.__cause__, RuntimeError)
+    assert explain_dummy_event(RuntimeError("another error")) is None
+    assert explain_dummy_event(ValueError("dummy base class Event")) is None
+    with pytest.raises(RuntimeError, match="another error"):  # any other error passes through unchanged
+        with learner_call("f()"):
+            raise RuntimeError("another error")

@@ -97,9 +97,12 @@ def one_of(name: str, value, choices) -> str:
     return value
 
 
-def callable_arg(name: str, value):
+def callable_arg(name: str, value, *, no_args: bool = False):
+    """``value`` itself when callable, else TypeError ``"<name> must be callable (a function), got <type>"``;
+    with ``no_args`` (the caller calls it as ``value()``) the message asks for "a function of no arguments"."""
     if not callable(value):
-        raise TypeError(f"{name} must be callable (a function of no arguments), got {type(value).__name__}")
+        what = "a function of no arguments" if no_args else "a function"
+        raise TypeError(f"{name} must be callable ({what}), got {type(value).__name__}")
     return value
 
 

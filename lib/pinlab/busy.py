@@ -55,7 +55,7 @@ def warmup(*fns, repeat: int = 1) -> None:
     """
     repeat = positive_int("repeat", repeat, maximum=MAX_WARMUP_REPEAT)
     for i, fn in enumerate(fns):
-        callable_arg(f"fns[{i}]", fn)
+        callable_arg(f"fns[{i}]", fn, no_args=True)
     for _ in range(repeat):
         for fn in fns:
             fn()
@@ -65,7 +65,7 @@ def warmup(*fns, repeat: int = 1) -> None:
 
 def wall_ms(fn) -> float:
     """Host wall-clock milliseconds spent inside one call of ``fn``."""
-    callable_arg("fn", fn)
+    callable_arg("fn", fn, no_args=True)
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3

@@ -19,6 +19,15 @@ exercises; :func:`copies_correct` and :func:`min_ring_depth` are the exercise re
 Nothing here syncs inside a loop: no ``.item()``, no blocking copy, no data-dependent shapes.
 The paged-decode version of the loop is :mod:`pinlab.decode_loop`.
 
+Run-ahead, the course's one definition (:data:`RUN_AHEAD`; lessons, exercises and checkers use it):
+**run-ahead k**: the host may write step n+k's data while the GPU has not yet run step n's copy, so up
+to k earlier steps' copies are still queued when the host writes a step; a ring of pinned buffers for
+run-ahead k needs k + 1 buffers (:func:`ring_depth_for`). The loops' ``ahead=a`` argument
+(:func:`simulate`, :func:`plain_loop`, :func:`pinlab.decode_loop.decode_loop`, lesson 04's
+``metadata_loop``) is a batch queue of depth a: before writing step n the host waits for the event of
+step n-a, recorded after that step's copy, which is run-ahead a - 1 (a ring of a buffers is enough).
+The exercises' checkers state their run-ahead directly (``AHEAD`` in ``checks/l03.py`` and ``l04.py``).
+
 Why over 500 lines: the vocabulary, the model and the harness share the strategy names and the
 accounting; split, each part would import the others' private argument checks.
 """
@@ -95,8 +104,22 @@ def strategies_arg(value, *, allow_no_copy: bool = True) -> list[str]:
     return out
 
 
+#: How deep a ring must be, in the words the checkers' messages use (part of :data:`RUN_AHEAD`).
+RING_RULE = "a ring for run-ahead k needs k + 1 buffers"
+#: The definition of run-ahead that lessons, exercises and checker messages use (see the module docstring).
+RUN_AHEAD = ("run-ahead k: the host may write step n+k's data while the GPU has not yet run step n's copy "
+             f"(up to k earlier copies still queued); {RING_RULE} (pinned buffers)")
+
+
+def ring_depth_for(run_ahead: int) -> int:
+    """The fewest pinned buffers in a ring for run-ahead ``run_ahead`` (:data:`RUN_AHEAD`): ``run_ahead + 1``
+    (the copies still queued, and the buffer the host writes)."""
+    return positive_int("run_ahead", run_ahead, allow_zero=True) + 1
+
+
 def ahead_arg(value) -> int | None:
-    """None (unbounded run-ahead) or a positive int."""
+    """None (unbounded run-ahead) or a positive int: the depth of the loops' batch queue (the host waits for
+    step n-ahead's event before writing step n: run-ahead ``ahead - 1``, see :data:`RUN_AHEAD`)."""
     if value is None:
         return None
     return positive_int("ahead", value)
@@ -258,7 +281,8 @@ def simulate(strategy: str = "reused_pinned", *, steps: int = 6, host_ms: float 
     Each step the host writes the step's data into the buffer (``host_ms``), enqueues the copy,
     then launches the step's forward (``launch_ms``). The GPU runs copy n (``copy_ms``) as soon as
     it is enqueued and the previous forward is over, then the forward (``gpu_ms``). ``ahead``:
-    the host waits for copy n-ahead to finish before writing step n (None: never). Strategies as
+    the host waits for copy n-ahead to finish before writing step n (None: never), a run-ahead of
+    ``ahead - 1`` (:data:`RUN_AHEAD`: a ring of ``ahead`` buffers is enough). Strategies as
     in :data:`STRATEGIES` (``no_copy`` excluded): late-read ones read their buffer when the copy
     *runs*; ``pageable`` and ``snapshot`` capture the data at the call; ``ring``/``ring_events``
     use ``ring_depth`` buffers; ``staging_slots`` limits how many pageable copies may be pending

@@ -408,10 +408,12 @@ class LaggingStream:
     def __enter__(self) -> "LaggingStream":
         if self._mode is not None:
             raise RuntimeError("this LaggingStream is already active; make a new one for a nested block")
+        event_class = self._cuda_event_class()
         self._mode = _Mode(self)
         self._mode.__enter__()
-        self._saved_cuda_event = torch.cuda.Event
-        torch.cuda.Event = self._cuda_event_class()
+        # torch.cuda.Event (and the graph API) make this stream's events and graphs until the block ends
+        # (restored in __exit__, an exception in the block too): code written for CUDA runs unchanged
+        self._saved_cuda_event, torch.cuda.Event = torch.cuda.Event, event_class
         self._saved_graph_api = (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing)
         torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing = self._graph_api()
         return self
@@ -754,6 +756,22 @@ class LaggingStream:
             self.synchronize()
         with self._drain():
             return func(*args, **kwargs)  # host to host: torch's own answer (often t itself)
+
+
+#: What a ``torch.cuda.Event()`` made outside an active :class:`LaggingStream` on a machine without
+#: CUDA is told (torch itself says only "Tried to instantiate dummy base class Event").
+EMULATED_EVENT_TEXT = ("torch.cuda.Event() needs a CUDA GPU, and on this machine the stream is emulated: use "
+                       "s.Event() (works on a GPU too), or make the event inside `with pinlab.stream() as s:`, "
+                       "where torch.cuda.Event() is s.Event()")
+
+
+def explain_dummy_event(exc: BaseException):
+    """For torch's ``RuntimeError: Tried to instantiate dummy base class Event`` (``torch.cuda.Event()``
+    on a torch without CUDA, outside an active :class:`LaggingStream`): a RuntimeError saying
+    :data:`EMULATED_EVENT_TEXT`. None for any other exception."""
+    if isinstance(exc, RuntimeError) and "dummy base class Event" in str(exc):
+        return RuntimeError(f"{EMULATED_EVENT_TEXT} (torch: {exc})")
+    return None
 
 
 def stream():

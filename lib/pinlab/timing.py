@@ -94,9 +94,9 @@ def host_time(fn, *, repeat: int = 10, warmup: int = 1, setup=None, sync_after: 
     With ``sync_after`` the device is synchronized after each call, untimed, so that calls
     do not pile up behind each other.
     """
-    callable_arg("fn", fn)
+    callable_arg("fn", fn, no_args=True)
     if setup is not None:
-        callable_arg("setup", setup)
+        callable_arg("setup", setup, no_args=True)
     repeat = positive_int("repeat", repeat, maximum=MAX_REPEAT)
     warmup = positive_int("warmup", warmup, allow_zero=True, maximum=MAX_REPEAT)
     bool_arg("sync_after", sync_after)
@@ -117,7 +117,7 @@ def host_time(fn, *, repeat: int = 10, warmup: int = 1, setup=None, sync_after: 
 
 def cuda_time(fn, *, repeat: int = 10, warmup: int = 1) -> Stats:
     """GPU time of the work ``fn()`` enqueues (ms), measured with CUDA events."""
-    callable_arg("fn", fn)
+    callable_arg("fn", fn, no_args=True)
     repeat = positive_int("repeat", repeat, maximum=MAX_REPEAT)
     warmup = positive_int("warmup", warmup, allow_zero=True, maximum=MAX_REPEAT)
     require_cuda("cuda_time()")

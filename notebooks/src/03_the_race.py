@@ -209,12 +209,13 @@ ok = pinlab.claims({
 # - afterwards every request's output is compared with `pinlab.paged_kv.reference_decode`, an
 #   fp32 torch reference fed with the *correct* metadata.
 #
-# Two details keep the experiment honest and alive. The host runs at most two steps ahead (it
-# waits for step N-2 before building step N, like a batch queue of depth 2) and cycles through a
-# ring of three FlashInfer wrappers, so no wrapper is re-planned before its previous plan has
-# run: FlashInfer's `plan()` has a reused pinned buffer of its own, and sharing one wrapper with
-# the host two steps ahead can crash the CUDA context or hang it (lesson 04 tests that, in a
-# separate process). And a wrong `indptr` is clamped into a well-formed one on the GPU
+# Two details keep the experiment honest and alive. The host waits for step N-2 before building
+# step N, like a batch queue of depth 2: a run-ahead of 1 in the course's words (**run-ahead k**:
+# the host may write step N+k's data while the GPU has not yet run step N's copy; a ring of pinned
+# buffers for run-ahead k needs k + 1 buffers). And it cycles through a ring of three FlashInfer
+# wrappers, so no wrapper is re-planned before its previous plan has run: FlashInfer's `plan()`
+# has a reused pinned buffer of its own, and sharing one wrapper with the host ahead can crash the
+# CUDA context or hang it (lesson 04 tests that, in a separate process). And a wrong `indptr` is clamped into a well-formed one on the GPU
 # (`pinlab.decode_loop.safe_indptr`): PyTorch checks its index bounds *on the device*, and a failed device-side
 # assert would kill the context too. A wrong `indptr` still gives wrong pages; it cannot read
 # outside the cache.

@@ -161,7 +161,8 @@ ok = pinlab.claims({
         "snapshot 3 needed no new cudaHostAlloc": alloc_why})
 
 # %% [markdown]
-# The same over a whole step loop: 200 snapshots, the host up to 4 steps ahead of the GPU. For
+# The same over a whole step loop: 200 snapshots, the host waiting for step n-4 before writing
+# step n (a batch queue of depth 4: run-ahead 3, at most 4 copies in flight). For
 # every snapshot whose block had served an earlier step, the loop asked the earlier step's copy
 # event whether that copy had finished.
 
@@ -226,8 +227,8 @@ plt.show()
 #
 # A snapshot is a small host allocation (a cached block, when warm) plus a `memcpy` of the bytes
 # copied. `l04.snapshot_cost` times, per step, the host section "write the metadata, stage it,
-# enqueue the copy" for three loops with the same load (300 steps each, the host at most two steps
-# ahead, as with a batch queue of depth 2), in 3 interleaved rounds: each loop's median step per
+# enqueue the copy" for three loops with the same load (300 steps each, the host waiting for step
+# n-2 before writing step n, as with a batch queue of depth 2), in 3 interleaved rounds: each loop's median step per
 # round, then the median over the rounds:
 # - **no copy**: the write alone;
 # - **reused pinned**: the write and the same `non_blocking` copy, with no snapshot (the racy
@@ -414,14 +415,16 @@ ok = pinlab.claims({
 
 # %% [markdown]
 # Correct, but here the host runs far ahead of the GPU, so every third step it waits for a copy
-# that sits behind the GPU's queue: the events buy correctness with the host's run-ahead. A ring
-# as deep as the steps in flight never waits for the GPU (below, where the host is at most two
-# steps ahead). The exercise of this lesson computes the smallest depth that is enough.
+# that sits behind the GPU's queue: the events buy correctness with the host's run-ahead. In the
+# course's words, **run-ahead k**: the host may write step n+k's data while the GPU has not yet run
+# step n's copy; a ring of pinned buffers for run-ahead k needs k + 1 buffers, and then never waits
+# for the GPU (below, where the host waits for step n-2 before writing step n: run-ahead 1). The
+# exercise of this lesson computes the smallest depth that is enough.
 #
 # ## The history of fixes, compared
 #
-# Every approach vLLM took, in one loop (4 KiB per step, the GPU busy 0.3 ms per step, the host at
-# most two steps ahead), 500 steps of each in 5 interleaved rounds (each round runs every approach
+# Every approach vLLM took, in one loop (4 KiB per step, the GPU busy 0.3 ms per step, the host
+# waiting for step n-2 before writing step n: run-ahead 1), 500 steps of each in 5 interleaved rounds (each round runs every approach
 # once, in a rotating order, so a slow spell of the machine does not land on one approach only);
 # each figure is the median over the rounds of the round's median step:
 #
@@ -499,8 +502,8 @@ ok = pinlab.claims({
 #   add up (lessons 02 and 03, and the next section).
 # - **The snapshot** is correct and asynchronous; it holds a few small blocks, as many as copies in
 #   flight.
-# - **The ring with events** is correct and needs no allocation per step. When it is deep enough
-#   for the steps in flight (here 3 buffers for a host at most two steps ahead), a buffer's last
+# - **The ring with events** is correct and needs no allocation per step. When it is at least one
+#   deeper than the run-ahead (here 3 buffers, one more than run-ahead 1 needs), a buffer's last
 #   copy has run by the time it comes round again, so its event wait returns at once. Make it
 #   shallower and the events make the host wait; drop the events and it races.
 # - **The event wait** is correct with a single buffer, but the host waits for the previous step's
@@ -528,8 +531,8 @@ ok = pinlab.claims({
 # driver, not on the code.
 #
 # `l04.shared_pool` measures it: 6 tensors per step, from 24 KiB to 6 MiB per step in total,
-# pageable buffers against a snapshot per tensor, the GPU busy 0.5 ms per step, the host at most
-# two steps ahead (interleaved rounds, medians).
+# pageable buffers against a snapshot per tensor, the GPU busy 0.5 ms per step, the host waiting
+# for step n-2 before writing step n (interleaved rounds, medians).
 
 # %%
 pool = pinlab.measure("04_shared_pool", l04.shared_pool, totals=[24 * 1024, 192 * 1024, 768 * 1024, 3 * 1024 * 1024,
@@ -644,8 +647,9 @@ class SlabRing:
 # tensor i with `8n + i`, times `host()` + the writes + `send()`, and checks on the device (a
 # counter of wrong steps, read once at the end, no sync per step). Here it runs 200 steps on
 # `pinlab.stream()` for the slab ring and for the three per-tensor ways of lesson 03 and above, the
-# host at most two steps ahead; and once more for a ring of a single slab, too shallow for two
-# steps in flight.
+# host waiting for step n-2 before writing step n (run-ahead 1: two steps in flight, the one it
+# writes and the one before); and once more for a ring of a single slab, too shallow for two steps
+# in flight.
 #
 # 🔮 **Predict.** Does the ring of one slab race?
 #
@@ -680,8 +684,8 @@ ok = pinlab.claims({
 # %% [markdown]
 # Now the measurement: 10,000 steps of each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`,
 # about 21 KiB per step), the GPU busy 0.25 ms per step, and the run-ahead bounded the way an engine
-# bounds it: before step N the host waits (untimed) for step N-2's "done" event. The slab ring has
-# 3 slabs (one more than the two steps in flight). Eight interleaved rounds of 1,250 steps.
+# bounds it: before step N the host waits (untimed) for step N-2's "done" event (run-ahead 1). The
+# slab ring has 3 slabs, one more than the 2 that run-ahead 1 needs. Eight interleaved rounds of 1,250 steps.
 #
 # Why bound the run-ahead? Without it the host runs until CUDA's launch queue is full and then waits
 # for a free slot on every launch, and the pageable copies wait for the staging pool: the timings

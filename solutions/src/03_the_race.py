@@ -60,7 +60,11 @@ ok = checks03.check_indptr_last_page_len(indptr_last_page_len)
 # runs). Copy n delivered step n's data only if **no later step's write starts before copy n
 # ends** (a write starting exactly at its end is fine).
 #
-# Here is a timeline from the model of lesson 03, the host two steps ahead of the GPU:
+# Here is a timeline from the model of lesson 03 with `ahead=2`: before writing step n the host
+# waits for step n-2's copy (a batch queue of depth 2), so step n-1's copy may still be queued, a
+# run-ahead of 1 in the course's words (**run-ahead k**: the host may write step n+k's data while
+# the GPU has not yet run step n's copy; a ring of pinned buffers for run-ahead k needs k + 1
+# buffers):
 
 # %%
 sim = steploop.simulate("reused_pinned", steps=6, ahead=2)
@@ -100,8 +104,10 @@ print("step each copy read:", sim["received"])
 # - `write_metadata(buf, n)`: the host writes step n's metadata (`N_INTS` int32) into the host
 #   tensor `buf`;
 # - `forward(n, meta)`: step n's forward on the GPU, which reads `meta` (step n's metadata in GPU
-#   memory), then keeps the GPU busy. It returns once the GPU is at most `AHEAD` steps behind, as a
-#   real loop that reads step n-`AHEAD`'s output would: that wait is the harness's, not yours.
+#   memory), then keeps the GPU busy. It returns once the GPU has read step n-`AHEAD`'s metadata, as
+#   a real loop that reads step n-`AHEAD`'s output would: that wait is the harness's, not yours.
+#   So the run-ahead is `AHEAD`: the host may write step n+`AHEAD`'s metadata while the GPU has not
+#   yet run step n's copy.
 #
 # Here it is with one reused pinned buffer:
 
@@ -132,7 +138,7 @@ ok = pinlab.claim("more than half the steps read another step's data", run["wron
 # forward reads its own metadata** and **the host never waits for the GPU** (`s.synchronize()` in
 # every step fixes the race by blocking the host: the checker rejects it). Copy with
 # `non_blocking=True` from pinned memory. Two fixes from lesson 04 work: a fresh pinned snapshot per
-# step, or a ring of pinned buffers guarded by events (how deep, for a host `AHEAD` steps ahead?).
+# step, or a ring of pinned buffers guarded by events (how deep, for run-ahead `AHEAD`?).
 #
 # The checker runs 200 steps (on a GPU with the GPU kept busy, so the host runs ahead), then says which
 # step read whose data, or in how many steps the host waited, and why. *(6-8 lines)*

@@ -32,7 +32,8 @@ from pinlab import steploop
 # - the same shape, dtype and values as `t`, bit for bit (non-contiguous, 0-d and empty `t` included).
 #
 # The check tries pageable and pinned tensors, then runs your function in a step loop that rewrites
-# one pinned buffer every step for 200 steps, the host 4 steps ahead of the GPU, and copies
+# one pinned buffer every step for 200 steps with run-ahead 4 (the host may write step n+4's data
+# while the GPU has not yet run step n's copy), and copies
 # `pin_snapshot(buf)` with `non_blocking=True`. *(1 line)*
 
 # %%
@@ -55,8 +56,9 @@ ok = checks04.check_pin_snapshot(pin_snapshot)
 #   after the copy that last read it (an event never recorded returns at once); then write `data`
 #   into it, copy it into `dst` with `non_blocking=True`, and record `events[k]`.
 #
-# The check runs 200 steps with the host up to 4 steps ahead of the GPU, twice: with a ring of 5
-# buffers (every buffer's last copy has run by the time it comes round: the host must never wait)
+# The check runs 200 steps with run-ahead 4 (the host may write step n+4's data while the GPU has
+# not yet run step n's copy), twice: with a ring of 5 buffers, run-ahead + 1 (every buffer's last
+# copy has run by the time it comes round: the host must never wait)
 # and with a ring of 2 (too shallow: the host must wait, not race). *(5 lines)*
 
 # %%
@@ -98,8 +100,10 @@ def min_ring_depth(writes, copies):
 ok = checks04.check_min_ring_depth(min_ring_depth)
 
 # %% [markdown]
-# Check it against the model: find the depth for a host that runs up to two steps ahead, then
-# simulate a ring of that depth, and one buffer fewer.
+# Check it against the model: find the depth for the model with `ahead=2` (before writing step n the
+# host waits for step n-2's copy: run-ahead 1), then simulate a ring of that depth, and one buffer
+# fewer. A ring for run-ahead k needs k + 1 buffers: the ring of exercise 2 (run-ahead 4) has 5, and
+# exercise 03's harness (run-ahead `AHEAD` = 2) needs 3.
 
 # %%
 sim = steploop.simulate("reused_pinned", steps=8, ahead=2)

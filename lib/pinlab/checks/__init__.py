@@ -44,6 +44,7 @@ import torch
 
 from ..args import text_arg
 from ..detector import SKIP_PREFIXES
+from ..streams import explain_dummy_event
 
 #: Failures so far per checker name (reset when it passes): the hint shows from the second on.
 _FAILURES: dict[str, int] = {}
@@ -266,13 +267,22 @@ def learner_call(what: str = "", seconds: float | None = None):
     """Run the learner's code inside this block: stopped with :class:`LearnerStop` after
     :func:`timeout_s` seconds (``seconds``: the checker's own default), and torch's global state
     restored when it ends; a block that ends normally but changed that state raises
-    :class:`LearnerStop` naming the change. ``what`` describes the call for the verdict."""
+    :class:`LearnerStop` naming the change. ``what`` describes the call for the verdict.
+    ``torch.cuda.Event()`` made where CUDA is missing and no emulated stream is active (torch's
+    "Tried to instantiate dummy base class Event") comes out as a RuntimeError pointing to ``s.Event()``
+    (:func:`pinlab.streams.explain_dummy_event`)."""
     limit = timeout_s(seconds)
     state = _TorchState()
     ok = False
     try:
         with _Timer(limit, what):
-            yield
+            try:
+                yield
+            except RuntimeError as exc:  # torch.cuda.Event() on a CPU-only torch: say what to use instead
+                clear = explain_dummy_event(exc)
+                if clear is None:
+                    raise
+                raise clear from exc
         ok = True
     finally:
         changed = state.restore()

@@ -154,16 +154,19 @@ from .l02 import Watch, fail, not_implemented, watched_stream
 STEPS = 200
 MAX_STEPS = 10_000  #: run_loop's most steps (the notebook runs 100, the checker 200): 40 MiB of results
 N_INTS = 1024
-AHEAD = 2
+AHEAD = 2           #: the harness's run-ahead (steploop.RUN_AHEAD): a ring needs AHEAD + 1 buffers
 BUSY_MS = 4.0
 WAIT_MS = BUSY_MS / 4      # a step whose host time exceeds this waited for the GPU (CUDA)
 WARM_STEPS = 12
+#: run-ahead AHEAD in this exercise's words (steploop.RUN_AHEAD)
+_RUN_AHEAD_HERE = f"the host may write step n+{AHEAD}'s metadata while the GPU has not yet run step n's copy"
 
 HINTS = {
     "race_free_loop": (
         "give every step its own pinned host memory: write into a pageable buffer, then "
         "`snap = buf.pin_memory()` (a fresh pinned copy: the caching host allocator keeps it until its copy "
-        "has run) and `meta.copy_(snap, non_blocking=True)`. Or a ring of AHEAD + 1 pinned buffers, each guarded "
+        f"has run) and `meta.copy_(snap, non_blocking=True)`. Or, for run-ahead {AHEAD}, a ring of {AHEAD + 1} pinned "
+        f"buffers ({steploop.RING_RULE}), each guarded "
         "by an event recorded after its copy and waited on before the buffer is rewritten (it is reached "
         "already, so the wait costs nothing)."),
 }
@@ -185,6 +188,7 @@ class _Harness:
         self.done = [s.Event() if s.emulated else torch.cuda.Event() for _ in range(AHEAD + 1)]
         self.host_ms = [0.0] * steps
         self.t_back = None
+        self.written: dict[int, int] = {}  # step -> the storage write_metadata wrote step n's metadata into
 
     def _is_device(self, t) -> bool:
         return self.s.is_device(t) if self.s.emulated else t.device.type == "cuda"
@@ -197,6 +201,8 @@ class _Harness:
             raise _HarnessError(f"write_metadata(buf, {n!r}): buf is GPU memory, but the metadata is computed on the "
                                 "host (it is the scheduler's output): write it into host memory, then copy it.")
         buf.fill_(int(n))
+        if isinstance(n, int) and not isinstance(n, bool):
+            self.written[n] = buf.untyped_storage().data_ptr()
 
     def forward(self, n, meta):
         now = time.perf_counter()
@@ -261,7 +267,54 @@ def _race(got, steps) -> tuple[str, int] | None:
     return what, len(bad)
 
 
-def _race_cause(watch) -> str:
+def _stale(got, steps) -> int | None:
+    """How many steps back the wrong steps' data was, when every wrong step delivered one *earlier*
+    step's data, the same number of steps back (no race: a race delivers a later write); else None."""
+    lo, hi = got.min(dim=1).values.tolist(), got.max(dim=1).values.tolist()
+    back = {n - lo[n] for n in range(steps) if not lo[n] == hi[n] == n}
+    if len(back) == 1 and all(lo[n] == hi[n] for n in range(steps)):
+        k = back.pop()
+        return k if k > 0 else None
+    return None
+
+
+def _stale_cause(k: int) -> str:
+    if k == 1:
+        return ("there is no race here: your snapshot copies the buffer before this step's write: the GPU receives "
+                "step n-1's data. Take the snapshot after write_metadata(buf, n), then copy it.")
+    return (f"there is no race here: each step's copy reads data written {k} steps earlier (the GPU receives step "
+            f"n-{k}'s data): copy from the buffer this step's write_metadata(buf, n) wrote, after it wrote it.")
+
+
+def _other_slot(watch, written: dict) -> tuple[int, int] | None:
+    """``(n, m)``: step n's copy read the buffer write_metadata last wrote at an earlier step m, not the one
+    it wrote at step n (a ring indexed off by one); None when no step did."""
+    last_writer: dict[int, int] = {}
+    copies = sorted(watch.h2d, key=lambda c: c["step"])
+    i = 0
+    for n in sorted(written):
+        last_writer[written[n]] = n
+        while i < len(copies) and copies[i]["step"] <= n:
+            c = copies[i]
+            i += 1
+            m = last_writer.get(c["storage"])
+            if c["step"] == n and m is not None and m < n and written[n] != c["storage"]:
+                return n, m
+    return None
+
+
+def _race_cause(watch, written: dict | None = None, stale: int | None = None) -> str:
+    """Why steps read another step's data: a copy from another buffer than the one just written, a
+    snapshot taken before the write (``stale``: the data was that many steps old), then the races."""
+    slot = _other_slot(watch, written or {})
+    if slot is None and stale is not None:
+        return _stale_cause(stale)
+    if slot is not None:
+        n, m = slot
+        return (f"step {n}'s copy read the buffer write_metadata wrote step {m}'s metadata into, not the one it "
+                f"wrote step {n}'s into: copy from the buffer you just wrote (in a ring, the same index "
+                f"n % len(ring) for the write, the copy and its event); that buffer is rewritten while its copy "
+                "waits in the queue.")
     if watch.pin_of_pinned:
         return ("`pin_memory()` of a pinned tensor returns the same storage (a no-op), so it is not a snapshot: "
                 "every step's copy still reads the one reused buffer.")
@@ -269,8 +322,8 @@ def _race_cause(watch) -> str:
     if watch.h2d and len(storages) < len(watch.h2d):
         k = len(storages)
         return (f"your copies read from {k} host buffer{'s' if k > 1 else ''}: the host rewrote a buffer before the "
-                f"GPU had copied it (the host runs up to {AHEAD} steps ahead). Give each step its own snapshot, or use "
-                f"a ring deep enough for the run-ahead, guarded by events.")
+                f"GPU had copied it (run-ahead {AHEAD}: {_RUN_AHEAD_HERE}). Give each step its own snapshot, or use a "
+                f"ring of {AHEAD + 1} buffers ({steploop.RING_RULE}), guarded by events.")
     return "the host rewrote the data before the GPU had copied it."
 
 
@@ -339,7 +392,8 @@ def _loop_problem(s, h, watch, got) -> str | None:
     race = _race(got, steps)
     if race is not None:
         what, bad = race
-        return f"{what} ({bad} of {steps} steps read another step's data): {_race_cause(watch)}"
+        return (f"{what} ({bad} of {steps} steps read another step's data): "
+                f"{_race_cause(watch, h.written, _stale(got, steps))}")
     pageable = [c for c in watch.h2d if not c["pinned"]]
     if pageable:
         c = pageable[0]
@@ -364,9 +418,16 @@ def _loop_problem(s, h, watch, got) -> str | None:
     if len(waited) > steps // 10:
         why = Counter(reasons[n] for n in waited).most_common(1)[0][0]  # a stray slow step does not decide
         advice = "use a snapshot or a ring"
-        if "event" in why:
-            advice = (f"your ring is too shallow for a host {AHEAD} steps ahead: its events are not reached yet when a "
-                      f"buffer comes round again; add buffers ({AHEAD + 1} are enough)")
+        depth = len({c["storage"] for c in watch.h2d if c["pinned"]})
+        if "event" in why and depth > AHEAD:
+            advice = (f"your copies read from {depth} pinned buffers, enough for run-ahead {AHEAD}, but the "
+                      "event you wait on is not reached yet: before rewriting a buffer, wait on the event recorded "
+                      "after that same buffer's last copy (the same index for the write, the copy and its event), "
+                      "not on a more recent step's event")
+        elif "event" in why:
+            advice = (f"your ring is too shallow for run-ahead {AHEAD} ({_RUN_AHEAD_HERE}): its events are not reached "
+                      f"yet when a buffer comes round again; {steploop.RING_RULE}: "
+                      f"{AHEAD + 1} here")
         elif "synchronize()" in why:
             advice = "synchronize() is race-free but blocks: use a snapshot or a ring"
         return f"the host waited for the GPU in {len(waited)} of {steps} steps ({why}) — {advice}."

@@ -35,10 +35,12 @@ from . import (LearnerStop, is_stub, learner_arg, learner_call, not_implemented,
 from .l03 import timeline_cases
 
 STEPS = 200        #: steps of each step loop
-AHEAD = 4          #: the host runs at most this many steps ahead of the GPU
+AHEAD = 4          #: the step loop's run-ahead (steploop.RUN_AHEAD): a ring needs AHEAD + 1 buffers
 BUSY_MS = 1.0      #: GPU work per step (CUDA): the host needs well under this per step
 N_INTS = 4096      #: int32 values per step's data (16 KiB)
 SHALLOW = 2        #: the ring that must make the host wait (shallower than AHEAD + 1)
+#: run-ahead AHEAD in this exercise's words (steploop.RUN_AHEAD)
+_RUN_AHEAD_HERE = f"the host may write step n+{AHEAD}'s data while the GPU has not yet run step n's copy"
 
 _failures: Counter = Counter()
 
@@ -67,37 +69,11 @@ def _fail(name: str, message: str) -> bool:
 
 # ---- the step loop both torch checkers run ------------------------------------------------------
 
-class _Event:
-    """An event handed to the learner on the emulated stream: ``synchronize()`` waits only while the
-    copy it marks is still queued (the emulated event would otherwise run the whole queue once its
-    mark has already run)."""
-
-    def __init__(self, s):
-        self._e = s.Event()
-
-    def record(self, stream=None) -> None:
-        self._e.record(stream)
-
-    def synchronize(self) -> None:
-        if not self._e.query():
-            self._e.synchronize()
-
-    def query(self) -> bool:
-        return self._e.query()
-
-    def wait(self, stream=None) -> None:
-        self._e.wait(stream)
-
-
-def _event(s):
-    return _Event(s) if s.emulated else s.Event()
-
-
 def _marked(s, busy_ms: float):
     """The GPU's work for one step, then an event that completes when it has run."""
     if not s.emulated:
         s.busy(busy_ms)
-    e = _event(s)
+    e = s.Event()
     e.record()
     return e
 
@@ -242,7 +218,7 @@ def check_pin_snapshot(fn, stream=None) -> bool:
         bad = _corruption(delivered)
         if bad:
             return _fail(name, f"pin_snapshot in the step loop: {bad}. The loop rewrites one pinned buffer every "
-                               f"step, the host up to {AHEAD} steps ahead of the GPU, and copies pin_snapshot(buf) "
+                               f"step with run-ahead {AHEAD} ({_RUN_AHEAD_HERE}), and copies pin_snapshot(buf) "
                                "with non_blocking=True: each call must return new memory that nothing "
                                "writes again (a snapshot reused by the next call is the same race).")
     _failures.pop(name, None)
@@ -285,24 +261,27 @@ class _LoggedEvent:
 
 
 class _CopyLog(TorchFunctionMode):
-    """Notes ``dst.copy_(ring[j], ...)`` (these very tensor objects) in the step's log; changes nothing."""
+    """Notes ``dst.copy_(ring[j], ...)`` (these very tensor objects) in the step's log, and
+    ``dst.copy_(data, ...)`` as ``("copy", None)``; changes nothing."""
 
-    def __init__(self, log: list, ring, dst):
+    def __init__(self, log: list, ring, dst, data=None):
         super().__init__()
-        self.log, self.ring, self.dst = log, ring, dst
+        self.log, self.ring, self.dst, self.data = log, ring, dst, data
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") == "copy_" and len(args) >= 2 and args[0] is self.dst:
             for j, b in enumerate(self.ring):
                 if args[1] is b:
                     self.log.append(("copy", j))
+            if self.data is not None and args[1] is self.data:
+                self.log.append(("copy", None))
         return func(*args, **(kwargs or {}))
 
 
 def _recorded_before_copy(log) -> int | None:
     """The buffer j whose copy this step came after every record of events[j] (None: no such j).
     A buffer whose event was not recorded at all is left to the race check."""
-    for j in sorted({j for kind, j in log if kind == "copy"}):
+    for j in sorted({j for kind, j in log if kind == "copy" and j is not None}):
         last_copy = max(i for i, (kind, b) in enumerate(log) if kind == "copy" and b == j)
         records = [i for i, (kind, b) in enumerate(log) if kind == "record" and b == j]
         if records and max(records) < last_copy:
@@ -314,19 +293,53 @@ class _RecordedEarly(Exception):
     pass
 
 
+class _WrongSlot(Exception):
+    """A step whose copy, or event, was not the ring buffer it wrote: ``(n, message)``."""
+
+
+def _slot_problem(n: int, log, written: list) -> str | None:
+    """What a step did with the wrong ring buffer (None: nothing): it wrote step n's data into ring[k]
+    (``written``) but copied from another buffer, or from ``data`` itself, or recorded another buffer's
+    event than the one it copied from."""
+    copies = [j for kind, j in log if kind == "copy"]
+    records = [j for kind, j in log if kind == "record"]
+    if None in copies:
+        return (f"ring_stage: at step {n}, dst was copied from data itself (pageable memory, staged by the driver), "
+                f"not from the ring buffer you wrote it into: copy out of ring[k], the pinned buffer.")
+    ring_copies = sorted(set(copies))
+    if not written or not ring_copies:
+        return None  # no copy out of the ring seen (a view of it, say): the race check decides
+    k = written[0]
+    if not set(ring_copies) & set(written):
+        return (f"ring_stage: at step {n}, step {n}'s data was written into ring[{k}] but the copy read "
+                f"ring[{ring_copies[0]}]: use the same index for the write, the copy and the event "
+                f"(k = n % len(ring)); the buffer copied from holds another step's data, or is rewritten while its "
+                "copy waits in the queue.")
+    if records and not set(records) & set(ring_copies):
+        j = ring_copies[0]
+        return (f"ring_stage: at step {n}, the copy read ring[{j}] but the event recorded after it was "
+                f"events[{records[-1]}]: record events[{j}], the event of the buffer you copied from, so that the "
+                f"wait before ring[{j}] is rewritten waits for this copy, not for another one.")
+    return None
+
+
 def _ring_run(s, fn, depth):
     ring = [torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
     log: list = []
-    events = [_LoggedEvent(_event(s), log, j) for j in range(depth)]
+    events = [_LoggedEvent(s.Event(), log, j) for j in range(depth)]
 
     buffers = tuple(ring)  # the checker's own references: the learner's code may change the list
 
     def stage(n, data, dst):
         log.clear()
-        with _CopyLog(log, ring, dst), learner_call(f"ring_stage({n}, data, ring, events, dst)"):
+        with _CopyLog(log, ring, dst, data), learner_call(f"ring_stage({n}, data, ring, events, dst)"):
             fn(n, data, ring, events, dst)
-        if not any(torch.equal(b, data) for b in buffers):
+        written = [j for j, b in enumerate(buffers) if torch.equal(b, data)]
+        if not written:
             raise _NotInRing(n)
+        problem = _slot_problem(n, log, written)
+        if problem is not None:
+            raise _WrongSlot(n, problem)
         j = _recorded_before_copy(log)
         if j is not None:
             raise _RecordedEarly(n, j)
@@ -350,7 +363,7 @@ def check_ring_stage(fn, stream=None) -> bool:
     with s:
         show("ring_stage checked on", s.label)
         for depth in (AHEAD + 1, SHALLOW):
-            setting = f"a ring of {depth} buffers, the host up to {AHEAD} steps ahead of the GPU"
+            setting = f"a ring of {depth} buffers, run-ahead {AHEAD} ({_RUN_AHEAD_HERE})"
             try:
                 delivered, in_flight = _ring_run(s, fn, depth)
             except LearnerStop as stop:  # it ran past its time, or left torch's state changed
@@ -363,6 +376,9 @@ def check_ring_stage(fn, stream=None) -> bool:
                                    f"ring[{j}] ({setting}): it completes when the work before it has run, before "
                                    f"that copy has, so waiting for it later does not protect ring[{j}] (the race, "
                                    "whenever the GPU is behind). Record the event after the copy.")
+            except _WrongSlot as e:
+                s.synchronize()
+                return _fail(name, f"{e.args[1]} ({setting})")
             except _NotInRing as e:
                 s.synchronize()
                 n = e.args[0]
@@ -397,7 +413,8 @@ def check_ring_stage(fn, stream=None) -> bool:
                 show(f"ring of {depth}: most steps the GPU was behind after a staging", ahead)
                 if ahead > depth:
                     return _fail(name, f"ring_stage: with {setting}, the host ran {ahead} steps ahead of the GPU: "
-                                       f"a ring of {depth} must make it wait (at most {depth} steps ahead), or it "
+                                       f"a ring of {depth} is enough only for run-ahead {depth - 1} "
+                                       f"({steploop.RING_RULE}), so it must make the host wait, or it "
                                        "rewrites a buffer whose copy has not run.")
     _failures.pop(name, None)
     print(f"✅ {name} is correct: {STEPS} steps, 0 corrupted, with a ring of {AHEAD + 1} (no waiting: the host "

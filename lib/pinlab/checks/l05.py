@@ -67,11 +67,19 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
         return (f"{call} returned shape {tuple(out.shape)} {out.dtype}, the weight is {tuple(w.shape)} {w.dtype}: "
                 "a restore must not change the weight (no dtype conversion, no reshaping).")
     on_gpu = out.device.type != "cpu" if not s.emulated else (s.is_device(out) and pin)
+    if on_gpu and s.emulated:  # the emulation names its GPU "cpu": it cannot tell empty_like(device="cpu") from it
+        return (f"{call} returned a tensor that the emulated stream holds as GPU memory: still on the GPU (a "
+                "clone of w, say), or host memory allocated with device=\"cpu\" but without pin_memory=True "
+                "(this emulation names its GPU \"cpu\", so such memory counts as the GPU's). A restore with pin=True "
+                "makes one copy into pinned host memory: allocate it with device=\"cpu\", pin_memory=True.")
     if on_gpu:
         return (f"{call} returned a tensor that is still on the GPU: a restore makes a copy in host memory "
                 "(device=\"cpu\"), so that the GPU memory can be freed.")
     if out.untyped_storage().data_ptr() == w.untyped_storage().data_ptr():
         return f"{call} returned the weight's own storage: a restore must be a copy, not an alias of the GPU tensor."
+    if not ops and not pending and not same_tensor(out, expected):
+        return (f"{call} made no copy of the data: the tensor it returned holds whatever its memory held "
+                "(`empty_like` allocates, it does not copy). Copy the weight into it: `.copy_(w)`.")
     if pending or not same_tensor(out, expected):
         if pending or out.is_pinned():
             return (f"{call}: the data is not there yet when it returns. A `non_blocking=True` device-to-host copy "

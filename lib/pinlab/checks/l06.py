@@ -237,6 +237,7 @@ def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
         base = torch.arange(width, dtype=torch.int64, device=s.device)
         pending = []
         results = {}
+        waited = {}   # step -> finish_d2h waited for queued work (its event was not reached yet)
         ran = set()
         for n in range(steps):
             out = torch.empty(width, dtype=torch.int64, device=s.device)
@@ -251,8 +252,10 @@ def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
             if not isinstance(host, torch.Tensor) or s.is_device(host):
                 return f"step {n}: start_d2h returned {type(host).__name__} on the device, expected a host tensor"
             if not s.is_pinned(host):
-                return (f"step {n}: start_d2h's host buffer is pageable: a non_blocking D2H copy into "
-                        f"pageable memory is not asynchronous; allocate it with pin_memory=True")
+                return (f"step {n}: start_d2h's host buffer is pageable memory (`.cpu()`, `.to(\"cpu\")` or a "
+                        f"tensor made without pin_memory=True): a D2H copy into pageable memory, non_blocking or "
+                        f"not, waits for the GPU; allocate a fresh buffer with pin_memory=True and copy into it "
+                        f"with non_blocking=True")
             if n in ran:
                 return (f"step {n}: start_d2h waited for the GPU (its work was done when it returned): a "
                         f"pageable non_blocking D2H copy, .cpu() or .tolist() waits for all earlier work "
@@ -265,22 +268,31 @@ def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
             pending.append((n, (host, ev)))
             if len(pending) > 1:  # the host reads step n-1 while step n is in flight
                 m, (h, e) = pending.pop(0)
+                before = s.pending()
                 with learner_call(f"finish_d2h(host, event) for step {m}"):
                     values = finish_d2h(h, e)
+                waited[m] = s.pending() < before
                 values = _as_values(values, m)
                 if n in ran:
                     return (f"step {m}: finish_d2h waited for the whole stream (step {n} had finished too): "
                             f"wait only for this step's event, so that the next steps stay queued")
                 results[m] = values
         for m, (h, e) in pending:
+            before = s.pending()
             with learner_call(f"finish_d2h(host, event) for step {m}"):
                 values = finish_d2h(h, e)
+            waited[m] = s.pending() < before
             results[m] = _as_values(values, m)
         s.synchronize()
     for m in range(steps):
         expected = [1000 * (m + 1) + i for i in range(width)]
         if results.get(m) != expected:
             got = results.get(m)
+            if waited.get(m):  # it did wait, for an event that did not follow the copy
+                return (f"step {m}: finish_d2h returned {str(got)[:60]}, expected {str(expected)[:60]}: it "
+                        f"waited for the event, but the pinned buffer's copy had not run yet: the event was "
+                        f"recorded before the copy was queued (it marks the work before it). In start_d2h, "
+                        f"record the event after host.copy_(out, non_blocking=True)")
             return (f"step {m}: finish_d2h returned {str(got)[:60]}, expected {str(expected)[:60]}: it read "
                     f"the pinned buffer before its copy had run; call event.synchronize() first")
     return None
