@@ -5,9 +5,9 @@ as they are: ``nb_execution_mode = "off"``) and the Furo theme (sidebar, previou
 Its configuration and the landing page's text live in ``site/``; this script only stages the
 sources and runs Sphinx:
 
-1. copies ``site/`` into a staging folder and fills in the landing page: the syllabus table (read
-   from the README's "Syllabus" table: lesson, topic, minutes, what needs a GPU, with links to
-   each lesson's exercises and solutions) and the tables of contents;
+1. copies ``site/`` into a staging folder and fills in the landing page: the syllabus table (from
+   its one source, ``lib/pinlab/syllabus.py``, loaded by path: lesson, title and goal, minutes, what
+   needs a GPU, with links to each lesson's exercises and solutions) and the tables of contents;
 2. copies every lesson (``notebooks/``), exercise (``exercises/``), solution (``solutions/``) and
    capstone (``capstone/``, when there is one), adding at the top of each page one line that says
    where its outputs come from (``provenance``): "recorded on <GPU>, <date>" (the GPU suite's
@@ -143,6 +143,20 @@ def parse_syllabus(readme: str) -> list[dict]:
     return rows
 
 
+def syllabus_rows(root: Path = ROOT) -> list[dict]:
+    """The syllabus's rows (lesson, path, topic, minutes, gpu) from its one source, lib/pinlab/syllabus.py
+    (loaded by path: the site build imports no torch); a tree without it (a test's) falls back to the
+    README's "## Syllabus" table."""
+    if not (root / "lib" / "pinlab" / "syllabus.py").exists():
+        readme = root / "README.md"
+        return parse_syllabus(readme.read_text(encoding="utf-8")) if readme.exists() else []
+    import syllabus as tool  # tools/syllabus.py
+
+    syl = tool.load(root)
+    return [{"lesson": r.number, "path": r.notebook, "topic": f"**{_md_cell(r.title)}**: {_md_cell(r.goal)}",
+             "minutes": syl.minutes_text(r), "gpu": _md_cell(r.gpu)} for r in syl.LESSONS]
+
+
 def title_of(nb: dict) -> str | None:
     for c in nb.get("cells", []):
         if c.get("cell_type") == "markdown":
@@ -264,7 +278,7 @@ def _md_cell(text: str) -> str:
 def _syllabus_md(rows: list[dict], pages: dict[str, dict]) -> str:
     """The syllabus table in MyST Markdown; lessons without a README row still get one."""
     by_path = {r["path"]: r for r in rows}
-    lines = ["| lesson | topic | minutes | needs a GPU to measure live | exercises |",
+    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live | exercises |",
              "|---|---|---|---|---|"]
     for rel in sorted(p for p in pages if p.startswith("notebooks/")):
         r = by_path.get(rel, {})
@@ -356,9 +370,8 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
         if not (dest / rel).exists():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(root / rel, dest / rel)
-    readme = (root / "README.md").read_text(encoding="utf-8") if (root / "README.md").exists() else ""
     index = (dest / "index.md").read_text(encoding="utf-8")
-    index = (index.replace("{{syllabus}}", _syllabus_md(parse_syllabus(readme), pages))
+    index = (index.replace("{{syllabus}}", _syllabus_md(syllabus_rows(root), pages))
              .replace("{{evidence}}", _evidence(report, run))
              .replace("{{toctrees}}", _toctrees(pages, run)))
     (dest / "index.md").write_text(index, encoding="utf-8")
