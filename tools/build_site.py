@@ -43,6 +43,8 @@ import nbtools  # noqa: E402  (tools/nbtools.py: source_sha256, as the GPU suite
 ROOT = nbtools.ROOT
 SITE_SRC = ROOT / "site"
 #  folder       sidebar caption
+#: where the course lives when pyproject.toml names no [project.urls] Repository (it does: edit it there)
+REPOSITORY_FALLBACK = "https://github.com/REPLACE-ME/pinlab"
 SECTIONS = {"notebooks": "Lessons", "exercises": "Exercises", "solutions": "Solutions", "capstone": "Capstone"}
 _LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
@@ -157,6 +159,105 @@ def syllabus_rows(root: Path = ROOT) -> list[dict]:
              "minutes": syl.minutes_text(r), "gpu": _md_cell(r.gpu)} for r in syl.LESSONS]
 
 
+def repository_url(root: Path = ROOT) -> str:
+    """``[project.urls] Repository`` in pyproject.toml: the one place the course's address is written."""
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return REPOSITORY_FALLBACK
+    m = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    url = m and re.search(r'^\s*Repository\s*=\s*"([^"]+)"', m.group(1), re.M)
+    return url.group(1) if url else REPOSITORY_FALLBACK
+
+
+def colab_url(repo: str, rel: str, branch: str = "main") -> str | None:
+    """Colab opens a notebook straight from GitHub: None for a repository elsewhere."""
+    m = re.match(r"https://github\.com/([^/]+)/([^/#?]+?)(?:\.git)?/?$", repo)
+    return f"https://colab.research.google.com/github/{m.group(1)}/{m.group(2)}/blob/{branch}/{rel}" if m else None
+
+
+def install_cell(repo: str) -> str:
+    """The guarded install cell a learner runs first on Colab (or any machine without the course)."""
+    return ("import importlib.util\n"
+            "if importlib.util.find_spec(\"pinlab\") is None:  # Colab: install the course's library once\n"
+            f"    %pip install -q \"pinlab[gpu] @ git+{repo}\"")
+
+
+def _run_it(rel: str, repo: str) -> str:
+    """The "run it" row under a page's title: Colab, the .ipynb to download, the repository."""
+    name = Path(rel).name
+    links = []
+    colab = colab_url(repo, rel)
+    if colab:
+        links.append(f'<a class="colab" href="{html.escape(colab)}">Open in Colab</a>')
+    links.append(f'<a class="download" href="{html.escape(name)}" download>Download {html.escape(name)}</a>')
+    links.append(f'<a class="repository" href="{html.escape(repo)}">Repository</a>')
+    row = '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
+    note = ('<details class="run-it-install"><summary>On Colab, run this cell first (it installs the course\'s '
+            "library once; elsewhere <code>make lab</code> sets everything up)</summary>\n\n"
+            f"```python\n{install_cell(repo)}\n```\n\n</details>")
+    return row + "\n\n" + note
+
+
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+_TITLE_ARG = re.compile(r"""(?:\btitle\s*=|set_title\(|suptitle\()\s*(["'])((?:(?!\1).){3,120})\1""")
+
+
+def _plain(md: str) -> str:
+    """Markdown inline text as plain text (for an alt attribute)."""
+    md = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", md)
+    return re.sub(r"[*_`]", "", md).strip()
+
+
+def alt_texts(cells: list[dict]) -> None:
+    """Give every code cell with an image output an alt text (MyST-NB's cell metadata ``mystnb.image.alt``):
+    the plot titles written in its source as plain strings, else the heading the cell sits under."""
+    heading = ""
+    for c in cells:
+        if c.get("cell_type") == "markdown":
+            found = _HEADING.findall(_src(c))
+            if found:
+                heading = _plain(found[-1])
+            continue
+        if c.get("cell_type") != "code":
+            continue
+        n = sum(1 for o in c.get("outputs", []) if any(k.startswith("image/") for k in o.get("data", {})))
+        if not n:
+            continue
+        titles = [m.group(2) for m in _TITLE_ARG.finditer(_src(c)) if "{" not in m.group(2)]
+        if titles:
+            alt = "Plot: " + "; ".join(dict.fromkeys(titles))
+        else:
+            alt = f"Plot for “{heading}”" if heading else "Plot of this cell's results"
+        if n > 1:
+            alt += f" ({n} figures)"
+        meta = c.setdefault("metadata", {}).setdefault("mystnb", {})
+        meta.setdefault("image", {})["alt"] = alt
+
+
+# the GPU host's paths: an IPython cell's file name (replaced) and warnings that name a file (dropped)
+_CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
+_PATH_WARNING = re.compile(r"^\s*(?:/|[A-Za-z]:\\)\S*\.py:\d+: \w*(?:Warning|warn)\b.*$")
+_WARN_SOURCE = re.compile(r"^\s+(?:warn|warnings\.warn|_warn)\w*\(.*$")
+
+
+def _host_paths(text: str, stderr: bool) -> str:
+    """A stream output without the GPU host's paths: "/tmp/ipykernel_803/15.py:2" reads "<cell>:2"; on
+    stderr, a warning line naming a file (torch's profiler warns so) goes with the source line after it."""
+    text = _CELL_FILE.sub("<cell>", text)
+    if not stderr:
+        return text
+    out, drop_next = [], False
+    for line in text.split("\n"):
+        if drop_next and _WARN_SOURCE.match(line):
+            drop_next = False
+            continue
+        drop_next = bool(_PATH_WARNING.match(line))
+        if not drop_next:
+            out.append(line)
+    return "\n".join(out)
+
+
 def title_of(nb: dict) -> str | None:
     for c in nb.get("cells", []):
         if c.get("cell_type") == "markdown":
@@ -189,15 +290,20 @@ def _tidy_outputs(cell: dict) -> None:
         merged.append(dict(out))
     for out in merged:
         if out.get("output_type") == "stream":
-            out["text"] = _collapse_progress(_src({"source": out["text"]}))
-    cell["outputs"] = merged
+            out["text"] = _host_paths(_collapse_progress(_src({"source": out["text"]})), out.get("name") == "stderr")
+        elif isinstance(out.get("data", {}).get("text/plain"), (str, list)):
+            out["data"]["text/plain"] = _CELL_FILE.sub("<cell>", _src({"source": out["data"]["text/plain"]}))
+    cell["outputs"] = [o for o in merged if o.get("output_type") != "stream" or o["text"].strip()]
 
 
-def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
-    """The notebook as a page: a title, the provenance line under it, tidy progress bars."""
+def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None) -> dict:
+    """The notebook as a page: a title, the provenance line and the "run it" row under it, tidy outputs
+    (progress bars, no host paths), alt texts for its plots."""
     nb = json.loads(json.dumps(nb))
     folder = rel.split("/", 1)[0]
     line = f'<p class="provenance {kind}">{html.escape(sentence)}</p>'
+    if repo:
+        line += "\n\n" + _run_it(rel, repo)
     cells = nb.setdefault("cells", [])
     first = next((c for c in cells if c.get("cell_type") == "markdown"), None)
     src = _src(first) if first else ""
@@ -223,6 +329,7 @@ def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
     for c in cells:
         if c.get("cell_type") == "code":
             _tidy_outputs(c)
+    alt_texts(cells)
     return nb
 
 
@@ -351,6 +458,7 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
         shutil.rmtree(dest)
     shutil.copytree(SITE_SRC, dest, ignore=shutil.ignore_patterns("__pycache__"))
     report = gpu_report(root)
+    repo = repository_url(root)
     pages: dict[str, dict] = {}
     linked: set[str] = set()
     for folder in SECTIONS:
@@ -361,10 +469,10 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
                 src = run.executed_root / rel
             nb = json.loads(src.read_text(encoding="utf-8"))
             kind, sentence = provenance(rel, nb, report, run)
-            page = _page(nb, rel, kind, sentence)
+            page = _page(nb, rel, kind, sentence, repo)
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_text(json.dumps(page, ensure_ascii=False), encoding="utf-8")
-            pages[rel] = {"title": title_of(page), "kind": kind, "provenance": sentence}
+            pages[rel] = {"title": title_of(page), "kind": kind, "provenance": sentence, "source": src}
             linked |= _linked_files(nb, rel, root)
     for rel in sorted(linked):
         if not (dest / rel).exists():
@@ -400,6 +508,8 @@ def build(out: Path, *, root: Path = ROOT, run: Run | None = None, strict: bool 
             raise RuntimeError(f"Sphinx failed (exit {res.returncode}):\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
         if res.stderr.strip() and not quiet:
             print(res.stderr, file=sys.stderr)
+    for rel, page in pages.items():  # the "Download" link of each page: the notebook as it was given
+        shutil.copyfile(page.pop("source"), out / rel)
     return pages
 
 
