@@ -81,8 +81,18 @@ clean:
 	rm -rf build
 
 # The course as a website in build/site/ (tools/build_site.py: Sphinx + MyST-NB + Furo), built from the
-# committed notebooks without executing them. Installs the `site` extra if set-up has not.
+# committed notebooks without executing them, in a light venv of its own (.venv-site: the `site` extra's
+# packages only, no torch and not the course itself: the build imports neither).
+SITE_VENV ?= .venv-site
+SITE_PY := $(SITE_VENV)/bin/python
+SITE_STAMP := $(SITE_VENV)/.installed
+$(SITE_STAMP): pyproject.toml Makefile
+	@$(SITE_PY) -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(SITE_VENV)
+	@rm -f $@
+	$(PY) tools/build_site.py --requirements > $(SITE_VENV)/requirements.txt
+	$(SITE_PY) -m pip install -q --no-compile -r $(SITE_VENV)/requirements.txt
+	@touch $@
+
 .PHONY: site
-site: setup
-	@$(VPY) -c "import sphinx, myst_nb, furo" 2>/dev/null || $(VPY) -m pip install -q -e ".[site]"
-	$(VPY) tools/build_site.py
+site: $(SITE_STAMP)
+	$(SITE_PY) tools/build_site.py

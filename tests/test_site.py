@@ -466,3 +466,19 @@ def test_host_paths_and_profiler_warnings_leave_the_page():
             "/tmp/x/lib/python3.12/site-packages/torch/profiler/profiler.py:9: UserWarning: x\n"}]}
     build_site._tidy_outputs(cell)
     assert [o["text"] for o in cell["outputs"]] == ["20 x Tensor.copy_ at <cell>:2\n", "sweep: 100%| 3/3\n"]
+
+
+def test_site_build_needs_no_torch_and_its_venv_only_the_site_extra():
+    """`make site` runs in .venv-site (the `site` extra only): staging the pages must not import torch or pinlab."""
+    import subprocess
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['pinlab'] = None; sys.path.insert(0, 'tools')\n"
+            "import build_site, tempfile, pathlib\n"
+            "with tempfile.TemporaryDirectory() as d:\n"
+            "    pages = build_site.stage(pathlib.Path(d) / 'src')\n"
+            "assert pages and build_site.syllabus_rows()\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    reqs = build_site.site_requirements()
+    assert not any(r.split(">")[0].split("=")[0].strip() in ("torch", "pinlab") for r in reqs), reqs
+    assert {"sphinx", "myst-nb", "furo", "sphinx-copybutton"} <= {re.split(r"[<>=!~ ]", r)[0] for r in reqs}

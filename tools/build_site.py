@@ -16,7 +16,8 @@ sources and runs Sphinx:
 3. copies the repository files that the notebooks link to (so that every link resolves);
 4. runs Sphinx (warnings are errors for ``make site`` and the tests).
 
-Usage:  python3 tools/build_site.py [--out build/site] [--lenient] [--force]
+Usage:  python3 tools/build_site.py [--out build/site] [--lenient] [--force] [--requirements]
+It imports neither torch nor pinlab (`make site` runs it in .venv-site, which has the `site` extra only).
 ``--out`` is emptied first, so it must be a folder inside ``build/`` (``out_problem``) unless ``--force``
 is given; even then never the repository, a folder holding it, the home folder or ``/``.
 ``make run`` (tools/run_course.py) calls ``build()`` with the notebooks it executed and its run
@@ -513,11 +514,23 @@ def build(out: Path, *, root: Path = ROOT, run: Run | None = None, strict: bool 
     return pages
 
 
+def site_requirements(root: Path = ROOT) -> list[str]:
+    """The `site` extra of pyproject.toml: what `make site` installs into .venv-site (no torch, no pinlab)."""
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the extra's list, read as text
+        m = re.search(r"^site\s*=\s*\[(.*?)\]", text, re.M | re.S)
+        return re.findall(r'"([^"]+)"', re.sub(r"#[^\n]*", "", m.group(1))) if m else []
+    return list(tomllib.loads(text)["project"]["optional-dependencies"]["site"])
+
+
 def missing_packages() -> list[str]:
     """The generator's packages that are not installed here (the `site` extra)."""
     import importlib.util
 
-    return [name for mod, name in (("sphinx", "sphinx"), ("myst_nb", "myst-nb"), ("furo", "furo"))
+    return [name for mod, name in (("sphinx", "sphinx"), ("myst_nb", "myst-nb"), ("furo", "furo"),
+                                   ("sphinx_copybutton", "sphinx-copybutton"))
             if importlib.util.find_spec(mod) is None]
 
 
@@ -542,15 +555,20 @@ def main(argv: list[str]) -> int:
                     help="output folder, emptied first: inside build/ (default build/site) unless --force")
     ap.add_argument("--force", action="store_true", help="allow an --out outside build/ (it is deleted first)")
     ap.add_argument("--lenient", action="store_true", help="Sphinx warnings are not errors")
+    ap.add_argument("--requirements", action="store_true",
+                    help="print the site extra's requirements, one a line (make site installs them) and exit")
     args = ap.parse_args(argv)
+    if args.requirements:
+        print("\n".join(site_requirements()))
+        return 0
     problem = out_problem(args.out, args.force)
     if problem:
         print(f"build_site: {problem}", file=sys.stderr)
         return 2
     missing = missing_packages()
     if missing:
-        print(f"build_site: {', '.join(missing)} not installed: run `{sys.executable} -m pip install -e '.[site]'`"
-              " (make site does it)", file=sys.stderr)
+        print(f"build_site: {', '.join(missing)} not installed: run `make site` (it sets up .venv-site), or "
+              f"`{sys.executable} -m pip install -e '.[site]'`", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     pages = build(args.out, strict=not args.lenient)
