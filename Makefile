@@ -20,7 +20,7 @@ LOCKED := $(PY) -c 'import fcntl, subprocess, sys; f = open(sys.argv[1], "a"); f
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=1800
 NOTEBOOKS := notebooks solutions exercises
 
-.PHONY: help setup run test test-lib test-notebooks lab gpu-suite notebooks exercises clean
+.PHONY: help setup run test test-lib test-notebooks lab gpu-suite notebooks exercises clean docker
 
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
@@ -28,6 +28,7 @@ help:
 	@echo "make lab        open JupyterLab on the course (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
+	@echo "make docker     build the course's image (CUDA, torch, FlashInfer's kernel built, JupyterLab on 8888)"
 
 # Reinstalls whenever pyproject.toml (the dependencies) or this Makefile changes.
 $(STAMP): pyproject.toml Makefile
@@ -96,3 +97,10 @@ $(SITE_STAMP): pyproject.toml Makefile
 .PHONY: site
 site: $(SITE_STAMP)
 	$(SITE_PY) tools/build_site.py
+
+# The course's image (Dockerfile): CUDA + torch, pip install -e .[gpu,test], FlashInfer's decode kernel built,
+# JupyterLab on 8888. Run it with: docker run --rm --gpus all -p 127.0.0.1:8888:8888 $(IMAGE)
+IMAGE ?= pinlab
+DOCKER_ARGS ?=
+docker:
+	docker build -t $(IMAGE) $(DOCKER_ARGS) .
