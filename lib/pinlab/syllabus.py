@@ -113,7 +113,7 @@ LESSONS: tuple[Lesson, ...] = (
            exercise_lands="write `pin_snapshot` (the already-pinned case too); a ring of pinned buffers is safe only "
                           "as deep as the steps in flight, or guarded by events"),
     Lesson("05", "05_pinned_weight_restore", "Restoring offloaded weights straight into pinned memory",
-           goal="restore offloaded weights with one copy straight into pinned memory",
+           goal="bring weights back from the GPU in one copy, and know what that costs in pinned host RAM",
            covers="`.to(\"cpu\")` vs `.to(\"cpu\").pin_memory()` vs `empty_like(pin_memory=True).copy_()`, restore "
                   "bandwidth vs the D2H peak, pinned footprint (power-of-two rounding), reload behind a busy GPU, "
                   "sleep/wake 64 MiB–3 GiB, zero-copy",
