@@ -181,7 +181,7 @@ def install_cell(repo: str) -> str:
     """The guarded install cell a learner runs first on Colab (or any machine without the course)."""
     return ("import importlib.util\n"
             "if importlib.util.find_spec(\"pinlab\") is None:  # Colab: install the course's library once\n"
-            f"    %pip install -q \"pinlab[gpu] @ git+{repo}\"")
+            f"    %pip install -q \"pinlab @ git+{repo}\"  # FlashInfer is optional: add [gpu] to decode with it")
 
 
 def _run_it(rel: str, repo: str) -> str:
