@@ -18,7 +18,7 @@ ENV FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST} \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# a learner, not root (tools/lab.py refuses root; JupyterLab warns)
+# a learner (uid 1000), not root (tools/lab.py refuses root; JupyterLab warns)
 RUN useradd --create-home --uid 1000 --shell /bin/bash learner \
     && mkdir -p /opt/flashinfer /workspace/pinlab \
     && chown learner:learner /opt/flashinfer /workspace/pinlab
@@ -29,7 +29,7 @@ COPY --chown=learner:learner . /workspace/pinlab
 # the course (editable: an edit under lib/ is live) with FlashInfer (gpu) and the test tools (make test)
 RUN python -m pip install --no-compile -e ".[gpu,test]"
 
-USER learner
+USER 1000:1000
 # FlashInfer's paged-decode kernel, built now rather than in lesson 03: on a build machine without a GPU it
 # is compiled for FLASHINFER_CUDA_ARCH_LIST; where that fails the step says why and the image still builds
 # (the kernel is then built on first use).
