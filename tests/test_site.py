@@ -449,8 +449,11 @@ def test_alt_texts_come_from_titles_or_headings():
              {"cell_type": "code", "source": "plot(x)", "outputs": [png], "metadata": {}},
              {"cell_type": "code", "source": 'ax.set_title("Copy time by size")', "outputs": [png, png],
               "metadata": {}},
-             {"cell_type": "code", "source": "print(1)", "outputs": [], "metadata": {}}]
+             {"cell_type": "code", "source": "print(1)", "outputs": [], "metadata": {}},
+             {"cell_type": "code", "source": 'plot(r, title=f"10,000 snapshots ({run.tag})")\nplot(title=f"{m}")',
+              "outputs": [png], "metadata": {}}]
     build_site.alt_texts(cells)
+    assert cells[4]["metadata"]["mystnb"]["image"]["alt"] == "Plot: 10,000 snapshots"
     assert cells[1]["metadata"]["mystnb"]["image"]["alt"] == "Plot for “Bandwidth, pinned against pageable”"
     assert cells[2]["metadata"]["mystnb"]["image"]["alt"] == "Plot: Copy time by size (2 figures)"
     assert "mystnb" not in cells[3]["metadata"]

@@ -201,7 +201,17 @@ def _run_it(rel: str, repo: str) -> str:
 
 
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
-_TITLE_ARG = re.compile(r"""(?:\btitle\s*=|set_title\(|suptitle\()\s*(["'])((?:(?!\1).){3,120})\1""")
+_TITLE_ARG = re.compile(r"""(?:\btitle\s*=|set_title\(|suptitle\()\s*f?(["'])((?:(?!\1).){3,160})\1""")
+
+
+def _title_text(literal: str) -> str:
+    """A title as a reader sees it, from its literal: an f-string's fields in parentheses (this run's tag) or at
+    either end are left out; "" where a field is inside the sentence (the title would not read)."""
+    text = re.sub(r"\s*[(\[][^()\[\]]*\{[^{}]*\}[^()\[\]]*[)\]]", "", literal)
+    text = re.sub(r"^\s*\{[^{}]*\}\s*[,;:·-]?|[,;:·-]?\s*\{[^{}]*\}\s*$", "", text)
+    if "{" in text:
+        return ""
+    return re.sub(r"\s{2,}", " ", text).strip(" ,;:-·")
 
 
 def _plain(md: str) -> str:
@@ -225,7 +235,7 @@ def alt_texts(cells: list[dict]) -> None:
         n = sum(1 for o in c.get("outputs", []) if any(k.startswith("image/") for k in o.get("data", {})))
         if not n:
             continue
-        titles = [m.group(2) for m in _TITLE_ARG.finditer(_src(c)) if "{" not in m.group(2)]
+        titles = [x for x in (_title_text(m.group(2)) for m in _TITLE_ARG.finditer(_src(c))) if len(x) >= 8]
         if titles:
             alt = "Plot: " + "; ".join(dict.fromkeys(titles))
         else:
