@@ -4,8 +4,9 @@ The browser part drives Debian's Chromium (/usr/bin/chromium) with selenium and 
 (/usr/bin/chromedriver): no browser is downloaded. It is skipped, saying why, where they are
 missing (`apt-get install chromium chromium-driver`; CI's .ci/run installs them). It loads every
 page of the built site from a local HTTP server and checks: no console errors, every image
-loaded, every internal link resolves, nothing fetched from outside, the provenance line on every
-notebook page. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
+loaded and described (a real alt text), every internal link resolves, nothing fetched from outside,
+the provenance line on every notebook page; and at 1400 px, that no page scrolls sideways (outputs
+wrap), that every code cell has a copy button and that every notebook page has its "run it" row. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
 lesson_plot.png when the lesson has a plot) for a person to look at.
 """
 from __future__ import annotations
@@ -424,6 +425,9 @@ def test_lesson_pages_at_1400px_wrap_outputs_and_offer_copy_and_run_it(site, bro
             problems.append(f"{rel}: no Colab link in the run-it row")
         if not facts["installCell"]:
             problems.append(f"{rel}: no guarded install cell under the run-it row")
+    landing = _layout(browser, base + "index.html")
+    if landing["pageScroll"] > 0:
+        problems.append(f"index.html: the page scrolls sideways by {landing['pageScroll']} px at 1400 px")
     assert not problems, "\n".join(problems)
 
 
