@@ -54,3 +54,33 @@ def test_jupytext_and_nbbuild_read_and_write_the_same_cells(src):
     out = jupytext.writes(jupytext.reads(__import__("json").dumps(built), fmt="ipynb"), fmt=fmt)
     assert not out.startswith("# ---"), "no YAML header in src/ (notebook_metadata_filter)"
     assert _cells(nbtools.parse_percent(out)) == ours
+
+
+def test_a_save_in_jupyterlab_writes_the_edit_to_src_only(tmp_path):
+    """What JupyterLab does on save, through Jupytext's contents manager: the edit lands in src/, nothing
+    else in the source changes, and an exercise (not paired) gets no src/."""
+    import asyncio
+    import shutil
+
+    pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (JupyterLab brings it)")
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    shutil.copyfile(ROOT / "jupytext.toml", tmp_path / "jupytext.toml")
+    for folder in ("notebooks", "exercises"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    cm = jupytext.build_async_jupytext_contents_manager_class(AsyncLargeFileManager)(root_dir=str(tmp_path))
+
+    async def edit(path):
+        nb = (await cm.get(path))["content"]
+        nb["cells"][0]["source"] += "\n\nAn edit made in JupyterLab."
+        await cm.save({"type": "notebook", "format": "json", "content": nb}, path)
+
+    asyncio.run(edit("notebooks/01_pinned_memory.ipynb"))
+    asyncio.run(edit("exercises/01_pinned_memory.ipynb"))
+    before = (ROOT / "notebooks/src/01_pinned_memory.py").read_text(encoding="utf-8")
+    after = (tmp_path / "notebooks/src/01_pinned_memory.py").read_text(encoding="utf-8")
+    assert "# An edit made in JupyterLab." in after
+    cells_before, cells_after = nbtools.parse_percent(before), nbtools.parse_percent(after)
+    assert cells_after[0]["source"] == cells_before[0]["source"] + "\n\nAn edit made in JupyterLab."
+    assert cells_after[1:] == cells_before[1:]
+    assert not (tmp_path / "exercises" / "src").exists()
