@@ -489,3 +489,10 @@ def test_site_build_needs_no_torch_and_its_venv_only_the_site_extra():
     reqs = build_site.site_requirements()
     assert not any(r.split(">")[0].split("=")[0].strip() in ("torch", "pinlab") for r in reqs), reqs
     assert {"sphinx", "myst-nb", "furo", "sphinx-copybutton"} <= {re.split(r"[<>=!~ ]", r)[0] for r in reqs}
+
+
+def test_site_requirements_read_the_same_without_tomllib(monkeypatch):
+    """Python 3.10 has no tomllib: `make site` reads the extra as text there, to the same list."""
+    want = build_site.site_requirements()
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    assert build_site.site_requirements() == want
