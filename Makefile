@@ -20,7 +20,7 @@ LOCKED := $(PY) -c 'import fcntl, subprocess, sys; f = open(sys.argv[1], "a"); f
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=1800
 NOTEBOOKS := notebooks solutions exercises
 
-.PHONY: help setup run test test-lib test-notebooks lab gpu-suite notebooks exercises clean
+.PHONY: help setup run test test-lib test-notebooks lab gpu-suite notebooks exercises clean docker
 
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
@@ -28,6 +28,7 @@ help:
 	@echo "make lab        open JupyterLab on the course (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
+	@echo "make docker     build the course's image (CUDA, torch, FlashInfer's kernel built, JupyterLab on 8888)"
 
 # Reinstalls whenever pyproject.toml (the dependencies) or this Makefile changes.
 $(STAMP): pyproject.toml Makefile
@@ -81,8 +82,25 @@ clean:
 	rm -rf build
 
 # The course as a website in build/site/ (tools/build_site.py: Sphinx + MyST-NB + Furo), built from the
-# committed notebooks without executing them. Installs the `site` extra if set-up has not.
+# committed notebooks without executing them, in a light venv of its own (.venv-site: the `site` extra's
+# packages only, no torch and not the course itself: the build imports neither).
+SITE_VENV ?= .venv-site
+SITE_PY := $(SITE_VENV)/bin/python
+SITE_STAMP := $(SITE_VENV)/.installed
+$(SITE_STAMP): pyproject.toml Makefile
+	@$(SITE_PY) -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(SITE_VENV)
+	@rm -f $@
+	$(PY) tools/build_site.py --requirements > $(SITE_VENV)/requirements.txt
+	$(SITE_PY) -m pip install -q --no-compile -r $(SITE_VENV)/requirements.txt
+	@touch $@
+
 .PHONY: site
-site: setup
-	@$(VPY) -c "import sphinx, myst_nb, furo" 2>/dev/null || $(VPY) -m pip install -q -e ".[site]"
-	$(VPY) tools/build_site.py
+site: $(SITE_STAMP)
+	$(SITE_PY) tools/build_site.py
+
+# The course's image (Dockerfile): CUDA + torch, pip install -e .[gpu,test], FlashInfer's decode kernel built,
+# JupyterLab on 8888. Run it with: docker run --rm --gpus all -p 127.0.0.1:8888:8888 $(IMAGE)
+IMAGE ?= pinlab
+DOCKER_ARGS ?=
+docker:
+	docker build -t $(IMAGE) $(DOCKER_ARGS) .

@@ -8,7 +8,11 @@ project = "Honest host-to-device copies in PyTorch"
 author = "the pinlab course"
 copyright = "the pinlab course authors, MIT licence"
 
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "sphinx_copybutton"]
+# a copy button on code (cell inputs, the install cell), not on outputs: MyST-NB wraps an output's
+# highlight block in a div of class "output"
+copybutton_selector = "div:not(.output) > div.highlight pre"
+copybutton_exclude = ".linenos, .gp, .go"
 nb_execution_mode = "off"            # render the committed outputs; never run a notebook here
 nb_merge_streams = True
 myst_enable_extensions = ["colon_fence"]

@@ -4,8 +4,9 @@ The browser part drives Debian's Chromium (/usr/bin/chromium) with selenium and 
 (/usr/bin/chromedriver): no browser is downloaded. It is skipped, saying why, where they are
 missing (`apt-get install chromium chromium-driver`; CI's .ci/run installs them). It loads every
 page of the built site from a local HTTP server and checks: no console errors, every image
-loaded, every internal link resolves, nothing fetched from outside, the provenance line on every
-notebook page. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
+loaded and described (a real alt text), every internal link resolves, nothing fetched from outside,
+the provenance line on every notebook page; and at 1400 px, that no page scrolls sideways (outputs
+wrap), that every code cell has a copy button and that every notebook page has its "run it" row. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
 lesson_plot.png when the lesson has a plot) for a person to look at.
 """
 from __future__ import annotations
@@ -89,13 +90,16 @@ def test_provenance_of_make_run():
 
 
 def test_readme_syllabus_lists_every_lesson_with_minutes():
+    """The README's table (generated from lib/pinlab/syllabus.py) is the one the site shows."""
     rows = build_site.parse_syllabus((ROOT / "README.md").read_text(encoding="utf-8"))
     by_path = {r["path"]: r for r in rows}
+    site_rows = {r["path"]: r for r in build_site.syllabus_rows()}
     for rel in _notebooks():
         if rel.startswith("notebooks/"):
             assert rel in by_path, f"README's Syllabus table has no row for {rel}"
-            assert re.fullmatch(r"\d+", by_path[rel]["minutes"]), by_path[rel]
+            assert re.fullmatch(r"\d+( \+ \d+)?", by_path[rel]["minutes"]), by_path[rel]
             assert by_path[rel]["gpu"], by_path[rel]
+            assert site_rows[rel]["minutes"] == by_path[rel]["minutes"], rel
 
 
 def test_progress_bars_keep_their_last_frame():
@@ -266,7 +270,8 @@ const done = arguments[arguments.length - 1];
 const imgs = Array.from(document.images);
 Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; })))
   .then(() => done({
-    images: imgs.map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+    images: imgs.map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0,
+                            alt: i.getAttribute('alt') || ''})),
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
     resources: performance.getEntriesByType('resource').map(r => r.name),
     provenance: Array.from(document.querySelectorAll('.provenance')).map(p => p.textContent.trim()),
@@ -274,6 +279,34 @@ Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i
     next: !!document.querySelector('a.next-page'),
     title: document.title,
   }));
+"""
+
+
+def _real_alt(alt: str) -> bool:
+    """An alt text a reader can use: words, not a file name or hash."""
+    alt = alt.strip()
+    return len(alt) >= 8 and not re.search(r"\.(png|svg|jpe?g|gif)$|[0-9a-f]{16}", alt, re.I)
+
+
+_LAYOUT_FACTS = """
+const done = arguments[arguments.length - 1];
+const imgs = Array.from(document.images);
+Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; })))
+  .then(() => setTimeout(() => {
+    const doc = document.documentElement;
+    const wide = Array.from(document.querySelectorAll('div.cell_output pre, div.output pre'))
+      .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 80));
+    const runIt = document.querySelector('.run-it');
+    done({
+      pageScroll: doc.scrollWidth - doc.clientWidth,
+      wideOutputs: wide,
+      codeBlocks: document.querySelectorAll('div.cell_input div.highlight pre').length,
+      copyButtons: document.querySelectorAll('div.cell_input button.copybtn').length,
+      outputCopyButtons: document.querySelectorAll('div.output button.copybtn').length,
+      runIt: runIt ? Array.from(runIt.querySelectorAll('a')).map(a => a.className) : null,
+      installCell: !!document.querySelector('.run-it-install div.highlight pre'),
+    });
+  }, 300));
 """
 
 
@@ -297,6 +330,8 @@ def _check_site_in_browser(driver, out: Path, base: str, pages: dict) -> dict[st
         facts = seen[rel] = _visit(driver, base + rel)
         problems += [f"{rel}: console error: {m}" for m in facts["errors"]]
         problems += [f"{rel}: image did not load: {i['src']}" for i in facts["images"] if not i["ok"]]
+        problems += [f"{rel}: image without a real alt text ({i['alt']!r}): {i['src']}" for i in facts["images"]
+                     if not _real_alt(i["alt"])]
         problems += [f"{rel}: fetched from outside the site: {r}" for r in facts["resources"] if not r.startswith(base)]
         for href in facts["links"]:
             if not href.startswith(base):
@@ -359,3 +394,105 @@ def test_plots_load_in_chromium(which, request, browser, serve):
     seen = _check_site_in_browser(browser, built["out"], base, built["pages"])
     imgs = seen["notebooks/01_x.html"]["images"]
     assert imgs and all(i["ok"] for i in imgs), imgs
+
+
+def _layout(driver, url: str, width: int = 1400) -> dict:
+    driver.set_window_size(width, 900)
+    try:
+        driver.get(url)
+        return driver.execute_async_script(_LAYOUT_FACTS)
+    finally:
+        driver.set_window_size(1280, 900)
+
+
+def test_lesson_pages_at_1400px_wrap_outputs_and_offer_copy_and_run_it(site, browser, serve):
+    """At 1400 px a lesson page has no horizontal scroll (outputs wrap; a wide table scrolls inside its own
+    box), every code cell has a copy button (outputs have none), and the "run it" row is under the title."""
+    base = serve(site["out"])
+    problems = []
+    for rel in sorted(site["pages"]):
+        facts = _layout(browser, base + rel[:-6] + ".html")
+        if facts["pageScroll"] > 0:
+            problems.append(f"{rel}: the page scrolls sideways by {facts['pageScroll']} px at 1400 px")
+        problems += [f"{rel}: an output scrolls sideways: {w!r}" for w in facts["wideOutputs"]]
+        if facts["codeBlocks"] and facts["copyButtons"] < facts["codeBlocks"]:
+            problems.append(f"{rel}: {facts['copyButtons']} copy buttons for {facts['codeBlocks']} code cells")
+        if facts["outputCopyButtons"]:
+            problems.append(f"{rel}: copy buttons on outputs")
+        if not facts["runIt"] or not {"download", "repository"} <= set(facts["runIt"]):
+            problems.append(f"{rel}: no run-it row with a download and a repository link ({facts['runIt']})")
+        elif build_site.colab_url(build_site.repository_url(), rel) and "colab" not in facts["runIt"]:
+            problems.append(f"{rel}: no Colab link in the run-it row")
+        if not facts["installCell"]:
+            problems.append(f"{rel}: no guarded install cell under the run-it row")
+    landing = _layout(browser, base + "index.html")
+    if landing["pageScroll"] > 0:
+        problems.append(f"index.html: the page scrolls sideways by {landing['pageScroll']} px at 1400 px")
+    assert not problems, "\n".join(problems)
+
+
+def test_download_link_serves_the_committed_notebook(site):
+    for rel in site["pages"]:
+        assert (site["out"] / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
+
+
+def test_run_it_row_and_repository_url():
+    repo = build_site.repository_url()
+    assert repo.startswith("https://") and repo == build_site.REPOSITORY_FALLBACK or "REPLACE-ME" not in repo
+    assert build_site.colab_url("https://github.com/a/b", "notebooks/01_x.ipynb") == \
+        "https://colab.research.google.com/github/a/b/blob/main/notebooks/01_x.ipynb"
+    assert build_site.colab_url("https://gitlab.com/a/b", "notebooks/01_x.ipynb") is None
+    cell = build_site.install_cell("https://github.com/a/b")
+    assert 'find_spec("pinlab") is None' in cell and "git+https://github.com/a/b" in cell
+    compile(cell.replace("%pip", "pass  #"), "install", "exec")  # valid Python once IPython's magic is read
+
+
+def test_alt_texts_come_from_titles_or_headings():
+    png = {"output_type": "display_data", "data": {"image/png": "x", "text/plain": "<Figure>"}, "metadata": {}}
+    cells = [{"cell_type": "markdown", "source": "## Bandwidth, *pinned* against pageable"},
+             {"cell_type": "code", "source": "plot(x)", "outputs": [png], "metadata": {}},
+             {"cell_type": "code", "source": 'ax.set_title("Copy time by size")', "outputs": [png, png],
+              "metadata": {}},
+             {"cell_type": "code", "source": "print(1)", "outputs": [], "metadata": {}},
+             {"cell_type": "code", "source": 'plot(r, title=f"10,000 snapshots ({run.tag})")\nplot(title=f"{m}")',
+              "outputs": [png], "metadata": {}}]
+    build_site.alt_texts(cells)
+    assert cells[4]["metadata"]["mystnb"]["image"]["alt"] == "Plot: 10,000 snapshots"
+    assert cells[1]["metadata"]["mystnb"]["image"]["alt"] == "Plot for “Bandwidth, pinned against pageable”"
+    assert cells[2]["metadata"]["mystnb"]["image"]["alt"] == "Plot: Copy time by size (2 figures)"
+    assert "mystnb" not in cells[3]["metadata"]
+
+
+def test_host_paths_and_profiler_warnings_leave_the_page():
+    cell = {"outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "20 x Tensor.copy_ at /tmp/ipykernel_803/1494548031.py:2\n"},
+        {"output_type": "stream", "name": "stderr", "text":
+            "/usr/lib/python3/dist-packages/torch/profiler/profiler.py:123: UserWarning: CUPTI busy\n"
+            "  warn(\"CUPTI busy\")\nsweep: 100%| 3/3\n"},
+        {"output_type": "stream", "name": "stderr", "text":
+            "/tmp/x/lib/python3.12/site-packages/torch/profiler/profiler.py:9: UserWarning: x\n"}]}
+    build_site._tidy_outputs(cell)
+    assert [o["text"] for o in cell["outputs"]] == ["20 x Tensor.copy_ at <cell>:2\n", "sweep: 100%| 3/3\n"]
+
+
+def test_site_build_needs_no_torch_and_its_venv_only_the_site_extra():
+    """`make site` runs in .venv-site (the `site` extra only): staging the pages must not import torch or pinlab."""
+    import subprocess
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['pinlab'] = None; sys.path.insert(0, 'tools')\n"
+            "import build_site, tempfile, pathlib\n"
+            "with tempfile.TemporaryDirectory() as d:\n"
+            "    pages = build_site.stage(pathlib.Path(d) / 'src')\n"
+            "assert pages and build_site.syllabus_rows()\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    reqs = build_site.site_requirements()
+    assert not any(r.split(">")[0].split("=")[0].strip() in ("torch", "pinlab") for r in reqs), reqs
+    assert {"sphinx", "myst-nb", "furo", "sphinx-copybutton"} <= {re.split(r"[<>=!~ ]", r)[0] for r in reqs}
+
+
+def test_site_requirements_read_the_same_without_tomllib(monkeypatch):
+    """Python 3.10 has no tomllib: `make site` reads the extra as text there, to the same list."""
+    want = build_site.site_requirements()
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    assert build_site.site_requirements() == want

@@ -5,9 +5,9 @@ as they are: ``nb_execution_mode = "off"``) and the Furo theme (sidebar, previou
 Its configuration and the landing page's text live in ``site/``; this script only stages the
 sources and runs Sphinx:
 
-1. copies ``site/`` into a staging folder and fills in the landing page: the syllabus table (read
-   from the README's "Syllabus" table: lesson, topic, minutes, what needs a GPU, with links to
-   each lesson's exercises and solutions) and the tables of contents;
+1. copies ``site/`` into a staging folder and fills in the landing page: the syllabus table (from
+   its one source, ``lib/pinlab/syllabus.py``, loaded by path: lesson, title and goal, minutes, what
+   needs a GPU, with links to each lesson's exercises and solutions) and the tables of contents;
 2. copies every lesson (``notebooks/``), exercise (``exercises/``), solution (``solutions/``) and
    capstone (``capstone/``, when there is one), adding at the top of each page one line that says
    where its outputs come from (``provenance``): "recorded on <GPU>, <date>" (the GPU suite's
@@ -16,7 +16,8 @@ sources and runs Sphinx:
 3. copies the repository files that the notebooks link to (so that every link resolves);
 4. runs Sphinx (warnings are errors for ``make site`` and the tests).
 
-Usage:  python3 tools/build_site.py [--out build/site] [--lenient] [--force]
+Usage:  python3 tools/build_site.py [--out build/site] [--lenient] [--force] [--requirements]
+It imports neither torch nor pinlab (`make site` runs it in .venv-site, which has the `site` extra only).
 ``--out`` is emptied first, so it must be a folder inside ``build/`` (``out_problem``) unless ``--force``
 is given; even then never the repository, a folder holding it, the home folder or ``/``.
 ``make run`` (tools/run_course.py) calls ``build()`` with the notebooks it executed and its run
@@ -43,6 +44,8 @@ import nbtools  # noqa: E402  (tools/nbtools.py: source_sha256, as the GPU suite
 ROOT = nbtools.ROOT
 SITE_SRC = ROOT / "site"
 #  folder       sidebar caption
+#: where the course lives when pyproject.toml names no [project.urls] Repository (it does: edit it there)
+REPOSITORY_FALLBACK = "https://github.com/REPLACE-ME/pinlab"
 SECTIONS = {"notebooks": "Lessons", "exercises": "Exercises", "solutions": "Solutions", "capstone": "Capstone"}
 _LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
@@ -143,6 +146,129 @@ def parse_syllabus(readme: str) -> list[dict]:
     return rows
 
 
+def syllabus_rows(root: Path = ROOT) -> list[dict]:
+    """The syllabus's rows (lesson, path, topic, minutes, gpu) from its one source, lib/pinlab/syllabus.py
+    (loaded by path: the site build imports no torch); a tree without it (a test's) falls back to the
+    README's "## Syllabus" table."""
+    if not (root / "lib" / "pinlab" / "syllabus.py").exists():
+        readme = root / "README.md"
+        return parse_syllabus(readme.read_text(encoding="utf-8")) if readme.exists() else []
+    import syllabus as tool  # tools/syllabus.py
+
+    syl = tool.load(root)
+    return [{"lesson": r.number, "path": r.notebook, "topic": f"**{_md_cell(r.title)}**: {_md_cell(r.goal)}",
+             "minutes": syl.minutes_text(r), "gpu": _md_cell(r.gpu)} for r in syl.LESSONS]
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """``[project.urls] Repository`` in pyproject.toml: the one place the course's address is written."""
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return REPOSITORY_FALLBACK
+    m = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    url = m and re.search(r'^\s*Repository\s*=\s*"([^"]+)"', m.group(1), re.M)
+    return url.group(1) if url else REPOSITORY_FALLBACK
+
+
+def colab_url(repo: str, rel: str, branch: str = "main") -> str | None:
+    """Colab opens a notebook straight from GitHub: None for a repository elsewhere."""
+    m = re.match(r"https://github\.com/([^/]+)/([^/#?]+?)(?:\.git)?/?$", repo)
+    return f"https://colab.research.google.com/github/{m.group(1)}/{m.group(2)}/blob/{branch}/{rel}" if m else None
+
+
+def install_cell(repo: str) -> str:
+    """The guarded install cell a learner runs first on Colab (or any machine without the course)."""
+    return ("import importlib.util\n"
+            "if importlib.util.find_spec(\"pinlab\") is None:  # Colab: install the course's library once\n"
+            f"    %pip install -q \"pinlab @ git+{repo}\"  # FlashInfer is optional: add [gpu] to decode with it")
+
+
+def _run_it(rel: str, repo: str) -> str:
+    """The "run it" row under a page's title: Colab, the .ipynb to download, the repository."""
+    name = Path(rel).name
+    links = []
+    colab = colab_url(repo, rel)
+    if colab:
+        links.append(f'<a class="colab" href="{html.escape(colab)}">Open in Colab</a>')
+    links.append(f'<a class="download" href="{html.escape(name)}" download>Download {html.escape(name)}</a>')
+    links.append(f'<a class="repository" href="{html.escape(repo)}">Repository</a>')
+    row = '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
+    note = ('<details class="run-it-install"><summary>On Colab, run this cell first (it installs the course\'s '
+            "library once; elsewhere <code>make lab</code> sets everything up)</summary>\n\n"
+            f"```python\n{install_cell(repo)}\n```\n\n</details>")
+    return row + "\n\n" + note
+
+
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+_TITLE_ARG = re.compile(r"""(?:\btitle\s*=|set_title\(|suptitle\()\s*f?(["'])((?:(?!\1).){3,160})\1""")
+
+
+def _title_text(literal: str) -> str:
+    """A title as a reader sees it, from its literal: an f-string's fields in parentheses (this run's tag) or at
+    either end are left out; "" where a field is inside the sentence (the title would not read)."""
+    text = re.sub(r"\s*[(\[][^()\[\]]*\{[^{}]*\}[^()\[\]]*[)\]]", "", literal)
+    text = re.sub(r"^\s*\{[^{}]*\}\s*[,;:·-]?|[,;:·-]?\s*\{[^{}]*\}\s*$", "", text)
+    if "{" in text:
+        return ""
+    return re.sub(r"\s{2,}", " ", text).strip(" ,;:-·")
+
+
+def _plain(md: str) -> str:
+    """Markdown inline text as plain text (for an alt attribute)."""
+    md = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", md)
+    return re.sub(r"[*_`]", "", md).strip()
+
+
+def alt_texts(cells: list[dict]) -> None:
+    """Give every code cell with an image output an alt text (MyST-NB's cell metadata ``mystnb.image.alt``):
+    the plot titles written in its source as plain strings, else the heading the cell sits under."""
+    heading = ""
+    for c in cells:
+        if c.get("cell_type") == "markdown":
+            found = _HEADING.findall(_src(c))
+            if found:
+                heading = _plain(found[-1])
+            continue
+        if c.get("cell_type") != "code":
+            continue
+        n = sum(1 for o in c.get("outputs", []) if any(k.startswith("image/") for k in o.get("data", {})))
+        if not n:
+            continue
+        titles = [x for x in (_title_text(m.group(2)) for m in _TITLE_ARG.finditer(_src(c))) if len(x) >= 8]
+        if titles:
+            alt = "Plot: " + "; ".join(dict.fromkeys(titles))
+        else:
+            alt = f"Plot for “{heading}”" if heading else "Plot of this cell's results"
+        if n > 1:
+            alt += f" ({n} figures)"
+        meta = c.setdefault("metadata", {}).setdefault("mystnb", {})
+        meta.setdefault("image", {})["alt"] = alt
+
+
+# the GPU host's paths: an IPython cell's file name (replaced) and warnings that name a file (dropped)
+_CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
+_PATH_WARNING = re.compile(r"^\s*(?:/|[A-Za-z]:\\)\S*\.py:\d+: \w*(?:Warning|warn)\b.*$")
+_WARN_SOURCE = re.compile(r"^\s+(?:warn|warnings\.warn|_warn)\w*\(.*$")
+
+
+def _host_paths(text: str, stderr: bool) -> str:
+    """A stream output without the GPU host's paths: "/tmp/ipykernel_803/15.py:2" reads "<cell>:2"; on
+    stderr, a warning line naming a file (torch's profiler warns so) goes with the source line after it."""
+    text = _CELL_FILE.sub("<cell>", text)
+    if not stderr:
+        return text
+    out, drop_next = [], False
+    for line in text.split("\n"):
+        if drop_next and _WARN_SOURCE.match(line):
+            drop_next = False
+            continue
+        drop_next = bool(_PATH_WARNING.match(line))
+        if not drop_next:
+            out.append(line)
+    return "\n".join(out)
+
+
 def title_of(nb: dict) -> str | None:
     for c in nb.get("cells", []):
         if c.get("cell_type") == "markdown":
@@ -175,15 +301,20 @@ def _tidy_outputs(cell: dict) -> None:
         merged.append(dict(out))
     for out in merged:
         if out.get("output_type") == "stream":
-            out["text"] = _collapse_progress(_src({"source": out["text"]}))
-    cell["outputs"] = merged
+            out["text"] = _host_paths(_collapse_progress(_src({"source": out["text"]})), out.get("name") == "stderr")
+        elif isinstance(out.get("data", {}).get("text/plain"), (str, list)):
+            out["data"]["text/plain"] = _CELL_FILE.sub("<cell>", _src({"source": out["data"]["text/plain"]}))
+    cell["outputs"] = [o for o in merged if o.get("output_type") != "stream" or o["text"].strip()]
 
 
-def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
-    """The notebook as a page: a title, the provenance line under it, tidy progress bars."""
+def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None) -> dict:
+    """The notebook as a page: a title, the provenance line and the "run it" row under it, tidy outputs
+    (progress bars, no host paths), alt texts for its plots."""
     nb = json.loads(json.dumps(nb))
     folder = rel.split("/", 1)[0]
     line = f'<p class="provenance {kind}">{html.escape(sentence)}</p>'
+    if repo:
+        line += "\n\n" + _run_it(rel, repo)
     cells = nb.setdefault("cells", [])
     first = next((c for c in cells if c.get("cell_type") == "markdown"), None)
     src = _src(first) if first else ""
@@ -209,6 +340,7 @@ def _page(nb: dict, rel: str, kind: str, sentence: str) -> dict:
     for c in cells:
         if c.get("cell_type") == "code":
             _tidy_outputs(c)
+    alt_texts(cells)
     return nb
 
 
@@ -264,7 +396,7 @@ def _md_cell(text: str) -> str:
 def _syllabus_md(rows: list[dict], pages: dict[str, dict]) -> str:
     """The syllabus table in MyST Markdown; lessons without a README row still get one."""
     by_path = {r["path"]: r for r in rows}
-    lines = ["| lesson | topic | minutes | needs a GPU to measure live | exercises |",
+    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live | exercises |",
              "|---|---|---|---|---|"]
     for rel in sorted(p for p in pages if p.startswith("notebooks/")):
         r = by_path.get(rel, {})
@@ -337,6 +469,7 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
         shutil.rmtree(dest)
     shutil.copytree(SITE_SRC, dest, ignore=shutil.ignore_patterns("__pycache__"))
     report = gpu_report(root)
+    repo = repository_url(root)
     pages: dict[str, dict] = {}
     linked: set[str] = set()
     for folder in SECTIONS:
@@ -347,18 +480,17 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
                 src = run.executed_root / rel
             nb = json.loads(src.read_text(encoding="utf-8"))
             kind, sentence = provenance(rel, nb, report, run)
-            page = _page(nb, rel, kind, sentence)
+            page = _page(nb, rel, kind, sentence, repo)
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_text(json.dumps(page, ensure_ascii=False), encoding="utf-8")
-            pages[rel] = {"title": title_of(page), "kind": kind, "provenance": sentence}
+            pages[rel] = {"title": title_of(page), "kind": kind, "provenance": sentence, "source": src}
             linked |= _linked_files(nb, rel, root)
     for rel in sorted(linked):
         if not (dest / rel).exists():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(root / rel, dest / rel)
-    readme = (root / "README.md").read_text(encoding="utf-8") if (root / "README.md").exists() else ""
     index = (dest / "index.md").read_text(encoding="utf-8")
-    index = (index.replace("{{syllabus}}", _syllabus_md(parse_syllabus(readme), pages))
+    index = (index.replace("{{syllabus}}", _syllabus_md(syllabus_rows(root), pages))
              .replace("{{evidence}}", _evidence(report, run))
              .replace("{{toctrees}}", _toctrees(pages, run)))
     (dest / "index.md").write_text(index, encoding="utf-8")
@@ -387,14 +519,28 @@ def build(out: Path, *, root: Path = ROOT, run: Run | None = None, strict: bool 
             raise RuntimeError(f"Sphinx failed (exit {res.returncode}):\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
         if res.stderr.strip() and not quiet:
             print(res.stderr, file=sys.stderr)
+    for rel, page in pages.items():  # the "Download" link of each page: the notebook as it was given
+        shutil.copyfile(page.pop("source"), out / rel)
     return pages
+
+
+def site_requirements(root: Path = ROOT) -> list[str]:
+    """The `site` extra of pyproject.toml: what `make site` installs into .venv-site (no torch, no pinlab)."""
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the extra's list, read as text
+        m = re.search(r"^site\s*=\s*\[(.*?)\]", text, re.M | re.S)
+        return re.findall(r'"([^"]+)"', re.sub(r"#[^\n]*", "", m.group(1))) if m else []
+    return list(tomllib.loads(text)["project"]["optional-dependencies"]["site"])
 
 
 def missing_packages() -> list[str]:
     """The generator's packages that are not installed here (the `site` extra)."""
     import importlib.util
 
-    return [name for mod, name in (("sphinx", "sphinx"), ("myst_nb", "myst-nb"), ("furo", "furo"))
+    return [name for mod, name in (("sphinx", "sphinx"), ("myst_nb", "myst-nb"), ("furo", "furo"),
+                                   ("sphinx_copybutton", "sphinx-copybutton"))
             if importlib.util.find_spec(mod) is None]
 
 
@@ -419,15 +565,20 @@ def main(argv: list[str]) -> int:
                     help="output folder, emptied first: inside build/ (default build/site) unless --force")
     ap.add_argument("--force", action="store_true", help="allow an --out outside build/ (it is deleted first)")
     ap.add_argument("--lenient", action="store_true", help="Sphinx warnings are not errors")
+    ap.add_argument("--requirements", action="store_true",
+                    help="print the site extra's requirements, one a line (make site installs them) and exit")
     args = ap.parse_args(argv)
+    if args.requirements:
+        print("\n".join(site_requirements()))
+        return 0
     problem = out_problem(args.out, args.force)
     if problem:
         print(f"build_site: {problem}", file=sys.stderr)
         return 2
     missing = missing_packages()
     if missing:
-        print(f"build_site: {', '.join(missing)} not installed: run `{sys.executable} -m pip install -e '.[site]'`"
-              " (make site does it)", file=sys.stderr)
+        print(f"build_site: {', '.join(missing)} not installed: run `make site` (it sets up .venv-site), or "
+              f"`{sys.executable} -m pip install -e '.[site]'`", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     pages = build(args.out, strict=not args.lenient)

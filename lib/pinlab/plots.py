@@ -1,12 +1,94 @@
-"""Shared matplotlib helpers: size sweeps, bar charts, a host-vs-GPU timeline."""
+"""Shared matplotlib helpers: size sweeps, bar charts, a host-vs-GPU timeline, and the course's plot style.
+
+The style (applied when this module is imported; :func:`use_course_style`):
+- sharp figures: in Jupyter, inline figures are rendered for high-density ("retina") screens;
+- text of at least 9 pt at display size: figures are at most ``MAX_WIDTH_IN`` inches (740 px at the inline
+  backend's 100 dpi) wide, the width of a lesson page's column, so they are shown unscaled;
+- one colour per label across all panels and figures: :func:`color_for` (a shared label -> colour map);
+- legends outside the axes, under them: :func:`legend_outside`;
+- several panels stacked, not side by side: :func:`stacked`.
+"""
 from __future__ import annotations
 
+import sys
+
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
-from .args import finite_number, positive_number, text_arg
+from .args import finite_number, positive_int, positive_number, text_arg
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+#: the widest figure, in inches: 740 px at the inline backend's 100 dpi, a lesson page's column
+MAX_WIDTH_IN = 7.4
+MIN_FONT_PT = 9
+COURSE_RC = {
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "xtick.labelsize": MIN_FONT_PT,
+    "ytick.labelsize": MIN_FONT_PT,
+    "legend.fontsize": MIN_FONT_PT,
+    "legend.title_fontsize": MIN_FONT_PT,
+    "figure.titlesize": 11,
+}
+#: the palette :func:`color_for` hands out, in order (colour-blind-safe: Okabe-Ito, then tab10's others)
+PALETTE = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#f0e442", "#000000",
+           "#8c564b", "#7f7f7f", "#bcbd22", "#17becf")
+_COLORS: dict[str, str] = {}
+
+
+def color_for(label) -> str:
+    """The colour of ``label``, the same in every panel and figure of this process: a label gets the next
+    colour of ``PALETTE`` the first time it is drawn (after 12 labels the palette repeats)."""
+    key = text_arg("label", label, allow_empty=True) if isinstance(label, str) else str(label)
+    if key not in _COLORS:
+        _COLORS[key] = PALETTE[len(_COLORS) % len(PALETTE)]
+    return _COLORS[key]
+
+
+def legend_outside(ax, handles=None, labels=None, *, ncols: int | None = None):
+    """A legend under the axes (outside them: it hides no data), centred, in up to 3 columns.
+    Jupyter's inline figures are cropped to what is drawn, so the legend is shown in full."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    ncols = positive_int("ncols", ncols) if ncols is not None else min(3, len(handles))
+    # the gap, in font sizes: below the tick labels and the x label
+    return ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=3.2,
+                     ncols=ncols, frameon=False)
+
+
+def stacked(n: int, *, height: float = 2.6, sharex: bool = False):
+    """``fig, axes``: ``n`` panels stacked top to bottom at ``MAX_WIDTH_IN`` wide (each ``height`` inches),
+    instead of side by side at a width a page shows shrunk."""
+    n = positive_int("n", n)
+    height = positive_number("height", height)
+    fig, axes = plt.subplots(n, 1, figsize=(MAX_WIDTH_IN, height * n), sharex=sharex, squeeze=False)
+    return fig, list(axes[:, 0])
+
+
+def use_course_style() -> None:
+    """Apply the course's plot style: font sizes (``COURSE_RC``) and, inside IPython, retina inline figures
+    (``InlineBackend.figure_formats``). Figure sizes are not touched (the notebooks' ``<Figure size ...>``
+    outputs stay as they are)."""
+    mpl.rcParams.update(COURSE_RC)
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None or not hasattr(shell, "run_line_magic"):
+        return
+    try:  # the config for when the inline backend starts, and the formatter if it has started already
+        shell.run_line_magic("config", "InlineBackend.figure_formats = ['retina']")
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+        set_matplotlib_formats("retina")
+    except Exception:  # noqa: BLE001 - a style, never a reason for a lesson to fail
+        pass
+
+
+use_course_style()
 
 
 def fmt_bytes(n: float) -> str:
@@ -80,7 +162,7 @@ def size_sweep(sizes, series: dict, *, ylabel: str, title: str, logy: bool = Tru
     for label, values in series.items():
         xs = [s for s, v in zip(sizes, values) if v is not None]
         ys = [v for v in values if v is not None]
-        ax.plot(xs, ys, marker="o", ms=4, label=label)
+        ax.plot(xs, ys, marker="o", ms=4, label=label, color=color_for(label))
     ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
@@ -88,16 +170,16 @@ def size_sweep(sizes, series: dict, *, ylabel: str, title: str, logy: bool = Tru
     if hline is not None:
         ax.axhline(hline[0], ls="--", c="grey", lw=1)
         ax.annotate(hline[1], (ax.get_xlim()[0], hline[0]), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8, color="grey")
+                    fontsize=MIN_FONT_PT, color="grey")
     if vline is not None:
         ax.axvline(vline[0], ls=":", c="crimson", lw=1)
         ax.annotate(vline[1], (vline[0], ax.get_ylim()[1]), textcoords="offset points", xytext=(4, -12),
-                    fontsize=8, color="crimson")
+                    fontsize=MIN_FONT_PT, color="crimson")
     ax.set_xlabel("copy size")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    legend_outside(ax)
     return ax
 
 
@@ -117,13 +199,13 @@ def bars(labels, values, *, ylabel: str, title: str, ax=None, logy: bool = False
                          f"got {annotate!r} ({exc})") from None
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
-    rects = ax.bar(range(len(values)), values, color=plt.cm.tab10.colors[: len(values)])
+    rects = ax.bar(range(len(values)), values, color=[color_for(label) for label in labels])
     ax.set_xticks(range(len(values)), labels, rotation=15, ha="right")
     if logy:
         ax.set_yscale("log")
     for r, v in zip(rects, values):
         ax.annotate(annotate.format(v), (r.get_x() + r.get_width() / 2, r.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+                    ha="center", va="bottom", fontsize=MIN_FONT_PT)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
@@ -147,19 +229,18 @@ def timeline(lanes: dict, *, title: str, ax=None, xlabel: str = "time (ms)"):
         checked[lane] = rows
     lanes = checked
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.8 + 0.7 * len(lanes)))
+        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 0.8 + 0.7 * len(lanes)))
     colors = {}
-    palette = plt.cm.tab10.colors
     for row, (lane, spans) in enumerate(lanes.items()):
         for start, end, label in spans:
             if end < start:
                 raise ValueError(f"span {label!r} in lane {lane!r} ends before it starts ({start} > {end})")
-            c = colors.setdefault(label, palette[len(colors) % len(palette)])
+            c = colors.setdefault(label, color_for(label))
             ax.broken_barh([(start, max(end - start, 1e-3))], (row - 0.35, 0.7), color=c)
     ax.set_yticks(range(len(lanes)), list(lanes))
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, list(colors), loc="upper right", fontsize=8, ncols=min(4, len(colors)))
+    legend_outside(ax, handles, list(colors), ncols=min(4, len(colors)) if colors else None)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)

@@ -1,0 +1,237 @@
+"""The course's syllabus: one table, from which every syllabus in the course is generated.
+
+``LESSONS`` has one row per lesson: its number, file stem (``notebooks/<stem>.ipynb``, exercises in
+``exercises/<stem>.ipynb``), title, one-line goal, what it covers, what needs a GPU, the minutes it
+takes and what a workshop must land. Generated from it:
+
+- the README's "Syllabus" table and docs/workshop.md's schedules, between ``<!-- syllabus:... -->``
+  markers (``python3 tools/syllabus.py --write`` rewrites them; tests/test_syllabus.py checks them);
+- notebook 00's syllabus: ``Markdown(pinlab.syllabus.markdown())`` (once its cell calls it; until then
+  tests/test_syllabus.py reports it as an expected failure);
+- the course site's landing page (tools/build_site.py loads this file by path: no torch needed).
+
+**Minutes are estimated by ``tools/syllabus.py``, not typed in** (``--write`` rewrites ``minutes=`` and
+``exercise_minutes=`` below; the test accepts the stored value within one rounding step of the estimate):
+
+    raw = words / 200 (reading at 200 words a minute; every word of the percent source, prose and code)
+        + seconds / 60 (the notebook's execution time in reports/gpu/latest.json, the H200 run)
+        + 1 per prompt (a 🔮 Predict prompt in a lesson, an exercise in its exercise notebook)
+    minutes = raw * CALIBRATION, rounded to 5 (at least 5)
+
+``CALIBRATION`` is fitted (sum of measured / sum of raw) to what learners measured for reading and
+running a lesson: about 60 minutes for 01, 90 for 02 and 70 for 04 (``MEASURED``); reading at 200 words a
+minute alone underestimates those by about a third (people stop to think and re-read). Exercise minutes
+use the same formula on the exercise as a learner sees it (the solutions' bodies left out); no learner
+has timed an exercise yet, so treat them as the least certain numbers here.
+
+To add a lesson (e.g. 02b, "overlapping copies"): add its ``Lesson`` row in order, put its number in a
+``WORKSHOP`` part, run ``python3 tools/syllabus.py --write``.
+
+This module imports nothing from torch or pinlab: the site build loads it on a machine without torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Lesson", "LESSONS", "WORKSHOP", "MEASURED", "lesson", "markdown", "readme_block",
+           "workshop_block", "exercise_links", "minutes_text"]
+
+#: learners' reading + running times, in minutes (issue "The self-paced path"): the calibration's data
+MEASURED = {"01": 60, "02": 90, "04": 70}
+WORDS_PER_MINUTE = 200
+MINUTES_PER_PROMPT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Lesson:
+    number: str            # "00", "01", ... ("02b" sorts after "02")
+    stem: str              # file stem: notebooks/<stem>.ipynb, exercises/<stem>.ipynb
+    title: str
+    goal: str              # one line: what a learner can do afterwards
+    covers: str            # what it goes through (README and site)
+    gpu: str               # what needs a GPU to measure live
+    minutes: int           # reading and running the lesson (tools/syllabus.py --write)
+    exercise_minutes: int  # its exercise notebook; 0 when it has none (tools/syllabus.py --write)
+    lands: str = ""        # workshop: the points the lesson must land
+    exercise_lands: str = ""
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/{self.stem}.ipynb"
+
+    @property
+    def exercise(self) -> str | None:
+        return f"exercises/{self.stem}.ipynb" if self.exercise_minutes else None
+
+
+LESSONS: tuple[Lesson, ...] = (
+    Lesson("00", "00_start_here", "Start here",
+           goal="know what the course measures, how to run it, and what your machine can show",
+           covers="what the course is, how to run it, the doctor",
+           gpu="no", minutes=10, exercise_minutes=0,
+           lands="every number is measured in the run or replayed and labelled; `[timing]`/`[measured]` lines "
+                 "are the run's numbers, everything else a checked fact"),
+    Lesson("01", "01_pinned_memory", "Pinned memory",
+           goal="predict what a host-to-device copy costs, by size and by kind of host memory",
+           covers="bandwidth 1 KiB–1 GiB, latency floor, cost of pinning, rounding, when not to pin, who pins in "
+                  "practice (the DataLoader's pin-memory thread, pinning from several threads)",
+           gpu="yes (replayed without)", minutes=55, exercise_minutes=5,
+           lands="the copy engine reads only pinned memory; small copies are latency, large ones bandwidth; pin "
+                 "what you **reuse** (cold pinning is expensive, and blocks are rounded up to a power of two); in "
+                 "practice a DataLoader's pin-memory thread pins for you"),
+    Lesson("02", "02_fake_non_blocking", "Fake `non_blocking`",
+           goal="tell when `non_blocking=True` really returns at once, and find the copies that wait",
+           covers="when a copy really is asynchronous, the driver's staging pool, D2H, hidden syncs, a profiler "
+                  "timeline, a copy stream beside the compute (`wait_stream`, `record_stream`), many tensors and one "
+                  "sync, the advice \"`non_blocking=True` regardless\" tested, `async_tensor_h2d`, a stall detector",
+           gpu="yes (replayed without)", minutes=95, exercise_minutes=10,
+           lands="`non_blocking=True` from pageable memory is a request, honoured only while the driver can stage "
+                 "the copy (two limits: one per copy, one on pending bytes); copies overlap compute only from pinned "
+                 "memory on a second stream (`wait_stream`, `record_stream`); a D2H copy into pinned memory is valid "
+                 "only after its event; `detect_stalls()` finds what `set_sync_debug_mode(\"warn\")` misses",
+           exercise_lands="fix a step's three hidden syncs"),
+    Lesson("03", "03_the_race", "The race",
+           goal="see a reused pinned buffer deliver a later step's data, silently",
+           covers="a reused pinned buffer, a CPU running ahead, FlashInfer decode attending the wrong pages, where "
+                  "the host waits in a step that copies from pageable memory",
+           gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
+           minutes=55, exercise_minutes=15,
+           lands="a pinned source is read when the copy **runs**; a reused pinned buffer with a host that runs ahead "
+                 "delivers a later step's data, silently; in FlashInfer decode that is attention over the wrong pages",
+           exercise_lands="make a step loop race-free without blocking the host"),
+    Lesson("04", "04_the_fix", "The fix",
+           goal="choose between a pageable buffer, a pin snapshot and an event-guarded pinned ring",
+           covers="pin snapshots, why they are safe, the `pin_memory()` trap, the soak's slow steps tamed (warming, "
+                  "`pinned_reserve_segment_size_mb`), several tensors sharing the staging pool, the history of fixes "
+                  "compared, a pinned slab ring (the fastest correct fix), which fix when",
+           gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
+           minutes=75, exercise_minutes=10,
+           lands="a `pin_memory()` snapshot of a **pageable** buffer is asynchronous and race-free because the caching "
+                 "host allocator holds each block until its copy's event; `pin_memory()` of a pinned tensor is the "
+                 "same tensor; its slow steps are cold `cudaHostAlloc`s (warm the cache or reserve a segment); which "
+                 "fix when: a pageable buffer for a few small tensors, the snapshot once a step's tensors reach the "
+                 "staging pool's size, a pinned slab ring guarded by events when host time per step matters",
+           exercise_lands="write `pin_snapshot` (the already-pinned case too); a ring of pinned buffers is safe only "
+                          "as deep as the steps in flight, or guarded by events"),
+    Lesson("05", "05_pinned_weight_restore", "Restoring offloaded weights straight into pinned memory",
+           goal="bring weights back from the GPU in one copy, and know what that costs in pinned host RAM",
+           covers="`.to(\"cpu\")` vs `.to(\"cpu\").pin_memory()` vs `empty_like(pin_memory=True).copy_()`, restore "
+                  "bandwidth vs the D2H peak, pinned footprint (power-of-two rounding), reload behind a busy GPU, "
+                  "sleep/wake 64 MiB–3 GiB, zero-copy",
+           gpu="yes (replayed without; round trips emulated)", minutes=45, exercise_minutes=5,
+           lands="restore with **one copy straight into pinned memory** "
+                 "(`torch.empty_like(p, device=\"cpu\", pin_memory=True).copy_(p)`), never `.to(\"cpu\")` then "
+                 "`.pin_memory()`; the price is pinned host RAM, rounded up per weight; sleep/wake runs near the "
+                 "link's rate once the allocator is warm"),
+    Lesson("06", "06_device_side_indices", "Build indices on the device",
+           goal="build index tensors where they are used instead of copying them, when that is cheaper",
+           covers="Qwen2-VL rotary position ids three ways (CPU + copy, per image on the device, vectorised), "
+                  "launches and copies counted with the profiler, a builder chosen per batch; a streaming audio "
+                  "mask; pinned D2H results read after their event",
+           gpu="yes (replayed without; equivalence and the D2H loop run live)", minutes=30, exercise_minutes=10,
+           lands="indices that depend only on shapes can be built where they are used; a per-image chain of "
+                 "launches can cost more than the copy it removed; build for all images at once, and choose per "
+                 "batch from measurements"),
+    Lesson("07", "07_capstone_audit", "Capstone: audit an inference loop",
+           goal="find and fix the copy problems of a small inference loop, and prove the fix",
+           covers="a decoder over a paged KV cache, an offloaded LM head, a vision encoder, with five planted "
+                  "problems from the lessons; find them with `detect_stalls` and the profiler, fix them, compare "
+                  "steps per second before and after",
+           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=35, exercise_minutes=5,
+           lands="audit each copy: where its source lives, who rewrites it and when, when its result is read",
+           exercise_lands="`pin_memory()` of a pinned buffer is that buffer; a sync after the racing write protects "
+                          "nothing; in the fixed loop the only waits left are the events that bound run-ahead; prove "
+                          "the fix with the checker (1000 steps), steps per second and a timeline"),
+)
+
+#: workshop agendas (docs/workshop.md): each part lists lesson numbers, "ex NN" (lesson NN's exercise),
+#: ("break", minutes) or ("wrap-up", minutes); start times and totals are computed from the minutes above
+WORKSHOP: tuple[tuple[str, tuple], ...] = (
+    ("Part one: lessons 00-03", ("00", "01", "ex 01", "02", "ex 02", ("break", 15), "03", "ex 03")),
+    ("Part two: lessons 04-07", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
+                                 ("wrap-up", 10))),
+)
+_WRAP_UP = "each participant names one copy in their own code to check with `detect_stalls()` and the profiler"
+
+
+def lesson(number: str) -> Lesson:
+    """The row of lesson ``number`` ("01")."""
+    for row in LESSONS:
+        if row.number == number:
+            return row
+    raise ValueError(f"no lesson {number!r} in the syllabus (lessons: {', '.join(r.number for r in LESSONS)})")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def minutes_text(row: Lesson) -> str:
+    return f"{row.minutes} + {row.exercise_minutes}" if row.exercise_minutes else f"{row.minutes}"
+
+
+def markdown(*, links: bool = True, base: str = "") -> str:
+    """The syllabus as a Markdown table: lesson, title and goal, minutes (lesson + exercise), GPU.
+
+    ``base`` prefixes each link: "" from inside ``notebooks/`` (notebook 00), "notebooks/" from the top.
+    """
+    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live |",
+             "|---|---|---|---|"]
+    for row in LESSONS:
+        num = f"[{row.number}]({base}{row.stem}.ipynb)" if links else row.number
+        lines.append(f"| {num} | **{_cell(row.title)}**: {_cell(row.goal)} | {minutes_text(row)} | {_cell(row.gpu)} |")
+    total = sum(r.minutes + r.exercise_minutes for r in LESSONS)
+    lines.append("")
+    lines.append(f"About {total // 60} h {total % 60:02d} in all. Minutes are estimated from reading time, the "
+                 "recorded run time and the prompts, calibrated on learners' times (`pinlab/syllabus.py` says how).")
+    return "\n".join(lines)
+
+
+def exercise_links(base: str = "exercises/") -> str:
+    return ", ".join(f"[{r.number}]({base}{r.stem}.ipynb)" for r in LESSONS if r.exercise_minutes)
+
+
+def readme_block() -> str:
+    """The README's syllabus (between its markers): the table with what each lesson covers."""
+    lines = ["| lesson | topic | minutes (lesson + exercise) | needs a GPU to measure live |", "|---|---|---|---|"]
+    for row in LESSONS:
+        lines.append(f"| [{row.number}]({row.notebook}) | **{_cell(row.title)}**: {_cell(row.covers)} | "
+                     f"{minutes_text(row)} | {_cell(row.gpu)} |")
+    total = sum(r.minutes + r.exercise_minutes for r in LESSONS)
+    lines += ["", f"About {total // 60} h {total % 60:02d} in all. Minutes are estimated by `tools/syllabus.py` from "
+              "reading time (200 words a minute), the recorded GPU run's execution time and one minute per prompt, "
+              "calibrated on learners' measured times (`lib/pinlab/syllabus.py` says how).", "",
+              f"Exercises with automatic checks: {exercise_links()} (master copies with solutions in `solutions/`)."]
+    return "\n".join(lines)
+
+
+def _clock(minutes: int) -> str:
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def _item(item) -> tuple[int, str, str]:
+    """(minutes, what, points) of one agenda item."""
+    if isinstance(item, tuple):
+        kind, minutes = item
+        return minutes, f"{kind} ({minutes} min)", _WRAP_UP if kind == "wrap-up" else ""
+    if item.startswith("ex "):
+        row = lesson(item[3:])
+        if not row.exercise_minutes:
+            raise ValueError(f"WORKSHOP lists {item!r} but lesson {row.number} has no exercise")
+        return row.exercise_minutes, f"exercise {row.number} ({row.exercise_minutes} min)", row.exercise_lands
+    row = lesson(item)
+    return row.minutes, f"{row.number} · {row.title} ({row.minutes} min)", row.lands
+
+
+def workshop_block() -> str:
+    """docs/workshop.md's agendas (between its markers): start times computed from the minutes."""
+    out = []
+    for name, items in WORKSHOP:
+        rows, t = [], 0
+        for item in items:
+            minutes, what, points = _item(item)
+            rows.append(f"| {_clock(t)} | {_cell(what)} | {_cell(points)} |")
+            t += minutes
+        out += [f"### {name} (about {t // 60} h {t % 60:02d})", "", "| time | what | points it must land |",
+                "|---|---|---|", *rows, f"| {_clock(t)} | end | |", ""]
+    return "\n".join(out).rstrip()
