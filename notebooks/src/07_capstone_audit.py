@@ -137,7 +137,7 @@ pinlab.show("attention backend", on_gpu.result["backend"])
 #
 # ## 2. Find the stalls: `pinlab.detect_stalls`
 #
-# The detector (lesson 02) watches every torch call of the process while the loop runs (the loop's,
+# The detector (lesson 02b) watches every torch call of the process while the loop runs (the loop's,
 # the engine's, FlashInfer's) and reports the copies and syncs that make the host wait for the GPU,
 # with the line that made them. Run on the GPU for 20 steps (lines counted from `def planted_loop`,
 # line 1), the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
