@@ -1,5 +1,4 @@
-"""Lessons 02 and 02b experiments: when ``non_blocking=True`` still makes the host wait ("fake non_blocking"),
-and copies that overlap the compute (02b: the step loop, the copy stream, many tensors, the tools).
+"""Lesson 02 experiments: when ``non_blocking=True`` still makes the host wait ("fake non_blocking").
 
 Each experiment keeps the GPU busy (:func:`pinlab.gpu_busy`), so that a host call that waits for
 it takes about the busy time, warms up every kernel it times, and returns JSON-able data for
@@ -12,9 +11,7 @@ Why about 900 lines, above the course's ~500: nine GPU experiments, each with it
 warm-up and JSON result, one per notebook section (the last two, the copy stream and many tensors,
 plus the pure summary of the tutorial's advice, came with issue 12); what is not lesson 02's
 (trace reading, the span unions) already lives in :mod:`pinlab.profiler`. Splitting the lesson's
-module in two would only move the same code under a second name; so when the lesson was split into 02 and
-02b, 02b's experiments stayed here, under their recorded names ``02_*`` (a change here renews both lessons'
-evidence).
+module in two would only move the same code under a second name.
 """
 from __future__ import annotations
 
