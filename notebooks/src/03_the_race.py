@@ -2,6 +2,7 @@
 # # 03 · The race
 #
 # **What you will learn**
+# - what a paged KV cache is, and its metadata `indptr`, `indices`, `last_page_len` (one figure);
 # - how vLLM's asynchronous scheduling (Model Runner V2) lets the CPU build step N+1 while the
 #   GPU still runs step N, with no host sync between steps;
 # - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data:
@@ -20,7 +21,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
-from pinlab import steploop
+from pinlab import paged_kv, steploop
 from pinlab.lessons import l03_the_race as l03
 from pinlab.plots import fmt_bytes, timeline
 
@@ -28,7 +29,77 @@ pinlab.header("03 the race")
 pinned_at_start = pinlab.pinned_baseline()
 
 # %% [markdown]
-# ## Asynchronous scheduling in Model Runner V2
+# ## Primer: a paged KV cache in one figure
+#
+# A decoder keeps the keys and values of every token it has seen, per request: its **KV cache**.
+# A **paged KV cache** (vLLM's PagedAttention) stores them in fixed-size **pages** of `page_size`
+# tokens, taken from one big pool as a request grows, so a request's pages need not be adjacent.
+# Each request's row of the **block table** lists its pages in order. The attention kernel finds a
+# batch's pages through three small int32 arrays, the **paged-KV metadata** (the CSR form that
+# FlashInfer uses):
+#
+# - `indices`: the page ids of request 0, then those of request 1, and so on;
+# - `indptr` (B+1 entries for B requests): 0, then the running sum of the pages per request, so
+#   request *r*'s pages are `indices[indptr[r]:indptr[r+1]]`;
+# - `last_page_len` (B entries): how many tokens the last page of each request holds (from 1 to
+#   `page_size`; 0 only for an empty request).
+#
+# **FlashInfer** is the attention-kernel library vLLM uses for this. Its decode wrapper works in two
+# calls: `plan(indptr, indices, last_page_len, ...)` once per step, before the forward, which
+# prepares the kernel's work split from host copies of `indptr` and `last_page_len`; then
+# `run(q, kv_cache)` for each attention layer, which launches the kernel that reads the pages.
+# **MRV2** is vLLM's **Model Runner V2** (`vllm/v1/worker/gpu/`), the part of the engine that builds
+# each step's inputs (this metadata among them), copies them to the GPU and launches the forward.
+#
+# Three requests of 6, 9 and 3 tokens, pages of 4 tokens, a pool of 8 pages (`pinlab.paged_kv`
+# computes the metadata as vLLM does):
+
+# %%
+PAGE_SIZE, CACHE_PAGES = 4, 8
+seq_lens = torch.tensor([6, 9, 3], dtype=torch.int32)           # tokens so far, per request
+block_table = torch.tensor([[5, 1, 0], [2, 6, 3], [4, 0, 0]],   # each row: that request's pages
+                           dtype=torch.int32)                   # (columns past its last page: unused)
+meta = paged_kv.build_metadata(block_table, seq_lens, PAGE_SIZE)
+print("indptr:       ", meta.indptr_cpu.tolist())
+print("indices:      ", meta.indices.tolist())
+print("last_page_len:", meta.last_page_len_cpu.tolist())
+
+# %%
+l03.plot_paged_kv(meta.indptr_cpu, meta.indices, meta.last_page_len_cpu, PAGE_SIZE, CACHE_PAGES,
+                  title=f"Three requests in a paged KV cache of {CACHE_PAGES} pages of {PAGE_SIZE} tokens")
+plt.show()
+ip, ix, lpl = meta.indptr_cpu.tolist(), meta.indices.tolist(), meta.last_page_len_cpu.tolist()
+for r in range(len(lpl)):
+    pages = ix[ip[r]:ip[r + 1]]
+    print(f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = {pages}, "
+          f"{len(pages) - 1} full page(s) + {lpl[r]} token(s) = {(len(pages) - 1) * PAGE_SIZE + lpl[r]} tokens")
+ok = pinlab.claim("every request's pages and token count read back from the three arrays",
+                  all(ix[ip[r]:ip[r + 1]] == block_table[r, :ip[r + 1] - ip[r]].tolist()
+                      and (ip[r + 1] - ip[r] - 1) * PAGE_SIZE + lpl[r] == int(seq_lens[r]) for r in range(len(lpl))),
+                  why="the metadata is computed on the CPU by exact integer arithmetic; only a bug in "
+                      "pinlab.paged_kv could make it differ")
+
+# %% [markdown]
+# 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 for them. Which of
+# the three arrays change?
+#
+# <details><summary>Answer</summary>
+#
+# All three. Request 0 now needs 3 pages: `indices` gains page 7 after pages 5 and 1, every
+# `indptr` entry after the first grows by one (`[0, 3, 6, 7]`), and request 0's `last_page_len`
+# becomes 1 (9 = 2 full pages + 1). That is why an engine rebuilds `indptr` and `last_page_len` on
+# the host and copies them to the GPU every step: the copy this lesson is about.
+# </details>
+
+# %%
+grown = paged_kv.build_metadata(torch.tensor([[5, 1, 7], [2, 6, 3], [4, 0, 0]], dtype=torch.int32),
+                                torch.tensor([9, 9, 3], dtype=torch.int32), PAGE_SIZE)
+print("indptr:       ", meta.indptr_cpu.tolist(), "->", grown.indptr_cpu.tolist())
+print("indices:      ", meta.indices.tolist(), "->", grown.indices.tolist())
+print("last_page_len:", meta.last_page_len_cpu.tolist(), "->", grown.last_page_len_cpu.tolist())
+
+# %% [markdown]
+# ## Asynchronous scheduling in Model Runner V2 (MRV2)
 #
 # A vLLM engine step schedules a batch, builds its inputs on the CPU (token ids, positions, the
 # attention metadata), copies them to the GPU and launches the forward pass. With async
