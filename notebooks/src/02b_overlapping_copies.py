@@ -464,7 +464,17 @@ ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for
 # nobody else writes it while the copy is pending), copy it with **`non_blocking=True`**.
 # `pinlab.async_tensor_h2d(data, dtype=None, device="cuda")` does the same.
 #
-# 🔮 **Predict.** Behind a 20 ms kernel, which of the three calls below waits?
+# 🔮 **Predict.** Behind a 20 ms kernel, which of these three calls, each bringing 4096 ints to the
+# GPU, waits: `torch.tensor(ids, device="cuda")`, `torch.tensor(ids).to("cuda", non_blocking=True)`,
+# `pinlab.async_tensor_h2d(ids)`?
+#
+# <details><summary>Answer</summary>
+#
+# The first: `torch.tensor(list, device="cuda")` copies with a blocking copy (lesson 02, section 4).
+# The third never does: its copy reads a fresh pinned block and is only enqueued. The second copies
+# 16 KiB from pageable memory: where the driver stages a copy that small (lesson 02, sections 1 and
+# 2) it returns at once, and it waits where the driver does not (on ROCm every pageable copy waits).
+# </details>
 
 # %%
 ah = pinlab.measure("02_async_h2d", stalls.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10)
@@ -518,6 +528,14 @@ def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
 # %% [markdown]
 # 🔮 **Predict.** 20 steps of `demo_step` under `detect_stalls()`: how many stalls, of which kinds,
 # and at which lines?
+#
+# <details><summary>Answer</summary>
+#
+# Three per step, 60 in all, one of each kind: the pageable `non_blocking` copy (line 2 of
+# `demo_step`, counting its `def` as line 1), the tensor built from a Python list on the GPU (line
+# 3) and the `.item()` (line 6). The matrix product, the `relu` and the busy kernel (lines 4 and 5)
+# are only enqueued: no stall.
+# </details>
 #
 # `stalls.detector_demo(demo_step, ...)` runs it: the loop under the detector, the loop's cost with
 # and without it, and each stalling call alone under `set_sync_debug_mode("warn")`.

@@ -194,6 +194,14 @@ def step_loop(s, host_buf, steps=200, busy_ms=0.5):
 #
 # 🔮 **Predict.** The same loop, once with a reused **pinned** buffer and once with a reused
 # **pageable** one. Which delivers every step its own data?
+#
+# <details><summary>Answer</summary>
+#
+# The pageable one. The driver copies a pageable source into its staging buffer during the call
+# (lesson 02), so the host's next write cannot reach the copy. The pinned buffer is read when the
+# copy runs, behind the GPU's queue, by which time the host has written later steps: as in the
+# model above, copies deliver another step's data.
+# </details>
 
 # %%
 with pinlab.stream() as s:
@@ -413,6 +421,17 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 #
 # 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does? And
 # where the host does wait, is it in the copy call?
+#
+# <details><summary>Answer</summary>
+#
+# With the reused pinned buffer, every size: nothing is staged, every call only enqueues. With a
+# pageable buffer, only sizes whose queued copies stay within the driver's limits (lesson 02: one
+# per copy, one on the bytes pending in its staging pool): a small copy per step may never fill the
+# pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy limit at once, and
+# from then on the host runs at the GPU's pace. Where it waits is not always the copy call: the
+# driver may let a copy return and block a later call, such as the next kernel launch, a call that
+# copies nothing. The lines below say, per size, which it was in this run.
+# </details>
 
 # %%
 def pageable_cost(sizes, buffers, steps=400, busy_ms=0.5):
