@@ -406,6 +406,13 @@ ok = pinlab.claims({
 # than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
 # float32 tensor of 8 MiB.
 #
+# One rule decides the copies among them. For a copy between host and GPU, PyTorch hands the driver
+# the source's memory as one block only when the source is **dense in the destination's layout**:
+# its elements fill their memory with no holes, in the destination's order of the dimensions
+# (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise it first
+# gathers the source into a contiguous temporary on the CPU, in ordinary pageable memory, and
+# copies that.
+#
 # 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from
 # `x[:, ::2]` (every other column of pinned memory); a copy from `x.t()` (the transpose: the same
 # memory, read in another order) into a GPU tensor laid out like it, and into a contiguous one; a
