@@ -124,6 +124,9 @@ size_sweep(sizes, series, ylabel="host ms inside the call", hline=(busy_ms, "GPU
            vline=(first_wait, "every copy from here on waited") if first_wait else None,
            title=f"One non_blocking H2D call behind a busy GPU ({sweep.tag})")
 plt.show()
+pinned_quick = not stalls.waited(max(series["copy pinned"] + series["to pinned"]), busy_ms)
+pinlab.show("takeaway", ("every pinned call returned at once" if pinned_quick else "a pinned call waited")
+            + (f"; pageable copy_ waited from {fmt_bytes(first_wait)} on" if first_wait else "; no pageable copy_ waited"))
 
 # %%
 quick = [s for s in sizes if first_wait is None or s < first_wait]
@@ -253,6 +256,10 @@ ax.set(xscale="log", yscale="log", xlabel="copies queued", ylabel="host ms, cumu
 ax.grid(True, which="both", alpha=0.3)
 ax.legend()
 plt.show()
+blocked_at = [a for run in pool["runs"] for t in run["trials"]
+              if (a := stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit)) is not None]
+pinlab.show("takeaway", f"the host first blocked once {fmt_bytes(statistics.median(blocked_at))} of copies were "
+            "queued (median of all trials)" if blocked_at else "the host never blocked: the driver staged every copy")
 
 # %%
 pending = {run["chunk"]: [stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit) for t in run["trials"]]
@@ -442,8 +449,9 @@ hs = pinlab.measure("02_hidden_syncs", stalls.hidden_syncs, busy_ms=20.0, repeat
 row = {r["key"]: r for r in hs["rows"]}
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(hs["rows"], [("op", "operation"), ("blocked", "host blocked"),
-                          ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
+for r in hs["rows"]:  # one operation per two lines (its name is long): host blocked?, host ms GPU busy / idle
+    print(f"{r['op']}\n    host blocked: {r['blocked']!s:5}   host, GPU busy: {ms(r['host_ms']):>9}   "
+          f"host, GPU idle: {ms(r['idle_ms']):>9}")
 
 # %%
 ok = pinlab.claims({
@@ -574,7 +582,8 @@ ok = pinlab.claims({
 advice = stalls.advice_rows(sweep.result, pool.result, d2h.result)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(advice, [("case", "non_blocking=True, ..."), ("outcome", "outcome"), ("evidence", "evidence (this run)")])
+for r in advice:  # one case per three lines: the case, its outcome, the evidence from this run
+    print(f"non_blocking=True, {r['case']}\n    outcome:  {r['outcome']}\n    evidence: {r['evidence']}")
 
 # %%
 expected_outcomes = [stalls.ADVICE_HOLDS, stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_WAITS,

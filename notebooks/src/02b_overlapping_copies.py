@@ -109,6 +109,8 @@ for ax, mode in zip(axes, stalls.STEP_MODES):
 fig.suptitle(f"Six steps from the profiler trace ({loop.tag})")
 fig.tight_layout()
 plt.show()
+pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms'])} pageable, "
+            f"{ms(pin['copy_host_ms'])} pinned")
 
 # %% [markdown]
 # What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
@@ -306,6 +308,8 @@ ovm = ov["modes"]
 # %%
 stalls.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})")
 plt.show()
+pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned / pageable",
+            ", ".join(f"{ovm[k]['overlap']['overlapping']} of {ovm[k]['overlap']['copies']}" for k in stalls.OVERLAP_MODES))
 
 # %% [markdown]
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns,
@@ -428,12 +432,16 @@ many = pinlab.measure("02_many_tensors", partial(stalls.many_tensors, copy_each_
                       cases=[[64, 4 * KiB], [64, 64 * KiB], [64, MiB]], repeat=7)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(many["rows"], [("n", "tensors"), ("bytes", "each", fmt_bytes),
-                            *[(k, label, ms) for k, label in stalls.MANY_VARIANTS.items()]])
+for kind in ("pinned", "pageable"):  # one table per kind of host memory
+    pinlab.table(many["rows"], [("n", "tensors"), ("bytes", "each", fmt_bytes),
+                                *[(k, label, ms) for k, label in stalls.MANY_VARIANTS.items() if k.startswith(kind)]])
 
 # %%
 stalls.plot_many_tensors(many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})")
 plt.show()
+cheaper = sum(r[f"{k}_nb_sync_ms"] < r[f"{k}_blocking_ms"] for r in many["rows"] for k in ("pinned", "pageable"))
+pinlab.show("takeaway", f"one sync cost the host less than a blocking copy each in {cheaper} of "
+            f"{2 * len(many['rows'])} cases")
 
 # %%
 for r in many["rows"]:

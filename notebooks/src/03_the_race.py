@@ -144,6 +144,8 @@ print("last_page_len:", meta.last_page_len_cpu.tolist(), "->", grown.last_page_l
 sim = steploop.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0)
 timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer (model)")
 plt.show()
+print("takeaway: every copy that waited behind a forward delivered the last step the host wrote:",
+      all(r == sim["received"][-1] for r in sim["received"][1:]))
 
 # %%
 print("copy n delivered the data of step:", sim["received"])
@@ -242,6 +244,8 @@ plain = pinlab.measure("03_plain_race", l03.plain_race, strategies=["reused_pinn
 # %%
 l03.plot_received(plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})")
 plt.show()
+pinlab.show("takeaway: steps that got another step's data, reused pinned / pageable", " / ".join(
+    f"{plain.result['runs'][k]['corrupted']} of {plain.result['runs'][k]['steps']}" for k in ("reused_pinned", "pageable")))
 
 # %%
 pinned, pageable = plain.result["runs"]["reused_pinned"], plain.result["runs"]["pageable"]
@@ -330,6 +334,8 @@ tol = dec.result["tol"]
 l03.plot_errors(dec.result, "reused_pinned",
                  title=f"Reused pinned buffer: error per request and step ({dec.tag})")
 plt.show()
+pinlab.show("takeaway: reused pinned, steps whose attention read wrong pages",
+            f"{dec.result['runs']['reused_pinned']['wrong_input_steps']} of {dec.result['steps']}")
 
 # %%
 bad, good = dec.result["runs"]["reused_pinned"], dec.result["runs"]["pageable"]
@@ -466,6 +472,8 @@ pinlab.table([{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"
 # %%
 l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
 plt.show()
+pinlab.show("takeaway: pageable, host loop / whole run", ", ".join(
+    f"{fmt_bytes(n)} {parts[('pageable', n)]['share']:.0%}" for n in pc.result["sizes"]))
 
 # %% [markdown]
 # Now count the waits. A call that only enqueues work takes microseconds; a call that waits for
@@ -641,6 +649,8 @@ q = lq.result
 # %%
 l03.plot_launch_queue(q, title=f"Launch calls behind a busy GPU ({lq.tag})")
 plt.show()
+pinlab.show("takeaway", f"a launch call blocked once {q['full_at']} launches were queued" if q["full_at"] is not None
+            else "no launch call found the queue full")
 
 # %%
 pinlab.claim("every queued launch ran once (x read back after the sync)", q["ran"] == q["launches"],
