@@ -182,7 +182,9 @@ if quick and max(quick) > tiny[-1]["bytes"]:
     words += (f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost {growth:.1f}x as much: the "
               "driver's memcpy into staging, which grows with the bytes" if growth > 2
               else f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost about as much")
-pinlab.show("what this run shows", words)
+parts = words.split("; ")  # one line per clause, to keep each line short
+for i, part in enumerate(parts, 1):
+    pinlab.show(f"what this run shows ({i}/{len(parts)})", part)
 
 # %% [markdown]
 # Note what the function does first: `torch.cuda.synchronize()`. Every copy in this sweep was
@@ -284,15 +286,15 @@ pool_seen = pinlab.observe(
 counts = {chunk: [a // chunk for a in at if a is not None] for chunk, at in pending.items()}
 if all(counts.values()) and len(counts) == 2:
     (c1, n1), (c2, n2) = ((c, statistics.median(n)) for c, n in sorted(counts.items()))
-    pinlab.show("what this run shows",
-                f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies queued as the {fmt_bytes(c2)} ones "
-                f"before the host blocked ({c2 // c1}x would mean a pool counted in bytes, 1x one counted in copies)")
+    pinlab.show("what this run shows", f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies queued as "
+                f"the {fmt_bytes(c2)} ones before the host blocked")
+    pinlab.show("how to read it", f"{c2 // c1}x would mean a pool counted in bytes, 1x one counted in copies")
 
 # %% [markdown]
 # On a CUDA GPU over PCIe each curve rises slowly, then jumps by about the busy time: that copy
 # waited until the GPU had worked through the kernel and started draining the staging pool. Is the
 # pool counted in bytes or in copies? If in copies, both curves would jump at the same copy; if in
-# bytes, the 16 KiB copies would get four times as far. The last line compares them for this run.
+# bytes, the 16 KiB copies would get four times as far. The last two lines compare them for this run.
 # Nothing was lost, the data is right: only the host's time went.
 #
 # **Two limits, then.** Side by side, from this run's two experiments:
