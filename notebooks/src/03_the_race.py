@@ -46,7 +46,8 @@ pinned_at_start = pinlab.pinned_baseline()
 #
 # **FlashInfer** is the attention-kernel library vLLM uses for this. Its decode wrapper works in two
 # calls: `plan(indptr, indices, last_page_len, ...)` once per step, before the forward, which
-# prepares the kernel's work split from host copies of `indptr` and `last_page_len`; then
+# prepares the kernel's work split from host copies of `indptr` and `last_page_len` (and copies
+# them to the GPU itself); then
 # `run(q, kv_cache)` for each attention layer, which launches the kernel that reads the pages.
 # **MRV2** is vLLM's **Model Runner V2** (`vllm/v1/worker/gpu/`), the part of the engine that builds
 # each step's inputs (this metadata among them), copies them to the GPU and launches the forward.
@@ -188,7 +189,7 @@ def step_loop(s, host_buf, steps=200, busy_ms=0.5):
 
 
 # %% [markdown]
-# `pinlab.stream()` is the CUDA stream on a GPU. On a machine without one it is an **emulated
+# `pinlab.stream()` (lesson 02, section 5) is the CUDA stream on a GPU. On a machine without one it is an **emulated
 # lagging stream**: the same torch code runs on the CPU as if the GPU were far behind the host
 # (queued copies and kernels run only when the host waits; a copy from pinned memory reads its
 # source when it runs, a copy from pageable memory is staged at the call, as the driver does).
