@@ -267,9 +267,9 @@ pinlab.show("takeaway", f"the host first blocked once {fmt_bytes(statistics.medi
 pending = {run["chunk"]: [stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit) for t in run["trials"]]
            for run in pool["runs"]}
 for chunk, at in pending.items():
-    pinlab.show(f"{fmt_bytes(chunk)} copies: bytes queued when the host first blocked, per trial",
+    pinlab.show(f"{fmt_bytes(chunk)} copies: bytes queued at the first block, per trial",
                 ", ".join(fmt_bytes(a) if a is not None else "never" for a in at))
-    pinlab.show(f"{fmt_bytes(chunk)} copies: copies queued when the host first blocked, per trial",
+    pinlab.show(f"{fmt_bytes(chunk)} copies: copies queued at the first block, per trial",
                 ", ".join(str(a // chunk) if a is not None else "never" for a in at))
 
 # %%

@@ -138,7 +138,7 @@ pinlab.show("GPU time between two forwards (median), pageable / pinned",
 pinlab.report("host time inside copy_ per step, pageable (median)", pag["copy_host_ms"])
 pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host_ms"])
 pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
-pinlab.show("GPU idle share in the six profiled steps (no kernel running), pageable vs pinned",
+pinlab.show("GPU idle share (no kernel running), six profiled steps, pageable vs pinned",
             f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
 prep = span_stats(pag["host"], "prepare inputs (CPU)")["duration_ms"]
 gap = forward["pageable"]["gap_ms"]
@@ -329,7 +329,7 @@ for key, label in stalls.OVERLAP_MODES.items():
     pinlab.report(f"{label}: ms per step (median of {ov['rounds']} rounds)", m["ms_per_step"])
     pinlab.show(f"{label}: steps per second", f"{m['steps_per_s']:.0f}")
     pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
-    pinlab.show(f"{label}: copies that ran beside a kernel, profiled steps",
+    pinlab.show(f"{label}: copies beside a kernel (profiled steps)",
                 f"{o['overlapping']} of {o['copies']} ({o['share']:.0%} of the copy time)")
     copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
@@ -450,7 +450,7 @@ for r in many["rows"]:
     for kind in ("pinned", "pageable"):
         blocking, one_sync = r[f"{kind}_blocking_ms"], r[f"{kind}_nb_sync_ms"]
         saved = blocking - one_sync
-        pinlab.show(f"{case}, {kind}: blocking copies / non_blocking + one sync",
+        pinlab.show(f"{case}, {kind}: blocking copies / one sync",
                     f"{blocking / one_sync:.1f}x, {ms(abs(saved))} {'saved' if saved >= 0 else 'lost'} by the one sync")
 ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in many["rows"]),
                   why="every copy is checked after a sync, byte for byte; a wrong byte would be a fault, not a timing")
