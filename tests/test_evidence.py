@@ -73,7 +73,7 @@ def test_stability_covers_notebook(path):
 
 
 def test_recorded_profiler_trace_is_kept():
-    """Lesson 02 points readers without a GPU at the trace the GPU suite kept."""
+    """Lesson 02b points readers without a GPU at the trace the GPU suite kept."""
     path = ROOT / "reports" / "gpu" / "traces" / "02_step_loop.json"
     assert path.exists(), "run the GPU suite: it copies build/traces/*.json to reports/gpu/traces/"
     events = json.loads(path.read_text())["traceEvents"]

@@ -12,7 +12,7 @@ from pinlab.detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D, detect_stalls
 from pinlab.lessons import l02_fake_non_blocking as stalls
 
 KiB, MiB = stalls.KiB, stalls.MiB
-NOTEBOOK = nbtools.ROOT / "notebooks" / "src" / "02_fake_non_blocking.py"
+NOTEBOOK = nbtools.ROOT / "notebooks" / "src" / "02b_overlapping_copies.py"  # demo_step: lesson 02b defines it
 
 
 # ---- sizes and "waited" --------------------------------------------------------------------------

@@ -279,3 +279,28 @@ def test_plot_launch_queue_draws_and_marks_the_full_queue():
         l03.plot_launch_queue({"launch_us": []}, title="t")
     with pytest.raises(ValueError, match="full_at"):
         l03.plot_launch_queue({"launch_us": [4.0], "full_at": 3}, title="t")
+
+
+def test_plot_paged_kv_draws_the_primer_and_refuses_inconsistent_metadata():
+    import torch
+
+    from pinlab import paged_kv
+
+    meta = paged_kv.build_metadata(torch.tensor([[5, 1, 0], [2, 6, 3], [4, 0, 0]], dtype=torch.int32),
+                                   torch.tensor([6, 9, 3], dtype=torch.int32), 4)
+    ax = l03.plot_paged_kv(meta.indptr_cpu, meta.indices, meta.last_page_len_cpu, 4, 8, title="t")
+    texts = {t.get_text() for t in ax.texts}
+    assert {"indices", "indptr", "last_page_len", "page 7"} <= texts
+    assert {f"[{j}]={v}" for j, v in enumerate([0, 2, 5, 6])} <= texts
+    # filled token slots: 6 + 9 + 3 tokens, coloured; every one of the 8 pages has 4 slots
+    slots = [p for p in ax.patches if p.get_height() == 1 and p.get_width() == 1]
+    assert len(slots) == 8 * 4
+    assert sum(1 for p in slots if p.get_facecolor()[:3] not in ((1.0, 1.0, 1.0), (0.92, 0.92, 0.92))) == 18
+    plt.close("all")
+    for bad in (dict(indptr=[0, 2, 5]), dict(indptr=[1, 2, 5, 6]), dict(indptr=[0, 3, 2, 6]),
+                dict(indices=[5, 1, 2, 6, 3, 9]), dict(indices=[5, 5, 2, 6, 3, 4]), dict(last_page_len=[2, 5, 3])):
+        args = dict(indptr=[0, 2, 5, 6], indices=[5, 1, 2, 6, 3, 4], last_page_len=[2, 1, 3]) | bad
+        with pytest.raises(ValueError):
+            l03.plot_paged_kv(args["indptr"], args["indices"], args["last_page_len"], 4, 8, title="t")
+    with pytest.raises(TypeError, match="indices"):
+        l03.plot_paged_kv([0, 1], [0.5], [1], 4, 8, title="t")

@@ -132,3 +132,45 @@ def test_no_bare_assert_in_a_lesson(src):
 def test_the_bare_assert_finder_finds_them():
     assert bare_asserts("x = 1\nassert x\n%timeit x\nif x:\n    assert x == 1, 'm'\n") == [2, 5]
     assert bare_asserts("pinlab.claim('x', True)\n") == []
+
+
+LESSON_SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+PREDICT = "🔮"
+
+
+def unanswered_predictions(cells: list[dict]) -> list[str]:
+    """Where a 🔮 Predict prompt has no answer: 'cell N' for a prompt in a code cell (a comment, not Markdown:
+    a missing `# %% [markdown]`), or for a prompt whose Markdown has no `<details>` after it and before the
+    next prompt (CONTRIBUTING: every Predict with its answer in <details>)."""
+    out = []
+    for i, c in enumerate(cells):
+        src = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+        if PREDICT not in src:
+            continue
+        if c["cell_type"] != "markdown":
+            out.append(f"cell {i}: a Predict prompt in a {c['cell_type']} cell")
+            continue
+        for k, after in enumerate(src.split(PREDICT)[1:], 1):
+            if "<details>" not in after or "</details>" not in after:
+                first = after.strip().splitlines()[0] if after.strip() else ""
+                out.append(f"cell {i}, prompt {k}: no <details> answer after {first[:70]!r}")
+    return out
+
+
+@pytest.mark.parametrize("src", LESSON_SOURCES, ids=_id)
+def test_every_predict_prompt_has_a_details_answer(src):
+    missing = unanswered_predictions(nbtools.parse_percent(src.read_text(encoding="utf-8")))
+    assert not missing, f"{_id(src)}: " + "; ".join(missing)
+
+
+def test_the_predict_finder_finds_unanswered_prompts():
+    md = lambda s: {"cell_type": "markdown", "source": s}  # noqa: E731
+    answered = md("🔮 **Predict.** A?\n\n<details><summary>Answer</summary>\n\nA.\n</details>")
+    assert unanswered_predictions([answered, md("no prompt"), {"cell_type": "code", "source": "x = 1"}]) == []
+    assert unanswered_predictions([md("🔮 **Predict.** A?\n\nSome text.")]) == [
+        "cell 0, prompt 1: no <details> answer after '**Predict.** A?'"]
+    # two prompts in one cell, the answer only after the first
+    two = md("🔮 **Predict.** A?\n<details>a</details>\n\n🔮 **Predict.** B?\n")
+    assert unanswered_predictions([two]) == ["cell 0, prompt 2: no <details> answer after '**Predict.** B?'"]
+    assert unanswered_predictions([{"cell_type": "code", "source": "x = 1\n# 🔮 **Predict.** C?\n# <details>"}]) == [
+        "cell 0: a Predict prompt in a code cell"]

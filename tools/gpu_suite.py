@@ -324,7 +324,7 @@ NBVAL_FLAGS = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests
                "--nbval-cell-timeout=1800"]
 TOGETHER = ("b", "c", "d", "e")  # --adverse-together: these four at once, each in its own process
 #: a learner's own checkout: what nbval of notebooks/ reads (and lib/ the kernels import, reports/gpu/ what a
-#: section replays); each pytest process runs in its own copy, as each learner has a clone: lessons 02 and 07
+#: section replays); each pytest process runs in its own copy, as each learner has a clone: lessons 02b and 07
 #: write profiler traces under build/traces/ and read them back, which processes sharing one tree would mix up
 CHECKOUT = ("conftest.py", "pyproject.toml", "lib", "notebooks", "tools", "tests/nbval_sanitize.cfg", "reports/gpu")
 #: the variables a condition sets; cleared from every adverse process's environment before its own are set

@@ -324,13 +324,23 @@ if kib1["burst_us"] is not None and kib16["burst_us"] is not None:
 #
 # ## What pinning costs
 #
-# 🔮 **Predict.** Getting 256 MiB of pinned memory: is it cheaper or dearer than copying 256 MiB
-# from pageable memory to the GPU?
-#
-# The *first* pinned allocation of a size calls `cudaHostAlloc`, which page-locks every page: slow.
-# PyTorch's **caching host allocator** keeps freed pinned blocks and hands them out again: a *warm*
+# The *first* pinned allocation of a size calls `cudaHostAlloc`, which page-locks every page: the
+# operating system touches and locks each 4 KiB page of the block (65,536 of them for 256 MiB) and
+# the driver maps them for the GPU, host work per page that no copy engine can take over. PyTorch's
+# **caching host allocator** keeps freed pinned blocks and hands them out again: a *warm*
 # allocation costs almost nothing. `torch.cuda.host_memory_stats()` counts the `cudaHostAlloc`
 # calls (`num_host_alloc`).
+#
+# 🔮 **Predict.** Getting 256 MiB of pinned memory: is it cheaper or dearer than copying 256 MiB
+# from pageable memory to the GPU? Cold, and warm?
+#
+# <details><summary>Answer</summary>
+#
+# Cold, expect it to be dearer: the pageable copy moves the bytes through the driver's staging,
+# slower than a pinned copy but with no work per page, while page-locking does work for every page before a
+# single byte moves. Warm, it is almost free: the allocator hands back a block it already holds.
+# The plot and the lines below it say how the two compared in this run.
+# </details>
 
 # %%
 cost = pinlab.measure("01_pin_cost", bw.pin_cost)
@@ -381,16 +391,27 @@ pinlab.show(f"reused buffer {fmt_bytes(r['bytes'])}: warm pin + pinned copy vs p
 #
 # ## Pinned blocks are rounded up, and stay pinned after `del`
 #
+# A cache of freed blocks helps only if a freed block fits the next request. So torch's caching
+# host allocator rounds every request up to a power of two: freed blocks of nearby sizes can then
+# be reused. The rounding is the allocator's choice, not the hardware's.
+#
 # 🔮 **Predict.** You ask for 129.5 MiB of pinned memory. How much does the allocator page-lock?
 # And when you `del` the tensor, is that memory unpinned?
+#
+# <details><summary>Answer</summary>
+#
+# 256 MiB, the next power of two: almost twice what you asked for. And `del` does not unpin it: the
+# freed block goes back to the allocator's cache, still page-locked, to be handed out again (that is
+# what makes a warm allocation cheap, above). It goes back to the driver only when the cache is
+# emptied, or when the process ends.
+# </details>
 #
 # The experiment reads the bytes the caching host allocator holds (`allocated_bytes.current` in
 # `torch.cuda.host_memory_stats()`) before the allocation, after it, after `del` and after
 # `torch._C._host_emptyCache()` (what `pinlab.release_cached_host_blocks()` calls).
 #
-# The rounding is the allocator's choice, not the hardware's: torch's caching host allocator
-# rounds every request up to a power of two, so that freed blocks of nearby sizes can be reused.
-# That is all it does up to torch 2.12. From torch 2.13 it is configurable: the allocator
+# Rounding up to a power of two is all the allocator does up to torch 2.12. From torch 2.13 it is
+# configurable: the allocator
 # settings `pinned_max_round_threshold_mb` (above it, requests are not rounded) and
 # `pinned_max_cached_size_mb` (above it, blocks are neither rounded nor cached), set in
 # `PYTORCH_ALLOC_CONF` (or `PYTORCH_CUDA_ALLOC_CONF`). Unset, both are unlimited, and the claims
@@ -562,12 +583,21 @@ pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
 # ### Pinning from several threads
 #
 # Pinning many tensors is work for the host: page-locking new memory (`cudaHostAlloc`, cold) or a
-# `memcpy` into a cached pinned block (warm). Does it go faster from several threads? Below: 32
+# `memcpy` into a cached pinned block (warm). Page-locking goes through the driver, which takes a
+# global lock there (PyTorch's source notes it), and through the operating system's page tables; a
+# `memcpy` needs neither. Does it go faster from several threads? Below: 32
 # tensors of 4 MiB, pinned with `t.pin_memory()` from the main thread itself (no pool) and from a
 # pool of 1, 2, 4 and 8 threads, cold (the allocator's cache emptied first) and warm (the blocks
 # just freed, cached), in interleaved rounds.
 #
 # 🔮 **Predict.** Which gains more from 8 threads: cold pinning or warm pinning?
+#
+# <details><summary>Answer</summary>
+#
+# Warm. Copies into cached blocks run side by side on several cores, until the host's memory
+# bandwidth is the limit. Cold, the threads queue at the driver's lock and share the page-table
+# work badly, so more threads buy little. The speed-up lines below say how far each went here.
+# </details>
 
 # %%
 def pin_from_threads(tensors, threads):

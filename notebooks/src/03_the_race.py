@@ -2,6 +2,7 @@
 # # 03 · The race
 #
 # **What you will learn**
+# - what a paged KV cache is, and its metadata `indptr`, `indices`, `last_page_len` (one figure);
 # - how vLLM's asynchronous scheduling (Model Runner V2) lets the CPU build step N+1 while the
 #   GPU still runs step N, with no host sync between steps;
 # - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data:
@@ -20,7 +21,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
-from pinlab import steploop
+from pinlab import paged_kv, steploop
 from pinlab.lessons import l03_the_race as l03
 from pinlab.plots import fmt_bytes, timeline
 
@@ -28,7 +29,78 @@ pinlab.header("03 the race")
 pinned_at_start = pinlab.pinned_baseline()
 
 # %% [markdown]
-# ## Asynchronous scheduling in Model Runner V2
+# ## Primer: a paged KV cache in one figure
+#
+# A decoder keeps the keys and values of every token it has seen, per request: its **KV cache**.
+# A **paged KV cache** (vLLM's PagedAttention) stores them in fixed-size **pages** of `page_size`
+# tokens, taken from one big pool as a request grows, so a request's pages need not be adjacent.
+# Each request's row of the **block table** lists its pages in order. The attention kernel finds a
+# batch's pages through three small int32 arrays, the **paged-KV metadata** (the CSR form that
+# FlashInfer uses):
+#
+# - `indices`: the page ids of request 0, then those of request 1, and so on;
+# - `indptr` (B+1 entries for B requests): 0, then the running sum of the pages per request, so
+#   request *r*'s pages are `indices[indptr[r]:indptr[r+1]]`;
+# - `last_page_len` (B entries): how many tokens the last page of each request holds (from 1 to
+#   `page_size`; 0 only for an empty request).
+#
+# **FlashInfer** is the attention-kernel library vLLM uses for this. Its decode wrapper works in two
+# calls: `plan(indptr, indices, last_page_len, ...)` once per step, before the forward, which
+# prepares the kernel's work split from host copies of `indptr` and `last_page_len` (and copies
+# them to the GPU itself); then
+# `run(q, kv_cache)` for each attention layer, which launches the kernel that reads the pages.
+# **MRV2** is vLLM's **Model Runner V2** (`vllm/v1/worker/gpu/`), the part of the engine that builds
+# each step's inputs (this metadata among them), copies them to the GPU and launches the forward.
+#
+# Three requests of 6, 9 and 3 tokens, pages of 4 tokens, a pool of 8 pages (`pinlab.paged_kv`
+# computes the metadata as vLLM does):
+
+# %%
+PAGE_SIZE, CACHE_PAGES = 4, 8
+seq_lens = torch.tensor([6, 9, 3], dtype=torch.int32)           # tokens so far, per request
+block_table = torch.tensor([[5, 1, 0], [2, 6, 3], [4, 0, 0]],   # each row: that request's pages
+                           dtype=torch.int32)                   # (columns past its last page: unused)
+meta = paged_kv.build_metadata(block_table, seq_lens, PAGE_SIZE)
+print("indptr:       ", meta.indptr_cpu.tolist())
+print("indices:      ", meta.indices.tolist())
+print("last_page_len:", meta.last_page_len_cpu.tolist())
+
+# %%
+l03.plot_paged_kv(meta.indptr_cpu, meta.indices, meta.last_page_len_cpu, PAGE_SIZE, CACHE_PAGES,
+                  title=f"Three requests in a paged KV cache of {CACHE_PAGES} pages of {PAGE_SIZE} tokens")
+plt.show()
+ip, ix, lpl = meta.indptr_cpu.tolist(), meta.indices.tolist(), meta.last_page_len_cpu.tolist()
+for r in range(len(lpl)):
+    pages = ix[ip[r]:ip[r + 1]]
+    print(f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = {pages}, "
+          f"{len(pages) - 1} full page(s) + {lpl[r]} token(s) = {(len(pages) - 1) * PAGE_SIZE + lpl[r]} tokens")
+ok = pinlab.claim("every request's pages and token count read back from the three arrays",
+                  all(ix[ip[r]:ip[r + 1]] == block_table[r, :ip[r + 1] - ip[r]].tolist()
+                      and (ip[r + 1] - ip[r] - 1) * PAGE_SIZE + lpl[r] == int(seq_lens[r]) for r in range(len(lpl))),
+                  why="the metadata is computed on the CPU by exact integer arithmetic; only a bug in "
+                      "pinlab.paged_kv could make it differ")
+
+# %% [markdown]
+# 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 for them. Which of
+# the three arrays change?
+#
+# <details><summary>Answer</summary>
+#
+# All three. Request 0 now needs 3 pages: `indices` gains page 7 after pages 5 and 1, every
+# `indptr` entry after the first grows by one (`[0, 3, 6, 7]`), and request 0's `last_page_len`
+# becomes 1 (9 = 2 full pages + 1). That is why an engine rebuilds `indptr` and `last_page_len` on
+# the host and copies them to the GPU every step: the copy this lesson is about.
+# </details>
+
+# %%
+grown = paged_kv.build_metadata(torch.tensor([[5, 1, 7], [2, 6, 3], [4, 0, 0]], dtype=torch.int32),
+                                torch.tensor([9, 9, 3], dtype=torch.int32), PAGE_SIZE)
+print("indptr:       ", meta.indptr_cpu.tolist(), "->", grown.indptr_cpu.tolist())
+print("indices:      ", meta.indices.tolist(), "->", grown.indices.tolist())
+print("last_page_len:", meta.last_page_len_cpu.tolist(), "->", grown.last_page_len_cpu.tolist())
+
+# %% [markdown]
+# ## Asynchronous scheduling in Model Runner V2 (MRV2)
 #
 # A vLLM engine step schedules a batch, builds its inputs on the CPU (token ids, positions, the
 # attention metadata), copies them to the GPU and launches the forward pass. With async
@@ -73,6 +145,8 @@ pinned_at_start = pinlab.pinned_baseline()
 sim = steploop.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0)
 timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer (model)")
 plt.show()
+print("takeaway: every copy that waited behind a forward delivered the last step the host wrote:",
+      all(r == sim["received"][-1] for r in sim["received"][1:]))
 
 # %%
 print("copy n delivered the data of step:", sim["received"])
@@ -115,7 +189,7 @@ def step_loop(s, host_buf, steps=200, busy_ms=0.5):
 
 
 # %% [markdown]
-# `pinlab.stream()` is the CUDA stream on a GPU. On a machine without one it is an **emulated
+# `pinlab.stream()` (lesson 02, section 5) is the CUDA stream on a GPU. On a machine without one it is an **emulated
 # lagging stream**: the same torch code runs on the CPU as if the GPU were far behind the host
 # (queued copies and kernels run only when the host waits; a copy from pinned memory reads its
 # source when it runs, a copy from pageable memory is staged at the call, as the driver does).
@@ -123,6 +197,14 @@ def step_loop(s, host_buf, steps=200, busy_ms=0.5):
 #
 # 🔮 **Predict.** The same loop, once with a reused **pinned** buffer and once with a reused
 # **pageable** one. Which delivers every step its own data?
+#
+# <details><summary>Answer</summary>
+#
+# The pageable one. The driver copies a pageable source into its staging buffer during the call
+# (lesson 02), so the host's next write cannot reach the copy. The pinned buffer is read when the
+# copy runs, behind the GPU's queue, by which time the host has written later steps: as in the
+# model above, copies deliver another step's data.
+# </details>
 
 # %%
 with pinlab.stream() as s:
@@ -163,6 +245,8 @@ plain = pinlab.measure("03_plain_race", l03.plain_race, strategies=["reused_pinn
 # %%
 l03.plot_received(plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})")
 plt.show()
+pinlab.show("takeaway: steps that got another step's data, reused pinned / pageable", " / ".join(
+    f"{plain.result['runs'][k]['corrupted']} of {plain.result['runs'][k]['steps']}" for k in ("reused_pinned", "pageable")))
 
 # %%
 pinned, pageable = plain.result["runs"]["reused_pinned"], plain.result["runs"]["pageable"]
@@ -252,6 +336,8 @@ tol = dec.result["tol"]
 l03.plot_errors(dec.result, "reused_pinned",
                  title=f"Reused pinned buffer: error per request and step ({dec.tag})")
 plt.show()
+pinlab.show("takeaway: reused pinned, steps whose attention read wrong pages",
+            f"{dec.result['runs']['reused_pinned']['wrong_input_steps']} of {dec.result['steps']}")
 
 # %%
 bad, good = dec.result["runs"]["reused_pinned"], dec.result["runs"]["pageable"]
@@ -343,6 +429,17 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 #
 # 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does? And
 # where the host does wait, is it in the copy call?
+#
+# <details><summary>Answer</summary>
+#
+# With the reused pinned buffer, every size: nothing is staged, every call only enqueues. With a
+# pageable buffer, only sizes whose queued copies stay within the driver's limits (lesson 02: one
+# per copy, one on the bytes pending in its staging pool): a small copy per step may never fill the
+# pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy limit at once, and
+# from then on the host runs at the GPU's pace. Where it waits is not always the copy call: the
+# driver may let a copy return and block a later call, such as the next kernel launch, a call that
+# copies nothing. The lines below say, per size, which it was in this run.
+# </details>
 
 # %%
 def pageable_cost(sizes, buffers, steps=400, busy_ms=0.5):
@@ -377,6 +474,8 @@ pinlab.table([{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"
 # %%
 l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
 plt.show()
+pinlab.show("takeaway: pageable, host loop / whole run", ", ".join(
+    f"{fmt_bytes(n)} {parts[('pageable', n)]['share']:.0%}" for n in pc.result["sizes"]))
 
 # %% [markdown]
 # Now count the waits. A call that only enqueues work takes microseconds; a call that waits for
@@ -552,6 +651,8 @@ q = lq.result
 # %%
 l03.plot_launch_queue(q, title=f"Launch calls behind a busy GPU ({lq.tag})")
 plt.show()
+pinlab.show("takeaway", f"a launch call blocked once {q['full_at']} launches were queued" if q["full_at"] is not None
+            else "no launch call found the queue full")
 
 # %%
 pinlab.claim("every queued launch ran once (x read back after the sync)", q["ran"] == q["launches"],

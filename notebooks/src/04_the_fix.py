@@ -78,12 +78,17 @@ ok = pinlab.claims({"pin_memory() snapshot: copies that delivered another step's
                        "run; a wrong step here is a bug in torch's allocator, not a property of the machine")
 
 # %% [markdown]
+# Each snapshot is a block from PyTorch's caching host allocator (lesson 01: it keeps freed pinned
+# blocks and hands them out again). The loop drops its snapshot, and the block goes back to the
+# allocator, right after the copy is queued, while the copy is still pending behind the GPU's work.
+#
 # 🔮 **Predict.** Ten thousand steps, the loop never waiting for the GPU. How many corrupted?
 #
 # <details><summary>Answer</summary>
 #
-# None, as long as no snapshot's memory is reused before its copy has run. Whether that holds is
-# the allocator's business: see the next section.
+# None, as long as the allocator does not hand a freed block out again before the copy that reads
+# it has run: a block reused earlier would be the race again. The next section shows that the
+# allocator waits for exactly that.
 # </details>
 #
 # `l04.snapshot_soak` runs this loop on the GPU for 10,000 steps with the snapshot (4 KiB of
@@ -137,6 +142,14 @@ ok = pinlab.claims({
 # 3. after a sync, snapshot 3 is taken.
 #
 # 🔮 **Predict.** Which snapshots share a block?
+#
+# <details><summary>Answer</summary>
+#
+# Snapshots 1 and 3. When snapshot 2 is taken, snapshot 1's block is parked behind an event that
+# has not completed (its copy waits behind the 50 ms kernel), so snapshot 2 gets another block.
+# After the sync every event has completed, and snapshot 3 gets snapshot 1's block back, with no
+# new `cudaHostAlloc`.
+# </details>
 
 # %%
 alloc = pinlab.measure("04_allocator_reuse", l04.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200, ahead=4)
@@ -289,7 +302,10 @@ ok = pinlab.claims({"corrupted steps with the snapshot in these loops": sum(r["s
 # ## The slow path: the soak's distribution
 #
 # The medians above hide a tail. The soak at the top of this lesson timed every step: the host
-# time of "write, `pin_memory()`, copy", 10,000 steps per run. Its cold run first.
+# time of "write, `pin_memory()`, copy", 10,000 steps per run. Its cold run first. Two facts from
+# before: a pinned allocation the cache cannot serve calls `cudaHostAlloc`, far slower than a
+# cached block and made under a driver-wide lock (lesson 01); and the allocator holds about one
+# block per copy in flight (the section above).
 #
 # 🔮 **Predict.** Where do the slow steps come from, and when do they stop?
 #

@@ -172,6 +172,13 @@ with pinlab.LaggingStream() as s:
 #
 # 🔮 **Predict.** After issuing the four reload copies, how many are still queued behind the
 # (emulated) busy GPU, from pinned and from pageable host weights?
+#
+# <details><summary>Answer</summary>
+#
+# From pinned weights, all four copies, behind the busy work: five items in the queue. From
+# pageable weights, none: the first copy, too large for the driver to stage behind the queue, waits
+# until the GPU has run everything before it, and so does every later one.
+# </details>
 
 # %%
 queued, reloaded = {}, {}
@@ -382,6 +389,13 @@ pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 
 #
 # 🔮 **Predict.** Each weight is 86 MiB. How many bytes does the caching host allocator page-lock for
 # the four of them?
+#
+# <details><summary>Answer</summary>
+#
+# 512 MiB: it rounds every request up to a power of two (lesson 01), so each 86 MiB weight takes a
+# block of 128 MiB, about 1.5 times what was asked. The `.to("cpu")` restore takes none: its result
+# is pageable.
+# </details>
 
 # %%
 requested = res["bytes"]

@@ -79,6 +79,19 @@ def planted_loop(m, steps):
 # 🔮 **Predict.** Before running anything: which lines are wrong, and which lesson says why? Write
 # down your list; the rest of the notebook checks it.
 #
+# <details><summary>Answer (lines counted from `def planted_loop`, line 1)</summary>
+#
+# 1. Line 9 restores an LM head that line 4 offloaded with `.to("cpu")` into **pageable** memory: an
+#    8 MiB `non_blocking` copy that the driver stages, holding the host (lessons 02 and 05).
+# 2. Line 11 takes `pin_memory()` of a buffer that is already pinned: the same tensor, no snapshot
+#    (lesson 04).
+# 3. So line 14 rewrites, for step n+1, the buffer that step n's copy (line 12) has not read yet: the
+#    race (lesson 03).
+# 4. Line 17 hands the detokenizer tokens whose `non_blocking` copy into pinned memory (line 16) has
+#    not run yet: read before its event (lesson 02).
+# 5. Line 18's `.item()` makes the host wait for the GPU every step (lesson 02).
+# </details>
+#
 # ## 1. Run it, and judge every step
 #
 # `l07.run_loop(m, loop, steps)` runs the loop and then judges every step exactly: did the metadata
@@ -137,7 +150,7 @@ pinlab.show("attention backend", on_gpu.result["backend"])
 #
 # ## 2. Find the stalls: `pinlab.detect_stalls`
 #
-# The detector (lesson 02) watches every torch call of the process while the loop runs (the loop's,
+# The detector (lesson 02b) watches every torch call of the process while the loop runs (the loop's,
 # the engine's, FlashInfer's) and reports the copies and syncs that make the host wait for the GPU,
 # with the line that made them. Run on the GPU for 20 steps (lines counted from `def planted_loop`,
 # line 1), the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
@@ -348,7 +361,8 @@ pinlab.claims({text: fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)}, expect
                   "pinned (the value names where)")
 for line in fixed_stalls.result["elsewhere"]:
     pinlab.show("  elsewhere", line)
-#
+
+# %% [markdown]
 # 🔮 **Predict.** Why does the ring need 4 slots, and not 1, when the host waits for step n+1-depth
 # before the scheduler writes step n+1's metadata?
 #

@@ -2,7 +2,8 @@
 # # Exercises · 02 Fake `non_blocking`
 #
 # Two small functions that turn the lesson's raw measurements into the numbers it prints, then the
-# torch code itself: a step with three hidden syncs to find and fix. Write each one where it says
+# torch code itself: a step with three hidden syncs to find and fix. Parts 1 and 3 need lesson 02,
+# part 2 only the idea of lesson 02b's idle share, explained here. Write each one where it says
 # `YOUR CODE HERE`, then run the check cell below it. No GPU needed: without one, the third check runs
 # your code on the emulated lagging stream (`pinlab.LaggingStream`), which sees every time the host
 # waits for queued GPU work, and every copy from pageable memory.
@@ -47,7 +48,7 @@ ok = checks02.check_stall_threshold(stall_threshold)
 # %% [markdown]
 # ## 2. How idle was the GPU?
 #
-# From a profiler trace the lesson takes the kernels' `(start, end)` spans and asks: what share
+# From a profiler trace lesson 02b takes the kernels' `(start, end)` spans and asks: what share
 # of a window `[start, end]` did the GPU spend with **no** kernel running?
 #
 # `gpu_idle_share(spans, start, end)` returns that share, from 0 (always busy) to 1 (never

@@ -33,7 +33,7 @@ from ..steploop import LABELS
 
 __all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
            "plot_errors", "plot_step_parts", "LAUNCH_WAIT_US", "QUEUE_DONE_WITHIN", "launch_queue", "queue_full_at",
-           "plot_launch_queue"]
+           "plot_launch_queue", "plot_paged_kv"]
 
 #: The calls of one step that the notebook's timed step loop clocks, in order: the host writes the
 #: step's data, the copy call, the launch of the kernel that reads the copy, the launch of the rest
@@ -418,4 +418,75 @@ def plot_launch_queue(result: dict, *, title: str, ax=None):
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    return ax
+
+
+def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: int, *, title: str, ax=None):
+    """The lesson's primer figure: a paged KV cache of ``cache_pages`` pages of ``page_size`` tokens,
+    each request's pages coloured (its used token slots filled), and under it the three metadata
+    arrays FlashInfer's decode reads: ``indices`` (the pages, request by request), ``indptr`` (where
+    each request's run of ``indices`` starts; arrows) and ``last_page_len``. Plain lists of ints
+    (or int tensors); checked to be consistent: indptr starts at 0, never decreases, ends at
+    len(indices), and has one more entry than last_page_len."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    def ints(name, value):
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
+            raise TypeError(f"{name} must be a list of ints or an int tensor, got {value!r}")
+        return [int(v) for v in value]
+
+    indptr, indices, lpl = ints("indptr", indptr), ints("indices", indices), ints("last_page_len", last_page_len)
+    page_size = positive_int("page_size", page_size)
+    cache_pages = positive_int("cache_pages", cache_pages)
+    if len(indptr) != len(lpl) + 1 or indptr[0] != 0 or indptr[-1] != len(indices) or any(
+            b < a for a, b in zip(indptr, indptr[1:])):
+        raise ValueError(f"indptr must start at 0, never decrease, end at len(indices) = {len(indices)} and have "
+                         f"len(last_page_len) + 1 = {len(lpl) + 1} entries, got {indptr}")
+    if any(not 0 <= p < cache_pages for p in indices) or len(set(indices)) != len(indices):
+        raise ValueError(f"indices must be distinct page ids in 0..{cache_pages - 1}, got {indices}")
+    if any(not 0 <= n <= page_size for n in lpl):
+        raise ValueError(f"last_page_len must be in 0..page_size = {page_size}, got {lpl}")
+    owner, used = {}, {}
+    for r in range(len(lpl)):
+        pages = indices[indptr[r]:indptr[r + 1]]
+        for k, p in enumerate(pages):
+            owner[p], used[p] = r, (lpl[r] if k == len(pages) - 1 else page_size)
+    colors = plt.get_cmap("tab10").colors
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.2))
+    # the cache: one box per page, one cell per token slot
+    for p in range(cache_pages):
+        x0 = p * (page_size + 1)
+        for t in range(page_size):
+            filled = p in owner and t < used[p]
+            ax.add_patch(Rectangle((x0 + t, 3), 1, 1, ec="k", lw=0.6,
+                                   fc=colors[owner[p] % 10] if filled else ("white" if p not in owner else "0.92")))
+        ax.text(x0 + page_size / 2, 4.25, f"page {p}", ha="center", va="bottom", fontsize=8)
+    ax.text(-0.5, 3.5, "KV cache", ha="right", va="center", fontsize=9)
+    # indices, with indptr's arrows, and last_page_len: boxes of width w, one per entry
+    w = 2.0
+    for i, p in enumerate(indices):
+        r = next(r for r in range(len(lpl)) if indptr[r] <= i < indptr[r + 1])
+        ax.add_patch(Rectangle((i * w, 1), w, 1, ec="k", lw=0.8, fc=colors[r % 10], alpha=0.8))
+        ax.text(i * w + w / 2, 1.5, str(p), ha="center", va="center", fontsize=9)
+    ax.text(-0.5, 1.5, "indices", ha="right", va="center", fontsize=9)
+    ax.text(-1.8, 0.0, "indptr", ha="right", va="center", fontsize=9)
+    for j, v in enumerate(indptr):
+        ax.annotate(f"[{j}]={v}", xy=(v * w, 1), xytext=(v * w, 0.2 - 0.45 * (j % 2)), ha="center", fontsize=8,
+                    arrowprops=dict(arrowstyle="->", lw=0.8))
+    for r, n in enumerate(lpl):
+        ax.add_patch(Rectangle((r * w, -1.8), w, 1, ec="k", lw=0.8, fc=colors[r % 10], alpha=0.8))
+        ax.text(r * w + w / 2, -1.3, str(n), ha="center", va="center", fontsize=9)
+    ax.text(-0.5, -1.3, "last_page_len", ha="right", va="center", fontsize=9)
+    for r in range(len(lpl)):
+        ax.add_patch(Rectangle((0, 0), 0, 0, fc=colors[r % 10], label=f"request {r}"))
+    ax.set_xlim(-9, max(cache_pages * (page_size + 1), len(indices) * w) + 0.5)
+    ax.set_ylim(-2.0, 5.0)
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8, ncol=1)
     return ax

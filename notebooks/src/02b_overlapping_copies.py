@@ -1,0 +1,631 @@
+# %% [markdown]
+# # 02b · Overlapping copies
+#
+# **What you will learn**
+# - what a pageable input costs a step loop, and what exactly it serializes, seen in a
+#   `torch.profiler` trace;
+# - how a copy runs *beside* the compute: a free copy engine, a copy stream, a pinned source; the
+#   side-stream pattern (`wait_stream`, `torch.cuda.stream`, `record_stream`), its steps per second
+#   and GPU idle share against one stream, and what goes wrong without `record_stream`;
+# - many tensors: `non_blocking` copies and one sync against a blocking copy each;
+# - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
+#   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
+#
+# It builds on lesson 02: when a `non_blocking` copy returns and when it waits (its section 1, the
+# size from which a single pageable copy waits; section 2, the staging pool; section 4, the hidden
+# syncs). As there, every experiment first makes the GPU busy (`pinlab.gpu_busy`), and a call
+# **waited** when it took more than half the busy time.
+
+# %% tags=["nbval-ignore-output"]
+import contextlib
+import time
+from functools import partial
+
+import matplotlib.pyplot as plt
+import torch
+
+import pinlab
+from pinlab.lessons import l02_fake_non_blocking as stalls
+from pinlab.plots import fmt_bytes, timeline
+from pinlab.profiler import span_stats
+
+KiB, MiB = stalls.KiB, stalls.MiB
+ms = pinlab.fmt_ms
+pinlab.header("02b overlapping copies")
+pinned_at_start = pinlab.pinned_baseline()
+
+# %% [markdown]
+# ## 1. What it costs a step loop: a profiler timeline
+#
+# A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
+# host runs ahead), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
+# host buffers), copy it with `copy_(..., non_blocking=True)`, launch a 2 ms "forward". Here is
+# the loop; `span(name)` marks each part for the profiler and does nothing otherwise.
+
+# %%
+def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nullcontext):
+    """`steps` steps of the toy loop, then a sync; returns the host ms spent inside each copy_."""
+    done = [torch.cuda.Event() for _ in bufs]       # done[k]: the step that used bufs[k] finished
+    copy_ms = []
+    for i in range(steps):
+        k = i % len(bufs)
+        with span("wait for step i-2"):
+            if i >= in_flight:
+                done[(i - in_flight) % len(bufs)].synchronize()   # bounded run-ahead
+        with span("prepare inputs (CPU)"):
+            t_end = time.perf_counter() + cpu_ms / 1e3
+            bufs[k].fill_(i % 251)                  # write this step's input
+            while time.perf_counter() < t_end:      # ... and the rest of the host's work
+                pass
+        with span("copy_(non_blocking=True)"):
+            t0 = time.perf_counter()
+            dev.copy_(bufs[k], non_blocking=True)
+            copy_ms.append((time.perf_counter() - t0) * 1e3)
+        with span("launch forward"):
+            pinlab.gpu_busy(gpu_ms)                 # the forward pass, 2 ms of GPU work
+        done[k].record()
+    torch.cuda.synchronize()
+    return copy_ms
+
+
+# %% [markdown]
+# `stalls.step_loop` runs this loop with three host buffers that are pageable, and with three that
+# are pinned: the only difference. 40 steps of each are timed without the profiler (two rounds,
+# alternating); then 6 steps of each are recorded with `torch.profiler` (CPU and CUDA activity),
+# and the trace is read back into the plot below (`pinlab.profiler`).
+#
+# 🔮 **Predict.** The GPU needs 2 ms per step and the host 1 ms. How long does a step take with
+# pinned inputs? With pageable ones: the host's 1 ms plus the GPU's 2 ms plus the copy?
+#
+# <details><summary>Answer</summary>
+#
+# Pinned: about one forward plus one copy per step. The copy and the forwards share one stream,
+# so the GPU still runs them one after the other, but the host's 1 ms hides behind the GPU's work.
+# Pageable: not the sum. Where the driver does not stage an 8 MiB copy behind the queue (lesson
+# 02's section 1 measured from which size on it does not, on this machine), `copy_` waits until the previous
+# forward is done, then the driver feeds the data through its staging buffer while the host waits
+# inside the call, and only then does the host launch the next forward. The host's preparation
+# still overlaps the previous forward, as long as it is shorter than a forward; what is serialized
+# is the **staged copy**: about one forward plus one (slower) staged copy per step, plus the moment
+# the host needs to return from `copy_` and launch the forward. A host that needs longer than a
+# forward (a busy machine, few cores) sets the pace itself. The timeline shows which it was.
+# </details>
+
+# %%
+RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"  # the GPU suite keeps a copy of the trace there
+STEP = dict(steps=40, warm_steps=5, profile_steps=6, input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2)
+loop = pinlab.measure("02_step_loop", partial(stalls.step_loop, run_steps), **STEP, trace=stalls.DEFAULT_TRACE)
+pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
+if loop.live:
+    pinlab.show("this run's profiler trace", loop["trace_file"])
+print("the recorded GPU run's profiler trace:", RECORDED_TRACE, "(open it in https://ui.perfetto.dev)")
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+for ax, mode in zip(axes, stalls.STEP_MODES):
+    m = loop["modes"][mode]
+    timeline({"host": m["host"], "GPU": m["gpu"]}, title=f"{mode} inputs", ax=ax)
+    ax.set_ylim(1.5, -1.6)  # room for the legend above the host lane
+fig.suptitle(f"Six steps from the profiler trace ({loop.tag})")
+fig.tight_layout()
+plt.show()
+pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms'])} pageable, "
+            f"{ms(pin['copy_host_ms'])} pinned")
+
+# %% [markdown]
+# What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
+# enters `copy_` while the previous forward still runs and leaves it only after the copy has run on
+# the GPU; the next forward starts after that, and the GPU computes nothing in between. The host's
+# "prepare" overlaps the GPU's forward, where it is the shorter of the two. Pinned: `copy_`
+# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and the
+# forwards follow each other with only the short copy in between. The numbers, two models of the
+# pageable step, and what this run shows:
+
+# %%
+memcpy = {m: span_stats(loop["modes"][m]["gpu"], name) for m in stalls.STEP_MODES
+          for name in loop["modes"][m]["memcpy_names"]}
+forward = {m: span_stats(loop["modes"][m]["gpu"], stalls.FORWARD_LABEL) for m in stalls.STEP_MODES}
+staged = memcpy["pageable"]["duration_ms"]
+pinlab.report("ms per step, pinned inputs", pin["ms_per_step"])
+pinlab.report("ms per step, pageable inputs", pag["ms_per_step"])
+pinlab.report("pageable, if host and GPU time added up: prepare + forward + staged copy",
+              STEP["cpu_ms"] + STEP["gpu_ms"] + staged)
+pinlab.report("pageable, if only the staged copy is serialized: forward + staged copy", STEP["gpu_ms"] + staged)
+pinlab.show("one copy on the GPU (median), pageable (staged) / pinned",
+            f"{ms(staged)} / {ms(memcpy['pinned']['duration_ms'])}")
+pinlab.show("GPU time between two forwards (median), pageable / pinned",
+            f"{ms(forward['pageable']['gap_ms'])} / {ms(forward['pinned']['gap_ms'])}")
+pinlab.report("host time inside copy_ per step, pageable (median)", pag["copy_host_ms"])
+pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host_ms"])
+pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
+pinlab.show("GPU idle share (no kernel running), six profiled steps, pageable vs pinned",
+            f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
+prep = span_stats(pag["host"], "prepare inputs (CPU)")["duration_ms"]
+gap = forward["pageable"]["gap_ms"]
+pinlab.report("host time preparing a step's input, pageable run (median of the profiled steps)", prep)
+held = pag["copy_host_ms"] >= staged  # the host stayed inside copy_ at least as long as the copy ran on the GPU
+if prep < STEP["gpu_ms"]:
+    pace = (f"the host prepared a step in {ms(prep)}, less than a forward ({ms(STEP['gpu_ms'])}), so the "
+            f"preparation hid behind the previous forward; between two forwards the GPU waited {ms(gap)}: the "
+            f"staged copy ({ms(staged)}) and {ms(max(0.0, gap - staged))} for the host to leave copy_ and launch")
+else:
+    pace = (f"the host needed {ms(prep)} to prepare a step, more than a forward ({ms(STEP['gpu_ms'])}): the host "
+            f"set the pace; between two forwards the GPU waited {ms(gap)}, of which the staged copy ran "
+            f"{ms(staged)}")
+models = {"only the staged copy serialized": STEP["gpu_ms"] + staged,
+          "host and GPU time added up": STEP["cpu_ms"] + STEP["gpu_ms"] + staged}
+nearest = min(models, key=lambda k: abs(models[k] - pag["ms_per_step"]))
+parts = [*pace.split("; "), f"the host {'stayed' if held else 'did not stay'} inside copy_ as long as the copy ran "
+         f"on the GPU", f"the measured pageable step ({ms(pag['ms_per_step'])}) came closer to '{nearest}'"]
+for i, part in enumerate(parts, 1):  # one line per clause, to keep each line short
+    pinlab.show(f"what this run shows ({i}/{len(parts)})", part)
+
+# %% [markdown]
+# Compare the measured step with the two models above. The mechanism predicts the second one
+# while the host's work fits inside a forward: a fake `non_blocking` copy does not make the host's
+# preparation serial with the GPU's work (in the timeline it overlaps the previous forward), only
+# the copy itself, so the "added up" model counts host time that was hidden. Not to the
+# microsecond: after the staged copy the GPU also waits while the host returns from `copy_` and
+# launches the next forward; the timed steps include the loop's start and its final sync; and the
+# staged copy's duration comes from the six profiled steps, not the timed ones. Where the host
+# needs longer than a forward to prepare a step (a busy machine, few cores, a GPU shared with
+# other learners), neither model holds: the host sets the pace, and the GPU waits for it between
+# forwards. The "what this run shows" lines above say which case this run was.
+#
+# **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
+# What pinned inputs change per step is what sits between two forwards on the GPU (the gaps above):
+# a fraction of a step, of the order of what a step's time moves from run to run, so a comparison
+# could flip on a noisy run.
+# And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
+# why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and six profiled
+# steps are few: the profiler adds host work to every call, and one slow host step (the operating
+# system, a page fault, the profiler itself) shows up as idle GPU time. A run in which the pinned
+# loop is faster can still show it the larger idle share. What holds on every run are the names
+# the profiler gives the copies; the cause, measured on the host, is shown beside them:
+
+# %%
+print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
+print("memcpy names in the pinned run:  ", sorted(pin["memcpy_names"]))
+pinlab.show("memcpys recorded, pageable / pinned run",
+            f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}")
+ok = pinlab.claims({
+    "the profiler named every copy of the pageable run 'Pageable -> Device'":
+        set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
+    "the profiler named every copy of the pinned run 'Pinned -> Device'":
+        set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"},
+}, why="CUPTI names a copy by the kind of host memory it reads; ROCm's profiler names copies differently")
+host_held = pinlab.observe(
+    "the host spent at least 10 times longer inside a pageable copy_ than inside a pinned one",
+    pag["copy_host_ms"] >= 10 * pin["copy_host_ms"], value=f"{pag['copy_host_ms'] / pin['copy_host_ms']:.0f}x",
+    why="where the driver stages an 8 MiB pageable copy behind the queue (another driver) or the GPU reads "
+        "pageable memory directly (GH200), the pageable copy_ returns sooner")
+
+# %% [markdown]
+# The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
+# the copies that may be fake `non_blocking`.
+#
+# ## 2. Copy and compute at the same time: a copy stream
+#
+# Look again at the pinned timeline of section 1: between two forwards the GPU runs the copy, and
+# computes nothing meanwhile. `non_blocking=True` freed the **host**; it did not let the copy run
+# beside the GPU's work, because the copy and the forward sit on one stream, and a stream runs its
+# work in order. A copy runs *beside* a kernel only when three things hold:
+#
+# 1. **a free copy engine**: the GPU moves data with DMA engines separate from the cores that run
+#    kernels (data-centre GPUs have several), so one can copy while the others compute;
+# 2. **another stream**: the copy must be queued on a stream other than the compute's, or it waits
+#    its turn behind the compute (and the compute behind it);
+# 3. **a pinned source**: only then can the copy engine of a GPU over PCIe read the host memory
+#    by itself. From pageable memory the driver copies through its staging buffer, and a copy it
+#    does not stage behind the queue makes the host wait (lesson 02, section 1). (A GPU that reads host
+#    memory through the host's page tables, as on a GH200, is another case.)
+#
+# PyTorch's tutorial "A guide on good usage of `non_blocking` and `pin_memory()`" shows the pattern
+# with a side stream. Here it is in a step loop: each step copies a 16 MiB pinned input to the GPU
+# and computes on it (`compute` keeps the GPU busy for `ms`, then sums the input, so that a step
+# that read the wrong data shows it). `one_stream_steps` does it all on the current stream;
+# `copy_stream_steps` copies each input on a **copy stream** while the step before computes.
+
+# %%
+def compute(x, out_i, ms):
+    """One step's work on the GPU: `ms` of busy kernel, then the sum of the input x into out_i."""
+    pinlab.gpu_busy(ms)
+    torch.sum(x, dim=0, dtype=torch.int64, out=out_i)
+
+
+def one_stream_steps(inputs, out, compute):
+    """Step i copies inputs[i] to the GPU, then computes on it; everything on the current stream."""
+    for i, x in enumerate(inputs):
+        x_gpu = x.to("cuda", non_blocking=True)
+        compute(x_gpu, out[i])
+
+
+def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
+    """The same steps; each input is copied on copy_stream while the step before it computes."""
+    compute_stream = torch.cuda.current_stream()
+    copy_stream.wait_stream(compute_stream)         # copies start after the work queued so far
+
+    def fetch(x):
+        with torch.cuda.stream(copy_stream):        # queue the copy on the copy stream
+            return x.to("cuda", non_blocking=True)  # (its memory now belongs to copy_stream)
+
+    nxt = fetch(inputs[0])
+    for i in range(len(inputs)):
+        x_gpu = nxt
+        compute_stream.wait_stream(copy_stream)     # step i's input has arrived (the GPU waits, not the host)
+        if record:
+            x_gpu.record_stream(compute_stream)     # used there: do not reuse its memory before that is done
+        if i + 1 < len(inputs):
+            nxt = fetch(inputs[i + 1])              # the next input, copied while this step computes
+        compute(x_gpu, out[i])
+        del x_gpu
+
+
+# %% [markdown]
+# Two lines do the ordering. `copy_stream.wait_stream(compute_stream)` makes the copy stream wait
+# for what was queued before the loop; `compute_stream.wait_stream(copy_stream)` makes step *i*'s
+# compute wait, on the GPU, for the copies queued so far, that is up to step *i*'s input (the next
+# one is queued after it). An event does the same: `ev.record(copy_stream)` after the copy, then
+# `compute_stream.wait_event(ev)`.
+#
+# The third line is about memory. PyTorch's caching allocator ties every block it hands out to the
+# stream it was allocated on, here the copy stream, and hands a freed block out again at once to
+# the next allocation on that stream. When `x_gpu` is freed (`del x_gpu`), the next `fetch`,
+# queued on the copy stream, which never waits for the compute, may write the next input into
+# that block while the compute stream has not read it yet. `x_gpu.record_stream(compute_stream)` tells the
+# allocator that the block is in use on the compute stream too: it is reused only once the work
+# queued there at the time of the free has finished. (The other way: keep `x_gpu` alive until an
+# event recorded after its last use has completed.)
+#
+# 🔮 **Predict.** A step computes for 0.5 ms; a 16 MiB copy from pinned memory takes a fraction of
+# that (lesson 01 measured the bandwidth). Which loop runs more steps per second, and how idle is
+# the GPU's compute in each? What changes with pageable inputs on the copy stream? And what does
+# `copy_stream_steps(..., record=False)` compute?
+#
+# <details><summary>Answer</summary>
+#
+# One stream: a copy, then a compute, per step; the compute is idle while each copy runs. With the
+# copy stream and pinned inputs the copies run beside the compute and the step shrinks to about
+# the compute alone, as long as the copy is shorter. With pageable inputs the third condition
+# fails: where the driver does not stage a 16 MiB copy behind the queue (lesson 02's section 1 measured from which
+# size on it did not, on this machine), the host waits inside `fetch` while the driver feeds the data through
+# staging, more slowly than a pinned copy, and it cannot queue the next compute meanwhile. Without
+# `record_stream`, wrong sums: inputs overwritten before they were read.
+# </details>
+#
+# This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
+# single queue and no side streams, so without CUDA the notebook replays the recorded GPU run.
+#
+# `stalls.overlap_loop` runs the three loops in interleaved rounds (40 steps each, 3 rounds, every
+# step's sum checked against the CPU's), then 6 steps of each under the profiler, and last the
+# copy stream once without `record_stream`.
+
+# %%
+OVERLAP = dict(steps=40, rounds=3, input_bytes=16 * MiB, n_inputs=4, compute_ms=0.5, profile_steps=6)
+ov = pinlab.measure("02_overlap", partial(stalls.overlap_loop, one_stream_steps, copy_stream_steps, compute),
+                    **OVERLAP, trace=stalls.OVERLAP_TRACE)
+ovm = ov["modes"]
+
+# %%
+stalls.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})")
+plt.show()
+pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned / pageable",
+            ", ".join(f"{ovm[k]['overlap']['overlapping']} of {ovm[k]['overlap']['copies']}" for k in stalls.OVERLAP_MODES))
+
+# %% [markdown]
+# What to look for (each plot has its own time axis). One stream: compute and copies take turns,
+# never side by side. Copy stream, pinned: the copies run under the compute, one step ahead or more
+# (the host queues every step at once, and the copy stream never waits for the compute). Copy
+# stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
+# copies are longer than the pinned ones (the last line below says by how much here), and the
+# compute runs only in the gaps between them. The host waits inside each `fetch` until its staged
+# copy is done, and queues the step's compute only after that: a second stream cannot help a copy
+# that holds the host. The numbers:
+
+# %%
+for key, label in stalls.OVERLAP_MODES.items():
+    m = ovm[key]
+    o = m["overlap"]
+    pinlab.report(f"{label}: ms per step (median of {ov['rounds']} rounds)", m["ms_per_step"])
+    pinlab.show(f"{label}: steps per second", f"{m['steps_per_s']:.0f}")
+    pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
+    pinlab.show(f"{label}: copies beside a kernel (profiled steps)",
+                f"{o['overlapping']} of {o['copies']} ({o['share']:.0%} of the copy time)")
+    copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
+    pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
+pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
+            f"{ovm['copy_stream_pinned']['steps_per_s'] / ovm['one_stream_pinned']['steps_per_s']:.2f}x")
+copy_ms = {k: span_stats(stalls.overlap_lanes(ovm[k]["gpu"])["copies"], next(iter(ovm[k]["memcpy_names"])))
+           ["duration_ms"] for k in ("copy_stream_pinned", "copy_stream_pageable")}
+pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
+            f"{copy_ms['copy_stream_pageable'] / copy_ms['copy_stream_pinned']:.1f}x")
+
+# %% [markdown]
+# Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
+# the compute's length, and six profiled steps are few (section 1 says why). What holds on every
+# run: the results, and what runs beside what.
+
+# %%
+one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
+ok = pinlab.claims({
+    "every step's sum was right in all three loops": all(ovm[k]["wrong_steps"] == 0 for k in stalls.OVERLAP_MODES),
+    "on one stream, no copy ran beside a kernel": one["overlap"]["overlapping"] == 0,
+    "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
+        set(ovm["copy_stream_pageable"]["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
+}, why={
+    "every step's sum was right in all three loops":
+        "each step's compute waits, on the GPU, for its input's copy (wait_stream), and record_stream keeps the "
+        "input's memory from reuse until the compute has read it",
+    "on one stream, no copy ran beside a kernel": "a stream runs its work in order, one operation at a time",
+    "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
+        "CUPTI names a copy by the kind of host memory it reads; ROCm's profiler names copies differently",
+}, values={"every step's sum was right in all three loops":
+           ", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in stalls.OVERLAP_MODES)})
+overlapped = pinlab.observe(
+    "with a copy stream and pinned inputs, most copies ran beside a kernel",
+    side["overlap"]["overlapping"] >= side["overlap"]["copies"] / 2,
+    value=f"{side['overlap']['overlapping']} of {side['overlap']['copies']}",
+    why="it needs a free copy engine and is read from the profiler's timestamps of six steps; a GPU shared with "
+        "other processes switches between their work and yours")
+
+# %% [markdown]
+# And without `record_stream`? The same copy-stream loop, pinned inputs, once:
+
+# %%
+race = ov["no_record_stream"]
+pinlab.show("copy stream without record_stream: steps whose sum was wrong", f"{race['wrong_steps']} of {race['steps']}")
+ok = pinlab.claim("without record_stream, at least one step computed on an input overwritten before it was read",
+                  race["wrong_steps"] > 0, value=f"{race['wrong_steps']} of {race['steps']} steps wrong",
+                  why="the race needs the host far ahead of the GPU (it queues 40 steps of 0.5 ms in well under a "
+                      "millisecond each) and the caching allocator handing a freed input's block to the next copy; "
+                      "a host slower than the GPU's 0.5 ms per step would let the compute read each input in time")
+
+# %% [markdown]
+# The host queues all 40 steps long before the GPU has computed the first few: that lead is what
+# makes the reuse fatal here, for many steps of the run. Some steps still come out right, by luck:
+# their block was last overwritten by an input with the same contents (the loop cycles through 4
+# inputs, and the freed blocks are handed out in turn). In a real loop the lead is smaller and the
+# same bug corrupts a step now and then: the worst kind. Note the cost of the fix too:
+# with `record_stream` and a host far ahead, the allocator cannot reuse an input's memory until
+# its compute has run, so it holds one input per step in flight (an engine bounds the run-ahead,
+# section 1, and with it this memory).
+#
+# ## 3. Many tensors: one sync for all
+#
+# A step rarely copies one tensor. The tutorial's second lesson: copy N tensors with
+# `non_blocking=True` and synchronize once, instead of N blocking copies that each wait for their
+# own copy. Here are both, for N tensors already on the host (pinned, or pageable for contrast),
+# with the GPU idle, as a data loader hands over a batch:
+
+# %%
+def copy_each_blocking(dsts, srcs):
+    for d, s in zip(dsts, srcs):
+        d.copy_(s)                         # each copy: queue it, then wait until it is done
+
+
+def copy_all_then_sync(dsts, srcs):
+    for d, s in zip(dsts, srcs):
+        d.copy_(s, non_blocking=True)      # queue them all
+    torch.cuda.synchronize()               # one wait, for all of them
+
+
+# %% [markdown]
+# 🔮 **Predict.** 64 tensors of 4 KiB, of 64 KiB, of 1 MiB: which way costs the host less, pinned
+# and pageable?
+#
+# <details><summary>Answer</summary>
+#
+# Pinned: blocking copies make the host and the copy engine take turns (queue a copy, wait for it,
+# queue the next); with one sync the host queues the next copy while the engine runs the last one,
+# and waits once. Pageable: the host itself copies every tensor into the driver's staging buffer
+# either way, a cost the single sync does not remove, and once the staging pool is full (lesson
+# 02, section 2) the `non_blocking` copies wait too. So expect one sync to be cheaper both ways, and look at
+# two numbers per case below: the ratio, and the time it saved. They need not move together: as
+# the tensors grow, the copies take longer either way, which can shrink the ratio while the time
+# saved grows.
+# </details>
+#
+# `stalls.many_tensors` times both functions (median of 7 interleaved tries) and checks that every
+# byte arrived.
+
+# %%
+many = pinlab.measure("02_many_tensors", partial(stalls.many_tensors, copy_each_blocking, copy_all_then_sync),
+                      cases=[[64, 4 * KiB], [64, 64 * KiB], [64, MiB]], repeat=7)
+
+# %% tags=["nbval-ignore-output"]
+for kind in ("pinned", "pageable"):  # one table per kind of host memory
+    pinlab.table(many["rows"], [("n", "tensors"), ("bytes", "each", fmt_bytes),
+                                *[(k, label, ms) for k, label in stalls.MANY_VARIANTS.items() if k.startswith(kind)]])
+
+# %%
+stalls.plot_many_tensors(many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})")
+plt.show()
+cheaper = sum(r[f"{k}_nb_sync_ms"] < r[f"{k}_blocking_ms"] for r in many["rows"] for k in ("pinned", "pageable"))
+pinlab.show("takeaway", f"one sync cost the host less than a blocking copy each in {cheaper} of "
+            f"{2 * len(many['rows'])} cases")
+
+# %%
+for r in many["rows"]:
+    case = f"{r['n']} x {fmt_bytes(r['bytes'])}"
+    for kind in ("pinned", "pageable"):
+        blocking, one_sync = r[f"{kind}_blocking_ms"], r[f"{kind}_nb_sync_ms"]
+        saved = blocking - one_sync
+        pinlab.show(f"{case}, {kind}: blocking copies / one sync",
+                    f"{blocking / one_sync:.1f}x, {ms(abs(saved))} {'saved' if saved >= 0 else 'lost'} by the one sync")
+ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in many["rows"]),
+                  why="every copy is checked after a sync, byte for byte; a wrong byte would be a fault, not a timing")
+
+# %% [markdown]
+# Read the lines above: the ratio (more than 1x: the single sync was cheaper) and the host time it
+# saved, per case. They are shown, not asserted: a blocking copy's wait is a round trip to an idle
+# GPU, which varies from run to run. The mechanism does not vary: N blocking copies wait N times,
+# the other way waits once, after queuing everything. In a training loop a `DataLoader(...,
+# pin_memory=True)` gives you the pinned batch (with `num_workers > 0` a pin-memory thread pins it
+# while the loop runs; with `num_workers=0` the main thread pins it inside `next()`, lesson 01),
+# and `batch.to("cuda", non_blocking=True)` per tensor then queues every copy without a wait.
+
+# %% [markdown]
+# ## 4. `async_tensor_h2d`: host data to the GPU, honestly
+#
+# Host data often starts as a Python list (token ids, positions, a mask). `torch.tensor(list,
+# device="cuda")` is the obvious way, and it blocks (lesson 02, section 4). vLLM's `async_tensor_h2d` keeps
+# a contract in three steps: build the tensor **on the CPU**, **pin** it (a fresh block, so
+# nobody else writes it while the copy is pending), copy it with **`non_blocking=True`**.
+# `pinlab.async_tensor_h2d(data, dtype=None, device="cuda")` does the same.
+#
+# 🔮 **Predict.** Behind a 20 ms kernel, which of these three calls, each bringing 4096 ints to the
+# GPU, waits: `torch.tensor(ids, device="cuda")`, `torch.tensor(ids).to("cuda", non_blocking=True)`,
+# `pinlab.async_tensor_h2d(ids)`?
+#
+# <details><summary>Answer</summary>
+#
+# The first: `torch.tensor(list, device="cuda")` copies with a blocking copy (lesson 02, section 4).
+# The third never does: its copy reads a fresh pinned block and is only enqueued. The second copies
+# 16 KiB from pageable memory: where the driver stages a copy that small (lesson 02, sections 1 and
+# 2) it returns at once, and it waits where the driver does not (on ROCm every pageable copy waits).
+# </details>
+
+# %%
+ah = pinlab.measure("02_async_h2d", stalls.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10)
+arow = {r["key"]: r for r in ah["rows"]}
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(ah["rows"], [("op", f"{ah['list_len']} ints to the GPU"), ("blocked", "host blocked"),
+                          ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
+
+# %%
+ok = pinlab.claims({
+    "torch.tensor(list, device='cuda') waited for the GPU": arow["factory"]["blocked"],
+    "pinlab.async_tensor_h2d(list) did not": not arow["async"]["blocked"],
+    "all three calls gave the same GPU tensor": ah["same_values"],
+}, why="torch.tensor(list, device=...) makes a blocking copy; async_tensor_h2d copies from a fresh pinned block, "
+       "which is only enqueued; only a host stalled for half the busy time could change that")
+small_staged = pinlab.observe(
+    "torch.tensor(list).to('cuda', non_blocking=True) did not wait (the driver staged it)",
+    not arow["pageable_nb"]["blocked"], value=pinlab.fmt_ms(arow["pageable_nb"]["host_ms"]),
+    why="a small pageable copy is staged where the driver chooses to (undocumented); on ROCm it waits")
+
+# %% [markdown]
+# The middle one, a small pageable tensor copied `non_blocking`, is staged by the driver where it
+# fits the staging pool, and then returns at once (the last line says whether it did here); in a
+# loop that queues more pageable copies, it waits (lesson 02, section 2).
+# Use `async_tensor_h2d` for host data that becomes a **new** GPU tensor on a hot path (a step
+# loop, while the GPU is busy). For a GPU buffer you keep and refill every step, copy from a
+# private pinned snapshot instead: `gpu_buf[:n].copy_(pinlab.pin_snapshot(host_buf[:n]),
+# non_blocking=True)` (lesson 04). Off the hot path, `torch.tensor(..., device="cuda")` is fine.
+#
+# ## 5. Finding stalls in your own code: `pinlab.detect_stalls`
+#
+# `torch.cuda.set_sync_debug_mode("warn")` warns when PyTorch itself synchronizes. But a fake
+# `non_blocking` copy blocks inside the CUDA driver, not in PyTorch: PyTorch never knows. vLLM
+# added its own check for exactly this (#53491). `pinlab.detect_stalls()` watches every torch call
+# in a `with` block and reports pageable `non_blocking` copies, blocking copies, `.item()`-style
+# syncs and `torch.tensor(..., device="cuda")`, each with your `file:line`.
+#
+# The loop body it watches here, as a function of this notebook: a pageable `non_blocking` copy,
+# a tensor built from a Python list, a little GPU work, and a loss read on the host.
+
+# %%
+def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
+    inputs_gpu.copy_(inputs_cpu, non_blocking=True)       # the batch, from pageable memory
+    positions = torch.tensor([step] * 64, device="cuda")   # built from a Python list
+    hidden = torch.relu(inputs_gpu @ weights) + positions[0]
+    pinlab.gpu_busy(gpu_ms)                                # the rest of the forward
+    return hidden.sum().item()                             # the loss, read on the host
+
+
+# %% [markdown]
+# 🔮 **Predict.** 20 steps of `demo_step` under `detect_stalls()`: how many stalls, of which kinds,
+# and at which lines?
+#
+# <details><summary>Answer</summary>
+#
+# Three per step, 60 in all, one of each kind: the pageable `non_blocking` copy (line 2 of
+# `demo_step`, counting its `def` as line 1), the tensor built from a Python list on the GPU (line
+# 3) and the `.item()` (line 6). The matrix product, the `relu` and the busy kernel (lines 4 and 5)
+# are only enqueued: no stall.
+# </details>
+#
+# `stalls.detector_demo(demo_step, ...)` runs it: the loop under the detector, the loop's cost with
+# and without it, and each stalling call alone under `set_sync_debug_mode("warn")`.
+
+# %%
+det = pinlab.measure("02_detector", partial(stalls.detector_demo, demo_step), steps=20, gpu_ms=0.5,
+                     features=256, repeat=5)
+
+# %% tags=["nbval-ignore-output"]
+print(det["summary"])
+
+# %% [markdown]
+# The report names each stall's file and line: here the file is this notebook's cell, whose name
+# changes from run to run, so we count lines inside `demo_step` (its `def` is line 1).
+
+# %%
+expected = {kind: det["steps"] for kind in stalls.DEMO_STALLS.values()}
+for kind, n in det["counts"].items():
+    print(f"{kind}: {n}")
+lines = {kind: [line] for kind, line in stalls.source_lines(demo_step).items()}
+for kind, line in sorted(lines.items(), key=lambda kv: kv[1]):
+    print(f"line {line[0]} of demo_step: {kind}")
+ok = pinlab.claims({
+    "one stall of each kind per step, and nothing else": det["counts"] == expected,
+    "each stall points at its line of demo_step": det["stall_lines"] == lines,
+}, values={"one stall of each kind per step, and nothing else": det["counts"],
+           "each stall points at its line of demo_step": det["stall_lines"]},
+   why="the detector classifies each call by its arguments (a pageable source, a Python list, .item()), not by "
+       "timing, so the counts are exact on any machine")
+
+# %% [markdown]
+# The same three calls, one at a time, under `torch.cuda.set_sync_debug_mode("warn")` (its
+# warnings caught with `warnings.catch_warnings(record=True)`) and under `detect_stalls()`:
+
+# %%
+for c in det["compare"]:
+    print(f"{c['op']}\n    set_sync_debug_mode('warn') warned: {c['sync_debug_warnings'] > 0}"
+          f"   detect_stalls() reported: {c['detector_events'] > 0}")
+cmp = {c["key"]: c for c in det["compare"]}
+ok = pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking copy, detect_stalls() reported it",
+                  cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]["detector_events"] > 0,
+                  value=cmp["pageable_copy"],
+                  why="torch's sync debug mode warns only where torch itself synchronizes; a torch release that "
+                      "learned to flag pageable non_blocking copies would change the first half")
+
+# %% [markdown]
+# Does watching cost much? The loop's host time with and without the detector (median of 5 runs
+# each). The loop does real GPU work every step, as a training or serving loop does, so the
+# ratio is the one you would see.
+
+# %%
+plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]
+pinlab.report(f"{det['steps']} steps, plain (median)", plain)
+pinlab.report(f"{det['steps']} steps under detect_stalls() (median)", watched)
+cheap = pinlab.observe("the detector at most doubled the loop's host time", watched <= 2 * plain,
+                       value=f"{watched / plain:.2f}x",
+                       why="the detector adds Python work to every torch call; a slow or busy host (2 cores, other "
+                           "learners) pays more for it against the same GPU work")
+# %% [markdown]
+# ## Clean up
+
+# %%
+ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
+                  why="every experiment frees what it pinned and empties torch's pinned cache; a tensor still "
+                      "referenced from a cell, or an error that stopped an experiment halfway, keeps its block")
+
+# %% [markdown]
+# ## What to remember
+# - In a step loop, a fake `non_blocking` copy serializes the staged copy with the GPU's work:
+#   the host waits inside `copy_` and the GPU computes nothing meanwhile. The profiler names the
+#   copy `Memcpy HtoD (Pageable -> Device)`.
+# - `non_blocking` frees the host, not the GPU: on one stream a copy and a kernel take turns. A copy
+#   runs beside the compute only with a free copy engine, a **copy stream** and a **pinned** source:
+#   `copy_stream.wait_stream(compute_stream)`, the copy inside `with torch.cuda.stream(copy_stream):`,
+#   `compute_stream.wait_stream(copy_stream)` (or an event) before the compute uses it, and
+#   `x_gpu.record_stream(compute_stream)`, or the caching allocator hands the copy's memory to the
+#   next copy before the compute has read it (this run counted the wrong steps above).
+# - Many tensors: queue every copy `non_blocking` and synchronize once, instead of one wait per copy.
+# - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
+#   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
+#
+# **Exercise:** `exercises/02_fake_non_blocking.ipynb` covers lessons 02 and 02b (its part 2 is the
+# idle share of this lesson's profiler traces).
+# **Next:** 03 · the race: a reused pinned buffer and a CPU that runs ahead.
