@@ -20,17 +20,15 @@
 # You need to know PyTorch basics; you do not need CUDA C++.
 #
 # ## The syllabus
-#
-# | lesson | topic | minutes | needs a GPU to measure live |
-# |---|---|---|---|
-# | 00 | start here: set-up, the doctor | 10 | no |
-# | 01 | pinned memory: bandwidth, latency, the cost of pinning | 30 | yes (replayed without) |
-# | 02 | fake `non_blocking`: when a copy really is asynchronous | 40 | yes (replayed without) |
-# | 03 | the race: a reused pinned buffer and a CPU that runs ahead | 40 | yes (replayed without) |
-# | 04 | the fix: pin snapshots, and the history of fixes | 40 | yes (replayed without) |
-# | 05 | restoring offloaded weights straight into pinned memory; sleep/wake; zero-copy | 40 | yes (replayed without) |
-# | 06 | build indices on the device: rotary ids without an H2D copy, launches against copies | 40 | yes (replayed without) |
-#
+
+# %%
+from IPython.display import Markdown, display
+
+from pinlab import syllabus
+
+display(Markdown(syllabus.markdown()))
+
+# %% [markdown]
 # Without a GPU every lesson still runs top to bottom: GPU experiments show the results the
 # latest GPU run recorded, and say so (`recorded on <GPU>, <date>`), and the loops that only
 # need the *order* of host and GPU work run on an emulated stream, labelled "emulated".
