@@ -38,7 +38,7 @@ pinned_at_start = pinlab.pinned_baseline()
 # ## 1. What it costs a step loop: a profiler timeline
 #
 # A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
-# host runs ahead), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
+# host runs ahead: run-ahead 1, in the words of lesson 03), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
 # host buffers), copy it with `copy_(..., non_blocking=True)`, launch a 2 ms "forward". Here is
 # the loop; `span(name)` marks each part for the profiler and does nothing otherwise.
 
@@ -101,7 +101,7 @@ if loop.live:
 print("the recorded GPU run's profiler trace:", RECORDED_TRACE, "(open it in https://ui.perfetto.dev)")
 
 # %%
-fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+fig, axes = pinlab.plots.stacked(2, height=3.0, sharex=True)
 for ax, mode in zip(axes, stalls.STEP_MODES):
     m = loop["modes"][mode]
     timeline({"host": m["host"], "GPU": m["gpu"]}, title=f"{mode} inputs", ax=ax)

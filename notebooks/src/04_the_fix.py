@@ -192,8 +192,7 @@ ok = pinlab.claims({
    why={"blocks were handed out again": alloc_why,
         "no block was handed out again before its copy had run": "the allocator waits for the copy's event before "
                                                                  "reusing a block: a failure here is the race, in torch",
-        "fewer than 16 blocks served all 200 snapshots": "the host is at most 4 steps ahead, so at most 5 snapshots "
-                                                         "are in flight; " + alloc_why})
+        "fewer than 16 blocks served all 200 snapshots": "run-ahead 3: at most 4 snapshots are in flight; " + alloc_why})
 
 # %% [markdown]
 # The allocator keeps about as many blocks as there are copies in flight, and recycles them as

@@ -459,7 +459,7 @@ pinlab.table(rows, [("bytes", "model", fmt_bytes), ("pinned_cold_sleep_ms", "sle
 
 # %%
 sizes = [r["bytes"] for r in rows]
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
+fig, (ax1, ax2) = pinlab.plots.stacked(2, height=3.6)
 size_sweep(sizes, {"sleep, pinned cold": [r["pinned_cold_sleep_ms"] for r in rows],
                    "sleep, pinned warm": [r["pinned_warm_sleep_ms"] for r in rows],
                    "sleep, pageable": [r["pageable_sleep_ms"] for r in rows],

@@ -222,7 +222,7 @@ pinlab.table([{"mix": m, "tokens": bt[m]["tokens"], **{f"{k}_{f}": bt[m][k][f] f
              + [(f"{k}_e2e_us", f"({k}) e2e µs", us) for k in l06.BUILDERS])
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(14, 4))
+fig, axes = pinlab.plots.stacked(2, height=3.4)
 l06.plot_by_mix({m: {k: bt[m][k]["host_us"] for k in l06.BUILDERS} for m in bt}, ylabel="host µs per call",
                 title=f"Host time, GPU busy ahead ({times.tag})", ax=axes[0])
 l06.plot_by_mix({m: {k: bt[m][k]["e2e_us"] for k in l06.BUILDERS} for m in bt}, ylabel="µs until ready",
@@ -292,7 +292,7 @@ sl = loop.result["mixes"]
 enc = loop.result["encoder_ms"]
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(14, 4))
+fig, axes = pinlab.plots.stacked(2, height=3.4)
 l06.plot_by_mix({m: {k: sl[m][k]["ms_per_step"] for k in l06.BUILDERS} for m in sl}, ylabel="ms per step",
                 title=f"Step time, 1 ms encoder ({loop.tag})", ax=axes[0], logy=False)
 l06.plot_by_mix({m: {k: sl[m][k]["gpu_idle_share"] for k in l06.BUILDERS} for m in sl},

@@ -68,7 +68,7 @@ ok = checks03.check_indptr_last_page_len(indptr_last_page_len)
 
 # %%
 sim = steploop.simulate("reused_pinned", steps=6, ahead=2)
-timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer, host two steps ahead (model)")
+timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer, run-ahead 1 (model)")
 plt.show()
 print("writes:", sim["writes"])
 print("copies:", sim["copies"])

@@ -250,5 +250,5 @@ def plot_pin_threads(rows, *, title: str, ax=None):
     ax.set_ylabel("host ms until every tensor is pinned")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     return ax

@@ -30,6 +30,7 @@ from ..busy import gpu_busy, wall_ms, warmup
 from ..detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D
 from ..profiler import gpu_kernel_idle_share, merge_spans, profile_runs, trace_path
 from ..progress import progress
+from ..plots import MAX_WIDTH_IN
 from ..timing import Stats, host_time
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -698,7 +699,7 @@ def plot_overlap(modes: dict, *, title: str, keys=None):
     for k in keys:
         if k not in modes or not isinstance(modes[k], dict) or "gpu" not in modes[k]:
             raise ValueError(f"keys: {k!r} is not a mode with profiled 'gpu' spans in modes")
-    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.1 * len(keys) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(keys), 1, figsize=(MAX_WIDTH_IN, 2.1 * len(keys) + 0.6), squeeze=False)
     for ax, k in zip(axes[:, 0], keys):  # each run on its own time axis: a slow one would squash the others
         timeline(overlap_lanes(modes[k]["gpu"]), title=OVERLAP_MODES.get(k, k), ax=ax)
         for bars in ax.collections:  # a thin edge shows where one kernel (or copy) ends and the next begins
@@ -893,14 +894,14 @@ def plot_many_tensors(rows, *, title: str):
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or not {"n", "bytes", *MANY_VARIANTS} <= set(r):
             raise ValueError(f"rows[{i}] must hold 'n', 'bytes' and {sorted(MANY_VARIANTS)}")
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4))
     width = 0.8 / len(MANY_VARIANTS)
     for j, (key, label) in enumerate(MANY_VARIANTS.items()):
         ax.bar([i + (j - 1.5) * width for i in range(len(rows))], [r[key] for r in rows], width, label=label)
     ax.set_xticks(range(len(rows)), [f"{r['n']} x {fmt_bytes(r['bytes'])}" for r in rows])
     ax.set(yscale="log", ylabel="host ms for all copies", title=title)
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig
 
 

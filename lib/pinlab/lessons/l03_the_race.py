@@ -29,6 +29,7 @@ import torch
 
 from .. import decode_loop, steploop
 from ..args import positive_int, positive_number
+from ..plots import MAX_WIDTH_IN
 from ..steploop import LABELS
 
 __all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
@@ -128,7 +129,7 @@ def plot_received(runs: dict, *, title: str, ax=None):
     ax.set_ylabel("step whose data copy n delivered")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return ax
 
 
@@ -152,7 +153,7 @@ def plot_errors(result: dict, strategy: str, *, title: str, ax=None):
                 xs.append(b)
     if xs:
         ax.plot(xs, ys, "r.", ms=4, label="read wrong pages / metadata")
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="lower right", fontsize=9)
     ax.figure.colorbar(img, ax=ax, label="log10 max |output - reference|")
     ax.set_xlabel("request (position in the batch)")
     ax.set_ylabel("step")
@@ -257,7 +258,7 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
         if r["buffer"] not in kinds:
             kinds.append(r["buffer"])
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
+        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.5))
     width = 0.8 / len(kinds)
     colors = {"copy call": "tab:red", "kernel launches": "tab:blue", "write + loop": "tab:gray"}
     hatches = ["", "//", "xx", ".."]
@@ -278,7 +279,7 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
     ax.set_ylabel(f"host ms in the loop ({steps} steps)")
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=9, ncol=2)
     return ax
 
 
@@ -407,7 +408,7 @@ def plot_launch_queue(result: dict, *, title: str, ax=None):
     if full is not None:
         full = positive_int("result['full_at']", full, allow_zero=True, maximum=len(us) - 1)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.8))
+        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 3.8))
     ax.plot(range(len(us)), [max(v, 0.1) for v in us], ".", ms=2, color="tab:blue", label="one launch call")
     ax.axhline(LAUNCH_WAIT_US, color="k", ls=":", lw=0.8, label=f"{LAUNCH_WAIT_US:g} µs")
     if full is not None:
@@ -417,7 +418,7 @@ def plot_launch_queue(result: dict, *, title: str, ax=None):
     ax.set_ylabel("host µs in the launch call")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return ax
 
 
@@ -457,7 +458,7 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
             owner[p], used[p] = r, (lpl[r] if k == len(pages) - 1 else page_size)
     colors = plt.get_cmap("tab10").colors
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4.2))
+        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.2))
     # the cache: one box per page, one cell per token slot
     for p in range(cache_pages):
         x0 = p * (page_size + 1)
@@ -465,7 +466,7 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
             filled = p in owner and t < used[p]
             ax.add_patch(Rectangle((x0 + t, 3), 1, 1, ec="k", lw=0.6,
                                    fc=colors[owner[p] % 10] if filled else ("white" if p not in owner else "0.92")))
-        ax.text(x0 + page_size / 2, 4.25, f"page {p}", ha="center", va="bottom", fontsize=8)
+        ax.text(x0 + page_size / 2, 4.25, f"page {p}", ha="center", va="bottom", fontsize=9)
     ax.text(-0.5, 3.5, "KV cache", ha="right", va="center", fontsize=9)
     # indices, with indptr's arrows, and last_page_len: boxes of width w, one per entry
     w = 2.0
@@ -476,7 +477,7 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
     ax.text(-0.5, 1.5, "indices", ha="right", va="center", fontsize=9)
     ax.text(-1.8, 0.0, "indptr", ha="right", va="center", fontsize=9)
     for j, v in enumerate(indptr):
-        ax.annotate(f"[{j}]={v}", xy=(v * w, 1), xytext=(v * w, 0.2 - 0.45 * (j % 2)), ha="center", fontsize=8,
+        ax.annotate(f"[{j}]={v}", xy=(v * w, 1), xytext=(v * w, 0.2 - 0.45 * (j % 2)), ha="center", fontsize=9,
                     arrowprops=dict(arrowstyle="->", lw=0.8))
     for r, n in enumerate(lpl):
         ax.add_patch(Rectangle((r * w, -1.8), w, 1, ec="k", lw=0.8, fc=colors[r % 10], alpha=0.8))
@@ -488,5 +489,5 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
     ax.set_ylim(-2.0, 5.0)
     ax.set_axis_off()
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8, ncol=1)
+    ax.legend(loc="lower right", fontsize=9, ncol=1)
     return ax

@@ -42,6 +42,7 @@ import torch
 from .. import steploop
 from ..args import callable_arg, one_of, positive_int, positive_number, require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, random_batch, reference_decode
+from ..plots import MAX_WIDTH_IN, color_for, legend_outside, stacked
 from ..steploop import HISTORY, KiB, LABELS
 
 __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "history", "plan_hazard",
@@ -906,41 +907,40 @@ def plot_history(result: dict, *, title: str):
     _check_history(result)
     rows = result["rows"]
     labels = [r["label"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    fig, axes = stacked(3, height=3.0)
     panels = [
         ("corrupted", f"corrupted steps (of {result['steps']})", "{:.0f}"),
         ("host_us", "host µs per step (median)", "{:.1f}"),
         ("pinned_kib", "pinned KiB held", "{:.0f}"),
     ]
-    colors = plt.cm.tab10.colors
     for ax, (key, ylabel, fmt) in zip(axes, panels):
         vals = [r["pinned_bytes_held"] / 1024 if key == "pinned_kib" else r[key] for r in rows]
-        bars = ax.bar(range(len(vals)), vals, color=[colors[i % 10] for i in range(len(vals))])
+        bars = ax.bar(range(len(vals)), vals, color=[color_for(lab) for lab in labels])
         for b, v in zip(bars, vals):
             ax.annotate(fmt.format(v), (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
-                        va="bottom", fontsize=7)
-        ax.set_xticks(range(len(vals)), labels, rotation=35, ha="right", fontsize=7)
+                        va="bottom", fontsize=9)
+        ax.set_xticks(range(len(vals)), labels if ax is axes[-1] else [""] * len(vals), rotation=30, ha="right")
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
         if key == "host_us":
             ax.axhline(result["no_copy_us"], ls="--", c="grey", lw=1)
             ax.annotate("no copy", (0, result["no_copy_us"]), textcoords="offset points", xytext=(2, 3),
-                        fontsize=7, color="grey")
+                        fontsize=9, color="grey")
     fig.suptitle(title)
     fig.tight_layout()
     return axes
 
 
 def _hist_lines(ax, rows, key_label, hist_key="hist"):
-    colors = __import__("matplotlib.pyplot", fromlist=["cm"]).cm.tab10.colors
-    for i, r in enumerate(rows):
+    for r in rows:
         h = r[hist_key]
         total = max(1, sum(h["counts"]))
-        ax.stairs([c / total for c in h["counts"]], h["edges"], label=r[key_label], color=colors[i % 10], lw=1.6)
+        ax.stairs([c / total for c in h["counts"]], h["edges"], label=r[key_label], color=color_for(r[key_label]),
+                  lw=1.6)
     ax.set_xscale("log")
     ax.set_ylabel("share of steps")
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    legend_outside(ax)
 
 
 def plot_host_times(result: dict, *, title: str):
@@ -949,7 +949,7 @@ def plot_host_times(result: dict, *, title: str):
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.2))
+    fig, (a1, a2) = stacked(2, height=3.4)
     _hist_lines(a1, rows, "label")
     a1.set_xlabel("host µs per step (write + stage + copy), log scale")
     meds = [r["p50_us"] for r in rows]
@@ -959,8 +959,8 @@ def plot_host_times(result: dict, *, title: str):
     bars = a2.bar(range(len(rows)), meds, yerr=[[max(0, v) for v in lo], [max(0, v) for v in hi]], capsize=4,
                   color=[colors[i % 10] for i in range(len(rows))])
     for b, v in zip(bars, meds):
-        a2.annotate(f"{v:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
-    a2.set_xticks(range(len(rows)), [f"{r['label']}\n{r['corrupted']} corrupted" for r in rows], fontsize=7)
+        a2.annotate(f"{v:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=9)
+    a2.set_xticks(range(len(rows)), [f"{r['label']}\n{r['corrupted']} corrupted" for r in rows], fontsize=9)
     a2.set_ylabel("host µs per step (median; bar: round medians)")
     a2.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title)
@@ -976,19 +976,19 @@ def plot_shared_pool(result: dict, *, title: str):
 
     rows = result["rows"]
     x = [r["total_bytes"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.2))
     ax.plot(x, [r["pageable_us"] for r in rows], "o-", label="pageable buffers")
     ax.plot(x, [r["snapshot_us"] for r in rows], "s-", label="pin_memory() snapshot per tensor")
     ax.axhline(result["busy_ms"] * 1e3, ls="--", c="grey", lw=1)
     ax.annotate("GPU work per step", (x[0], result["busy_ms"] * 1e3), textcoords="offset points", xytext=(2, 3),
-                fontsize=7, color="grey")
+                fontsize=9, color="grey")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(x, [fmt_bytes(v) for v in x])
     ax.set_xlabel(f"bytes copied per step ({result['tensors']} tensors)")
     ax.set_ylabel("host µs per step (median)")
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax.set_title(title)
     fig.tight_layout()
     return ax
@@ -999,7 +999,7 @@ def plot_soak(result: dict, *, title: str):
     import matplotlib.pyplot as plt
 
     rows = [dict(p, label=f"{name} (max {p['max_us'] / 1e3:.2f} ms)") for name, p in result["passes"].items()]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.2))
     _hist_lines(ax, rows, "label")
     ax.set_yscale("log")
     ax.set_xlabel("host µs per step (write + pin_memory() + copy), log scale")

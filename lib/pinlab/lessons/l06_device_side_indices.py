@@ -43,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from ..args import positive_int, positive_number, require_cuda
 from ..busy import MAX_BUSY_MS
 from ..h2d import async_tensor_h2d
+from ..plots import MAX_WIDTH_IN, color_for, legend_outside
 
 #: Upper bounds on what the lesson's functions are given; each is far above the lesson's own sizes
 #: (beyond them is a typo that would allocate gigabytes or run for hours, not a lesson):
@@ -781,17 +782,17 @@ def plot_by_mix(values: dict, *, ylabel: str, title: str, logy: bool = True, ax=
     mixes = list(values)
     keys = [k for k in BUILDERS if all(k in values[m] for m in mixes)]
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.8))
+        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 3.8))
     width = 0.8 / max(len(keys), 1)
     for i, k in enumerate(keys):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(mixes))]
         ys = [values[m][k] if values[m][k] is not None else float("nan") for m in mixes]
-        ax.bar(xs, ys, width, label=LABELS.get(k, k), color=plt.cm.tab10.colors[i % 10])
+        ax.bar(xs, ys, width, label=LABELS.get(k, k), color=color_for(LABELS.get(k, k)))
     ax.set_xticks(range(len(mixes)), mixes, rotation=10)
     if logy:
         ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return ax
