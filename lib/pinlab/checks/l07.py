@@ -11,9 +11,14 @@ about the order of host writes, copies and reads, so every check below runs ther
 * no H2D copy with ``non_blocking=True`` reads pageable memory;
 * no host sync (``.item()``, ``.tolist()``, ``bool()``... of a device tensor) and no blocking copy
   runs inside the loop (once, before or after it, is allowed: offloading the LM head is one);
-* the host read every step's tokens after their D2H copy had run, each step once, and noted every
-  step whose tokens hold the end-of-sequence token;
-* the LM head on the GPU is intact.
+* the host read every step's tokens after their D2H copy had run and before a later step's copy
+  overwrote them, each step once, and noted every step whose tokens hold the end-of-sequence token;
+* no wait inside the loop (``event.synchronize()``, or ``event.query()`` polled) is on an event
+  recorded after the newest step the host had enqueued: the host stays at least one step ahead of
+  the GPU (run-ahead >= 1 step, a ring of depth >= 2 in the lesson's terms); set-up before step 0's
+  decode and the draining after the last step's may wait on anything;
+* the LM head is restored (an H2D copy into ``m.lm_head``) before every step's decode, and is
+  intact at the end.
 
 It prints one verdict (⏳ / ❌ what is wrong, in the lesson's terms / ✅), with a hint from the
 second failure on, and returns True or False. ``tests/test_checks_l07.py`` proves it accepts the
@@ -43,8 +48,10 @@ HINT = ("go through the loop line by line with the lessons: offload the LM head 
         "(`torch.empty_like(w, device=\"cpu\", pin_memory=True).copy_(w)`, lesson 05); give each step in flight "
         "its own pinned metadata and token buffer, a ring of `depth` slots (lesson 04), and record an event after "
         "each step's copies; before the scheduler rewrites slot i, and before you read its tokens, wait for that "
-        "event (`done[i].synchronize()`), never for the whole GPU; look for the end-of-sequence token in the "
-        "tokens you read, on the host, instead of `.item()` on the GPU (lesson 02).")
+        "event (`done[i].synchronize()`), never for the whole GPU nor for the step you just enqueued (with "
+        "`depth` >= 2 slots, wait for step n + 1 - depth after enqueuing step n); keep the LM head's restore "
+        "inside the loop, once per step; look for the end-of-sequence token in the tokens you read, on the "
+        "host, instead of `.item()` on the GPU (lesson 02).")
 
 
 def reset() -> None:
@@ -102,11 +109,26 @@ def problem(r: dict, name: str = "fixed_loop") -> str | None:
         return (f"a blocking copy inside the loop: {_at(blocking[0], name)}. The host waits for the GPU to reach "
                 "it; copy with `non_blocking=True` between pinned memory and the GPU.")
     if r["first_stale"] is not None:
-        k = r["first_stale"]
+        k, by = r["first_stale"], r["first_stale_overwritten_by"]
+        if by is not None:
+            return (f"step {k}'s tokens were overwritten by step {by}'s before they were read ({r['stale_reads']} of "
+                    f"{steps} steps read wrong tokens, {r['overwritten']} of them a later step's): emit() got step "
+                    f"{by}'s tokens {_short(r['first_stale_got'])}, step {k} computed {_short(r['first_stale_want'])}. "
+                    f"Step {by}'s D2H copy reused step {k}'s pinned slot and had run when the host read it: read "
+                    f"step {k}'s slot after step {k}'s event, before the wait that lets a later copy into that "
+                    "slot run (in a ring of `depth` slots, step k's slot is reused by step k + depth).")
         return (f"step {k}'s tokens were read before their D2H copy had run ({r['stale_reads']} of {steps} steps): "
                 f"emit() got {_short(r['first_stale_got'])}, the GPU computed {_short(r['first_stale_want'])}. "
                 "A `non_blocking` device-to-host copy is only enqueued: read its buffer after an event recorded "
                 "behind it has completed.")
+    full = _events(r, l07.FULL_WAIT)
+    if full:
+        return (f"a wait that lets the host run no step ahead: {_at(full[0], name)} waited for an event recorded "
+                "after the newest step the host had enqueued. No later step was queued behind it, so the GPU ran "
+                "dry at every such wait, host and GPU took turns: as serial as `s.synchronize()` every step (a "
+                "ring of depth 1). Wait only on an event at least one step older than the newest step enqueued: "
+                "with a ring of `depth` >= 2 slots, wait for step n + 1 - depth after enqueuing step n, and the "
+                "host runs up to depth - 1 steps ahead of the GPU.")
     if r["missing"]:
         return (f"step {r['first_missing']}'s tokens were never handed to m.emit() ({r['missing']} of {steps} steps "
                 "missing): deliver every step's tokens, also the last ones still in flight when the loop ends.")
@@ -121,6 +143,12 @@ def problem(r: dict, name: str = "fixed_loop") -> str | None:
                   if missed else f"step {wrong[0]} was noted, but its tokens hold no end-of-sequence token")
         return (f"the stop check is wrong: {detail} ({len(r['want_stops'])} steps should be noted). Check the tokens "
                 "you read on the host (after their event) and call m.note_stop(k) once for each such step.")
+    if r["unrestored"]:
+        k = r["first_unrestored"]
+        return (f"the LM head was not restored before step {k}'s decode ({r['unrestored']} of {steps} steps): the "
+                "engine offloads it, so the loop copies it from host memory into `m.lm_head` before every step, "
+                "as a CPU-offloaded layer is (its GPU memory serves other layers in between). Keep the restore "
+                "inside the loop, one pinned `non_blocking` copy per step.")
     if not r["lm_head_ok"]:
         return ("the LM head on the GPU is not the model's any more: the restore must copy the offloaded weight "
                 "back unchanged, every step.")
@@ -147,7 +175,7 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
                                   backend="torch")
     try:
         with learner_call(f"{name}(m, {steps})", TIMEOUT_S + steps * SECONDS_PER_STEP):
-            r = l07.run_loop(model, fn, steps)
+            r = l07.run_loop(model, fn, steps, progress=f"{name}: steps decoded")
     except LearnerStop as stop:  # it ran past its time, or left torch's state changed
         return _fail(f"fixed_loop: {stop}")
     except Exception as exc:  # the learner's bug, reported, not raised
@@ -161,5 +189,6 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
         return _fail(found)
     _failures.pop("fixed_loop", None)
     print(f"✅ fixed_loop is correct ({steps} steps: 0 corrupted, 0 pageable copies, no sync inside the loop, "
-          "every step's tokens read after their copy).")
+          "the host at least one step ahead of the GPU, the LM head restored every step, every step's tokens "
+          "read after their copy).")
     return True
