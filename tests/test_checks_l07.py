@@ -123,7 +123,7 @@ WRONG = {
     # (b) the lesson's own solution with depth=1: deliver() waits on the step just enqueued
     "ring-of-depth-1": (
         ring_of_depth_1,
-        [NO_RUN_AHEAD, "`event.synchronize()` at line 3 of ring_of_depth_1 (39 times)", "a ring of depth 1",
+        [NO_RUN_AHEAD, "`event.synchronize()` at line 3 of ring_of_depth_1 (39 times, in `return l07.fixed_loop(m, steps, depth=1)`)", "a ring of depth 1",
          "`depth` >= 2"]),
     # the same full wait, polled with query() instead of synchronize()
     "polls-the-event-it-just-recorded": (

@@ -174,6 +174,21 @@ def test_stall_lines_keep_only_the_loops_own_lines():
     ]
 
 
+def test_code_of_lines_names_each_line_by_its_code():
+    lines = ["host sync: .item() at line 18 of planted_loop, 1 B, 40 time(s)",
+             "blocking copy: Tensor.to at line 4 of planted_loop, 1 time(s)",
+             "host sync: .item() at line 99 of planted_loop, 1 time(s)",  # no such line: left as it is
+             "host sync: .item() at line 4 of other_loop, 1 time(s)"]     # another function: left as it is
+    assert l07.code_of_lines(lines, l07.planted_loop) == [
+        "host sync: .item() at `if tokens.eq(m.eos).any().item():` in planted_loop, 1 B, 40 time(s)",
+        'blocking copy: Tensor.to at `m.lm_head_host = m.lm_head.to("cpu")` in planted_loop, 1 time(s)',
+        lines[2], lines[3]]
+    assert l07.line_code(l07.planted_loop, 1) == "def planted_loop(m, steps):"
+    ns = {}
+    exec("def f(m, steps):\n    pass\n", ns)  # no source to read
+    assert l07.line_code(ns["f"], 1) is None and l07.code_of_lines(lines[:1], ns["f"]) == lines[:1]
+
+
 def test_fmt_bytes():
     assert [l07.fmt_bytes(n) for n in (68, 4096, 4 * l07.MiB)] == ["68 B", "4.0 KiB", "4.0 MiB"]
 

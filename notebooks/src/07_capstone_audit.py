@@ -104,7 +104,7 @@ planted = l07.run_loop(em, planted_loop, STEPS)
 EMULATED_WHY = "the emulated stream is exact about the order of host writes, copies and reads, on every machine"
 pinlab.claims({f"planted loop, emulated: corrupted steps (of {STEPS})": planted["corrupted"],
                "metadata copies that delivered the next step's data": planted["wrong_meta"],
-               "steps whose tokens were read before their copy ran": planted["stale_reads"],
+               "steps whose tokens were read before their copy ran": planted["stale_reads"] - planted["overwritten"],
                "every step's tokens handed to the detokenizer once":
                    planted["deliveries"] == STEPS and planted["missing"] == 0},
               expect={f"planted loop, emulated: corrupted steps (of {STEPS})": STEPS,
@@ -144,7 +144,7 @@ pinlab.show("attention backend", on_gpu.result["backend"])
 #
 # The detector (lesson 02) watches every torch call of the process while the loop runs (the loop's,
 # the engine's, FlashInfer's) and reports the copies and syncs that make the host wait for the GPU,
-# with the line that made them (counted from `def planted_loop`, line 1). Run on the GPU for 20 steps,
+# with the line that made them (shown here as that line's code). Run on the GPU for 20 steps,
 # the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
 
 # %%
@@ -154,7 +154,7 @@ def detect_loop(loop, steps, pin_plan_inputs):
 
 stalls = pinlab.measure("07_detect_stalls", lambda **kw: detect_loop(planted_loop, **kw), steps=20,
                         pin_plan_inputs=False)
-for line in stalls.result["lines"]:
+for line in l07.code_of_lines(stalls.result["lines"], planted_loop):  # each line number shown as its code
     print(line)
 kinds = " ".join(stalls.result["lines"])
 pinlab.claim("the detector names the LM head restore's pageable copy and the stop check's .item()",
@@ -203,7 +203,7 @@ for line in stalls.result["elsewhere"]:
 # run above (on the GPU they are the same: they count calls, not time):
 
 # %%
-for line in planted["audit_lines"]:
+for line in l07.code_of_lines(planted["audit_lines"], planted_loop):
     print(line)
 pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"][l07.PIN_NOOP],
                "planted loop: pageable non_blocking copies in its lines": planted["counts"][l07.PAGEABLE]},

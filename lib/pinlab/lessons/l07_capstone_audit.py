@@ -36,8 +36,11 @@ together; the two loops are the lesson's reference code, which the checker and t
 from __future__ import annotations
 
 import gc
+import inspect
 import os
+import re
 import sys
+import textwrap
 import time
 
 import torch
@@ -968,6 +971,35 @@ def stall_lines(report, fn) -> list[str]:
         if file == code.co_filename and line.isdigit() and code.co_firstlineno <= int(line) <= last:
             rows.append((-count, int(line) - code.co_firstlineno + 1, kind, op))
     return [f"{kind}: {op} at line {line} of {fn.__name__}, {-c} time(s)" for c, line, kind, op in sorted(rows)]
+
+
+def code_of_lines(lines, fn) -> list[str]:
+    """``lines`` (:func:`stall_lines` or :class:`LoopAudit` lines: ``"... at line N of name ..."``) with each
+    line number of ``fn`` replaced by that line's code (its comment dropped): ``"... at `code` in name ..."``,
+    for a reader who sees the code without line numbers. A line is left as it is where ``fn``'s source
+    cannot be read or has no such line."""
+    callable_arg("fn", fn)
+    if isinstance(lines, (str, bytes)) or not hasattr(lines, "__iter__"):
+        raise TypeError(f"lines must be a list of str, got {type(lines).__name__}")
+    name = getattr(fn, "__name__", "")
+
+    def code(mo):
+        text = line_code(fn, int(mo.group(1))) if mo.group(2) == name else None
+        return f"at `{text}` in {name}" if text else mo.group(0)
+
+    return [re.sub(r"at line (\d+) of (\w+)", code, str(x)) for x in lines]
+
+
+def line_code(fn, line: int) -> str | None:
+    """The code of line ``line`` of ``fn`` (counted from ``def``, line 1), its comment dropped; None where
+    the source cannot be read (a function compiled from a string) or has no such line."""
+    try:
+        src = textwrap.dedent(inspect.getsource(fn)).splitlines()
+    except (OSError, TypeError):
+        return None
+    if not isinstance(line, int) or not 1 <= line <= len(src):
+        return None
+    return re.sub(r"\s+#.*$", "", src[line - 1]).strip() or None
 
 
 def elsewhere_lines(report, fn) -> list[str]:
