@@ -154,6 +154,10 @@ WRONG = {
                  (DRAIN, "    for k in range(max(0, steps - depth), steps):")),
         ["step 0's tokens were overwritten by step 4's before they were read", "a later step's",
          "reused step 0's pinned slot"]),
+    # the restore as an assignment into the GPU buffer: a blocking copy
+    "restore-by-assignment": (
+        _variant("restore-by-assignment", (RESTORE, "        m.lm_head[:] = m.lm_head_host\n")),
+        ["a blocking copy inside the loop: `[...] = host tensor` at line 17 of fixed_loop (40 times)"]),
     # a blocking H2D copy of the metadata
     "blocking-metadata-copy": (
         _variant("blocking-metadata-copy", (COPY_META, "        m.meta_dev[n].copy_(meta[i])")),
@@ -198,6 +202,9 @@ RIGHT = {
     "polls-the-previous-steps-event": _variant(
         "polls-the-previous-steps-event",
         (RECORD, RECORD + "\n        if n:\n            while not done[(n - 1) % depth].query():\n                pass")),
+    # the restore into a new GPU tensor each step (an allocation per step, but a restore from pinned memory)
+    "restore-into-a-new-buffer": _variant(
+        "restore-into-a-new-buffer", (RESTORE, "        m.lm_head = m.lm_head_host.to(s.device, non_blocking=True)\n")),
     # waits on the newest step's event at set-up (before step 0's decode) and while draining are allowed
     "waits-at-set-up-and-draining": _variant(
         "waits-at-set-up-and-draining",

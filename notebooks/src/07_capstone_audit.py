@@ -338,7 +338,8 @@ pinlab.claims({f"fixed loop, emulated: corrupted steps (of {STEPS})": fixed["cor
 #
 # The audit counts the loop's own lines. End to end, the detector counts every torch call of the
 # process, FlashInfer's included: the fixed loop on the GPU for 20 steps, the engine handing
-# `plan()` pinned inputs (the engine's fix):
+# `plan()` pinned inputs (the engine's fix). The one blocking copy it names, at line 4 of
+# `l07.fixed_loop`, is the offload of the LM head, once, before the loop:
 
 # %%
 fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_loop, **kw), steps=20,

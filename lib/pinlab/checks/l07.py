@@ -40,9 +40,9 @@ _failures: Counter = Counter()
 
 STEPS = 1000
 MAX_STEPS = 10_000  #: the most steps check_fixed_loop runs (10x the notebooks' 1000)
-#: the time limit of the learner's loop grows with its steps: the solution takes about 5 ms per step on
-#: the emulated stream on an idle 2-core CPU (up to 100 ms on one shared with other jobs) and about 2 ms
-#: on the H200; 1000 steps may run 60 + 200 s
+#: the time limit of the learner's loop grows with its steps: the solution takes about 12 ms per step on
+#: the emulated stream on a 2-core CPU shared with other jobs (run_loop runs it on one torch thread; on
+#: torch's default threads it took up to 100 ms) and about 2 ms on the H200; 1000 steps may run 60 + 200 s
 SECONDS_PER_STEP = 0.2
 IN_LOOP = l07.IN_LOOP  # more often than this: inside the loop (fewer: set-up or draining)
 

@@ -1,7 +1,9 @@
 """Lesson 07, the capstone: audit a small inference loop. The model, the harness and the audit.
 
 The loop the learner audits (``planted_loop``) and its fix (``fixed_loop``) are short functions of
-``(m, steps)``; notebook 07 defines the same code in its cells and prints what the harness finds.
+``(m, steps)``; notebook 07 defines the same ``planted_loop`` in a cell and prints what the harness
+finds. ``fixed_loop`` is the exercise's reference answer: it exists only here, the notebook measures
+it without showing it (a spoiler note points here), the checker's tests and the solution match it.
 Everything else, the plumbing a real engine would hide, is :class:`CapstoneModel`:
 
 * a toy decoder over a **paged KV cache** (:class:`pinlab.decode_loop.DecodeSetup`: requests grow,
@@ -279,7 +281,7 @@ def _no_span(name):
 
 
 # =============================================================================================
-# The two loops (notebook 07 defines the same code in its cells; tests/test_l07.py checks they match)
+# The two loops (notebook 07 defines planted_loop in a cell, solutions/07 both; tests/test_l07.py checks they match)
 # =============================================================================================
 
 
@@ -474,6 +476,14 @@ class LoopAudit(TorchFunctionMode):
             elif self._dev(src) and not self._dev(dst):
                 if not nb or not self._pinned(dst):
                     self._note(BLOCKING, ".copy_() device to host", src.numel() * src.element_size())
+            return
+        if name == "__setitem__" and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+            dst, src = first, args[2]
+            if self._dev(dst) and not self._dev(src):  # gpu[...] = host tensor: a blocking H2D copy
+                self._note(BLOCKING, "[...] = host tensor", src.numel() * src.element_size())
+                lm = self.model.lm_head if self.model is not None else None
+                if lm is not None and dst.numel() == lm.numel() and _same_storage(dst, lm):
+                    self.model.restored = True
             return
         if name in ("to", "cuda"):
             target = kwargs.get("device", "cuda" if name == "cuda" else None)
