@@ -198,9 +198,11 @@ for line in stalls.result["elsewhere"]:
 # ## 3. Audit every copy: `l07.LoopAudit`
 #
 # `run_loop` ran the loop under `l07.LoopAudit`, which records, per line of the loop, every
-# pageable `non_blocking` H2D copy, blocking copy, host sync, and every `pin_memory()` of a tensor
-# that is already pinned. It works on the emulated stream too; these are the counts of the emulated
-# run above (on the GPU they are the same: they count calls, not time):
+# pageable `non_blocking` H2D copy, blocking copy, host sync, every `pin_memory()` of a tensor that
+# is already pinned, and every wait on an event recorded after the newest step the host had
+# enqueued (a full wait: no later step queued behind it); it also notes whether the LM head was
+# restored before each step's decode. It works on the emulated stream too; these are the counts of
+# the emulated run above (on the GPU they are the same: they count calls, not time):
 
 # %%
 for line in l07.code_of_lines(planted["audit_lines"], planted_loop):
@@ -458,6 +460,7 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 # - Tools: `pinlab.detect_stalls` for copies and syncs (the whole process's), the profiler timeline
 #   for who waits for whom, an exact count of corrupted steps (on the emulated stream, without a GPU)
 #   for races.
-# - A fixed loop waits only on the events that bound its run-ahead: honest and faster.
+# - A fixed loop waits only on the events that bound its run-ahead, each at least one step older than
+#   the newest step it has enqueued (a wait on the newest is as serial as a sync): honest and faster.
 #
 # **Exercise:** `exercises/07_capstone_audit.ipynb` asks you to fix the loop yourself (solution in `solutions/`).
