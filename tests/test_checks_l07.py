@@ -42,6 +42,19 @@ COPY_META = "        m.meta_dev[n].copy_(meta[i], non_blocking=True)       # slo
 OFFLOAD = ('    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)')
 D2H = "        tokens_host[i].copy_(tokens, non_blocking=True)"
 
+RECORD = "        done[i].record()"
+DELIVER = "        if n + 1 >= depth:\n            deliver(n + 1 - depth)                            # frees slot (n + 1) % depth"
+DRAIN = "    for k in range(max(0, steps - depth + 1), steps):"
+RESTORE = "        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # pinned source: a truly async copy\n"
+FIRST_SCHEDULE = "    m.schedule(0, meta[0])\n"
+NO_RUN_AHEAD = "a wait that lets the host run no step ahead"
+
+
+def ring_of_depth_1(m, steps):
+    """The lesson's own solution with depth=1, the ring the lesson calls "as serial as the planted one"."""
+    return l07.fixed_loop(m, steps, depth=1)
+
+
 WRONG = {
     # one pinned buffer, "snapshotted" with pin_memory(): the same storage, the race stays
     "pin-memory-snapshot-of-pinned": (
@@ -102,6 +115,49 @@ WRONG = {
         _variant("no-stop-check", ("        if m.eos in m.emit(k, tokens_host[k % depth]):\n            m.note_stop(k)",
                                    "        m.emit(k, tokens_host[k % depth])")),
         ["the stop check is wrong", "was not noted"]),
+    # (a) a wait on the event it just recorded, every step: a full wait, as s.synchronize() would be
+    "waits-on-the-event-it-just-recorded": (
+        _variant("waits-on-the-event-it-just-recorded", (RECORD, RECORD + "\n        done[i].synchronize()")),
+        [NO_RUN_AHEAD, "`event.synchronize()` at line 24 of fixed_loop (39 times)",
+         "recorded after the newest step the host had enqueued", "as serial as `s.synchronize()` every step"]),
+    # (b) the lesson's own solution with depth=1: deliver() waits on the step just enqueued
+    "ring-of-depth-1": (
+        ring_of_depth_1,
+        [NO_RUN_AHEAD, "`event.synchronize()` at line 3 of ring_of_depth_1 (39 times, in `return l07.fixed_loop(m, steps, depth=1)`)", "a ring of depth 1",
+         "`depth` >= 2"]),
+    # the same full wait, polled with query() instead of synchronize()
+    "polls-the-event-it-just-recorded": (
+        _variant("polls-the-event-it-just-recorded",
+                 (RECORD, RECORD + "\n        while not done[i].query():\n            pass")),
+        [NO_RUN_AHEAD, "`event.query() polled` at line 24 of fixed_loop"]),
+    # a wait at the top of step n on step n-1's event: nothing of step n's decode is queued behind it
+    "waits-on-the-previous-step-before-decoding": (
+        _variant("waits-on-the-previous-step-before-decoding",
+                 ("        m.encode(n)\n", "        m.encode(n)\n        if n:\n            done[(n - 1) % depth].synchronize()\n")),
+        [NO_RUN_AHEAD, "`event.synchronize()` at line 20 of fixed_loop (39 times)"]),
+    # (c) the LM head restored once, before the loop, instead of before every step
+    "restore-hoisted-out-of-the-loop": (
+        _variant("restore-hoisted-out-of-the-loop", (RESTORE, ""),
+                 (FIRST_SCHEDULE, FIRST_SCHEDULE + "    m.lm_head.copy_(m.lm_head_host, non_blocking=True)\n")),
+        ["the LM head was not restored before step 1's decode (39 of 40 steps)", "before every step",
+         "Keep the restore inside the loop"]),
+    # the restore dropped altogether (the GPU copy was never harmed, so the tokens are right)
+    "no-restore": (
+        _variant("no-restore", (RESTORE, "")),
+        ["the LM head was not restored before step 0's decode (40 of 40 steps)"]),
+    # the metadata slot guarded right, the tokens delivered one step late: step k's slot already holds
+    # step k + depth's tokens when the host reads it
+    "delivers-one-step-late": (
+        _variant("delivers-one-step-late",
+                 (DELIVER, "        if n + 1 >= depth:\n            done[(n + 1) % depth].synchronize()\n"
+                           "        if n >= depth:\n            deliver(n - depth)"),
+                 (DRAIN, "    for k in range(max(0, steps - depth), steps):")),
+        ["step 0's tokens were overwritten by step 4's before they were read", "a later step's",
+         "reused step 0's pinned slot"]),
+    # the restore as an assignment into the GPU buffer: a blocking copy
+    "restore-by-assignment": (
+        _variant("restore-by-assignment", (RESTORE, "        m.lm_head[:] = m.lm_head_host\n")),
+        ["a blocking copy inside the loop: `[...] = host tensor` at line 17 of fixed_loop (40 times)"]),
     # a blocking H2D copy of the metadata
     "blocking-metadata-copy": (
         _variant("blocking-metadata-copy", (COPY_META, "        m.meta_dev[n].copy_(meta[i])")),
@@ -133,6 +189,33 @@ def test_rejects_wrong_fixes_with_the_right_message(case, capsys):
     for message in messages:
         assert message in verdict[0], (case, verdict[0])
     assert "💡 Hint" not in out  # the first failure has no hint
+
+
+RIGHT = {
+    # depth 2: the host runs one step ahead, the least the checker accepts
+    "ring-of-depth-2": lambda m, steps: l07.fixed_loop(m, steps, depth=2),
+    # waiting on the event from 2 steps ago (and reading those tokens): run-ahead 2
+    "waits-on-the-event-from-2-steps-ago": _variant(
+        "waits-on-the-event-from-2-steps-ago",
+        (DELIVER, "        if n >= 2:\n            deliver(n - 2)"), (DRAIN, "    for k in range(max(0, steps - 2), steps):")),
+    # polling the event of the previous step after enqueuing this one: run-ahead 1
+    "polls-the-previous-steps-event": _variant(
+        "polls-the-previous-steps-event",
+        (RECORD, RECORD + "\n        if n:\n            while not done[(n - 1) % depth].query():\n                pass")),
+    # the restore into a new GPU tensor each step (an allocation per step, but a restore from pinned memory)
+    "restore-into-a-new-buffer": _variant(
+        "restore-into-a-new-buffer", (RESTORE, "        m.lm_head = m.lm_head_host.to(s.device, non_blocking=True)\n")),
+    # waits on the newest step's event at set-up (before step 0's decode) and while draining are allowed
+    "waits-at-set-up-and-draining": _variant(
+        "waits-at-set-up-and-draining",
+        (FIRST_SCHEDULE, FIRST_SCHEDULE + "    e = s.Event()\n    e.record()\n    e.synchronize()\n"),
+        (DRAIN, "    done[(steps - 1) % depth].synchronize()\n" + DRAIN)),
+}
+
+
+@pytest.mark.parametrize("case", list(RIGHT))
+def test_accepts_near_boundary_fixes(case, capsys):
+    assert checks07.check_fixed_loop(RIGHT[case], steps=FEW) is True, capsys.readouterr().out
 
 
 def test_a_pinned_copy_of_a_pageable_offload_every_step_is_honest_but_accepted(capsys):

@@ -7,11 +7,16 @@
 #   host waits for the GPU;
 # - to find each problem with the tools: `pinlab.detect_stalls` and a line-by-line audit of the
 #   loop's copies and syncs, the profiler's host-vs-GPU timeline, and an exact count of corrupted steps;
-# - to fix all of them at once, and to check the fix: 0 corrupted steps over 1000 steps, 0 pageable
-#   copies (FlashInfer's own included), no sync inside the loop, every result read after its copy ran;
-# - what the fixes buy: the planted and the fixed loop side by side, on a timeline and in steps per second.
+# - what a fix must achieve, and how the checker verifies it: 0 corrupted steps over 1000 steps, 0
+#   pageable copies (FlashInfer's own included), no sync inside the loop, the host always at least one
+#   step ahead of the GPU, every result read after its copy ran;
+# - what the fixes buy: the planted loop and the reference fix side by side, on a timeline and in steps
+#   per second.
 #
-# Everything here uses lessons 02 to 06; this notebook adds no new mechanism, only practice.
+# Everything here uses lessons 02 to 06; this notebook adds no new mechanism, only practice. It shows
+# the planted loop and what the tools find in it, not the fixed code: writing that is the exercise
+# (`exercises/07_capstone_audit.ipynb`). The measurements of the fix run the reference answer from the
+# library.
 
 # %% tags=["nbval-ignore-output"]
 import gc
@@ -112,7 +117,7 @@ planted = l07.run_loop(em, planted_loop, STEPS)
 EMULATED_WHY = "the emulated stream is exact about the order of host writes, copies and reads, on every machine"
 pinlab.claims({f"planted loop, emulated: corrupted steps (of {STEPS})": planted["corrupted"],
                "metadata copies that delivered the next step's data": planted["wrong_meta"],
-               "steps whose tokens were read before their copy ran": planted["stale_reads"],
+               "steps whose tokens were read before their copy ran": planted["stale_reads"] - planted["overwritten"],
                "every step's tokens handed to the detokenizer once":
                    planted["deliveries"] == STEPS and planted["missing"] == 0},
               expect={f"planted loop, emulated: corrupted steps (of {STEPS})": STEPS,
@@ -152,8 +157,8 @@ pinlab.show("attention backend", on_gpu.result["backend"])
 #
 # The detector (lesson 02b) watches every torch call of the process while the loop runs (the loop's,
 # the engine's, FlashInfer's) and reports the copies and syncs that make the host wait for the GPU,
-# with the line that made them. Run on the GPU for 20 steps (lines counted from `def planted_loop`,
-# line 1), the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
+# with the line that made them (shown here as that line's code). Run on the GPU for 20 steps,
+# the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
 
 # %%
 def detect_loop(loop, steps, pin_plan_inputs):
@@ -162,10 +167,10 @@ def detect_loop(loop, steps, pin_plan_inputs):
 
 stalls = pinlab.measure("07_detect_stalls", lambda **kw: detect_loop(planted_loop, **kw), steps=20,
                         pin_plan_inputs=False)
-for line in stalls.result["lines"]:
+for line in l07.code_of_lines(stalls.result["lines"], planted_loop):  # each line number shown as its code
     print(line)
 kinds = " ".join(stalls.result["lines"])
-pinlab.claim("the detector names line 9's pageable copy and line 18's .item()",
+pinlab.claim("the detector names the LM head restore's pageable copy and the stop check's .item()",
              "pageable H2D" in kinds and "host sync (.item())" in kinds, value=stalls.result["lines"],
              why="the detector classifies calls, not timings: it names them on any CUDA GPU")
 pinlab.show("attention backend", stalls.result["backend"])
@@ -176,15 +181,18 @@ for line in stalls.result["elsewhere"]:
 
 # %% [markdown]
 # Two of the five problems show up here:
-# - **line 9**, a pageable `non_blocking` copy of 8 MiB, every step: `m.lm_head.to("cpu")` (line 4)
-#   offloaded the LM head into *pageable* memory, so each restore is the fake `non_blocking` of
-#   lesson 02: the host waits while the driver stages 8 MiB through its own pinned buffer (how long,
-#   and whether also for the GPU, is the driver's choice and undocumented: the CUDA Runtime API's
-#   "API synchronization behavior" page says only that such a copy may be synchronous);
-# - **line 18**, `.item()` every step: the stop check reads a GPU value into Python, so the host
-#   waits for *all* the work queued so far. Host and GPU take turns instead of overlapping.
+# - **the restore** `m.lm_head.copy_(m.lm_head_host, non_blocking=True)`, a pageable `non_blocking`
+#   copy of 8 MiB, every step: `m.lm_head.to("cpu")` offloaded the LM head into *pageable* memory, so
+#   each restore is the fake `non_blocking` of lesson 02: the host waits while the driver stages 8 MiB
+#   through its own pinned buffer (how long, and whether also for the GPU, is the driver's choice and
+#   undocumented: the CUDA Runtime API's "API synchronization behavior" page says only that such a
+#   copy may be synchronous);
+# - **the stop check** `tokens.eq(m.eos).any().item()`, every step: `.item()` reads a GPU value into
+#   Python, so the host waits for *all* the work queued so far. Host and GPU take turns instead of
+#   overlapping.
 #
-# The blocking copy at line 4 runs once, before the loop: offloading is allowed to wait.
+# The blocking copy of the offload, `m.lm_head.to("cpu")`, runs once, before the loop: offloading is
+# allowed to wait.
 #
 # The events outside the loop's own lines (the `elsewhere` lines name their file) come, where
 # FlashInfer runs, from its `plan()`: every step it copies the host `indptr` and `last_page_len` it
@@ -192,22 +200,25 @@ for line in stalls.result["elsewhere"]:
 # hands it pageable tensors (as vLLM 0.29 did), so these are pageable copies too, made by no line
 # of the loop: small, so the driver stages them and they usually return at once, but each costs the
 # host its staging, and each may wait once the driver's staging pool is full. vLLM 0.33 pins them;
-# the fix below does the same.
+# the engine's fix below does the same.
 #
-# The detector sees copies and syncs, not races: it does not know that `meta` is rewritten at line
-# 14 while step n's copy (line 12) may still be waiting in the GPU's queue, nor that line 17 reads
-# `tokens_host` before the copy at line 16 has run. For those, read the loop against lessons 03
+# The detector sees copies and syncs, not races: it does not know that `m.schedule(n + 1, meta)`
+# rewrites `meta` while step n's copy `m.meta_dev[n].copy_(snap, non_blocking=True)` may still be
+# waiting in the GPU's queue, nor that `m.emit(n, tokens_host)` reads `tokens_host` before the copy
+# `tokens_host.copy_(tokens, non_blocking=True)` has run. For those, read the loop against lessons 03
 # and 04, or audit it.
 #
 # ## 3. Audit every copy: `l07.LoopAudit`
 #
 # `run_loop` ran the loop under `l07.LoopAudit`, which records, per line of the loop, every
-# pageable `non_blocking` H2D copy, blocking copy, host sync, and every `pin_memory()` of a tensor
-# that is already pinned. It works on the emulated stream too; these are the counts of the emulated
-# run above (on the GPU they are the same: they count calls, not time):
+# pageable `non_blocking` H2D copy, blocking copy, host sync, every `pin_memory()` of a tensor that
+# is already pinned, and every wait on an event recorded after the newest step the host had
+# enqueued (a full wait: no later step queued behind it); it also notes whether the LM head was
+# restored before each step's decode. It works on the emulated stream too; these are the counts of
+# the emulated run above (on the GPU they are the same: they count calls, not time):
 
 # %%
-for line in planted["audit_lines"]:
+for line in l07.code_of_lines(planted["audit_lines"], planted_loop):
     print(line)
 pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"][l07.PIN_NOOP],
                "planted loop: pageable non_blocking copies in its lines": planted["counts"][l07.PAGEABLE]},
@@ -216,27 +227,28 @@ pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"
               why="the audit counts calls, not time: the same on the emulated stream and on any GPU")
 
 # %% [markdown]
-# The third problem: **line 11**, `meta.pin_memory()`. `meta` is already pinned, and `pin_memory()`
-# of a pinned tensor returns **the same storage** (lesson 04's trap): `snap` is `meta`, no
-# snapshot at all. Hence the fourth, the race the snapshot was meant to prevent (lesson 03): line 12
-# copies from the buffer the scheduler rewrites at **line 14** for step n+1, while step n's copy
-# still waits behind the vision encoder's GPU work.
+# The third problem: **the snapshot** `snap = meta.pin_memory()`. `meta` is already pinned, and
+# `pin_memory()` of a pinned tensor returns **the same storage** (lesson 04's trap): `snap` is
+# `meta`, no snapshot at all. Hence the fourth, the race the snapshot was meant to prevent (lesson
+# 03): `m.meta_dev[n].copy_(snap, non_blocking=True)` copies from the buffer that
+# `m.schedule(n + 1, meta)` rewrites for step n+1, while step n's copy still waits behind the vision
+# encoder's GPU work.
 #
-# 🔮 **Predict.** The `.item()` at line 18 makes the host wait for the GPU every step. Doesn't
-# that wait save line 12's copy?
+# 🔮 **Predict.** The stop check's `.item()` makes the host wait for the GPU every step. Doesn't
+# that wait save the metadata copy?
 #
 # <details><summary>Answer</summary>
 #
-# No. The wait comes *after* line 14 has rewritten `meta`. Within one step the GPU is still busy
-# with the vision encoder when the host reaches line 14, so the copy that was enqueued at line 12
-# reads step n+1's metadata. A sync in the wrong place costs time and protects nothing. (And once
-# you remove the sync, a reused buffer would race across steps as well.)
+# No. The wait comes *after* `m.schedule(n + 1, meta)` has rewritten `meta`. Within one step the GPU
+# is still busy with the vision encoder when the host reaches the scheduler, so the copy that was
+# enqueued before it reads step n+1's metadata. A sync in the wrong place costs time and protects
+# nothing. (And once you remove the sync, a reused buffer would race across steps as well.)
 # </details>
 #
-# The fifth: **lines 16 and 17**. A `non_blocking` device-to-host copy into pinned memory is only
-# *enqueued*; line 17 reads `tokens_host` at once, before the GPU has run the decoder. The
-# detokenizer got the previous step's tokens (or zeros). Read a D2H result only after an event
-# recorded behind its copy has completed.
+# The fifth: **the token read**. `tokens_host.copy_(tokens, non_blocking=True)`, a device-to-host copy
+# into pinned memory, is only *enqueued*; `m.emit(n, tokens_host)` reads `tokens_host` at once,
+# before the GPU has run the decoder. The detokenizer got the previous step's tokens (or zeros). Read
+# a D2H result only after an event recorded behind its copy has completed.
 #
 # ## 4. See it: the profiler timeline
 #
@@ -265,89 +277,84 @@ plt.show()
 # %% [markdown]
 # The GPU sits idle while the host does its host work, and the host sits idle while the GPU runs:
 # each `.item()` hands the turn from one to the other. The pageable copies appear as
-# `Memcpy HtoD (Pageable -> Device)`: one per step is line 9's 8 MiB LM head, which holds the host
+# `Memcpy HtoD (Pageable -> Device)`: one per step is the 8 MiB restore of the LM head, which holds the host
 # at least while the driver stages it; the others (where FlashInfer runs) are the small copies its
 # `plan()` makes from the pageable metadata the engine gives it, the detector's events elsewhere.
 # Together, the stalls give the loop its shape: nothing runs ahead, host and GPU take turns.
 #
-# ## 5. The fix
+# ## 5. What the fix must do
 #
 # One change per problem, each from its lesson:
-# 1. (line 9) offload the LM head into **pinned** memory, with one copy (lesson 05): then the restore
-#    is a true asynchronous copy (lesson 02);
-# 2. (line 18) drop the `.item()`: look for the end-of-sequence token in the tokens the host reads
-#    anyway, on the host (lesson 02);
-# 3. and 4. (lines 11, 12, 14) give each step in flight **its own pinned metadata buffer**: a ring of
-#    `depth` slots, each rewritten only after the event recorded behind its last copy has completed
-#    (lesson 04). No `pin_memory()` of a pinned buffer;
-# 5. (lines 16, 17) read each step's tokens from its own pinned slot **after its event** (lesson 04's
-#    event, used for a D2H copy, as in lesson 06's exercise); the host delivers step k's tokens a few
-#    steps later;
-# 6. (the engine, not the loop) hand FlashInfer's `plan()` **pinned** host `indptr` and
-#    `last_page_len` that nobody rewrites, as vLLM 0.33 does after this PR (`CapstoneModel(...,
-#    pin_plan_inputs=True)`; the GPU runs of the fixed loop below use it). `pinlab.paged_kv.
-#    FlashInferDecode` then hands `plan()` its range table pinned too: no pageable copy is left.
+# - **the restore** (`m.lm_head.copy_(m.lm_head_host, non_blocking=True)`): offload the LM head into
+#   **pinned** memory, with one copy, before the loop (lesson 05); then each step's restore is a true
+#   asynchronous copy (lesson 02). The restore stays inside the loop, once per step: the engine offloads
+#   the LM head, and its GPU memory serves other layers in between;
+# - **the stop check** (`tokens.eq(m.eos).any().item()`): drop the `.item()`; look for the
+#   end-of-sequence token in the tokens the host reads anyway, on the host (lesson 02);
+# - **the snapshot and the race** (`snap = meta.pin_memory()`, the metadata copy, `m.schedule(n + 1,
+#   meta)`): give each step in flight **its own pinned metadata buffer**: a ring of `depth` slots, each
+#   rewritten only after the event recorded behind its last copy has completed (lesson 04). No
+#   `pin_memory()` of a pinned buffer;
+# - **the token read** (`m.emit(n, tokens_host)` right after the D2H copy): read each step's tokens
+#   from its own pinned slot **after its event** (lesson 04's event, used for a D2H copy, as in lesson
+#   06's exercise), and before a later step's copy reuses the slot; the host delivers step k's tokens a
+#   few steps later;
+# - **the engine** (not the loop): hand FlashInfer's `plan()` **pinned** host `indptr` and
+#   `last_page_len` that nobody rewrites, as vLLM 0.33 does after this PR (`CapstoneModel(...,
+#   pin_plan_inputs=True)`; the GPU runs of the fixed loop below use it). `pinlab.paged_kv.
+#   FlashInferDecode` then hands `plan()` its range table pinned too: no pageable copy is left.
 #
 # The only waits left are the ring's events, which bound how far the host runs ahead.
+#
+# 🔮 **Predict.** Why does the ring need more than 1 slot, when the host waits for step n+1-depth
+# before the scheduler writes step n+1's metadata?
+#
+# <details><summary>Answer</summary>
+#
+# With one slot the host would wait, every step, for the step it just enqueued: no later step is
+# queued behind that event, the GPU runs dry at every wait, and the loop is as serial as the planted
+# one. With `depth` slots the host runs up to `depth - 1` steps ahead of the GPU, and only a wait on
+# a step `depth - 1` steps old can block it, which happens only when the host is the faster of the
+# two. Depth trades a little pinned memory and latency (tokens are delivered `depth - 1` steps late)
+# for overlap; the checker asks for at least one step of run-ahead (`depth` >= 2).
+# </details>
+#
+# The exercise (`exercises/07_capstone_audit.ipynb`) asks you to write `fixed_loop(m, steps)`. The
+# rest of this notebook measures the reference answer, `l07.fixed_loop`, which lives in
+# `pinlab.lessons.l07_capstone_audit`: **spoiler**, read its source after the exercise.
 
 # %%
-def fixed_loop(m, steps, depth=4):
-    """The same loop, fixed: honest copies, a ring of pinned buffers guarded by events, no sync."""
-    s = m.stream
-    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)
-    meta = [torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
-    tokens_host = [torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
-    done = [None] * depth                                     # done[i]: recorded after the last step of slot i
-
-    def deliver(k):                                           # step k's tokens, once its copies have run
-        done[k % depth].synchronize()
-        if m.eos in m.emit(k, tokens_host[k % depth]):
-            m.note_stop(k)
-
-    m.schedule(0, meta[0])
-    for n in range(steps):
-        i = n % depth
-        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # pinned source: a truly async copy
-        m.encode(n)
-        m.meta_dev[n].copy_(meta[i], non_blocking=True)       # slot i is rewritten only after its event
-        tokens = m.decode(n)
-        tokens_host[i].copy_(tokens, non_blocking=True)
-        done[i] = s.Event()
-        done[i].record()
-        if n + 1 >= depth:
-            deliver(n + 1 - depth)                            # frees slot (n + 1) % depth
-        if n + 1 < steps:
-            m.schedule(n + 1, meta[(n + 1) % depth])
-        m.host_work()
-    for k in range(max(0, steps - depth + 1), steps):
-        deliver(k)
-    s.synchronize()
-
-
+fixed_loop = l07.fixed_loop  # the reference answer (spoiler: read it after the exercise)
 fixed = l07.run_loop(em, fixed_loop, STEPS)
-for line in fixed["audit_lines"]:
-    print(line)
 pinlab.claims({f"fixed loop, emulated: corrupted steps (of {STEPS})": fixed["corrupted"],
                "fixed loop: pageable copies in its lines": fixed["counts"][l07.PAGEABLE],
                "fixed loop: pin_memory() of a pinned tensor": fixed["counts"][l07.PIN_NOOP],
                "fixed loop: syncs or blocking copies inside the loop": sum(fixed["in_loop"].values()),
-               "fixed loop: every finished step noted, the LM head intact": fixed["stops_ok"] and fixed["lm_head_ok"]},
+               "fixed loop: waits on the newest step's event": fixed["counts"][l07.FULL_WAIT],
+               "fixed loop: syncs and blocking copies in all (the offload before the loop, the final synchronize)":
+                   fixed["counts"][l07.SYNC] + fixed["counts"][l07.BLOCKING],
+               "fixed loop: the LM head restored before every step, every finished step noted, the LM head intact":
+                   fixed["unrestored"] == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]},
               expect={f"fixed loop, emulated: corrupted steps (of {STEPS})": 0,
                       "fixed loop: pageable copies in its lines": 0,
                       "fixed loop: pin_memory() of a pinned tensor": 0,
-                      "fixed loop: syncs or blocking copies inside the loop": 0},
+                      "fixed loop: syncs or blocking copies inside the loop": 0,
+                      "fixed loop: waits on the newest step's event": 0,
+                      "fixed loop: syncs and blocking copies in all (the offload before the loop, the final synchronize)": 2},
               why=EMULATED_WHY)
 
 # %% [markdown]
-# What is left runs once: the offload before the loop (line 4) and the final `synchronize()` after it
-# (line 31), both allowed (`run_loop` also counts `m.stream.synchronize()` calls, which are no torch
-# calls; waits on events are the ring's, and are not counted). On the
-# emulated stream, where every race shows, no step is corrupted; the checker below runs the loop for
-# 1000 steps on this machine's stream (the GPU when there is one).
+# What is left runs once: the blocking copy of the offload before the loop and the final
+# `synchronize()` after it, both allowed (`run_loop` also counts `m.stream.synchronize()` calls, which
+# are no torch calls; waits on events are the ring's, and are counted only where the host waits on
+# the newest step it has enqueued). On the emulated stream, where every race shows, no step is
+# corrupted; the checker below runs the loop for 1000 steps on this machine's stream (the GPU when
+# there is one).
 #
 # The audit counts the loop's own lines. End to end, the detector counts every torch call of the
 # process, FlashInfer's included: the fixed loop on the GPU for 20 steps, the engine handing
-# `plan()` pinned inputs (fix 6):
+# `plan()` pinned inputs (the engine's fix). The one blocking copy it names, at line 4 of
+# `l07.fixed_loop`, is the offload of the LM head, once, before the loop:
 
 # %%
 fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_loop, **kw), steps=20,
@@ -363,23 +370,14 @@ for line in fixed_stalls.result["elsewhere"]:
     pinlab.show("  elsewhere", line)
 
 # %% [markdown]
-# 🔮 **Predict.** Why does the ring need 4 slots, and not 1, when the host waits for step n+1-depth
-# before the scheduler writes step n+1's metadata?
-#
-# <details><summary>Answer</summary>
-#
-# With one slot the host would wait, every step, for the step it just enqueued: the loop would be
-# as serial as the planted one. With `depth` slots the host runs up to `depth - 1` steps ahead of
-# the GPU, and only a wait on a step `depth - 1` steps old can block it, which happens only when
-# the host is the faster of the two. Depth trades a little pinned memory and latency (tokens are
-# delivered `depth - 1` steps late) for overlap.
-# </details>
-#
 # ## 6. The checker: 1000 steps
 #
 # The exercise's checker runs a loop for 1000 steps (on the GPU, or on the emulated stream) and
 # accepts it only with 0 corrupted steps, 0 pageable copies, no sync or blocking copy inside the
-# loop, every step's tokens read after their copy, every finished step noted, the LM head intact.
+# loop, no wait on an event recorded after the newest step the host had enqueued (the host stays at
+# least one step ahead: `depth` >= 2), every step's tokens read after their copy and before a later
+# step's copy reused their slot, every finished step noted, the LM head restored before every step
+# and intact at the end. A progress bar (on stderr) counts the steps as they are decoded.
 
 # %%
 pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop(fixed_loop), shown=False,
@@ -389,7 +387,7 @@ pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop(fixed_l
 # %% [markdown]
 # ## 7. Before and after: timeline and steps per second
 #
-# Both loops on the GPU, the same engine and work per step (the fixed loop's runs with fix 6), with
+# Both loops on the GPU, the same engine and work per step (the fixed loop's runs with the engine's fix), with
 # the host's own work (`host_work`) at 0.6 ms per step instead of 0.3, as a busier server's: steps
 # per second in 3 interleaved rounds of 150 steps (the median round; the host's time in the
 # engine's calls is clocked in the same round, without the profiler), then 6 steps of each under the
@@ -475,6 +473,7 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 # - Tools: `pinlab.detect_stalls` for copies and syncs (the whole process's), the profiler timeline
 #   for who waits for whom, an exact count of corrupted steps (on the emulated stream, without a GPU)
 #   for races.
-# - A fixed loop waits only on the events that bound its run-ahead: honest and faster.
+# - A fixed loop waits only on the events that bound its run-ahead, each at least one step older than
+#   the newest step it has enqueued (a wait on the newest is as serial as a sync): honest and faster.
 #
 # **Exercise:** `exercises/07_capstone_audit.ipynb` asks you to fix the loop yourself (solution in `solutions/`).

@@ -59,9 +59,12 @@ def planted_loop(m, steps):
 # - **no race**: no buffer rewritten before the copy that reads it has run, and no `pin_memory()` of
 #   a pinned buffer passed off as a snapshot (lessons 03 and 04);
 # - **no host sync inside the loop**: no `.item()`, `.tolist()`, `bool()` of a GPU tensor, no
-#   `s.synchronize()` every step (lesson 02); waiting on an event that bounds how far the host runs
-#   ahead is fine, and so is one `s.synchronize()` at the end;
-# - **no early read**: read a `non_blocking` D2H result only after an event recorded behind it.
+#   `s.synchronize()` every step (lesson 02), and no wait on the event of the step you just enqueued
+#   (a full wait too): waiting on an event at least one step older, which bounds how far the host runs
+#   ahead, is fine, and so is one `s.synchronize()` at the end;
+# - **no early or late read**: read a `non_blocking` D2H result only after an event recorded behind
+#   it, and before a later step's copy reuses its buffer;
+# - **the same engine**: the LM head stays offloaded, restored into `m.lm_head` before every step.
 #
 # Start from a copy of `planted_loop`'s body. The checker runs it for 1000 steps and names what is
 # still wrong. *(25-35 lines)*
@@ -113,4 +116,4 @@ ok = checks07.check_fixed_loop(fixed_loop)
 # - The only waits a fast loop keeps are the events that bound how far the host runs ahead.
 # - The checker audits your loop's own lines. The libraries it calls copy too: FlashInfer's `plan()`
 #   copies the host metadata it is given with `non_blocking=True`, so an engine hands it pinned
-#   tensors nobody rewrites (notebook 07, fix 6).
+#   tensors nobody rewrites (notebook 07, the engine's fix).

@@ -11,9 +11,14 @@ about the order of host writes, copies and reads, so every check below runs ther
 * no H2D copy with ``non_blocking=True`` reads pageable memory;
 * no host sync (``.item()``, ``.tolist()``, ``bool()``... of a device tensor) and no blocking copy
   runs inside the loop (once, before or after it, is allowed: offloading the LM head is one);
-* the host read every step's tokens after their D2H copy had run, each step once, and noted every
-  step whose tokens hold the end-of-sequence token;
-* the LM head on the GPU is intact.
+* the host read every step's tokens after their D2H copy had run and before a later step's copy
+  overwrote them, each step once, and noted every step whose tokens hold the end-of-sequence token;
+* no wait inside the loop (``event.synchronize()``, or ``event.query()`` polled) is on an event
+  recorded after the newest step the host had enqueued: the host stays at least one step ahead of
+  the GPU (run-ahead >= 1 step, a ring of depth >= 2 in the lesson's terms); set-up before step 0's
+  decode and the draining after the last step's may wait on anything;
+* the LM head is restored (an H2D copy into ``m.lm_head``) before every step's decode, and is
+  intact at the end.
 
 It prints one verdict (⏳ / ❌ what is wrong, in the lesson's terms / ✅), with a hint from the
 second failure on, and returns True or False. ``tests/test_checks_l07.py`` proves it accepts the
@@ -22,6 +27,8 @@ master solution and rejects plausible wrong answers with the right message.
 from __future__ import annotations
 
 from collections import Counter
+
+import torch
 
 from ..args import positive_int
 from ..lessons import l07_capstone_audit as l07
@@ -33,9 +40,9 @@ _failures: Counter = Counter()
 
 STEPS = 1000
 MAX_STEPS = 10_000  #: the most steps check_fixed_loop runs (10x the notebooks' 1000)
-#: the time limit of the learner's loop grows with its steps: the solution takes about 5 ms per step on
-#: the emulated stream on an idle 2-core CPU (up to 100 ms on one shared with other jobs) and about 2 ms
-#: on the H200; 1000 steps may run 60 + 200 s
+#: the time limit of the learner's loop grows with its steps: the solution takes about 12 ms per step on
+#: the emulated stream on a 2-core CPU shared with other jobs (run_loop runs it on one torch thread; on
+#: torch's default threads it took up to 100 ms) and about 2 ms on the H200; 1000 steps may run 60 + 200 s
 SECONDS_PER_STEP = 0.2
 IN_LOOP = l07.IN_LOOP  # more often than this: inside the loop (fewer: set-up or draining)
 
@@ -43,8 +50,10 @@ HINT = ("go through the loop line by line with the lessons: offload the LM head 
         "(`torch.empty_like(w, device=\"cpu\", pin_memory=True).copy_(w)`, lesson 05); give each step in flight "
         "its own pinned metadata and token buffer, a ring of `depth` slots (lesson 04), and record an event after "
         "each step's copies; before the scheduler rewrites slot i, and before you read its tokens, wait for that "
-        "event (`done[i].synchronize()`), never for the whole GPU; look for the end-of-sequence token in the "
-        "tokens you read, on the host, instead of `.item()` on the GPU (lesson 02).")
+        "event (`done[i].synchronize()`), never for the whole GPU nor for the step you just enqueued (with "
+        "`depth` >= 2 slots, wait for step n + 1 - depth after enqueuing step n); keep the LM head's restore "
+        "inside the loop, once per step; look for the end-of-sequence token in the tokens you read, on the "
+        "host, instead of `.item()` on the GPU (lesson 02).")
 
 
 def reset() -> None:
@@ -65,7 +74,8 @@ def _events(r: dict, kind: str, more_than: int = 0) -> list[dict]:
 
 
 def _at(e: dict, name: str) -> str:
-    return f"`{e['call']}` at line {e['line']} of {name} ({e['count']} times)"
+    code = f", in `{e['code']}`" if e.get("code") else ""
+    return f"`{e['call']}` at line {e['line']} of {name} ({e['count']} times{code})"
 
 
 def problem(r: dict, name: str = "fixed_loop") -> str | None:
@@ -102,11 +112,26 @@ def problem(r: dict, name: str = "fixed_loop") -> str | None:
         return (f"a blocking copy inside the loop: {_at(blocking[0], name)}. The host waits for the GPU to reach "
                 "it; copy with `non_blocking=True` between pinned memory and the GPU.")
     if r["first_stale"] is not None:
-        k = r["first_stale"]
+        k, by = r["first_stale"], r["first_stale_overwritten_by"]
+        if by is not None:
+            return (f"step {k}'s tokens were overwritten by step {by}'s before they were read ({r['stale_reads']} of "
+                    f"{steps} steps read wrong tokens, {r['overwritten']} of them a later step's): emit() got step "
+                    f"{by}'s tokens {_short(r['first_stale_got'])}, step {k} computed {_short(r['first_stale_want'])}. "
+                    f"Step {by}'s D2H copy reused step {k}'s pinned slot and had run when the host read it: read "
+                    f"step {k}'s slot after step {k}'s event, before the wait that lets a later copy into that "
+                    "slot run (in a ring of `depth` slots, step k's slot is reused by step k + depth).")
         return (f"step {k}'s tokens were read before their D2H copy had run ({r['stale_reads']} of {steps} steps): "
                 f"emit() got {_short(r['first_stale_got'])}, the GPU computed {_short(r['first_stale_want'])}. "
                 "A `non_blocking` device-to-host copy is only enqueued: read its buffer after an event recorded "
                 "behind it has completed.")
+    full = _events(r, l07.FULL_WAIT)
+    if full:
+        return (f"a wait that lets the host run no step ahead: {_at(full[0], name)} waited for an event recorded "
+                "after the newest step the host had enqueued. No later step was queued behind it, so the GPU ran "
+                "dry at every such wait, host and GPU took turns: as serial as `s.synchronize()` every step (a "
+                "ring of depth 1). Wait only on an event at least one step older than the newest step enqueued: "
+                "with a ring of `depth` >= 2 slots, wait for step n + 1 - depth after enqueuing step n, and the "
+                "host runs up to depth - 1 steps ahead of the GPU.")
     if r["missing"]:
         return (f"step {r['first_missing']}'s tokens were never handed to m.emit() ({r['missing']} of {steps} steps "
                 "missing): deliver every step's tokens, also the last ones still in flight when the loop ends.")
@@ -121,6 +146,12 @@ def problem(r: dict, name: str = "fixed_loop") -> str | None:
                   if missed else f"step {wrong[0]} was noted, but its tokens hold no end-of-sequence token")
         return (f"the stop check is wrong: {detail} ({len(r['want_stops'])} steps should be noted). Check the tokens "
                 "you read on the host (after their event) and call m.note_stop(k) once for each such step.")
+    if r["unrestored"]:
+        k = r["first_unrestored"]
+        return (f"the LM head was not restored before step {k}'s decode ({r['unrestored']} of {steps} steps): the "
+                "engine offloads it, so the loop copies it from host memory into `m.lm_head` before every step, "
+                "as a CPU-offloaded layer is (its GPU memory serves other layers in between). Keep the restore "
+                "inside the loop, one pinned `non_blocking` copy per step.")
     if not r["lm_head_ok"]:
         return ("the LM head on the GPU is not the model's any more: the restore must copy the offloaded weight "
                 "back unchanged, every step.")
@@ -143,11 +174,17 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
         show("fixed_loop checked on", s.label)
         # the torch attention (no FlashInfer plan() to guard, whatever the loop's run-ahead); on a GPU the
         # work per step keeps it behind a host with no work of its own, so that a race can show
-        model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, decoder_ms=0.8, host_ms=0.0, seed=3,
-                                  backend="torch")
+        threads = torch.get_num_threads()
+        if s.emulated:  # one torch thread: as in run_loop, several spin-wait on a CPU shared with other jobs
+            torch.set_num_threads(1)
+        try:
+            model = l07.CapstoneModel(s, steps=steps, encoder_ms=1.0, decoder_ms=0.8, host_ms=0.0, seed=3,
+                                      backend="torch")
+        finally:
+            torch.set_num_threads(threads)
     try:
         with learner_call(f"{name}(m, {steps})", TIMEOUT_S + steps * SECONDS_PER_STEP):
-            r = l07.run_loop(model, fn, steps)
+            r = l07.run_loop(model, fn, steps, progress=f"{name}: steps decoded")
     except LearnerStop as stop:  # it ran past its time, or left torch's state changed
         return _fail(f"fixed_loop: {stop}")
     except Exception as exc:  # the learner's bug, reported, not raised
@@ -156,6 +193,8 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
         return _fail(f"{name}(m, {steps}) raised {raised(exc)}")
     n = r["first_wrong_meta"]
     r["received_first_wrong"] = r["received"][n] if n is not None else None
+    for e in r["audit"]:  # the code of each line, where the loop's source can be read (a notebook cell's can)
+        e["code"] = l07.line_code(fn, e["line"])
     found = problem(r, name)
     if found:
         return _fail(found)

@@ -1,7 +1,9 @@
 """Lesson 07, the capstone: audit a small inference loop. The model, the harness and the audit.
 
 The loop the learner audits (``planted_loop``) and its fix (``fixed_loop``) are short functions of
-``(m, steps)``; notebook 07 defines the same code in its cells and prints what the harness finds.
+``(m, steps)``; notebook 07 defines the same ``planted_loop`` in a cell and prints what the harness
+finds. ``fixed_loop`` is the exercise's reference answer: it exists only here, the notebook measures
+it without showing it (a spoiler note points here), the checker's tests and the solution match it.
 Everything else, the plumbing a real engine would hide, is :class:`CapstoneModel`:
 
 * a toy decoder over a **paged KV cache** (:class:`pinlab.decode_loop.DecodeSetup`: requests grow,
@@ -36,8 +38,11 @@ together; the two loops are the lesson's reference code, which the checker and t
 from __future__ import annotations
 
 import gc
+import inspect
 import os
+import re
 import sys
+import textwrap
 import time
 
 import torch
@@ -144,6 +149,16 @@ class CapstoneModel:
         self.deliveries = 0
         self.stops: list[int] = []
         self.lm_head_host = None
+        #: the newest step whose decode() the host has enqueued (-1: none yet); the audit measures a wait's
+        #: run-ahead from it
+        self.decoded = -1
+        #: the steps whose decode() found no restore of the LM head since the previous step's (judged by
+        #: :func:`judge`); a restore is an H2D copy into ``m.lm_head`` seen by :class:`LoopAudit`, or a new
+        #: tensor assigned to ``m.lm_head``
+        self.unrestored: list[int] = []
+        self.restored = False
+        self._lm_head_seen = self.lm_head
+        self.on_decode = None  # called with n at each decode(n) (run_loop's progress bar)
 
     # --- what the loops call --------------------------------------------------------------------
     def schedule(self, n: int, buf: torch.Tensor) -> None:
@@ -171,6 +186,14 @@ class CapstoneModel:
         """Step ``n``'s decode on the GPU (enqueued): page indices from ``meta_dev[n]`` (the device copy
         of the metadata), paged attention, ``decoder_ms`` of GPU work (the decoder's other layers), the
         LM head, argmax. Returns ``tokens_dev[n]`` ([max_batch] int64 on the device, -1 past the batch)."""
+        if self.lm_head is not self._lm_head_seen:  # a new GPU buffer: restored by whatever made it
+            self._lm_head_seen, self.restored = self.lm_head, True
+        if not self.restored:
+            self.unrestored.append(int(n))
+        self.restored = False
+        self.decoded = max(self.decoded, int(n))
+        if self.on_decode is not None:
+            self.on_decode(n)
         with self.span("launch decode"):
             self.stream.launch(self._decode, n)
             self.stream.busy(self.decoder_ms)
@@ -258,7 +281,7 @@ def _no_span(name):
 
 
 # =============================================================================================
-# The two loops (notebook 07 defines the same code in its cells; tests/test_l07.py checks they match)
+# The two loops (notebook 07 defines planted_loop in a cell, solutions/07 both; tests/test_l07.py checks they match)
 # =============================================================================================
 
 
@@ -326,7 +349,10 @@ PAGEABLE = "pageable non_blocking H2D"
 BLOCKING = "blocking copy"
 SYNC = "host sync"
 PIN_NOOP = "pin_memory() of a pinned tensor"
-AUDIT_KINDS = (PAGEABLE, BLOCKING, SYNC, PIN_NOOP)
+#: a wait (``event.synchronize()``, or ``event.query()`` polled) inside the loop on an event recorded after
+#: the newest step the host had enqueued: no later step was queued behind it, the host ran 0 steps ahead
+FULL_WAIT = "wait on the newest step's event"
+AUDIT_KINDS = (PAGEABLE, BLOCKING, SYNC, PIN_NOOP, FULL_WAIT)
 _SYNC_NAMES = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy",
                "cpu", "__format__", "__repr__", "argwhere", "unique", "masked_select"}
 
@@ -354,11 +380,22 @@ class LoopAudit(TorchFunctionMode):
     copies, host syncs (``.item()``, ``.tolist()``, ``bool()``, ``nonzero``... of device tensors) and
     ``pin_memory()`` of a pinned tensor. Works on CUDA and on the emulated lagging stream. Enter it
     *inside* ``with stream:``. ``events``: ``{(kind, call, line, nbytes): count}``, ``line`` counted
-    from ``def`` (line 1) of ``fn``."""
+    from ``def`` (line 1) of ``fn``.
 
-    def __init__(self, stream, fn):
+    Given the ``model`` the loop runs on and its ``steps``, it also tells the model of every H2D copy
+    into ``model.lm_head`` (a restore, :attr:`CapstoneModel.unrestored`) and, for events made by
+    :meth:`event_class` (:func:`run_loop` makes every event of the loop one), records as
+    :data:`FULL_WAIT` each wait, from step 0's decode until the last step's, on an event recorded after
+    the newest step the host had enqueued (its run-ahead: how many steps the host had enqueued after
+    the event; 0 leaves the GPU nothing queued behind it)."""
+
+    def __init__(self, stream, fn, *, model=None, steps: int | None = None):
         super().__init__()
         callable_arg("fn", fn)
+        if model is not None:
+            _model_arg(model)
+        self.model = model
+        self.steps = positive_int("steps", steps) if steps is not None else (model.steps if model else 0)
         self.s = stream
         code = getattr(fn, "__code__", None)
         self.file = code.co_filename if code else None
@@ -385,8 +422,22 @@ class LoopAudit(TorchFunctionMode):
             return None
         return f.f_lineno - self.first + 1
 
-    def _note(self, kind, call, nbytes):
-        line = self._where()
+    def _caller_line(self):
+        """The line of the loop (from ``def``, 1-based) the current call came from, directly or through the
+        functions it called (a wrapper such as ``lambda m, steps: fixed_loop(m, steps, depth=1)`` is the
+        loop then), or None when it came from the model's own plumbing or from outside the loop."""
+        f = sys._getframe(1)
+        while f is not None:
+            if f.f_code in _MODEL_CODE:
+                return None  # the engine's own waits (FlashInfer's plan events) are not the loop's
+            if (f.f_code not in _OWN_CODE and f.f_code.co_filename == self.file
+                    and self.first <= f.f_lineno <= self.last):
+                return f.f_lineno - self.first + 1
+            f = f.f_back
+        return None
+
+    def _note(self, kind, call, nbytes, line=None):
+        line = self._where() if line is None else line
         if line is None:
             return
         key = (kind, call, line, int(nbytes))
@@ -415,6 +466,9 @@ class LoopAudit(TorchFunctionMode):
             nb = bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
             if self._dev(dst) and not self._dev(src):
                 size = src.numel() * src.element_size()
+                lm = self.model.lm_head if self.model is not None else None
+                if lm is not None and dst.numel() == lm.numel() and _same_storage(dst, lm):
+                    self.model.restored = True  # step n's LM head restored before its decode
                 if not nb:
                     self._note(BLOCKING, ".copy_() host to device", size)
                 elif not self._pinned(src):
@@ -422,6 +476,14 @@ class LoopAudit(TorchFunctionMode):
             elif self._dev(src) and not self._dev(dst):
                 if not nb or not self._pinned(dst):
                     self._note(BLOCKING, ".copy_() device to host", src.numel() * src.element_size())
+            return
+        if name == "__setitem__" and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+            dst, src = first, args[2]
+            if self._dev(dst) and not self._dev(src):  # gpu[...] = host tensor: a blocking H2D copy
+                self._note(BLOCKING, "[...] = host tensor", src.numel() * src.element_size())
+                lm = self.model.lm_head if self.model is not None else None
+                if lm is not None and dst.numel() == lm.numel() and _same_storage(dst, lm):
+                    self.model.restored = True
             return
         if name in ("to", "cuda"):
             target = kwargs.get("device", "cuda" if name == "cuda" else None)
@@ -453,6 +515,25 @@ class LoopAudit(TorchFunctionMode):
             if isinstance(reps, torch.Tensor) and self._dev(reps):
                 self._note(SYNC, ".repeat_interleave() without output_size", nbytes)
 
+    def event_class(self, base):
+        """A subclass of the event class ``base`` (``torch.cuda.Event``, or the emulated stream's) whose
+        ``record()`` notes the newest step enqueued, and whose ``synchronize()`` and repeated
+        ``query()`` (a poll: queried again, False, with no step enqueued in between) note a
+        :data:`FULL_WAIT` where the host had enqueued no step after the event."""
+        return type(base.__name__, (base,), {"record": _ev_record, "synchronize": _ev_synchronize, "query": _ev_query,
+                                            "_pinlab_base": base, "_pinlab_audit": self, "_pinlab_step": None,
+                                            "_pinlab_poll": None, "__doc__": base.__doc__})
+
+    def _wait(self, recorded, call: str) -> None:
+        """The loop waits on an event recorded when step ``recorded`` was the newest one enqueued."""
+        m = self.model
+        if m is None or recorded is None:
+            return
+        if 0 <= m.decoded < self.steps - 1 and m.decoded - recorded < 1:  # set-up and draining may wait
+            line = self._caller_line()
+            if line is not None:
+                self._note(FULL_WAIT, call, 0, line)
+
     def count(self, kind=None, *, more_than: int = 0) -> int:
         return sum(c for (k, *_), c in self.events.items() if (kind is None or k == kind) and c > more_than)
 
@@ -469,9 +550,42 @@ class LoopAudit(TorchFunctionMode):
                 for (k, call, line, nb), c in sorted(self.events.items(), key=lambda kv: (kv[0][2], kv[0][0]))]
 
 
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _ev_record(self, *args, **kwargs):
+    out = self._pinlab_base.record(self, *args, **kwargs)
+    m = self._pinlab_audit.model
+    self._pinlab_step = m.decoded if m is not None else None
+    self._pinlab_poll = None
+    return out
+
+
+def _ev_synchronize(self):
+    self._pinlab_audit._wait(self._pinlab_step, "event.synchronize()")
+    return self._pinlab_base.synchronize(self)
+
+
+def _ev_query(self):
+    done = self._pinlab_base.query(self)
+    m = self._pinlab_audit.model
+    if done or m is None:
+        self._pinlab_poll = None
+    elif self._pinlab_poll == ("polled", m.decoded):
+        pass  # this poll's wait is noted once
+    elif self._pinlab_poll == m.decoded:  # queried again, no step enqueued in between: the host polls
+        self._pinlab_poll = ("polled", m.decoded)
+        self._pinlab_audit._wait(self._pinlab_step, "event.query() polled")
+    else:
+        self._pinlab_poll = m.decoded
+    return done
+
+
 class _WatchedStream:
     """``m.stream`` while a loop runs under :func:`run_loop`: the stream itself, except that
-    ``synchronize()`` is recorded as a host sync at the loop's line (it is no torch call)."""
+    ``synchronize()`` is recorded as a host sync at the loop's line (it is no torch call), and
+    ``Event()`` makes an event the audit watches (``torch.cuda.Event`` is that class meanwhile)."""
 
     def __init__(self, stream, audit: LoopAudit):
         self._stream, self._audit = stream, audit
@@ -483,9 +597,14 @@ class _WatchedStream:
         self._audit._note(SYNC, "stream.synchronize()", 0)
         self._stream.synchronize()
 
+    def Event(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):  # noqa: N802
+        return torch.cuda.Event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
 
 _OWN_CODE = {LoopAudit._where.__code__, LoopAudit._note.__code__, LoopAudit._inspect.__code__,
-             LoopAudit.__torch_function__.__code__, _WatchedStream.synchronize.__code__}
+             LoopAudit.__torch_function__.__code__, LoopAudit._wait.__code__, _WatchedStream.synchronize.__code__,
+             _ev_synchronize.__code__, _ev_query.__code__, LoopAudit._caller_line.__code__}
+_MODEL_CODE = {f.__code__ for f in vars(CapstoneModel).values() if hasattr(f, "__code__")}
 
 #: A sync or blocking copy seen more often than this ran inside the loop (once per step); fewer
 #: times is set-up or draining (offloading the LM head, the last deliveries, the final synchronize).
@@ -523,6 +642,17 @@ def judge(m: CapstoneModel, steps: int, rows: list, tokens: list, lm_head_ok: bo
     want_stops = [n for n in range(steps) if EOS in tokens[n][: d.batch(n)]]
     corrupted = sorted(set(wrong_meta) | set(stale) | set(missing))
     first_stale = stale[0] if stale else None
+    # a stale read got a later step's tokens (its slot was overwritten before it was read), or not (it was
+    # read before its own copy had run: an earlier step's tokens, or the slot's first zeros)
+    steps_of: dict[tuple, list[int]] = {}
+    for n in range(steps):
+        steps_of.setdefault(tuple(tokens[n]), []).append(n)
+    overwritten_by = {}
+    for n in stale:
+        same = steps_of.get(tuple(m.delivered[n]), [])
+        if same and same[0] > n:
+            overwritten_by[n] = same[0]
+    unrestored = [n for n in m.unrestored if 0 <= n < steps]
     return {
         "steps": steps,
         "received": received,
@@ -532,6 +662,8 @@ def judge(m: CapstoneModel, steps: int, rows: list, tokens: list, lm_head_ok: bo
         "first_stale": first_stale,
         "first_stale_got": m.delivered[first_stale] if stale else None,
         "first_stale_want": tokens[first_stale] if stale else None,
+        "overwritten": len(overwritten_by),
+        "first_stale_overwritten_by": overwritten_by.get(first_stale),
         "missing": len(missing),
         "first_missing": missing[0] if missing else None,
         "extra": extra,
@@ -540,33 +672,61 @@ def judge(m: CapstoneModel, steps: int, rows: list, tokens: list, lm_head_ok: bo
         "want_stops": want_stops,
         "stops_ok": sorted(m.stops) == want_stops,
         "lm_head_ok": bool(lm_head_ok),
+        "unrestored": len(unrestored),
+        "first_unrestored": unrestored[0] if unrestored else None,
         "corrupted": len(corrupted),
     }
 
 
-def run_loop(m: CapstoneModel, loop, steps: int) -> dict:
+def run_loop(m: CapstoneModel, loop, steps: int, *, progress: str | None = None) -> dict:
     """Run ``loop(m, steps)`` on ``m.stream`` under :class:`LoopAudit`, then judge it. Returns the
-    judge's verdicts plus ``audit`` (events), ``audit_lines``, ``counts`` per kind, ``seconds``."""
+    judge's verdicts plus ``audit`` (events), ``audit_lines``, ``counts`` per kind, ``seconds``.
+    ``progress``: a label for a progress bar on stderr, one tick per step decoded (None: none)."""
     _model_arg(m)
     callable_arg("loop", loop)
     steps = positive_int("steps", steps)
     if steps > m.steps:
         raise ValueError(f"steps ({steps}) must be <= the model's steps ({m.steps})")
+    bar = None
+    if progress is not None:
+        from ..progress import progress as progress_bar
+
+        bar = progress_bar(range(steps), progress)
     s = m.stream
-    m.reset()
+    threads = torch.get_num_threads()
+    if s.emulated:
+        # the emulated GPU's kernels are tiny: on one thread they run 10x faster than on torch's intra-op
+        # threads, which spin-wait for each other on a CPU shared with other jobs (1000 steps: 10 s, not 90)
+        torch.set_num_threads(1)
+    try:
+        return _run_loop(m, s, loop, steps, bar)
+    finally:
+        torch.set_num_threads(threads)
+        if bar is not None:
+            bar.close()
+
+
+def _run_loop(m: CapstoneModel, s, loop, steps: int, bar) -> dict:
     with s:
         m.meta_dev.zero_()
         m.tokens_dev.fill_(-1)
         m.lm_head.copy_(m.lm_head_ref.to(s.device))
         s.synchronize()
-        audit = LoopAudit(s, loop)
+        m.reset()
+        audit = LoopAudit(s, loop, model=m, steps=steps)
         t0 = time.perf_counter()
         m.stream = _WatchedStream(s, audit)
+        cuda_event = torch.cuda.Event
+        torch.cuda.Event = audit.event_class(cuda_event)  # the loop's events (its own too) are watched
+        if bar is not None:
+            m.on_decode = lambda n: bar.update(1)
         try:
             with audit:
                 loop(m, steps)
         finally:
             m.stream = s
+            torch.cuda.Event = cuda_event
+            m.on_decode = None
         s.synchronize()
         seconds = time.perf_counter() - t0
         rows = m.meta_dev[:steps].cpu().tolist()
@@ -821,6 +981,35 @@ def stall_lines(report, fn) -> list[str]:
         if file == code.co_filename and line.isdigit() and code.co_firstlineno <= int(line) <= last:
             rows.append((-count, int(line) - code.co_firstlineno + 1, kind, op))
     return [f"{kind}: {op} at line {line} of {fn.__name__}, {-c} time(s)" for c, line, kind, op in sorted(rows)]
+
+
+def code_of_lines(lines, fn) -> list[str]:
+    """``lines`` (:func:`stall_lines` or :class:`LoopAudit` lines: ``"... at line N of name ..."``) with each
+    line number of ``fn`` replaced by that line's code (its comment dropped): ``"... at `code` in name ..."``,
+    for a reader who sees the code without line numbers. A line is left as it is where ``fn``'s source
+    cannot be read or has no such line."""
+    callable_arg("fn", fn)
+    if isinstance(lines, (str, bytes)) or not hasattr(lines, "__iter__"):
+        raise TypeError(f"lines must be a list of str, got {type(lines).__name__}")
+    name = getattr(fn, "__name__", "")
+
+    def code(mo):
+        text = line_code(fn, int(mo.group(1))) if mo.group(2) == name else None
+        return f"at `{text}` in {name}" if text else mo.group(0)
+
+    return [re.sub(r"at line (\d+) of (\w+)", code, str(x)) for x in lines]
+
+
+def line_code(fn, line: int) -> str | None:
+    """The code of line ``line`` of ``fn`` (counted from ``def``, line 1), its comment dropped; None where
+    the source cannot be read (a function compiled from a string) or has no such line."""
+    try:
+        src = textwrap.dedent(inspect.getsource(fn)).splitlines()
+    except (OSError, TypeError):
+        return None
+    if not isinstance(line, int) or not 1 <= line <= len(src):
+        return None
+    return re.sub(r"\s+#.*$", "", src[line - 1]).strip() or None
 
 
 def elsewhere_lines(report, fn) -> list[str]:
