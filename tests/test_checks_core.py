@@ -443,3 +443,12 @@ def test_run_loop_steps_are_bounded():
     with pytest.raises(ValueError, match=f"steps must be <= {checks03.MAX_STEPS}, got 1000000"):
         checks03.run_loop(forever, steps=10**6)
     assert checks03.MAX_STEPS >= 50 * checks03.STEPS
+
+
+@pytest.mark.wrapping
+def test_a_verdict_wraps_at_100_columns(capsys):
+    from pinlab.checks import say
+
+    say("✅ " + "a long verdict " * 20)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and all(len(ln) <= 100 for ln in lines) and lines[1].startswith("   verdict")

@@ -607,6 +607,7 @@ def test_the_evidence_test_asks_the_policys_five_runs():
     assert evidence.MIN_RUNS >= 5, f"tools/evidence.py MIN_RUNS is {evidence.MIN_RUNS}; the policy asks 5"
 
 
+@pytest.mark.wrapping
 def test_a_wrapped_machine_line_is_read_as_one_line(capsys):
     """pinlab.show wraps at 100 columns; the stability numbers come from the whole line, joined back."""
     import pinlab
@@ -623,6 +624,7 @@ def test_a_wrapped_machine_line_is_read_as_one_line(capsys):
     assert lines[0]["value"].endswith("and so on")
 
 
+@pytest.mark.wrapping
 def test_the_sanitizer_masks_a_wrapped_machine_line_and_nothing_after_it(capsys):
     import configparser
     import re

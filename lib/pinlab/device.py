@@ -82,17 +82,20 @@ def header(lesson: str | None = None) -> dict:
     if lesson is not None and not isinstance(lesson, str):
         raise TypeError(f"lesson must be a str such as '01 pinned memory' or None, got {type(lesson).__name__}")
     f = facts()
-    title = f"pinlab | {lesson}" if lesson else "pinlab"
-    print(title)
-    print(f"  python {f['python']}, torch {f['torch']}, FlashInfer {f['flashinfer'] or 'not installed'}")
+    from .timing import wrapped
+
+    lines = [f"pinlab | {lesson}" if lesson else "pinlab",
+             f"  python {f['python']}, torch {f['torch']}, FlashInfer {f['flashinfer'] or 'not installed'}"]
     if f["cuda_available"]:
-        print(f"  GPU: {f['gpu']} (compute capability {f['capability']}), CUDA {f['cuda_runtime']}, "
-              f"driver {f['driver'] or 'unknown'}, pinned memory: {'yes' if f['pinned_memory'] else 'NO'}")
-        print("  mode: measuring live on this GPU")
+        lines += [f"  GPU: {f['gpu']} (compute capability {f['capability']}), CUDA {f['cuda_runtime']}, "
+                  f"driver {f['driver'] or 'unknown'}, pinned memory: {'yes' if f['pinned_memory'] else 'NO'}",
+                  "  mode: measuring live on this GPU"]
     else:
-        print("  GPU: none (no CUDA device visible to torch)")
-        print("  mode: CPU replay: GPU experiments show the latest recorded GPU run, labelled as such")
-        print(f"  recorded run: {_recorded_run()}")
+        lines += ["  GPU: none (no CUDA device visible to torch)",
+                  "  mode: CPU replay: GPU experiments show the latest recorded GPU run, labelled as such",
+                  f"  recorded run: {_recorded_run()}"]
+    for line in lines:
+        print(wrapped(line, indent=4))
     return f
 
 

@@ -22,12 +22,13 @@ WIDTH = 100
 MACHINE_INDENT = len(MEASURED_PREFIX) + 1
 
 
-def wrapped(text: str, indent: int = 4, width: int = WIDTH) -> str:
+def wrapped(text: str, indent: int = 4, width: int | None = None) -> str:
     """``text`` (one line) wrapped at spaces to ``width`` columns, the lines after the first indented by
     ``indent`` spaces; words longer than a line are kept whole. Joining the lines with single spaces
     (after the indent) gives ``text`` back where it had single spaces."""
     import textwrap
 
+    width = WIDTH if width is None else width
     lines = textwrap.wrap(text, width=width, subsequent_indent=" " * indent, break_long_words=False,
                           break_on_hyphens=False, replace_whitespace=False, drop_whitespace=True)
     return "\n".join(lines) if lines else text

@@ -98,7 +98,8 @@ loop = pinlab.measure("02_step_loop", partial(stalls.step_loop, run_steps), **ST
 pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
 if loop.live:
     pinlab.show("this run's profiler trace", loop["trace_file"])
-print("the recorded GPU run's profiler trace:", RECORDED_TRACE, "(open it in https://ui.perfetto.dev)")
+print("the recorded GPU run's profiler trace:", RECORDED_TRACE)
+print("  (open it in https://ui.perfetto.dev)")
 
 # %%
 fig, axes = pinlab.plots.stacked(2, height=3.0, sharex=True)

@@ -314,8 +314,8 @@ ok = pinlab.claims({
 # </details>
 
 # %%
-print("FlashInfer compiles its decode kernel the first time it is used (JIT); how long that took is "
-      "shown below. A replay of a recorded run skips it.")
+print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
+print("how long that took is shown below. A replay of a recorded run skips it.")
 dec = pinlab.measure("03_decode_race", l03.decode_race, strategies=["reused_pinned", "pageable"],
                      steps=64, busy_ms=3.0, ring=3, ahead=2, seed=0)
 

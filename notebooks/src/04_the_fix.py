@@ -785,8 +785,8 @@ ring_vs_bug = pinlab.observe("slab ring: no more host time than the racy buffers
 # the reused pinned buffer again as the control.
 
 # %%
-print("FlashInfer compiles its decode kernel the first time it is used (JIT); how long that took is "
-      "shown below. A replay of a recorded run skips it.")
+print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
+print("how long that took is shown below. A replay of a recorded run skips it.")
 dec = pinlab.measure("04_decode_snapshot", l03.decode_race, strategies=["reused_pinned", "snapshot"],
                      steps=64, busy_ms=3.0, ring=3, ahead=2, seed=0)
 

@@ -225,7 +225,7 @@ for label, (module, target) in cases.items():
             pass
         raise AssertionError(f"{label}: accepted")
     except (TypeError, ValueError, pinlab.CudaUnavailableError) as exc:
-        print(f"{label:16s} -> {type(exc).__name__}: {exc}")
+        print(pinlab.timing.wrapped(f"{label:16s} -> {type(exc).__name__}: {exc}", indent=20))
 
 # %% [markdown]
 # ### A sleep/wake cycle
@@ -334,8 +334,9 @@ plt.show()
 
 # %%
 for name, v in methods.items():
-    print(f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: {v['pinned']}, "
-          f"on the host: {v['on_host']}, reloaded bitwise equal: {v['bitwise_equal']}")
+    print(pinlab.timing.wrapped(f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: {v['pinned']}, "
+                                f"on the host: {v['on_host']}, reloaded bitwise equal: {v['bitwise_equal']}",
+                                indent=19))
 pinlab.claims({"copies per weight 1, 2 and 1": [v["copies_per_weight"] for v in methods.values()] == [1, 2, 1],
                "every restore on the host, every reload bitwise equal":
                    all(v["bitwise_equal"] and v["on_host"] for v in methods.values())},

@@ -44,7 +44,8 @@ GPU = pinlab.has_cuda()
 
 # %%
 ids = l06.ids_before([[1, 4, 6]], 2, "cpu")
-print("first 12 (row, col) of a 4x6 image, m=2:", [tuple(p) for p in ids[:12].tolist()])
+print("first 12 (row, col) of a 4x6 image, m=2:")
+print(" ", [tuple(p) for p in ids[:12].tolist()])
 pinlab.claim("block by block, row-major inside each 2x2 block",
              [tuple(p) for p in ids[:12].tolist()] == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3),
                                                       (1, 2), (1, 3), (0, 4), (0, 5), (1, 4), (1, 5)],
@@ -125,11 +126,11 @@ for bad in ([[1, 15, 16]], [], torch.tensor([[1.0, 4.0, 4.0]]), [[1, 4]]):
     try:
         l06.ids_vectorised(bad, 2, "cpu")
     except (TypeError, ValueError) as exc:
-        print(f"{type(exc).__name__}: {exc}")
+        print(pinlab.timing.wrapped(f"{type(exc).__name__}: {exc}"))
 try:
     l06.ids_vectorised([[1, 4, 4]], 2, 0)
 except TypeError as exc:
-    print(f"{type(exc).__name__}: {exc}")
+    print(pinlab.timing.wrapped(f"{type(exc).__name__}: {exc}"))
 
 # %% [markdown]
 # ## Torch calls grow with the images in (a) and (b), not in (c)

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 import torch
 
 from ..args import text_arg
+from ..timing import wrapped
 from ..detector import SKIP_PREFIXES
 from ..streams import explain_dummy_event
 
@@ -623,17 +624,22 @@ def summary(value, width: int = 120) -> str:
 _fmt_args = fmt_args  # the name lesson checkers imported first
 
 
+def say(line: str) -> None:
+    """Print a checker's verdict or hint, wrapped to 100 columns (the lines after the first indented)."""
+    print(wrapped(str(line), indent=3))
+
+
 def not_implemented(name: str) -> bool:
     """Print the ⏳ verdict of a stub; False."""
-    print(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
+    say(f"⏳ {name} is not implemented yet: write it above, then re-run this cell.")
     return False
 
 
 def _failed(name: str, line: str, hint: str | None) -> bool:
-    print(line)
+    say(line)
     _FAILURES[name] = _FAILURES.get(name, 0) + 1
     if hint and _FAILURES[name] >= 2:
-        print(f"💡 Hint: {hint}")
+        say(f"💡 Hint: {hint}")
     return False
 
 
@@ -684,5 +690,5 @@ def run_cases(fn, name: str, cases, reference, *, compare=_close, hint: str | No
             )
         n += 1
     _FAILURES.pop(name, None)
-    print(f"✅ {name} is correct ({n} cases).")
+    say(f"✅ {name} is correct ({n} cases).")
     return True

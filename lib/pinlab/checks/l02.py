@@ -26,7 +26,7 @@ from collections import Counter
 
 from ..lessons.l02_fake_non_blocking import first_waiting_size
 from ..profiler import idle_share
-from . import LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_tensor
+from . import say, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_tensor
 
 MiB = 1 << 20
 
@@ -510,10 +510,10 @@ def reset() -> None:
 def fail(name: str, message: str, hints: dict | None = None) -> bool:
     """Print ``❌ name: message`` (and, from the second failure of ``name`` on, its hint); False."""
     _failures[name] += 1
-    print(f"❌ {name}: {message}")
+    say(f"❌ {name}: {message}")
     hint = (hints or HINTS).get(name)
     if hint and _failures[name] >= 2:
-        print(f"💡 Hint: {hint}")
+        say(f"💡 Hint: {hint}")
     return False
 
 
@@ -595,7 +595,7 @@ def check_step_without_syncs(fn) -> bool:
     show(f"{name} checked on", s.label)
     if not s.emulated:
         show(f"your step's host time behind a {SYNC_BUSY_MS:.0f} ms kernel, largest input", f"{host_ms_seen[0]:.2f} ms")
-    print(f"✅ {name} is correct ({len(SYNC_CASES)} inputs: no host wait, every copy to the GPU from pinned "
+    say(f"✅ {name} is correct ({len(SYNC_CASES)} inputs: no host wait, every copy to the GPU from pinned "
           "memory, the result in host memory equal to the reference once its event is reached).")
     return True
 

@@ -18,7 +18,7 @@ import random
 
 from .. import steploop
 from ..paged_kv import kv_indptr, last_page_len
-from . import LearnerStop, _seq, int_list, is_stub, learner_arg, learner_call, raised, run_cases
+from . import say, LearnerStop, _seq, int_list, is_stub, learner_arg, learner_call, raised, run_cases
 
 # ---- lesson 03, exercise 1: indptr and last_page_len --------------------------------------------
 
@@ -380,7 +380,7 @@ def check_race_free_loop(fn) -> bool:
     if not s.emulated:
         show(f"host time per step of your loop, outside forward (median of {STEPS})",
              f"{sorted(h.host_ms)[STEPS // 2]:.3f} ms")
-    print(f"✅ {name} is correct ({STEPS} steps, the host up to {AHEAD} steps ahead: every step read its own "
+    say(f"✅ {name} is correct ({STEPS} steps, the host up to {AHEAD} steps ahead: every step read its own "
           "metadata, copied from pinned memory, and the host never waited for the GPU).")
     return True
 

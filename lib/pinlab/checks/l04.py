@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from .. import steploop
 from ..streams import stream as _default_stream
 from ..timing import show
-from . import (LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_int,
+from . import (say, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_int,
                same_tensor)
 from .l03 import timeline_cases
 
@@ -61,9 +61,9 @@ def reset() -> None:
 
 def _fail(name: str, message: str) -> bool:
     _failures[name] += 1
-    print(f"❌ {message}")
+    say(f"❌ {message}")
     if _failures[name] >= 2:
-        print(f"💡 Hint: {HINTS[name]}")
+        say(f"💡 Hint: {HINTS[name]}")
     return False
 
 
@@ -222,7 +222,7 @@ def check_pin_snapshot(fn, stream=None) -> bool:
                                "with non_blocking=True: each call must return new memory that nothing "
                                "writes again (a snapshot reused by the next call is the same race).")
     _failures.pop(name, None)
-    print(f"✅ {name} is correct ({len(makers)} tensors, pageable and pinned; {STEPS} steps on a reused "
+    say(f"✅ {name} is correct ({len(makers)} tensors, pageable and pinned; {STEPS} steps on a reused "
           "pinned buffer, 0 corrupted).")
     return True
 
@@ -417,7 +417,7 @@ def check_ring_stage(fn, stream=None) -> bool:
                                        f"({steploop.RING_RULE}), so it must make the host wait, or it "
                                        "rewrites a buffer whose copy has not run.")
     _failures.pop(name, None)
-    print(f"✅ {name} is correct: {STEPS} steps, 0 corrupted, with a ring of {AHEAD + 1} (no waiting: the host "
+    say(f"✅ {name} is correct: {STEPS} steps, 0 corrupted, with a ring of {AHEAD + 1} (no waiting: the host "
           f"kept its run-ahead) and with a ring of {SHALLOW} (the host waited: run-ahead {SHALLOW - 1} at most).")
     return True
 

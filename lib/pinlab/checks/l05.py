@@ -23,7 +23,7 @@ from ..lessons.l05_pinned_weight_restore import count_copies, pinned_footprint
 from ..replay import data_dir
 from ..streams import stream
 from ..timing import show
-from . import (LearnerStop, _fmt_args, _number, is_stub, learner_arg, learner_call, not_implemented, raised,
+from . import (say, LearnerStop, _fmt_args, _number, is_stub, learner_arg, learner_call, not_implemented, raised,
                same_int, same_tensor, summary)
 
 _failures: Counter = Counter()
@@ -44,9 +44,9 @@ def reset() -> None:
 
 def _fail(name: str, message: str) -> bool:
     _failures[name] += 1
-    print(f"❌ {message}")
+    say(f"❌ {message}")
     if _failures[name] >= 2:
-        print(f"💡 Hint: {HINTS[name]}")
+        say(f"💡 Hint: {HINTS[name]}")
     return False
 
 
@@ -145,7 +145,7 @@ def check_restore_weight(fn) -> bool:
             s.synchronize()
             if problem:
                 return _fail(name, problem)
-    print(f"✅ {name} is correct ({len(RESTORE_CASES)} weights: one copy each, pinned unless pin=False, "
+    say(f"✅ {name} is correct ({len(RESTORE_CASES)} weights: one copy each, pinned unless pin=False, "
           "bitwise identical, ready when it returns).")
     return True
 
@@ -207,10 +207,10 @@ def check_pinned_footprint(fn) -> bool:
             elif isinstance(got, float):
                 why = " (give a whole number of bytes, an int)"
             return _fail(name, f"{name}{_fmt_args(args)} returned {summary(got)}, expected {expected!r}{why}")
-    print(f"✅ {name} is correct ({len(cases)} cases).")
+    say(f"✅ {name} is correct ({len(cases)} cases).")
     rec = _recorded("05_restore")
     if rec is None:
-        print("   No recorded GPU run yet to apply it to (the GPU suite writes reports/gpu/data/05_restore.json).")
+        say("   No recorded GPU run yet to apply it to (the GPU suite writes reports/gpu/data/05_restore.json).")
         return True
     res = rec["result"]
     took = res["methods"]["empty_pinned_copy"]["pinned_bytes_delta"]
@@ -226,6 +226,6 @@ def check_pinned_footprint(fn) -> bool:
     if not same_int(mine, took):
         return _fail(name, f"on the recorded GPU run your function predicts {summary(mine)} bytes, the allocator "
                            f"took {took}.")
-    print(f"✅ applied to the recorded GPU run: it predicts exactly what the allocator page-locked "
+    say(f"✅ applied to the recorded GPU run: it predicts exactly what the allocator page-locked "
           f"({len(res['param_bytes'])} weights).")
     return True

@@ -18,7 +18,7 @@ import random
 
 import torch
 
-from . import (LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
+from . import (say, LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
                summary)
 from ..lessons import l06_device_side_indices as l06
 from ..streams import LaggingStream
@@ -46,9 +46,9 @@ def reset_hints() -> None:
 
 def _fail(name: str, message: str) -> bool:
     _FAILS[name] = _FAILS.get(name, 0) + 1
-    print(f"❌ {message}")
+    say(f"❌ {message}")
     if _FAILS[name] >= 2:
-        print(HINTS[name])
+        say(HINTS[name])
     return False
 
 
@@ -178,7 +178,7 @@ def check_rot_pos_ids(fn) -> bool:
             if not same:
                 return _fail(name, f"{name}({grid}, m={m}, device='cuda') did not return the ids on the GPU, "
                                    f"equal to (a)")
-    print(f"✅ {name} is correct ({n} grids equal to (a); {c_many.calls} torch calls for {len(many)} images "
+    say(f"✅ {name} is correct ({n} grids equal to (a); {c_many.calls} torch calls for {len(many)} images "
           f"as for {len(few)}; checked on the emulated lagging stream, and on CUDA where there is one).")
     return True
 
@@ -212,7 +212,7 @@ def check_d2h_outputs(start_d2h, finish_d2h) -> bool:
         if verdict is not None:
             return _fail(name, verdict)
         n_steps_total += steps
-    print(f"✅ {name} is correct ({n_steps_total} steps, every result read after its event, the host never "
+    say(f"✅ {name} is correct ({n_steps_total} steps, every result read after its event, the host never "
           f"waited for more; checked on the emulated lagging stream).")
     return True
 

@@ -34,7 +34,7 @@ from ..args import positive_int
 from ..lessons import l07_capstone_audit as l07
 from ..streams import stream
 from ..timing import show
-from . import TIMEOUT_S, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised
+from . import say, TIMEOUT_S, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised
 
 _failures: Counter = Counter()
 
@@ -63,9 +63,9 @@ def reset() -> None:
 
 def _fail(message: str) -> bool:
     _failures["fixed_loop"] += 1
-    print(f"❌ {message}")
+    say(f"❌ {message}")
     if _failures["fixed_loop"] >= 2:
-        print(f"💡 Hint: {HINT}")
+        say(f"💡 Hint: {HINT}")
     return False
 
 
@@ -199,6 +199,6 @@ def check_fixed_loop(fn, steps: int = STEPS) -> bool:
     if found:
         return _fail(found)
     _failures.pop("fixed_loop", None)
-    print(f"✅ fixed_loop is correct ({steps} steps: 0 corrupted, 0 pageable copies, no sync inside the loop, "
+    say(f"✅ fixed_loop is correct ({steps} steps: 0 corrupted, 0 pageable copies, no sync inside the loop, "
           "every step's tokens read after their copy).")
     return True

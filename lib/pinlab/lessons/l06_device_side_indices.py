@@ -415,7 +415,8 @@ def adaptive_enc_mask(x_len, chunk_size, left_window=0, right_window=0):
     """Phi-4-MM's audio encoder mask (``adaptive_enc_mask`` with ``chunk_start_idx =
     arange(0, x_len, chunk_size)``), built on the host as the model does: ``[x_len, x_len]`` bool,
     True where frame i may attend to frame j."""
-    x_len, chunk_size, left_window, right_window = _mask_args(x_len, chunk_size, left_window, right_window)
+    x_len, chunk_size, left_window, right_window = _mask_args(x_len, chunk_size, left_window,
+                                                               right_window)
     chunk_start_idx = torch.arange(0, x_len, chunk_size)
     start_pad = torch.nn.functional.pad(chunk_start_idx, (1, 0))
     end_pad = torch.nn.functional.pad(chunk_start_idx, (0, 1), value=x_len)
@@ -432,7 +433,8 @@ def adaptive_enc_mask(x_len, chunk_size, left_window=0, right_window=0):
 def streaming_mask_device(x_len, chunk_size, left_window, right_window, device):
     """The same mask built on ``device``: frame i may attend to frame j when j's chunk is at most
     ``left_window`` chunks before and ``right_window`` chunks after i's. Six launches, no copy."""
-    x_len, chunk_size, left_window, right_window = _mask_args(x_len, chunk_size, left_window, right_window)
+    x_len, chunk_size, left_window, right_window = _mask_args(x_len, chunk_size, left_window,
+                                                               right_window)
     chunk = torch.arange(x_len, device=as_device(device)) // chunk_size
     d = chunk.unsqueeze(0) - chunk.unsqueeze(1)               # j's chunk minus i's chunk
     return (d >= -left_window) & (d <= right_window)
