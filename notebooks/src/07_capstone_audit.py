@@ -168,7 +168,7 @@ def detect_loop(loop, steps, pin_plan_inputs):
 stalls = pinlab.measure("07_detect_stalls", lambda **kw: detect_loop(planted_loop, **kw), steps=20,
                         pin_plan_inputs=False)
 for line in l07.code_of_lines(stalls.result["lines"], planted_loop):  # each line number shown as its code
-    print(line)
+    print(pinlab.timing.wrapped(line, indent=6))
 kinds = " ".join(stalls.result["lines"])
 pinlab.claim("the detector names the LM head restore's pageable copy and the stop check's .item()",
              "pageable H2D" in kinds and "host sync (.item())" in kinds, value=stalls.result["lines"],
@@ -219,7 +219,7 @@ for line in stalls.result["elsewhere"]:
 
 # %%
 for line in l07.code_of_lines(planted["audit_lines"], planted_loop):
-    print(line)
+    print(pinlab.timing.wrapped(line, indent=6))
 pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"][l07.PIN_NOOP],
                "planted loop: pageable non_blocking copies in its lines": planted["counts"][l07.PAGEABLE]},
               expect={"planted loop: pin_memory() of a pinned tensor": STEPS,
@@ -360,7 +360,7 @@ pinlab.claims({f"fixed loop, emulated: corrupted steps (of {STEPS})": fixed["cor
 fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_loop, **kw), steps=20,
                               pin_plan_inputs=True)
 for line in fixed_stalls.result["lines"]:
-    print(line)
+    print(pinlab.timing.wrapped(line, indent=6))
 text = "fixed loop, the whole process: pageable non_blocking H2D copies the detector saw"
 pinlab.claims({text: fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)}, expect={text: 0},
               values={text: fixed_stalls.result["elsewhere"] or fixed_stalls.result["counts"]},
