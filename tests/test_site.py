@@ -305,7 +305,7 @@ Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i
       codeBlocks: document.querySelectorAll('div.cell_input div.highlight pre').length,
       copyButtons: document.querySelectorAll('div.cell_input button.copybtn').length,
       outputCopyButtons: document.querySelectorAll('div.output button.copybtn').length,
-      runIt: runIt ? Array.from(runIt.querySelectorAll('a')).map(a => a.className) : null,
+      runIt: runIt ? Array.from(runIt.querySelectorAll('a, span.repository')).map(a => a.className) : null,
       installCell: !!document.querySelector('.run-it-install div.highlight pre'),
     });
   }, 300));
@@ -422,11 +422,15 @@ def test_lesson_pages_at_1400px_wrap_outputs_and_offer_copy_and_run_it(site, bro
         if facts["outputCopyButtons"]:
             problems.append(f"{rel}: copy buttons on outputs")
         if not facts["runIt"] or not {"download", "repository"} <= set(facts["runIt"]):
-            problems.append(f"{rel}: no run-it row with a download and a repository link ({facts['runIt']})")
+            problems.append(f"{rel}: no run-it row with a download and a repository link or local-run note "
+                            f"({facts['runIt']})")
         elif build_site.colab_url(build_site.repository_url(), rel) and "colab" not in facts["runIt"]:
             problems.append(f"{rel}: no Colab link in the run-it row")
-        if not facts["installCell"]:
+        placeholder = build_site.is_placeholder(build_site.repository_url())
+        if not facts["installCell"] and not placeholder:
             problems.append(f"{rel}: no guarded install cell under the run-it row")
+        if facts["installCell"] and placeholder:
+            problems.append(f"{rel}: an install cell pointing at the placeholder repository address")
     landing = _layout(browser, base + "index.html")
     if landing["pageScroll"] > 0:
         problems.append(f"index.html: the page scrolls sideways by {landing['pageScroll']} px at 1400 px")
@@ -444,6 +448,11 @@ def test_run_it_row_and_repository_url():
     assert build_site.colab_url("https://github.com/a/b", "notebooks/01_x.ipynb") == \
         "https://colab.research.google.com/github/a/b/blob/main/notebooks/01_x.ipynb"
     assert build_site.colab_url("https://gitlab.com/a/b", "notebooks/01_x.ipynb") is None
+    # the placeholder address gets no link at all: no Colab, no repository, no install cell pointing there
+    row = build_site.run_it_row("notebooks/01_x.ipynb", build_site.REPOSITORY_FALLBACK)
+    assert build_site.colab_url(build_site.REPOSITORY_FALLBACK, "notebooks/01_x.ipynb") is None
+    assert "REPLACE-ME" not in row and "make lab" in row and 'class="download"' in row
+    assert "github.com/a/b" in build_site.run_it_row("notebooks/01_x.ipynb", "https://github.com/a/b")
     cell = build_site.install_cell("https://github.com/a/b")
     assert 'find_spec("pinlab") is None' in cell and "git+https://github.com/a/b" in cell
     compile(cell.replace("%pip", "pass  #"), "install", "exec")  # valid Python once IPython's magic is read

@@ -171,8 +171,15 @@ def repository_url(root: Path = ROOT) -> str:
     return url.group(1) if url else REPOSITORY_FALLBACK
 
 
+def is_placeholder(repo: str) -> bool:
+    """pyproject.toml's Repository is still the placeholder: no link may point there."""
+    return "REPLACE-ME" in repo
+
+
 def colab_url(repo: str, rel: str, branch: str = "main") -> str | None:
-    """Colab opens a notebook straight from GitHub: None for a repository elsewhere."""
+    """Colab opens a notebook straight from GitHub: None for a repository elsewhere, or none yet."""
+    if is_placeholder(repo):
+        return None
     m = re.match(r"https://github\.com/([^/]+)/([^/#?]+?)(?:\.git)?/?$", repo)
     return f"https://colab.research.google.com/github/{m.group(1)}/{m.group(2)}/blob/{branch}/{rel}" if m else None
 
@@ -184,7 +191,7 @@ def install_cell(repo: str) -> str:
             f"    %pip install -q \"pinlab @ git+{repo}\"  # FlashInfer is optional: add [gpu] to decode with it")
 
 
-def _run_it(rel: str, repo: str) -> str:
+def run_it_row(rel: str, repo: str) -> str:
     """The "run it" row under a page's title: Colab, the .ipynb to download, the repository."""
     name = Path(rel).name
     links = []
@@ -192,6 +199,9 @@ def _run_it(rel: str, repo: str) -> str:
     if colab:
         links.append(f'<a class="colab" href="{html.escape(colab)}">Open in Colab</a>')
     links.append(f'<a class="download" href="{html.escape(name)}" download>Download {html.escape(name)}</a>')
+    if is_placeholder(repo):  # no public address yet: the download, and how to run it locally
+        links.append('<span class="repository">run it locally: <code>make lab</code> in the course\'s checkout</span>')
+        return '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
     links.append(f'<a class="repository" href="{html.escape(repo)}">Repository</a>')
     row = '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
     note = ('<details class="run-it-install"><summary>On Colab, run this cell first (it installs the course\'s '
@@ -314,7 +324,7 @@ def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None)
     folder = rel.split("/", 1)[0]
     line = f'<p class="provenance {kind}">{html.escape(sentence)}</p>'
     if repo:
-        line += "\n\n" + _run_it(rel, repo)
+        line += "\n\n" + run_it_row(rel, repo)
     cells = nb.setdefault("cells", [])
     first = next((c for c in cells if c.get("cell_type") == "markdown"), None)
     src = _src(first) if first else ""
