@@ -3,7 +3,8 @@
 Every region between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a stub that raises
 ``NotImplementedError``; the exercise notebooks are then executed here (they need no GPU), so the
 stored outputs show each checker's "not implemented yet" verdict. ``--check`` fails when an
-exercise notebook is stale or still contains solution code.
+exercise notebook is stale or still contains solution code; ``--execute`` executes every exercise again
+(after a change in the library changes what the checkers print).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def exercise_cells(src_path) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
+    again = "--execute" in argv
     bad = []
     for src in sorted((nbtools.ROOT / "solutions" / "src").glob("*.py")):
         target = nbtools.ROOT / "exercises" / (src.stem + ".ipynb")
@@ -47,7 +49,7 @@ def main(argv: list[str]) -> int:
                     c["cell_type"] == "code" and c["execution_count"] is None for c in old["cells"]):
                 bad.append(rel)
             continue
-        if old != nb or any(c["cell_type"] == "code" and c["execution_count"] is None for c in nb["cells"]):
+        if again or old != nb or any(c["cell_type"] == "code" and c["execution_count"] is None for c in nb["cells"]):
             target.parent.mkdir(exist_ok=True)
             nbtools.save(nb, target)
             nbtools.execute(target)
