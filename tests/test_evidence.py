@@ -639,3 +639,16 @@ def test_the_sanitizer_masks_a_wrapped_machine_line_and_nothing_after_it(capsys)
     out = capsys.readouterr().out + "    an indented ordinary line\nok: True\n"
     masked = re.sub(sec["regex"], sec["replace"].replace("\\n", "\n"), out)
     assert masked == "[machine-dependent lines masked]\n    an indented ordinary line\nok: True\n"
+
+
+def test_nbval_log_keeps_a_block_only_while_no_later_pass_ran_its_notebooks_again():
+    def block(t, *words):
+        return f"# 2026-12-01T{t}Z\n$ python3 -m pytest -q --nbval {' '.join(words)}\nout {t}\n"
+
+    first = block("10:00", "notebooks/a.ipynb", "notebooks/b.ipynb", "tests/test_x.py")
+    second = block("11:00", "notebooks/a.ipynb")
+    log = gpu_suite.merge_log(gpu_suite.merge_log("", first), second)
+    assert log == first + second                          # b and the unit tests were not run again
+    third = block("12:00", "notebooks/b.ipynb", "tests/test_y.py")
+    assert gpu_suite.merge_log(log, third) == second + third  # the first block is superseded, in order kept
+    assert gpu_suite.merge_log(second + third, second) == third + second  # a rerun replaces its own old block

@@ -68,6 +68,10 @@ def test_a_save_in_jupyterlab_writes_the_edit_to_src_only(tmp_path):
     shutil.copyfile(ROOT / "jupytext.toml", tmp_path / "jupytext.toml")
     for folder in ("notebooks", "exercises"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
+    # as after a GPU suite run or a pull of GPU evidence: the .ipynb an hour newer than its source
+    src, ipynb = tmp_path / "notebooks/src/01_pinned_memory.py", tmp_path / "notebooks/01_pinned_memory.ipynb"
+    os.utime(src, (src.stat().st_mtime - 3600, src.stat().st_mtime - 3600))
+    os.utime(ipynb, (src.stat().st_mtime + 3600, src.stat().st_mtime + 3600))
     cm = jupytext.build_async_jupytext_contents_manager_class(AsyncLargeFileManager)(root_dir=str(tmp_path))
 
     async def edit(path):

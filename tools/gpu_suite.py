@@ -264,9 +264,12 @@ def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
     finally:
         os.unlink(jsonl)
         os.unlink(capture_path)
-    # appended while other suites (disjoint --only sets) may be writing it too: one whole block per pass
-    with stability_lock(log_path), open(log_path, "a" if getattr(args, "only", None) else "w", encoding="utf-8") as log:
-        log.write(f"# {utc_now()}\n$ {shlex.join(['python3'] + cmd[1:])}\n{out}\n")
+    # one block per pass, merged under a lock (suites on disjoint --only sets may write it at once): the blocks
+    # of earlier passes stay while they hold a notebook or the unit tests that no later pass ran again
+    block = f"# {utc_now()}\n$ {shlex.join(['python3'] + cmd[1:])}\n{out}\n"
+    with stability_lock(log_path):
+        old = log_path.read_text(encoding="utf-8") if getattr(args, "only", None) and log_path.exists() else ""
+        log_path.write_text(merge_log(old, block), encoding="utf-8")
     tail = [ln for ln in out.strip().splitlines() if ln.strip()]
     print(f"    {tail[-1] if tail else '(no output)'}", flush=True)
     nb_res = evidence.notebook_results(records, notebooks)
@@ -277,6 +280,32 @@ def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
         if unit["passed"] + unit["failed"] == 0:
             unit["failures"].append("no gpu unit test ran (collection error? see reports/gpu/nbval.log)")
     return nb_res, unit, time.perf_counter() - t0, capture
+
+
+_LOG_BLOCK = re.compile(r"^# \S+\n\$ ", re.M)
+
+
+def _log_items(block: str) -> set[str]:
+    """What one nbval.log block ran: its notebooks, and "gpu unit tests" where it ran test files."""
+    words = block.split("\n", 2)[1].split() if block.count("\n") >= 1 else []
+    items = {w for w in words if w.endswith(".ipynb")}
+    if any(w.startswith("tests/") and w.endswith(".py") for w in words):
+        items.add("gpu unit tests")
+    return items
+
+
+def merge_log(old: str, block: str) -> str:
+    """nbval.log after a pass: ``block`` appended to ``old``'s blocks, leaving out every earlier block whose
+    notebooks (and unit tests) a later block ran again."""
+    starts = [m.start() for m in _LOG_BLOCK.finditer(old)]
+    blocks = [old[a:b] for a, b in zip(starts, starts[1:] + [len(old)])] + [block]
+    kept, covered = [], set()
+    for b in reversed(blocks):
+        items = _log_items(b)
+        if b is block or not items <= covered:
+            kept.append(b)
+        covered |= items
+    return "".join(reversed(kept))
 
 
 def build_report(old: dict, rows: list[dict], unit: dict | None, meta: dict, command: str, keep, root=ROOT):
