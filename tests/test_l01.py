@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -235,3 +236,48 @@ def test_plot_pin_threads_draws_cold_warm_and_perfect_scaling():
         l01.plot_pin_threads([main], title="t")
     with pytest.raises(ValueError, match=r"rows\[0\]\['threads'\] must be >= 0"):
         l01.plot_pin_threads([{"threads": -1, "cold_ms": [1.0], "warm_ms": [1.0]}], title="t")
+
+
+# ---- issue 22: pinning knobs and failures (the children need a GPU; their parsing does not)
+
+def test_child_result_reads_the_line_or_says_what_went_wrong():
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    assert l01.child_result('noise\nPINLAB_CHILD {"ms": 1.5, "pinned": true}\n') == {"ms": 1.5, "pinned": True}
+    bad = l01.child_result("", "Traceback ...\nRuntimeError: unrecognized key pinned_max_round_threshold_mb\n", 1)
+    assert bad["error"].startswith("the child exited with 1") and "unrecognized key" in bad["error"]
+    assert l01.child_result("", "", -9)["error"] == "the child exited with -9 and no result"
+
+
+def test_the_knob_settings_name_real_allocator_keys():
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    keys = {kv.split(":")[0] for conf in l01.PINNING_CONFIGS.values() if conf for kv in conf.split(",")}
+    assert keys == {"pinned_use_cuda_host_register", "pinned_num_register_threads", "pinned_max_round_threshold_mb"}
+    assert l01.KNOB_REQUEST & (l01.KNOB_REQUEST - 1), "the request must not be a power of two (rounding shows)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+@pytest.mark.parametrize("name", ["pinning_knobs", "pinning_under_memlock", "pageable_and_memcpy"])
+def test_issue22_experiments_need_cuda(name):
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    with pytest.raises(pinlab.CudaUnavailableError, match=name):
+        getattr(l01, name)()
+
+
+@pytest.mark.parametrize("kwargs, match", [({"request_bytes": 0}, "request_bytes"), ({"configs": {}}, "configs"),
+                                           ({"configs": {"x": 1}}, "configs"), ({"timeout_s": -1.0}, "timeout_s")])
+def test_pinning_knobs_bad_arguments(kwargs, match):
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    with pytest.raises((TypeError, ValueError), match=match):
+        l01.pinning_knobs(**kwargs)
+
+
+def test_numa_report_never_raises():
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    rep = l01.numa_report()
+    assert set(rep) == {"nodes", "gpu_node"}
+    assert rep["nodes"] is None or rep["nodes"] >= 1

@@ -482,3 +482,32 @@ def test_gpu_many_tensors_data_arrives():
 
     r = stalls.many_tensors(each, all_then_sync, cases=[[8, 4 * KiB]], repeat=2)
     assert [row["data_ok"] for row in r["rows"]] == [True]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+@pytest.mark.parametrize("name", ["copy_engines", "tutorial_matrix"])
+def test_issue22_copy_experiments_need_cuda(name):
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    with pytest.raises(pinlab.CudaUnavailableError, match=name):
+        getattr(l02, name)()
+
+
+@pytest.mark.parametrize("name, kwargs", [("copy_engines", {"nbytes": 0}), ("copy_engines", {"reps": 0}),
+                                          ("tutorial_matrix", {"nbytes": -1}), ("tutorial_matrix", {"reps": 1.5})])
+def test_issue22_copy_experiments_check_arguments(name, kwargs):
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    with pytest.raises((TypeError, ValueError), match=next(iter(kwargs))):
+        getattr(l02, name)(**kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_copy_engines_and_matrix_shapes():
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    res = l02.copy_engines(nbytes=16 << 20, reps=2)
+    assert [r["case"] for r in res["rows"]] == ["H2D alone", "D2H alone", "H2D and D2H at once", "two H2D at once"]
+    assert all(r["gbps"] > 0 for r in res["rows"])
+    assert len(l02.tutorial_matrix(nbytes=1 << 20, reps=2)) == 6

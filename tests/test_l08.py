@@ -23,6 +23,12 @@ def test_a_ring_of_one_slot_per_graph_is_correct_at_any_depth():
         assert run["corrupted"] == 0
 
 
+@pytest.mark.parametrize("variant", list(l08.VARIANTS))
+def test_six_tensors_per_step_race_or_not_as_one(variant):
+    run = l08.graph_loop(variant, steps=30, tensors=6, n_ints=4, stream=pinlab.LaggingStream())
+    assert (run["corrupted"] >= 29) if variant in l08.RACY else (run["received"] == list(range(30)))
+
+
 def test_every_variant_runs_the_same_loop():
     res = l08.every_variant(steps=10, stream=pinlab.LaggingStream())
     assert [r["variant"] for r in res["rows"]] == list(l08.VARIANTS)
@@ -41,9 +47,11 @@ def test_bad_arguments_name_themselves(kwargs, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
-def test_host_cost_needs_cuda():
+def test_host_cost_and_staging_cost_need_cuda():
     with pytest.raises(pinlab.CudaUnavailableError, match="host_cost"):
         l08.host_cost()
+    with pytest.raises(pinlab.CudaUnavailableError, match="staging_cost"):
+        l08.staging_cost()
 
 
 @pytest.mark.gpu
@@ -52,8 +60,16 @@ def test_gpu_the_race_under_replay_and_its_fixes():
     """On the GPU with a wide lead: the racy variants corrupt (nearly) every step, the fixes none."""
     for variant in l08.VARIANTS:
         l08.graph_loop(variant, steps=5)                                  # warm-up
-        run = l08.graph_loop(variant, steps=200, busy_ms=0.5)
+        run = l08.graph_loop(variant, steps=200, tensors=6, busy_ms=0.5)
         if variant in l08.RACY:
             assert run["corrupted"] >= 190, (variant, run["corrupted"])
         else:
             assert run["corrupted"] == 0, (variant, run["received"][:20])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_staging_cost_rows():
+    res = l08.staging_cost(rounds=2, steps=20)
+    assert [r["variant"] for r in res["rows"]] == list(l08.VARIANTS)
+    assert all(r["host_us"] > 0 and len(r["round_medians_us"]) == 2 for r in res["rows"])

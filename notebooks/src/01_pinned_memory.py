@@ -134,8 +134,9 @@ def time_copy_ms(dst, src, repeat=5):
 # as on many cloud T4s) the link itself caps the pinned copy, closer to the rate of the driver's
 # staging, so the gap shrinks; where the GPU reads pageable memory through the host's page tables
 # (GH200) pageable can come close to pinned. The cell after the plot prints this run's ratio. At
-# 1 KiB the gap all but closes and both are slow: a tiny copy is nearly all fixed cost, whichever
-# memory it comes from. Measure it below.
+# 1 KiB the gap closes, and pinned can even come out the slower of the two (the `pinned / pageable
+# H2D at 1 KiB` line says which it was here): both are slow, as a tiny copy is nearly all fixed cost,
+# whichever memory it comes from. Measure it below.
 # </details>
 #
 # The sweep: one buffer of each kind at the largest size, sliced for the smaller ones, and
@@ -465,10 +466,11 @@ ok = pinlab.claims({
 #
 # <details><summary>Answer</summary>
 #
-# The copy call: from a pinned batch it only enqueues the DMA, where from a pageable one the host
-# stages the whole batch through the driver (on a PCIe GPU). The time in `next()` can change too,
-# because with `pin_memory=True` another thread takes each batch off the workers' queue. The table
-# below says how much each changed on this machine.
+# Both can change. The copy call drops to an enqueue: from a pinned batch it only queues the DMA,
+# where from a pageable one the host stages the whole batch through the driver (on a PCIe GPU). The
+# time in `next()` changes too, up or down: with `pin_memory=True` the pin-memory thread, not the
+# main thread, takes each batch off the workers' queue (and pins it). The table below says which
+# of the two changed more on this machine.
 # </details>
 
 # %%
@@ -570,9 +572,10 @@ pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
 # - **`next()` without workers**: `pin_memory=True` still delivers pinned batches, but the main
 #   thread pins them itself, inside `next()` (torch's single-process loader iterator pins each batch
 #   in `_next_data`; the pin-memory thread belongs to the multi-process one). Pinning a batch is a
-#   `memcpy` into a cached pinned block, which torch may spread over its intra-op threads; the copy
-#   call then skips the driver's staging. Whether the main thread comes out ahead depends on which
-#   of the two costs more on your machine: the line above gives both changes for this run.
+#   `memcpy` into a cached pinned block, which torch may spread over its intra-op threads (the
+#   threads it splits one operation over, `torch.get_num_threads()` of them); the copy call then
+#   skips the driver's staging. Whether the main thread comes out ahead depends on which of the two
+#   costs more on your machine: the line above gives both changes for this run.
 # - **Wall ms per batch**: how close each set-up came to the training step alone, the one number a
 #   training loop feels.
 #
@@ -594,9 +597,11 @@ pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
 #
 # <details><summary>Answer</summary>
 #
-# Warm. Copies into cached blocks run side by side on several cores, until the host's memory
-# bandwidth is the limit. Cold, the threads queue at the driver's lock and share the page-table
-# work badly, so more threads buy little. The speed-up lines below say how far each went here.
+# Usually warm. Copies into cached blocks run side by side on several cores, until the host's
+# memory bandwidth is the limit. Cold, the threads queue at the driver's lock and share the
+# page-table work badly, so more threads buy little. On a host busy with other work, neither may
+# gain: the threads have no free cores to run on. The speed-up lines below say how far each went
+# here.
 # </details>
 
 # %%
@@ -675,8 +680,9 @@ ok = pinlab.claims({
 #   host's memory bandwidth is the limit.
 # - The **main thread alone** (the dashed lines): PyTorch can spread one copy over its intra-op
 #   threads (`torch.get_num_threads()`), and a call from a pool thread need not get that. So one
-#   call at a time from the main thread can match a pool, or beat it: the last line above says
-#   which it did here. Measure before you add a pool.
+#   call at a time from the main thread can match a pool, or beat it, or, when other work holds the
+#   cores, fall far behind it: the last line above says which it did here. Measure before you add a
+#   pool.
 #
 # ## When *not* to pin
 # - **One-off transfers** of big buffers: a cold pin can cost more than the pageable copy.

@@ -415,12 +415,14 @@ ok = pinlab.claims({
 # than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
 # float32 tensor of 8 MiB.
 #
-# One rule decides the copies among them. For a copy between host and GPU, PyTorch hands the driver
-# the source's memory as one block only when the source is **dense in the destination's layout**:
-# its elements fill their memory with no holes, in the destination's order of the dimensions
-# (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise it first
-# gathers the source into a contiguous temporary on the CPU, in ordinary pageable memory, and
-# copies that.
+# One rule, in torch's CUDA `copy_` (`aten/src/ATen/native/cuda/Copy.cu`), decides the copies among
+# them. For a copy between host and GPU, PyTorch hands the driver the source's memory as one block,
+# where it lies, when the source has the destination's dtype and is **dense in the destination's
+# layout**: its elements fill their memory with no holes, in the destination's order of the
+# dimensions (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise a
+# `non_blocking` copy still sends a **contiguous** source as it lies, into a temporary on the GPU,
+# and converts or reorders it there; any other source is first gathered into a contiguous
+# temporary on the CPU, in ordinary pageable memory, and that is copied.
 #
 # 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from
 # `x[:, ::2]` (every other column of pinned memory); a copy from `x.t()` (the transpose: the same
@@ -430,19 +432,18 @@ ok = pinlab.claims({
 # <details><summary>Answer</summary>
 #
 # `torch.tensor(list, device="cuda")` builds the tensor on the CPU and copies it with a blocking
-# copy. For a copy between host and GPU, PyTorch hands the driver one block of memory only when
-# source and destination have the same dtype and the same dense layout (in any order of the
-# dimensions). Otherwise it first gathers the source into a contiguous temporary **on the CPU**,
-# in ordinary pageable memory, and copies that: a pageable copy again, however pinned the source
-# was. This one is 8 MiB: whether it waits is the driver's staging decision of section 1 (where
-# one copy of that size waited, this one waits too: fake `non_blocking`). So `x[:, ::2]`, which
-# is not dense (holes between the elements), always goes through a pageable temporary; `x.t()` is
-# dense: copied into `torch.empty_like(x.t(), device="cuda")`, which keeps its layout, it goes
-# straight from pinned memory; copied into a contiguous tensor, it is gathered first. The rule is
-# *dense in the destination's layout*, not *contiguous*. A dtype-converting copy from a
-# contiguous pinned tensor copies first and converts on the GPU: asynchronous once its conversion
-# kernel is loaded; the *first* launch of any kernel blocks while CUDA loads it (lazy module
-# loading). `.item()` has to wait for the value: it always blocks.
+# copy. The other copies follow the rule above. `x[:, ::2]` is neither dense nor contiguous (holes
+# between the elements), so it is gathered into a temporary **on the CPU**, in pageable memory: a
+# pageable copy again, however pinned the source was. `x.t()` is dense: copied into
+# `torch.empty_like(x.t(), device="cuda")`, which keeps its layout, it goes straight from pinned
+# memory; copied into a contiguous tensor it is neither dense in that layout nor contiguous, so it
+# is gathered first too. The rule is *dense in the destination's layout*, not *contiguous*. Each
+# gathered temporary here is 8 MiB: whether its copy waits is the driver's staging decision of
+# section 1, undocumented (a fake `non_blocking` when it does); the `[measured]` line after the
+# claims below says what they did here. A dtype-converting copy from a contiguous pinned tensor
+# sends the source as it lies and converts on the GPU: asynchronous once its conversion kernel is
+# loaded; the *first* launch of any kernel blocks while CUDA loads it (lazy module loading).
+# `.item()` has to wait for the value: it always blocks.
 # </details>
 
 # %%
@@ -618,10 +619,10 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 # Lesson 02b adds the last case: even pinned and `non_blocking`, a copy on the compute's stream
 # never runs beside the compute.
 #
-# So for host-to-device copies the advice costs nothing and may help, but it is a request, not a
-# promise: pin what you copy on a hot path (and leave the pinned source alone until the copy has
-# run), read device-to-host results only after an event, and put copies on their own stream when
-# they should hide behind the compute (lesson 02b).
+# So for host-to-device copies the flag is a request, not a promise (nothing here measured the same
+# copies without it): pin what you copy on a hot path (and leave the pinned source alone until the
+# copy has run), read device-to-host results only after an event, and put copies on their own stream
+# when they should hide behind the compute (lesson 02b).
 # %% [markdown]
 # ## Clean up
 
@@ -641,15 +642,16 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   staging `memcpy`; *fake* is the one that says `non_blocking` and waits.
 # - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
 #   event after it and `synchronize()` the event before you read.
-# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is not dense in the
-#   destination's layout (PyTorch gathers it into a pageable temporary), `.item()`, and the first
+# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is neither dense in the
+#   destination's layout nor contiguous (PyTorch gathers it into a pageable temporary, whose copy
+#   may wait), `.item()`, and the first
 #   launch of every kernel (warm up before you measure or serve).
 # - `with pinlab.stream() as s:` runs the same torch code on the CUDA stream or, without a GPU, on
 #   the emulated lagging stream, which is exact about the order of host and GPU work (host tensors
 #   without `device=`, device tensors with `device=s.device`, `s.busy`, `s.Event()`).
-# - "`non_blocking=True`, pinned or not" costs nothing for host-to-device copies, but it is a
-#   request, not a promise: large or many pageable copies wait, a copy into pageable host memory is
-#   synchronous, and one into pinned memory returns before the data is there.
+# - "`non_blocking=True`, pinned or not": the flag is a request, not a promise. Large or many
+#   pageable copies wait, a copy into pageable host memory is synchronous, and one into pinned memory
+#   returns before the data is there.
 #
 # **Exercise:** `exercises/02_fake_non_blocking.ipynb` (solution in `solutions/`); its part 2, the
 # GPU's idle share from a trace's kernel spans, needs nothing from lesson 02b.

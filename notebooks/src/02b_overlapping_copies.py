@@ -38,7 +38,9 @@ pinned_at_start = pinlab.pinned_baseline()
 # ## 1. What it costs a step loop: a profiler timeline
 #
 # A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
-# host runs ahead: run-ahead 1, in the words of lesson 03), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
+# host runs ahead; in the course's words, defined in lesson 03, **run-ahead k** means the host may
+# write step n+k's data while the GPU has not yet run step n's copy, and waiting for step *i-2*
+# is run-ahead 1), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
 # host buffers), copy it with `copy_(..., non_blocking=True)`, launch a 2 ms "forward". Here is
 # the loop; `span(name)` marks each part for the profiler and does nothing otherwise.
 
@@ -118,9 +120,10 @@ pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms
 # enters `copy_` while the previous forward still runs and leaves it only after the copy has run on
 # the GPU; the next forward starts after that, and the GPU computes nothing in between. The host's
 # "prepare" overlaps the GPU's forward, where it is the shorter of the two. Pinned: `copy_`
-# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and the
-# forwards follow each other with only the short copy in between. The numbers, two models of the
-# pageable step, and what this run shows:
+# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and while
+# the host keeps ahead of the GPU the forwards follow each other with only the short copy in
+# between (the "GPU time between two forwards" line says whether they did here). The numbers, two
+# models of the pageable step, and what this run shows:
 
 # %%
 memcpy = {m: span_stats(loop["modes"][m]["gpu"], name) for m in stalls.STEP_MODES
@@ -286,12 +289,14 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 # <details><summary>Answer</summary>
 #
 # One stream: a copy, then a compute, per step; the compute is idle while each copy runs. With the
-# copy stream and pinned inputs the copies run beside the compute and the step shrinks to about
-# the compute alone, as long as the copy is shorter. With pageable inputs the third condition
-# fails: where the driver does not stage a 16 MiB copy behind the queue (lesson 02's section 1 measured from which
-# size on it did not, on this machine), the host waits inside `fetch` while the driver feeds the data through
-# staging, more slowly than a pinned copy, and it cannot queue the next compute meanwhile. Without
-# `record_stream`, wrong sums: inputs overwritten before they were read.
+# copy stream and pinned inputs the copies can run beside the compute while the host queues steps
+# faster than the GPU runs them, and the step then shrinks to about the compute alone, as long as
+# the copy is shorter (the takeaway line under the plot says how many copies did). With pageable
+# inputs the third condition fails: where the driver does not stage a 16 MiB copy behind the queue
+# (lesson 02's section 1 measured from which size on it did not, on this machine), the host waits
+# inside `fetch` while the driver feeds the data through staging, more slowly than a pinned copy,
+# and it cannot queue the next compute meanwhile. Without `record_stream`, wrong sums: inputs
+# overwritten before they were read.
 # </details>
 #
 # This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
@@ -315,13 +320,15 @@ pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned /
 
 # %% [markdown]
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns,
-# never side by side. Copy stream, pinned: the copies run under the compute, one step ahead or more
-# (the host queues every step at once, and the copy stream never waits for the compute). Copy
-# stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
+# never side by side. Copy stream, pinned: the copies can run under the compute, one step ahead or
+# more, while the host queues steps faster than the GPU runs them and no other work holds the GPU
+# (the copy stream never waits for the compute); the takeaway line above says how many did here.
+# Copy stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
 # copies are longer than the pinned ones (the last line below says by how much here), and the
-# compute runs only in the gaps between them. The host waits inside each `fetch` until its staged
-# copy is done, and queues the step's compute only after that: a second stream cannot help a copy
-# that holds the host. The numbers:
+# compute runs mostly in the gaps between them (the "copies beside a kernel" line gives the share of
+# the copy time that overlapped). The host waits inside each `fetch` until its staged copy is done,
+# and queues the step's compute only after that: a second stream cannot help a copy that holds the
+# host. The numbers:
 
 # %%
 for key, label in stalls.OVERLAP_MODES.items():
@@ -344,7 +351,9 @@ pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
 # %% [markdown]
 # Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
 # the compute's length, and six profiled steps are few (section 1 says why). What holds on every
-# run: the results, and what runs beside what.
+# run: the results, and that on one stream no copy runs beside a kernel. How many copies ran
+# beside a kernel on the copy stream depends on the host and on what else runs on the GPU: it is
+# observed, not asserted.
 
 # %%
 one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
@@ -383,13 +392,13 @@ ok = pinlab.claim("without record_stream, at least one step computed on an input
 
 # %% [markdown]
 # The host queues all 40 steps long before the GPU has computed the first few: that lead is what
-# makes the reuse fatal here, for many steps of the run. Some steps still come out right, by luck:
-# their block was last overwritten by an input with the same contents (the loop cycles through 4
-# inputs, and the freed blocks are handed out in turn). In a real loop the lead is smaller and the
-# same bug corrupts a step now and then: the worst kind. Note the cost of the fix too:
-# with `record_stream` and a host far ahead, the allocator cannot reuse an input's memory until
-# its compute has run, so it holds one input per step in flight (an engine bounds the run-ahead,
-# section 1, and with it this memory).
+# makes the reuse fatal here, for many steps of the run. Some steps still come out right, and
+# nothing here shows why: the compute may have read its block before the next copy overwrote it, or
+# the input written over it may have had the same contents (the loop cycles through 4 inputs). In a
+# real loop the lead is smaller and the same bug corrupts a step now and then: the worst kind. Note
+# the cost of the fix too: with `record_stream` and a host far ahead, the allocator cannot reuse an
+# input's memory until its compute has run, so it holds one input per step in flight (an engine
+# bounds the run-ahead, section 1, and with it this memory).
 #
 # ## 3. Many tensors: one sync for all
 #
@@ -482,8 +491,9 @@ ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for
 #
 # The first: `torch.tensor(list, device="cuda")` copies with a blocking copy (lesson 02, section 4).
 # The third never does: its copy reads a fresh pinned block and is only enqueued. The second copies
-# 16 KiB from pageable memory: where the driver stages a copy that small (lesson 02, sections 1 and
-# 2) it returns at once, and it waits where the driver does not (on ROCm every pageable copy waits).
+# 32 KiB from pageable memory (4096 int64 values: Python ints become int64): where the driver stages
+# a copy that small (lesson 02, sections 1 and 2) it returns at once, and it waits where the driver
+# does not (on ROCm every pageable copy waits).
 # </details>
 
 # %%
@@ -593,8 +603,9 @@ ok = pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking 
 
 # %% [markdown]
 # Does watching cost much? The loop's host time with and without the detector (median of 5 runs
-# each). The loop does real GPU work every step, as a training or serving loop does, so the
-# ratio is the one you would see.
+# each). The loop does real GPU work every step, so this is the ratio for a loop with this much GPU
+# work per torch call: the detector adds its work to every call, so a loop that makes more torch
+# calls per millisecond of GPU work pays more.
 
 # %%
 plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]

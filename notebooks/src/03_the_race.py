@@ -81,8 +81,8 @@ ok = pinlab.claim("every request's pages and token count read back from the thre
                       "pinlab.paged_kv could make it differ")
 
 # %% [markdown]
-# 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 for them. Which of
-# the three arrays change?
+# 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 when page 1 is
+# full. Which of the three arrays change?
 #
 # <details><summary>Answer</summary>
 #
@@ -293,7 +293,7 @@ ok = pinlab.claims({
 # - afterwards every request's output is compared with `pinlab.paged_kv.reference_decode`, an
 #   fp32 torch reference fed with the *correct* metadata.
 #
-# Two details keep the experiment honest and alive. The host waits for step N-2 before building
+# Three details keep the experiment honest and alive. The host waits for step N-2 before building
 # step N, like a batch queue of depth 2: a run-ahead of 1 in the course's words (**run-ahead k**:
 # the host may write step N+k's data while the GPU has not yet run step N's copy; a ring of pinned
 # buffers for run-ahead k needs k + 1 buffers). And it cycles through a ring of three FlashInfer
@@ -432,13 +432,15 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 #
 # <details><summary>Answer</summary>
 #
-# With the reused pinned buffer, every size: nothing is staged, every call only enqueues. With a
-# pageable buffer, only sizes whose queued copies stay within the driver's limits (lesson 02: one
-# per copy, one on the bytes pending in its staging pool): a small copy per step may never fill the
-# pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy limit at once, and
-# from then on the host runs at the GPU's pace. Where it waits is not always the copy call: the
-# driver may let a copy return and block a later call, such as the next kernel launch, a call that
-# copies nothing. The lines below say, per size, which it was in this run.
+# With the reused pinned buffer, every size, as long as the host is faster than the GPU: nothing is
+# staged, so the calls only enqueue work until CUDA's launch queue is full (the last section
+# measures it). The "reused pinned buffer" line below says whether the host finished first in this
+# run. With a pageable buffer, only sizes whose queued copies stay within the driver's limits
+# (lesson 02: one per copy, one on the bytes pending in its staging pool): a small copy per step may
+# never fill the pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy
+# limit at once, and from then on the host runs at the GPU's pace. Where it waits is not always the
+# copy call: the driver may let a copy return and block a later call, such as the next kernel
+# launch, a call that copies nothing. The lines below say, per size, which it was in this run.
 # </details>
 
 # %%
@@ -547,15 +549,14 @@ pinlab.show(f"{fmt_bytes(small)} pageable / pinned: of the time in launch calls,
 def what_it_shows(n):
     """This run's behaviour at one size, in words (computed, so true on any machine)."""
     p, w = parts[("pageable", n)], waited[n]
-    launches = w["check"]["steps"] + w["forward"]["steps"]
-    pace = "ran ahead of the GPU" if p["share"] < 0.5 else "ran at the GPU's pace (it waited)"
-    if w["copy"]["steps"] == 0 and launches == 0:
-        where = "no call took over half a GPU step"
-    elif w["copy"]["steps"] >= launches:
-        where = "the waits were mostly in the copy call itself"
-    else:
-        where = "the waits were mostly in a launch after the copy, a call that copies nothing"
-    return f"the host {pace}; {where}"
+    slow_ms = {"write": w["write"]["ms"], "copy": w["copy"]["ms"],      # host ms in calls over half a GPU step
+               "launch": w["check"]["ms"] + w["forward"]["ms"]}
+    pace = "ran ahead of the GPU" if p["share"] < 0.5 else "did not run ahead of the GPU"
+    if max(slow_ms.values()) == 0:
+        return f"the host {pace}; no call took over half a GPU step"
+    where = {"write": "the write, the host's own work (no call into CUDA)", "copy": "the copy call itself",
+             "launch": "a launch after the copy, a call that copies nothing"}[max(slow_ms, key=slow_ms.get)]
+    return f"the host {pace}; of the time in calls over half a GPU step, most was in {where}"
 
 
 for n in sizes:
@@ -598,14 +599,16 @@ pinned_ran_ahead = pinlab.observe(
 # ahead; a bar that reaches it is a host that ran at the GPU's pace, and the colours say where it
 # spent that time. The "what this run shows" lines say it in words for this run, size by size.
 #
-# - With the **pinned** buffer nothing is staged: every call only enqueues work (and the data is
-#   wrong, as above).
+# - With the **pinned** buffer nothing is staged: the calls only enqueue work until CUDA's launch
+#   queue is full (the last section), and the data is wrong, as above. Whether its host finished
+#   long before the GPU is the "reused pinned buffer" line: a host slower than the GPU cannot run
+#   ahead.
 # - **Small pageable copies**: the copy call pays the staging `memcpy` and returns. The bar is then
 #   mostly launch calls: their own cost, plus any launch that waited. The line on the smallest size
 #   splits the two, for the pageable and the pinned buffer: where launches waited with only a few
 #   KiB per step queued, no staging pool was full (the pinned buffer stages nothing at all). What
-#   filled up is the stream's **launch queue**: every step put three operations into it, and the
-#   first-wait line counts them. The next section measures how many it holds.
+#   fills up without any staging is the stream's **launch queue**: every step put three operations
+#   into it, and the first-wait line counts them. The next section measures how many it holds.
 # - **Medium pageable copies**: where the host ran at the GPU's pace while its copy calls stayed
 #   short, the host waited in a call that copies nothing, the **launch right after the copy**,
 #   from the moment enough staged copies were queued (the first-wait line says how many bytes).
@@ -614,6 +617,9 @@ pinned_ran_ahead = pinlab.observe(
 # - **Large pageable copies**: where the copy calls themselves took about a GPU step or longer, a
 #   copy this large was staged only as the GPU worked through what was queued before it, so the
 #   host waited inside the copy call (lesson 02's limits).
+# - **A slow write**: where a "what this run shows" line names the write, the host's own work took
+#   that long (a CPU shared with other processes, for instance): the host was slow there, it did
+#   not wait for the GPU.
 #
 # Which size falls in which case is this machine's driver, link and load: the lines above say it
 # for this run. vLLM's metadata is small, but the same pattern elsewhere is not, and even at 1 KiB
@@ -694,10 +700,13 @@ else:
 # long kernel and its event, which hold slots too), printed above; it is not documented, and other
 # drivers, GPUs or platforms (ROCm, WSL2) may hold more or fewer.
 #
-# It explains the waits of the smallest size above: a loop that never synchronizes runs ahead until
-# the launch queue is full, and from then on every launch waits for a slot, that is, for the GPU,
-# however few bytes each step copies. Lesson 04 meets the same queue in its soak, and bounds the
-# run-ahead as an engine does.
+# Where the lines above say that the smallest size's first wait came when about as many operations
+# were queued as the queue holds, this explains its waits: a loop that never synchronizes runs
+# ahead until the launch queue is full, and from then on every launch waits for a slot, that is,
+# for the GPU, however few bytes each step copies. Where they say otherwise, that loop either never
+# waited (it finished before the queue was full) or waited before the queue was full (on a shared
+# GPU, for instance; there the estimate of what was queued is off too). Lesson 04 meets the same
+# queue in its soak, and bounds the run-ahead as an engine does.
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start)

@@ -305,9 +305,9 @@ pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
 # a staged copy). How far depends on the link and the host: the speed-up lines below say it for
 # this run. The *first* (cold) pinned restore also page-locks fresh
 # memory, which costs far more than the copy: cold, it takes the same order of time as `.to("cpu")`.
-# `.to("cpu").pin_memory()` does everything `.to("cpu")` does and then a second copy into pinned
-# memory (page-locking it too when cold): it costs at least as much as `.to("cpu")`, about the same
-# when warm and much more when cold.
+# `.to("cpu").pin_memory()` makes the same copy as `.to("cpu")` and then a second one, into pinned
+# memory (page-locking it too when cold): it costs at least as much as `.to("cpu")`, and much more
+# when cold. The table below says how much here.
 # </details>
 
 # %%
@@ -374,17 +374,18 @@ pinlab.show("speed-up over .to('cpu').pin_memory(), median of rounds", f"{median
 pinlab.report("pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"])
 pinlab.report("pinned restore, warm (cached pinned blocks)", after["warm_ms"])
 pinlab.show("what this run shows", f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} ms of "
-            f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copy alone")
+            f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copies plus their per-weight "
+            "overhead")
 pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 2 * after["warm_ms"] < before["warm_ms"],
                value=f"{before['warm_ms'] / after['warm_ms']:.1f}x",
                why="the gap is the link's pinned rate against the host's pageable path: a slow link (PCIe Gen3) "
                    "or a GPU that reads pageable memory through the host's page tables (GH200) narrows it")
 
 # %% [markdown]
-# The 90% goal is about the warm path: the copy itself. The cold round also page-locks new memory
-# (`cudaHostAlloc`, lesson 01): compare the cold and warm lines, and the cold ratio to the peak.
-# Code that restores again and again (the sleep/wake cycle below) pays it once per block: later
-# restores reuse the cached blocks.
+# The 90% goal is about the warm path: the copies and their per-weight overhead, no page-locking.
+# The cold round also page-locks new memory (`cudaHostAlloc`, lesson 01): compare the cold and warm
+# lines, and the cold ratio to the peak. Code that restores again and again (the sleep/wake cycle
+# below) pays it once per block: later restores reuse the cached blocks.
 #
 # ### The pinned bytes it takes: rounded up to powers of two
 #
@@ -626,7 +627,8 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 # ## What to remember
 # - Restore offloaded weights with **one copy straight into pinned memory**:
 #   `torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)`. `.to("cpu")` gives pageable memory
-#   (the next `non_blocking` reload blocks the host); `.to("cpu").pin_memory()` copies twice.
+#   (the next `non_blocking` reload can block the host, at the driver's choice: the reload's
+#   `[measured]` line says whether it did here); `.to("cpu").pin_memory()` copies twice.
 # - Count copies and check bitwise equality: a restore is correct only if every weight comes back identical.
 # - The pinned restore runs near the link's D2H peak once the allocator is warm; the first (cold) time
 #   pays for page-locking.

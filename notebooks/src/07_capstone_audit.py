@@ -14,7 +14,8 @@
 #   per second.
 #
 # Everything here uses lessons 02 to 06; this notebook adds no new mechanism, only practice. It shows
-# the planted loop and what the tools find in it, not the fixed code: writing that is the exercise
+# the planted loop and what the tools find in it, not the fixed code (section 5 quotes the one line
+# of it the detector names, the offload): writing that is the exercise
 # (`exercises/07_capstone_audit.ipynb`). The measurements of the fix run the reference answer from the
 # library.
 
@@ -353,13 +354,16 @@ pinlab.claims({f"fixed loop, emulated: corrupted steps (of {STEPS})": fixed["cor
 #
 # The audit counts the loop's own lines. End to end, the detector counts every torch call of the
 # process, FlashInfer's included: the fixed loop on the GPU for 20 steps, the engine handing
-# `plan()` pinned inputs (the engine's fix). The one blocking copy it names, at line 4 of
-# `l07.fixed_loop`, is the offload of the LM head, once, before the loop:
+# `plan()` pinned inputs (the engine's fix). `l07.fixed_loop` lives in pinlab, whose own frames the
+# detector skips; `l07.detect` names the loop as the caller (`detect_stalls(callers=[loop])`), so
+# its calls are shown by their code, as the planted loop's were. It names only what the fix allows,
+# the offload of the LM head into pinned memory: a blocking copy, once, before the loop; and no
+# pageable copy anywhere (checked):
 
 # %%
 fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_loop, **kw), steps=20,
                               pin_plan_inputs=True)
-for line in fixed_stalls.result["lines"]:
+for line in l07.code_of_lines(fixed_stalls.result["lines"], fixed_loop):  # each line number shown as its code
     print(pinlab.timing.wrapped(line, indent=6))
 text = "fixed loop, the whole process: pageable non_blocking H2D copies the detector saw"
 pinlab.claims({text: fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)}, expect={text: 0},
@@ -391,8 +395,8 @@ pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop(fixed_l
 # the host's own work (`host_work`) at 0.6 ms per step instead of 0.3, as a busier server's: steps
 # per second in 3 interleaved rounds of 150 steps (the median round; the host's time in the
 # engine's calls is clocked in the same round, without the profiler), then 6 steps of each under the
-# profiler. The more host work per step, the more a loop gains from running it while the GPU works
-# instead of in turn with it.
+# profiler. Running the host's work while the GPU works, instead of in turn with it, can hide at most
+# the smaller of the two shares of a step.
 
 # %%
 def both_loops(**params):
@@ -438,18 +442,19 @@ l07.plot_timelines(ba.result["timeline"], title=f"host vs GPU ({ba.tag})")
 plt.show()
 
 # %% [markdown]
-# In the planted loop a step costs the pageable copy, plus the host's launches, plus the GPU's
-# work, plus the host's own work, largely one after the other: the `.item()` makes them take turns.
-# In the fixed loop the host prepares step n+1 while the GPU runs step n, and the LM head's restore
-# is a pinned copy the GPU does on its own: a step cannot cost less than the larger of the host's
-# share and the GPU's, and costs more by what neither share counts (the loop's own calls, the
-# hand-offs between host and GPU). The `per step` and `what this run shows` lines compare them for
-# this run: which share is the larger decides what to speed up next. The timelines show where the
-# time goes; under the profiler the host's calls take longer than without it (the two host figures
-# above), so a host-bound loop shows more GPU idle there than in the unprofiled rounds. The
-# speed-up's noise comes from the host side (the spin of `host_work`, launch times), which is why it
-# is the median of interleaved rounds. And the speed-up is the smaller half of the story: the
-# planted loop was also *wrong*, and no speed makes up for corrupted steps.
+# In the planted loop a step costs the pageable copy, plus the host's launches, plus the GPU's work,
+# plus the host's own work, mostly in turn: the `.item()` makes them take turns (the `what this run
+# shows` line compares a planted step with host + GPU). In the fixed loop the host prepares step n+1
+# while the GPU runs step n, and the LM head's restore is a pinned copy the GPU does on its own: a
+# step costs at least about the larger of the host's share and the GPU's, and more by what neither
+# share counts (the loop's own calls, the hand-offs between host and GPU). The `per step` and `what
+# this run shows` lines compare them for this run: which share is the larger decides what to speed
+# up next. The timelines show where the time goes; under the profiler the host's calls usually take
+# longer than without it (compare the two host figures above), so a host-bound loop can show more
+# GPU idle there than in the unprofiled rounds. The speed-up's noise comes from the host side (the
+# spin of `host_work`, launch times), which is why it is the median of interleaved rounds. And the
+# speed-up is the smaller half of the story: the planted loop was also *wrong*, and no speed makes
+# up for corrupted steps.
 
 # %%
 del em, planted, fixed

@@ -252,3 +252,152 @@ def plot_pin_threads(rows, *, title: str, ax=None):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     return ax
+
+
+# ---- issue 22: PyTorch's pinning knobs, pinning that fails, why pageable copies are slow -------------------
+
+#: ``PYTORCH_CUDA_ALLOC_CONF`` settings of the caching host allocator compared by :func:`pinning_knobs`.
+#: ``pinned_use_cuda_host_register`` makes the allocator ``malloc`` + ``cudaHostRegister`` (page-locking in
+#: ``pinned_num_register_threads`` threads) instead of ``cudaHostAlloc``; ``pinned_max_round_threshold_mb``
+#: (torch >= 2.13) stops the power-of-two rounding above that size. A torch that does not know a key says so:
+#: the child's error is recorded, nothing is replayed in its place.
+PINNING_CONFIGS = {
+    "default (cudaHostAlloc)": "",
+    "cudaHostRegister, 1 thread": "pinned_use_cuda_host_register:True,pinned_num_register_threads:1",
+    "cudaHostRegister, 8 threads": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
+    "round only up to 64 MB": "pinned_max_round_threshold_mb:64",
+}
+KNOB_REQUEST = 600 * MiB  # not a power of two: rounded to 1 GiB by default
+
+_CHILD_PIN = r"""
+import json, resource, sys, time, torch
+limit, n = int(sys.argv[1]), int(sys.argv[2])
+if limit > 0:
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, limit))
+torch.cuda.init()
+key = "allocated_bytes.current"
+before = torch.cuda.host_memory_stats().get(key, 0)
+out = {"torch": torch.__version__}
+try:
+    t0 = time.perf_counter()
+    x = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    out["ms"] = (time.perf_counter() - t0) * 1e3
+    out["pinned"] = bool(x.is_pinned())
+    out["held_bytes"] = torch.cuda.host_memory_stats().get(key, 0) - before
+except Exception as exc:  # the error a program must handle: recorded as it is
+    out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+print("PINLAB_CHILD " + json.dumps(out))
+"""
+
+
+def child_result(stdout: str, stderr: str = "", returncode: int = 0) -> dict:
+    """The JSON a pinning child printed (its ``PINLAB_CHILD`` line), or what went wrong with the child."""
+    for line in reversed(str(stdout).splitlines()):
+        if line.startswith("PINLAB_CHILD "):
+            import json
+
+            return json.loads(line[len("PINLAB_CHILD "):])
+    tail = [ln for ln in str(stderr).strip().splitlines() if ln.strip()]
+    return {"error": f"the child exited with {returncode} and no result"
+                     + (f": {tail[-1][:300]}" if tail else "")}
+
+
+def _pin_in_child(conf: str, request_bytes: int, memlock_limit: int = 0, timeout_s: float = 120.0) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    try:
+        res = subprocess.run([sys.executable, "-c", _CHILD_PIN, str(memlock_limit), str(request_bytes)],
+                             capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the child took more than {timeout_s:.0f} s"}
+    return child_result(res.stdout, res.stderr, res.returncode)
+
+
+def pinning_knobs(request_bytes: int = KNOB_REQUEST, configs=None, timeout_s: float = 120.0) -> dict:
+    """One cold pinned allocation of ``request_bytes`` in a fresh process per allocator setting
+    (:data:`PINNING_CONFIGS`): host ms, whether it is pinned, the bytes the allocator holds for it (the
+    rounding), or the error this torch gave. CUDA only (the children need a GPU)."""
+    request_bytes = positive_int("request_bytes", request_bytes, maximum=8 * GiB)
+    timeout_s = positive_number("timeout_s", timeout_s, maximum=600.0)
+    configs = dict(PINNING_CONFIGS if configs is None else configs)
+    if not configs or not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
+        raise TypeError("configs must be a non-empty dict of label -> PYTORCH_CUDA_ALLOC_CONF string")
+    require_cuda("pinning_knobs()")
+    rows = [{"setting": label, "conf": conf, **_pin_in_child(conf, request_bytes, timeout_s=timeout_s)}
+            for label, conf in progress(configs.items(), desc="allocator settings")]
+    return {"request_bytes": request_bytes, "torch": torch.__version__, "rows": rows}
+
+
+def pinning_under_memlock(limit_bytes: int = 64 * MiB, request_bytes: int = 256 * MiB,
+                          timeout_s: float = 120.0) -> dict:
+    """Pin ``request_bytes`` in a child whose memlock limit (``ulimit -l``) is ``limit_bytes``, with
+    ``cudaHostAlloc`` (the default) and with ``cudaHostRegister``: which one the limit stops, and the
+    error a program then gets. CUDA only."""
+    limit_bytes = positive_int("limit_bytes", limit_bytes, maximum=GiB)
+    request_bytes = positive_int("request_bytes", request_bytes, maximum=4 * GiB)
+    timeout_s = positive_number("timeout_s", timeout_s, maximum=600.0)
+    require_cuda("pinning_under_memlock()")
+    rows = []
+    for label in ("default (cudaHostAlloc)", "cudaHostRegister, 1 thread"):
+        conf = PINNING_CONFIGS[label]
+        rows.append({"setting": label, "conf": conf,
+                     **_pin_in_child(conf, request_bytes, memlock_limit=limit_bytes, timeout_s=timeout_s)})
+    return {"limit_bytes": limit_bytes, "request_bytes": request_bytes, "rows": rows}
+
+
+def pageable_and_memcpy(sizes=(16 * MiB, 64 * MiB, 256 * MiB), reps: int = 5) -> list[dict]:
+    """Per size: GB/s of a pageable H2D copy, a pageable D2H copy and a plain host memcpy (``q.copy_(p)``),
+    medians of ``reps``. The driver stages a pageable copy through pinned buffers, so the host's memcpy
+    bandwidth bounds it (CUDA only)."""
+    sizes = size_list("sizes", sizes)
+    reps = positive_int("reps", reps, maximum=100)
+    require_cuda("pageable_and_memcpy()")
+
+    def median_s(fn):
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    rows = []
+    for n in progress(sizes, desc="pageable vs memcpy"):
+        p = torch.ones(n, dtype=torch.uint8)
+        q = torch.zeros(n, dtype=torch.uint8)
+        d = torch.empty(n, dtype=torch.uint8, device="cuda")
+        d.copy_(p)
+        rows.append({"bytes": n, "h2d_gbps": n / median_s(lambda: d.copy_(p)) / 1e9,
+                     "d2h_gbps": n / median_s(lambda: p.copy_(d)) / 1e9,
+                     "memcpy_gbps": n / median_s(lambda: q.copy_(p)) / 1e9})
+        del p, q, d
+    return rows
+
+
+def numa_report() -> dict:
+    """The host's NUMA nodes and the GPU's node, from /sys (None where this machine cannot tell). With one
+    node there is no near or far memory to compare: the lesson says so instead of measuring."""
+    import glob
+    import os
+    import subprocess
+
+    nodes = sorted(os.path.basename(p) for p in glob.glob("/sys/devices/system/node/node[0-9]*"))
+    gpu_node = None
+    try:
+        bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip().splitlines()
+        if bus:
+            tail = bus[0].strip().lower()[-12:]
+            found = glob.glob(f"/sys/bus/pci/devices/*{tail}/numa_node")
+            gpu_node = int(open(found[0]).read().strip()) if found else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        gpu_node = None
+    return {"nodes": len(nodes) or None, "gpu_node": gpu_node}

@@ -33,7 +33,7 @@ from ..progress import progress
 from ..plots import MAX_WIDTH_IN
 from ..timing import Stats, host_time
 
-KiB, MiB = 1 << 10, 1 << 20
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BURST = 16  # pinned copies per burst in the benchmark: the way a step loop issues them
 
 #: 256 B, 512 B, ... 64 MiB, plus a finer grid between 1 and 4 MiB, where pageable copies start to wait.
@@ -978,3 +978,83 @@ def advice_rows(sweep, pool, d2h) -> list[dict]:
                                 f"right before a sync in {sum(map(bool, v['valid_before_sync']))} "
                                 f"of {len(v['valid_before_sync'])} trials"})
     return out
+
+
+# ---- issue 22: copy engines, both directions at once, and the tutorial's matrix -----------------------
+
+def copy_engines(nbytes: int = 256 * MiB, reps: int = 5) -> dict:
+    """How many copy engines the GPU has (``asyncEngineCount``, from :mod:`pinlab.probe`) and what they do
+    with pinned copies of ``nbytes``: H2D alone, D2H alone, H2D and D2H at once on two streams, and two H2D at
+    once on two streams. GB/s (for the pairs: both copies' bytes over the pair's time), medians of ``reps``.
+    With two or more engines H2D and D2H can overlap; two copies in one direction share one engine and the
+    link, so they cannot add up. CUDA only."""
+    nbytes = positive_int("nbytes", nbytes, maximum=4 * GiB)
+    reps = positive_int("reps", reps, maximum=100)
+    require_cuda("copy_engines()")
+    from ..probe import platform_facts
+
+    engines = platform_facts().get("copy_engines")
+    h1 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    h2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    d1 = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    d2 = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def h2d(stream, dst, src):
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+
+    cases = {
+        "H2D alone": (lambda: h2d(s1, d1, h1), 1),
+        "D2H alone": (lambda: h2d(s2, h2, d2), 1),
+        "H2D and D2H at once": (lambda: (h2d(s1, d1, h1), h2d(s2, h2, d2)), 2),
+        "two H2D at once": (lambda: (h2d(s1, d1, h1), h2d(s2, d2, h2)), 2),
+    }
+    for fn, _ in cases.values():
+        fn()
+    torch.cuda.synchronize()
+    times = {k: [] for k in cases}
+    for _ in range(reps):  # interleaved: every case once per round
+        for k, (fn, _) in cases.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times[k].append(time.perf_counter() - t0)
+    rows = [{"case": k, "gbps": n * nbytes / statistics.median(times[k]) / 1e9,
+             "round_gbps": [n * nbytes / t / 1e9 for t in times[k]]} for k, (_, n) in cases.items()]
+    del h1, h2, d1, d2
+    return {"nbytes": nbytes, "copy_engines": engines, "rows": rows}
+
+
+#: The PyTorch tutorial's matrix ("A guide on good usage of non_blocking and pin_memory()"): how the host
+#: memory is obtained × how the copy is called.
+MATRIX_SOURCES = ("pageable", "pinned", "pin_memory() then copy")
+
+
+def tutorial_matrix(nbytes: int = 16 * MiB, reps: int = 10) -> list[dict]:
+    """Host ms until each copy of ``nbytes`` is done (a sync after it), for every source in
+    :data:`MATRIX_SOURCES` × ``non_blocking`` False / True, medians of ``reps`` interleaved rounds. CUDA only."""
+    nbytes = positive_int("nbytes", nbytes, maximum=GiB)
+    reps = positive_int("reps", reps, maximum=100)
+    require_cuda("tutorial_matrix()")
+    pageable = torch.ones(nbytes, dtype=torch.uint8)
+    pinned = pageable.pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+    def run(source, nb):
+        src = pageable if source == "pageable" else pinned if source == "pinned" else pageable.pin_memory()
+        dst.copy_(src, non_blocking=nb)
+        torch.cuda.synchronize()
+
+    cells = [(src, nb) for src in MATRIX_SOURCES for nb in (False, True)]
+    for c in cells:
+        run(*c)
+    ms = {c: [] for c in cells}
+    for _ in range(reps):
+        for c in cells:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run(*c)
+            ms[c].append((time.perf_counter() - t0) * 1e3)
+    return [{"source": src, "non_blocking": nb, "ms": statistics.median(ms[(src, nb)])} for src, nb in cells]
