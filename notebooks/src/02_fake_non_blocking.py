@@ -13,7 +13,8 @@
 # - the same order of host and GPU work on any machine: `with pinlab.stream() as s:` (the CUDA
 #   stream, or the course's emulated lagging stream without a GPU), which exercise 02 uses;
 # - the advice "use `non_blocking=True`, pinned or not" from PyTorch's tutorial, tested case by case
-#   with this lesson's data.
+#   with this lesson's data; the tutorial's matrix (pageable, pinned, pin-then-copy × blocking,
+#   `non_blocking`) measured, and its checklist of factors, each answered by a section of the course.
 #
 # Lesson 02b continues with copies that overlap: what a fake `non_blocking` costs a step loop, a
 # copy stream beside the compute, many tensors, and two tools.
@@ -623,6 +624,77 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 # copies without it): pin what you copy on a hot path (and leave the pinned source alone until the
 # copy has run), read device-to-host results only after an event, and put copies on their own stream
 # when they should hide behind the compute (lesson 02b).
+
+# %% [markdown]
+# ### The tutorial's matrix, measured
+#
+# The tutorial times three sources, each copied blocking and `non_blocking`: a **pageable** tensor;
+# a tensor **pinned** once and reused; and `pin_memory()` **then** copy, which pins a fresh copy
+# every time. Here is one cell of that matrix, as a function: the copy of 16 MiB from `source`,
+# then a wait for it (as `.item()` or a loss read would).
+
+# %%
+def to_gpu(source, dst, pageable, pinned, non_blocking):
+    """One cell of the tutorial's matrix: dst <- the data from `source` memory, then wait for it."""
+    if source == "pageable":
+        src = pageable
+    elif source == "pinned":
+        src = pinned                       # pinned once, reused every time
+    else:
+        src = pageable.pin_memory()        # "pin_memory() then copy": pins a copy every time
+    dst.copy_(src, non_blocking=non_blocking)
+    torch.cuda.synchronize()
+
+# %% [markdown]
+# 🔮 **Predict.** Rank the three sources, and say what `non_blocking` changes in each.
+#
+# <details><summary>Answer</summary>
+#
+# Pinned and reused is the fastest: one DMA, no staging. Pageable pays the driver's staging.
+# `pin_memory()` then copy pays a host copy into pinned memory and then the DMA: the tutorial found
+# it up to twice as slow as a plain pageable copy, but with a warm pinned cache (the block is reused
+# from the allocator's cache, lesson 01) it can also come out ahead; the lines below say which it
+# did here. `non_blocking` changes little in any cell: each copy is followed by a wait, so there is
+# nothing for the host to do while the copy runs.
+# </details>
+
+# %%
+matrix = pinlab.measure("02_tutorial_matrix", partial(stalls.tutorial_matrix, to_gpu), nbytes=16 * MiB, reps=10)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(matrix.result, [("source", "16 MiB from"), ("non_blocking", "non_blocking"),
+                             ("ms", "host ms until done", pinlab.fmt_ms)])
+
+# %%
+cell = stalls.matrix_ms(matrix.result)
+best = {s: min(cell[(s, False)], cell[(s, True)]) for s in stalls.MATRIX_SOURCES}
+pinlab.observe("pinned and reused at least 2x faster than pageable", best["pageable"] >= 2 * best["pinned"],
+               value=f"{best['pageable'] / best['pinned']:.1f}x",
+               why="over a slow link (PCIe Gen3) the link caps the pinned copy near the staging's rate; on a GH200 "
+                   "the GPU reads pageable memory directly")
+for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
+    pinlab.show(f"what this run shows ({i}/3)", sentence)
+
+# %% [markdown]
+# The matrix measures each copy alone, followed by a wait: what a copy costs, not what it hides.
+# What `non_blocking` buys in a loop with other work, and what it costs when the copy is fake, are
+# sections 1 to 3 above and lesson 02b.
+#
+# ### The tutorial's checklist, answered by this course
+#
+# The tutorial ends with factors to check before speeding up copies between CPU and GPU, or
+# comparing throughput across set-ups. Each has a place in this course where it is measured on your
+# machine:
+#
+# | the tutorial's factor | where this course measures it |
+# | --- | --- |
+# | number of available cores | 01 · pinning from several threads, and the register threads of PyTorch's knobs |
+# | core utilization (other work on the host) | 02b · section 1 (a host slower than a forward sets the pace); 01 · the DataLoader |
+# | memory utilization (pageable and pinned) | 01 · rounding, when pinning fails, when *not* to pin; 05 · pinned weight restore |
+# | CUDA device capabilities (DMA engines) | 02b · copy engines: both directions at once |
+# | number of tensors | 02b · section 3, many tensors: one sync for all |
+# | size of the tensors | 01 · bandwidth and small copies; 02 · section 1, the size from which a copy waits |
+# | system architecture (bus speeds) | 01 · bandwidth against the copy-loop peak, the host's `memcpy`, NUMA |
 # %% [markdown]
 # ## Clean up
 
@@ -652,6 +724,9 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 # - "`non_blocking=True`, pinned or not": the flag is a request, not a promise. Large or many
 #   pageable copies wait, a copy into pageable host memory is synchronous, and one into pinned memory
 #   returns before the data is there.
+# - The tutorial's matrix: memory pinned once and reused is the fast source; `pin_memory()` then
+#   copy pays a host copy every time (slower or faster than pageable, as this run showed above); with
+#   a wait right after the copy, `non_blocking` changes little.
 #
 # **Exercise:** `exercises/02_fake_non_blocking.ipynb` (solution in `solutions/`); its part 2, the
 # GPU's idle share from a trace's kernel spans, needs nothing from lesson 02b.

@@ -7,6 +7,9 @@
 # - how a copy runs *beside* the compute: a free copy engine, a copy stream, a pinned source; the
 #   side-stream pattern (`wait_stream`, `torch.cuda.stream`, `record_stream`), its steps per second
 #   and GPU idle share against one stream, and what goes wrong without `record_stream`;
+# - the same timeline in Nsight Systems (`nsys profile -t cuda,nvtx`), and where to look;
+# - copy engines: H2D and D2H at once against each alone, and why a second H2D stream does not
+#   double the bandwidth;
 # - many tensors: `non_blocking` copies and one sync against a blocking copy each;
 # - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
 #   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
@@ -208,6 +211,25 @@ host_held = pinlab.observe(
 # The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
 # the copies that may be fake `non_blocking`.
 #
+# ### The same timeline in Nsight Systems
+#
+# Learners who use Nsight Systems can record the same loop without `torch.profiler`: save the loop
+# as a script, pass `span=torch.cuda.nvtx.range` (a context manager that marks a range for nsys,
+# where `span` above marks one for torch's profiler), and run it under `nsys`:
+#
+# ```
+# nsys profile -t cuda,nvtx,osrt -o build/traces/02_step_loop --force-overwrite true python step_loop.py
+# nsys stats -r cuda_gpu_trace build/traces/02_step_loop.nsys-rep   # one row per copy and kernel
+# ```
+#
+# Open the `.nsys-rep` file in the Nsight Systems GUI. Where to look: the **CUDA HW** rows of the
+# GPU hold the copies (`Memcpy HtoD`) and the kernels, as the GPU lane of the plot above; the
+# **CUDA API** row of the Python thread holds `cudaMemcpyAsync`, long where the host waited inside a
+# pageable copy, short for a pinned one; the **NVTX** row holds the spans (`copy_(non_blocking=True)`,
+# `launch forward`). `nsys stats -r cuda_gpu_trace` lists each copy with its source memory kind
+# (`Pageable` or `Pinned`), the same distinction as the profiler's names above. (Older nsys versions
+# call the report `gputrace`.)
+#
 # ## 2. Copy and compute at the same time: a copy stream
 #
 # Look again at the pinned timeline of section 1: between two forwards the GPU runs the copy, and
@@ -399,6 +421,67 @@ ok = pinlab.claim("without record_stream, at least one step computed on an input
 # the cost of the fix too: with `record_stream` and a host far ahead, the allocator cannot reuse an
 # input's memory until its compute has run, so it holds one input per step in flight (an engine
 # bounds the run-ahead, section 1, and with it this memory).
+
+# %% [markdown]
+# ### Copy engines: both directions at once
+#
+# The first condition above, a free copy engine, is a number the GPU reports: `asyncEngineCount`,
+# its copy engines. With one, every copy on the GPU takes its turn on that engine; with two or more,
+# an H2D copy and a D2H copy can run at the same time, each over its own direction of the link (PCIe
+# and NVLink carry both directions at once). What a second copy engine does *not* give is twice the
+# bandwidth in one direction: one large pinned copy already fills the link that way.
+#
+# The copies below are queued by this function, one per stream; `stalls.copy_engines` times four
+# cases of 256 MiB pinned copies (medians of 5 interleaved rounds): H2D alone, D2H alone, H2D and D2H
+# at once (two streams), and two H2D at once (two streams). For a pair, the rate counts both copies'
+# bytes over the pair's time.
+
+# %%
+def copy_on(stream, dst, src):
+    """Queue dst <- src on `stream` (pinned host memory: a copy engine runs it, the host goes on)."""
+    with torch.cuda.stream(stream):
+        dst.copy_(src, non_blocking=True)
+
+# %% [markdown]
+# 🔮 **Predict.** Against one copy alone, how many bytes per second do H2D and D2H at once move?
+# And two H2D at once?
+#
+# <details><summary>Answer</summary>
+#
+# With two or more copy engines, H2D and D2H at once move close to the sum of the two alone: the
+# directions do not share a lane. Two H2D at once move about what one does: they share the link in
+# one direction, which one copy already fills, so a second H2D stream does not double the
+# bandwidth. With one copy engine, or a link or host that cannot serve both, the pair takes turns
+# and moves about what one copy does. The lines below say which this run was.
+# </details>
+
+# %%
+eng = pinlab.measure("02b_copy_engines", partial(stalls.copy_engines, copy_on), nbytes=256 * MiB, reps=5)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(eng["rows"], [("case", "256 MiB pinned copies"), ("gbps", "GB/s (both copies' bytes)",
+                                                               lambda v: f"{v:.1f}")])
+
+# %%
+rate = stalls.engine_rates(eng.result)
+pinlab.show("copy engines (asyncEngineCount)", eng["copy_engines"])
+both_up = rate["H2D and D2H at once"] / max(rate["H2D alone"], rate["D2H alone"])
+two_up = rate["two H2D at once"] / rate["H2D alone"]
+pinlab.observe("H2D and D2H at once moved at least 1.5x either alone", both_up >= 1.5, value=f"{both_up:.2f}x",
+               why="needs two copy engines and a link and host that serve both directions; other learners' copies "
+                   "share the link")
+pinlab.observe("two H2D at once moved under 1.25x one H2D alone", two_up < 1.25, value=f"{two_up:.2f}x",
+               why="one copy fills the link in one direction on a quiet machine; a copy that does not (a slow host, "
+                   "a link shared with other learners) leaves room for a second")
+for i, part in enumerate(stalls.engines_sentence(eng.result).split("; "), 1):
+    pinlab.show(f"what this run shows ({i}/3)", part)
+
+# %% [markdown]
+# So an engine that copies inputs in while it copies results out (a KV cache offloaded and
+# restored, weights prefetched while activations go back) can use both directions at once, on their
+# own streams; splitting one direction's copies over more streams buys nothing once one copy fills
+# the link. CUDA's `deviceQuery` sample prints the number of copy engines, and
+# `pinlab.platform_facts()["copy_engines"]` reads it (`asyncEngineCount`) from the CUDA runtime.
 #
 # ## 3. Many tensors: one sync for all
 #
@@ -634,6 +717,12 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   `compute_stream.wait_stream(copy_stream)` (or an event) before the compute uses it, and
 #   `x_gpu.record_stream(compute_stream)`, or the caching allocator hands the copy's memory to the
 #   next copy before the compute has read it (this run counted the wrong steps above).
+# - Copy engines (`asyncEngineCount`): with two or more, H2D and D2H run at once, each direction of
+#   the link its own (this run's rates are above); two copies in one direction share it, so a second
+#   H2D stream does not double the bandwidth.
+# - `nsys profile -t cuda,nvtx,osrt python script.py` records the same timeline for Nsight Systems:
+#   copies in the CUDA HW rows, the host's wait in `cudaMemcpyAsync`, spans from
+#   `torch.cuda.nvtx.range`.
 # - Many tensors: queue every copy `non_blocking` and synchronize once, instead of one wait per copy.
 # - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
 #   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
