@@ -144,19 +144,34 @@ LESSONS: tuple[Lesson, ...] = (
            covers="a decoder over a paged KV cache, an offloaded LM head, a vision encoder, with five planted "
                   "problems from the lessons; find them with `detect_stalls` and the profiler, fix them, compare "
                   "steps per second before and after",
-           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=45, exercise_minutes=10,
+           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=50, exercise_minutes=10,
            lands="audit each copy: where its source lives, who rewrites it and when, when its result is read",
            exercise_lands="`pin_memory()` of a pinned buffer is that buffer; a sync after the racing write protects "
                           "nothing; in the fixed loop the only waits left are the events that bound run-ahead; prove "
                           "the fix with the checker (1000 steps), steps per second and a timeline"),
+    Lesson("08", "08_cuda_graphs", "CUDA graphs: what a captured copy reads",
+           goal="stage a CUDA graph's inputs so that every replay reads its own step's data",
+           covers="capture and replay, host time per step (eager launches against one replay), what a capture "
+                  "refuses (pageable copies, `.item()`), the race under replay, every way to feed a graph's static "
+                  "inputs and its host cost, FlashInfer's CUDA-graph decode wrapper (`plan()` outside the graph, "
+                  "`run()` captured), a regression test, when graphs help less and the memory they hold",
+           gpu="yes (replayed without; the race and the regression test run on the emulated stream; FlashInfer "
+               "where installed)", minutes=40, exercise_minutes=5,
+           lands="a graph replays the **addresses** it captured: a captured copy from a reused pinned buffer reads "
+                 "it when the replay runs; a capture refuses pageable copies, so graphs push staging into pinned "
+                 "memory; fill static inputs from memory nobody rewrites before its copy has run (a `pin_memory()` "
+                 "snapshot outside the graph, or an event-guarded ring); FlashInfer's `plan()` outside the graph "
+                 "needs the same fix",
+           exercise_lands="make a step capturable (device work only, no `.item()`); stage a captured step's inputs "
+                          "without a race and without waiting for the GPU"),
 )
 
 #: workshop agendas (docs/workshop.md): each part lists lesson numbers, "ex NN" (lesson NN's exercise),
 #: ("break", minutes) or ("wrap-up", minutes); start times and totals are computed from the minutes above
 WORKSHOP: tuple[tuple[str, tuple], ...] = (
     ("Part one: lessons 00-03", ("00", "01", "ex 01", "02", "02b", "ex 02", ("break", 15), "03", "ex 03")),
-    ("Part two: lessons 04-07", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
-                                 ("wrap-up", 10))),
+    ("Part two: lessons 04-08", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
+                                 "08", "ex 08", ("wrap-up", 10))),
 )
 _WRAP_UP = "each participant names one copy in their own code to check with `detect_stalls()` and the profiler"
 

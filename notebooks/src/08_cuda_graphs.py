@@ -10,7 +10,10 @@
 #   buffer reads whatever the host wrote last, the race of lesson 03 under replay;
 # - the fixes that work with graphs (the PR's snapshot outside the graph, a ring of pinned
 #   buffers), each proven with 0 corrupted steps, and their host cost;
-# - the regression test the vLLM PR lacked, as a test you can take home.
+# - the same race in real paged attention: FlashInfer's CUDA-graph decode wrapper, `plan()` outside
+#   the graph, `run()` captured;
+# - the regression test the vLLM PR lacked, as a test you can take home;
+# - when graphs help less, and the memory they hold.
 #
 # Before this lesson: 03 (the race) and 04 (the fix).
 
@@ -212,10 +215,29 @@ for v in l08.RACY:
                        "lets a few copies run before the next write")
 
 # %% [markdown]
+# Both racy variants are races: how many steps each lost depends on how far behind the GPU was when
+# its copy ran, so the counts above are this run's. The captured copy runs after the step's busy
+# work (it is in the graph, replayed after `s.busy`); the copy outside the graph is enqueued before
+# it, so it waits only for the earlier steps' work, and runs before the host's next write whenever
+# the GPU has caught up with those. Putting the copy in a graph or leaving it outside does not
+# make a reused buffer safe. The three fixes each give every step memory that nobody rewrites
+# until its copy has run:
+#
+# - **the PR's snapshot outside the graph**: the metadata stays pageable; `pin_memory()` makes a
+#   fresh pinned copy each step, and the copy into the static input is enqueued *before* the replay,
+#   outside the graph. The caching host allocator hands that block out again only after the copy
+#   has run (lesson 04).
+# - **one graph per ring slot**: capture the copy once per pinned buffer; step n replays slot
+#   n mod depth after waiting for the event of that slot's previous use.
+# - **the ring outside the graph**: lesson 04's event-guarded ring, copied outside the graph.
+
+# %% [markdown]
 # What does each cost the host? Over 10,000 steps the GPU falls behind, CUDA's launch queue fills
 # (lesson 03), and every loop then runs at the GPU's pace, so the loop above cannot say. `l08.staging_cost`
 # times the staging alone (metadata write, copies, replay call) in short rounds of 50 steps that end
-# with a sync, the variants interleaved round by round, and reports the median of the rounds' medians:
+# with a sync, the variants interleaved round by round, and reports the median of the rounds' medians.
+# No busy work this time: the GPU keeps up with the host, so the rings hardly ever wait for their
+# events, and each time is the host's own cost (no data is checked here: the loop above did that).
 
 # %% tags=["nbval-ignore-output"]
 cost6 = pinlab.measure("08_staging_cost", l08.staging_cost, tensors=6, n_ints=256, rounds=10, steps=50,
@@ -227,26 +249,15 @@ hc = {r["variant"]: r["host_us"] for r in cost6.result["rows"]}
 safe = min(FIXES, key=lambda v: hc[v])
 pinlab.show("what this run shows", "host µs per step, cheapest first: " + ", ".join(
     f"{v} {hc[v]:.1f}" for v in sorted(hc, key=hc.get)))
-pinlab.observe("the cheapest graph-safe staging costs at most half the per-tensor snapshots",
-               hc[safe] <= hc["snapshot_outside"] / 2 if safe != "snapshot_outside" else False,
-               value=f"{safe} {hc[safe]:.1f} µs against snapshot_outside {hc['snapshot_outside']:.1f} µs",
-               why="host timings: the allocator's cost per snapshot and the copies' launch cost differ between "
-                   "hosts; on a shared CPU all of them grow")
+held = pinlab.observe("the cheapest graph-safe staging costs at most half the per-tensor snapshots",
+                      hc[safe] <= hc["snapshot_outside"] / 2 if safe != "snapshot_outside" else False,
+                      value=f"{safe} {hc[safe]:.1f} µs against snapshot_outside {hc['snapshot_outside']:.1f} µs",
+                      why="host timings: the allocator's cost per snapshot and the copies' launch cost differ "
+                          "between hosts; on a shared CPU all of them grow")
 
 # %% [markdown]
-# The two racy variants read later steps' data almost every step; graph or no graph makes no
-# difference. The three fixes each give every step memory that nobody rewrites until its copy has
-# run:
-#
-# - **the PR's snapshot outside the graph**: the metadata stays pageable; `pin_memory()` makes a
-#   fresh pinned copy each step, and the copy into the static input is enqueued *before* the replay,
-#   outside the graph. The caching host allocator hands that block out again only after the copy
-#   has run (lesson 04).
-# - **one graph per ring slot**: capture the copy once per pinned buffer; step n replays slot
-#   n mod depth after waiting for the event of that slot's previous use.
-# - **the ring outside the graph**: lesson 04's event-guarded ring, copied outside the graph.
-#
-# The snapshot's cost is an allocation per step; the rings pay with memory and events. The fix
+# The snapshot's cost is a pinned allocation per tensor per step; the rings pay with memory and
+# events. The fix
 # code, as vLLM 0.29 has it, is two lines outside the graph:
 
 # %%
@@ -257,6 +268,103 @@ def snapshot_step(s, meta, static, g):
 
 
 # %% [markdown]
+# ## Real decode under replay: FlashInfer's graph wrappers
+#
+# A step counter is a stand-in; lesson 03 showed the race in real attention. Under graphs, vLLM's
+# FlashInfer backend builds one decode wrapper per captured batch size with `use_cuda_graph=True`
+# and **fixed device buffers** for `indptr`, `indices` and `last_page_len`. `plan()` runs outside
+# the graph every step: it reads the host metadata, computes the plan on the host, and copies the
+# metadata into the fixed buffers with `non_blocking=True`. `run()` is captured once, and every
+# replay reads whatever the fixed buffers hold when it runs:
+#
+# ```python
+# wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+#     workspace, "NHD", use_cuda_graph=True,             # fixed buffers: the graph keeps their addresses
+#     paged_kv_indptr_buffer=indptr_buf, paged_kv_indices_buffer=indices_buf,
+#     paged_kv_last_page_len_buffer=last_page_len_buf)
+# wrapper.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+# g = torch.cuda.CUDAGraph()
+# with torch.cuda.graph(g):                              # capture run() once
+#     out = wrapper.run(q, (k_cache, v_cache))
+# # every step, outside the graph: the H2D copies of plan() fill the fixed buffers, then replay
+# wrapper.plan(indptr_n, indices_n, last_page_len_n, num_qo_heads, num_kv_heads, head_dim, page_size)
+# g.replay()
+# ```
+#
+# `pinlab.paged_kv.FlashInferDecode(..., graph_batch=8, graph_max_pages=64)` builds that wrapper.
+# `l08.flashinfer_graph_decode` runs 200 decode steps of 8 requests whose page count and last-page
+# lengths change every step (`l08.decode_metadata`), through a ring of three wrappers, each with its
+# own captured `run()`: step n uses wrapper n mod 3 after waiting for the event of that wrapper's
+# previous step (so FlashInfer's own pinned plan buffer is never rewritten early: lesson 04's
+# `plan()` hazard). The GPU is kept 0.5 ms busy per step. Only the way step n's host metadata reaches
+# `plan()` changes:
+#
+# ```python
+# indptr, last = slots[n % len(slots)]             # one pinned pair, or one pair per wrapper (the ring)
+# indptr.copy_(step_indptr); last.copy_(step_last)  # the host writes step n's metadata
+# if variant == "snapshot":                        # the PR: pageable metadata, a fresh pinned snapshot
+#     indptr, last = indptr.pin_memory(), last.pin_memory()
+# wrappers[n % ring].plan(indptr, indices, last)   # its copies run when the GPU gets to them
+# ```
+#
+# Every step's output is then compared with `pinlab.paged_kv.reference_decode`, the fp32 reference
+# fed with step n's correct metadata.
+
+# %%
+for name, what in l08.FLASHINFER_VARIANTS.items():
+    print(pinlab.timing.wrapped(f"{name}: {what}"))
+
+# %% [markdown]
+# 🔮 **Predict.** The graph captured `run()`, not the copies: `plan()` enqueues them outside the graph
+# at every step. Does that protect the reused pinned pair?
+#
+# <details><summary>Answer</summary>
+#
+# No. `plan()`'s copies are `non_blocking` copies from pinned memory: they read the pair when the
+# GPU runs them, behind the previous steps' work, by which time the host has written later steps'
+# metadata into it. The replayed `run()` then attends with step n's plan over another step's
+# `indptr` and `last_page_len`: other pages, other lengths, and no error. The snapshot and the ring
+# give every `plan()` memory nobody rewrites before its copies have run.
+# </details>
+
+# %%
+print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
+print("how long that took is shown below. A replay of a recorded run skips it.")
+fi = pinlab.measure("08_flashinfer_graph", l08.flashinfer_graph_runs, steps=200, ring=3, busy_ms=0.5)
+
+# %%
+fr, fi_ran = fi.result, fi.result["flashinfer"]
+fb = {r["variant"]: r for r in fr["rows"]}
+pinlab.show("FlashInfer ran", "yes" if fi_ran else f"no: {fr['reason']}")
+for v, r in fb.items():
+    pinlab.show(f"{v}: steps whose attention was wrong (max error; seconds, the first with the JIT)",
+                f"{r['wrong_steps']} of {fr['steps']} ({r['max_err']:.3f}; {r['seconds']} s)")
+FI_FIXES = ("snapshot", "pinned_ring")
+ok = pinlab.claims({f"{v}: steps whose attention was wrong, wherever FlashInfer ran": fb[v]["wrong_steps"]
+                    if fi_ran else 0 for v in FI_FIXES},
+                   expect={f"{v}: steps whose attention was wrong, wherever FlashInfer ran": 0 for v in FI_FIXES},
+                   why="each plan() reads memory nobody rewrites before its copies have run, and every wrapper "
+                       "waits for its previous step; a wrong step is a bug (or a broken FlashInfer build)")
+racy_wrong = fb["reused_pinned"]["wrong_steps"] if fi_ran else None
+ok = pinlab.claim("reused pinned pair: the replayed run() attended with another step's metadata on at least one "
+                  "step, wherever FlashInfer ran", not fi_ran or racy_wrong >= 1,
+                  value=f"{racy_wrong} of {fr['steps']}",
+                  why="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step "
+                      "(metadata, plan(), replay) well under that; a host slower than the GPU (a CPU shared by "
+                      "many processes) lets every copy run before the next write")
+held = pinlab.observe("reused pinned pair: at least 95% of steps wrong", fi_ran and racy_wrong >= 0.95 * fr["steps"],
+                      value=f"{racy_wrong} of {fr['steps']}" if fi_ran else "FlashInfer did not run",
+                      why="a race: the first steps run before the GPU falls behind, and a slow or shared host lets "
+                          "more copies run before the next write")
+
+# %% [markdown]
+# Where FlashInfer ran, the lines above count the steps whose attention differed from the
+# reference by more than the tolerance: with the reused pinned pair, the captured `run()` worked
+# with the plan of one step and the `indptr` of another. Capturing `run()` in a graph changed
+# nothing about where its inputs come from; the fix is the one of lesson 04, applied to whatever
+# `plan()` copies from. Where FlashInfer could not run (not installed, or its build failed), the
+# line above says why, and the claims hold trivially: there was nothing to count.
+#
 # ## The regression test the PR lacked
 #
 # A test that must fail on the racy step and pass on the fix: the host rewrites the metadata right
@@ -327,17 +435,72 @@ ok = pinlab.claims({"the test failed the racy staging, runs of 10": racy_failed,
 # %% [markdown]
 # ## When graphs help less, and what they cost
 #
-# - A graph saves host time per *launch*. A step of a few large kernels saves little; a decode
-#   step of hundreds of small ones saves most of its host time.
-# - Everything a graph reads is static: input buffers sized for the largest batch, one graph per
-#   batch size (vLLM captures a list of sizes and pads the batch up), and a memory pool per graph.
-# - Anything that depends on the data (a `.item()`, `nonzero()`, a shape that changes) cannot be in
-#   the graph: it runs outside, between replays, and costs what it costs eagerly.
-# - Pinned staging buffers are host memory nobody else can use (lesson 01); the snapshot allocates
-#   per step, the rings hold depth × the metadata.
+# A graph saves host time per *launch*. The host-cost run at the top of the lesson also measured a
+# step of one kernel:
 
 # %%
-pinlab.pinned_back_to(pinned_at_start)
+at1 = next(r for r in rows if r["kernels"] == 1)
+pinlab.show("one kernel per step: eager / one replay, host µs", f"{at1['eager_us']:.1f} / {at1['replay_us']:.1f}")
+held = pinlab.observe("a replay saves the host less at 1 kernel than at 20",
+                      at1["eager_us"] - at1["replay_us"] < at20["eager_us"] - at20["replay_us"],
+                      value=f"{at1['eager_us'] - at1['replay_us']:.1f} µs against "
+                            f"{at20['eager_us'] - at20['replay_us']:.1f} µs saved",
+                      why="host timings of a few µs: a shared or slow CPU adds noise of that size")
+
+# %% [markdown]
+# A step of a few large kernels saves a few µs against milliseconds of GPU work; a decode step of
+# hundreds of small kernels saves most of its host time. And a graph holds memory:
+#
+# - everything it reads is static: input buffers sized for the largest batch, and one graph per batch
+#   size (vLLM captures a list of sizes and pads the batch up to the next one);
+# - each graph allocates what its kernels produce (activations, outputs) from a **private memory
+#   pool** that only its replays use: the pool keeps those blocks reserved as long as the graph lives;
+# - pinned staging buffers are host memory nobody else can use (lesson 01): a ring holds depth ×
+#   the metadata, rounded up by the caching host allocator.
+#
+# `l08.graph_memory` captures one small graph per batch size (four elementwise layers on a static
+# `[batch, 4096]` fp32 input) and reads `torch.cuda.memory_allocated()` and `memory_reserved()` around
+# each capture, then pins a ring of three six-tensor slabs and reads the caching host allocator's
+# statistics:
+
+# %% tags=["nbval-ignore-output"]
+mem = pinlab.measure("08_graph_memory", l08.graph_memory, batch_sizes=[1, 8, 64, 256], hidden=4096, layers=4,
+                     ring_depth=3, tensors=6, n_ints=256)
+kib = lambda v: f"{v / 1024:.0f}"  # noqa: E731
+pinlab.table(mem.result["rows"], [("batch", "batch"), ("activation_bytes", "one activation KiB", kib),
+                                  ("static_bytes", "static input KiB", kib),
+                                  ("graph_allocated_bytes", "graph keeps allocated KiB", kib),
+                                  ("graph_reserved_bytes", "capture reserved KiB", kib)])
+
+# %%
+gm = mem.result
+b1 = gm["rows"][0]
+pinlab.show("all graphs and static inputs together: allocated / reserved MiB",
+            f"{gm['held_allocated_bytes'] / 2**20:.1f} / {gm['held_reserved_bytes'] / 2**20:.1f}")
+pinlab.show(f"pinned ring of {gm['ring_depth']} slabs: requested / held KiB",
+            f"{gm['ring_requested_bytes'] / 1024:.0f} / {gm['ring_pinned_bytes'] / 1024:.0f}")
+held = pinlab.observe(f"at batch {b1['batch']} the capture reserved at least 10x one activation",
+                      b1["graph_reserved_bytes"] >= 10 * b1["activation_bytes"],
+                      value=f"{b1['graph_reserved_bytes'] / 1024:.0f} KiB for {b1['activation_bytes'] / 1024:.0f} KiB",
+                      why="the caching allocator's segment sizes (2 MiB for small blocks by default) and "
+                          "PYTORCH_CUDA_ALLOC_CONF settings such as expandable_segments decide how much a pool "
+                          "reserves")
+
+# %% [markdown]
+# A graph's pool reserves whole segments of the caching allocator, so a graph of small tensors can
+# hold far more than it uses, once per captured batch size (read the table: the smallest batch's
+# reservation against its activation). Engines share one pool among their graphs (`torch.cuda.graph`'s
+# `pool=` argument; vLLM does) and capture a bounded list of sizes for this reason. The ring's pinned
+# bytes are small for metadata; they are rounded up per slab, like every pinned block (lesson 01).
+#
+# Anything that depends on the data (a `.item()`, `nonzero()`, a shape that changes) cannot be in
+# the graph: it runs outside, between replays, and costs what it costs eagerly.
+
+# %%
+back = pinlab.pinned_back_to(pinned_at_start)
+ok = pinlab.claim("pinned memory held is back to its starting level", back,
+                  why="an experiment of this lesson kept pinned blocks alive (a leak), or another thread of this "
+                      "process pinned memory meanwhile")
 
 # %% [markdown]
 # **What to remember**
@@ -347,5 +510,9 @@ pinlab.pinned_back_to(pinned_at_start)
 #   pinned memory, the memory that races when the host rewrites it.
 # - Graph-safe fixes give each step memory nobody rewrites until its copy has run: a `pin_memory()`
 #   snapshot copied into the static input outside the graph (vLLM 0.29), or an event-guarded ring.
+# - The same holds for FlashInfer's graph wrappers: `run()` is captured, `plan()` copies the host
+#   metadata outside the graph, so what `plan()` copies from needs the same fix.
 # - Test it: rewrite the metadata right after each replay with the GPU behind, and check that every
 #   step read its own data (`check_graph_staging`).
+# - A graph saves host time per launch (little for a step of few kernels) and holds memory: static
+#   buffers for the largest batch, and a private pool per graph unless graphs share one.

@@ -1,5 +1,5 @@
-"""Lesson 08, CUDA graphs: what a captured copy reads (issue 21). Experiments only; the lesson's notebook is
-still to come, so no notebook imports this module yet (its GPU evidence starts with that notebook).
+"""Lesson 08, CUDA graphs: what a captured copy reads (issue 21): the experiments of
+``notebooks/src/08_cuda_graphs.py``.
 
 vLLM decodes under CUDA graphs: the step's kernels are captured once and replayed with the addresses they
 captured. A graph refuses a copy from pageable host memory, so every H2D copy it captures reads a pinned
@@ -15,7 +15,10 @@ buffer, at replay time: exactly the buffer lesson 03 shows racing when the host 
   kernels grows (CUDA only: the emulation says nothing about time);
 * :func:`flashinfer_graph_decode`: real paged decode under graph replay (FlashInfer's CUDA-graph wrappers,
   ``plan()`` outside the graph, ``run()`` captured), the metadata fed three ways, wrong outputs counted
-  against the fp32 reference (CUDA and FlashInfer only).
+  against the fp32 reference (CUDA and FlashInfer only); :func:`flashinfer_graph_runs`: every way, as a
+  small summary the notebook records (or why FlashInfer could not run);
+* :func:`graph_memory`: the device memory a captured graph's private pool and its static buffers hold, per
+  batch size, and the pinned bytes of a staging ring (CUDA only).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from .. import steploop
 from ..args import positive_int, positive_number, size_list
 
 __all__ = ["VARIANTS", "RACY", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost", "host_cost",
-           "decode_metadata", "flashinfer_graph_decode"]
+           "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory"]
 
 #: How step n's host metadata gets to the graph's static device input, and what the graph captured.
 VARIANTS = {
@@ -259,6 +262,10 @@ def decode_metadata(n: int, batch: int, max_pages: int, page_size: int) -> tuple
     """Step ``n``'s metadata for the graph decode: every request has ``w = 1 + n % max_pages`` pages (so
     consecutive steps differ), and its last page holds ``1 + (5n + 3i) % page_size`` tokens. Returns
     ``(indptr, last_page_len)`` as lists (indptr = 0, w, 2w, ...)."""
+    n = positive_int("n", n, allow_zero=True)
+    batch = positive_int("batch", batch)
+    max_pages = positive_int("max_pages", max_pages)
+    page_size = positive_int("page_size", page_size)
     w = 1 + n % max_pages
     return [i * w for i in range(batch + 1)], [1 + (5 * n + 3 * i) % page_size for i in range(batch)]
 
@@ -285,9 +292,15 @@ def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, m
     batch = positive_int("batch", batch, maximum=256)
     max_pages = positive_int("max_pages", max_pages, maximum=1024)
     page_size = positive_int("page_size", page_size, maximum=256)
+    num_qo_heads = positive_int("num_qo_heads", num_qo_heads, maximum=256)
+    num_kv_heads = positive_int("num_kv_heads", num_kv_heads, maximum=256)
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    head_dim = positive_int("head_dim", head_dim, maximum=1024)
     ring = positive_int("ring", ring, maximum=16)
     busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0)
     tol = positive_number("tol", tol)
+    seed = positive_int("seed", seed, allow_zero=True)
     require_cuda("flashinfer_graph_decode()")
     s = steploop.cuda_or(None, "flashinfer_graph_decode()")
     g = torch.Generator().manual_seed(int(seed))
@@ -348,3 +361,111 @@ def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, m
     del wrappers, graphs, graph_out
     return {"variant": variant, "steps": steps, "wrong_steps": wrong, "max_err": errs, "busy_ms": busy_ms,
             "ring": ring, "tol": tol}
+
+
+def flashinfer_graph_runs(variants=None, *, steps: int = 200, ring: int = 3, busy_ms: float = 0.5,
+                          tol: float = 0.02, seed: int = 0) -> dict:
+    """:func:`flashinfer_graph_decode` for each of ``variants`` (default: all of :data:`FLASHINFER_VARIANTS`),
+    summarised for a recording (CUDA only). Returns ``{"flashinfer": bool, "reason", "steps", "ring",
+    "busy_ms", "tol", "rows"}``; each row {variant, wrong_steps, first_wrong (a step, or -1), max_err (over
+    all steps), max_err_right (over the steps within ``tol``, -1 where none was), seconds (the first run
+    includes FlashInfer's JIT build or cache load)}. Where FlashInfer cannot run here (not installed, its
+    build failed), ``flashinfer`` is False, ``reason`` says why in one sentence and ``rows`` is empty."""
+    from ..args import require_cuda
+    from ..paged_kv import FlashInferUnavailableError
+
+    names = list(FLASHINFER_VARIANTS) if variants is None else list(variants)
+    if not names:
+        raise ValueError("variants must name at least one variant")
+    for v in names:
+        if v not in FLASHINFER_VARIANTS:
+            raise ValueError(f"variants must be among {', '.join(FLASHINFER_VARIANTS)}, got {v!r}")
+    steps = positive_int("steps", steps, maximum=100_000)
+    ring = positive_int("ring", ring, maximum=16)
+    busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0)
+    tol = positive_number("tol", tol)
+    seed = positive_int("seed", seed, allow_zero=True)
+    require_cuda("flashinfer_graph_runs()")
+    out = {"flashinfer": True, "reason": "", "steps": steps, "ring": ring, "busy_ms": busy_ms, "tol": tol,
+           "rows": []}
+    for v in names:
+        t0 = time.perf_counter()
+        try:
+            run = flashinfer_graph_decode(v, steps=steps, ring=ring, busy_ms=busy_ms, tol=tol, seed=seed)
+        except FlashInferUnavailableError as exc:
+            return {**out, "flashinfer": False, "reason": " ".join(str(exc).split())[:300], "rows": []}
+        errs = run["max_err"]
+        wrong = [n for n, e in enumerate(errs) if not e <= tol]
+        right = [e for e in errs if e <= tol]
+        out["rows"].append({"variant": v, "wrong_steps": run["wrong_steps"], "first_wrong": wrong[0] if wrong else -1,
+                            "max_err": max((e for e in errs if e == e), default=-1.0),
+                            "max_err_right": max(right, default=-1.0),
+                            "seconds": round(time.perf_counter() - t0, 2)})
+    return out
+
+
+def graph_memory(batch_sizes=(1, 8, 64, 256), *, hidden: int = 4096, layers: int = 4, ring_depth: int = 3,
+                 tensors: int = 6, n_ints: int = 256) -> dict:
+    """What graphs hold in memory, CUDA only.
+
+    For each batch size (an engine captures one graph per size), a static input ``[batch, hidden]`` fp32
+    and a graph of ``layers`` elementwise steps on it (each makes an intermediate tensor, as a layer's
+    activations do). Rows {batch, static_bytes (the static input, by ``memory_allocated``),
+    graph_allocated_bytes (what the captured graph keeps allocated: its output, from its private pool),
+    graph_reserved_bytes (how much ``memory_reserved`` grew at the capture: the pool's segments),
+    activation_bytes (one intermediate's size)}. Then the pinned bytes a staging ring of ``ring_depth``
+    slabs of ``tensors`` x ``n_ints`` int32 holds (``ring_pinned_bytes``, from the caching host allocator's
+    statistics, against ``ring_requested_bytes``). Everything is freed before it returns."""
+    from ..args import require_cuda
+    from ..hostmem import pinned_bytes_held, release_cached_host_blocks
+
+    sizes = size_list("batch_sizes", batch_sizes)
+    if max(sizes) > 65536:
+        raise ValueError(f"batch_sizes: at most 65536, got {max(sizes)}")
+    hidden = positive_int("hidden", hidden, maximum=1 << 16)
+    layers = positive_int("layers", layers, maximum=64)
+    ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
+    tensors = positive_int("tensors", tensors, maximum=64)
+    n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
+    require_cuda("graph_memory()")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    start_allocated, start_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    keep, rows = [], []
+    for b in sizes:
+        a0 = torch.cuda.memory_allocated()
+        static = torch.zeros(b, hidden, device="cuda")
+        a1 = torch.cuda.memory_allocated()
+
+        def step(static=static):
+            y = static
+            for _ in range(layers):
+                y = y * 1.0001 + 1.0                   # each layer makes an intermediate, as activations do
+            return y
+
+        step()                                         # warm-up, eagerly (loads the kernels)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()                       # as torch.cuda.graph() does on entry: r2 is what stays
+        a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+        torch.cuda.synchronize()
+        a3, r3 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        keep.append((g, static, out))
+        rows.append({"batch": b, "static_bytes": a1 - a0, "graph_allocated_bytes": a3 - a2,
+                     "graph_reserved_bytes": r3 - r2, "activation_bytes": b * hidden * 4})
+    held_allocated = torch.cuda.memory_allocated() - start_allocated
+    held_reserved = torch.cuda.memory_reserved() - start_reserved
+    del keep, g, static, out, step
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    release_cached_host_blocks()
+    p0 = pinned_bytes_held()
+    slots = [torch.zeros((tensors, n_ints), dtype=torch.int32, pin_memory=True) for _ in range(ring_depth)]
+    ring_pinned = pinned_bytes_held() - p0
+    del slots
+    release_cached_host_blocks()
+    return {"hidden": hidden, "layers": layers, "rows": rows, "held_allocated_bytes": held_allocated,
+            "held_reserved_bytes": held_reserved, "ring_depth": ring_depth,
+            "ring_requested_bytes": ring_depth * tensors * n_ints * 4, "ring_pinned_bytes": ring_pinned}
