@@ -126,6 +126,12 @@ ok = pinlab.claims({
        "captures; a different outcome means a different torch or CUDA version: see its release notes")
 
 # %% [markdown]
+# Read `.item()`'s message with care. On a GPU, CUDA refuses the wait ("operation not permitted when
+# stream is capturing"), and torch then ends the capture and reports what that ending saw: "operation
+# failed due to a previous error during capture", the line a GPU run prints above. The emulated stream
+# raises the first message, the cause. The warning "The CUDA Graph is empty" that a GPU run leaves
+# under the cell comes from the same refused capture: it ended with nothing recorded.
+#
 # The pageable copy is refused because the driver stages it at the call (lesson 02): a replay
 # would find nothing staged. `.item()` is refused because the host would have to wait for a value
 # the capture has not computed. So an engine that captures its step pins every host buffer the step
@@ -497,6 +503,7 @@ held = pinlab.observe(f"at batch {b1['batch']} the capture reserved at least 10x
 # the graph: it runs outside, between replays, and costs what it costs eagerly.
 
 # %%
+del pinned                      # the capture experiment's pinned tensor, still a global of this notebook
 back = pinlab.pinned_back_to(pinned_at_start)
 ok = pinlab.claim("pinned memory held is back to its starting level", back,
                   why="an experiment of this lesson kept pinned blocks alive (a leak), or another thread of this "
