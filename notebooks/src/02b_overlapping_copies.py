@@ -360,7 +360,7 @@ for key, label in stalls.OVERLAP_MODES.items():
     pinlab.show(f"{label}: steps per second", f"{m['steps_per_s']:.0f}")
     pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
     pinlab.show(f"{label}: copies beside a kernel (profiled steps)",
-                f"{o['overlapping']} of {o['copies']} ({o['share']:.0%} of the copy time)")
+                f"{o['overlapping']} of {o['copies']} ({o['share']:.1%} of the copy time)")
     copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
 pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
@@ -413,8 +413,8 @@ ok = pinlab.claim("without record_stream, at least one step computed on an input
                       "a host slower than the GPU's 0.5 ms per step would let the compute read each input in time")
 
 # %% [markdown]
-# The host queues all 40 steps long before the GPU has computed the first few: that lead is what
-# makes the reuse fatal here, for many steps of the run. Some steps still come out right, and
+# Here the host can queue many steps before the GPU has computed the first few: that lead is what
+# makes the reuse fatal, for many steps of the run (the count above says how many in yours). Some steps still come out right, and
 # nothing here shows why: the compute may have read its block before the next copy overwrote it, or
 # the input written over it may have had the same contents (the loop cycles through 4 inputs). In a
 # real loop the lead is smaller and the same bug corrupts a step now and then: the worst kind. Note

@@ -93,8 +93,8 @@ ok = pinlab.claims({"pin_memory() snapshot: copies that delivered another step's
 #
 # `l04.snapshot_soak` runs this loop on the GPU for 10,000 steps with the snapshot (4 KiB of
 # metadata per step, the GPU busy 0.05 ms per step, no wait in the loop: the host runs as far ahead
-# as CUDA lets it), three times, each in a fresh Python process (so each starts with an empty
-# pinned cache): **cold** (as a server starts), **warmed** and **reserved** (two ways of taming its
+# as CUDA lets it), three times, in two fresh Python processes (cold and warmed share one, with the
+# pinned cache emptied before each; reserved gets its own): **cold** (as a server starts), **warmed** and **reserved** (two ways of taming its
 # slow path, explained further down). Then 1,000 steps of the reused pinned buffer under the same
 # load, as a control: a test that cannot fail proves nothing.
 
@@ -295,7 +295,8 @@ ok = pinlab.claims({"corrupted steps with the snapshot in these loops": sum(r["s
 # holds on every run: not one corrupted step.
 #
 # So the review's worry ("one extra small pinned copy per step") is real, and its size is the line
-# above; it grows with the bytes (the `memcpy`) and with the number of tensors (the bookkeeping):
+# above; its `memcpy` part grows with the bytes and its bookkeeping with the number of tensors, though
+# for a few KiB the bookkeeping and the run's noise dominate (compare the rows):
 # snapshot what is small and changes every step, not big tensors.
 #
 # ## The slow path: the soak's distribution
@@ -431,9 +432,9 @@ ok = pinlab.claims({
         "a host slower than that (a CPU shared by many processes) lets the GPU keep up"})
 
 # %% [markdown]
-# Correct, but here the host runs far ahead of the GPU. Once the ring has gone round, every step
-# waits for the copy made three steps before, which sits behind the GPU's queue: the host runs at
-# the GPU's pace. The events buy correctness with the host's run-ahead. In the
+# Correct, but here the host runs far ahead of the GPU. Once the ring has gone round, a step waits
+# for the copy made three steps before whenever the host is that far ahead of the GPU, which it is
+# here: the host runs at the GPU's pace. The events buy correctness with the host's run-ahead. In the
 # course's words, **run-ahead k**: the host may write step n+k's data while the GPU has not yet run
 # step n's copy; a ring of pinned buffers for run-ahead k needs k + 1 buffers, and then never waits
 # for the GPU (below, where the host waits for step n-2 before writing step n: run-ahead 1). The
@@ -528,7 +529,8 @@ ok = pinlab.claims({
 #   copy every step, which is the run-ahead async scheduling was meant to buy.
 #
 # Read the host times for what each approach *does* (waits for the GPU or not), not for a ranking
-# of the others: the racy buffers, the ring and the snapshot run a few µs of calls each, and which
+# of the others: the racy buffers, the ring and the snapshot run tens of µs of host calls at most
+# (the "vs no copy" column), and which
 # of them comes out cheaper moves from run to run (the round medians show the spread; the "cheapest
 # to dearest" line is this run's order). Only the event wait's gap is structural: it waits for the
 # GPU on every step.
@@ -581,7 +583,8 @@ dearer = [r["total_bytes"] for r in prow if r["pageable_us"] > r["snapshot_us"]]
 pinlab.show("smallest step at which the pageable copies cost the host more than the snapshots",
             fmt_bytes(min(dearer)) if dearer else "none measured")
 waited = [r["total_bytes"] for r in prow if r["pageable_us"] > half_step_us]
-pinlab.show("smallest step at which the pageable copies took over half a GPU step (they waited for the GPU)",
+pinlab.show("smallest step at which the pageable copies took over half a GPU step (waiting for the GPU, or "
+            "staging alone took that long)",
             fmt_bytes(min(waited)) if waited else "none measured")
 # a timing, and undocumented driver behaviour (the staging pool): observed, never asserted
 big_dearer = pinlab.observe(
@@ -887,7 +890,7 @@ pinlab.show("which fix when: the cheapest correct fix for 6 small tensors, in th
 big = pool.result["rows"][-1]
 pinlab.show(f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
             f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}")
-pinlab.show("several tensors per step: the smallest step at which the pageable copies waited for the GPU",
+pinlab.show("several tensors per step: the smallest step at which the pageable copies took over half a GPU step",
             fmt_bytes(min(waited)) if waited else "none measured")
 pinlab.show("soak, cold / warmed / reserved: max host µs of a step",
             " / ".join(f"{passes[k]['max_us']:.0f}" if k in passes else "n/a" for k in ("cold", "warmed", "reserved")))

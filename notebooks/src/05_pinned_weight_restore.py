@@ -420,7 +420,9 @@ pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') no
 #
 # The same reload as in Part 1, on the GPU: the GPU is busy for 20 ms, then the four weights are
 # copied back with `non_blocking=True`. A host that waits for the GPU is held at least the rest of
-# the busy time; a host that only queues the copies is not, so half the busy time separates the two.
+# the busy time; a host that only queues the copies is not, so half the busy time separates the two,
+# unless the staging itself takes that long (a pageable copy of a few hundred MiB can: lesson 01's
+# pageable rates say how long), so a pageable host held past the line waited *or* staged.
 # From pinned memory the copies are only queued, on any CUDA GPU. Whether a pageable copy waits is
 # the driver's choice, and undocumented: the CUDA Runtime API's "API synchronization behavior" page
 # (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html) says only that an
@@ -435,7 +437,8 @@ pinlab.claim("from pinned memory (empty_like + copy_) the host did not wait for 
              value=pinlab.fmt_ms(after["reload_host_ms"]),
              why="a non_blocking copy from pinned memory is queued on any CUDA GPU; only a host stalled for "
                  "milliseconds by something else (the OS, too few CPU cores) shows more")
-pinlab.observe("from pageable memory (.to('cpu')) the host waited for the busy GPU (held over half the busy time)",
+pinlab.observe("from pageable memory (.to('cpu')) the host was held over half the busy time (it waited for the "
+               "busy GPU, or staging the copies took that long by itself)",
                before["reload_host_ms"] > res["busy_ms"] / 2, value=pinlab.fmt_ms(before["reload_host_ms"]),
                why="when a pageable copy waits is the driver's choice (undocumented); a GPU that reads pageable "
                    "memory through the host's page tables (GH200) may not stage it at all")

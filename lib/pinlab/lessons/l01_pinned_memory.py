@@ -485,8 +485,8 @@ def pageable_sentence(row: dict) -> str:
     one = positive_number("row['memcpy_1t_gbps']", row["memcpy_1t_gbps"])
     share = h2d / one
     if share > 1.1:
-        how = ("faster than it: the driver did more than one thread's plain memcpy (or the GPU read pageable "
-               "memory directly)")
+        how = ("faster than it: the driver's staging copies faster than torch's one-thread copy loop (how it "
+               "copies is undocumented), so compare it with the torch's-threads column too")
     elif share >= 0.6:
         how = "close to it: the staging memcpy can account for most of the copy's time"
     else:
