@@ -84,7 +84,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="when a copy really is asynchronous, the driver's staging pool, D2H, hidden syncs, the same code "
                   "on `pinlab.stream()` (the emulated lagging stream without a GPU), the advice "
                   "\"`non_blocking=True` regardless\" tested",
-           gpu="yes (replayed without)", minutes=65, exercise_minutes=15,
+           gpu="yes (replayed without)", minutes=60, exercise_minutes=15,
            lands="`non_blocking=True` from pageable memory is a request, honoured only while the driver can stage "
                  "the copy (two limits: one per copy, one on pending bytes); a D2H copy into pinned memory is valid "
                  "only after its event; hidden syncs hide in ordinary-looking lines",
@@ -156,7 +156,7 @@ LESSONS: tuple[Lesson, ...] = (
                   "inputs and its host cost, FlashInfer's CUDA-graph decode wrapper (`plan()` outside the graph, "
                   "`run()` captured), a regression test, when graphs help less and the memory they hold",
            gpu="yes (replayed without; the race and the regression test run on the emulated stream; FlashInfer "
-               "where installed)", minutes=35, exercise_minutes=5,
+               "where installed)", minutes=40, exercise_minutes=5,
            lands="a graph replays the **addresses** it captured: a captured copy from a reused pinned buffer reads "
                  "it when the replay runs; a capture refuses pageable copies, so graphs push staging into pinned "
                  "memory; fill static inputs from memory nobody rewrites before its copy has run (a `pin_memory()` "

@@ -270,6 +270,13 @@ def decode_metadata(n: int, batch: int, max_pages: int, page_size: int) -> tuple
     return [i * w for i in range(batch + 1)], [1 + (5 * n + 3 * i) % page_size for i in range(batch)]
 
 
+def _decode_loop_args(ring, busy_ms, tol, seed) -> tuple:
+    """The graph decode loop's own arguments, checked (each error names its argument)."""
+    return (positive_int("ring", ring, maximum=16),
+            positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0),
+            positive_number("tol", tol), positive_int("seed", seed, allow_zero=True))
+
+
 def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, max_pages: int = 8,
                             page_size: int = 16, num_qo_heads: int = 32, num_kv_heads: int = 8,
                             head_dim: int = 128, ring: int = 3, busy_ms: float = 0.5, tol: float = 0.02,
@@ -297,10 +304,7 @@ def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, m
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     head_dim = positive_int("head_dim", head_dim, maximum=1024)
-    ring = positive_int("ring", ring, maximum=16)
-    busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0)
-    tol = positive_number("tol", tol)
-    seed = positive_int("seed", seed, allow_zero=True)
+    ring, busy_ms, tol, seed = _decode_loop_args(ring, busy_ms, tol, seed)
     require_cuda("flashinfer_graph_decode()")
     s = steploop.cuda_or(None, "flashinfer_graph_decode()")
     g = torch.Generator().manual_seed(int(seed))
@@ -381,10 +385,7 @@ def flashinfer_graph_runs(variants=None, *, steps: int = 200, ring: int = 3, bus
         if v not in FLASHINFER_VARIANTS:
             raise ValueError(f"variants must be among {', '.join(FLASHINFER_VARIANTS)}, got {v!r}")
     steps = positive_int("steps", steps, maximum=100_000)
-    ring = positive_int("ring", ring, maximum=16)
-    busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0)
-    tol = positive_number("tol", tol)
-    seed = positive_int("seed", seed, allow_zero=True)
+    ring, busy_ms, tol, seed = _decode_loop_args(ring, busy_ms, tol, seed)
     require_cuda("flashinfer_graph_runs()")
     out = {"flashinfer": True, "reason": "", "steps": steps, "ring": ring, "busy_ms": busy_ms, "tol": tol,
            "rows": []}
