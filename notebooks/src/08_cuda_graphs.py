@@ -250,8 +250,10 @@ for v in l08.RACY:
 # (lesson 03), and every loop then runs at the GPU's pace, so the loop above cannot say. `l08.staging_cost`
 # times the staging alone (metadata write, copies, replay call) in short rounds of 50 steps that end
 # with a sync, the variants interleaved round by round, and reports the median of the rounds' medians.
-# No busy work this time: the GPU keeps up with the host, so the rings hardly ever wait for their
-# events, and each time is the host's own cost (no data is checked here: the loop above did that).
+# No busy work this time: on a GPU of your own it keeps up with the host, so the rings hardly ever
+# wait for their events, and each time is the host's own cost. On a GPU shared with other processes
+# those events can come late, and a ring then pays the GPU's pace instead: the line below says which
+# happened in your run (no data is checked here: the loop above did that).
 
 # %% tags=["nbval-ignore-output"]
 cost6 = pinlab.measure("08_staging_cost", l08.staging_cost, tensors=6, n_ints=256, rounds=10, steps=50,
@@ -260,14 +262,16 @@ pinlab.table(cost6.result["rows"], [("variant", "variant"), ("host_us", "host µ
 
 # %%
 hc = {r["variant"]: r["host_us"] for r in cost6.result["rows"]}
-safe = min(FIXES, key=lambda v: hc[v])
 pinlab.show("what this run shows", "host µs per step, cheapest first: " + ", ".join(
     f"{v} {hc[v]:.1f}" for v in sorted(hc, key=hc.get)))
-held = pinlab.observe("the cheapest graph-safe staging costs at most half the per-tensor snapshots",
-                      hc[safe] <= hc["snapshot_outside"] / 2 if safe != "snapshot_outside" else False,
-                      value=f"{safe} {hc[safe]:.1f} µs against snapshot_outside {hc['snapshot_outside']:.1f} µs",
-                      why="host timings: the allocator's cost per snapshot and the copies' launch cost differ "
-                          "between hosts; on a shared CPU all of them grow")
+rings = min(("ring_graphs", "ring_outside"), key=lambda v: hc[v])
+held = pinlab.observe("the cheapest ring costs at most half the per-tensor snapshots",
+                      hc[rings] <= hc["snapshot_outside"] / 2,
+                      value=f"{rings} {hc[rings]:.1f} µs against snapshot_outside {hc['snapshot_outside']:.1f} µs",
+                      why="a ring waits for the event of its slot's last copy: on a GPU busy with other "
+                          "processes' work those events come late and the ring pays the GPU's pace; and host "
+                          "timings (the allocator's cost per snapshot, the launch cost of the copies) differ "
+                          "between hosts")
 
 # %% [markdown]
 # The snapshot's cost is a pinned allocation per tensor per step; the rings pay with memory and
