@@ -310,7 +310,7 @@ def snapshot_step(s, meta, static, g):
 # ```
 #
 # `pinlab.paged_kv.FlashInferDecode(..., graph_batch=8, graph_max_pages=64)` builds that wrapper.
-# `l08.flashinfer_graph_decode` runs 200 decode steps of 8 requests whose page count and last-page
+# `l08.flashinfer_graph_decode` runs 1,000 decode steps of 8 requests whose page count and last-page
 # lengths change every step (`l08.decode_metadata`), through a ring of three wrappers, each with its
 # own captured `run()`: step n uses wrapper n mod 3 after waiting for the event of that wrapper's
 # previous step (so FlashInfer's own pinned plan buffer is never rewritten early: lesson 04's
@@ -348,7 +348,7 @@ for name, what in l08.FLASHINFER_VARIANTS.items():
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
-fi = pinlab.measure("08_flashinfer_graph", l08.flashinfer_graph_runs, steps=200, ring=3, busy_ms=0.5)
+fi = pinlab.measure("08_flashinfer_graph", l08.flashinfer_graph_runs, steps=1000, ring=3, busy_ms=0.5)
 
 # %%
 fr, fi_ran = fi.result, fi.result["flashinfer"]
@@ -370,7 +370,7 @@ ok = pinlab.claim("reused pinned pair: the replayed run() attended with another 
                   why="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step "
                       "(metadata, plan(), replay) well under that; a host slower than the GPU (a CPU shared by "
                       "many processes) lets every copy run before the next write")
-held = pinlab.observe("reused pinned pair: at least 95% of steps wrong", fi_ran and racy_wrong >= 0.95 * fr["steps"],
+held = pinlab.observe("reused pinned pair: at least 99% of steps wrong", fi_ran and racy_wrong >= 0.99 * fr["steps"],
                       value=f"{racy_wrong} of {fr['steps']}" if fi_ran else "FlashInfer did not run",
                       why="a race: the first steps run before the GPU falls behind, and a slow or shared host lets "
                           "more copies run before the next write")
