@@ -340,3 +340,22 @@ def test_gpu_ring_stage_accepts_the_reference_on_a_slow_host(sol, monkeypatch, c
 
     monkeypatch.setattr(checks04, "_marked", slow_marked)
     assert checks04.check_ring_stage(sol["ring_stage"]) is True, capsys.readouterr().out
+
+
+def test_waited_steps_tells_a_wait_from_a_slow_host():
+    """The ring_stage checker's count of waiting steps (AHEAD = 4 here)."""
+    ahead = checks04.AHEAD
+    # a stage that synced: 4 steps queued before the call, none after, every step
+    assert checks04.waited_steps([ahead] * 10, [0] * 10) == 10
+    # a wait for the previous step's copy, in steady state: 2 queued before, 1 after
+    assert checks04.waited_steps([2] * 10, [1] * 10) == 10
+    # a host slower than the GPU between calls: the GPU caught up before the call, nothing finished in it
+    assert checks04.waited_steps([0] * 10, [0] * 10) == 0
+    assert checks04.waited_steps([1] * 10, [1] * 10) == 0
+    # a correct ring on a fast host: the run-ahead kept, one mark finishing during a call now and then
+    assert checks04.waited_steps([ahead, ahead, ahead], [ahead, ahead - 1, ahead]) == 0
+    # the boundary: ahead - 2 queued after the call counts only when something finished during it
+    assert checks04.waited_steps([ahead - 1], [ahead - 2]) == 1
+    assert checks04.waited_steps([ahead - 2], [ahead - 2]) == 0
+    with pytest.raises(ValueError, match="one count per step"):
+        checks04.waited_steps([1, 2], [1])

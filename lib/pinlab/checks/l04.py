@@ -354,6 +354,16 @@ def _ring_run(s, fn, depth):
     return delivered, in_flight, before
 
 
+def waited_steps(before, in_flight, ahead: int = AHEAD) -> int:
+    """How many steps of :func:`_step_loop` made the host wait for the GPU: the host had lost its run-ahead
+    (at most ``ahead - 2`` steps queued right after the call) *and* GPU work finished during the call itself
+    (``before[n] > in_flight[n]``). A host that is merely slow between calls (a shared or 2-core machine) lets
+    the GPU catch up too, but then nothing finishes inside a short call."""
+    if len(before) != len(in_flight):
+        raise ValueError(f"before and in_flight must have one count per step, got {len(before)} and {len(in_flight)}")
+    return sum(h <= ahead - 2 and b > h for b, h in zip(before, in_flight))
+
+
 def check_ring_stage(fn, stream=None) -> bool:
     """``ring_stage(n, data, ring, events, dst)``: stage step n's ``data`` through the ring of pinned
     buffers ``ring`` into device memory ``dst`` without a race and without blocking the host more than
@@ -408,10 +418,7 @@ def check_ring_stage(fn, stream=None) -> bool:
                 return _fail(name, f"ring_stage: {bad}, with {setting}: a buffer was rewritten before the copy "
                                    f"that read it had run; {why}")
             if depth > AHEAD:
-                # a step waited when the host had lost its run-ahead (at most AHEAD - 2 steps queued) right after
-                # ring_stage and GPU work finished during the call itself: a host that is merely slow between
-                # calls (a shared or 2-core machine) lets the GPU catch up too, but not inside a short call
-                waited = sum(h <= AHEAD - 2 and b > h for b, h in zip(before, in_flight))
+                waited = waited_steps(before, in_flight)
                 show(f"ring of {depth}: steps in which the host waited for the GPU", f"{waited} of {STEPS}")
                 if waited > waited_limit:
                     return _fail(name, f"ring_stage blocks the host: the host waited for the GPU in {waited} of "
