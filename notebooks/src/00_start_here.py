@@ -135,6 +135,16 @@ pinlab.observe("one 4-byte copy, timed alone, takes at least a microsecond", tin
                why="the events bracket the host's launch only when the GPU passes the first one before the copy "
                    "is submitted: a GPU busy with other processes' work passes it late, and then the events "
                    "bracket the copy alone")
+us, others = tiny.result["median"] * 1e3, plat.result.get("other_gpu_processes")
+if us <= 100:
+    said = "the host's launch and a tiny copy over the link: a round trip, not the bytes"
+elif others:
+    said = (f"far above tens of µs: {others} other process(es) shared this GPU, which (without MPS) takes turns "
+            "between processes' work, so the span between the two events can include their turns")
+else:
+    said = ("far above tens of µs with no other process seen on the GPU: a slow or busy host, or a GPU "
+            "still waking from idle, stretched the span between the events")
+pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {said}")
 
 # %% [markdown]
 # ## What to remember
