@@ -318,3 +318,44 @@ def test_gpu_ring_stage_checker(sol, capsys):
         assert checks04.check_ring_stage(_ring(**kwargs)) is False
         out = capsys.readouterr().out
         assert re.search(r"❌ ring_stage blocks the host: the host waited for the GPU in (1\d\d|200) of 200 steps", out), out
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_ring_stage_accepts_the_reference_on_a_slow_host(sol, capsys):
+    """A host slower than the GPU between ring_stage calls (a shared CPU, 2 cores) lets the GPU catch up; that
+    is not the learner's wait. Here the checker's loop spends 2.5 ms of host time per step outside ring_stage
+    (after queueing each step's 1 ms of GPU work) on a stream of the public API: the reference ring must still
+    pass (the checker counted this as waiting until 2026-12-01, when the reference was rejected with 69 of 200
+    steps on an H200 shared by three test suites). (On such a host a sync inside ring_stage finds the GPU idle
+    and costs nothing, so timing cannot tell it from no wait: the planted syncs are rejected behind the busy
+    GPU, in test_gpu_ring_stage_checker.)"""
+    import time
+
+    from pinlab import CudaStream
+
+    class SlowHost(CudaStream):
+        def busy(self, ms):
+            super().busy(ms)
+            time.sleep(0.0025)  # the host's own work between calls, slower than the GPU's step
+
+    assert checks04.check_ring_stage(sol["ring_stage"], stream=SlowHost()) is True, capsys.readouterr().out
+
+
+def test_waited_steps_tells_a_wait_from_a_slow_host():
+    """The ring_stage checker's count of waiting steps (AHEAD = 4 here)."""
+    ahead = checks04.AHEAD
+    # a stage that synced: 4 steps queued before the call, none after, every step
+    assert checks04.waited_steps([ahead] * 10, [0] * 10) == 10
+    # a wait for the previous step's copy, in steady state: 2 queued before, 1 after
+    assert checks04.waited_steps([2] * 10, [1] * 10) == 10
+    # a host slower than the GPU between calls: the GPU caught up before the call, nothing finished in it
+    assert checks04.waited_steps([0] * 10, [0] * 10) == 0
+    assert checks04.waited_steps([1] * 10, [1] * 10) == 0
+    # a correct ring on a fast host: the run-ahead kept, one mark finishing during a call now and then
+    assert checks04.waited_steps([ahead, ahead, ahead], [ahead, ahead - 1, ahead]) == 0
+    # the boundary: ahead - 2 queued after the call counts only when something finished during it
+    assert checks04.waited_steps([ahead - 1], [ahead - 2]) == 1
+    assert checks04.waited_steps([ahead - 2], [ahead - 2]) == 0
+    with pytest.raises(ValueError, match="one count per step"):
+        checks04.waited_steps([1, 2], [1])

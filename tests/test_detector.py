@@ -236,6 +236,42 @@ def test_find_caller_skips_pinlab_and_torch():
     assert any(p.endswith("torch" + os.sep) for p in det.SKIP_PREFIXES)
 
 
+def _loop_in_pinlab():
+    """A loop whose code lives in pinlab's directory (as the course's reference loops do), with a function
+    defined inside it: its stalls are skipped like pinlab's own calls unless it is named in callers."""
+    pinlab_dir = next(p for p in det.SKIP_PREFIXES if p.endswith("pinlab" + os.sep))
+    src = ("def loop(m):\n"
+           "    m.sum().item()\n"
+           "    def inner():\n"
+           "        m.tolist()\n"
+           "    inner()\n")
+    ns = {}
+    exec(compile(src, pinlab_dir + "lessons/_a_reference_loop.py", "exec"), ns)
+    return ns["loop"]
+
+
+def test_callers_name_the_lines_of_a_loop_that_lives_in_pinlab():
+    loop = _loop_in_pinlab()
+    file = loop.__code__.co_filename
+    m = torch.empty(3, device="meta")
+    with detect_stalls(device_type="meta") as skipped:
+        line = _here() + 1
+        _attempt(lambda: loop(m))
+    # without callers the loop's frames are skipped: the stall is blamed on the line that called the loop
+    assert [e.where for e in skipped.events] == [f"{THIS_FILE}:{line}"]
+    with detect_stalls(device_type="meta", callers=[loop]) as named:
+        _attempt(lambda: loop(m))
+    assert [e.where for e in named.events] == [f"{file}:2"]
+    # a function defined inside the loop counts as the loop's too
+    m.sum = lambda: torch.empty((), device="cpu")  # no stall on line 2: reach inner()
+    with detect_stalls(device_type="meta", callers=[loop]) as inner:
+        _attempt(lambda: loop(m))
+    assert [(e.kind, e.where) for e in inner.events] == [(TOLIST_SYNC, f"{file}:4")]
+    # find_caller itself: a frame whose code is in callers is the caller, wherever its file lies
+    frame = sys._getframe()
+    assert find_caller(frame, skip_prefixes=(THIS_FILE,), callers={frame.f_code}) == f"{THIS_FILE}:{frame.f_lineno}"
+
+
 # --- end to end through the TorchFunctionMode (meta stands in for cuda) ---------------------------
 
 
@@ -581,6 +617,10 @@ def test_bad_arguments():
         detect_stalls(max_events=1.5)
     with pytest.raises(TypeError, match="max_events must be an int or None"):
         detect_stalls(max_events=True)
+    with pytest.raises(TypeError, match="callers must be None or a list of Python functions"):
+        detect_stalls(callers=len.__name__)
+    with pytest.raises(TypeError, match="callers must hold Python functions"):
+        detect_stalls(callers=[len])
     with pytest.raises(TypeError):
         detect_stalls("cuda")  # keyword-only
 

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -235,3 +236,105 @@ def test_plot_pin_threads_draws_cold_warm_and_perfect_scaling():
         l01.plot_pin_threads([main], title="t")
     with pytest.raises(ValueError, match=r"rows\[0\]\['threads'\] must be >= 0"):
         l01.plot_pin_threads([{"threads": -1, "cold_ms": [1.0], "warm_ms": [1.0]}], title="t")
+
+
+# ---- issue 22: pinning knobs and failures (the children need a GPU; their parsing does not)
+
+def test_child_result_reads_the_line_or_says_what_went_wrong():
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    assert l01.child_result('noise\nPINLAB_CHILD {"ms": 1.5, "pinned": true}\n') == {"ms": 1.5, "pinned": True}
+    bad = l01.child_result("", "Traceback ...\nRuntimeError: unrecognized key pinned_max_round_threshold_mb\n", 1)
+    assert bad["error"].startswith("the child exited with 1") and "unrecognized key" in bad["error"]
+    assert l01.child_result("", "", -9)["error"] == "the child exited with -9 and no result"
+
+
+def test_the_knob_settings_name_real_allocator_keys():
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    keys = {kv.split(":")[0] for conf in l01.PINNING_CONFIGS.values() if conf for kv in conf.split(",")}
+    assert keys == {"pinned_use_cuda_host_register", "pinned_num_register_threads", "pinned_max_round_threshold_mb"}
+    assert l01.KNOB_REQUEST & (l01.KNOB_REQUEST - 1), "the request must not be a power of two (rounding shows)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+@pytest.mark.parametrize("name", ["pinning_knobs", "pinning_under_memlock", "pageable_and_memcpy"])
+def test_issue22_experiments_need_cuda(name):
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    with pytest.raises(pinlab.CudaUnavailableError, match=name):
+        getattr(l01, name)()
+
+
+@pytest.mark.parametrize("kwargs, match", [({"request_bytes": 0}, "request_bytes"), ({"configs": {}}, "configs"),
+                                           ({"configs": {"x": 1}}, "configs"), ({"timeout_s": -1.0}, "timeout_s")])
+def test_pinning_knobs_bad_arguments(kwargs, match):
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    with pytest.raises((TypeError, ValueError), match=match):
+        l01.pinning_knobs(**kwargs)
+
+
+def test_numa_report_never_raises():
+    from pinlab.lessons import l01_pinned_memory as l01
+
+    rep = l01.numa_report()
+    assert set(rep) == {"nodes", "gpu_node"}
+    assert rep["nodes"] is None or rep["nodes"] >= 1
+
+
+# ---- issue 22: the pure helpers behind the notebook's sentences ---------------------------------------
+
+def test_may_lock_any_reads_cap_ipc_lock_from_capeff():
+    assert l01.may_lock_any("000001ffffffffff") is True       # root outside a container: every capability
+    assert l01.may_lock_any("00000000a80425fb") is False      # Docker's default set: no CAP_IPC_LOCK
+    assert l01.may_lock_any("0000000000004000") is True       # bit 14 alone
+    assert l01.may_lock_any("0000000000003fff") is False
+    assert l01.may_lock_any(None) is None
+    with pytest.raises(ValueError, match="cap_eff"):
+        l01.may_lock_any("not hex")
+    with pytest.raises(TypeError, match="cap_eff"):
+        l01.may_lock_any(0x4000)
+
+
+def test_unknown_alloc_key_finds_the_refused_setting():
+    err = ("the child exited with 1 and no result: ValueError: Unrecognized key 'pinned_max_round_threshold_mb' "
+           "in CUDA allocator config.")
+    assert l01.unknown_alloc_key(err) == "pinned_max_round_threshold_mb"
+    assert l01.unknown_alloc_key("RuntimeError: CUDA error: out of memory") is None
+    assert l01.unknown_alloc_key(None) is None
+    assert "pinned_max_round_threshold_mb" in l01.KNOB_SINCE
+
+
+def test_memlock_sentence_follows_the_row():
+    base = {"setting": "default (cudaHostAlloc)", "pinned": True, "ms": 1.0, "held_bytes": 256 * MiB}
+    root = l01.memlock_sentence({**base, "euid": 0, "cap_eff": "000001ffffffffff"}, 64 * MiB)
+    assert "could not bite here" in root and "root" in root
+    capped = l01.memlock_sentence({**base, "euid": 1000, "cap_eff": "0000000000004000"}, 64 * MiB)
+    assert "could not bite here" in capped and "root" not in capped
+    plain = l01.memlock_sentence({**base, "euid": 1000, "cap_eff": "0000000000000000"}, 64 * MiB)
+    assert "did not count" in plain and "could not bite" not in plain
+    failed = l01.memlock_sentence({"setting": "x", "error": "RuntimeError: CUDA error: out of memory"}, 64 * MiB)
+    assert "failed under a 64 MiB memlock limit" in failed and "out of memory" in failed
+    with pytest.raises(TypeError, match="row"):
+        l01.memlock_sentence({}, 64 * MiB)
+
+
+@pytest.mark.parametrize("share, word", [(1.5, "faster than it"), (0.9, "close to it"), (0.3, "well below it")])
+def test_pageable_sentence_follows_the_ratio(share, word):
+    text = l01.pageable_sentence({"bytes": 64 * MiB, "h2d_gbps": 10 * share, "memcpy_1t_gbps": 10.0})
+    assert word in text and "64 MiB" in text and f"{share:.0%}" in text
+
+
+def test_pageable_sentence_rejects_a_zero_rate():
+    with pytest.raises(ValueError, match="memcpy_1t_gbps"):
+        l01.pageable_sentence({"bytes": MiB, "h2d_gbps": 1.0, "memcpy_1t_gbps": 0})
+
+
+def test_numa_sentence():
+    assert "one NUMA node" in l01.numa_sentence(1, -1)
+    assert "node 1" in l01.numa_sentence(2, 1)
+    assert "not known" in l01.numa_sentence(2, -1) and "not known" in l01.numa_sentence(4, None)
+    assert "does not say" in l01.numa_sentence(None, None)
+    with pytest.raises(ValueError, match="nodes"):
+        l01.numa_sentence(0, None)

@@ -482,3 +482,87 @@ def test_gpu_many_tensors_data_arrives():
 
     r = stalls.many_tensors(each, all_then_sync, cases=[[8, 4 * KiB]], repeat=2)
     assert [row["data_ok"] for row in r["rows"]] == [True]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+@pytest.mark.parametrize("name", ["copy_engines", "tutorial_matrix"])
+def test_issue22_copy_experiments_need_cuda(name):
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    with pytest.raises(pinlab.CudaUnavailableError, match=name):
+        getattr(l02, name)()
+
+
+@pytest.mark.parametrize("name, kwargs", [("copy_engines", {"nbytes": 0}), ("copy_engines", {"reps": 0}),
+                                          ("tutorial_matrix", {"nbytes": -1}), ("tutorial_matrix", {"reps": 1.5})])
+def test_issue22_copy_experiments_check_arguments(name, kwargs):
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    with pytest.raises((TypeError, ValueError), match=next(iter(kwargs))):
+        getattr(l02, name)(**kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_copy_engines_and_matrix_shapes():
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    res = l02.copy_engines(nbytes=16 << 20, reps=2)
+    assert [r["case"] for r in res["rows"]] == ["H2D alone", "D2H alone", "H2D and D2H at once", "two H2D at once"]
+    assert all(r["gbps"] > 0 for r in res["rows"])
+    assert len(l02.tutorial_matrix(nbytes=1 << 20, reps=2)) == 6
+
+
+# ---- issue 22: the sentences of the copy-engine and matrix sections ------------------------------------
+
+def _engines(both, two, engines=3):
+    rates = {"H2D alone": 50.0, "D2H alone": 50.0, "H2D and D2H at once": both, "two H2D at once": two}
+    return {"nbytes": 1, "copy_engines": engines, "rows": [{"case": k, "gbps": v} for k, v in rates.items()]}
+
+
+def test_engines_sentence_follows_the_rates():
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    text = l02.engines_sentence(_engines(95.0, 51.0))
+    assert "3 copy engines" in text and "side by side" in text and "no more than one copy" in text
+    text = l02.engines_sentence(_engines(50.0, 51.0, engines=1))
+    assert "1 copy engine " in text and "took turns" in text
+    assert "in part" in l02.engines_sentence(_engines(65.0, 51.0))
+    assert "did not fill the link" in l02.engines_sentence(_engines(95.0, 90.0))
+    assert "unknown number" in l02.engines_sentence(_engines(95.0, 51.0, engines=None))
+    bad = _engines(95.0, 51.0)
+    bad["rows"] = bad["rows"][:3]
+    with pytest.raises(ValueError, match="two H2D at once"):
+        l02.engines_sentence(bad)
+
+
+def _matrix(pageable, pinned, then, nb_factor=1.0):
+    ms = {"pageable": pageable, "pinned": pinned, "pin_memory() then copy": then}
+    return [{"source": s, "non_blocking": nb, "ms": ms[s] * (nb_factor if nb else 1.0)}
+            for s in ms for nb in (False, True)]
+
+
+def test_matrix_sentences_follow_the_numbers():
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    first, second, third = l02.matrix_sentences(_matrix(1.28, 0.32, 0.8, nb_factor=0.95))
+    assert "fastest" in first and "4.0x" in first
+    assert "less, not the 'up to twice" in second
+    assert "5%" in third
+    _, second, _ = l02.matrix_sentences(_matrix(1.0, 0.3, 2.0))
+    assert "cost more than the pageable copy" in second and "2.00x" in second
+    first, _, _ = l02.matrix_sentences(_matrix(0.3, 0.4, 2.0))
+    assert "not the fastest" in first
+    with pytest.raises(ValueError, match="cell"):
+        l02.matrix_sentences(_matrix(1.0, 0.3, 0.5)[:5])
+    with pytest.raises(TypeError, match="rows"):
+        l02.matrix_sentences({"source": "pinned"})
+
+
+def test_issue22_copy_experiments_check_their_function_argument():
+    from pinlab.lessons import l02_fake_non_blocking as l02
+
+    with pytest.raises(TypeError, match="copy_on"):
+        l02.copy_engines(copy_on=3)
+    with pytest.raises(TypeError, match="to_gpu"):
+        l02.tutorial_matrix(to_gpu="x")

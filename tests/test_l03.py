@@ -167,12 +167,12 @@ def test_plot_step_parts_draws_one_stacked_bar_per_buffer_and_size():
 def test_waits_counts_the_steps_whose_call_took_longer_than_the_threshold():
     run = timed_run([1, 1, 1, 1], [10, 600, 10, 900], [5, 5, 300, 5], [5, 5, 5, 5], 2.0, 0.0)
     w = l03.waits(run, 250)
-    assert w["copy"] == {"steps": 2, "first": 1}
-    assert w["check"] == {"steps": 1, "first": 2}
-    assert w["write"] == {"steps": 0, "first": None} and w["forward"] == {"steps": 0, "first": None}
+    assert w["copy"] == {"steps": 2, "first": 1, "ms": pytest.approx(1.5)}  # 600 + 900 µs, the fast calls left out
+    assert w["check"] == {"steps": 1, "first": 2, "ms": pytest.approx(0.3)}
+    assert w["write"] == w["forward"] == {"steps": 0, "first": None, "ms": 0}
     assert set(w) == set(l03.STEP_PARTS)
     # strictly longer: a call of exactly the threshold did not wait
-    assert l03.waits(run, 300)["check"] == {"steps": 0, "first": None}
+    assert l03.waits(run, 300)["check"] == {"steps": 0, "first": None, "ms": 0}
 
 
 def test_waits_checks_its_arguments():

@@ -134,7 +134,11 @@ def test_fix_race_on_the_lagging_stream():
     assert rows["slab_ring"]["p10_us"] <= rows["slab_ring"]["p50_us"] <= rows["slab_ring"]["max_us"]
     assert res["bytes_per_step"] == 4 * (257 + 300 + 16)
     json.dumps(res)
-    l04.plot_host_times(res, title="t")
+    a1, a2 = l04.plot_host_times(res, title="t")
+    # one colour per approach in both panels: each bar has its histogram's colour
+    lines = {p.get_label(): matplotlib.colors.to_hex(p.get_edgecolor()) for p in a1.patches}
+    bars = [matplotlib.colors.to_hex(p.get_facecolor()) for p in a2.patches]
+    assert bars == [lines[r["label"]] for r in res["rows"]]
     plt.close("all")
 
 

@@ -1,6 +1,7 @@
 """Lesson 07 (the capstone) on a CPU: the planted loop corrupts on the emulated lagging stream and the
 fixed one does not, the audit names the planted lines exactly, the judge is exact, the notebook and
 the exercise hold the same loops as the library, and bad input is named."""
+import inspect
 import sys
 import types
 
@@ -232,6 +233,26 @@ def test_gpu_experiments_say_they_need_a_gpu():
             call()
     with pytest.raises(TypeError, match="loops must be a non-empty dict"):
         l07.audit({}, steps=2)
+
+
+def test_code_of_lines_reads_a_library_loop():
+    # what notebook 07 prints for the detector's one event in the fixed loop: the offload, by its code
+    src = inspect.getsource(l07.fixed_loop).splitlines()
+    line = next(i for i, text in enumerate(src, 1) if "m.lm_head_host =" in text)
+    assert line == 4  # what the GPU test below expects detect() to report
+    assert l07.code_of_lines([f"blocking copy: Tensor.copy_ at line {line} of fixed_loop, 1 time(s)"], l07.fixed_loop) == [
+        "blocking copy: Tensor.copy_ at `m.lm_head_host = torch.empty_like(m.lm_head, device=\"cpu\", "
+        "pin_memory=True).copy_(m.lm_head)` in fixed_loop, 1 time(s)"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_detect_names_the_lines_of_the_library_loop():
+    # fixed_loop lives in pinlab, whose frames the detector skips: detect() names it as the caller, so its one
+    # blocking copy (the offload before the loop) is counted in its own lines, not blamed on whoever called it
+    r = l07.detect(l07.fixed_loop, steps=4, pin_plan_inputs=True)
+    assert r["lines"] == ["blocking copy: Tensor.copy_ at line 4 of fixed_loop, 1 time(s)"], r
+    assert r["events_elsewhere"] == 0 and r["elsewhere"] == [], r
 
 
 def test_emulated_experiment_has_the_audit_schema():

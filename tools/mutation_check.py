@@ -108,6 +108,12 @@ MUTATIONS: list[Mutation] = [
     M("doctor.broken_file_ok", "lib/pinlab/doctor.py",
       "add(\"recorded GPU run\", bool(recorded) and not broken,", "add(\"recorded GPU run\", bool(recorded),",
       ["tests/test_replay.py"], "doctor() says [ok] with a broken recorded file"),
+    # ---- detector: whose line a stall is ---------------------------------------------------------------
+    M("detector.callers_ignored", "lib/pinlab/detector.py",
+      "if code in callers or not code.co_filename.startswith(skip_prefixes):",
+      "if not code.co_filename.startswith(skip_prefixes):",
+      ["tests/test_detector.py"],
+      "detect_stalls(callers=[loop]) is ignored: a loop that lives in pinlab is blamed on whoever called it"),
     # ---- paged_kv: metadata -----------------------------------------------------------------------
     M("paged_kv.num_pages_off_by_one", "lib/pinlab/paged_kv.py",
       "(torch.remainder(s, page_size) != 0).to(torch.int64)", "(torch.remainder(s, page_size) >= 0).to(torch.int64)",

@@ -11,7 +11,8 @@ Wrap the code you want to check::
     print(report)                   # or report.summary(), report.counts, report.events
 
 Every event names the kind of stall, the torch call, and your ``file:line`` (the first stack
-frame outside pinlab and torch). What is reported:
+frame outside pinlab and torch, or in a function named in ``detect_stalls(callers=[fn])``: the
+course's reference loops live in pinlab, and name their own lines so). What is reported:
 
 * an H2D or D2H copy with ``non_blocking=True`` whose host side is **pageable** (the driver
   stages it through its own pinned buffer; the copy is asynchronous only until that pool is
@@ -249,17 +250,43 @@ def _package_dir(module) -> tuple[str, ...]:
 SKIP_PREFIXES = tuple(sorted(set(_package_dir(sys.modules[__package__]) + _package_dir(torch))))
 
 
-def find_caller(frame=None, skip_prefixes=SKIP_PREFIXES) -> str:
+def find_caller(frame=None, skip_prefixes=SKIP_PREFIXES, callers=frozenset()) -> str:
     """``"file:line"`` of the first frame, from ``frame`` (default: the caller) outwards, whose
-    file is not under one of ``skip_prefixes`` (pinlab and torch). Walks ``f_back``: no
-    ``inspect.stack()``, which reads source files and is far too slow for a hot loop."""
+    file is not under one of ``skip_prefixes`` (pinlab and torch), or whose code object is one of
+    ``callers`` (wherever its file lies). Walks ``f_back``: no ``inspect.stack()``, which reads
+    source files and is far too slow for a hot loop."""
     f = sys._getframe(1) if frame is None else frame
     while f is not None:
-        filename = f.f_code.co_filename
-        if not filename.startswith(skip_prefixes):
-            return f"{filename}:{f.f_lineno}"
+        code = f.f_code
+        if code in callers or not code.co_filename.startswith(skip_prefixes):
+            return f"{code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return "<unknown>"
+
+
+def _codes(code):
+    """A code object and the code objects nested in it (the functions defined inside a function)."""
+    yield code
+    for c in code.co_consts:
+        if hasattr(c, "co_lines"):
+            yield from _codes(c)
+
+
+def _caller_codes(callers) -> frozenset:
+    """The code objects of ``callers`` (None, or Python functions) and of the functions defined inside
+    them: what :func:`find_caller` counts as the caller's code wherever it lives."""
+    if callers is None:
+        return frozenset()
+    if isinstance(callers, (str, bytes)) or not hasattr(callers, "__iter__"):
+        raise TypeError(f"callers must be None or a list of Python functions, got {type(callers).__name__}")
+    codes = set()
+    for fn in callers:
+        code = getattr(fn, "__code__", None)
+        if not hasattr(code, "co_lines"):
+            raise TypeError(f"callers must hold Python functions (with a __code__), got {type(fn).__name__} "
+                            f"({fn!r})")
+        codes.update(_codes(code))
+    return frozenset(codes)
 
 
 # --- events and the report ---------------------------------------------------------------------
@@ -527,11 +554,12 @@ INTERCEPTED = tuple(_HANDLERS)
 
 
 class _StallMode(TorchFunctionMode):
-    def __init__(self, report: StallReport, device_type: str, raise_on: frozenset):
+    def __init__(self, report: StallReport, device_type: str, raise_on: frozenset, callers: frozenset):
         super().__init__()
         self._report = report
         self._device_type = device_type
         self._raise_on = raise_on
+        self._callers = callers
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         handler = _HANDLERS.get(func)
@@ -546,7 +574,7 @@ class _StallMode(TorchFunctionMode):
         if found is None:
             return func(*args, **kwargs)
         kind, op, nbytes, detail = found
-        where = find_caller(sys._getframe(1))
+        where = find_caller(sys._getframe(1), callers=self._callers)
         event = self._report._record(kind, op, where, nbytes, detail)
         if kind in self._raise_on:
             raise StallError(f"{kind}: {op} at {where} ({detail}); raised because "
@@ -564,7 +592,7 @@ class StallDetector:
     is active; for nesting, make a second detector.
     """
 
-    def __init__(self, *, device_type: str = "cuda", raise_on=None, max_events: int | None = 1000):
+    def __init__(self, *, device_type: str = "cuda", raise_on=None, max_events: int | None = 1000, callers=None):
         if not isinstance(device_type, str):
             raise TypeError(f"device_type must be a string such as 'cuda', got {type(device_type).__name__}")
         if device_type == "cpu" or not device_type:
@@ -586,6 +614,7 @@ class StallDetector:
             max_events = positive_int("max_events", max_events, allow_zero=True)
         self.device_type = device_type
         self.raise_on = raise_on
+        self.callers = _caller_codes(callers)
         self.report = StallReport(max_events)
         self._mode = None
 
@@ -593,7 +622,7 @@ class StallDetector:
         if self._mode is not None:
             raise RuntimeError("this detect_stalls() block is already active; "
                                "to nest, use a second pinlab.detect_stalls()")
-        mode = _StallMode(self.report, self.device_type, self.raise_on)
+        mode = _StallMode(self.report, self.device_type, self.raise_on, self.callers)
         mode.__enter__()
         self._mode = mode
         return self.report
@@ -605,7 +634,8 @@ class StallDetector:
         return False
 
 
-def detect_stalls(*, device_type: str = "cuda", raise_on=None, max_events: int | None = 1000) -> StallDetector:
+def detect_stalls(*, device_type: str = "cuda", raise_on=None, max_events: int | None = 1000,
+                  callers=None) -> StallDetector:
     """Report the host stalls your code causes: ``with detect_stalls() as report: ...``.
 
     ``raise_on``: ``None`` or a set of kinds (from :data:`KINDS`); a call of such a kind raises
@@ -613,8 +643,11 @@ def detect_stalls(*, device_type: str = "cuda", raise_on=None, max_events: int |
     ``max_events``: how many events to keep (``None``: all); counting goes on past it.
     ``device_type``: the accelerator whose copies count (default ``"cuda"``); the CPU tests
     use ``"meta"`` as a stand-in, since meta tensors exist on every machine.
+    ``callers``: ``None`` or a list of Python functions whose lines (and those of the functions
+    defined inside them) count as your code even where they live under pinlab or torch, whose
+    frames are otherwise skipped (lesson 07 names the lines of its reference loop so).
 
     Works on a machine without CUDA too (there is then nothing to report, unless the code calls
     ``.cuda()`` or the like, which fails after being reported).
     """
-    return StallDetector(device_type=device_type, raise_on=raise_on, max_events=max_events)
+    return StallDetector(device_type=device_type, raise_on=raise_on, max_events=max_events, callers=callers)

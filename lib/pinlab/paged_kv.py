@@ -427,6 +427,11 @@ class FlashInferDecode:
     Works with flashinfer-python 0.6.18 and 0.7.x (options are passed by keyword).
     :func:`reference_decode` gives zeros for an empty request; FlashInfer's output for one is
     not specified, so compare non-empty requests only.
+
+    With ``graph_batch`` and ``graph_max_pages`` the wrapper is FlashInfer's CUDA-graph mode
+    (``use_cuda_graph=True`` with fixed device buffers for indptr, indices and last_page_len, as vLLM
+    builds one per batch size): ``plan()`` stays outside the graph and copies the step's metadata into
+    those buffers; ``run()`` may be captured once and replayed (lesson 08).
     """
 
     def __init__(
@@ -439,6 +444,8 @@ class FlashInferDecode:
         workspace_bytes: int = 128 * 1024 * 1024,
         *,
         use_tensor_cores: bool = False,
+        graph_batch: int | None = None,
+        graph_max_pages: int | None = None,
     ) -> None:
         self.num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
         self.num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
@@ -452,6 +459,11 @@ class FlashInferDecode:
         if dtype not in _KV_DTYPES:
             raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
         self.dtype = dtype
+        if (graph_batch is None) != (graph_max_pages is None):
+            raise ValueError("graph_batch and graph_max_pages go together: pass both (a wrapper for CUDA graphs, "
+                             "with fixed device buffers) or neither")
+        self.graph_batch = None if graph_batch is None else positive_int("graph_batch", graph_batch)
+        graph_max_pages = None if graph_max_pages is None else positive_int("graph_max_pages", graph_max_pages)
         ok, reason = flashinfer_available()
         if not ok:
             raise FlashInferUnavailableError(reason)
@@ -459,8 +471,17 @@ class FlashInferDecode:
             import flashinfer
 
             self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device="cuda")
+            graph = {}
+            if self.graph_batch is not None:  # use_cuda_graph: plan() copies into these fixed device buffers
+                self.buffers = {
+                    "paged_kv_indptr_buffer": torch.zeros(self.graph_batch + 1, dtype=torch.int32, device="cuda"),
+                    "paged_kv_indices_buffer": torch.zeros(graph_max_pages, dtype=torch.int32, device="cuda"),
+                    "paged_kv_last_page_len_buffer": torch.zeros(self.graph_batch, dtype=torch.int32,
+                                                                 device="cuda"),
+                }
+                graph = {"use_cuda_graph": True, **self.buffers}
             self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_tensor_cores=bool(use_tensor_cores)
+                self.workspace, "NHD", use_tensor_cores=bool(use_tensor_cores), **graph
             )
         except Exception as exc:
             raise FlashInferUnavailableError(

@@ -68,14 +68,14 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("00", "00_start_here", "Start here",
            goal="know what the course measures, how to run it, and what your machine can show",
            covers="what the course is, how to run it, the doctor",
-           gpu="no", minutes=15, exercise_minutes=0,
+           gpu="no", minutes=10, exercise_minutes=0,
            lands="every number is measured in the run or replayed and labelled; `[timing]`/`[measured]` lines "
                  "are the run's numbers, everything else a checked fact"),
     Lesson("01", "01_pinned_memory", "Pinned memory",
            goal="predict what a host-to-device copy costs, by size and by kind of host memory",
            covers="bandwidth 1 KiB–1 GiB, latency floor, cost of pinning, rounding, when not to pin, who pins in "
                   "practice (the DataLoader's pin-memory thread, pinning from several threads)",
-           gpu="yes (replayed without)", minutes=65, exercise_minutes=5,
+           gpu="yes (replayed without)", minutes=80, exercise_minutes=5,
            lands="the copy engine reads only pinned memory; small copies are latency, large ones bandwidth; pin "
                  "what you **reuse** (cold pinning is expensive, and blocks are rounded up to a power of two); in "
                  "practice a DataLoader's pin-memory thread pins for you"),
@@ -84,7 +84,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="when a copy really is asynchronous, the driver's staging pool, D2H, hidden syncs, the same code "
                   "on `pinlab.stream()` (the emulated lagging stream without a GPU), the advice "
                   "\"`non_blocking=True` regardless\" tested",
-           gpu="yes (replayed without)", minutes=65, exercise_minutes=15,
+           gpu="yes (replayed without)", minutes=60, exercise_minutes=15,
            lands="`non_blocking=True` from pageable memory is a request, honoured only while the driver can stage "
                  "the copy (two limits: one per copy, one on pending bytes); a D2H copy into pinned memory is valid "
                  "only after its event; hidden syncs hide in ordinary-looking lines",
@@ -102,7 +102,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="a reused pinned buffer, a CPU running ahead, FlashInfer decode attending the wrong pages, where "
                   "the host waits in a step that copies from pageable memory",
            gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
-           minutes=75, exercise_minutes=15,
+           minutes=65, exercise_minutes=15,
            lands="a pinned source is read when the copy **runs**; a reused pinned buffer with a host that runs ahead "
                  "delivers a later step's data, silently; in FlashInfer decode that is attention over the wrong pages",
            exercise_lands="make a step loop race-free without blocking the host"),
@@ -112,7 +112,7 @@ LESSONS: tuple[Lesson, ...] = (
                   "`pinned_reserve_segment_size_mb`), several tensors sharing the staging pool, the history of fixes "
                   "compared, a pinned slab ring (the fastest correct fix), which fix when",
            gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
-           minutes=90, exercise_minutes=15,
+           minutes=80, exercise_minutes=15,
            lands="a `pin_memory()` snapshot of a **pageable** buffer is asynchronous and race-free because the caching "
                  "host allocator holds each block until its copy's event; `pin_memory()` of a pinned tensor is the "
                  "same tensor; its slow steps are cold `cudaHostAlloc`s (warm the cache or reserve a segment); which "
@@ -125,7 +125,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="`.to(\"cpu\")` vs `.to(\"cpu\").pin_memory()` vs `empty_like(pin_memory=True).copy_()`, restore "
                   "bandwidth vs the D2H peak, pinned footprint (power-of-two rounding), reload behind a busy GPU, "
                   "sleep/wake 64 MiB–3 GiB, zero-copy",
-           gpu="yes (replayed without; round trips emulated)", minutes=55, exercise_minutes=10,
+           gpu="yes (replayed without; round trips emulated)", minutes=50, exercise_minutes=5,
            lands="restore with **one copy straight into pinned memory** "
                  "(`torch.empty_like(p, device=\"cpu\", pin_memory=True).copy_(p)`), never `.to(\"cpu\")` then "
                  "`.pin_memory()`; the price is pinned host RAM, rounded up per weight; sleep/wake runs near the "
@@ -135,7 +135,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="Qwen2-VL rotary position ids three ways (CPU + copy, per image on the device, vectorised), "
                   "launches and copies counted with the profiler, a builder chosen per batch; a streaming audio "
                   "mask; pinned D2H results read after their event",
-           gpu="yes (replayed without; equivalence and the D2H loop run live)", minutes=35, exercise_minutes=10,
+           gpu="yes (replayed without; equivalence and the D2H loop run live)", minutes=30, exercise_minutes=10,
            lands="indices that depend only on shapes can be built where they are used; a per-image chain of "
                  "launches can cost more than the copy it removed; build for all images at once, and choose per "
                  "batch from measurements"),
@@ -144,19 +144,34 @@ LESSONS: tuple[Lesson, ...] = (
            covers="a decoder over a paged KV cache, an offloaded LM head, a vision encoder, with five planted "
                   "problems from the lessons; find them with `detect_stalls` and the profiler, fix them, compare "
                   "steps per second before and after",
-           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=45, exercise_minutes=10,
+           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=40, exercise_minutes=10,
            lands="audit each copy: where its source lives, who rewrites it and when, when its result is read",
            exercise_lands="`pin_memory()` of a pinned buffer is that buffer; a sync after the racing write protects "
                           "nothing; in the fixed loop the only waits left are the events that bound run-ahead; prove "
                           "the fix with the checker (1000 steps), steps per second and a timeline"),
+    Lesson("08", "08_cuda_graphs", "CUDA graphs: what a captured copy reads",
+           goal="stage a CUDA graph's inputs so that every replay reads its own step's data",
+           covers="capture and replay, host time per step (eager launches against one replay), what a capture "
+                  "refuses (pageable copies, `.item()`), the race under replay, every way to feed a graph's static "
+                  "inputs and its host cost, FlashInfer's CUDA-graph decode wrapper (`plan()` outside the graph, "
+                  "`run()` captured), a regression test, when graphs help less and the memory they hold",
+           gpu="yes (replayed without; the race and the regression test run on the emulated stream; FlashInfer "
+               "where installed)", minutes=40, exercise_minutes=5,
+           lands="a graph replays the **addresses** it captured: a captured copy from a reused pinned buffer reads "
+                 "it when the replay runs; a capture refuses pageable copies, so graphs push staging into pinned "
+                 "memory; fill static inputs from memory nobody rewrites before its copy has run (a `pin_memory()` "
+                 "snapshot outside the graph, or an event-guarded ring); FlashInfer's `plan()` outside the graph "
+                 "needs the same fix",
+           exercise_lands="make a step capturable (device work only, no `.item()`); stage a captured step's inputs "
+                          "without a race and without waiting for the GPU"),
 )
 
 #: workshop agendas (docs/workshop.md): each part lists lesson numbers, "ex NN" (lesson NN's exercise),
 #: ("break", minutes) or ("wrap-up", minutes); start times and totals are computed from the minutes above
 WORKSHOP: tuple[tuple[str, tuple], ...] = (
     ("Part one: lessons 00-03", ("00", "01", "ex 01", "02", "02b", "ex 02", ("break", 15), "03", "ex 03")),
-    ("Part two: lessons 04-07", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
-                                 ("wrap-up", 10))),
+    ("Part two: lessons 04-08", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
+                                 "08", "ex 08", ("wrap-up", 10))),
 )
 _WRAP_UP = "each participant names one copy in their own code to check with `detect_stalls()` and the profiler"
 

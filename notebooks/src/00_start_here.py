@@ -42,11 +42,13 @@ display(Markdown(syllabus.markdown()))
 # make test    # unit tests and every notebook under nbval
 # ```
 #
-# Lines that start with `[timing]` or `[measured]` hold measured numbers: on a GPU, numbers
-# measured now on this machine; without one, the numbers of the recorded GPU run (the
+# Lines that start with `[timing]` or `[measured]` hold measured numbers: on a GPU, numbers measured
+# now on this machine; without one, the numbers of the recorded GPU run (the
 # `[measured] source: ...` line of each experiment says which, with the GPU and the date). They
-# change from run to run, and the notebook tests ignore them. Every other output is a checked
-# fact, true on every run, live or replayed.
+# change from run to run, and the notebook tests ignore them. Tables and listings printed from a
+# measurement (the doctor's report below, the lessons' tables) hold measured numbers too, and the
+# tests ignore those cells. Every other output is a checked fact, true on every run, live or
+# replayed.
 
 # %% [markdown]
 # ## The doctor
@@ -76,11 +78,13 @@ pinlab.claim("everything the course needs is installed", report["ok"],
 # The same facts as the doctor's, as an experiment: on a GPU, this machine's, measured now; without
 # one, the recorded GPU run's machine, replayed (the `source` line says which). They decide how far
 # the numbers of the lessons carry over to your machine:
+# - the **copy engines** are the GPU's DMA units: they move data over the link beside the cores
+#   that run kernels, so a copy can run while a kernel does (lesson 02b);
 # - the **link** (PCIe generation and width, or NVLink-C2C on a GH200) sets the copy bandwidth
 #   lesson 01 measures; on a GH200 the GPU also reads pageable memory through the host's page
 #   tables, so pageable copies come much closer to pinned ones;
 # - **other processes on the GPU** (a GPU shared with other learners) interleave their kernels with
-#   yours: timings vary more, and a GPU that is busier than yours alone shows races *more* often;
+#   yours: timings vary more, and how often a race shows can change either way;
 # - the **CPU cores** and **WSL2** change how fast and how evenly the host runs (under WSL2 the
 #   profiler often records no GPU activity, so the timelines of lessons 02, 06 and 07 replay).
 #
@@ -103,7 +107,8 @@ for label, text in platform_lines(plat.result):
 #
 # <details><summary>Answer</summary>
 #
-# Microseconds, and the bytes have almost nothing to do with it. On an idle GPU the first event
+# The 10 µs option or more: tens of microseconds is common (the `[timing]` line below gives this
+# run's time), and the bytes have almost nothing to do with it. On an idle GPU the first event
 # is passed at once; then the GPU waits for the host to launch the copy, moves 4 bytes over
 # PCIe, and reaches the second event. So this measures a host round trip for one tiny copy, not
 # the GPU's work. Lesson 01 separates the two: it times copies queued back to back behind a busy
@@ -130,12 +135,23 @@ pinlab.observe("one 4-byte copy, timed alone, takes at least a microsecond", tin
                why="the events bracket the host's launch only when the GPU passes the first one before the copy "
                    "is submitted: a GPU busy with other processes' work passes it late, and then the events "
                    "bracket the copy alone")
+us, others = tiny.result["median"] * 1e3, plat.result.get("other_gpu_processes")
+if us <= 100:
+    said = "the host's launch and a tiny copy over the link: a round trip, not the bytes"
+elif others:
+    said = (f"far above tens of µs: {others} other process(es) shared this GPU, which (without MPS) takes turns "
+            "between processes' work, so the span between the two events can include their turns")
+else:
+    said = ("far above tens of µs with no other process seen on the GPU: a slow or busy host, or a GPU "
+            "still waking from idle, stretched the span between the events")
+pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {said}")
 
 # %% [markdown]
 # ## What to remember
 # - Every lesson measures its claims; without a GPU it replays the recorded GPU run and says so.
 # - `[timing]` and `[measured]` lines are measured numbers (this GPU's now, or the recorded run's in
-#   a replay); everything else is a checked fact, true on any CUDA GPU, quiet or shared.
+#   a replay), and so are the tables and listings printed from a measurement; everything else is a
+#   checked fact, true on any CUDA GPU, quiet or shared.
 # - How far a measured number carries over depends on the platform: the link, a shared GPU, the CPU
 #   cores, WSL2. The doctor and the platform report say what yours is.
 # - A small copy timed alone measures a round trip through the host, not the copy.

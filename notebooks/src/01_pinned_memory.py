@@ -11,12 +11,16 @@
 # - that torch's caching host allocator rounds a request up to a power of two (by default), and
 #   that freeing a pinned block does not unpin it;
 # - who pins in practice: the `DataLoader`'s `pin_memory=True` (a pin-memory thread, or the main
-#   thread itself), and pinning many tensors from several threads; and when *not* to pin.
+#   thread itself), and pinning many tensors from several threads;
+# - PyTorch's knobs for pinning: `cudaHostRegister` from several threads, and the rounding threshold
+#   (torch 2.13); when pinning fails (memlock, containers, WSL2, a full host) and how a program
+#   falls back; why a pageable copy is slow (the host's `memcpy`), and NUMA; and when *not* to pin.
 
 # %% tags=["nbval-ignore-output"]
 import statistics
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import matplotlib.pyplot as plt
@@ -134,8 +138,9 @@ def time_copy_ms(dst, src, repeat=5):
 # as on many cloud T4s) the link itself caps the pinned copy, closer to the rate of the driver's
 # staging, so the gap shrinks; where the GPU reads pageable memory through the host's page tables
 # (GH200) pageable can come close to pinned. The cell after the plot prints this run's ratio. At
-# 1 KiB the gap all but closes and both are slow: a tiny copy is nearly all fixed cost, whichever
-# memory it comes from. Measure it below.
+# 1 KiB the gap closes, and pinned can even come out the slower of the two (the `pinned / pageable
+# H2D at 1 KiB` line says which it was here): both are slow, as a tiny copy is nearly all fixed cost,
+# whichever memory it comes from. Measure it below.
 # </details>
 #
 # The sweep: one buffer of each kind at the largest size, sliced for the smaller ones, and
@@ -465,10 +470,11 @@ ok = pinlab.claims({
 #
 # <details><summary>Answer</summary>
 #
-# The copy call: from a pinned batch it only enqueues the DMA, where from a pageable one the host
-# stages the whole batch through the driver (on a PCIe GPU). The time in `next()` can change too,
-# because with `pin_memory=True` another thread takes each batch off the workers' queue. The table
-# below says how much each changed on this machine.
+# Both can change. The copy call drops to an enqueue: from a pinned batch it only queues the DMA,
+# where from a pageable one the host stages the whole batch through the driver (on a PCIe GPU). The
+# time in `next()` changes too, up or down: with `pin_memory=True` the pin-memory thread, not the
+# main thread, takes each batch off the workers' queue (and pins it). The table below says which
+# of the two changed more on this machine.
 # </details>
 
 # %%
@@ -570,9 +576,10 @@ pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
 # - **`next()` without workers**: `pin_memory=True` still delivers pinned batches, but the main
 #   thread pins them itself, inside `next()` (torch's single-process loader iterator pins each batch
 #   in `_next_data`; the pin-memory thread belongs to the multi-process one). Pinning a batch is a
-#   `memcpy` into a cached pinned block, which torch may spread over its intra-op threads; the copy
-#   call then skips the driver's staging. Whether the main thread comes out ahead depends on which
-#   of the two costs more on your machine: the line above gives both changes for this run.
+#   `memcpy` into a cached pinned block, which torch may spread over its intra-op threads (the
+#   threads it splits one operation over, `torch.get_num_threads()` of them); the copy call then
+#   skips the driver's staging. Whether the main thread comes out ahead depends on which of the two
+#   costs more on your machine: the line above gives both changes for this run.
 # - **Wall ms per batch**: how close each set-up came to the training step alone, the one number a
 #   training loop feels.
 #
@@ -594,9 +601,11 @@ pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
 #
 # <details><summary>Answer</summary>
 #
-# Warm. Copies into cached blocks run side by side on several cores, until the host's memory
-# bandwidth is the limit. Cold, the threads queue at the driver's lock and share the page-table
-# work badly, so more threads buy little. The speed-up lines below say how far each went here.
+# Usually warm. Copies into cached blocks run side by side on several cores, until the host's
+# memory bandwidth is the limit. Cold, the threads queue at the driver's lock and share the
+# page-table work badly, so more threads buy little. On a host busy with other work, neither may
+# gain: the threads have no free cores to run on. The speed-up lines below say how far each went
+# here.
 # </details>
 
 # %%
@@ -675,9 +684,252 @@ ok = pinlab.claims({
 #   host's memory bandwidth is the limit.
 # - The **main thread alone** (the dashed lines): PyTorch can spread one copy over its intra-op
 #   threads (`torch.get_num_threads()`), and a call from a pool thread need not get that. So one
-#   call at a time from the main thread can match a pool, or beat it: the last line above says
-#   which it did here. Measure before you add a pool.
+#   call at a time from the main thread can match a pool, or beat it, or, when other work holds the
+#   cores, fall far behind it: the last line above says which it did here. Measure before you add a
+#   pool.
+
+# %% [markdown]
+# ## PyTorch's knobs for the cost of pinning
 #
+# Two settings of the caching host allocator change what a cold pin costs and what it holds. They
+# go in `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`), which torch reads once per process:
+# set it in the shell, or in `os.environ` before the process first pins.
+#
+# - `pinned_use_cuda_host_register:True`: the allocator takes ordinary memory (`malloc`) and
+#   page-locks it with `cudaHostRegister`, instead of calling `cudaHostAlloc`; with
+#   `pinned_num_register_threads:N` it page-locks one block in N pieces from N threads of its own.
+#   That is the thread pool of the section above, moved inside one allocation.
+# - `pinned_max_round_threshold_mb:M` (torch 2.13 and later): a request above M MB is not rounded
+#   up to a power of two. So "pinned blocks are rounded up to a power of two" is torch's default,
+#   not a law.
+#
+# The settings compared (`bw.PINNING_CONFIGS`):
+
+# %%
+for label, conf in bw.PINNING_CONFIGS.items():
+    print(f"{label:28s} PYTORCH_CUDA_ALLOC_CONF={conf!r}")
+
+# %% [markdown]
+# Since torch reads the setting once, each one runs in a fresh Python process (`bw.pinning_knobs`):
+# one cold `torch.empty(600 MiB, pin_memory=True)`, timed on the host, and the bytes the allocator
+# holds afterwards. A torch that does not know a setting refuses it with an error: that row shows
+# the error, and nothing is measured or replayed in its place.
+#
+# 🔮 **Predict.** 600 MiB pinned with 8 register threads against one: how much faster? And how
+# many bytes does each setting hold?
+#
+# <details><summary>Answer</summary>
+#
+# Page-locking is work per page. One large block split into 8 pieces can go several times faster,
+# if the host has cores to spare (cold pins of many small tensors from a pool gained little above:
+# each is a separate call into the driver). The rounding does not depend on how the block is
+# page-locked: 600 MiB is held as 1 GiB under every setting that keeps the rounding, and as about
+# 600 MiB under `pinned_max_round_threshold_mb:64`, on a torch that knows it. The lines below say
+# what this run measured, and which settings its torch knew.
+# </details>
+
+# %%
+knobs = pinlab.measure("01_pinning_knobs", bw.pinning_knobs, request_bytes=bw.KNOB_REQUEST)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table([{"setting": r["setting"], "ms": f"{r['ms']:.0f}" if "ms" in r else "-",
+               "held": fmt_bytes(r["held_bytes"]) if "held_bytes" in r else "-",
+               "error": bw.unknown_alloc_key(r.get("error")) and "unknown setting" or r.get("error", "")}
+              for r in knobs["rows"]],
+             [("setting", "setting"), ("ms", "cold pin, host ms"), ("held", "held"), ("error", "error")])
+
+# %%
+knob = {r["setting"]: r for r in knobs["rows"]}
+req = knobs["request_bytes"]
+for r in knobs["rows"]:
+    key = bw.unknown_alloc_key(r.get("error"))
+    if key:
+        since = f" (torch {bw.KNOB_SINCE[key]} and later do)" if key in bw.KNOB_SINCE else ""
+        what = f"refused: torch {knobs['torch']} does not know {key}{since}; nothing measured"
+    elif "error" in r:
+        what = f"failed: {r['error']}"
+    else:
+        rounded = r["held_bytes"] == pinlab.next_pow2(req)
+        what = (f"{r['ms']:.0f} ms, holds {fmt_bytes(r['held_bytes'])} for {fmt_bytes(req)} "
+                f"({'rounded up to a power of two' if rounded else 'not rounded up to a power of two'})")
+    pinlab.show(r["setting"], what)
+default = knob["default (cudaHostAlloc)"]
+ok = pinlab.claim("default setting: pinned, and held as the next power of two",
+                  default.get("pinned") is True and default.get("held_bytes") == pinlab.next_pow2(req),
+                  value=default, why="torch's caching host allocator rounds by default (unset, "
+                  "pinned_max_round_threshold_mb is unlimited); a child that could not pin at all (no pinned "
+                  "memory left on the host) would fail it")
+reg1, reg8 = knob["cudaHostRegister, 1 thread"], knob["cudaHostRegister, 8 threads"]
+if "ms" in reg1 and "ms" in reg8:
+    reg_up = reg1["ms"] / reg8["ms"]
+    pinlab.observe(f"8 register threads page-locked {fmt_bytes(req)} at least 2x faster than 1", reg_up >= 2,
+                   value=f"{reg_up:.1f}x", why="page-locking from several threads needs free cores: on a 2-core "
+                   "host, or one busy with other learners, the threads wait for each other")
+    pinlab.show("one block from 8 register threads, against the pool of 8 threads above (32 cold pins)",
+                f"{reg_up:.1f}x over one register thread; the pool: {cold_up[8]:.1f}x over a pool of one")
+else:
+    pinlab.show("register threads", "this run has no timing of both register settings (an error above)")
+
+# %% [markdown]
+# Read the lines above against the two earlier sections. **Threads**: `pinned_num_register_threads`
+# splits the page-locking of *one* block, which the thread pool above could not do (each of its
+# threads pinned a whole tensor with its own call into the driver); the comparison line says how far
+# each got here. It needs `malloc` + `cudaHostRegister`, and a host with free cores. **Rounding**: the
+# "held" column is the rounding of the section on rounding, per setting; only
+# `pinned_max_round_threshold_mb` turns it off, on a torch that has it (the row of a torch that lacks
+# it says so, and the recorded run holds no number for it).
+#
+# ## When pinning fails
+#
+# `pin_memory=True` can fail, and a program should expect it:
+#
+# - **The memlock limit.** `ulimit -l` (`RLIMIT_MEMLOCK`) caps the memory a process may lock. A
+#   process with the capability `CAP_IPC_LOCK` (root, outside most containers) may lock any amount.
+#   Containers often start with a small limit and without that capability (Docker:
+#   `--ulimit memlock=-1`, `--cap-add IPC_LOCK`). Whether a driver counts `cudaHostAlloc` or
+#   `cudaHostRegister` memory against the limit is the driver's business: the experiment below tries
+#   both.
+# - **WSL2.** NVIDIA's CUDA on WSL guide lists the pinned system memory available to an application
+#   as limited; vLLM turns pinning off under WSL (`is_pin_memory_available()` returns False there).
+# - **The host runs out.** Pinned memory cannot be swapped, and the rounding can double it: vLLM's
+#   weight offloading ran a GB300 host out of memory this way, which is why
+#   `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` exists (lesson 05).
+# - **No accelerator.** A CPU-only torch raises on `pin_memory=True`.
+#
+# 🔮 **Predict.** A child process sets `ulimit -l` to 64 MiB, then pins 256 MiB, once with
+# `cudaHostAlloc` and once with `cudaHostRegister`. Which fails?
+#
+# <details><summary>Answer</summary>
+#
+# It depends on who runs it. A process with `CAP_IPC_LOCK` (root, usually) may lock any amount, so
+# the limit cannot bite: both succeed. Without it, each succeeds or fails as the driver counts its
+# pinned memory against the limit. The lines below say which case this run was, and print the error
+# where one came.
+# </details>
+
+# %%
+memlock = pinlab.measure("01_pinning_memlock", bw.pinning_under_memlock, limit_bytes=64 * bw.MiB,
+                         request_bytes=256 * bw.MiB)
+for r in memlock["rows"]:
+    pinlab.show(f"{fmt_bytes(memlock['request_bytes'])} under ulimit -l {fmt_bytes(memlock['limit_bytes'])}",
+                bw.memlock_sentence(r, memlock["limit_bytes"]))
+
+# %% [markdown]
+# Whatever stops it, the program sees an exception from `torch.empty(..., pin_memory=True)` (or
+# `t.pin_memory()`): a `RuntimeError` (out of memory is `torch.OutOfMemoryError`, a subclass). The
+# pattern: try pinned, fall back to pageable memory, and **say so**, because every copy from that
+# buffer is now staged by the driver, slower, and a `non_blocking` copy from it may wait (lesson 02).
+# vLLM gates the same way, once, with `is_pin_memory_available()`.
+
+# %%
+def pin_or_fall_back(nbytes, pin=lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True)):
+    """A host buffer of nbytes for copies to the GPU: pinned if pinning works, else pageable, and a warning."""
+    try:
+        return pin(nbytes)
+    except RuntimeError as exc:  # no accelerator, a memlock limit, WSL's pinned limit, the host out of memory
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        warnings.warn(f"pinning {nbytes} bytes failed ({why}): falling back to pageable memory; copies from "
+                      "it are staged by the driver, slower, and a non_blocking copy may wait", stacklevel=2)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+# %% [markdown]
+# Below, the function runs twice: once as this machine pins (on a GPU it pins; without one it falls
+# back), and once with a pinning call that fails on purpose: a **simulated** failure, raising the
+# error a full host gives, so that the fallback runs on every machine.
+
+# %%
+def simulated_failure(nbytes):
+    raise torch.OutOfMemoryError("CUDA error: out of memory (simulated)")
+
+
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    here = pin_or_fall_back(bw.MiB)                               # this machine's pinning
+    n_real = len(said)
+    fallback = pin_or_fall_back(bw.MiB, pin=simulated_failure)    # a failure, simulated
+pinlab.show("pinning 1 MiB here", "pinned" if here.is_pinned() else f"fell back: {said[0].message}")
+print("simulated failure: a buffer came back:", fallback.numel() == bw.MiB)
+print("simulated failure: it is pageable, and the program said so:",
+      not fallback.is_pinned() and len(said) == n_real + 1 and "(simulated)" in str(said[-1].message))
+ok = pinlab.claims({
+    "the fallback returned a pageable buffer of the size asked for": fallback.numel() == bw.MiB
+                                                                      and not fallback.is_pinned(),
+    "it warned, naming the error": "(simulated)" in str(said[-1].message),
+    "without the failure, the buffer is pinned exactly where CUDA is available": here.is_pinned() == PIN_MEMORY,
+}, why="the function's own logic, and torch pinning where an accelerator is available; a machine whose pinning "
+       "fails for real (a memlock limit, WSL) would fail the last one: the [measured] line above says why")
+del here, fallback
+
+# %% [markdown]
+# ## Why pageable copies are slow: the host's `memcpy`
+#
+# A pageable copy is staged: the driver copies the data into a pinned buffer of its own, on the
+# calling thread (the host is busy inside a pageable `copy_`, lesson 02), and the DMA moves it from
+# there. So a pageable copy is bounded by how fast the host's memory can be copied, however fast the
+# link. The
+# experiment (`bw.pageable_and_memcpy`) times, per size, a pageable H2D copy, a pageable D2H copy, and
+# a host-to-host copy of the same bytes (`q.copy_(p)`), once with torch's intra-op threads and once
+# with one thread (how many threads the driver's staging uses is not documented), in interleaved
+# rounds after an untimed
+# one that touches every page.
+#
+# 🔮 **Predict.** Which is faster, 256 MiB from one pageable host buffer to another with one thread,
+# or 256 MiB from pageable memory to the GPU?
+#
+# <details><summary>Answer</summary>
+#
+# It depends on the host, and the answer can surprise: the pageable H2D copy includes a `memcpy`
+# into the staging buffer, in chunks, and each chunk's DMA on top, so you might expect the
+# host-to-host copy to win; but the driver's staging copy need not be as slow as torch's one-thread
+# copy loop. Where the two come close, the `memcpy` sets the pace, and a faster link would not help;
+# a host busy with other work slows both. The lines below say how the two compared here, per size.
+# </details>
+
+# %%
+pm = pinlab.measure("01_pageable_memcpy", bw.pageable_and_memcpy, sizes=[16 * bw.MiB, 64 * bw.MiB, 256 * bw.MiB],
+                    reps=9)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(pm.result, [("bytes", "size", fmt_bytes), ("h2d_gbps", "pageable H2D GB/s", g),
+                         ("d2h_gbps", "pageable D2H GB/s", g), ("memcpy_gbps", "memcpy, torch's threads GB/s", g),
+                         ("memcpy_1t_gbps", "memcpy, one thread GB/s", g)])
+
+# %%
+for r in pm.result:
+    pinlab.show("pageable H2D against the host's memcpy", bw.pageable_sentence(r))
+bounded = [r["h2d_gbps"] <= 1.1 * r["memcpy_gbps"] for r in pm.result]
+pinlab.observe("at every size, pageable H2D no faster than the host's memcpy with torch's threads (+10%)",
+               all(bounded), value=", ".join(f"{r['h2d_gbps'] / r['memcpy_gbps']:.2f}x" for r in pm.result),
+               why="host timings of single copies: a busy host slows the memcpy of one round and not another; where "
+                   "the GPU reads pageable memory directly (GH200) the copy is not staged")
+first, last = pm.result[0], pm.result[-1]
+pinlab.show("pageable H2D, largest size against smallest",
+            f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate ({fmt_bytes(last['bytes'])} vs "
+            f"{fmt_bytes(first['bytes'])}); pageable D2H {last['d2h_gbps'] / first['d2h_gbps']:.2f}x")
+
+# %% [markdown]
+# Read the sentences per size: where pageable H2D comes close to one thread's `memcpy`, the
+# staging `memcpy` accounts for most of its time, and pinning (no staging) is what helps; where it
+# runs well below, the chunks and their waits cost more than the bytes; where it runs faster, the
+# driver copies faster than torch's one-thread loop, and torch's threads are the fairer bound. Torch's own host-to-host
+# copy may use several threads (its column in the table), which the driver's staging does not. The
+# D2H direction is staged the other way (DMA into the staging buffer, then a `memcpy` out of it), and
+# the two directions need not run at the same rate. The last line compares the largest size with
+# the smallest: how a pageable copy's rate changes with its size is the driver's choice, undocumented.
+#
+# ### Near and far host memory: NUMA
+#
+# On a host with several NUMA nodes (several CPU sockets, or sub-NUMA clustering), memory attached to
+# the GPU's node is nearer than the rest: a copy from far memory crosses the link between the sockets
+# too. Keep the pinned buffers, and the threads that fill them, on the GPU's node
+# (`numactl --cpunodebind=N --membind=N python ...`; `nvidia-smi topo -m` names the GPU's node). On a
+# host with one node there is nothing to choose, and nothing to measure.
+
+# %%
+numa = pinlab.measure("01_numa", bw.numa_report)
+pinlab.show("NUMA", bw.numa_sentence(numa["nodes"], numa["gpu_node"]))
+
+# %% [markdown]
 # ## When *not* to pin
 # - **One-off transfers** of big buffers: a cold pin can cost more than the pageable copy.
 # - **Huge buffers**: the allocator's default rounding can double them, and pinned memory cannot
@@ -716,6 +968,15 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   Pinning from several threads splits the warm `memcpy` (which one main-thread call may already
 #   spread over torch's intra-op threads); cold pinning (`cudaHostAlloc`) shares badly between
 #   threads (this run's speed-ups are above): warm the cache.
+# - `PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8`
+#   page-locks one block from several threads (the speed-up above); `pinned_max_round_threshold_mb`
+#   (torch 2.13 and later) stops the power-of-two rounding above a size. Torch reads them once per
+#   process, and an older torch refuses a key it does not know.
+# - Pinning can fail: a memlock limit without `CAP_IPC_LOCK` (containers), WSL2's pinned limit, a
+#   host out of memory. Try pinned, fall back to pageable, and say so (`pin_or_fall_back` above).
+# - A pageable copy is staged by host memory copies: the host's memory bandwidth bounds it, whatever
+#   the link (this run's comparison is above). With several NUMA nodes, keep pinned buffers on the GPU's
+#   node.
 #
 # **Exercise:** `exercises/01_pinned_memory.ipynb` (solution in `solutions/`).
 # **Next:** 02 · fake `non_blocking`.

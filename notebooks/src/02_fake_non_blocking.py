@@ -13,7 +13,8 @@
 # - the same order of host and GPU work on any machine: `with pinlab.stream() as s:` (the CUDA
 #   stream, or the course's emulated lagging stream without a GPU), which exercise 02 uses;
 # - the advice "use `non_blocking=True`, pinned or not" from PyTorch's tutorial, tested case by case
-#   with this lesson's data.
+#   with this lesson's data; the tutorial's matrix (pageable, pinned, pin-then-copy × blocking,
+#   `non_blocking`) measured, and its checklist of factors, each answered by a section of the course.
 #
 # Lesson 02b continues with copies that overlap: what a fake `non_blocking` costs a step loop, a
 # copy stream beside the compute, many tensors, and two tools.
@@ -415,12 +416,14 @@ ok = pinlab.claims({
 # than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
 # float32 tensor of 8 MiB.
 #
-# One rule decides the copies among them. For a copy between host and GPU, PyTorch hands the driver
-# the source's memory as one block only when the source is **dense in the destination's layout**:
-# its elements fill their memory with no holes, in the destination's order of the dimensions
-# (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise it first
-# gathers the source into a contiguous temporary on the CPU, in ordinary pageable memory, and
-# copies that.
+# One rule, in torch's CUDA `copy_` (`aten/src/ATen/native/cuda/Copy.cu`), decides the copies among
+# them. For a copy between host and GPU, PyTorch hands the driver the source's memory as one block,
+# where it lies, when the source has the destination's dtype and is **dense in the destination's
+# layout**: its elements fill their memory with no holes, in the destination's order of the
+# dimensions (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise a
+# `non_blocking` copy still sends a **contiguous** source as it lies, into a temporary on the GPU,
+# and converts or reorders it there; any other source is first gathered into a contiguous
+# temporary on the CPU, in ordinary pageable memory, and that is copied.
 #
 # 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from
 # `x[:, ::2]` (every other column of pinned memory); a copy from `x.t()` (the transpose: the same
@@ -430,19 +433,18 @@ ok = pinlab.claims({
 # <details><summary>Answer</summary>
 #
 # `torch.tensor(list, device="cuda")` builds the tensor on the CPU and copies it with a blocking
-# copy. For a copy between host and GPU, PyTorch hands the driver one block of memory only when
-# source and destination have the same dtype and the same dense layout (in any order of the
-# dimensions). Otherwise it first gathers the source into a contiguous temporary **on the CPU**,
-# in ordinary pageable memory, and copies that: a pageable copy again, however pinned the source
-# was. This one is 8 MiB: whether it waits is the driver's staging decision of section 1 (where
-# one copy of that size waited, this one waits too: fake `non_blocking`). So `x[:, ::2]`, which
-# is not dense (holes between the elements), always goes through a pageable temporary; `x.t()` is
-# dense: copied into `torch.empty_like(x.t(), device="cuda")`, which keeps its layout, it goes
-# straight from pinned memory; copied into a contiguous tensor, it is gathered first. The rule is
-# *dense in the destination's layout*, not *contiguous*. A dtype-converting copy from a
-# contiguous pinned tensor copies first and converts on the GPU: asynchronous once its conversion
-# kernel is loaded; the *first* launch of any kernel blocks while CUDA loads it (lazy module
-# loading). `.item()` has to wait for the value: it always blocks.
+# copy. The other copies follow the rule above. `x[:, ::2]` is neither dense nor contiguous (holes
+# between the elements), so it is gathered into a temporary **on the CPU**, in pageable memory: a
+# pageable copy again, however pinned the source was. `x.t()` is dense: copied into
+# `torch.empty_like(x.t(), device="cuda")`, which keeps its layout, it goes straight from pinned
+# memory; copied into a contiguous tensor it is neither dense in that layout nor contiguous, so it
+# is gathered first too. The rule is *dense in the destination's layout*, not *contiguous*. Each
+# gathered temporary here is 8 MiB: whether its copy waits is the driver's staging decision of
+# section 1, undocumented (a fake `non_blocking` when it does); the `[measured]` line after the
+# claims below says what they did here. A dtype-converting copy from a contiguous pinned tensor
+# sends the source as it lies and converts on the GPU: asynchronous once its conversion kernel is
+# loaded; the *first* launch of any kernel blocks while CUDA loads it (lazy module loading).
+# `.item()` has to wait for the value: it always blocks.
 # </details>
 
 # %%
@@ -618,10 +620,81 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 # Lesson 02b adds the last case: even pinned and `non_blocking`, a copy on the compute's stream
 # never runs beside the compute.
 #
-# So for host-to-device copies the advice costs nothing and may help, but it is a request, not a
-# promise: pin what you copy on a hot path (and leave the pinned source alone until the copy has
-# run), read device-to-host results only after an event, and put copies on their own stream when
-# they should hide behind the compute (lesson 02b).
+# So for host-to-device copies the flag is a request, not a promise (nothing here measured the same
+# copies without it): pin what you copy on a hot path (and leave the pinned source alone until the
+# copy has run), read device-to-host results only after an event, and put copies on their own stream
+# when they should hide behind the compute (lesson 02b).
+
+# %% [markdown]
+# ### The tutorial's matrix, measured
+#
+# The tutorial times three sources, each copied blocking and `non_blocking`: a **pageable** tensor;
+# a tensor **pinned** once and reused; and `pin_memory()` **then** copy, which pins a fresh copy
+# every time. Here is one cell of that matrix, as a function: the copy of 16 MiB from `source`,
+# then a wait for it (as `.item()` or a loss read would).
+
+# %%
+def to_gpu(source, dst, pageable, pinned, non_blocking):
+    """One cell of the tutorial's matrix: dst <- the data from `source` memory, then wait for it."""
+    if source == "pageable":
+        src = pageable
+    elif source == "pinned":
+        src = pinned                       # pinned once, reused every time
+    else:
+        src = pageable.pin_memory()        # "pin_memory() then copy": pins a copy every time
+    dst.copy_(src, non_blocking=non_blocking)
+    torch.cuda.synchronize()
+
+# %% [markdown]
+# 🔮 **Predict.** Rank the three sources, and say what `non_blocking` changes in each.
+#
+# <details><summary>Answer</summary>
+#
+# Pinned and reused is the fastest: one DMA, no staging. Pageable pays the driver's staging.
+# `pin_memory()` then copy pays a host copy into pinned memory and then the DMA: the tutorial found
+# it up to twice as slow as a plain pageable copy, but with a warm pinned cache (the block is reused
+# from the allocator's cache, lesson 01) it can also come out ahead; the lines below say which it
+# did here. `non_blocking` changes little in any cell: each copy is followed by a wait, so there is
+# nothing for the host to do while the copy runs.
+# </details>
+
+# %%
+matrix = pinlab.measure("02_tutorial_matrix", partial(stalls.tutorial_matrix, to_gpu), nbytes=16 * MiB, reps=10)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(matrix.result, [("source", "16 MiB from"), ("non_blocking", "non_blocking"),
+                             ("ms", "host ms until done", pinlab.fmt_ms)])
+
+# %%
+cell = stalls.matrix_ms(matrix.result)
+best = {s: min(cell[(s, False)], cell[(s, True)]) for s in stalls.MATRIX_SOURCES}
+pinlab.observe("pinned and reused at least 2x faster than pageable", best["pageable"] >= 2 * best["pinned"],
+               value=f"{best['pageable'] / best['pinned']:.1f}x",
+               why="over a slow link (PCIe Gen3) the link caps the pinned copy near the staging's rate; on a GH200 "
+                   "the GPU reads pageable memory directly")
+for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
+    pinlab.show(f"what this run shows ({i}/3)", sentence)
+
+# %% [markdown]
+# The matrix measures each copy alone, followed by a wait: what a copy costs, not what it hides.
+# What `non_blocking` buys in a loop with other work, and what it costs when the copy is fake, are
+# sections 1 to 3 above and lesson 02b.
+#
+# ### The tutorial's checklist, answered by this course
+#
+# The tutorial ends with factors to check before speeding up copies between CPU and GPU, or
+# comparing throughput across set-ups. Each has a place in this course where it is measured on your
+# machine:
+#
+# | the tutorial's factor | where this course measures it |
+# | --- | --- |
+# | number of available cores | 01 · pinning from several threads, and the register threads of PyTorch's knobs |
+# | core utilization (other work on the host) | 02b · section 1 (a host slower than a forward sets the pace); 01 · the DataLoader |
+# | memory utilization (pageable and pinned) | 01 · rounding, when pinning fails, when *not* to pin; 05 · pinned weight restore |
+# | CUDA device capabilities (DMA engines) | 02b · copy engines: both directions at once |
+# | number of tensors | 02b · section 3, many tensors: one sync for all |
+# | size of the tensors | 01 · bandwidth and small copies; 02 · section 1, the size from which a copy waits |
+# | system architecture (bus speeds) | 01 · bandwidth against the copy-loop peak, the host's `memcpy`, NUMA |
 # %% [markdown]
 # ## Clean up
 
@@ -641,15 +714,19 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   staging `memcpy`; *fake* is the one that says `non_blocking` and waits.
 # - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
 #   event after it and `synchronize()` the event before you read.
-# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is not dense in the
-#   destination's layout (PyTorch gathers it into a pageable temporary), `.item()`, and the first
+# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is neither dense in the
+#   destination's layout nor contiguous (PyTorch gathers it into a pageable temporary, whose copy
+#   may wait), `.item()`, and the first
 #   launch of every kernel (warm up before you measure or serve).
 # - `with pinlab.stream() as s:` runs the same torch code on the CUDA stream or, without a GPU, on
 #   the emulated lagging stream, which is exact about the order of host and GPU work (host tensors
 #   without `device=`, device tensors with `device=s.device`, `s.busy`, `s.Event()`).
-# - "`non_blocking=True`, pinned or not" costs nothing for host-to-device copies, but it is a
-#   request, not a promise: large or many pageable copies wait, a copy into pageable host memory is
-#   synchronous, and one into pinned memory returns before the data is there.
+# - "`non_blocking=True`, pinned or not": the flag is a request, not a promise. Large or many
+#   pageable copies wait, a copy into pageable host memory is synchronous, and one into pinned memory
+#   returns before the data is there.
+# - The tutorial's matrix: memory pinned once and reused is the fast source; `pin_memory()` then
+#   copy pays a host copy every time (slower or faster than pageable, as this run showed above); with
+#   a wait right after the copy, `non_blocking` changes little.
 #
 # **Exercise:** `exercises/02_fake_non_blocking.ipynb` (solution in `solutions/`); its part 2, the
 # GPU's idle share from a trace's kernel spans, needs nothing from lesson 02b.

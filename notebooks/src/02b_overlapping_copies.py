@@ -7,6 +7,9 @@
 # - how a copy runs *beside* the compute: a free copy engine, a copy stream, a pinned source; the
 #   side-stream pattern (`wait_stream`, `torch.cuda.stream`, `record_stream`), its steps per second
 #   and GPU idle share against one stream, and what goes wrong without `record_stream`;
+# - the same timeline in Nsight Systems (`nsys profile -t cuda,nvtx`), and where to look;
+# - copy engines: H2D and D2H at once against each alone, and why a second H2D stream does not
+#   double the bandwidth;
 # - many tensors: `non_blocking` copies and one sync against a blocking copy each;
 # - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
 #   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
@@ -38,7 +41,9 @@ pinned_at_start = pinlab.pinned_baseline()
 # ## 1. What it costs a step loop: a profiler timeline
 #
 # A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
-# host runs ahead: run-ahead 1, in the words of lesson 03), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
+# host runs ahead; in the course's words, defined in lesson 03, **run-ahead k** means the host may
+# write step n+k's data while the GPU has not yet run step n's copy, and waiting for step *i-2*
+# is run-ahead 1), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
 # host buffers), copy it with `copy_(..., non_blocking=True)`, launch a 2 ms "forward". Here is
 # the loop; `span(name)` marks each part for the profiler and does nothing otherwise.
 
@@ -118,9 +123,10 @@ pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms
 # enters `copy_` while the previous forward still runs and leaves it only after the copy has run on
 # the GPU; the next forward starts after that, and the GPU computes nothing in between. The host's
 # "prepare" overlaps the GPU's forward, where it is the shorter of the two. Pinned: `copy_`
-# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and the
-# forwards follow each other with only the short copy in between. The numbers, two models of the
-# pageable step, and what this run shows:
+# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and while
+# the host keeps ahead of the GPU the forwards follow each other with only the short copy in
+# between (the "GPU time between two forwards" line says whether they did here). The numbers, two
+# models of the pageable step, and what this run shows:
 
 # %%
 memcpy = {m: span_stats(loop["modes"][m]["gpu"], name) for m in stalls.STEP_MODES
@@ -205,6 +211,25 @@ host_held = pinlab.observe(
 # The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
 # the copies that may be fake `non_blocking`.
 #
+# ### The same timeline in Nsight Systems
+#
+# Learners who use Nsight Systems can record the same loop without `torch.profiler`: save the loop
+# as a script, pass `span=torch.cuda.nvtx.range` (a context manager that marks a range for nsys,
+# where `span` above marks one for torch's profiler), and run it under `nsys`:
+#
+# ```
+# nsys profile -t cuda,nvtx,osrt -o build/traces/02_step_loop --force-overwrite true python step_loop.py
+# nsys stats -r cuda_gpu_trace build/traces/02_step_loop.nsys-rep   # one row per copy and kernel
+# ```
+#
+# Open the `.nsys-rep` file in the Nsight Systems GUI. Where to look: the **CUDA HW** rows of the
+# GPU hold the copies (`Memcpy HtoD`) and the kernels, as the GPU lane of the plot above; the
+# **CUDA API** row of the Python thread holds `cudaMemcpyAsync`, long where the host waited inside a
+# pageable copy, short for a pinned one; the **NVTX** row holds the spans (`copy_(non_blocking=True)`,
+# `launch forward`). `nsys stats -r cuda_gpu_trace` lists each copy with its source memory kind
+# (`Pageable` or `Pinned`), the same distinction as the profiler's names above. (Older nsys versions
+# call the report `gputrace`.)
+#
 # ## 2. Copy and compute at the same time: a copy stream
 #
 # Look again at the pinned timeline of section 1: between two forwards the GPU runs the copy, and
@@ -286,12 +311,14 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 # <details><summary>Answer</summary>
 #
 # One stream: a copy, then a compute, per step; the compute is idle while each copy runs. With the
-# copy stream and pinned inputs the copies run beside the compute and the step shrinks to about
-# the compute alone, as long as the copy is shorter. With pageable inputs the third condition
-# fails: where the driver does not stage a 16 MiB copy behind the queue (lesson 02's section 1 measured from which
-# size on it did not, on this machine), the host waits inside `fetch` while the driver feeds the data through
-# staging, more slowly than a pinned copy, and it cannot queue the next compute meanwhile. Without
-# `record_stream`, wrong sums: inputs overwritten before they were read.
+# copy stream and pinned inputs the copies can run beside the compute while the host queues steps
+# faster than the GPU runs them, and the step then shrinks to about the compute alone, as long as
+# the copy is shorter (the takeaway line under the plot says how many copies did). With pageable
+# inputs the third condition fails: where the driver does not stage a 16 MiB copy behind the queue
+# (lesson 02's section 1 measured from which size on it did not, on this machine), the host waits
+# inside `fetch` while the driver feeds the data through staging, more slowly than a pinned copy,
+# and it cannot queue the next compute meanwhile. Without `record_stream`, wrong sums: inputs
+# overwritten before they were read.
 # </details>
 #
 # This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
@@ -315,13 +342,15 @@ pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned /
 
 # %% [markdown]
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns,
-# never side by side. Copy stream, pinned: the copies run under the compute, one step ahead or more
-# (the host queues every step at once, and the copy stream never waits for the compute). Copy
-# stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
+# never side by side. Copy stream, pinned: the copies can run under the compute, one step ahead or
+# more, while the host queues steps faster than the GPU runs them and no other work holds the GPU
+# (the copy stream never waits for the compute); the takeaway line above says how many did here.
+# Copy stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
 # copies are longer than the pinned ones (the last line below says by how much here), and the
-# compute runs only in the gaps between them. The host waits inside each `fetch` until its staged
-# copy is done, and queues the step's compute only after that: a second stream cannot help a copy
-# that holds the host. The numbers:
+# compute runs mostly in the gaps between them (the "copies beside a kernel" line gives the share of
+# the copy time that overlapped). The host waits inside each `fetch` until its staged copy is done,
+# and queues the step's compute only after that: a second stream cannot help a copy that holds the
+# host. The numbers:
 
 # %%
 for key, label in stalls.OVERLAP_MODES.items():
@@ -331,7 +360,7 @@ for key, label in stalls.OVERLAP_MODES.items():
     pinlab.show(f"{label}: steps per second", f"{m['steps_per_s']:.0f}")
     pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
     pinlab.show(f"{label}: copies beside a kernel (profiled steps)",
-                f"{o['overlapping']} of {o['copies']} ({o['share']:.0%} of the copy time)")
+                f"{o['overlapping']} of {o['copies']} ({o['share']:.1%} of the copy time)")
     copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
 pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
@@ -344,7 +373,9 @@ pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
 # %% [markdown]
 # Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
 # the compute's length, and six profiled steps are few (section 1 says why). What holds on every
-# run: the results, and what runs beside what.
+# run: the results, and that on one stream no copy runs beside a kernel. How many copies ran
+# beside a kernel on the copy stream depends on the host and on what else runs on the GPU: it is
+# observed, not asserted.
 
 # %%
 one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
@@ -382,14 +413,75 @@ ok = pinlab.claim("without record_stream, at least one step computed on an input
                       "a host slower than the GPU's 0.5 ms per step would let the compute read each input in time")
 
 # %% [markdown]
-# The host queues all 40 steps long before the GPU has computed the first few: that lead is what
-# makes the reuse fatal here, for many steps of the run. Some steps still come out right, by luck:
-# their block was last overwritten by an input with the same contents (the loop cycles through 4
-# inputs, and the freed blocks are handed out in turn). In a real loop the lead is smaller and the
-# same bug corrupts a step now and then: the worst kind. Note the cost of the fix too:
-# with `record_stream` and a host far ahead, the allocator cannot reuse an input's memory until
-# its compute has run, so it holds one input per step in flight (an engine bounds the run-ahead,
-# section 1, and with it this memory).
+# Here the host can queue many steps before the GPU has computed the first few: that lead is what
+# makes the reuse fatal, for many steps of the run (the count above says how many in yours). Some steps still come out right, and
+# nothing here shows why: the compute may have read its block before the next copy overwrote it, or
+# the input written over it may have had the same contents (the loop cycles through 4 inputs). In a
+# real loop the lead is smaller and the same bug corrupts a step now and then: the worst kind. Note
+# the cost of the fix too: with `record_stream` and a host far ahead, the allocator cannot reuse an
+# input's memory until its compute has run, so it holds one input per step in flight (an engine
+# bounds the run-ahead, section 1, and with it this memory).
+
+# %% [markdown]
+# ### Copy engines: both directions at once
+#
+# The first condition above, a free copy engine, is a number the GPU reports: `asyncEngineCount`,
+# its copy engines. With one, every copy on the GPU takes its turn on that engine; with two or more,
+# an H2D copy and a D2H copy can run at the same time, each over its own direction of the link (PCIe
+# and NVLink carry both directions at once). What a second copy engine does *not* give is twice the
+# bandwidth in one direction: one large pinned copy already fills the link that way.
+#
+# The copies below are queued by this function, one per stream; `stalls.copy_engines` times four
+# cases of 256 MiB pinned copies (medians of 5 interleaved rounds): H2D alone, D2H alone, H2D and D2H
+# at once (two streams), and two H2D at once (two streams). For a pair, the rate counts both copies'
+# bytes over the pair's time.
+
+# %%
+def copy_on(stream, dst, src):
+    """Queue dst <- src on `stream` (pinned host memory: a copy engine runs it, the host goes on)."""
+    with torch.cuda.stream(stream):
+        dst.copy_(src, non_blocking=True)
+
+# %% [markdown]
+# 🔮 **Predict.** Against one copy alone, how many bytes per second do H2D and D2H at once move?
+# And two H2D at once?
+#
+# <details><summary>Answer</summary>
+#
+# With two or more copy engines, H2D and D2H at once move close to the sum of the two alone: the
+# directions do not share a lane. Two H2D at once move about what one does: they share the link in
+# one direction, which one copy already fills, so a second H2D stream does not double the
+# bandwidth. With one copy engine, or a link or host that cannot serve both, the pair takes turns
+# and moves about what one copy does. The lines below say which this run was.
+# </details>
+
+# %%
+eng = pinlab.measure("02b_copy_engines", partial(stalls.copy_engines, copy_on), nbytes=256 * MiB, reps=5)
+
+# %% tags=["nbval-ignore-output"]
+pinlab.table(eng["rows"], [("case", "256 MiB pinned copies"), ("gbps", "GB/s (both copies' bytes)",
+                                                               lambda v: f"{v:.1f}")])
+
+# %%
+rate = stalls.engine_rates(eng.result)
+pinlab.show("copy engines (asyncEngineCount)", eng["copy_engines"])
+both_up = rate["H2D and D2H at once"] / max(rate["H2D alone"], rate["D2H alone"])
+two_up = rate["two H2D at once"] / rate["H2D alone"]
+pinlab.observe("H2D and D2H at once moved at least 1.5x either alone", both_up >= 1.5, value=f"{both_up:.2f}x",
+               why="needs two copy engines and a link and host that serve both directions; other learners' copies "
+                   "share the link")
+pinlab.observe("two H2D at once moved under 1.25x one H2D alone", two_up < 1.25, value=f"{two_up:.2f}x",
+               why="one copy fills the link in one direction on a quiet machine; a copy that does not (a slow host, "
+                   "a link shared with other learners) leaves room for a second")
+for i, part in enumerate(stalls.engines_sentence(eng.result).split("; "), 1):
+    pinlab.show(f"what this run shows ({i}/3)", part)
+
+# %% [markdown]
+# So an engine that copies inputs in while it copies results out (a KV cache offloaded and
+# restored, weights prefetched while activations go back) can use both directions at once, on their
+# own streams; splitting one direction's copies over more streams buys nothing once one copy fills
+# the link. CUDA's `deviceQuery` sample prints the number of copy engines, and
+# `pinlab.platform_facts()["copy_engines"]` reads it (`asyncEngineCount`) from the CUDA runtime.
 #
 # ## 3. Many tensors: one sync for all
 #
@@ -482,8 +574,9 @@ ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for
 #
 # The first: `torch.tensor(list, device="cuda")` copies with a blocking copy (lesson 02, section 4).
 # The third never does: its copy reads a fresh pinned block and is only enqueued. The second copies
-# 16 KiB from pageable memory: where the driver stages a copy that small (lesson 02, sections 1 and
-# 2) it returns at once, and it waits where the driver does not (on ROCm every pageable copy waits).
+# 32 KiB from pageable memory (4096 int64 values: Python ints become int64): where the driver stages
+# a copy that small (lesson 02, sections 1 and 2) it returns at once, and it waits where the driver
+# does not (on ROCm every pageable copy waits).
 # </details>
 
 # %%
@@ -593,8 +686,9 @@ ok = pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking 
 
 # %% [markdown]
 # Does watching cost much? The loop's host time with and without the detector (median of 5 runs
-# each). The loop does real GPU work every step, as a training or serving loop does, so the
-# ratio is the one you would see.
+# each). The loop does real GPU work every step, so this is the ratio for a loop with this much GPU
+# work per torch call: the detector adds its work to every call, so a loop that makes more torch
+# calls per millisecond of GPU work pays more.
 
 # %%
 plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]
@@ -623,6 +717,12 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   `compute_stream.wait_stream(copy_stream)` (or an event) before the compute uses it, and
 #   `x_gpu.record_stream(compute_stream)`, or the caching allocator hands the copy's memory to the
 #   next copy before the compute has read it (this run counted the wrong steps above).
+# - Copy engines (`asyncEngineCount`): with two or more, H2D and D2H run at once, each direction of
+#   the link its own (this run's rates are above); two copies in one direction share it, so a second
+#   H2D stream does not double the bandwidth.
+# - `nsys profile -t cuda,nvtx,osrt python script.py` records the same timeline for Nsight Systems:
+#   copies in the CUDA HW rows, the host's wait in `cudaMemcpyAsync`, spans from
+#   `torch.cuda.nvtx.range`.
 # - Many tensors: queue every copy `non_blocking` and synchronize once, instead of one wait per copy.
 # - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
 #   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.

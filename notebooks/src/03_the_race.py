@@ -10,7 +10,7 @@
 #   lagging stream on a laptop), then measured on the GPU;
 # - that real FlashInfer decode attends over the wrong pages when its `indptr` travels that way;
 # - that a **pageable** buffer is correct, and what that costs: host time, and a host that can
-#   no longer run ahead of the GPU; and, with a clock around every call of the step, *where* the
+#   no longer run ahead of the GPU once the driver's staging fills; and, with a clock around every call of the step, *where* the
 #   host waits (not always in the copy call);
 # - how many launches CUDA's launch queue holds before a launch call blocks, measured.
 
@@ -81,8 +81,8 @@ ok = pinlab.claim("every request's pages and token count read back from the thre
                       "pinlab.paged_kv could make it differ")
 
 # %% [markdown]
-# 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 for them. Which of
-# the three arrays change?
+# 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 when page 1 is
+# full. Which of the three arrays change?
 #
 # <details><summary>Answer</summary>
 #
@@ -288,12 +288,12 @@ ok = pinlab.claims({
 #   (`pinlab.paged_kv.page_indices`, as vLLM's Triton kernel does);
 # - FlashInfer's `plan()` gets host `indptr`/`last_page_len` (its own copies) and the GPU indices,
 #   then `run()` computes decode attention; the GPU is kept 3 ms busy per step (the rest of the
-#   forward: long enough that the host, which spends well under a millisecond per step, is always
-#   ahead, as in an engine);
+#   forward: meant to be long enough for the host to be ahead on most steps, as in an engine; the
+#   counts below say how often a copy delivered another step's data);
 # - afterwards every request's output is compared with `pinlab.paged_kv.reference_decode`, an
 #   fp32 torch reference fed with the *correct* metadata.
 #
-# Two details keep the experiment honest and alive. The host waits for step N-2 before building
+# Three details keep the experiment honest and alive. The host waits for step N-2 before building
 # step N, like a batch queue of depth 2: a run-ahead of 1 in the course's words (**run-ahead k**:
 # the host may write step N+k's data while the GPU has not yet run step N's copy; a ring of pinned
 # buffers for run-ahead k needs k + 1 buffers). And it cycles through a ring of three FlashInfer
@@ -432,13 +432,16 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 #
 # <details><summary>Answer</summary>
 #
-# With the reused pinned buffer, every size: nothing is staged, every call only enqueues. With a
-# pageable buffer, only sizes whose queued copies stay within the driver's limits (lesson 02: one
-# per copy, one on the bytes pending in its staging pool): a small copy per step may never fill the
-# pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy limit at once, and
-# from then on the host runs at the GPU's pace. Where it waits is not always the copy call: the
-# driver may let a copy return and block a later call, such as the next kernel launch, a call that
-# copies nothing. The lines below say, per size, which it was in this run.
+# With the reused pinned buffer, every size, as long as the host is faster than the GPU: nothing is
+# staged, so the calls only enqueue work until CUDA's launch queue is full (the last section
+# measures it). The "reused pinned buffer" line below says whether the host finished first in this
+# run. With a pageable buffer, only sizes whose queued copies stay within the driver's limits
+# (lesson 02: one per copy, one on the bytes pending in its staging pool): a small copy per step may
+# never fill the pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy
+# limit at once, and from then on the host runs at the GPU's pace (on a slow or shared host, slower
+# than that: the write lines say so). Where it waits is not always the
+# copy call: the driver may let a copy return and block a later call, such as the next kernel
+# launch, a call that copies nothing. The lines below say, per size, which it was in this run.
 # </details>
 
 # %%
@@ -547,15 +550,14 @@ pinlab.show(f"{fmt_bytes(small)} pageable / pinned: of the time in launch calls,
 def what_it_shows(n):
     """This run's behaviour at one size, in words (computed, so true on any machine)."""
     p, w = parts[("pageable", n)], waited[n]
-    launches = w["check"]["steps"] + w["forward"]["steps"]
-    pace = "ran ahead of the GPU" if p["share"] < 0.5 else "ran at the GPU's pace (it waited)"
-    if w["copy"]["steps"] == 0 and launches == 0:
-        where = "no call took over half a GPU step"
-    elif w["copy"]["steps"] >= launches:
-        where = "the waits were mostly in the copy call itself"
-    else:
-        where = "the waits were mostly in a launch after the copy, a call that copies nothing"
-    return f"the host {pace}; {where}"
+    slow_ms = {"write": w["write"]["ms"], "copy": w["copy"]["ms"],      # host ms in calls over half a GPU step
+               "launch": w["check"]["ms"] + w["forward"]["ms"]}
+    pace = "ran ahead of the GPU" if p["share"] < 0.5 else "did not run ahead of the GPU"
+    if max(slow_ms.values()) == 0:
+        return f"the host {pace}; no call took over half a GPU step"
+    where = {"write": "the write, the host's own work (no call into CUDA)", "copy": "the copy call itself",
+             "launch": "a launch after the copy, a call that copies nothing"}[max(slow_ms, key=slow_ms.get)]
+    return f"the host {pace}; of the time in calls over half a GPU step, most was in {where}"
 
 
 for n in sizes:
@@ -578,16 +580,18 @@ mid_launches = waited[mid]["check"]["steps"] + waited[mid]["forward"]["steps"]
 pinlab.observe(f"{fmt_bytes(small)} pageable: the host finished its loop while most of the GPU work was still queued",
                share[("pageable", small)] < 0.5, value=f"loop / run {share[('pageable', small)]:.0%}",
                why=staging_why)
-pinlab.observe(f"{fmt_bytes(mid)} and larger, pageable: the host loop lasted at least half of the run (it waited)",
+pinlab.observe(f"{fmt_bytes(mid)} and larger, pageable: the host loop lasted at least half of the run",
                all(share[("pageable", n)] >= 0.5 for n in sizes if n >= mid),
                value=", ".join(f"{share[('pageable', n)]:.0%}" for n in sizes if n >= mid), why=staging_why)
 pinlab.observe(f"{fmt_bytes(mid)} pageable: the copy calls did not wait, a launch after them did",
                waited[mid]["copy"]["steps"] <= steps // 10 and mid_launches >= steps // 4,
                value=f"over half a step: {waited[mid]['copy']['steps']} copy calls, {mid_launches} launches "
                      f"of {steps} steps", why=staging_why)
-pinlab.observe(f"{' and '.join(fmt_bytes(n) for n in big)} pageable: the copy call itself waited on most steps",
-               all(waited[n]["copy"]["steps"] > steps // 2 for n in big),
-               value=", ".join(f"{waited[n]['copy']['steps']} of {steps}" for n in big), why=staging_why)
+for n in big:
+    pinlab.observe(f"{fmt_bytes(n)} pageable: the copy call itself took over half a GPU step on most steps",
+                   waited[n]["copy"]["steps"] > steps // 2, value=f"{waited[n]['copy']['steps']} of {steps}",
+                   why=staging_why + "; or the host was too slow to queue enough (the 'what this run shows' lines "
+                       "say where its time went)")
 pinned_ran_ahead = pinlab.observe(
     "reused pinned buffer: the host finished its loop first at every size",
     all(share[("pinned", n)] < 0.5 for n in sizes), value=", ".join(f"{share[('pinned', n)]:.0%}" for n in sizes),
@@ -598,22 +602,28 @@ pinned_ran_ahead = pinlab.observe(
 # ahead; a bar that reaches it is a host that ran at the GPU's pace, and the colours say where it
 # spent that time. The "what this run shows" lines say it in words for this run, size by size.
 #
-# - With the **pinned** buffer nothing is staged: every call only enqueues work (and the data is
-#   wrong, as above).
+# - With the **pinned** buffer nothing is staged: the calls only enqueue work until CUDA's launch
+#   queue is full (the last section), and its data can be wrong, as above. Whether its host finished
+#   long before the GPU is the "reused pinned buffer" line: a host slower than the GPU cannot run
+#   ahead.
 # - **Small pageable copies**: the copy call pays the staging `memcpy` and returns. The bar is then
 #   mostly launch calls: their own cost, plus any launch that waited. The line on the smallest size
 #   splits the two, for the pageable and the pinned buffer: where launches waited with only a few
 #   KiB per step queued, no staging pool was full (the pinned buffer stages nothing at all). What
-#   filled up is the stream's **launch queue**: every step put three operations into it, and the
-#   first-wait line counts them. The next section measures how many it holds.
+#   fills up without any staging is the stream's **launch queue**: every step put three operations
+#   into it, and the first-wait line counts them. The next section measures how many it holds.
 # - **Medium pageable copies**: where the host ran at the GPU's pace while its copy calls stayed
 #   short, the host waited in a call that copies nothing, the **launch right after the copy**,
 #   from the moment enough staged copies were queued (the first-wait line says how many bytes).
 #   Timing only the copy call would miss it entirely; only a clock around every call of the step
 #   shows where the wait lands.
 # - **Large pageable copies**: where the copy calls themselves took about a GPU step or longer, a
-#   copy this large was staged only as the GPU worked through what was queued before it, so the
-#   host waited inside the copy call (lesson 02's limits).
+#   host spent that time inside the copy call: staging a copy this large can take that long by
+#   itself (the first-wait line says how much was queued then), and past the driver's limits it
+#   also waits for the GPU (lesson 02).
+# - **A slow write**: where a "what this run shows" line names the write, the host's own work took
+#   that long (a CPU shared with other processes, for instance): the host was slow there, it did
+#   not wait for the GPU.
 #
 # Which size falls in which case is this machine's driver, link and load: the lines above say it
 # for this run. vLLM's metadata is small, but the same pattern elsewhere is not, and even at 1 KiB
@@ -694,10 +704,13 @@ else:
 # long kernel and its event, which hold slots too), printed above; it is not documented, and other
 # drivers, GPUs or platforms (ROCm, WSL2) may hold more or fewer.
 #
-# It explains the waits of the smallest size above: a loop that never synchronizes runs ahead until
-# the launch queue is full, and from then on every launch waits for a slot, that is, for the GPU,
-# however few bytes each step copies. Lesson 04 meets the same queue in its soak, and bounds the
-# run-ahead as an engine does.
+# Where the lines above say that the smallest size's first wait came when about as many operations
+# were queued as the queue holds, this explains its waits: a loop that never synchronizes runs
+# ahead until the launch queue is full, and from then on every launch waits for a slot, that is,
+# for the GPU, however few bytes each step copies. Where they say otherwise, that loop either never
+# waited (it finished before the queue was full) or waited before the queue was full (on a shared
+# GPU, for instance; there the estimate of what was queued is off too). Lesson 04 meets the same
+# queue in its soak, and bounds the run-ahead as an engine does.
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start)

@@ -93,8 +93,8 @@ ok = pinlab.claims({"pin_memory() snapshot: copies that delivered another step's
 #
 # `l04.snapshot_soak` runs this loop on the GPU for 10,000 steps with the snapshot (4 KiB of
 # metadata per step, the GPU busy 0.05 ms per step, no wait in the loop: the host runs as far ahead
-# as CUDA lets it), three times, each in a fresh Python process (so each starts with an empty
-# pinned cache): **cold** (as a server starts), **warmed** and **reserved** (two ways of taming its
+# as CUDA lets it), three times, in two fresh Python processes (cold and warmed share one, with the
+# pinned cache emptied before each; reserved gets its own): **cold** (as a server starts), **warmed** and **reserved** (two ways of taming its
 # slow path, explained further down). Then 1,000 steps of the reused pinned buffer under the same
 # load, as a control: a test that cannot fail proves nothing.
 
@@ -196,9 +196,9 @@ ok = pinlab.claims({
 
 # %% [markdown]
 # The allocator keeps about as many blocks as there are copies in flight, and recycles them as
-# the GPU catches up: a few KiB of pinned memory, held only while needed. (In the soak above the
-# loop never waited, so as many steps were in flight as CUDA's launch queue holds, lesson 03's
-# last section: compare its "distinct pinned blocks" line with this one.)
+# the GPU catches up: a few KiB of pinned memory, held only while needed. (The soak's loop above
+# has no sync of its own, so it can have up to as many steps in flight as CUDA's launch queue
+# holds, lesson 03's last section: compare its "distinct pinned blocks" line with this one.)
 #
 # ## The trap: `pin_memory()` of a pinned tensor
 #
@@ -295,28 +295,30 @@ ok = pinlab.claims({"corrupted steps with the snapshot in these loops": sum(r["s
 # holds on every run: not one corrupted step.
 #
 # So the review's worry ("one extra small pinned copy per step") is real, and its size is the line
-# above; it grows with the bytes (the `memcpy`) and with the number of tensors (the bookkeeping):
+# above; its `memcpy` part grows with the bytes and its bookkeeping with the number of tensors, though
+# for a few KiB the bookkeeping and the run's noise dominate (compare the rows):
 # snapshot what is small and changes every step, not big tensors.
 #
 # ## The slow path: the soak's distribution
 #
 # The medians above hide a tail. The soak at the top of this lesson timed every step: the host
 # time of "write, `pin_memory()`, copy", 10,000 steps per run. Its cold run first. Two facts from
-# before: a pinned allocation the cache cannot serve calls `cudaHostAlloc`, far slower than a
-# cached block and made under a driver-wide lock (lesson 01); and the allocator holds about one
+# before: a pinned allocation the cache cannot serve calls `cudaHostAlloc`, slower than a cached
+# block and made under a driver-wide lock (lesson 01); and the allocator holds about one
 # block per copy in flight (the section above).
 #
 # 🔮 **Predict.** Where do the slow steps come from, and when do they stop?
 #
 # <details><summary>Answer</summary>
 #
-# From blocks the cache does not have yet. A snapshot whose size has no free cached block makes the
-# allocator call `cudaHostAlloc`, which page-locks fresh memory under a driver-wide lock: much
-# slower than handing out a cached block, and slower still when another thread holds the lock
-# (a data loader's pin thread, another request's copy). With the host far ahead, as
-# many snapshots are in flight as there are steps queued, so the cache grows block by block until
-# it holds that many. vLLM #37006 removed a `pin_memory()` from `async_copy_to_gpu` because it
-# caused "sporadic stalls of up to ~12ms" with 24+ concurrent requests, attributed to that lock.
+# Partly from blocks the cache does not have yet. A snapshot whose size has no free cached block
+# makes the allocator call `cudaHostAlloc`, which page-locks fresh memory under a driver-wide lock:
+# slower than handing out a cached block (lesson 01 measured it, size by size), and slower still
+# when another thread holds the lock (a data loader's pin thread, another request's copy). With
+# the host far ahead, as many snapshots are in flight as there are steps queued, so the cache grows
+# block by block until it holds that many. vLLM #37006 removed a `pin_memory()` from
+# `async_copy_to_gpu` because it caused "sporadic stalls of up to ~12ms" with 24+ concurrent
+# requests, attributed to that lock.
 # </details>
 #
 # Two ways to keep the slow path out of the loop:
@@ -371,17 +373,18 @@ plt.show()
 
 # %% [markdown]
 # Read the lines and the plot against the prediction. Only the cold run called `cudaHostAlloc`
-# inside its loop, once per new block. The warmed run found every block it needed in the cache;
-# the reserved run created as many blocks as the cold one, but carved them out of its segment,
-# with no call into `cudaHostAlloc`. Those are counts, the same on every run, and checked above.
+# inside its loop, once per new block. The warmed run found every block it needed in the cache.
+# The reserved run made no call into `cudaHostAlloc`: the blocks it created were carved out of its
+# segment. The calls are counts, checked above on every run. How many blocks each run created is
+# not: it depends on how far the host got ahead of the GPU (the "new pinned blocks" lines).
 #
 # Whether the cold run also had the longest tail is a timing, and the "tail" lines say it for this
-# run, measure by measure: a `cudaHostAlloc` is slow, so the cold run's worst steps are usually its
-# largest; but that is one slow call per new block among 10,000 steps, and the rest of each tail
-# comes from the operating system and the launch queue: with unbounded run-ahead
-# the host also waits whenever CUDA's launch queue is full (lesson 03 measured its depth), a wait no
-# allocator setting removes (the next sections bound the run-ahead, as an engine does). So a warmed
-# or reserved run can have more steps over 100 µs, or a higher p99.9, than the cold one. In a
+# run, measure by measure. How many of the cold run's `cudaHostAlloc` calls made a step slow is a
+# timing too (its "steps over 100 µs, over 1 ms" line). The rest of each tail comes from the
+# operating system and the launch queue: with unbounded run-ahead the host also waits whenever
+# CUDA's launch queue is full (lesson 03 measured its depth), a wait no allocator setting removes
+# (the next sections bound the run-ahead, as an engine does). So a warmed or reserved run can have
+# more steps over 100 µs, a higher p99.9, or even a larger maximum than the cold one. In a
 # server, where other threads take the same driver lock, the cold path's stalls are longer (vLLM
 # #37006): warm the cache at start-up, or reserve a segment, and the steady state never calls
 # `cudaHostAlloc`.
@@ -429,8 +432,9 @@ ok = pinlab.claims({
         "a host slower than that (a CPU shared by many processes) lets the GPU keep up"})
 
 # %% [markdown]
-# Correct, but here the host runs far ahead of the GPU, so every third step it waits for a copy
-# that sits behind the GPU's queue: the events buy correctness with the host's run-ahead. In the
+# Correct, but here the host runs far ahead of the GPU. Once the ring has gone round, a step waits
+# for the copy made three steps before whenever the host is that far ahead of the GPU, which it is
+# here: the host runs at the GPU's pace. The events buy correctness with the host's run-ahead. In the
 # course's words, **run-ahead k**: the host may write step n+k's data while the GPU has not yet run
 # step n's copy; a ring of pinned buffers for run-ahead k needs k + 1 buffers, and then never waits
 # for the GPU (below, where the host waits for step n-2 before writing step n: run-ahead 1). The
@@ -525,7 +529,8 @@ ok = pinlab.claims({
 #   copy every step, which is the run-ahead async scheduling was meant to buy.
 #
 # Read the host times for what each approach *does* (waits for the GPU or not), not for a ranking
-# of the others: the racy buffers, the ring and the snapshot run a few µs of calls each, and which
+# of the others: the racy buffers, the ring and the snapshot run tens of µs of host calls at most
+# (the "vs no copy" column), and which
 # of them comes out cheaper moves from run to run (the round medians show the spread; the "cheapest
 # to dearest" line is this run's order). Only the event wait's gap is structural: it waits for the
 # GPU on every step.
@@ -578,7 +583,8 @@ dearer = [r["total_bytes"] for r in prow if r["pageable_us"] > r["snapshot_us"]]
 pinlab.show("smallest step at which the pageable copies cost the host more than the snapshots",
             fmt_bytes(min(dearer)) if dearer else "none measured")
 waited = [r["total_bytes"] for r in prow if r["pageable_us"] > half_step_us]
-pinlab.show("smallest step at which the pageable copies took over half a GPU step (they waited for the GPU)",
+pinlab.show("smallest step at which the pageable copies took over half a GPU step (waiting for the GPU, or "
+            "staging alone took that long)",
             fmt_bytes(min(waited)) if waited else "none measured")
 # a timing, and undocumented driver behaviour (the staging pool): observed, never asserted
 big_dearer = pinlab.observe(
@@ -592,14 +598,16 @@ big_dearer = pinlab.observe(
 # What the lines show: for small steps the driver stages the pageable copies at the call, a
 # `memcpy` each; the snapshot pays the allocator's bookkeeping per tensor on top of its `memcpy`.
 # Once a step's bytes fill the driver's staging, the pageable copies start to wait for the GPU:
-# their host time jumps to about a GPU step (the dashed line), while the snapshot's grows only with
-# its `memcpy`. Look at where the jump came in this run (the "took over half a GPU step" line): with
-# several tensors per step it can come far below the limits lesson 02 measured for one copy and for
-# many small ones, because the staging's limits depend on how the bytes are split into copies, and
-# are undocumented and driver-dependent; where pageable copies are cheap (a GH200's NVLink-C2C) it
-# may not come at all in this range. The snapshot's copies need no staging, so its cost does not
-# depend on what else is pending; that, and a sync checker that cannot tell a pageable copy that
-# waits from one that does not, is why vLLM took it. Which way costs the host more at a given size
+# their host time rises towards a GPU step (the dashed line), or past it. Look at where that came
+# in this run (the "took over half a GPU step" line): with several tensors per step it can come far
+# below the limits lesson 02 measured for one copy and for many small ones, because the staging's
+# limits depend on how the bytes are split into copies, and are undocumented and driver-dependent;
+# where pageable copies are cheap (a GH200's NVLink-C2C) it may not come at all in this range. The
+# snapshot's copies need no staging, so no staging limit makes them wait. Their cost is host work
+# (the allocator, a `memcpy`, a `cudaHostAlloc` for each new block), and on a host or GPU shared
+# with other processes that work can cost more than the pageable copies. vLLM took the snapshot
+# for what it does not depend on, the driver's staging, and because a sync checker cannot tell a
+# pageable copy that waits from one that does not. Which way costs the host more at a given size
 # is a timing of this run (observed above), not a law.
 #
 # ## Beyond the PR: one pinned slab, one copy per step
@@ -882,7 +890,7 @@ pinlab.show("which fix when: the cheapest correct fix for 6 small tensors, in th
 big = pool.result["rows"][-1]
 pinlab.show(f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
             f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}")
-pinlab.show("several tensors per step: the smallest step at which the pageable copies waited for the GPU",
+pinlab.show("several tensors per step: the smallest step at which the pageable copies took over half a GPU step",
             fmt_bytes(min(waited)) if waited else "none measured")
 pinlab.show("soak, cold / warmed / reserved: max host µs of a step",
             " / ".join(f"{passes[k]['max_us']:.0f}" if k in passes else "n/a" for k in ("cold", "warmed", "reserved")))

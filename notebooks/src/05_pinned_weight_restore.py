@@ -305,9 +305,9 @@ pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
 # a staged copy). How far depends on the link and the host: the speed-up lines below say it for
 # this run. The *first* (cold) pinned restore also page-locks fresh
 # memory, which costs far more than the copy: cold, it takes the same order of time as `.to("cpu")`.
-# `.to("cpu").pin_memory()` does everything `.to("cpu")` does and then a second copy into pinned
-# memory (page-locking it too when cold): it costs at least as much as `.to("cpu")`, about the same
-# when warm and much more when cold.
+# `.to("cpu").pin_memory()` makes the same copy as `.to("cpu")` and then a second one, into pinned
+# memory (page-locking it too when cold): it costs at least as much as `.to("cpu")`, and much more
+# when cold. The table below says how much here.
 # </details>
 
 # %%
@@ -374,17 +374,18 @@ pinlab.show("speed-up over .to('cpu').pin_memory(), median of rounds", f"{median
 pinlab.report("pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"])
 pinlab.report("pinned restore, warm (cached pinned blocks)", after["warm_ms"])
 pinlab.show("what this run shows", f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} ms of "
-            f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copy alone")
+            f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copies plus their per-weight "
+            "overhead")
 pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 2 * after["warm_ms"] < before["warm_ms"],
                value=f"{before['warm_ms'] / after['warm_ms']:.1f}x",
                why="the gap is the link's pinned rate against the host's pageable path: a slow link (PCIe Gen3) "
                    "or a GPU that reads pageable memory through the host's page tables (GH200) narrows it")
 
 # %% [markdown]
-# The 90% goal is about the warm path: the copy itself. The cold round also page-locks new memory
-# (`cudaHostAlloc`, lesson 01): compare the cold and warm lines, and the cold ratio to the peak.
-# Code that restores again and again (the sleep/wake cycle below) pays it once per block: later
-# restores reuse the cached blocks.
+# The 90% goal is about the warm path: the copies and their per-weight overhead, no page-locking.
+# The cold round also page-locks new memory (`cudaHostAlloc`, lesson 01): compare the cold and warm
+# lines, and the cold ratio to the peak. Code that restores again and again (the sleep/wake cycle
+# below) pays it once per block: later restores reuse the cached blocks.
 #
 # ### The pinned bytes it takes: rounded up to powers of two
 #
@@ -419,7 +420,9 @@ pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') no
 #
 # The same reload as in Part 1, on the GPU: the GPU is busy for 20 ms, then the four weights are
 # copied back with `non_blocking=True`. A host that waits for the GPU is held at least the rest of
-# the busy time; a host that only queues the copies is not, so half the busy time separates the two.
+# the busy time; a host that only queues the copies is not, so half the busy time separates the two,
+# unless the staging itself takes that long (a pageable copy of a few hundred MiB can: lesson 01's
+# pageable rates say how long), so a pageable host held past the line waited *or* staged.
 # From pinned memory the copies are only queued, on any CUDA GPU. Whether a pageable copy waits is
 # the driver's choice, and undocumented: the CUDA Runtime API's "API synchronization behavior" page
 # (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html) says only that an
@@ -434,7 +437,8 @@ pinlab.claim("from pinned memory (empty_like + copy_) the host did not wait for 
              value=pinlab.fmt_ms(after["reload_host_ms"]),
              why="a non_blocking copy from pinned memory is queued on any CUDA GPU; only a host stalled for "
                  "milliseconds by something else (the OS, too few CPU cores) shows more")
-pinlab.observe("from pageable memory (.to('cpu')) the host waited for the busy GPU (held over half the busy time)",
+pinlab.observe("from pageable memory (.to('cpu')) the host was held over half the busy time (it waited for the "
+               "busy GPU, or staging the copies took that long by itself)",
                before["reload_host_ms"] > res["busy_ms"] / 2, value=pinlab.fmt_ms(before["reload_host_ms"]),
                why="when a pageable copy waits is the driver's choice (undocumented); a GPU that reads pageable "
                    "memory through the host's page tables (GH200) may not stage it at all")
@@ -626,7 +630,8 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 # ## What to remember
 # - Restore offloaded weights with **one copy straight into pinned memory**:
 #   `torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)`. `.to("cpu")` gives pageable memory
-#   (the next `non_blocking` reload blocks the host); `.to("cpu").pin_memory()` copies twice.
+#   (the next `non_blocking` reload can block the host, at the driver's choice: the reload's
+#   `[measured]` line says whether it did here); `.to("cpu").pin_memory()` copies twice.
 # - Count copies and check bitwise equality: a restore is correct only if every weight comes back identical.
 # - The pinned restore runs near the link's D2H peak once the allocator is warm; the first (cold) time
 #   pays for page-locking.

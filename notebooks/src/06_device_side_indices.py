@@ -101,6 +101,10 @@ print(inspect.getsource(l06.rot_pos_emb))
 # %% [markdown]
 # ## Are they really equal?
 #
+# A fourth builder joins the three from here on: the **recommended** one, `(rec)` in the printed
+# lines, which runs (b) for a batch of one image or video and (c) for more (its code, and why,
+# further down).
+#
 # Random batches: 1 to 32 images and videos mixed, `t` in 1..4, `h` and `w` multiples of `m`,
 # merge sizes 1, 2 and 4. Exact equality of the ids (`torch.equal`) and of the embeddings, on the
 # CPU here (and on the GPU too where there is one). The tests (`tests/test_l06.py`) run the same
@@ -144,7 +148,7 @@ except TypeError as exc:
 # calls *per image*, and on a GPU every call of (b) is a kernel launch, which costs the host a
 # fixed price whatever the kernel's size. For one large image (b) usually wins: its single chain
 # is short, and (c) pays a fixed cost (the table, its copy, `repeat_interleave`). (a) pays for
-# CPU work that grows with the number of tokens, and for its copy. Measure it below.
+# its per-image chain on the CPU and for its pageable copy. Measure it below.
 # </details>
 #
 # First, without any GPU: count the torch calls each builder makes (a `TorchFunctionMode` sees
@@ -205,8 +209,9 @@ pinlab.show("kernels at one large image", ", ".join(f"({k}) {lc['one large image
 # every kernel warmed up first (a first launch loads its module lazily and blocks), each host
 # time taken right after the same builder's end-to-end call, as an engine calls one builder
 # step after step:
-# - **host time**: the GPU is kept busy ahead, as in a running engine, so the call never waits
-#   for it; this is what the builder costs the CPU thread that feeds the GPU;
+# - **host time**: the GPU is kept busy ahead, as in a running engine, so the builder's kernels
+#   are only queued; this is what the builder costs the CPU thread that feeds the GPU, including
+#   any wait its pageable copy makes ((a)'s: whether it waits is the driver's choice, lesson 02);
 # - **end-to-end time**: the GPU idle, the call, then a synchronize: how long until the
 #   embeddings are there.
 
@@ -324,9 +329,10 @@ else:
 
 # %% [markdown]
 # With a 1 ms encoder and the run-ahead bounded, a builder that costs the host more than the
-# encoder costs the GPU sets the pace: each step takes about the host's time, and the GPU waits
-# between encoders for about the difference (the `[measured]` lines above list such builders, if
-# this run had any, and say whether the GPU idled about the difference). A builder cheaper than
+# encoder costs the GPU sets the pace: a step takes at least the host's time. On a host and a GPU
+# of its own, the GPU then waits between encoders for about the difference; other processes add
+# gaps of their own. The `[measured]` lines above list such builders, if this run had any, and say
+# whether the GPU idled about the difference here. A builder cheaper than
 # the encoder leaves the GPU only the gaps of its own small kernels and of the encoder's launch.
 # (The idle figures count the small id kernels as "outside the encoder"; they take microseconds.)
 #

@@ -79,14 +79,17 @@ def _marked(s, busy_ms: float):
 
 
 def _step_loop(s, stage, *, steps: int = STEPS, ahead: int = AHEAD, busy_ms: float = BUSY_MS,
-               n_ints: int = N_INTS):
+               n_ints: int = N_INTS, before: list | None = None):
     """Run ``stage(n, data, dst[n])`` for ``steps`` steps, the host at most ``ahead`` steps ahead of
     the GPU (it starts ``ahead`` steps behind). ``data`` is step n's pageable host data, every value
     ``n + 1``; ``dst[n]`` its row of device memory.
 
     Returns ``(delivered, in_flight)``: ``delivered[n]`` the step whose data row n holds (-1: no data,
     -2: a mix); ``in_flight[n]`` how many earlier steps the GPU had not finished right after
-    ``stage`` returned (``ahead`` when the host did not wait for the GPU; less when it did).
+    ``stage`` returned (``ahead`` when the host did not wait for the GPU; less when it did). Where
+    ``before`` is a list, it gets the same count taken right before each ``stage`` call: the GPU work
+    that finished *during* the call (``before[n] - in_flight[n]``) tells a stage that waited from a host
+    that is merely slow between calls (a shared or 2-core machine).
     """
     dst = torch.zeros(steps, n_ints, dtype=torch.int32, device=s.device)
     s.synchronize()
@@ -96,6 +99,8 @@ def _step_loop(s, stage, *, steps: int = STEPS, ahead: int = AHEAD, busy_ms: flo
         if n:
             marks[n - 1].synchronize()  # step n - ahead - 1 has run: the host is at most `ahead` ahead
         data = torch.full((n_ints,), n + 1, dtype=torch.int32)
+        if before is not None:
+            before.append(sum(not m.query() for m in marks[-ahead:]))
         stage(n, data, dst[n])
         in_flight.append(sum(not m.query() for m in marks[-ahead:]))
         marks.append(_marked(s, busy_ms))
@@ -344,7 +349,19 @@ def _ring_run(s, fn, depth):
         if j is not None:
             raise _RecordedEarly(n, j)
 
-    return _step_loop(s, stage)
+    before: list = []
+    delivered, in_flight = _step_loop(s, stage, before=before)
+    return delivered, in_flight, before
+
+
+def waited_steps(before, in_flight, ahead: int = AHEAD) -> int:
+    """How many steps of :func:`_step_loop` made the host wait for the GPU: the host had lost its run-ahead
+    (at most ``ahead - 2`` steps queued right after the call) *and* GPU work finished during the call itself
+    (``before[n] > in_flight[n]``). A host that is merely slow between calls (a shared or 2-core machine) lets
+    the GPU catch up too, but then nothing finishes inside a short call."""
+    if len(before) != len(in_flight):
+        raise ValueError(f"before and in_flight must have one count per step, got {len(before)} and {len(in_flight)}")
+    return sum(h <= ahead - 2 and b > h for b, h in zip(before, in_flight))
 
 
 def check_ring_stage(fn, stream=None) -> bool:
@@ -365,7 +382,7 @@ def check_ring_stage(fn, stream=None) -> bool:
         for depth in (AHEAD + 1, SHALLOW):
             setting = f"a ring of {depth} buffers, run-ahead {AHEAD} ({_RUN_AHEAD_HERE})"
             try:
-                delivered, in_flight = _ring_run(s, fn, depth)
+                delivered, in_flight, before = _ring_run(s, fn, depth)
             except LearnerStop as stop:  # it ran past its time, or left torch's state changed
                 s.synchronize()
                 return _fail(name, f"{name}: {stop}")
@@ -401,7 +418,7 @@ def check_ring_stage(fn, stream=None) -> bool:
                 return _fail(name, f"ring_stage: {bad}, with {setting}: a buffer was rewritten before the copy "
                                    f"that read it had run; {why}")
             if depth > AHEAD:
-                waited = sum(h <= AHEAD - 2 for h in in_flight)
+                waited = waited_steps(before, in_flight)
                 show(f"ring of {depth}: steps in which the host waited for the GPU", f"{waited} of {STEPS}")
                 if waited > waited_limit:
                     return _fail(name, f"ring_stage blocks the host: the host waited for the GPU in {waited} of "

@@ -252,3 +252,258 @@ def plot_pin_threads(rows, *, title: str, ax=None):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     return ax
+
+
+# ---- issue 22: PyTorch's pinning knobs, pinning that fails, why pageable copies are slow -------------------
+
+#: ``PYTORCH_CUDA_ALLOC_CONF`` settings of the caching host allocator compared by :func:`pinning_knobs`.
+#: ``pinned_use_cuda_host_register`` makes the allocator ``malloc`` + ``cudaHostRegister`` (page-locking in
+#: ``pinned_num_register_threads`` threads) instead of ``cudaHostAlloc``; ``pinned_max_round_threshold_mb``
+#: (torch >= 2.13) stops the power-of-two rounding above that size. A torch that does not know a key says so:
+#: the child's error is recorded, nothing is replayed in its place.
+PINNING_CONFIGS = {
+    "default (cudaHostAlloc)": "",
+    "cudaHostRegister, 1 thread": "pinned_use_cuda_host_register:True,pinned_num_register_threads:1",
+    "cudaHostRegister, 8 threads": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
+    "round only up to 64 MB": "pinned_max_round_threshold_mb:64",
+}
+#: the torch release that brought a setting, where a torch may lack it (the notebook names it when refused)
+KNOB_SINCE = {"pinned_max_round_threshold_mb": "2.13"}
+KNOB_REQUEST = 600 * MiB  # not a power of two: rounded to 1 GiB by default
+
+_CHILD_PIN = r"""
+import json, os, resource, sys, time, torch
+limit, n = int(sys.argv[1]), int(sys.argv[2])
+if limit > 0:
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, limit))
+soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+cap_eff = None
+try:  # CapEff: the capabilities this process has; CAP_IPC_LOCK (bit 14) lets it lock any amount
+    with open("/proc/self/status") as fh:
+        cap_eff = next((ln.split()[1] for ln in fh if ln.startswith("CapEff:")), None)
+except OSError:
+    pass
+torch.cuda.init()
+key = "allocated_bytes.current"
+before = torch.cuda.host_memory_stats().get(key, 0)
+out = {"torch": torch.__version__, "euid": os.geteuid(), "cap_eff": cap_eff,
+       "memlock_bytes": None if soft == resource.RLIM_INFINITY else soft}
+try:
+    t0 = time.perf_counter()
+    x = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    out["ms"] = (time.perf_counter() - t0) * 1e3
+    out["pinned"] = bool(x.is_pinned())
+    out["held_bytes"] = torch.cuda.host_memory_stats().get(key, 0) - before
+except Exception as exc:  # the error a program must handle: recorded as it is
+    out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+print("PINLAB_CHILD " + json.dumps(out))
+"""
+
+
+def child_result(stdout: str, stderr: str = "", returncode: int = 0) -> dict:
+    """The JSON a pinning child printed (its ``PINLAB_CHILD`` line), or what went wrong with the child."""
+    for line in reversed(str(stdout).splitlines()):
+        if line.startswith("PINLAB_CHILD "):
+            import json
+
+            return json.loads(line[len("PINLAB_CHILD "):])
+    tail = [ln for ln in str(stderr).strip().splitlines() if ln.strip()]
+    return {"error": f"the child exited with {returncode} and no result"
+                     + (f": {tail[-1][:300]}" if tail else "")}
+
+
+def _pin_in_child(conf: str, request_bytes: int, memlock_limit: int = 0, timeout_s: float = 120.0) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)  # torch >= 2.9 reads this name too: the child gets only `conf`
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    try:
+        res = subprocess.run([sys.executable, "-c", _CHILD_PIN, str(memlock_limit), str(request_bytes)],
+                             capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the child took more than {timeout_s:.0f} s"}
+    return child_result(res.stdout, res.stderr, res.returncode)
+
+
+def pinning_knobs(request_bytes: int = KNOB_REQUEST, configs=None, timeout_s: float = 120.0) -> dict:
+    """One cold pinned allocation of ``request_bytes`` in a fresh process per allocator setting
+    (:data:`PINNING_CONFIGS`): host ms, whether it is pinned, the bytes the allocator holds for it (the
+    rounding), or the error this torch gave. CUDA only (the children need a GPU)."""
+    request_bytes = positive_int("request_bytes", request_bytes, maximum=8 * GiB)
+    timeout_s = positive_number("timeout_s", timeout_s, maximum=600.0)
+    configs = dict(PINNING_CONFIGS if configs is None else configs)
+    if not configs or not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
+        raise TypeError("configs must be a non-empty dict of label -> PYTORCH_CUDA_ALLOC_CONF string")
+    require_cuda("pinning_knobs()")
+    rows = [{"setting": label, "conf": conf, **_pin_in_child(conf, request_bytes, timeout_s=timeout_s)}
+            for label, conf in progress(configs.items(), desc="allocator settings")]
+    return {"request_bytes": request_bytes, "torch": torch.__version__, "rows": rows}
+
+
+def pinning_under_memlock(limit_bytes: int = 64 * MiB, request_bytes: int = 256 * MiB,
+                          timeout_s: float = 120.0) -> dict:
+    """Pin ``request_bytes`` in a child whose memlock limit (``ulimit -l``) is ``limit_bytes``, with
+    ``cudaHostAlloc`` (the default) and with ``cudaHostRegister``: which one the limit stops, and the
+    error a program then gets. CUDA only."""
+    limit_bytes = positive_int("limit_bytes", limit_bytes, maximum=GiB)
+    request_bytes = positive_int("request_bytes", request_bytes, maximum=4 * GiB)
+    timeout_s = positive_number("timeout_s", timeout_s, maximum=600.0)
+    require_cuda("pinning_under_memlock()")
+    rows = []
+    for label in ("default (cudaHostAlloc)", "cudaHostRegister, 1 thread"):
+        conf = PINNING_CONFIGS[label]
+        rows.append({"setting": label, "conf": conf,
+                     **_pin_in_child(conf, request_bytes, memlock_limit=limit_bytes, timeout_s=timeout_s)})
+    return {"limit_bytes": limit_bytes, "request_bytes": request_bytes, "rows": rows}
+
+
+def pageable_and_memcpy(sizes=(16 * MiB, 64 * MiB, 256 * MiB), reps: int = 9) -> list[dict]:
+    """Per size: GB/s of a pageable H2D copy, a pageable D2H copy, and a host-to-host copy of the same bytes
+    (``q.copy_(p)``) with torch's intra-op threads and with one thread, medians of ``reps`` interleaved rounds
+    after one untimed round (every page of every buffer touched first). The driver stages a pageable copy
+    through pinned buffers on the calling thread, so the host's one-thread memcpy is the rate to compare with
+    (CUDA only)."""
+    sizes = size_list("sizes", sizes)
+    reps = positive_int("reps", reps, maximum=100)
+    require_cuda("pageable_and_memcpy()")
+
+    def seconds(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def one_thread_copy(q, p):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            q.copy_(p)
+        finally:
+            torch.set_num_threads(threads)
+
+    rows = []
+    for n in progress(sizes, desc="pageable vs memcpy"):
+        p = torch.ones(n, dtype=torch.uint8)       # ones / full: every page written before timing
+        q = torch.full((n,), 7, dtype=torch.uint8)
+        d = torch.empty(n, dtype=torch.uint8, device="cuda")
+        cases = {"h2d_gbps": lambda: d.copy_(p), "d2h_gbps": lambda: q.copy_(d),
+                 "memcpy_gbps": lambda: q.copy_(p), "memcpy_1t_gbps": lambda: one_thread_copy(q, p)}
+        for fn in cases.values():                  # untimed round: first touches, lazy loading
+            seconds(fn)
+        times = {k: [] for k in cases}
+        for _ in range(reps):                      # interleaved: every case once per round
+            for k, fn in cases.items():
+                times[k].append(seconds(fn))
+        rows.append({"bytes": n, **{k: n / statistics.median(t) / 1e9 for k, t in times.items()}})
+        del p, q, d
+    return rows
+
+
+def numa_report() -> dict:
+    """The host's NUMA nodes and the GPU's node, from /sys (None where this machine cannot tell). With one
+    node there is no near or far memory to compare: the lesson says so instead of measuring."""
+    import glob
+    import os
+    import subprocess
+
+    nodes = sorted(os.path.basename(p) for p in glob.glob("/sys/devices/system/node/node[0-9]*"))
+    gpu_node = None
+    try:
+        bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip().splitlines()
+        if bus:
+            tail = bus[0].strip().lower()[-12:]
+            found = glob.glob(f"/sys/bus/pci/devices/*{tail}/numa_node")
+            gpu_node = int(open(found[0]).read().strip()) if found else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        gpu_node = None
+    return {"nodes": len(nodes) or None, "gpu_node": gpu_node}
+
+
+# ---- issue 22: pure helpers the notebook's sentences come from (tested on the CPU) ------------------------
+
+CAP_IPC_LOCK = 14  # the capability bit that lets a process lock any amount of memory (linux/capability.h)
+
+
+def may_lock_any(cap_eff) -> bool | None:
+    """Whether a process with this ``CapEff`` (the hex mask in ``/proc/<pid>/status``) holds CAP_IPC_LOCK, and so
+    may lock any amount of memory whatever ``ulimit -l`` says; None where the mask is unknown."""
+    if cap_eff is None:
+        return None
+    if not isinstance(cap_eff, str):
+        raise TypeError(f"cap_eff must be the hex string of CapEff or None, got {type(cap_eff).__name__}")
+    try:
+        mask = int(cap_eff.strip(), 16)
+    except ValueError:
+        raise ValueError(f"cap_eff must be a hex mask such as '000001ffffffffff', got {cap_eff!r}"[:200]) from None
+    return bool(mask >> CAP_IPC_LOCK & 1)
+
+
+def unknown_alloc_key(error) -> str | None:
+    """The allocator setting a torch refused (``Unrecognized key 'X' in CUDA allocator config``), else None."""
+    import re
+
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        raise TypeError(f"error must be a str or None, got {type(error).__name__}")
+    found = re.search(r"[Uu]nrecognized key '?([A-Za-z0-9_]+)'?", error)
+    return found.group(1) if found else None
+
+
+def memlock_sentence(row: dict, limit_bytes: int) -> str:
+    """What one pin under ``ulimit -l limit_bytes`` shows (a row of :func:`pinning_under_memlock`), in words."""
+    if not isinstance(row, dict) or "setting" not in row:
+        raise TypeError("row must be a dict from pinning_under_memlock()['rows']")
+    limit_bytes = positive_int("limit_bytes", limit_bytes)
+    limit = f"{limit_bytes / MiB:g} MiB"
+    if row.get("error"):
+        return f"{row['setting']}: failed under a {limit} memlock limit with {row['error']}"
+    if may_lock_any(row.get("cap_eff")) or (row.get("cap_eff") is None and row.get("euid") == 0):
+        who = "runs as root, with CAP_IPC_LOCK" if row.get("euid") == 0 else "holds CAP_IPC_LOCK"
+        if row.get("cap_eff") is None:
+            who = "runs as root (its capabilities unknown)"
+        return (f"{row['setting']}: pinned fine, but this process {who}: it may lock any amount, so the "
+                f"{limit} limit could not bite here")
+    return (f"{row['setting']}: pinned fine under a {limit} limit without CAP_IPC_LOCK: this driver did not count "
+            "the pinned memory against ulimit -l")
+
+
+def pageable_sentence(row: dict) -> str:
+    """How a pageable H2D copy compared with the host's one-thread memcpy of the same bytes (a row of
+    :func:`pageable_and_memcpy`), in words."""
+    if not isinstance(row, dict):
+        raise TypeError("row must be a dict from pageable_and_memcpy()")
+    size = f"{row['bytes'] / MiB:g} MiB"
+    h2d = positive_number("row['h2d_gbps']", row["h2d_gbps"])
+    one = positive_number("row['memcpy_1t_gbps']", row["memcpy_1t_gbps"])
+    share = h2d / one
+    if share > 1.1:
+        how = ("faster than it: the driver's staging copies faster than torch's one-thread copy loop (how it "
+               "copies is undocumented), so compare it with the torch's-threads column too")
+    elif share >= 0.6:
+        how = "close to it: the staging memcpy can account for most of the copy's time"
+    else:
+        how = ("well below it: the memcpy alone does not explain the copy's time (the rest is the driver's, "
+               "staging in chunks and moving each by DMA, undocumented)")
+    return f"at {size} pageable H2D ran at {share:.0%} of the host's one-thread memcpy, {how}"
+
+
+def numa_sentence(nodes, gpu_node) -> str:
+    """What :func:`numa_report` found, in words: one node (nothing to compare), or where the GPU sits."""
+    if nodes is None:
+        return "this machine does not say how its memory is split into NUMA nodes (no /sys/devices/system/node)"
+    nodes = positive_int("nodes", nodes)
+    if nodes == 1:
+        return ("one NUMA node: every page of host memory is as near the GPU as any other, so there is no near or "
+                "far memory to compare here")
+    where = ("the GPU's node is not known (the kernel reports -1)" if gpu_node in (None, -1)
+             else f"the GPU hangs off node {gpu_node}")
+    return (f"{nodes} NUMA nodes, and {where}: pinned buffers and the threads that fill them belong on the GPU's "
+            "node (numactl --cpunodebind=N --membind=N); this course does not measure the difference")

@@ -222,7 +222,8 @@ def step_parts(run: dict) -> dict:
 
 def waits(run: dict, threshold_us: float) -> dict:
     """Which calls of the step waited: per part of :data:`STEP_PARTS`, ``{"steps": how many steps
-    took longer than ``threshold_us`` in that call, "first": the first such step (None: none)}``.
+    took longer than ``threshold_us`` in that call, "first": the first such step (None: none),
+    "ms": the host ms those slow calls took in all}``.
 
     ``run`` as in :func:`step_parts` (checked the same way). A call that waits for the GPU takes about
     a GPU step; pass half of one as the threshold, far from both a call that only enqueues (µs) and
@@ -233,7 +234,8 @@ def waits(run: dict, threshold_us: float) -> dict:
     out = {}
     for part in STEP_PARTS:
         slow = [n for n, v in enumerate(run["us"][part]) if v > threshold_us]
-        out[part] = {"steps": len(slow), "first": slow[0] if slow else None}
+        out[part] = {"steps": len(slow), "first": slow[0] if slow else None,
+                     "ms": sum(run["us"][part][n] for n in slow) / 1e3}
     return out
 
 

@@ -931,7 +931,7 @@ def plot_history(result: dict, *, title: str):
     return axes
 
 
-def _hist_lines(ax, rows, key_label, hist_key="hist"):
+def _hist_lines(ax, rows, key_label, hist_key="hist", ncols=None):
     for r in rows:
         h = r[hist_key]
         total = max(1, sum(h["counts"]))
@@ -940,29 +940,33 @@ def _hist_lines(ax, rows, key_label, hist_key="hist"):
     ax.set_xscale("log")
     ax.set_ylabel("share of steps")
     ax.grid(True, alpha=0.3, which="both")
-    legend_outside(ax)
+    legend_outside(ax, ncols=ncols)
 
 
 def plot_host_times(result: dict, *, title: str):
-    """Left: host µs per step, a log histogram per strategy. Right: each strategy's median, with
-    the range of its round medians, and its corrupted steps in the label."""
-    import matplotlib.pyplot as plt
+    """Top: host µs per step, a log histogram per strategy. Bottom: each strategy's median as a
+    horizontal bar in the same colour, with the range of its round medians, its label wrapped and
+    its corrupted steps under it."""
+    import textwrap
 
     rows = result["rows"]
     fig, (a1, a2) = stacked(2, height=3.4)
-    _hist_lines(a1, rows, "label")
+    _hist_lines(a1, rows, "label", ncols=2)
     a1.set_xlabel("host µs per step (write + stage + copy), log scale")
     meds = [r["p50_us"] for r in rows]
     lo = [r["p50_us"] - min(r["round_medians_us"]) for r in rows]
     hi = [max(r["round_medians_us"]) - r["p50_us"] for r in rows]
-    colors = plt.cm.tab10.colors
-    bars = a2.bar(range(len(rows)), meds, yerr=[[max(0, v) for v in lo], [max(0, v) for v in hi]], capsize=4,
-                  color=[colors[i % 10] for i in range(len(rows))])
-    for b, v in zip(bars, meds):
-        a2.annotate(f"{v:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=9)
-    a2.set_xticks(range(len(rows)), [f"{r['label']}\n{r['corrupted']} corrupted" for r in rows], fontsize=9)
-    a2.set_ylabel("host µs per step (median; bar: round medians)")
-    a2.grid(True, axis="y", alpha=0.3)
+    ys = range(len(rows))
+    bars = a2.barh(ys, meds, xerr=[[max(0, v) for v in lo], [max(0, v) for v in hi]], capsize=4,
+                   color=[color_for(r["label"]) for r in rows])
+    for b, v, h in zip(bars, meds, hi):
+        a2.annotate(f"{v:.1f}", (b.get_width() + max(0, h), b.get_y() + b.get_height() / 2), xytext=(4, 0),
+                    textcoords="offset points", ha="left", va="center", fontsize=9)
+    a2.set_yticks(ys, [f"{textwrap.fill(r['label'], 28)}\n{r['corrupted']} corrupted" for r in rows], fontsize=9)
+    a2.invert_yaxis()  # the first strategy on top
+    a2.set_xlim(0, max(m + max(0, h) for m, h in zip(meds, hi)) * 1.15 or 1.0)  # room for the numbers
+    a2.set_xlabel("host µs per step: median (whisker: the round medians' range)")
+    a2.grid(True, axis="x", alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
     return a1, a2

@@ -1035,7 +1035,9 @@ def detect(loop, *, steps: int = 20, encoder_ms: float = 1.0,
            backend: str = "auto", pin_plan_inputs: bool = False) -> dict:
     """``loop(m, steps)`` once on CUDA under :func:`pinlab.detect_stalls`: its stalls, by line of the loop
     (:func:`stall_lines`), and the events the detector saw elsewhere (:func:`elsewhere_lines`: FlashInfer's
-    ``plan()``, given pageable inputs unless ``pin_plan_inputs``), and the events of every kind."""
+    ``plan()``, given pageable inputs unless ``pin_plan_inputs``), and the events of every kind. The loop's
+    own lines count as the caller's (``detect_stalls(callers=[loop])``) also where it lives in pinlab, as
+    :func:`fixed_loop` does: its calls are then its lines, not the notebook cell that ran it."""
     from ..detector import detect_stalls
     from ..streams import CudaStream
 
@@ -1048,7 +1050,7 @@ def detect(loop, *, steps: int = 20, encoder_ms: float = 1.0,
     loop(m, min(2, steps))  # warm-up: first launches outside the report
     torch.cuda.synchronize()
     m.reset()
-    with detect_stalls(max_events=None) as report:
+    with detect_stalls(max_events=None, callers=[loop]) as report:
         loop(m, steps)
     torch.cuda.synchronize()
     lines = stall_lines(report, loop)

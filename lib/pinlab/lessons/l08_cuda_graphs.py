@@ -1,5 +1,5 @@
-"""Lesson 08, CUDA graphs: what a captured copy reads (issue 21). Experiments only; the lesson's notebook is
-still to come, so no notebook imports this module yet (its GPU evidence starts with that notebook).
+"""Lesson 08, CUDA graphs: what a captured copy reads (issue 21): the experiments of
+``notebooks/src/08_cuda_graphs.py``.
 
 vLLM decodes under CUDA graphs: the step's kernels are captured once and replayed with the addresses they
 captured. A graph refuses a copy from pageable host memory, so every H2D copy it captures reads a pinned
@@ -10,8 +10,15 @@ buffer, at replay time: exactly the buffer lesson 03 shows racing when the host 
   :class:`pinlab.LaggingStream` (which captures and replays graphs too), counting the steps whose kernels
   read another step's data;
 * :func:`every_variant`: the same loop for every variant;
+* :func:`staging_cost`: host µs per step of each variant's staging, in short interleaved rounds (CUDA only);
 * :func:`host_cost`: host time per step, eager launches against one ``g.replay()``, as the number of
-  kernels grows (CUDA only: the emulation says nothing about time).
+  kernels grows (CUDA only: the emulation says nothing about time);
+* :func:`flashinfer_graph_decode`: real paged decode under graph replay (FlashInfer's CUDA-graph wrappers,
+  ``plan()`` outside the graph, ``run()`` captured), the metadata fed three ways, wrong outputs counted
+  against the fp32 reference (CUDA and FlashInfer only); :func:`flashinfer_graph_runs`: every way, as a
+  small summary the notebook records (or why FlashInfer could not run);
+* :func:`graph_memory`: the device memory a captured graph's private pool and its static buffers hold, per
+  batch size, and the pinned bytes of a staging ring (CUDA only).
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import torch
 from .. import steploop
 from ..args import positive_int, positive_number, size_list
 
-__all__ = ["VARIANTS", "RACY", "graph_loop", "every_variant", "host_cost"]
+__all__ = ["VARIANTS", "RACY", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost", "host_cost",
+           "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory"]
 
 #: How step n's host metadata gets to the graph's static device input, and what the graph captured.
 VARIANTS = {
@@ -33,10 +41,10 @@ VARIANTS = {
                              "before each replay (the race, without the graph's help)",
     "snapshot_outside": "the PR (vLLM 0.29): the metadata stays pageable; each step copies a pin_memory() "
                         "snapshot into the static input outside the graph, then replays",
-    "ring_graphs": "a ring of pinned buffers, one graph per slot (each captured its slot's copy), every "
+    "ring_graphs": "a ring of pinned slabs, one graph per slot (each captured its slot's copy), every "
                    "slot guarded by an event before the host rewrites it",
-    "ring_outside": "lesson 04's event-guarded ring of pinned buffers, copied into the static input outside "
-                    "the graph",
+    "ring_outside": "lesson 04's event-guarded slab ring: every tensor of a step in one pinned slab, one copy "
+                    "into the static input outside the graph",
 }
 #: The variants whose copy reads a buffer the host rewrites while the GPU is behind.
 RACY = ("captured_reused_pinned", "outside_reused_pinned")
@@ -48,19 +56,59 @@ def _variant(value) -> str:
     return value
 
 
-def graph_loop(variant: str, *, steps: int = 200, n_ints: int = 64, busy_ms: float = 0.1, ring_depth: int = 3,
-               stream=None) -> dict:
-    """Run ``steps`` decode-like steps whose kernels are one replayed graph.
+def _stage_parts(variant, s, tensors, n_ints, depth):
+    """The host buffers and graphs of one variant: (slots, static, out, graphs).
 
-    Step n writes n into every element of the host metadata (``n_ints`` int32), gets it into the graph's
-    static device input as ``variant`` says, keeps the GPU ``busy_ms`` behind, replays the graph (its kernel
-    copies the static input to the step's output), and records what the kernel read (a device-to-device
-    copy outside the graph). Returns ``received`` (the value step n's kernel read), ``corrupted`` (steps
-    that read another step's data), ``host_us`` (median host µs per step, metadata write to replay call;
-    emulated: not a time) and ``emulated``.
-    """
+    ``slots[k]`` is slot k's host memory as ``tensors`` rows of ``n_ints`` int32 (one slab, so a ring copies
+    a step's metadata in one copy); ``static`` the graph's static device input (the same shape); ``out`` what
+    the graph's kernel writes (static's first column, one value per tensor)."""
+    shape = (tensors, n_ints)
+    if variant == "snapshot_outside":
+        slots = [torch.zeros(shape, dtype=torch.int32)]                           # pageable metadata
+    else:
+        slots = [torch.zeros(shape, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+    static = torch.zeros(shape, dtype=torch.int32, device=s.device)
+    out = torch.zeros(tensors, dtype=torch.int32, device=s.device)
+    graphs = []
+    for k in range(depth if variant == "ring_graphs" else 1):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            if variant == "captured_reused_pinned":
+                for i in range(tensors):                   # one captured copy per metadata tensor
+                    static[i].copy_(slots[k][i], non_blocking=True)
+            elif variant == "ring_graphs":
+                static.copy_(slots[k], non_blocking=True)  # slot k's whole slab, captured in graph k
+            out.copy_(static[:, 0])                        # the step's kernels read the static input
+        graphs.append(g)
+    return slots, static, out, graphs
+
+
+def _stage(variant, slot, static, tensors) -> None:
+    """Step n's host-to-device copies outside the graph (after the host wrote ``slot``)."""
+    if variant == "outside_reused_pinned":
+        for i in range(tensors):
+            static[i].copy_(slot[i], non_blocking=True)
+    elif variant == "snapshot_outside":
+        for i in range(tensors):                           # the PR: one snapshot per tensor
+            static[i].copy_(slot[i].pin_memory(), non_blocking=True)
+    elif variant == "ring_outside":
+        static.copy_(slot, non_blocking=True)              # the slab ring: one copy for every tensor
+
+
+def graph_loop(variant: str, *, steps: int = 200, tensors: int = 1, n_ints: int = 64, busy_ms: float = 0.1,
+               ring_depth: int = 3, stream=None) -> dict:
+    """Run ``steps`` decode-like steps whose kernels are one replayed graph, and count what they read.
+
+    Step n writes n into every element of the host metadata (``tensors`` tensors of ``n_ints`` int32), gets it
+    into the graph's static device input as ``variant`` says, keeps the GPU ``busy_ms`` behind, replays the
+    graph (its kernel copies each static tensor's first value to ``out``) and records ``out`` (a device-to-device
+    copy outside the graph). Returns ``received`` (per step, the value each tensor's kernel read, or -1 where
+    the tensors disagreed), ``corrupted`` (steps where any tensor read another step's data) and ``emulated``.
+    Over many steps the GPU falls behind and the launch queue fills, so the host's time per step here is the
+    GPU's pace, not the staging's cost: :func:`staging_cost` measures that."""
     variant = _variant(variant)
     steps = positive_int("steps", steps, maximum=100_000)
+    tensors = positive_int("tensors", tensors, maximum=64)
     n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
     busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=1000.0)
     ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
@@ -68,58 +116,95 @@ def graph_loop(variant: str, *, steps: int = 200, n_ints: int = 64, busy_ms: flo
     ring = variant in ("ring_graphs", "ring_outside")
     depth = ring_depth if ring else 1
     with s:
-        static = torch.zeros(n_ints, dtype=torch.int32, device=s.device)
-        out = torch.zeros(n_ints, dtype=torch.int32, device=s.device)
-        seen = torch.zeros(steps, dtype=torch.int32, device=s.device)
-        if variant == "snapshot_outside":
-            slots = [torch.zeros(n_ints, dtype=torch.int32)]                       # pageable metadata
-        else:
-            slots = [torch.zeros(n_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+        slots, static, out, graphs = _stage_parts(variant, s, tensors, n_ints, depth)
+        seen = torch.zeros(steps, tensors, dtype=torch.int32, device=s.device)
         events = [None] * depth
-        graphs = []
-        for k in range(depth if variant == "ring_graphs" else 1):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                if variant in ("captured_reused_pinned", "ring_graphs"):
-                    static.copy_(slots[k], non_blocking=True)  # captured: this buffer's address, read at replay
-                out.copy_(static)                              # the step's kernels read the static input
-            graphs.append(g)
-        host_ns = []
         for n in range(steps):
             k = n % depth
-            t0 = time.perf_counter_ns()
             if events[k] is not None:
                 events[k].synchronize()          # the copy that last read slot k has run
             slots[k].fill_(n)                    # the host writes step n's metadata
-            if variant == "outside_reused_pinned" or variant == "ring_outside":
-                static.copy_(slots[k], non_blocking=True)
-            elif variant == "snapshot_outside":
-                static.copy_(slots[k].pin_memory(), non_blocking=True)
+            _stage(variant, slots[k], static, tensors)
             s.busy(busy_ms)                      # the rest of the previous step keeps the GPU behind
             graphs[k if variant == "ring_graphs" else 0].replay()
             if ring:
                 if events[k] is None:
                     events[k] = s.Event()
                 events[k].record()
-            host_ns.append(time.perf_counter_ns() - t0)
-            seen[n:n + 1].copy_(out[:1])
+            seen[n].copy_(out)
         s.synchronize()
-        received = seen.tolist()
+        rows = seen.tolist()
+    received = [r[0] if min(r) == max(r) else -1 for r in rows]
     corrupted = sum(v != n for n, v in enumerate(received))
-    return {"variant": variant, "steps": steps, "received": received, "corrupted": corrupted,
-            "host_us": statistics.median(host_ns) / 1e3, "emulated": bool(s.emulated), "busy_ms": busy_ms}
+    return {"variant": variant, "steps": steps, "tensors": tensors, "received": received, "corrupted": corrupted,
+            "emulated": bool(s.emulated), "busy_ms": busy_ms}
 
 
-def every_variant(variants=None, *, steps: int = 200, n_ints: int = 64, busy_ms: float = 0.1,
+def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: int = 10, steps: int = 50,
+                 busy_ms: float = 0.0, ring_depth: int = 3) -> dict:
+    """Host µs per step of each variant's staging (metadata write, copies, replay call), CUDA only.
+
+    ``rounds`` interleaved rounds (every variant once per round, in turn) of ``steps`` steps each, with a
+    synchronize after every round: the launch queue never fills, so the time is the host's own cost. Keep
+    ``busy_ms`` below the host's time per step: a GPU slower than the host makes the rings wait for their
+    events, and their time is then the GPU's pace (on the H200, 0.05 ms made both rings cost 50 µs, the busy
+    time, against 12 µs for the racy captured copy). Returns rows {variant, host_us (median of the rounds'
+    medians), round_medians_us}."""
+    from ..args import require_cuda
+
+    require_cuda("staging_cost()")
+    names = list(VARIANTS) if variants is None else [_variant(v) for v in variants]
+    tensors = positive_int("tensors", tensors, maximum=64)
+    n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
+    rounds = positive_int("rounds", rounds, maximum=1000)
+    steps = positive_int("steps", steps, maximum=200)
+    busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0)
+    s = steploop.cuda_or(None, "staging_cost()")
+    medians = {v: [] for v in names}
+    with s:
+        parts = {}
+        for v in names:
+            depth = ring_depth if v in ("ring_graphs", "ring_outside") else 1
+            parts[v] = (_stage_parts(v, s, tensors, n_ints, depth), depth)
+        for _ in range(rounds):
+            for v in names:
+                (slots, static, out, graphs), depth = parts[v]
+                events = [None] * depth
+                ring = depth > 1 or v in ("ring_graphs", "ring_outside")
+                ns = []
+                for n in range(steps):
+                    k = n % depth
+                    t0 = time.perf_counter_ns()
+                    if events[k] is not None:
+                        events[k].synchronize()
+                    slots[k].fill_(n)
+                    _stage(v, slots[k], static, tensors)
+                    graphs[k if v == "ring_graphs" else 0].replay()
+                    if ring:
+                        if events[k] is None:
+                            events[k] = s.Event()
+                        events[k].record()
+                    ns.append(time.perf_counter_ns() - t0)
+                    if busy_ms:
+                        s.busy(busy_ms)
+                s.synchronize()
+                medians[v].append(statistics.median(ns) / 1e3)
+    rows = [{"variant": v, "host_us": statistics.median(m), "round_medians_us": m} for v, m in medians.items()]
+    return {"tensors": tensors, "n_ints": n_ints, "rounds": rounds, "steps": steps, "busy_ms": busy_ms,
+            "rows": rows}
+
+
+def every_variant(variants=None, *, steps: int = 200, tensors: int = 1, n_ints: int = 64, busy_ms: float = 0.1,
                   ring_depth: int = 3, stream=None) -> dict:
     """:func:`graph_loop` for each of ``variants`` (default: all), the same loop and arguments."""
     names = list(VARIANTS) if variants is None else [_variant(v) for v in variants]
     if not names:
         raise ValueError("variants must name at least one variant")
-    runs = {v: graph_loop(v, steps=steps, n_ints=n_ints, busy_ms=busy_ms, ring_depth=ring_depth,
+    runs = {v: graph_loop(v, steps=steps, tensors=tensors, n_ints=n_ints, busy_ms=busy_ms, ring_depth=ring_depth,
                           stream=stream) for v in names}
     return {"steps": steps, "busy_ms": busy_ms,
-            "rows": [{k: r[k] for k in ("variant", "corrupted", "host_us", "emulated")} for r in runs.values()],
+            "tensors": tensors,
+            "rows": [{k: r[k] for k in ("variant", "corrupted", "emulated")} for r in runs.values()],
             "received": {v: r["received"] for v, r in runs.items()}}
 
 
@@ -159,3 +244,229 @@ def host_cost(kernels=(1, 5, 10, 20, 40), *, repeat: int = 200, numel: int = 256
         rows.append({"kernels": k, "eager_us": statistics.median(eager) / 1e3,
                      "replay_us": statistics.median(replay) / 1e3})
     return {"repeat": repeat, "rows": rows}
+
+
+# ---- real paged decode under graph replay (FlashInfer) ------------------------------------------------------
+
+#: How a graph-mode decode step hands its host metadata (indptr, last_page_len) to FlashInfer's ``plan()``,
+#: which copies it into the wrapper's fixed device buffers with ``non_blocking=True``.
+FLASHINFER_VARIANTS = {
+    "reused_pinned": "one pinned indptr and one pinned last_page_len buffer, rewritten by the host every step",
+    "snapshot": "the PR (vLLM 0.29): pageable metadata, a pin_memory() snapshot of each tensor per plan()",
+    "pinned_ring": "a pinned buffer pair per wrapper of the ring, rewritten only after that wrapper's last "
+                   "step has run (its event)",
+}
+
+
+def decode_metadata(n: int, batch: int, max_pages: int, page_size: int) -> tuple[list[int], list[int]]:
+    """Step ``n``'s metadata for the graph decode: every request has ``w = 1 + n % max_pages`` pages (so
+    consecutive steps differ), and its last page holds ``1 + (5n + 3i) % page_size`` tokens. Returns
+    ``(indptr, last_page_len)`` as lists (indptr = 0, w, 2w, ...)."""
+    n = positive_int("n", n, allow_zero=True)
+    batch = positive_int("batch", batch)
+    max_pages = positive_int("max_pages", max_pages)
+    page_size = positive_int("page_size", page_size)
+    w = 1 + n % max_pages
+    return [i * w for i in range(batch + 1)], [1 + (5 * n + 3 * i) % page_size for i in range(batch)]
+
+
+def _decode_loop_args(ring, busy_ms, tol, seed) -> tuple:
+    """The graph decode loop's own arguments, checked (each error names its argument)."""
+    return (positive_int("ring", ring, maximum=16),
+            positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0),
+            positive_number("tol", tol), positive_int("seed", seed, allow_zero=True))
+
+
+def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, max_pages: int = 8,
+                            page_size: int = 16, num_qo_heads: int = 32, num_kv_heads: int = 8,
+                            head_dim: int = 128, ring: int = 3, busy_ms: float = 0.5, tol: float = 0.02,
+                            seed: int = 0) -> dict:
+    """Paged decode through FlashInfer's CUDA-graph wrappers, ``steps`` steps (CUDA and FlashInfer only).
+
+    A ring of ``ring`` wrappers (:class:`pinlab.paged_kv.FlashInferDecode` in graph mode), each with its
+    own fixed device buffers and its own captured ``run()``. Step n: wait for the event of step n - ring
+    (the wrapper's previous step has run: FlashInfer's own pinned workspace is then free), write step n's
+    metadata (:func:`decode_metadata`) as ``variant`` says (:data:`FLASHINFER_VARIANTS`), ``plan()`` outside
+    the graph, keep the GPU ``busy_ms`` behind, replay, keep the output. Every step's output is compared with
+    :func:`pinlab.paged_kv.reference_decode` fed with step n's correct metadata. Returns ``wrong_steps``
+    (steps with a request more than ``tol`` off), ``steps`` and ``max_err`` per step."""
+    from ..args import require_cuda
+    from ..paged_kv import FlashInferDecode, reference_decode
+
+    if variant not in FLASHINFER_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(FLASHINFER_VARIANTS)}, got {variant!r}")
+    steps = positive_int("steps", steps, maximum=100_000)
+    batch = positive_int("batch", batch, maximum=256)
+    max_pages = positive_int("max_pages", max_pages, maximum=1024)
+    page_size = positive_int("page_size", page_size, maximum=256)
+    num_qo_heads = positive_int("num_qo_heads", num_qo_heads, maximum=256)
+    num_kv_heads = positive_int("num_kv_heads", num_kv_heads, maximum=256)
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    head_dim = positive_int("head_dim", head_dim, maximum=1024)
+    ring, busy_ms, tol, seed = _decode_loop_args(ring, busy_ms, tol, seed)
+    require_cuda("flashinfer_graph_decode()")
+    s = steploop.cuda_or(None, "flashinfer_graph_decode()")
+    g = torch.Generator().manual_seed(int(seed))
+    pool = batch * max_pages + 4
+    k_cache = torch.randn((pool, page_size, num_kv_heads, head_dim), generator=g).half().cuda()
+    v_cache = torch.randn((pool, page_size, num_kv_heads, head_dim), generator=g).half().cuda()
+    q = torch.randn((batch, num_qo_heads, head_dim), generator=g).half().cuda()
+    block_table = torch.randperm(pool, generator=g)[: batch * max_pages].reshape(batch, max_pages).int().cuda()
+    wrappers = [FlashInferDecode(num_qo_heads, num_kv_heads, head_dim, page_size, graph_batch=batch,
+                                 graph_max_pages=batch * max_pages) for _ in range(ring)]
+    pinned = variant != "snapshot"
+    slots = [(torch.zeros(batch + 1, dtype=torch.int32, pin_memory=pinned),
+              torch.zeros(batch, dtype=torch.int32, pin_memory=pinned))
+             for _ in range(ring if variant == "pinned_ring" else 1)]
+    outs = torch.zeros((steps, batch, num_qo_heads, head_dim), dtype=torch.float16, device="cuda")
+    graphs, graph_out = [], []
+    with s:
+        for w in wrappers:                                   # capture run() once per wrapper
+            ip, lpl = decode_metadata(0, batch, max_pages, page_size)
+            w.plan(torch.tensor(ip, dtype=torch.int32), block_table.reshape(-1),
+                   torch.tensor(lpl, dtype=torch.int32))
+            w.run(q, k_cache, v_cache)                       # warm-up (JIT), outside the capture
+            s.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                graph_out.append(w.run(q, k_cache, v_cache))
+            graphs.append(graph)
+        s.synchronize()
+        events = [None] * ring
+        for n in range(steps):
+            k = n % ring
+            if events[k] is not None:
+                events[k].synchronize()          # wrapper k's last step has run
+            ip, lpl = decode_metadata(n, batch, max_pages, page_size)
+            indptr, last = slots[k % len(slots)]
+            indptr.copy_(torch.tensor(ip, dtype=torch.int32))     # the host writes step n's metadata
+            last.copy_(torch.tensor(lpl, dtype=torch.int32))
+            indices = block_table[:, : ip[1]].reshape(-1)          # built on the device: stream-ordered
+            if variant == "snapshot":
+                wrappers[k].plan(indptr.pin_memory(), indices, last.pin_memory())
+            else:
+                wrappers[k].plan(indptr, indices, last)
+            s.busy(busy_ms)                      # the GPU is behind the host
+            graphs[k].replay()
+            outs[n].copy_(graph_out[k])
+            if events[k] is None:
+                events[k] = s.Event()
+            events[k].record()
+        s.synchronize()
+    errs = []
+    for n in range(steps):
+        ip, lpl = decode_metadata(n, batch, max_pages, page_size)
+        indices = block_table[:, : ip[1]].reshape(-1)
+        ref = reference_decode(q, k_cache, v_cache, torch.tensor(ip, dtype=torch.int32), indices,
+                               torch.tensor(lpl, dtype=torch.int32))
+        errs.append(float((outs[n].float() - ref).abs().max()))
+    wrong = sum(1 for e in errs if not e <= tol)             # NaN counts as wrong
+    del wrappers, graphs, graph_out
+    return {"variant": variant, "steps": steps, "wrong_steps": wrong, "max_err": errs, "busy_ms": busy_ms,
+            "ring": ring, "tol": tol}
+
+
+def flashinfer_graph_runs(variants=None, *, steps: int = 200, ring: int = 3, busy_ms: float = 0.5,
+                          tol: float = 0.02, seed: int = 0) -> dict:
+    """:func:`flashinfer_graph_decode` for each of ``variants`` (default: all of :data:`FLASHINFER_VARIANTS`),
+    summarised for a recording (CUDA only). Returns ``{"flashinfer": bool, "reason", "steps", "ring",
+    "busy_ms", "tol", "rows"}``; each row {variant, wrong_steps, first_wrong (a step, or -1), max_err (over
+    all steps), max_err_right (over the steps within ``tol``, -1 where none was), seconds (the first run
+    includes FlashInfer's JIT build or cache load)}. Where FlashInfer cannot run here (not installed, its
+    build failed), ``flashinfer`` is False, ``reason`` says why in one sentence and ``rows`` is empty."""
+    from ..args import require_cuda
+    from ..paged_kv import FlashInferUnavailableError
+
+    names = list(FLASHINFER_VARIANTS) if variants is None else list(variants)
+    if not names:
+        raise ValueError("variants must name at least one variant")
+    for v in names:
+        if v not in FLASHINFER_VARIANTS:
+            raise ValueError(f"variants must be among {', '.join(FLASHINFER_VARIANTS)}, got {v!r}")
+    steps = positive_int("steps", steps, maximum=100_000)
+    ring, busy_ms, tol, seed = _decode_loop_args(ring, busy_ms, tol, seed)
+    require_cuda("flashinfer_graph_runs()")
+    out = {"flashinfer": True, "reason": "", "steps": steps, "ring": ring, "busy_ms": busy_ms, "tol": tol,
+           "rows": []}
+    for v in names:
+        t0 = time.perf_counter()
+        try:
+            run = flashinfer_graph_decode(v, steps=steps, ring=ring, busy_ms=busy_ms, tol=tol, seed=seed)
+        except FlashInferUnavailableError as exc:
+            return {**out, "flashinfer": False, "reason": " ".join(str(exc).split())[:300], "rows": []}
+        errs = run["max_err"]
+        wrong = [n for n, e in enumerate(errs) if not e <= tol]
+        right = [e for e in errs if e <= tol]
+        out["rows"].append({"variant": v, "wrong_steps": run["wrong_steps"], "first_wrong": wrong[0] if wrong else -1,
+                            "max_err": max((e for e in errs if e == e), default=-1.0),
+                            "max_err_right": max(right, default=-1.0),
+                            "seconds": round(time.perf_counter() - t0, 2)})
+    return out
+
+
+def graph_memory(batch_sizes=(1, 8, 64, 256), *, hidden: int = 4096, layers: int = 4, ring_depth: int = 3,
+                 tensors: int = 6, n_ints: int = 256) -> dict:
+    """What graphs hold in memory, CUDA only.
+
+    For each batch size (an engine captures one graph per size), a static input ``[batch, hidden]`` fp32
+    and a graph of ``layers`` elementwise steps on it (each makes an intermediate tensor, as a layer's
+    activations do). Rows {batch, static_bytes (the static input, by ``memory_allocated``),
+    graph_allocated_bytes (what the captured graph keeps allocated: its output, from its private pool),
+    graph_reserved_bytes (how much ``memory_reserved`` grew at the capture: the pool's segments),
+    activation_bytes (one intermediate's size)}. Then the pinned bytes a staging ring of ``ring_depth``
+    slabs of ``tensors`` x ``n_ints`` int32 holds (``ring_pinned_bytes``, from the caching host allocator's
+    statistics, against ``ring_requested_bytes``). Everything is freed before it returns."""
+    from ..args import require_cuda
+    from ..hostmem import pinned_bytes_held, release_cached_host_blocks
+
+    sizes = size_list("batch_sizes", batch_sizes)
+    if max(sizes) > 65536:
+        raise ValueError(f"batch_sizes: at most 65536, got {max(sizes)}")
+    hidden = positive_int("hidden", hidden, maximum=1 << 16)
+    layers = positive_int("layers", layers, maximum=64)
+    ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
+    tensors = positive_int("tensors", tensors, maximum=64)
+    n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
+    require_cuda("graph_memory()")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    start_allocated, start_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    keep, rows = [], []
+    for b in sizes:
+        a0 = torch.cuda.memory_allocated()
+        static = torch.zeros(b, hidden, device="cuda")
+        a1 = torch.cuda.memory_allocated()
+
+        def step(static=static):
+            y = static
+            for _ in range(layers):
+                y = y * 1.0001 + 1.0                   # each layer makes an intermediate, as activations do
+            return y
+
+        step()                                         # warm-up, eagerly (loads the kernels)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()                       # as torch.cuda.graph() does on entry: r2 is what stays
+        a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+        torch.cuda.synchronize()
+        a3, r3 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        keep.append((g, static, out))
+        rows.append({"batch": b, "static_bytes": a1 - a0, "graph_allocated_bytes": a3 - a2,
+                     "graph_reserved_bytes": r3 - r2, "activation_bytes": b * hidden * 4})
+    held_allocated = torch.cuda.memory_allocated() - start_allocated
+    held_reserved = torch.cuda.memory_reserved() - start_reserved
+    del keep, g, static, out, step
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    release_cached_host_blocks()
+    p0 = pinned_bytes_held()
+    slots = [torch.zeros((tensors, n_ints), dtype=torch.int32, pin_memory=True) for _ in range(ring_depth)]
+    ring_pinned = pinned_bytes_held() - p0
+    del slots
+    release_cached_host_blocks()
+    return {"hidden": hidden, "layers": layers, "rows": rows, "held_allocated_bytes": held_allocated,
+            "held_reserved_bytes": held_reserved, "ring_depth": ring_depth,
+            "ring_requested_bytes": ring_depth * tensors * n_ints * 4, "ring_pinned_bytes": ring_pinned}
