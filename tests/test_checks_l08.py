@@ -88,6 +88,10 @@ def pageable_stage(s, meta, static, state):           # correct (staged at the c
     static.copy_(meta, non_blocking=True)
 
 
+def pageable_to_stage(s, meta, static, state):        # the same, through .to(device): still pageable
+    static.copy_(meta.to(static.device, non_blocking=True))
+
+
 def synced_stage(s, meta, static, state):             # correct, but waits every step
     static.copy_(meta.pin_memory(), non_blocking=True)
     s.synchronize()
@@ -118,6 +122,7 @@ def ring_stage(s, meta, static, state, depth=3):     # an event-guarded ring: co
     (good_stage, True, "is correct"),
     (reused_pinned_stage, False, "rewrote before the copy ran"),
     (pageable_stage, False, "pageable memory"),
+    (pageable_to_stage, False, "pageable memory"),
     (synced_stage, False, "waits for the GPU"),
     (nothing_stage, False, "did not receive this step's metadata"),
     (rebinding_stage, False, "did not receive this step's metadata"),

@@ -199,11 +199,12 @@ def run_it_row(rel: str, repo: str) -> str:
     if colab:
         links.append(f'<a class="colab" href="{html.escape(colab)}">Open in Colab</a>')
     links.append(f'<a class="download" href="{html.escape(name)}" download>Download {html.escape(name)}</a>')
-    if is_placeholder(repo):  # no public address yet: the download, and how to run it locally
-        links.append('<span class="repository">run it locally: <code>make lab</code> in the course\'s checkout</span>')
-        return '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
-    links.append(f'<a class="repository" href="{html.escape(repo)}">Repository</a>')
+    placeholder = is_placeholder(repo)  # no public address yet: the download, and how to run it locally
+    links.append('<span class="repository">run it locally: <code>make lab</code> in the course\'s checkout</span>'
+                 if placeholder else f'<a class="repository" href="{html.escape(repo)}">Repository</a>')
     row = '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
+    if placeholder:
+        return row
     note = ('<details class="run-it-install"><summary>On Colab, run this cell first (it installs the course\'s '
             "library once; elsewhere <code>make lab</code> sets everything up)</summary>\n\n"
             f"```python\n{install_cell(repo)}\n```\n\n</details>")

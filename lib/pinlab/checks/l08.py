@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from ..streams import CAPTURE_PAGEABLE_ERROR, stream
 from ..timing import show
 from . import LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised
+from .l02 import _h2d_of
 
 _failures: Counter = Counter()
 
@@ -57,8 +58,9 @@ def reference_step(ids: torch.Tensor) -> torch.Tensor:
 
 
 class _CopySpy(TorchFunctionMode):
-    """Counts host-to-device and device-to-host copies whose host side is not pinned, on either stream. (While
-    a mode's ``__torch_function__`` runs, torch takes the mode off the stack: its own calls are not seen.)"""
+    """Counts host-to-device copies from pageable memory (``copy_``, ``.to(device)``, ``.cuda()``: lesson 02's
+    ``_h2d_of``) and device-to-host ``copy_`` into pageable memory, on either stream. (While a mode's
+    ``__torch_function__`` runs, torch takes the mode off the stack: its own calls are not seen.)"""
 
     def __init__(self, s):
         super().__init__()
@@ -67,13 +69,20 @@ class _CopySpy(TorchFunctionMode):
     def _device(self, t) -> bool:
         return self.s.is_device(t) if self.s.emulated else t.device.type == "cuda"
 
+    def _device_target(self, target) -> bool:
+        if isinstance(target, int):
+            return True  # a CUDA device index
+        return self.s._is_our_device(target) if self.s.emulated else torch.device(target).type == "cuda"
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", "") == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+        name = getattr(func, "__name__", "")
+        h2d = _h2d_of(name, args, kwargs, self._device, self._device_target)
+        if h2d is not None:
+            self.pageable += not h2d[0].is_pinned()
+        elif name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             dst, src = args[0], args[1]
-            d, s_ = self._device(dst), self._device(src)
-            host = src if d and not s_ else dst if s_ and not d else None
-            if host is not None and not host.is_pinned():
+            if self._device(src) and not self._device(dst) and not dst.is_pinned():
                 self.pageable += 1
         return func(*args, **kwargs)
 

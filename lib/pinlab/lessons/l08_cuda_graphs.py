@@ -30,8 +30,8 @@ import torch
 from .. import steploop
 from ..args import positive_int, positive_number, size_list
 
-__all__ = ["VARIANTS", "RACY", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost", "host_cost",
-           "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory"]
+__all__ = ["VARIANTS", "RACY", "RINGS", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost",
+           "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory"]
 
 #: How step n's host metadata gets to the graph's static device input, and what the graph captured.
 VARIANTS = {
@@ -48,6 +48,8 @@ VARIANTS = {
 }
 #: The variants whose copy reads a buffer the host rewrites while the GPU is behind.
 RACY = ("captured_reused_pinned", "outside_reused_pinned")
+#: The variants with a ring of pinned slots, each guarded by an event.
+RINGS = ("ring_graphs", "ring_outside")
 
 
 def _variant(value) -> str:
@@ -95,6 +97,24 @@ def _stage(variant, slot, static, tensors) -> None:
         static.copy_(slot, non_blocking=True)              # the slab ring: one copy for every tensor
 
 
+def _step(variant, n, k, parts, events, s, tensors, busy_ms=None) -> None:
+    """Step n of ``variant`` in slot k: wait for the copy that last read slot k (a ring), write step n's
+    metadata, stage it, keep the GPU ``busy_ms`` behind (None: no busy work), replay, record slot k's event
+    (a ring). ``parts`` as :func:`_stage_parts` returns; ``events`` one entry per slot, None until recorded."""
+    slots, static, _, graphs = parts
+    if events[k] is not None:
+        events[k].synchronize()          # the copy that last read slot k has run
+    slots[k].fill_(n)                    # the host writes step n's metadata
+    _stage(variant, slots[k], static, tensors)
+    if busy_ms is not None:
+        s.busy(busy_ms)                  # the rest of the previous step keeps the GPU behind
+    graphs[k if variant == "ring_graphs" else 0].replay()
+    if variant in RINGS:
+        if events[k] is None:
+            events[k] = s.Event()
+        events[k].record()
+
+
 def graph_loop(variant: str, *, steps: int = 200, tensors: int = 1, n_ints: int = 64, busy_ms: float = 0.1,
                ring_depth: int = 3, stream=None) -> dict:
     """Run ``steps`` decode-like steps whose kernels are one replayed graph, and count what they read.
@@ -113,24 +133,14 @@ def graph_loop(variant: str, *, steps: int = 200, tensors: int = 1, n_ints: int 
     busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=1000.0)
     ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
     s = steploop.cuda_or(stream, "graph_loop()")
-    ring = variant in ("ring_graphs", "ring_outside")
-    depth = ring_depth if ring else 1
+    depth = ring_depth if variant in RINGS else 1
     with s:
-        slots, static, out, graphs = _stage_parts(variant, s, tensors, n_ints, depth)
+        parts = _stage_parts(variant, s, tensors, n_ints, depth)
+        out = parts[2]
         seen = torch.zeros(steps, tensors, dtype=torch.int32, device=s.device)
         events = [None] * depth
         for n in range(steps):
-            k = n % depth
-            if events[k] is not None:
-                events[k].synchronize()          # the copy that last read slot k has run
-            slots[k].fill_(n)                    # the host writes step n's metadata
-            _stage(variant, slots[k], static, tensors)
-            s.busy(busy_ms)                      # the rest of the previous step keeps the GPU behind
-            graphs[k if variant == "ring_graphs" else 0].replay()
-            if ring:
-                if events[k] is None:
-                    events[k] = s.Event()
-                events[k].record()
+            _step(variant, n, n % depth, parts, events, s, tensors, busy_ms)
             seen[n].copy_(out)
         s.synchronize()
         rows = seen.tolist()
@@ -162,28 +172,15 @@ def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: 
     s = steploop.cuda_or(None, "staging_cost()")
     medians = {v: [] for v in names}
     with s:
-        parts = {}
-        for v in names:
-            depth = ring_depth if v in ("ring_graphs", "ring_outside") else 1
-            parts[v] = (_stage_parts(v, s, tensors, n_ints, depth), depth)
+        depths = {v: ring_depth if v in RINGS else 1 for v in names}
+        parts = {v: _stage_parts(v, s, tensors, n_ints, depths[v]) for v in names}
         for _ in range(rounds):
             for v in names:
-                (slots, static, out, graphs), depth = parts[v]
-                events = [None] * depth
-                ring = depth > 1 or v in ("ring_graphs", "ring_outside")
+                events = [None] * depths[v]
                 ns = []
                 for n in range(steps):
-                    k = n % depth
                     t0 = time.perf_counter_ns()
-                    if events[k] is not None:
-                        events[k].synchronize()
-                    slots[k].fill_(n)
-                    _stage(v, slots[k], static, tensors)
-                    graphs[k if v == "ring_graphs" else 0].replay()
-                    if ring:
-                        if events[k] is None:
-                            events[k] = s.Event()
-                        events[k].record()
+                    _step(v, n, n % depths[v], parts[v], events, s, tensors)
                     ns.append(time.perf_counter_ns() - t0)
                     if busy_ms:
                         s.busy(busy_ms)
