@@ -1,0 +1,177 @@
+"""A pytest gate: fail a test whose code races (:func:`pinlab.races.detect_races`) or stalls
+(:func:`pinlab.detect_stalls`).
+
+Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing until asked:
+
+* ``pytest --pinlab-races`` / ``pytest --pinlab-stalls``: every test runs under the detector(s);
+* ``@pytest.mark.pinlab_races`` / ``@pytest.mark.pinlab_stalls`` on a test (or a class or module, through
+  ``pytestmark``): that test does;
+* the fixtures ``pinlab_races`` / ``pinlab_stalls``: the test runs under the detector and gets its report
+  (to look at what was found; the gate still fails the test on a finding that is not allowed).
+
+A test fails with the detector's report when a finding is not allowed. Allow known ones with
+``allow=[...]`` on the marker, or in the ini file (one entry per line)::
+
+    [tool.pytest.ini_options]
+    pinlab_allow = [
+        "pageable H2D (may wait for the GPU)",   # a kind, as the detector names it
+        "src/loader.py:42",                      # a place: the file:line of the copy or call (a path suffix)
+    ]
+
+The race detector needs a CUDA device or the emulated stream (``with pinlab.stream() as s:`` on a machine
+without CUDA, entered inside the test: the gate's detector follows it). The stall detector reports CUDA
+traffic only. Importing this plugin imports neither torch nor pinlab: a test session that asks for no gate
+pays nothing. ``docs/race_gate.md`` has the adoption guide.
+"""
+from __future__ import annotations
+
+import pytest
+
+_OPTIONS = {"races": "--pinlab-races", "stalls": "--pinlab-stalls"}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("pinlab", "pinlab: fail tests whose code races or stalls")
+    group.addoption("--pinlab-races", action="store_true", default=False,
+                    help="run every test under pinlab.races.detect_races() and fail those that race")
+    group.addoption("--pinlab-stalls", action="store_true", default=False,
+                    help="run every test under pinlab.detect_stalls() and fail those that stall")
+    parser.addini("pinlab_allow", type="linelist", default=[],
+                  help="findings the pinlab gate allows: a kind, or a file:line (path suffix) of the copy or call")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "pinlab_races(allow=()): fail this test if its code races "
+                            "(pinlab.races.detect_races); allow: kinds or file:line places to accept")
+    config.addinivalue_line("markers", "pinlab_stalls(allow=()): fail this test if its code stalls "
+                            "(pinlab.detect_stalls); allow: kinds or file:line places to accept")
+
+
+def _allowed(entries, kind: str, places) -> bool:
+    for entry in entries:
+        entry = entry.strip()
+        if not entry:
+            continue
+        if entry == kind:
+            return True
+        if ":" in entry and any(place == entry or place.endswith("/" + entry) for place in places if place):
+            return True  # a file:line, as a path suffix at a folder boundary
+    return False
+
+
+def _allow_list(item, which: str) -> list:
+    entries = list(item.config.getini("pinlab_allow"))
+    for mark in item.iter_markers(name=f"pinlab_{which}"):
+        allow = mark.kwargs.get("allow", ())
+        if isinstance(allow, str):
+            allow = [allow]
+        try:
+            entries.extend(str(a) for a in allow)
+        except TypeError:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.pinlab_{which}(allow=...) must be a list of "
+                                    f"kinds or file:line places, got {allow!r}") from None
+    return entries
+
+
+class _Gate:
+    """The detectors one test runs under, and the verdict on what they found."""
+
+    def __init__(self, item, which):
+        self.item = item
+        self.which = which        # ("races", "stalls") subset
+        self.detectors = {}
+        self.reports = {}
+        if "races" in which:
+            from pinlab.races import detect_races
+
+            self.detectors["races"] = detect_races()
+            self.reports["races"] = self.detectors["races"].report
+        if "stalls" in which:
+            from pinlab.detector import detect_stalls
+
+            self.detectors["stalls"] = detect_stalls(max_events=None)
+            self.reports["stalls"] = self.detectors["stalls"].report
+
+    def __enter__(self):
+        entered = []
+        try:
+            for det in self.detectors.values():
+                det.__enter__()
+                entered.append(det)
+        except BaseException:
+            for det in reversed(entered):
+                det.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for det in reversed(list(self.detectors.values())):
+            det.__exit__(*exc)
+        return False
+
+    def problems(self) -> list:
+        out = []
+        if "races" in self.reports:
+            allow = _allow_list(self.item, "races")
+            rep = self.reports["races"]
+            bad = [f for f in rep.findings if not _allowed(allow, f.kind, (f.copy_where, f.seen_where))]
+            if bad:
+                out.append(rep.summary() + ("" if len(bad) == len(rep.findings) else
+                                            f"\n  ({len(rep.findings) - len(bad)} of these allowed by pinlab_allow)"))
+        if "stalls" in self.reports:
+            allow = _allow_list(self.item, "stalls")
+            rep = self.reports["stalls"]
+            bad = [(k, op, w, c) for (k, op, w), c in rep.places.items() if not _allowed(allow, k, (w,))]
+            if bad:
+                lines = [f"{c} x {k}: {op} at {w}" for k, op, w, c in bad]
+                out.append("pinlab.detect_stalls found " + "; ".join(lines))
+        return out
+
+
+def _which(item) -> tuple:
+    which = []
+    for name, option in _OPTIONS.items():
+        if (item.config.getoption(option.lstrip("-").replace("-", "_"))
+                or item.get_closest_marker(f"pinlab_{name}") is not None
+                or f"pinlab_{name}" in getattr(item, "fixturenames", ())):
+            which.append(name)
+    return tuple(which)
+
+
+def _gate(item):
+    gate = item.stash.get(_GATE_KEY, None)
+    if gate is None:
+        which = _which(item)
+        if not which:
+            return None
+        gate = _Gate(item, which)
+        item.stash[_GATE_KEY] = gate
+    return gate
+
+
+_GATE_KEY = pytest.StashKey()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    gate = _gate(pyfuncitem)
+    if gate is None:
+        return (yield)
+    with gate:
+        result = yield
+    problems = gate.problems()
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+    return result
+
+
+@pytest.fixture
+def pinlab_races(request):
+    """The :class:`pinlab.races.RaceReport` of this test (the test runs under the race detector)."""
+    return _gate(request.node).reports["races"]
+
+
+@pytest.fixture
+def pinlab_stalls(request):
+    """The :class:`pinlab.detector.StallReport` of this test (the test runs under the stall detector)."""
+    return _gate(request.node).reports["stalls"]
