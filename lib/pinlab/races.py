@@ -48,7 +48,7 @@ are not compared; they are counted in ``report.unchecked`` and the summary says 
 
 On a machine without CUDA, enter it *inside* ``with pinlab.stream() as s:`` or around it: a
 :class:`LaggingStream` entered while a detector is active gets the detector too, so the pytest gate
-(:mod:`pinlab.pytest_plugin`) works on CPU. ``raise_on=`` turns findings of the kinds named into a
+(:mod:`pinlab_pytest`) works on CPU. ``raise_on=`` turns findings of the kinds named into a
 :class:`RaceError` at once, naming the fix. Detectors nest (each sees every call), state is restored on exit
 and after exceptions, and, like :func:`pinlab.detect_stalls`, a detector sees the thread that entered it.
 
