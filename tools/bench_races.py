@@ -1,0 +1,306 @@
+"""Benchmark of pinlab.races.detect_races: recall, false positives and overhead, on CUDA (or the emulated stream).
+
+    python3 tools/bench_races.py --out build/bench_races.json          # on a GPU: 10^4 steps per loop
+    python3 tools/bench_races.py --steps 400                           # on a CPU: the emulated stream
+
+* Recall and false positives: the course's own step loop (``pinlab.steploop.plain_loop``, lessons 03-04) for
+  every strategy, with the host unbounded and with the host waiting for step n-2 (``ahead=2``), each step's
+  copy followed by the detector: every step whose data arrived wrong must be flagged (recall), and a
+  strategy whose data is right by construction must have no finding (false positives). Lesson 08's race
+  under graph replay (a captured copy from a reused pinned buffer) and its fix. The D2H 2-slot pinned ring of
+  HF transformers' DeferredStopCheck, and its 1-slot variant read without its event.
+* Overhead: host time of the same loops with and without the detector, in interleaved rounds (medians), and a
+  loop that makes no pending pinned copy (HF ``generate()`` on a tiny random Llama where transformers is
+  installed, else small GPU ops); µs per torch call and per followed copy.
+* FlashInfer (where installed): one shared decode wrapper re-planned ahead of a busy GPU, in a subprocess
+  (it can kill the CUDA context): does the detector flag it before the process dies?
+
+Prints a summary and writes JSON. Not a unit test: its figures depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+import torch  # noqa: E402
+
+import pinlab  # noqa: E402
+from pinlab import steploop  # noqa: E402
+from pinlab.races import detect_races  # noqa: E402
+
+FIXES = ("pageable", "snapshot", "ring_events", "event_wait")   # right by construction, whatever the lead
+RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned", "ring")
+
+
+def _stream():
+    return pinlab.CudaStream() if torch.cuda.is_available() else pinlab.LaggingStream()
+
+
+def recall(steps: int, busy_ms: float) -> dict:
+    out = {}
+    for ahead in (None, 2):
+        for strategy in RACY + FIXES:
+            with detect_races() as races:
+                run = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, ahead=ahead)
+            wrong = [n for n, r in enumerate(run["received"]) if r != n]
+            raced = set(races.raced)
+            missed = [n for n in wrong if n not in raced]
+            out[f"{strategy}/ahead={ahead}"] = {
+                "strategy": strategy, "ahead": ahead, "steps": steps, "wrong": len(wrong), "flagged": len(raced),
+                "missed": len(missed), "first_missed": missed[:5], "copies_followed": races.copies,
+                "recall": 1.0 if not wrong else round(1 - len(missed) / len(wrong), 6),
+                "false_positive": strategy in FIXES and races.total > 0,
+            }
+    return out
+
+
+def graph_race(steps: int, busy_ms: float) -> dict:
+    out = {}
+    for fix in (False, True):
+        s = _stream()
+        with s, detect_races() as races:
+            src = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+            static = torch.zeros(64, dtype=torch.int32, device=s.device)
+            res = torch.zeros(64, dtype=torch.int32, device=s.device)
+            outs = torch.zeros(steps, dtype=torch.int32, device=s.device)
+            g = torch.cuda.CUDAGraph()
+            s.synchronize()
+            with torch.cuda.graph(g):
+                static.copy_(src, non_blocking=True)
+                res.copy_(static + 1)
+            replayed = s.Event()
+            for n in range(steps):
+                if fix:
+                    replayed.synchronize()
+                src.fill_(n)
+                g.replay()
+                outs[n:n + 1].copy_(res[:1])
+                replayed.record()
+                s.busy(busy_ms)
+            s.synchronize()
+            got = outs.tolist()
+        wrong = [n for n in range(steps) if got[n] != n + 1]
+        missed = [n for n in wrong if n not in set(races.raced)]
+        out["wait_for_replay" if fix else "racy_replay"] = {
+            "steps": steps, "wrong": len(wrong), "flagged": races.total, "missed": len(missed),
+            "false_positive": fix and races.total > 0}
+    return out
+
+
+def deferred_stop(steps: int, busy_ms: float) -> dict:
+    """The stop flag copied D2H into pinned slots: two slots read one step late after their event (clean),
+    one slot read at once (every read before the copy's event is flagged)."""
+    out = {}
+    for slots in (2, 1):
+        s = _stream()
+        with s, detect_races() as races:
+            flags = [torch.zeros(1, dtype=torch.int32, pin_memory=True) for _ in range(slots)]
+            events = [s.Event() for _ in range(slots)]
+            state = torch.zeros(1, dtype=torch.int32, device=s.device)
+            reads = 0
+            for n in range(steps):
+                s.busy(busy_ms)
+                state.add_(1)
+                k = n % slots
+                flags[k].copy_(state, non_blocking=True)
+                events[k].record()
+                if slots == 2 and n:
+                    events[1 - k].synchronize()
+                    reads += int(flags[1 - k].item() < 0)
+                elif slots == 1:
+                    reads += int(flags[0].item() < 0)
+            s.synchronize()
+        out[f"{slots}_slot"] = {"steps": steps, "flagged": races.total, "copies_followed": races.copies,
+                                "false_positive": slots == 2 and races.total > 0}
+    return out
+
+
+def _interleaved(fns: dict, rounds: int) -> dict:
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+class _Counting(torch.overrides.TorchFunctionMode):
+    calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        _Counting.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def overhead(steps: int, busy_ms: float, rounds: int) -> dict:
+    out = {}
+    for strategy in ("reused_pinned", "snapshot", "ring_events", "event_wait", "pageable"):
+        ahead = 2 if strategy in ("ring_events", "event_wait") else None
+        loop = {}
+
+        def plain(strategy=strategy, ahead=ahead):
+            loop["plain"] = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms,
+                                                ahead=ahead, per_step=False)
+
+        def detected(strategy=strategy, ahead=ahead):
+            with detect_races() as races:
+                loop["detected"] = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64,
+                                                       busy_ms=busy_ms, ahead=ahead, per_step=False)
+            loop["races"] = races
+
+        plain()
+        detected()  # warm
+        host = {"plain": [], "detected": []}
+        for _ in range(rounds):
+            plain()
+            detected()
+            host["plain"].append(loop["plain"]["host_loop_ms"])
+            host["detected"].append(loop["detected"]["host_loop_ms"])
+        with _Counting():
+            _Counting.calls = 0
+            steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, ahead=ahead,
+                                per_step=False)
+        calls = _Counting.calls
+        p, d = statistics.median(host["plain"]), statistics.median(host["detected"])
+        copies = max(loop["races"].copies, 1)
+        out[strategy] = {"ahead": ahead, "steps": steps, "host_loop_ms_plain": round(p, 3),
+                         "host_loop_ms_detected": round(d, 3), "ratio": round(d / p, 3),
+                         "torch_calls": calls, "us_per_call": round((d - p) * 1e3 / max(calls, 1), 3),
+                         "us_per_followed_copy": round((d - p) * 1e3 / copies, 3),
+                         "copies_followed": loop["races"].copies, "checks": loop["races"].checks}
+    out["no_pending_copies"] = _no_pending(rounds)
+    return out
+
+
+def _no_pending(rounds: int) -> dict:
+    """A loop with no pending pinned copy: HF generate() on a tiny random Llama, or small GPU ops."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        import transformers
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).to(dev).eval()
+        ids = torch.randint(0, 256, (2, 8), device=dev)
+
+        def work():
+            with torch.no_grad():
+                return model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+
+        what = f"HF generate() (transformers {transformers.__version__}), tiny random Llama, batch 2, 24 tokens"
+    except Exception as exc:  # noqa: BLE001
+        x = torch.randn(64, 64, device=dev)
+
+        def work():
+            y = x
+            for _ in range(200):
+                y = torch.tanh(y @ x)
+            return y.sum()
+
+        what = f"200 small matmuls ({type(exc).__name__} for transformers)"
+    work()
+    with detect_races():
+        same = torch.equal(work(), work()) if "generate" in what else True
+
+    def detected():
+        with detect_races():
+            work()
+
+    t = _interleaved({"plain": work, "detected": detected}, rounds)
+    return {"what": what, "same_tokens_under_detector": bool(same), "ms_plain": round(t["plain"] * 1e3, 3),
+            "ms_detected": round(t["detected"] * 1e3, 3), "ratio": round(t["detected"] / t["plain"], 3)}
+
+
+FLASHINFER_CHILD = textwrap.dedent('''
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    import flashinfer, pinlab
+    from pinlab.races import detect_races
+    from pinlab.paged_kv import build_metadata, random_batch
+    torch.manual_seed(0)
+    b = random_batch(8, 256, 16, 4, 128, 32, seed=1, device="cuda")
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    def plan(n):
+        lens = (b.seq_lens + n).clamp(max=256).clamp(min=1)
+        meta = build_metadata(b.block_table, lens, 16, device="cuda")
+        w.plan(meta.indptr_cpu.pin_memory(), meta.indices, meta.last_page_len_cpu.pin_memory(), 32, 4, 128, 16,
+               q_data_type=torch.float16, kv_data_type=torch.float16)
+    plan(0); w.run(b.q, (b.k_cache, b.v_cache)); torch.cuda.synchronize()
+    with detect_races() as races:
+        for n in range(6):                    # one shared wrapper, planned again and again ahead of the GPU
+            pinlab.gpu_busy(20.0)
+            plan(n)
+            w.run(b.q, (b.k_cache, b.v_cache))
+        flagged = races.total
+    print("REPORT " + json.dumps({"flagged": flagged, "copies": races.copies, "summary": races.summary()}),
+          flush=True)
+    torch.cuda.synchronize()
+    print("SURVIVED", flush=True)
+''')
+
+
+def flashinfer_shared_wrapper() -> dict:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError as exc:
+        return {"skipped": f"FlashInfer is not installed ({exc})"}
+    if not torch.cuda.is_available():
+        return {"skipped": "needs CUDA"}
+    p = subprocess.run([sys.executable, "-c", FLASHINFER_CHILD, str(ROOT / "lib")], capture_output=True,
+                       text=True, timeout=240)
+    rep = next((json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("REPORT ")), None)
+    return {"returncode": p.returncode, "report": rep, "survived": "SURVIVED" in p.stdout,
+            "stderr_tail": p.stderr[-800:]}
+
+
+def main(argv=None) -> int:
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10_000 if cuda else 400, help="steps per recall loop")
+    ap.add_argument("--busy-ms", type=float, default=0.3, help="GPU work per step (keeps the GPU behind)")
+    ap.add_argument("--overhead-steps", type=int, default=2_000 if cuda else 200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    res = {"device": torch.cuda.get_device_name(0) if cuda else "emulated lagging stream (CPU)",
+           "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if cuda:
+        pinlab.warmup(lambda: pinlab.gpu_busy(0.1))
+    res["recall"] = recall(a.steps, a.busy_ms)
+    res["graph"] = graph_race(min(a.steps, 2000), a.busy_ms)
+    res["deferred_stop"] = deferred_stop(min(a.steps, 2000), a.busy_ms)
+    res["overhead"] = overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds)
+    res["flashinfer_shared_wrapper"] = flashinfer_shared_wrapper()
+    res["seconds"] = round(time.time() - t0, 1)
+    for k, v in res["recall"].items():
+        print(f"recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} missed {v['missed']:4d}"
+              f"{'  FALSE POSITIVE' if v['false_positive'] else ''}")
+    for k, v in {**res["graph"], **res["deferred_stop"]}.items():
+        print(f"{k:20s} {v}")
+    for k, v in res["overhead"].items():
+        print(f"overhead {k:18s} {v}")
+    print("flashinfer", {k: v for k, v in res["flashinfer_shared_wrapper"].items() if k != "stderr_tail"})
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
