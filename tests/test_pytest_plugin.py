@@ -13,7 +13,8 @@ SAMPLE = ROOT / "examples" / "race_gate"
 
 
 def _pytest(args, cwd, extra_ini=""):
-    """pytest in a fresh process on ``cwd`` (its own rootdir and ini: the course's conftest stays out)."""
+    """pytest in a fresh process on ``cwd`` (its own rootdir and ini: the course's conftest stays out). Where
+    pinlab is not installed (the GPU host runs the checkout), PYTEST_PLUGINS=pinlab_pytest loads the gate."""
     (Path(cwd) / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n" + extra_ini)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
