@@ -137,7 +137,7 @@ def test_the_detector_entered_outside_the_stream_follows_it():
 
 def test_a_write_outside_torch_is_seen_by_the_round_robin_and_at_exit():
     with LaggingStream() as s:
-        with detect_races(scan_per_call=0) as races:
+        with detect_races(scan_per_copy=0) as races:
             pinned = torch.zeros(16, dtype=torch.int32, pin_memory=True)
             dst = torch.zeros(16, dtype=torch.int32, device=s.device)
             dst.copy_(pinned, non_blocking=True)
@@ -298,7 +298,7 @@ def test_raise_on_stops_at_the_rewrite_and_names_the_fix():
     ({"raise_on": {"nope"}}, ValueError, "unknown kind"),
     ({"max_shadow_bytes": -1}, ValueError, "max_shadow_bytes"),
     ({"max_shadow_bytes": 1.5}, TypeError, "max_shadow_bytes must be an int"),
-    ({"scan_per_call": True}, TypeError, "scan_per_call must be an int"),
+    ({"scan_per_copy": True}, TypeError, "scan_per_copy must be an int"),
     ({"callers": "f"}, TypeError, "callers"),
 ])
 def test_bad_arguments_are_refused(kwargs, exc, words):
@@ -410,9 +410,12 @@ def test_gpu_the_fixes_are_clean(how):
 @gpu
 def test_gpu_a_read_before_the_event_is_flagged_and_after_it_is_clean():
     s = _stream("cuda")
+    dev = torch.arange(8, device="cuda")     # launched once before: a first launch waits behind a busy GPU
+    torch.cuda.synchronize()
     with detect_races() as races:
         s.busy(20.0)
-        dev, out = _d2h(s)
+        out = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+        out.copy_(dev, non_blocking=True)
         out.tolist()
         ev = s.Event()
         ev.record()

@@ -136,6 +136,13 @@ def _interleaved(fns: dict, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+class _Bare(torch.overrides.TorchFunctionMode):
+    """The floor: a TorchFunctionMode that only passes every call on (what any such tool costs)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
 class _Counting(torch.overrides.TorchFunctionMode):
     calls = 0
 
@@ -160,23 +167,31 @@ def overhead(steps: int, busy_ms: float, rounds: int) -> dict:
                                                        busy_ms=busy_ms, ahead=ahead, per_step=False)
             loop["races"] = races
 
+        def bare(strategy=strategy, ahead=ahead):
+            with _Bare():
+                loop["bare"] = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms,
+                                                   ahead=ahead, per_step=False)
+
         plain()
         detected()  # warm
-        host = {"plain": [], "detected": []}
+        host = {"plain": [], "detected": [], "bare": []}
         for _ in range(rounds):
             plain()
             detected()
-            host["plain"].append(loop["plain"]["host_loop_ms"])
-            host["detected"].append(loop["detected"]["host_loop_ms"])
+            bare()
+            for k in host:
+                host[k].append(loop[k]["host_loop_ms"])
         with _Counting():
             _Counting.calls = 0
             steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, ahead=ahead,
                                 per_step=False)
         calls = _Counting.calls
         p, d = statistics.median(host["plain"]), statistics.median(host["detected"])
+        b = statistics.median(host["bare"])
         copies = max(loop["races"].copies, 1)
         out[strategy] = {"ahead": ahead, "steps": steps, "host_loop_ms_plain": round(p, 3),
                          "host_loop_ms_detected": round(d, 3), "ratio": round(d / p, 3),
+                         "host_loop_ms_bare_mode": round(b, 3), "bare_mode_ratio": round(b / p, 3),
                          "torch_calls": calls, "us_per_call": round((d - p) * 1e3 / max(calls, 1), 3),
                          "us_per_followed_copy": round((d - p) * 1e3 / copies, 3),
                          "copies_followed": loop["races"].copies, "checks": loop["races"].checks}
@@ -220,9 +235,14 @@ def _no_pending(rounds: int) -> dict:
         with detect_races():
             work()
 
-    t = _interleaved({"plain": work, "detected": detected}, rounds)
+    def bare():
+        with _Bare():
+            work()
+
+    t = _interleaved({"plain": work, "detected": detected, "bare": bare}, rounds)
     return {"what": what, "same_tokens_under_detector": bool(same), "ms_plain": round(t["plain"] * 1e3, 3),
-            "ms_detected": round(t["detected"] * 1e3, 3), "ratio": round(t["detected"] / t["plain"], 3)}
+            "ms_detected": round(t["detected"] * 1e3, 3), "ratio": round(t["detected"] / t["plain"], 3),
+            "ms_bare_mode": round(t["bare"] * 1e3, 3), "bare_mode_ratio": round(t["bare"] / t["plain"], 3)}
 
 
 FLASHINFER_CHILD = textwrap.dedent('''
@@ -241,14 +261,20 @@ FLASHINFER_CHILD = textwrap.dedent('''
         w.plan(meta.indptr_cpu.pin_memory(), meta.indices, meta.last_page_len_cpu.pin_memory(), 32, 4, 128, 16,
                q_data_type=torch.float16, kv_data_type=torch.float16)
     plan(0); w.run(b.q, (b.k_cache, b.v_cache)); torch.cuda.synchronize()
-    with detect_races() as races:
+    import time
+    plan_ms = []
+    with detect_races() as races, pinlab.detect_stalls() as stalls:
+        pinlab.gpu_busy(200.0)
         for n in range(6):                    # one shared wrapper, planned again and again ahead of the GPU
-            pinlab.gpu_busy(20.0)
+            t = time.perf_counter()
             plan(n)
+            plan_ms.append(round((time.perf_counter() - t) * 1e3, 3))
             w.run(b.q, (b.k_cache, b.v_cache))
         flagged = races.total
-    print("REPORT " + json.dumps({"flagged": flagged, "copies": races.copies, "summary": races.summary()}),
-          flush=True)
+        behind = not torch.cuda.current_stream().query()
+    print("REPORT " + json.dumps({"flagged": flagged, "copies": races.copies, "checks": races.checks,
+                                  "plan_ms": plan_ms, "gpu_still_busy_after_loop": behind,
+                                  "summary": races.summary(), "stalls": stalls.summary()}), flush=True)
     torch.cuda.synchronize()
     print("SURVIVED", flush=True)
 ''')

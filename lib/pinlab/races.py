@@ -22,7 +22,7 @@ It reports three hazards, each at the ``file:line`` of the copy and of the place
   ``pinned`` when the GPU gets to it; a write to ``pinned`` before then changes what the GPU receives
   (lessons 03 and 04: the reused pinned buffer). The detector keeps a copy (a *shadow*) of the bytes the
   copy should read, and compares it with the memory at every later torch call that touches that memory,
-  a few other pending copies at each call in turn, and all of them when the block ends; a write made
+  a few other pending copies at each copy call in turn, and all of them when the block ends; a write made
   outside torch (through ``numpy()``) is seen there too;
 * **the host read (or wrote) the destination of a pending D2H copy**: ``pinned.copy_(gpu,
   non_blocking=True)`` and ``gpu.to("cpu", non_blocking=True)`` return before the data has arrived;
@@ -361,22 +361,25 @@ class _RaceMode(TorchFunctionMode):
         det, clock = self.det, self.clock
         if det._lags and det._emulated_gpu_running():
             return func(*args, **kwargs)  # the emulated GPU runs queued work: not the host's calls
-        name = _name(func)
+        name = getattr(func, "__name__", "")
         copy = name in _COPY_NAMES
-        if not det._tracked and not copy:
-            return func(*args, **kwargs)  # nothing pending: one dict lookup per call
+        if not det._tracked:
+            if not copy:
+                return func(*args, **kwargs)  # nothing pending: a set lookup per call
+            out = func(*args, **kwargs)
+            det._after_copy(clock, name, args, kwargs, out)
+            return out
         with torch._C.DisableTorchFunction():
-            if not det._capturing:  # no event query while a stream captures (CUDA refuses it)
-                det._prune()
-            touched = det._touched(args, kwargs) if det._tracked else ()
+            touched = det._touched(args, kwargs)  # the pending copies whose memory this call touches
         if touched:
             det._check_access(touched, name, args, kwargs)
         out = func(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
-            if touched:
-                det._compare([p for p in touched if p.kind in (H2D_REWRITE, GRAPH_REWRITE, D2H_WRITE)])
-            det._scan_some()
+        if touched:
+            with torch._C.DisableTorchFunction():
+                det._compare(touched, known_pending=True)
         if copy:
+            with torch._C.DisableTorchFunction():
+                det._scan_some()
             det._after_copy(clock, name, args, kwargs, out)
         return out
 
@@ -554,7 +557,7 @@ class RaceDetector:
     for nesting, make a second detector.
     """
 
-    def __init__(self, *, raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_call: int = 2, callers=None):
+    def __init__(self, *, raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_copy: int = 2, callers=None):
         if raise_on is None or raise_on is False:
             raise_on = frozenset()
         elif raise_on is True:
@@ -567,11 +570,11 @@ class RaceDetector:
             unknown = sorted(k for k in raise_on if k not in KINDS)
             if unknown:
                 raise ValueError(f"raise_on holds unknown kind(s) {unknown}; the kinds are {list(KINDS)}")
-        for arg, value in (("max_shadow_bytes", max_shadow_bytes), ("scan_per_call", scan_per_call)):
+        for arg, value in (("max_shadow_bytes", max_shadow_bytes), ("scan_per_copy", scan_per_copy)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{arg} must be an int, got {type(value).__name__} ({value!r})")
         self.max_shadow_bytes = positive_int("max_shadow_bytes", max_shadow_bytes, allow_zero=True)
-        self.scan_per_call = positive_int("scan_per_call", scan_per_call, allow_zero=True)
+        self.scan_per_copy = positive_int("scan_per_copy", scan_per_copy, allow_zero=True)
         self.raise_on = raise_on
         self.callers = _caller_codes(callers)
         self.report = RaceReport()
@@ -731,16 +734,23 @@ class RaceDetector:
             self._ring = deque(p for p in self._ring if p.live)
 
     def _touched(self, args, kwargs) -> list:
+        """The live pending copies whose host memory a call's tensors share, each asked (unless a stream is
+        capturing, when CUDA refuses event queries) whether it has run: those that have are retired."""
         found = []
-        for t in _tensors(args):
-            lst = self._by_storage.get(_storage_key(t))
-            if lst:
-                found.extend(p for p in lst if p not in found)
-        if kwargs:
-            for t in _tensors(kwargs):
-                lst = self._by_storage.get(_storage_key(t))
+        by_storage = self._by_storage
+        for obj in (args, kwargs) if kwargs else (args,):
+            for t in _tensors(obj):
+                if not t.is_cpu:
+                    continue
+                lst = by_storage.get(_storage_key(t))
                 if lst:
                     found.extend(p for p in lst if p not in found)
+        if found and not self._capturing:
+            for p in list(found):
+                clock, mark = p.mark
+                if clock.done(mark):
+                    self._retire(p)
+                    found.remove(p)
         return found
 
     def _check_access(self, touched, name, args, kwargs) -> None:
@@ -770,19 +780,26 @@ class RaceDetector:
             where = where or find_caller(sys._getframe(), callers=self.callers)
             self._flag(p, kind, where)
 
-    def _compare(self, pending) -> None:
+    def _compare(self, pending, known_pending: bool = False) -> None:
+        """Compare pending copies' memory with their shadows; a difference is a race if the copy had not run
+        (``known_pending``: asked just before the call that may have written it; otherwise asked now)."""
         where = None
         for p in pending:
             if not p.live or p.shadow is None:
                 continue
             self.report.checks += 1
             if _read(p.ptr, p.nbytes) != p.shadow:
+                if not known_pending and not self._capturing:
+                    clock, mark = p.mark
+                    if clock.done(mark):  # it ran before the write: the write was fine
+                        self._retire(p)
+                        continue
                 kind = D2H_WRITE if p.kind == D2H_READ else p.kind
                 where = where or find_caller(sys._getframe(), callers=self.callers)
                 self._flag(p, kind, where)
 
     def _scan_some(self) -> None:
-        n = self.scan_per_call
+        n = self.scan_per_copy
         ring = self._ring
         while n and ring:
             p = ring.popleft()
@@ -820,6 +837,8 @@ class RaceDetector:
             if dst is src:
                 return
             with torch._C.DisableTorchFunction():
+                if self._tracked and not self._capturing:
+                    self._prune()  # at each copy: what has run is retired (bounded memory)
                 self._follow(clock, name, src, dst)
         except RaceError:
             raise
@@ -891,7 +910,7 @@ class _NoClock:
                            "(make the copy inside `with pinlab.stream() as s:`)")
 
 
-def detect_races(*, raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_call: int = 2,
+def detect_races(*, raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_copy: int = 2,
                  callers=None) -> RaceDetector:
     """Report where your host code touches memory a queued copy has not finished with:
     ``with detect_races() as races: ...`` (see the module docstring for what it sees and misses).
@@ -900,10 +919,10 @@ def detect_races(*, raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_cal
     kind raises :class:`RaceError` where it is first seen, naming the fix.
     ``max_shadow_bytes``: the largest copy (bytes) whose source is compared (a copy of its bytes is kept
     while it is pending); larger ones are counted in ``report.unchecked``.
-    ``scan_per_call``: how many other pending copies each torch call compares in turn (for writes made
-    outside torch); the memory a call touches is always compared.
+    ``scan_per_copy``: how many other pending copies each copy call compares in turn (for writes made
+    outside torch); the memory any torch call touches is always compared.
     ``callers``: as for :func:`pinlab.detect_stalls`: functions whose lines count as your code even under
     pinlab or torch.
     """
-    return RaceDetector(raise_on=raise_on, max_shadow_bytes=max_shadow_bytes, scan_per_call=scan_per_call,
+    return RaceDetector(raise_on=raise_on, max_shadow_bytes=max_shadow_bytes, scan_per_copy=scan_per_copy,
                         callers=callers)
