@@ -317,12 +317,12 @@ def test_report_api():
     assert "4 copies raced at 1 place(s)" in str(races) and "fix: " in str(races)
     with LaggingStream() as s, detect_races() as clean:
         pass
-    assert "no races found" in clean.summary() and bool(clean)
+    assert "no races found" in clean.summary() and not clean and len(clean) == 0
 
 
 def test_copied_declares_a_copy_torch_does_not_see():
-    with LaggingStream() as s, detect_races() as races:
-        det = R._active()[-1]
+    det = detect_races()
+    with LaggingStream() as s, det as races:
         buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
         s.launch(lambda: None)            # the library's own copy, queued on the stream
         det.copied(buf, nbytes=16)
@@ -330,11 +330,13 @@ def test_copied_declares_a_copy_torch_does_not_see():
         buf[0] = 3
     assert races.counts == {H2D_REWRITE: 1}
     with pytest.raises(ValueError, match="nbytes must be in 1..256"):
-        with LaggingStream(), detect_races():
-            R._active()[-1].copied(torch.zeros(64, dtype=torch.int32), nbytes=0)
+        with LaggingStream(), det:
+            det.copied(torch.zeros(64, dtype=torch.int32), nbytes=0)
     with pytest.raises(TypeError, match="src must be a torch.Tensor"):
-        with LaggingStream(), detect_races():
-            R._active()[-1].copied([1, 2])
+        with LaggingStream(), det:
+            det.copied([1, 2])
+    with pytest.raises(RuntimeError, match="needs an active detector"):
+        det.copied(buf)
 
 
 # ---- state: nesting, exceptions, threads -----------------------------------------------------------------

@@ -281,9 +281,6 @@ class RaceReport:
     def __len__(self) -> int:
         return self.total
 
-    def __bool__(self) -> bool:  # a report is truthy even when empty (``with ... as r`` then ``if r:``)
-        return True
-
     def count(self, kind: str | None = None) -> int:
         """Copies affected by one kind of hazard (all kinds for ``None``)."""
         if kind is None:
@@ -662,7 +659,8 @@ class RaceDetector:
         """Declare that an asynchronous H2D copy from pinned ``src`` (its first ``nbytes`` bytes) was queued
         just now on the current stream by code the detector cannot see (a C++ extension's own
         ``cudaMemcpyAsync``, such as FlashInfer's ``plan()`` staging its plan info): it is then followed like
-        any other pending copy."""
+        any other pending copy. Keep the detector to call it: ``det = detect_races()``, then
+        ``with det as races: ...; det.copied(buf)``."""
         if not isinstance(src, torch.Tensor):
             raise TypeError(f"src must be a torch.Tensor (the pinned host buffer the copy reads), got "
                             f"{type(src).__name__}")
@@ -842,8 +840,8 @@ class RaceDetector:
                 self._follow(clock, name, src, dst)
         except RaceError:
             raise
-        except Exception:  # noqa: BLE001 - unusual arguments: torch has already run (or refused) the call
-            return
+        except Exception as exc:  # noqa: BLE001 - torch has run the call; the detector must not break it
+            self.report.unchecked[f"<a {name}() the detector could not read: {type(exc).__name__}: {exc}>"[:200]] += 1
 
     def _follow(self, clock, name, src, dst) -> None:
         src_dev, dst_dev = clock.is_device(src), clock.is_device(dst)
