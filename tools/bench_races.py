@@ -302,7 +302,21 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead-steps", type=int, default=2_000 if cuda else 200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true", help="also profile one detected loop (cProfile, top 25)")
     a = ap.parse_args(argv)
+    if a.profile:
+        import cProfile
+        import pstats
+
+        with detect_races():  # warm
+            steploop.plain_loop(_stream(), "snapshot", steps=200, n_ints=64, busy_ms=0.02, ahead=None, per_step=False)
+        prof = cProfile.Profile()
+        with detect_races():
+            prof.enable()
+            steploop.plain_loop(_stream(), "snapshot", steps=a.overhead_steps, n_ints=64, busy_ms=0.02, ahead=None,
+                                per_step=False)
+            prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(0) if cuda else "emulated lagging stream (CPU)",
            "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -171,10 +171,6 @@ class _CudaClock:
         return bool(torch.cuda.is_current_stream_capturing())
 
     @staticmethod
-    def stream_key():
-        return torch.cuda.current_stream().cuda_stream
-
-    @staticmethod
     def mark():
         ev = torch.cuda.Event()
         ev.record()
@@ -204,9 +200,6 @@ class _EmulatedClock:
 
     def capturing(self) -> bool:
         return self.lag._capture is not None
-
-    def stream_key(self):
-        return id(self.lag)
 
     def mark(self):
         q = self.lag._queue
@@ -698,7 +691,9 @@ class RaceDetector:
         if key is None:
             return
         p = _Pending(kind, where, t, nbytes, shadow, key, (clock, mark), ordinal)
-        self._queues.setdefault((id(clock), clock.stream_key()), deque()).append(p)
+        # one queue per clock, in the order copies were queued: copies on other streams may complete out of
+        # order, which only delays their retirement (a touched copy is asked itself whether it has run)
+        self._queues.setdefault(id(clock), deque()).append(p)
         self._by_storage.setdefault(key, []).append(p)
         self._ring.append(p)
         self._tracked += 1
