@@ -59,6 +59,8 @@ def test_vllm_kv_block_zeroer(kind, fixed):
     with s, detect_races() as races:
         kv = torch.ones(16, 8, device=s.device)
         z = BlockZeroer(s, kv, fixed)
+        kv.index_fill_(0, torch.tensor([15], device=s.device), 1.0)  # a first launch waits behind a busy GPU
+        s.synchronize()
         s.busy(20.0)                       # the GPU is behind the scheduler
         z.zero_block_ids([0, 1, 2, 3])
         z.zero_block_ids([8, 9, 10, 11])   # the next batch, before the first copy ran

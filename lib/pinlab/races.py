@@ -129,15 +129,19 @@ def _writes_self(name: str) -> bool:
     return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__"))
 
 
-def _tensors(obj, depth: int = 0):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif depth < 2 and isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o, depth + 1)
-    elif depth < 2 and isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o, depth + 1)
+def _tensors(obj) -> list:
+    """The tensors in a call's arguments (a tensor, or a list, tuple or dict of them, two levels down)."""
+    Tensor = torch.Tensor
+    if isinstance(obj, Tensor):
+        return [obj]
+    out = []
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for o in items:
+        if isinstance(o, Tensor):
+            out.append(o)
+        elif isinstance(o, (list, tuple)):
+            out.extend(x for x in o if isinstance(x, Tensor))
+    return out
 
 
 def _storage_key(t: torch.Tensor):
@@ -162,23 +166,31 @@ def _read(ptr: int, nbytes: int) -> bytes:
 # --- clocks: when has a queued copy run? ----------------------------------------------------------------
 
 class _CudaClock:
-    """Copies queued on CUDA streams: each pending copy holds an event recorded on its stream after it."""
+    """Copies queued on CUDA streams: each pending copy holds an event recorded on its stream after it
+    (events come from a pool: a completed one is recorded again rather than made anew)."""
 
     emulated = False
+
+    def __init__(self):
+        self._free: list = []
 
     @staticmethod
     def capturing() -> bool:
         return bool(torch.cuda.is_current_stream_capturing())
 
-    @staticmethod
-    def mark():
-        ev = torch.cuda.Event()
+    def mark(self):
+        ev = self._free.pop() if self._free else torch.cuda.Event()
         ev.record()
         return ev
 
     @staticmethod
     def done(mark) -> bool:
         return mark.query()
+
+    def release(self, mark) -> None:
+        """A mark whose copy has run: its event may be recorded again (a pool of at most 64)."""
+        if len(self._free) < 64:
+            self._free.append(mark)
 
     @staticmethod
     def is_device(t: torch.Tensor) -> bool:
@@ -210,6 +222,10 @@ class _EmulatedClock:
         q, index = mark
         pushed, waiting = q.state()
         return index < pushed - waiting
+
+    @staticmethod
+    def release(mark) -> None:
+        return None
 
     def is_device(self, t: torch.Tensor) -> bool:
         return self.lag.is_device(t)
@@ -719,10 +735,12 @@ class RaceDetector:
             while q:
                 p = q[0]
                 clock, mark = p.mark
-                if p.live and not clock.done(mark):
+                if not clock.done(mark):
                     break
                 q.popleft()
                 self._retire(p)
+                if not (q and q[0].mark[1] is mark):  # a replay's copies share one mark: the last frees it
+                    clock.release(mark)
         if self._ring and len(self._ring) > 2 * self._tracked + 8:
             self._ring = deque(p for p in self._ring if p.live)
 
