@@ -13,7 +13,6 @@ from pinlab.races import D2H_READ, D2H_WRITE, GRAPH_REWRITE, H2D_REWRITE, RaceEr
 from pinlab.streams import LaggingStream
 
 STEPS = 40
-gpu = pytest.mark.gpu
 
 
 def _stream(kind):
@@ -392,7 +391,7 @@ def _line_of(text: str) -> int:
 
 # ---- CUDA ----------------------------------------------------------------------------------------------
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("how", ["reuse", "reuse_to", "ring_no_wait"])
 def test_gpu_every_wrong_step_is_flagged(how):
     s = _stream("cuda")
@@ -401,7 +400,7 @@ def test_gpu_every_wrong_step_is_flagged(how):
     assert set(wrong) <= set(races.raced), f"wrong steps not flagged: {sorted(set(wrong) - set(races.raced))}"
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("how", ["snapshot", "pin_snapshot", "pageable", "event_wait", "ring"])
 def test_gpu_the_fixes_are_clean(how):
     s = _stream("cuda")
@@ -409,7 +408,7 @@ def test_gpu_the_fixes_are_clean(how):
     assert wrong == [] and races.total == 0, races.summary()
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_a_read_before_the_event_is_flagged_and_after_it_is_clean():
     s = _stream("cuda")
     dev = torch.arange(8, device="cuda")     # launched once before: a first launch waits behind a busy GPU
@@ -426,7 +425,7 @@ def test_gpu_a_read_before_the_event_is_flagged_and_after_it_is_clean():
     assert races.counts == {D2H_READ: 1}, races.summary()
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("fix", [False, True])
 def test_gpu_graph_replays(fix):
     s = _stream("cuda")
@@ -437,7 +436,7 @@ def test_gpu_graph_replays(fix):
         assert wrong and set(wrong) <= set(races.raced)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_a_copy_on_a_side_stream_is_timed_by_its_own_stream():
     s = _stream("cuda")
     side = torch.cuda.Stream()
@@ -453,7 +452,7 @@ def test_gpu_a_copy_on_a_side_stream_is_timed_by_its_own_stream():
     assert races.counts == {H2D_REWRITE: 1}, races.summary()
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_setitem_from_pinned_memory_waits_and_is_not_pending():
     s = _stream("cuda")
     with detect_races() as races:

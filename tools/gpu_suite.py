@@ -161,7 +161,7 @@ def fit_budget(paths, seconds: dict, counts: dict, budget: float, spent: float, 
 
 def gpu_test_files() -> list[str]:
     """tests/test_*.py files that mark a test ``gpu`` (collecting only those keeps the pytest run short)."""
-    marked = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\s*=.*\bmark\.gpu\b)", re.M)
+    marked = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\s*=.*\bmark\.gpu\b)|\bmarks\s*=\s*pytest\.mark\.gpu\b", re.M)
     return [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py"))
             if marked.search(p.read_text(encoding="utf-8"))]
 
