@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -112,16 +113,55 @@ def _make_n_lab(*make_args, env=None):
     return line
 
 
+def _lab_argv(line: str) -> list[str]:
+    """The arguments `make lab` hands tools/lab.py, as the shell splits its recipe line."""
+    words = shlex.split(line)
+    return words[words.index("tools/lab.py") + 1:]
+
+
 def test_make_lab_passes_ip_port_args_and_allow_root_only_from_the_command_line():
-    line = _make_n_lab()
-    assert "--ip localhost --port 8888" in line and "--allow-root" not in line
-    line = _make_n_lab("LAB_IP=0.0.0.0", "LAB_PORT=9001", "LAB_ARGS=--no-browser --ServerApp.base_url=/x/")
-    assert "--ip 0.0.0.0 --port 9001" in line and line.endswith("-- --no-browser --ServerApp.base_url=/x/")
+    argv = _lab_argv(_make_n_lab())
+    assert argv[argv.index("--ip") + 1:argv.index("--ip") + 4] == ["localhost", "--port", "8888"]
+    assert "--allow-root" not in argv
+    argv = _lab_argv(_make_n_lab("LAB_IP=0.0.0.0", "LAB_PORT=9001", "LAB_ARGS=--no-browser --ServerApp.base_url=/x/"))
+    assert argv[argv.index("--ip") + 1:argv.index("--ip") + 4] == ["0.0.0.0", "--port", "9001"]
+    assert argv[-1] == "--lab-args=--no-browser --ServerApp.base_url=/x/"
     assert "--allow-root" in _make_n_lab("ALLOW_ROOT=1")
     assert "--allow-root" not in _make_n_lab("ALLOW_ROOT=yes")
     assert "--allow-root" not in _make_n_lab(env=dict(os.environ, ALLOW_ROOT="1"))  # an exported variable: no
     recipe = (ROOT / "Makefile").read_text().split("\nlab: setup\n", 1)[1].split("\n\n", 1)[0]
     assert "id -u" not in recipe  # no silent --allow-root for uid 0
+
+
+_ARGV_PY = """#!/usr/bin/env python3
+# stands in for the venv's python: prints the arguments it was given, one JSON list a line
+import json, sys
+print("ARGV " + json.dumps(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("var", ["LAB_ARGS", "LAB_IP", "LAB_PORT"])
+def test_make_lab_runs_no_second_command_from_its_variables(tmp_path, var):
+    """`make lab LAB_ARGS='; echo INJECTED'` (or LAB_IP, LAB_PORT): the text reaches tools/lab.py as it was given,
+    and the shell runs nothing of it (make -o setup: the recipe alone, with a python that prints its argv)."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    fake = tmp_path / "python"
+    fake.write_text(_ARGV_PY)
+    fake.chmod(0o755)
+    planted = "--no-browser; echo INJECTED `echo TICKS` $(echo DOLLAR) 'q' \"d\" $$HOME && echo AND"
+    res = subprocess.run(["make", "-s", "-o", "setup", "lab", f"VPY={fake}", f"{var}={planted}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    argv_lines = [ln for ln in res.stdout.splitlines() if ln.startswith("ARGV ")]
+    assert len(argv_lines) == 1 and res.stdout.strip() == argv_lines[0], f"the shell ran more than lab.py:\n{out}"
+    for word in ("INJECTED", "TICKS", "DOLLAR", "AND"):  # none of them echoed by a command of their own
+        assert f"\n{word}" not in "\n" + out.replace(argv_lines[0], ""), out
+    argv = json.loads(argv_lines[0][5:])
+    given = {"LAB_ARGS": argv[-1].split("=", 1)[1] if argv[-1].startswith("--lab-args=") else None,
+             "LAB_IP": argv[argv.index("--ip") + 1], "LAB_PORT": argv[argv.index("--port") + 1]}[var]
+    assert given == planted, argv
 
 
 @pytest.fixture
@@ -178,6 +218,68 @@ def test_lab_refuses_an_empty_token_and_a_busy_port(lab_tool, monkeypatch, capsy
         port = s.getsockname()[1]
         assert lab_tool.main(["--ip", "127.0.0.1", "--port", str(port)]) == 2
     assert f"127.0.0.1:{port} cannot be used" in capsys.readouterr().err
+
+
+# every spelling traitlets reads as an empty token: `--Class.trait=value`, `--Class.trait value`, one dash, quotes
+EMPTY_TOKENS = ["--ServerApp.token=", '--ServerApp.token ""', "--ServerApp.token ''", "--IdentityProvider.token ''",
+                "--IdentityProvider.token=", "--NotebookApp.token=''", '--NotebookApp.token=\'""\'',
+                "--PasswordIdentityProvider.token=", "-ServerApp.token=", "--ServerApp.token", "--ServerApp.token ' '",
+                "--no-browser --IdentityProvider.token= --ServerApp.base_url=/x/"]
+REFUSED = {**{t: "empty token turns authentication off" for t in EMPTY_TOKENS},
+           "--ServerApp.password=''": "empty password", "--ServerApp.password ''": "empty password",
+           "--PasswordIdentityProvider.hashed_password=": "empty password",
+           "--IdentityProvider.token=abc123": "give the token in JUPYTER_TOKEN",   # argv: readable in ps
+           "--ServerApp.token abc123": "give the token in JUPYTER_TOKEN",
+           "--ServerApp.disable_check_xsrf=True": "XSRF", "--ServerApp.disable_check_xsrf": "XSRF",
+           "--config=/tmp/x.py": "its own config folder", "--JupyterApp.config_file=/tmp/x.py": "its own config folder"}
+
+
+@pytest.mark.parametrize("planted", sorted(REFUSED))
+def test_lab_refuses_a_disabled_token_in_any_spelling(lab_tool, monkeypatch, capsys, planted):
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    assert lab_tool.main(["--dry-run", f"--lab-args={planted}"]) == 2   # as make lab gives LAB_ARGS
+    err = capsys.readouterr().err
+    assert err.startswith("make lab: refusing") and REFUSED[planted] in err, err
+    assert lab_tool.main(["--dry-run", "--", *shlex.split(planted)]) == 2  # after --, as words
+    assert REFUSED[planted] in capsys.readouterr().err
+
+
+def test_lab_passes_other_arguments_and_says_how_to_quote(lab_tool, monkeypatch, capsys):
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    fine = "--no-browser --ServerApp.base_url='/my lab/' --ServerApp.disable_check_xsrf=False " \
+           "--ServerApp.password=argon2:abc"
+    assert lab_tool.main(["--dry-run", f"--lab-args={fine}"]) == 0
+    cmd = shlex.split(capsys.readouterr().out.split("would run: ", 1)[1])
+    assert cmd[-5:] == ["--no-browser", "--ServerApp.base_url=/my lab/", "--ServerApp.disable_check_xsrf=False",
+                        "--ServerApp.password=argon2:abc", "notebooks/00_start_here.ipynb"], cmd
+    with pytest.raises(SystemExit):
+        lab_tool.main(["--dry-run", "--lab-args=--ServerApp.base_url='/x"])
+    assert "cannot be split into words" in capsys.readouterr().err
+
+
+def test_lab_kernels_do_not_inherit_the_token(lab_tool, monkeypatch, tmp_path):
+    """JupyterLab starts without JUPYTER_TOKEN (kernels and terminals copy the server's environment): the token
+    travels in PINLAB_LAB_TOKEN to tools/lab_config/jupyter_server_config.py, which takes it out of the server's
+    environment and gives it to the identity provider; that folder comes first on JUPYTER_CONFIG_PATH."""
+    from traitlets.config import Config
+
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("JUPYTER_TOKEN", "tok-abc")
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", "/elsewhere")
+    monkeypatch.chdir(tmp_path)  # main() goes to the repository before it execs
+    seen = {}
+    monkeypatch.setattr(lab_tool.os, "execve", lambda exe, cmd, env: seen.update(env=env))
+    monkeypatch.setattr(lab_tool, "port_problem", lambda ip, port: None)
+    lab_tool.main(["--ip", "127.0.0.1"])
+    env = seen["env"]
+    assert "JUPYTER_TOKEN" not in env and env["PINLAB_LAB_TOKEN"] == "tok-abc"
+    assert env["JUPYTER_CONFIG_PATH"] == f"{ROOT / 'tools' / 'lab_config'}{os.pathsep}/elsewhere"
+    config_file = ROOT / "tools" / "lab_config" / "jupyter_server_config.py"
+    c = Config()
+    monkeypatch.setattr(os, "environ", dict(env))
+    exec(compile(config_file.read_text(), str(config_file), "exec"), {"get_config": lambda: c})
+    assert "PINLAB_LAB_TOKEN" not in os.environ and "tok-abc" not in os.environ.values()
+    assert c.IdentityProvider.token == "tok-abc" and c.PasswordIdentityProvider.token == "tok-abc"
 
 
 # ---- tools/gpu-wheels.sh ----------------------------------------------------------------------------------------
