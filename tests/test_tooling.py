@@ -381,9 +381,73 @@ def test_build_site_refuses_to_empty_a_folder_outside_build(tmp_path, monkeypatc
     assert build_site.out_problem(Path("build/site")) is None                # as make site gives it
     assert build_site.out_problem(ROOT / "build") is not None            # build/ itself: not a site folder
     assert build_site.out_problem(ROOT / "build" / ".." / "lib") is not None
-    assert build_site.out_problem(victim, force=True) is None
     for never in (ROOT, ROOT.parent, Path("/"), Path.home()):
         assert "refused" in build_site.out_problem(never, force=True)
+
+
+def test_build_site_deletes_nothing_outside_build_even_with_force(tmp_path, monkeypatch):
+    """--force allows a new or empty folder outside build/ (nothing there is deleted), never one holding files:
+    not /usr, not /etc, not a folder of someone's work."""
+    import build_site
+
+    monkeypatch.chdir(ROOT)
+    for system in (Path("/usr"), Path("/etc")):
+        assert "deletes nothing outside build/" in build_site.out_problem(system, force=True)
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("years of work")
+    assert "even with --force" in build_site.out_problem(victim, force=True)
+    assert "is not a folder" in build_site.out_problem(victim / "thesis.tex", force=True)
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(victim), "--force"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "even with --force" in res.stderr, res.stderr
+    with pytest.raises(ValueError, match="even with --force"):       # build() itself checks, for make run
+        build_site.build(victim)
+    assert (victim / "thesis.tex").read_text() == "years of work"
+    (tmp_path / "empty").mkdir()
+    assert build_site.out_problem(tmp_path / "empty", force=True) is None
+    assert build_site.out_problem(tmp_path / "new" / "site", force=True) is None
+    assert "--force for a new or empty folder" in build_site.out_problem(tmp_path / "empty")
+
+
+def _checkout_with_build_link(tmp_path, target):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    (root / "build").symlink_to(target, target_is_directory=True)
+    return root
+
+
+def test_build_site_resolves_symlinks_and_refuses_a_build_folder_that_is_a_link(tmp_path, monkeypatch):
+    """build/ a symbolic link to a folder outside the checkout: the site would be deleted and written there;
+    refused, and nothing there is deleted (plain run and build() alike). A link inside build/ to elsewhere is
+    judged by where it leads."""
+    import build_site
+
+    outside = tmp_path / "outside"
+    (outside / "site").mkdir(parents=True)
+    (outside / "site" / "keep.txt").write_text("not the site's")
+    root = _checkout_with_build_link(tmp_path, outside)
+    for force in (False, True):
+        problem = build_site.out_problem(root / "build" / "site", force=force, root=root)
+        assert problem and "is a symbolic link to" in problem and "rm " in problem, problem
+    monkeypatch.setattr(build_site, "ROOT", root)
+    with pytest.raises(ValueError, match="symbolic link"):
+        build_site.build(root / "build" / "site")
+    assert (outside / "site" / "keep.txt").read_text() == "not the site's"
+
+    real = tmp_path / "real"   # build/ a real folder, build/site a link out of it
+    (real / "build").mkdir(parents=True)
+    (real / "build" / "site").symlink_to(outside / "site", target_is_directory=True)
+    for force in (False, True):
+        problem = build_site.out_problem(real / "build" / "site", force=force, root=real)
+        assert problem and "leads through a symbolic link" in problem, problem
+    (real / "build" / "inner").mkdir()
+    (real / "build" / "alias").symlink_to(real / "build" / "inner", target_is_directory=True)
+    assert build_site.out_problem(real / "build" / "alias", root=real) is None  # a link that stays inside build/
+    loop = real / "build" / "loop"
+    loop.symlink_to(loop)
+    assert build_site.out_problem(loop, force=True, root=real) is not None
+    assert (outside / "site" / "keep.txt").read_text() == "not the site's"
 
 
 # ---- tools/mutation_check.py: only behaviour tests catch a mutant ----------------------------------------------
