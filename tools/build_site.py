@@ -84,8 +84,18 @@ def gpu_report(root: Path = ROOT) -> dict | None:
     return rep if isinstance(rep, dict) else None
 
 
-def _date(utc: str | None) -> str:
-    return (utc or "")[:10] or "an unknown date"
+def _date(utc) -> str:
+    return (utc if isinstance(utc, str) else "")[:10] or "an unknown date"
+
+
+_MD_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def md_text(value) -> str:
+    """A recorded value (``latest.json``'s ``gpu``, driver, dates, a run's mode...) as literal text in MyST
+    Markdown: one line, every ASCII punctuation character backslash-escaped (CommonMark), so that nothing in it
+    is read as HTML (``<img src=x onerror=...>`` shows as text), a link, emphasis, a role or a table cell's end."""
+    return _MD_PUNCTUATION.sub(r"\\\1", " ".join(str(value).split()))
 
 
 def provenance(rel: str, nb: dict, report: dict | None, run: Run | None = None) -> tuple[str, str]:
@@ -324,7 +334,8 @@ def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None)
     (progress bars, no host paths), alt texts for its plots."""
     nb = json.loads(json.dumps(nb))
     folder = rel.split("/", 1)[0]
-    line = f'<p class="provenance {kind}">{html.escape(sentence)}</p>'
+    # one line (a blank line in a recorded value would end the HTML block), every recorded value in it escaped
+    line = f'<p class="provenance {html.escape(kind)}">{html.escape(" ".join(sentence.split()))}</p>'
     if repo:
         line += "\n\n" + run_it_row(rel, repo)
     cells = nb.setdefault("cells", [])
@@ -452,26 +463,27 @@ def _evidence(report: dict | None, run: Run | None) -> str:
     if report:
         nbs = [n for n in report.get("notebooks", []) if isinstance(n, dict)]
         ok = sum(n.get("status") == "passed" for n in nbs)
-        versions = ", ".join(f"{label} {report[k]}" for k, label in
+        versions = ", ".join(f"{label} {md_text(report[k])}" for k, label in
                              (("driver", "driver"), ("torch", "torch"), ("cuda", "CUDA")) if report.get(k))
-        parts.append(f"The committed outputs come from the GPU suite's run on {report.get('gpu') or 'a GPU'}"
-                     + (f" ({versions})" if versions else "") + f" on {_date(report.get('utc'))}: "
+        parts.append(f"The committed outputs come from the GPU suite's run on {md_text(report.get('gpu') or 'a GPU')}"
+                     + (f" ({versions})" if versions else "") + f" on {md_text(_date(report.get('utc')))}: "
                      f"{ok} of {len(nbs)} notebooks passed there (`reports/gpu/latest.json`).")
     else:
         parts.append("No GPU run is recorded yet (`reports/gpu/latest.json` is missing).")
     if run is not None:
-        parts.append(f"This build shows what `make run` executed on {run.mode} on {run.date}: "
+        parts.append(f"This build shows what `make run` executed on {md_text(run.mode)} on {md_text(run.date)}: "
                      "see [the run table](run.md).")
     return " ".join(parts)
 
 
 def _run_md(run: Run) -> str:
     lines = ["# This run", "",
-             f"Executed by `make run` on {run.date} on this machine: {run.mode}. Each notebook ran "
-             "headless from a fresh kernel; the committed notebooks were not changed.", "",
+             f"Executed by `make run` on {md_text(run.date)} on this machine: {md_text(run.mode)}. Each notebook "
+             "ran headless from a fresh kernel; the committed notebooks were not changed.", "",
              "| notebook | mode | seconds | status |", "|---|---|---|---|"]
     for r in run.rows:
-        lines.append(f"| [{r.path}]({r.path}) | {r.mode} | {r.seconds:.1f} | {r.status} |")
+        link = f"[{md_text(r.path)}](<{r.path}>)" if re.fullmatch(r"[\w./-]+", r.path) else md_text(r.path)
+        lines.append(f"| {link} | {md_text(r.mode)} | {float(r.seconds):.1f} | {md_text(r.status)} |")
     return "\n".join(lines) + "\n"
 
 
