@@ -326,6 +326,28 @@ def test_gpu_wheels_writes_sha256sums_and_prints_a_private_install(tmp_path, whe
     assert _wheels(dest / "notes.txt", wheels_env).returncode == 2
 
 
+def test_gpu_wheels_refuses_a_dest_that_is_a_symlink(tmp_path, wheels_env):
+    """DEST a symbolic link to a folder holding another wheel: the link is refused and nothing is written there
+    (before, the "only an earlier run's wheels" check looked at the link, not the folder, and the other wheel
+    ended up in SHA256SUMS); the folder itself gets the check (its wheels are an earlier run's: emptied)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "foreign-1.0-py3-none-any.whl").write_bytes(b"not from this script")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    res = _wheels(link, wheels_env)
+    assert res.returncode == 2 and "is a symbolic link" in res.stderr and str(real) in res.stderr, res.stderr
+    assert sorted(p.name for p in real.iterdir()) == ["foreign-1.0-py3-none-any.whl"]
+    res = _wheels(real, wheels_env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sums = (real / "SHA256SUMS").read_text()
+    assert "foreign" not in sums and sorted(p.name for p in real.iterdir()) == [
+        "SHA256SUMS", "nbval-0.11.0-py2.py3-none-any.whl"]
+    (real / "sneaky.whl").symlink_to(tmp_path / "elsewhere.whl")   # a link inside DEST: not an earlier run's file
+    res = _wheels(real, wheels_env)
+    assert res.returncode == 2 and "refusing to empty it" in res.stderr
+
+
 def _recipe() -> str:
     text = (ROOT / "README.md").read_text()
     section = text.split("## Running the GPU suite", 1)[1].split("\n## ", 1)[0]
