@@ -6,7 +6,12 @@
 #
 # A -devel image: FlashInfer compiles its kernels with nvcc (just in time). torch 2.11 + CUDA 13.0 is what
 # the recorded GPU run used (reports/gpu/latest.json); any CUDA torch image within pyproject's range works.
-ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda13.0-cudnn9-devel
+# Pinned by digest as well as tag (a tag can be pushed again; the digest names one image): the digest of
+# pytorch/pytorch:2.11.0-cuda13.0-cudnn9-devel as two independent public projects recorded it for their runs
+# on it (not read from Docker Hub here). To check it, or to move to another image:
+#   docker buildx imagetools inspect pytorch/pytorch:2.11.0-cuda13.0-cudnn9-devel   # "Digest: sha256:..."
+#   make docker DOCKER_ARGS="--build-arg BASE_IMAGE=pytorch/pytorch:<tag>@sha256:<digest>"
+ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda13.0-cudnn9-devel@sha256:6e8a7a6dedf900096f90190f66f988e7e658cda4f1e6cbc7c17e3a38980a4f89
 FROM ${BASE_IMAGE}
 
 # FlashInfer files its JIT builds under $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer, by architecture list:

@@ -58,13 +58,18 @@ test-notebooks: setup
 	$(VPY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
 # JupyterLab on the course (tools/lab.py): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
-# arguments). It prints the URL with its token, warns when LAB_IP is not a loopback address (plain HTTP: whoever
-# has the URL gets a shell), and refuses to run as root unless ALLOW_ROOT=1 is given on the command line.
+# arguments, split like a shell's words by lab.py, e.g. LAB_ARGS="--no-browser --ServerApp.base_url=/x/"). It prints
+# the URL with its token, warns when LAB_IP is not a loopback address (plain HTTP: whoever has the URL gets a shell),
+# refuses an empty token or password in any spelling, and refuses to run as root unless ALLOW_ROOT=1 is given on the
+# command line. The three reach lab.py single-quoted and unexpanded (shq, $(value ...)): nothing in them is run by
+# the shell or by make (LAB_ARGS="; echo INJECTED" gives JupyterLab the words ";", "echo" and "INJECTED").
 LAB_IP ?= localhost
 LAB_PORT ?= 8888
 LAB_ARGS ?=
+# $(call shq,TEXT): TEXT as one single-quoted shell word (each ' in it written '\'')
+shq = '$(subst ','\'',$(1))'
 lab: setup
-	$(VPY) tools/lab.py --python $(VPY) --ip $(LAB_IP) --port $(LAB_PORT) $(if $(and $(filter command line,$(origin ALLOW_ROOT)),$(filter 1,$(ALLOW_ROOT))),--allow-root) -- $(LAB_ARGS)
+	$(VPY) tools/lab.py --python $(VPY) --ip $(call shq,$(value LAB_IP)) --port $(call shq,$(value LAB_PORT)) $(if $(and $(filter command line,$(origin ALLOW_ROOT)),$(filter 1,$(ALLOW_ROOT))),--allow-root) --lab-args=$(call shq,$(value LAB_ARGS))
 
 # On a GPU host: see README "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
 # Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".

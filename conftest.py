@@ -80,7 +80,44 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"time per phase: {parts} (tests: {total:.0f} s)")
 
 
+#: what the tests, their notebook kernels, JupyterLab and Chromium would otherwise write into the home folder
+#: (IPython's profile and history, matplotlib's font cache, Jupyter's config, data and runtime files,
+#: Chromium's crash reports and dconf cache, pip's and npm's caches): one private folder per test session
+PRIVATE_HOME_VARS = {"IPYTHONDIR": "ipython", "MPLCONFIGDIR": "matplotlib", "JUPYTER_CONFIG_DIR": "jupyter-config",
+                     "JUPYTER_DATA_DIR": "jupyter-data", "XDG_CONFIG_HOME": "config", "XDG_CACHE_HOME": "cache",
+                     "XDG_DATA_HOME": "data", "npm_config_cache": "npm"}
+_PRIVATE_HOME: dict = {}
+
+
+def _use_private_home_dirs() -> None:
+    """Point every variable of :data:`PRIVATE_HOME_VARS` at a folder of a fresh temporary one (removed at the end
+    of the session, with what was in it), so that `make test` leaves nothing in the home folder. The home folder
+    itself (HOME) stays: git's identity, FlashInfer's and Triton's kernel caches on a GPU host live there."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="pinlab-test-home-"))
+    _PRIVATE_HOME.update(base=base, saved={k: os.environ.get(k) for k in PRIVATE_HOME_VARS})
+    for var, sub in PRIVATE_HOME_VARS.items():
+        (base / sub).mkdir()
+        os.environ[var] = str(base / sub)
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    base = _PRIVATE_HOME.pop("base", None)
+    if base is None:
+        return
+    for var, value in _PRIVATE_HOME.pop("saved").items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def pytest_configure(config):
+    _use_private_home_dirs()
     if config.getoption("--require-gpu"):
         import torch
 

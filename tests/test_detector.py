@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -637,37 +636,44 @@ def test_odd_arguments_still_reach_torch():
     assert report.total == 0
 
 
-def test_overhead_is_small():
-    a, b = torch.randn(64, 64), torch.randn(64, 64)
-    buf = torch.empty(64, 64)
+def test_a_small_op_loop_under_the_detector_computes_the_same_and_reports_only_its_copies():
+    """The loop tools/bench_detector.py times (what the detector costs is measured there, in interleaved rounds:
+    a wall-clock bound in a unit test fails on a loaded machine). Here: under the detector the loop computes
+    bitwise what it computes without, its CPU-only ops report nothing, the one blocking copy per step to the
+    (meta) device is counted every step, and no torch function mode is left behind."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import bench_detector
 
-    def loop():
-        for _ in range(200):
-            c = torch.relu(a @ b + 1.0)
-            buf.copy_(c)
-            c.to(torch.float64)
-            c[:4].clone().sum()
-
-    def best(fn, k=7):
-        out = []
-        for _ in range(k):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return min(out)
-
-    def wrapped():
-        with detect_stalls():
+    torch.manual_seed(0)
+    plain = bench_detector.small_op_loop(50)().clone()
+    torch.manual_seed(0)
+    loop = bench_detector.small_op_loop(50)
+    with detect_stalls(device_type="meta") as report:
+        under = loop().clone()
+    assert torch.equal(plain, under) and report.total == 0, report.summary()
+    dev = torch.empty(4, device="meta")
+    with detect_stalls(device_type="meta") as report:
+        for _ in range(50):
             loop()
+            dev.copy_(torch.ones(4))
+    assert report.total == 50 and report.count(BLOCKING_COPY) == 50, report.summary()
+    assert torch._C._len_torch_function_stack() == 0
 
-    loop()
-    wrapped()
-    ratios = []
-    for _ in range(3):  # timing on a shared machine: pass if any of three tries is within 2x
-        ratios.append(best(wrapped) / best(loop))
-        if ratios[-1] <= 2.0:
-            break
-    assert min(ratios) <= 2.0, f"detect_stalls made a small-op CPU loop {min(ratios):.2f}x slower"
+
+def test_the_overhead_benchmark_runs_and_prints_its_ratio(capsys):
+    """tools/bench_detector.py, tiny: it measures both loops in one run and prints the ratio (no bound here)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import bench_detector
+
+    res = bench_detector.measure(rounds=3, steps=2)
+    assert len(res["seconds"]["plain"]) == len(res["seconds"]["detected"]) == 3
+    assert res["ratio"] > 0 and res["ratio"] == res["median_s"]["detected"] / res["median_s"]["plain"]
+    assert bench_detector.main(["--rounds", "2", "--steps", "2"]) == 0
+    assert "ratio of the medians" in capsys.readouterr().out
+    assert bench_detector.main(["--rounds", "2", "--steps", "2", "--max-ratio", "1e-9"]) == 1
+    for bad in ({"rounds": 0}, {"steps": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            bench_detector.measure(**bad)
 
 
 # --- on a real GPU ---------------------------------------------------------------------------------

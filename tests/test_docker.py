@@ -65,6 +65,13 @@ def test_dockerfile_installs_the_course_and_builds_flashinfers_kernel(instructio
         "a -devel image: FlashInfer's JIT needs nvcc"
 
 
+def test_dockerfile_pins_its_base_image_by_digest(instructions):
+    """A tag can be pushed again; the base image is named by tag and digest (name:tag@sha256:<64 hex>)."""
+    arg = next(a for n, a in instructions if n == "ARG" and a.startswith("BASE_IMAGE="))
+    assert re.fullmatch(r"BASE_IMAGE=[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", arg), arg
+    assert any(n == "FROM" and a == "${BASE_IMAGE}" for n, a in instructions)
+
+
 def test_dockerfile_serves_jupyterlab_on_8888(instructions):
     assert any(n == "EXPOSE" and "8888" in a.split() for n, a in instructions)
     cmd = [a for n, a in instructions if n in ("CMD", "ENTRYPOINT")][-1]

@@ -185,6 +185,12 @@ def test_jupyter_lab_lists_the_course_and_runs_pinlab(lab, tmp_path):
     with urllib.request.urlopen(f"{lab.base}/lab?token={lab.token}", timeout=30) as resp:
         status, lab_page = resp.status, resp.read()
     assert status == 200 and b"JupyterLab" in lab_page
+    # without the token (or with another one) the API refuses: authentication is on
+    for headers in ({}, {"Authorization": "token not-the-token"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{lab.base}/api/contents", headers=headers), timeout=30)
+        assert refused.value.code == 403, refused.value.code
+    assert "All authentication is disabled" not in lab.log_tail()
 
     # a kernel starts and runs the course's first line
     status, kernel = lab.api("POST", "/api/kernels", {"name": "python3"})
@@ -197,6 +203,10 @@ def test_jupyter_lab_lists_the_course_and_runs_pinlab(lab, tmp_path):
         out = _execute(ws, session, 'import pinlab; pinlab.header("x")', KERNEL_TIMEOUT_S)
         assert out.startswith("pinlab | x\n") and "mode: " in out, out
         pid = int(_execute(ws, session, "import os; print(os.getpid())", 30))
+        # the kernel's environment holds no token: not JUPYTER_TOKEN, not the variable that carried it to the server
+        env = json.loads(_execute(ws, session, "import json, os; print(json.dumps(dict(os.environ)))", 30))
+        assert "JUPYTER_TOKEN" not in env and "PINLAB_LAB_TOKEN" not in env, sorted(env)
+        assert not [k for k, v in env.items() if lab.token in v], "the kernel's environment holds the token"
     finally:
         ws.close()
     assert lab.api("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204

@@ -187,6 +187,54 @@ def run_site(site_with_plot, tmp_path_factory):
     return {"out": out, "pages": build_site.build(out, root=root, run=run, strict=False)}
 
 
+PLANTED = "<img src=x onerror=alert(2)>"
+
+
+@pytest.fixture(scope="module")
+def planted_site(tmp_path_factory):
+    """A course tree whose reports/gpu/latest.json holds script in every recorded string (gpu, driver, torch,
+    CUDA, date, a notebook's status) and a make-run table that does too: the site must show it as text."""
+    _need_generator()
+    root = tmp_path_factory.mktemp("planted")
+    for folder in ("notebooks", "exercises"):
+        (root / folder).mkdir()
+    (root / "notebooks" / "01_x.ipynb").write_text(json.dumps(_nb(True, "# 01 · A lesson")))
+    (root / "notebooks" / "02_y.ipynb").write_text(json.dumps(_nb(True, "# 02 · Another")))
+    (root / "exercises" / "01_x.ipynb").write_text(json.dumps(_nb(True, "# Exercises · 01")))
+    (root / "README.md").write_text("# c\n\n## Syllabus\n\n| lesson | topic | minutes | gpu |\n|---|---|---|---|\n"
+                                    "| [01](notebooks/01_x.ipynb) | x | 5 | no |\n")
+    (root / "reports" / "gpu").mkdir(parents=True)
+    report = {"gpu": PLANTED, "driver": f"580 {PLANTED}", "torch": f"2.11 {PLANTED}", "cuda": f"13.0{PLANTED}",
+              "utc": "<script>alert(3)</script>", "notebooks": [
+                  {"path": "notebooks/01_x.ipynb", "status": f"failed {PLANTED}"},
+                  {"path": "notebooks/02_y.ipynb", "status": "passed\n\n[click](javascript:alert(4))"}]}
+    (root / "reports" / "gpu" / "latest.json").write_text(json.dumps(report))
+    executed = tmp_path_factory.mktemp("planted-executed")
+    (executed / "exercises").mkdir()
+    shutil.copyfile(root / "exercises" / "01_x.ipynb", executed / "exercises" / "01_x.ipynb")
+    run = build_site.Run(f"GPU ({PLANTED})", f"2026-12-01 {PLANTED}",
+                         [build_site.RunRow("exercises/01_x.ipynb", f"GPU | {PLANTED}", 1.5, f"ok {PLANTED}")],
+                         executed)
+    out = tmp_path_factory.mktemp("planted-site") / "html"
+    return {"out": out, "pages": build_site.build(out, root=root, run=run, strict=False)}
+
+
+def test_recorded_strings_reach_the_site_escaped(planted_site):
+    out = planted_site["out"]
+    pages = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8") for p in out.rglob("*.html")}
+    for rel in ("index.html", "run.html", "notebooks/01_x.html", "notebooks/02_y.html", "exercises/01_x.html"):
+        assert rel in pages, sorted(pages)
+    for rel, text in pages.items():
+        assert "<img src=x" not in text and "onerror=alert" not in text.replace("onerror=alert(2)&gt;", ""), rel
+        assert "<script>alert" not in text and 'href="javascript:' not in text, rel
+    escaped = html_lib.escape(PLANTED, quote=False)  # the values are there, as text
+    assert pages["index.html"].count(escaped) == 6 and "&lt;script&gt;al" in pages["index.html"]
+    assert escaped in pages["notebooks/01_x.html"] and "[click](javascript:alert(4))" in pages["notebooks/02_y.html"]
+    table = re.search(r"<table.*?</table>", pages["run.html"], re.S).group(0)
+    assert table.count("<td") == 4, table   # one row of four cells: the planted | did not end a cell
+    assert f"<td><p>GPU | {escaped}</p></td>" in table and f"<td><p>ok {escaped}</p></td>" in table
+
+
 def test_make_run_renders_what_it_ran_with_its_run_table(run_site):
     assert run_site["pages"]["notebooks/01_x.ipynb"]["kind"] == "this-run"
     assert run_site["pages"]["exercises/01_x.ipynb"]["kind"] == "not-executed"  # not run: as committed

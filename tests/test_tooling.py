@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -112,16 +113,55 @@ def _make_n_lab(*make_args, env=None):
     return line
 
 
+def _lab_argv(line: str) -> list[str]:
+    """The arguments `make lab` hands tools/lab.py, as the shell splits its recipe line."""
+    words = shlex.split(line)
+    return words[words.index("tools/lab.py") + 1:]
+
+
 def test_make_lab_passes_ip_port_args_and_allow_root_only_from_the_command_line():
-    line = _make_n_lab()
-    assert "--ip localhost --port 8888" in line and "--allow-root" not in line
-    line = _make_n_lab("LAB_IP=0.0.0.0", "LAB_PORT=9001", "LAB_ARGS=--no-browser --ServerApp.base_url=/x/")
-    assert "--ip 0.0.0.0 --port 9001" in line and line.endswith("-- --no-browser --ServerApp.base_url=/x/")
+    argv = _lab_argv(_make_n_lab())
+    assert argv[argv.index("--ip") + 1:argv.index("--ip") + 4] == ["localhost", "--port", "8888"]
+    assert "--allow-root" not in argv
+    argv = _lab_argv(_make_n_lab("LAB_IP=0.0.0.0", "LAB_PORT=9001", "LAB_ARGS=--no-browser --ServerApp.base_url=/x/"))
+    assert argv[argv.index("--ip") + 1:argv.index("--ip") + 4] == ["0.0.0.0", "--port", "9001"]
+    assert argv[-1] == "--lab-args=--no-browser --ServerApp.base_url=/x/"
     assert "--allow-root" in _make_n_lab("ALLOW_ROOT=1")
     assert "--allow-root" not in _make_n_lab("ALLOW_ROOT=yes")
     assert "--allow-root" not in _make_n_lab(env=dict(os.environ, ALLOW_ROOT="1"))  # an exported variable: no
     recipe = (ROOT / "Makefile").read_text().split("\nlab: setup\n", 1)[1].split("\n\n", 1)[0]
     assert "id -u" not in recipe  # no silent --allow-root for uid 0
+
+
+_ARGV_PY = """#!/usr/bin/env python3
+# stands in for the venv's python: prints the arguments it was given, one JSON list a line
+import json, sys
+print("ARGV " + json.dumps(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("var", ["LAB_ARGS", "LAB_IP", "LAB_PORT"])
+def test_make_lab_runs_no_second_command_from_its_variables(tmp_path, var):
+    """`make lab LAB_ARGS='; echo INJECTED'` (or LAB_IP, LAB_PORT): the text reaches tools/lab.py as it was given,
+    and the shell runs nothing of it (make -o setup: the recipe alone, with a python that prints its argv)."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    fake = tmp_path / "python"
+    fake.write_text(_ARGV_PY)
+    fake.chmod(0o755)
+    planted = "--no-browser; echo INJECTED `echo TICKS` $(echo DOLLAR) 'q' \"d\" $$HOME && echo AND"
+    res = subprocess.run(["make", "-s", "-o", "setup", "lab", f"VPY={fake}", f"{var}={planted}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    argv_lines = [ln for ln in res.stdout.splitlines() if ln.startswith("ARGV ")]
+    assert len(argv_lines) == 1 and res.stdout.strip() == argv_lines[0], f"the shell ran more than lab.py:\n{out}"
+    for word in ("INJECTED", "TICKS", "DOLLAR", "AND"):  # none of them echoed by a command of their own
+        assert f"\n{word}" not in "\n" + out.replace(argv_lines[0], ""), out
+    argv = json.loads(argv_lines[0][5:])
+    given = {"LAB_ARGS": argv[-1].split("=", 1)[1] if argv[-1].startswith("--lab-args=") else None,
+             "LAB_IP": argv[argv.index("--ip") + 1], "LAB_PORT": argv[argv.index("--port") + 1]}[var]
+    assert given == planted, argv
 
 
 @pytest.fixture
@@ -180,6 +220,68 @@ def test_lab_refuses_an_empty_token_and_a_busy_port(lab_tool, monkeypatch, capsy
     assert f"127.0.0.1:{port} cannot be used" in capsys.readouterr().err
 
 
+# every spelling traitlets reads as an empty token: `--Class.trait=value`, `--Class.trait value`, one dash, quotes
+EMPTY_TOKENS = ["--ServerApp.token=", '--ServerApp.token ""', "--ServerApp.token ''", "--IdentityProvider.token ''",
+                "--IdentityProvider.token=", "--NotebookApp.token=''", '--NotebookApp.token=\'""\'',
+                "--PasswordIdentityProvider.token=", "-ServerApp.token=", "--ServerApp.token", "--ServerApp.token ' '",
+                "--no-browser --IdentityProvider.token= --ServerApp.base_url=/x/"]
+REFUSED = {**{t: "empty token turns authentication off" for t in EMPTY_TOKENS},
+           "--ServerApp.password=''": "empty password", "--ServerApp.password ''": "empty password",
+           "--PasswordIdentityProvider.hashed_password=": "empty password",
+           "--IdentityProvider.token=abc123": "give the token in JUPYTER_TOKEN",   # argv: readable in ps
+           "--ServerApp.token abc123": "give the token in JUPYTER_TOKEN",
+           "--ServerApp.disable_check_xsrf=True": "XSRF", "--ServerApp.disable_check_xsrf": "XSRF",
+           "--config=/tmp/x.py": "its own config folder", "--JupyterApp.config_file=/tmp/x.py": "its own config folder"}
+
+
+@pytest.mark.parametrize("planted", sorted(REFUSED))
+def test_lab_refuses_a_disabled_token_in_any_spelling(lab_tool, monkeypatch, capsys, planted):
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    assert lab_tool.main(["--dry-run", f"--lab-args={planted}"]) == 2   # as make lab gives LAB_ARGS
+    err = capsys.readouterr().err
+    assert err.startswith("make lab: refusing") and REFUSED[planted] in err, err
+    assert lab_tool.main(["--dry-run", "--", *shlex.split(planted)]) == 2  # after --, as words
+    assert REFUSED[planted] in capsys.readouterr().err
+
+
+def test_lab_passes_other_arguments_and_says_how_to_quote(lab_tool, monkeypatch, capsys):
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    fine = "--no-browser --ServerApp.base_url='/my lab/' --ServerApp.disable_check_xsrf=False " \
+           "--ServerApp.password=argon2:abc"
+    assert lab_tool.main(["--dry-run", f"--lab-args={fine}"]) == 0
+    cmd = shlex.split(capsys.readouterr().out.split("would run: ", 1)[1])
+    assert cmd[-5:] == ["--no-browser", "--ServerApp.base_url=/my lab/", "--ServerApp.disable_check_xsrf=False",
+                        "--ServerApp.password=argon2:abc", "notebooks/00_start_here.ipynb"], cmd
+    with pytest.raises(SystemExit):
+        lab_tool.main(["--dry-run", "--lab-args=--ServerApp.base_url='/x"])
+    assert "cannot be split into words" in capsys.readouterr().err
+
+
+def test_lab_kernels_do_not_inherit_the_token(lab_tool, monkeypatch, tmp_path):
+    """JupyterLab starts without JUPYTER_TOKEN (kernels and terminals copy the server's environment): the token
+    travels in PINLAB_LAB_TOKEN to tools/lab_config/jupyter_server_config.py, which takes it out of the server's
+    environment and gives it to the identity provider; that folder comes first on JUPYTER_CONFIG_PATH."""
+    from traitlets.config import Config
+
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("JUPYTER_TOKEN", "tok-abc")
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", "/elsewhere")
+    monkeypatch.chdir(tmp_path)  # main() goes to the repository before it execs
+    seen = {}
+    monkeypatch.setattr(lab_tool.os, "execve", lambda exe, cmd, env: seen.update(env=env))
+    monkeypatch.setattr(lab_tool, "port_problem", lambda ip, port: None)
+    lab_tool.main(["--ip", "127.0.0.1"])
+    env = seen["env"]
+    assert "JUPYTER_TOKEN" not in env and env["PINLAB_LAB_TOKEN"] == "tok-abc"
+    assert env["JUPYTER_CONFIG_PATH"] == f"{ROOT / 'tools' / 'lab_config'}{os.pathsep}/elsewhere"
+    config_file = ROOT / "tools" / "lab_config" / "jupyter_server_config.py"
+    c = Config()
+    monkeypatch.setattr(os, "environ", dict(env))
+    exec(compile(config_file.read_text(), str(config_file), "exec"), {"get_config": lambda: c})
+    assert "PINLAB_LAB_TOKEN" not in os.environ and "tok-abc" not in os.environ.values()
+    assert c.IdentityProvider.token == "tok-abc" and c.PasswordIdentityProvider.token == "tok-abc"
+
+
 # ---- tools/gpu-wheels.sh ----------------------------------------------------------------------------------------
 
 _FAKE_PIP = """#!/usr/bin/env python3
@@ -222,6 +324,28 @@ def test_gpu_wheels_writes_sha256sums_and_prints_a_private_install(tmp_path, whe
     res = _wheels(dest, wheels_env)
     assert res.returncode == 2 and "refusing to empty it" in res.stderr and (dest / "notes.txt").read_text() == "mine"
     assert _wheels(dest / "notes.txt", wheels_env).returncode == 2
+
+
+def test_gpu_wheels_refuses_a_dest_that_is_a_symlink(tmp_path, wheels_env):
+    """DEST a symbolic link to a folder holding another wheel: the link is refused and nothing is written there
+    (before, the "only an earlier run's wheels" check looked at the link, not the folder, and the other wheel
+    ended up in SHA256SUMS); the folder itself gets the check (its wheels are an earlier run's: emptied)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "foreign-1.0-py3-none-any.whl").write_bytes(b"not from this script")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    res = _wheels(link, wheels_env)
+    assert res.returncode == 2 and "is a symbolic link" in res.stderr and str(real) in res.stderr, res.stderr
+    assert sorted(p.name for p in real.iterdir()) == ["foreign-1.0-py3-none-any.whl"]
+    res = _wheels(real, wheels_env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sums = (real / "SHA256SUMS").read_text()
+    assert "foreign" not in sums and sorted(p.name for p in real.iterdir()) == [
+        "SHA256SUMS", "nbval-0.11.0-py2.py3-none-any.whl"]
+    (real / "sneaky.whl").symlink_to(tmp_path / "elsewhere.whl")   # a link inside DEST: not an earlier run's file
+    res = _wheels(real, wheels_env)
+    assert res.returncode == 2 and "refusing to empty it" in res.stderr
 
 
 def _recipe() -> str:
@@ -279,9 +403,73 @@ def test_build_site_refuses_to_empty_a_folder_outside_build(tmp_path, monkeypatc
     assert build_site.out_problem(Path("build/site")) is None                # as make site gives it
     assert build_site.out_problem(ROOT / "build") is not None            # build/ itself: not a site folder
     assert build_site.out_problem(ROOT / "build" / ".." / "lib") is not None
-    assert build_site.out_problem(victim, force=True) is None
     for never in (ROOT, ROOT.parent, Path("/"), Path.home()):
         assert "refused" in build_site.out_problem(never, force=True)
+
+
+def test_build_site_deletes_nothing_outside_build_even_with_force(tmp_path, monkeypatch):
+    """--force allows a new or empty folder outside build/ (nothing there is deleted), never one holding files:
+    not /usr, not /etc, not a folder of someone's work."""
+    import build_site
+
+    monkeypatch.chdir(ROOT)
+    for system in (Path("/usr"), Path("/etc")):
+        assert "deletes nothing outside build/" in build_site.out_problem(system, force=True)
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("years of work")
+    assert "even with --force" in build_site.out_problem(victim, force=True)
+    assert "is not a folder" in build_site.out_problem(victim / "thesis.tex", force=True)
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(victim), "--force"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "even with --force" in res.stderr, res.stderr
+    with pytest.raises(ValueError, match="even with --force"):       # build() itself checks, for make run
+        build_site.build(victim)
+    assert (victim / "thesis.tex").read_text() == "years of work"
+    (tmp_path / "empty").mkdir()
+    assert build_site.out_problem(tmp_path / "empty", force=True) is None
+    assert build_site.out_problem(tmp_path / "new" / "site", force=True) is None
+    assert "--force for a new or empty folder" in build_site.out_problem(tmp_path / "empty")
+
+
+def _checkout_with_build_link(tmp_path, target):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    (root / "build").symlink_to(target, target_is_directory=True)
+    return root
+
+
+def test_build_site_resolves_symlinks_and_refuses_a_build_folder_that_is_a_link(tmp_path, monkeypatch):
+    """build/ a symbolic link to a folder outside the checkout: the site would be deleted and written there;
+    refused, and nothing there is deleted (plain run and build() alike). A link inside build/ to elsewhere is
+    judged by where it leads."""
+    import build_site
+
+    outside = tmp_path / "outside"
+    (outside / "site").mkdir(parents=True)
+    (outside / "site" / "keep.txt").write_text("not the site's")
+    root = _checkout_with_build_link(tmp_path, outside)
+    for force in (False, True):
+        problem = build_site.out_problem(root / "build" / "site", force=force, root=root)
+        assert problem and "is a symbolic link to" in problem and "rm " in problem, problem
+    monkeypatch.setattr(build_site, "ROOT", root)
+    with pytest.raises(ValueError, match="symbolic link"):
+        build_site.build(root / "build" / "site")
+    assert (outside / "site" / "keep.txt").read_text() == "not the site's"
+
+    real = tmp_path / "real"   # build/ a real folder, build/site a link out of it
+    (real / "build").mkdir(parents=True)
+    (real / "build" / "site").symlink_to(outside / "site", target_is_directory=True)
+    for force in (False, True):
+        problem = build_site.out_problem(real / "build" / "site", force=force, root=real)
+        assert problem and "leads through a symbolic link" in problem, problem
+    (real / "build" / "inner").mkdir()
+    (real / "build" / "alias").symlink_to(real / "build" / "inner", target_is_directory=True)
+    assert build_site.out_problem(real / "build" / "alias", root=real) is None  # a link that stays inside build/
+    loop = real / "build" / "loop"
+    loop.symlink_to(loop)
+    assert build_site.out_problem(loop, force=True, root=real) is not None
+    assert (outside / "site" / "keep.txt").read_text() == "not the site's"
 
 
 # ---- tools/mutation_check.py: only behaviour tests catch a mutant ----------------------------------------------

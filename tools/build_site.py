@@ -18,8 +18,9 @@ sources and runs Sphinx:
 
 Usage:  python3 tools/build_site.py [--out build/site] [--lenient] [--force] [--requirements]
 It imports neither torch nor pinlab (`make site` runs it in .venv-site, which has the `site` extra only).
-``--out`` is emptied first, so it must be a folder inside ``build/`` (``out_problem``) unless ``--force``
-is given; even then never the repository, a folder holding it, the home folder or ``/``.
+``--out`` is emptied first, so it must be a folder inside the checkout's ``build/`` (``out_problem``; symbolic
+links resolved first, and ``build/`` itself a link to elsewhere is refused); ``--force`` allows a new or empty
+folder elsewhere, never one that holds anything: nothing outside ``build/`` is ever deleted.
 ``make run`` (tools/run_course.py) calls ``build()`` with the notebooks it executed and its run
 table, so that what it ran looks the same as this site.
 """
@@ -83,8 +84,18 @@ def gpu_report(root: Path = ROOT) -> dict | None:
     return rep if isinstance(rep, dict) else None
 
 
-def _date(utc: str | None) -> str:
-    return (utc or "")[:10] or "an unknown date"
+def _date(utc) -> str:
+    return (utc if isinstance(utc, str) else "")[:10] or "an unknown date"
+
+
+_MD_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def md_text(value) -> str:
+    """A recorded value (``latest.json``'s ``gpu``, driver, dates, a run's mode...) as literal text in MyST
+    Markdown: one line, every ASCII punctuation character backslash-escaped (CommonMark), so that nothing in it
+    is read as HTML (``<img src=x onerror=...>`` shows as text), a link, emphasis, a role or a table cell's end."""
+    return _MD_PUNCTUATION.sub(r"\\\1", " ".join(str(value).split()))
 
 
 def provenance(rel: str, nb: dict, report: dict | None, run: Run | None = None) -> tuple[str, str]:
@@ -323,7 +334,8 @@ def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None)
     (progress bars, no host paths), alt texts for its plots."""
     nb = json.loads(json.dumps(nb))
     folder = rel.split("/", 1)[0]
-    line = f'<p class="provenance {kind}">{html.escape(sentence)}</p>'
+    # one line (a blank line in a recorded value would end the HTML block), every recorded value in it escaped
+    line = f'<p class="provenance {html.escape(kind)}">{html.escape(" ".join(sentence.split()))}</p>'
     if repo:
         line += "\n\n" + run_it_row(rel, repo)
     cells = nb.setdefault("cells", [])
@@ -451,26 +463,27 @@ def _evidence(report: dict | None, run: Run | None) -> str:
     if report:
         nbs = [n for n in report.get("notebooks", []) if isinstance(n, dict)]
         ok = sum(n.get("status") == "passed" for n in nbs)
-        versions = ", ".join(f"{label} {report[k]}" for k, label in
+        versions = ", ".join(f"{label} {md_text(report[k])}" for k, label in
                              (("driver", "driver"), ("torch", "torch"), ("cuda", "CUDA")) if report.get(k))
-        parts.append(f"The committed outputs come from the GPU suite's run on {report.get('gpu') or 'a GPU'}"
-                     + (f" ({versions})" if versions else "") + f" on {_date(report.get('utc'))}: "
+        parts.append(f"The committed outputs come from the GPU suite's run on {md_text(report.get('gpu') or 'a GPU')}"
+                     + (f" ({versions})" if versions else "") + f" on {md_text(_date(report.get('utc')))}: "
                      f"{ok} of {len(nbs)} notebooks passed there (`reports/gpu/latest.json`).")
     else:
         parts.append("No GPU run is recorded yet (`reports/gpu/latest.json` is missing).")
     if run is not None:
-        parts.append(f"This build shows what `make run` executed on {run.mode} on {run.date}: "
+        parts.append(f"This build shows what `make run` executed on {md_text(run.mode)} on {md_text(run.date)}: "
                      "see [the run table](run.md).")
     return " ".join(parts)
 
 
 def _run_md(run: Run) -> str:
     lines = ["# This run", "",
-             f"Executed by `make run` on {run.date} on this machine: {run.mode}. Each notebook ran "
-             "headless from a fresh kernel; the committed notebooks were not changed.", "",
+             f"Executed by `make run` on {md_text(run.date)} on this machine: {md_text(run.mode)}. Each notebook "
+             "ran headless from a fresh kernel; the committed notebooks were not changed.", "",
              "| notebook | mode | seconds | status |", "|---|---|---|---|"]
     for r in run.rows:
-        lines.append(f"| [{r.path}]({r.path}) | {r.mode} | {r.seconds:.1f} | {r.status} |")
+        link = f"[{md_text(r.path)}](<{r.path}>)" if re.fullmatch(r"[\w./-]+", r.path) else md_text(r.path)
+        lines.append(f"| {link} | {md_text(r.mode)} | {float(r.seconds):.1f} | {md_text(r.status)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -513,7 +526,10 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
 def build(out: Path, *, root: Path = ROOT, run: Run | None = None, strict: bool = True,
           quiet: bool = True) -> dict[str, dict]:
     """Build the site into ``out`` (index.html at its top); return the pages as ``stage`` does."""
-    out = Path(out)
+    problem = out_problem(out, force=True, root=ROOT)  # never deletes outside the checkout's build/
+    if problem:
+        raise ValueError(f"build(out=...): {problem}")
+    out = Path(out).expanduser().resolve()
     with tempfile.TemporaryDirectory(prefix="pinlab-site-") as tmp:
         src = Path(tmp) / "src"
         pages = stage(src, root=root, run=run)
@@ -556,25 +572,48 @@ def missing_packages() -> list[str]:
 
 
 def out_problem(out: Path, force: bool = False, root: Path = ROOT) -> str | None:
-    """Why ``--out`` may not be emptied and rebuilt (None when it may): outside ``root/build/`` without
-    ``force``; with it, still never the repository, a folder that holds it, the home folder or ``/``."""
-    out = Path(out).expanduser().resolve()
-    build_dir = (root / "build").resolve()
-    if out != build_dir and build_dir in out.parents:
+    """Why ``--out`` may not be emptied and rebuilt (None when it may). Symbolic links are resolved first: a
+    folder is judged by where it really is. It may be a folder inside the checkout's ``build/`` (a real folder,
+    not a link to one elsewhere); with ``force``, also a new or empty folder elsewhere, as nothing is deleted
+    there; never a folder outside ``build/`` that holds anything (it would be deleted), whatever ``force`` says,
+    and never the repository, a folder that holds it, the home folder or ``/``."""
+    given = Path(os.path.abspath(Path(out).expanduser()))
+    try:
+        real = given.resolve()
+        root_real = Path(root).resolve()
+        build_real = (root_real / "build").resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        return f"--out {given} cannot be resolved ({exc}): refused; give a folder inside build/"
+    build_dir = root_real / "build"
+    if build_real != build_dir:
+        return (f"{build_dir} is a symbolic link to {build_real}: the site would be deleted and written there, "
+                f"outside the checkout: refused; make it a folder of its own (rm {build_dir} && mkdir {build_dir})")
+    if real != build_dir and build_dir in real.parents:
         return None
-    if out == out.parent or out == Path.home().resolve() or out == root.resolve() or out in root.resolve().parents:
-        return f"--out {out} would delete the repository, a folder holding it, your home folder or /: refused"
+    if real == real.parent or real == Path.home().resolve() or real == root_real or real in root_real.parents:
+        return f"--out {real} would delete the repository, a folder holding it, your home folder or /: refused"
+    if given != real and (given == build_dir or build_dir in given.parents or Path(root) / "build" in given.parents):
+        return (f"--out {given} leads through a symbolic link to {real}, outside {build_dir}{os.sep}: refused "
+                "(it is deleted before the site is written there); give a real folder inside build/")
     if not force:
-        return (f"--out {out} is outside {build_dir}{os.sep} and is deleted before the site is written there: "
-                "give a folder inside build/, or --force if you mean it")
-    return None
+        return (f"--out {real} is outside {build_dir}{os.sep} and is deleted before the site is written there: "
+                "give a folder inside build/, or --force for a new or empty folder elsewhere")
+    if real.is_dir() and not any(real.iterdir()):
+        return None
+    if not real.exists() and not real.is_symlink():
+        return None
+    what = "is not a folder" if not real.is_dir() else "holds files"
+    return (f"--out {real} is outside {build_dir}{os.sep} and {what}: it would be deleted before the site is "
+            "written there, and build_site deletes nothing outside build/, even with --force: give a new or "
+            "empty folder, or one inside build/")
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "site",
                     help="output folder, emptied first: inside build/ (default build/site) unless --force")
-    ap.add_argument("--force", action="store_true", help="allow an --out outside build/ (it is deleted first)")
+    ap.add_argument("--force", action="store_true",
+                    help="allow an --out outside build/ that is new or empty (nothing outside build/ is deleted)")
     ap.add_argument("--lenient", action="store_true", help="Sphinx warnings are not errors")
     ap.add_argument("--requirements", action="store_true",
                     help="print the site extra's requirements, one a line (make site installs them) and exit")

@@ -6,7 +6,7 @@
 #
 # Usage (on a machine with network, from the project root):  bash tools/gpu-wheels.sh [DEST]   (default .whl)
 # DEST must be empty or hold only what an earlier run wrote there (*.whl and SHA256SUMS: emptied first);
-# anything else in it is refused. The script installs nothing; it writes DEST/SHA256SUMS of the wheels it
+# anything else in it is refused, and so is a DEST that is a symbolic link (give the folder it leads to). The script installs nothing; it writes DEST/SHA256SUMS of the wheels it
 # kept and prints the install recipe for the GPU host, which checks them and installs exactly those into a
 # fresh private folder (mktemp -d; never a fixed world-writable path such as /tmp/site, which anyone on the
 # host could have created and filled first):
@@ -17,6 +17,12 @@ set -euo pipefail
 dest=${1:-.whl}
 py=${PYTHON:-python3}
 max_mib=${MAX_MIB:-60}
+if [[ -L "$dest" ]]; then
+  # a link would be followed by cp and sha256sum but not by the checks below (find does not enter it): refused
+  echo "gpu-wheels.sh: $dest is a symbolic link (to $(readlink -- "$dest")): give the folder itself" \
+       "($(readlink -f -- "$dest" || echo '?')) or a new DEST" >&2
+  exit 2
+fi
 if [[ -e "$dest" && ! -d "$dest" ]]; then
   echo "gpu-wheels.sh: $dest exists and is not a folder: give another DEST" >&2
   exit 2

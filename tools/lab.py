@@ -5,14 +5,21 @@
     make lab LAB_PORT=8890                    # another port
     make lab LAB_IP=0.0.0.0 LAB_ARGS=--no-browser   # reachable from the network: read the warning it prints
     make lab ALLOW_ROOT=1                     # as root, only when asked (a container where you are root)
+    make lab LAB_ARGS="--no-browser --ServerApp.base_url=/x/"   # more JupyterLab arguments, split like a shell
 
 Before it starts JupyterLab (``jupyter lab --ServerApp.root_dir=. notebooks/00_start_here.ipynb``) it
 
 * refuses to run as root unless ``--allow-root`` (``ALLOW_ROOT=1``) is given: every kernel, and every
   terminal JupyterLab opens, would be a root shell;
 * takes the token from ``JUPYTER_TOKEN`` or makes a random one, and hands it to JupyterLab through the
-  environment (not the command line, which other users of the machine can read in ``ps``); an empty token
-  (authentication off) is refused;
+  environment (not the command line, which other users of the machine can read in ``ps``): in
+  ``PINLAB_LAB_TOKEN``, which ``tools/lab_config/jupyter_server_config.py`` (first on ``JUPYTER_CONFIG_PATH``)
+  takes out of the server's environment, so that kernels and terminals, which copy it, never hold the token;
+* refuses what would turn authentication off or around (``auth_problem``): an empty ``JUPYTER_TOKEN``, a token
+  or an empty password among the JupyterLab arguments in any spelling (``--IdentityProvider.token=``,
+  ``--ServerApp.token ""``, ``-NotebookApp.token=''``...), ``disable_check_xsrf`` and another config file;
+* takes more JupyterLab arguments as one string (``--lab-args``, which ``make lab`` gives ``LAB_ARGS`` quoted,
+  so that nothing in it reaches the shell) split like a shell's words (``shlex``), or after ``--``;
 * prints the URL with the token, and, when the address is not a loopback one, a warning: JupyterLab serves
   plain HTTP, so anyone on the network who has the URL (or sees it pass) gets a shell on this machine;
 * checks that the port is free (``port_retries=0``: the URL it printed is the one JupyterLab serves).
@@ -24,7 +31,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import secrets
+import shlex
 import socket
 import sys
 from pathlib import Path
@@ -32,6 +41,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_NOTEBOOK = "notebooks/00_start_here.ipynb"
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
+#: the config folder put first on JUPYTER_CONFIG_PATH: it moves the token out of the server's environment
+LAB_CONFIG = ROOT / "tools" / "lab_config"
+#: the variable that carries the token to that config (JUPYTER_TOKEN would stay in every kernel's environment)
+TOKEN_VAR = "PINLAB_LAB_TOKEN"
+#: a `--Class.trait` option as traitlets reads it (one or two dashes; the value after `=` or in the next word)
+_TRAIT_OPT = re.compile(r"^--?([A-Za-z]\w*(?:\.\w+)+)(?:=(.*))?$", re.S)
+#: options that choose the server's config file instead of the usual ones (and so skip tools/lab_config)
+_CONFIG_FILE_OPTS = {"--config", "-config"}
 
 
 def is_loopback(ip: str) -> bool:
@@ -76,6 +93,75 @@ def port_problem(ip: str, port: int) -> str | None:
     return None
 
 
+def _trait_value(text: str) -> str:
+    """A trait's value as traitlets reads a Unicode from the command line: one pair of matching quotes around
+    it is dropped (``--ServerApp.token=''`` is the empty token), then surrounding spaces (for this check)."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    return text.strip()
+
+
+def auth_problem(extra: list[str]) -> str | None:
+    """Why the JupyterLab arguments ``extra`` would turn its authentication off or around, or None.
+
+    traitlets takes ``--Class.trait=value``, ``--Class.trait value`` and ``-Class.trait=value`` alike, for any
+    class (``IdentityProvider``, ``PasswordIdentityProvider``, the deprecated ``ServerApp`` and ``NotebookApp``);
+    so every ``.token`` option is refused (an empty one turns authentication off; any other would make the URL
+    printed here a wrong one: give it in JUPYTER_TOKEN), an empty ``.password``/``.hashed_password``,
+    ``disable_check_xsrf`` set true (any web page the browser visits could then run code through its logged-in
+    session), and a config file of its own (``--config``, ``.config_file``: JupyterLab would skip the config
+    that hands it the token)."""
+    i = 0
+    while i < len(extra):
+        arg = extra[i]
+        if arg == "--":
+            break
+        name, _, inline = arg.partition("=")
+        if name in _CONFIG_FILE_OPTS:
+            return (f"refusing {arg!r}: make lab hands JupyterLab its token through its own config folder "
+                    "(tools/lab_config), which another config file would replace; put your settings in "
+                    "~/.jupyter/jupyter_server_config.py instead")
+        m = _TRAIT_OPT.match(arg)
+        if not m:
+            i += 1
+            continue
+        trait = m.group(1).rsplit(".", 1)[1].lower()
+        if m.group(2) is not None:
+            value, shown, i = m.group(2), arg, i + 1
+        else:  # the value is the next word, as traitlets (argparse) reads it
+            value = extra[i + 1] if i + 1 < len(extra) else ""
+            shown, i = f"{arg} {shlex.quote(value)}" if i + 1 < len(extra) else arg, i + 2
+        value = _trait_value(value)
+        if trait == "token":
+            if not value:
+                return (f"refusing {shown!r}: an empty token turns authentication off (anyone who can reach the "
+                        "port gets a shell); leave it out: make lab makes a random token, or set JUPYTER_TOKEN")
+            return (f"refusing {shown!r}: give the token in JUPYTER_TOKEN instead (JUPYTER_TOKEN=... make lab): "
+                    "the command line is readable by every user of this machine (ps), and the URL make lab "
+                    "prints carries JUPYTER_TOKEN's")
+        if trait in ("password", "hashed_password") and not value:
+            return (f"refusing {shown!r}: an empty password turns authentication off where there is no token; "
+                    "make lab authenticates with its token (JUPYTER_TOKEN, or a random one): leave it out")
+        if trait == "disable_check_xsrf" and value.lower() not in ("false", "0"):
+            return (f"refusing {shown!r}: without the XSRF check any web page this browser visits can run code "
+                    "in JupyterLab through its logged-in session; leave it out")
+        if trait == "config_file":
+            return (f"refusing {shown!r}: make lab hands JupyterLab its token through its own config folder "
+                    "(tools/lab_config), which another config file would replace; put your settings in "
+                    "~/.jupyter/jupyter_server_config.py instead")
+    return None
+
+
+def lab_env(environ, token: str) -> dict[str, str]:
+    """The environment JupyterLab starts with: the token in :data:`TOKEN_VAR` (its config takes it out of the
+    server's environment, so kernels and terminals never see it), no JUPYTER_TOKEN, :data:`LAB_CONFIG` first
+    on JUPYTER_CONFIG_PATH."""
+    env = {k: v for k, v in environ.items() if k != "JUPYTER_TOKEN"}
+    env[TOKEN_VAR] = token
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(LAB_CONFIG), *filter(None, [environ.get("JUPYTER_CONFIG_PATH")])])
+    return env
+
+
 def command(python: str, ip: str, port: int, allow_root: bool, extra: list[str]) -> list[str]:
     cmd = [python, "-m", "jupyter", "lab", "--ServerApp.root_dir=.", f"--ServerApp.ip={ip}",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
@@ -91,8 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-root", action="store_true", help="run even as root (make lab ALLOW_ROOT=1)")
     ap.add_argument("--python", default=sys.executable, help="the Python whose JupyterLab runs (the venv's)")
     ap.add_argument("--dry-run", action="store_true", help="print what would run, start nothing")
-    ap.add_argument("extra", nargs="*", help="more JupyterLab arguments (make lab LAB_ARGS=...), after --")
+    ap.add_argument("--lab-args", default="",
+                    help="more JupyterLab arguments in one string, split like a shell's words (make lab LAB_ARGS=...)")
+    ap.add_argument("extra", nargs="*", help="more JupyterLab arguments, after --")
     args = ap.parse_args(argv)
+    try:
+        extra = shlex.split(args.lab_args) + list(args.extra)
+    except ValueError as exc:
+        ap.error(f"LAB_ARGS (--lab-args) cannot be split into words ({exc}): {args.lab_args!r}; "
+                 "quote as in a shell, e.g. LAB_ARGS=\"--ServerApp.base_url='/my lab/'\"")
 
     if not 0 < args.port < 65536:
         ap.error(f"--port must be between 1 and 65535, got {args.port}")
@@ -100,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         print("make lab: refusing to start JupyterLab as root: every notebook kernel and terminal would be a root "
               "shell. Run it as a normal user, or say so explicitly: make lab ALLOW_ROOT=1", file=sys.stderr)
         return 2
-    for a in args.extra:
-        if a.split("=", 1)[0].lower().endswith(("token", ".password")) and a.endswith("="):
-            print(f"make lab: refusing {a!r}: an empty token or password turns authentication off", file=sys.stderr)
-            return 2
+    problem = auth_problem(extra)
+    if problem:
+        print(f"make lab: {problem}", file=sys.stderr)
+        return 2
     token = os.environ.get("JUPYTER_TOKEN")
     if token is not None and not token.strip():
         print("make lab: JUPYTER_TOKEN is set but empty, which turns authentication off: unset it "
@@ -111,20 +204,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     token = token or secrets.token_urlsafe(32)
 
-    cmd = command(os.path.abspath(args.python), args.ip, args.port, args.allow_root, args.extra)
+    cmd = command(os.path.abspath(args.python), args.ip, args.port, args.allow_root, extra)
     print(f"JupyterLab on the course: {url(args.ip, args.port, token)}", flush=True)
     if os.geteuid() == 0:
         print("note: running as root (ALLOW_ROOT=1): kernels and terminals are root shells", flush=True)
     if not is_loopback(args.ip):
         print(network_warning(args.ip, args.port), file=sys.stderr, flush=True)
     if args.dry_run:
-        print("would run: " + " ".join(cmd))
+        print("would run: " + shlex.join(cmd))
         return 0
     problem = port_problem(args.ip, args.port)
     if problem:
         print(f"make lab: {problem}", file=sys.stderr)
         return 2
-    env = dict(os.environ, JUPYTER_TOKEN=token)
+    env = lab_env(os.environ, token)
     os.chdir(ROOT)
     os.execve(cmd[0], cmd, env)  # JupyterLab replaces this process (Ctrl-C and signals reach it directly)
     return 1  # not reached
