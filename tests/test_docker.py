@@ -96,11 +96,13 @@ def test_hadolint_if_installed():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_devcontainer_builds_the_dockerfile_with_gpus_and_port_8888():
+def test_devcontainer_builds_the_dockerfile_with_an_optional_gpu_and_port_8888():
     dc = json.loads((ROOT / ".devcontainer" / "devcontainer.json").read_text(encoding="utf-8"))
     assert (ROOT / ".devcontainer" / dc["build"]["dockerfile"]).resolve() == ROOT / "Dockerfile"
     assert (ROOT / ".devcontainer" / dc["build"]["context"]).resolve() == ROOT
-    assert "--gpus" in dc["runArgs"] and 8888 in dc["forwardPorts"]
+    # a GPU where the host has one, none needed (the course's main path needs none): no --gpus in runArgs
+    assert dc["hostRequirements"]["gpu"] == "optional" and "--gpus" not in dc.get("runArgs", [])
+    assert 8888 in dc["forwardPorts"]
 
 
 def test_readme_and_makefile_say_how_to_build_and_run_it():
