@@ -294,8 +294,9 @@ def flashinfer_shared_wrapper() -> dict:
     p = subprocess.run([sys.executable, "-c", FLASHINFER_CHILD, str(ROOT / "lib")], capture_output=True,
                        text=True, timeout=240)
     rep = next((json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("REPORT ")), None)
+    errors = [line for line in p.stderr.splitlines() if "error" in line.lower()][:5]
     return {"returncode": p.returncode, "report": rep, "survived": "SURVIVED" in p.stdout,
-            "stderr_tail": p.stderr[-800:]}
+            "stderr_errors": errors, "stderr_tail": p.stderr[-800:]}
 
 
 def main(argv=None) -> int:
