@@ -69,7 +69,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .args import positive_int
-from .detector import _caller_codes, find_caller, host_layout_ok, parse_to_args
+from .detector import _caller_codes, _fmt_bytes, find_caller, host_layout_ok, parse_to_args
 
 # --- kinds ------------------------------------------------------------------------------------------
 
@@ -255,14 +255,6 @@ class RaceFinding:
                 f"{self.seen_where}, {times}")
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 class RaceReport:
     """What a :func:`detect_races` block found.
 
@@ -433,9 +425,9 @@ def _install_hooks() -> None:
         from .streams import LaggingStream
 
         for cls in _graph_classes():
-            _patch(cls, "capture_begin", _wrap_capture_begin)
-            _patch(cls, "capture_end", _wrap_capture_end)
-            _patch(cls, "replay", _wrap_replay)
+            _patch(cls, "capture_begin", _then_tell("_capture_begin"))
+            _patch(cls, "capture_end", _then_tell("_capture_end"))
+            _patch(cls, "replay", _then_tell("_replayed"))
         _patch(LaggingStream, "__enter__", _wrap_stream_enter)
         _patch(LaggingStream, "__exit__", _wrap_stream_exit)
         for cls in _flashinfer_wrappers():
@@ -456,31 +448,17 @@ def _remove_hooks() -> None:
                 delattr(cls, attr)
 
 
-def _wrap_capture_begin(orig):
-    def capture_begin(graph, *args, **kwargs):
-        out = orig(graph, *args, **kwargs)
-        for det in _active():
-            det._capture_begin(graph)
-        return out
-    return capture_begin
-
-
-def _wrap_capture_end(orig):
-    def capture_end(graph, *args, **kwargs):
-        out = orig(graph, *args, **kwargs)
-        for det in _active():
-            det._capture_end(graph)
-        return out
-    return capture_end
-
-
-def _wrap_replay(orig):
-    def replay(graph, *args, **kwargs):
-        out = orig(graph, *args, **kwargs)
-        for det in _active():
-            det._replayed(graph)
-        return out
-    return replay
+def _then_tell(hook: str):
+    """A wrapper maker for a graph method: call it, then ``detector.<hook>(graph)`` for each active detector."""
+    def wrap(orig):
+        def method(graph, *args, **kwargs):
+            out = orig(graph, *args, **kwargs)
+            for det in _active():
+                getattr(det, hook)(graph)
+            return out
+        method.__name__ = orig.__name__
+        return method
+    return wrap
 
 
 #: the bytes of a FlashInfer wrapper's pinned int workspace a detector compares after each ``plan()`` (the
