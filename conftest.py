@@ -100,20 +100,22 @@ def _use_private_home_dirs() -> None:
     for var, sub in PRIVATE_HOME_VARS.items():
         (base / sub).mkdir()
         os.environ[var] = str(base / sub)
+    # removed at exit, after the exit handlers registered later (IPython's writes its history there at exit;
+    # removed in pytest_unconfigure, its database was gone: "attempt to write a readonly database")
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, base, True)
 
 
 def pytest_unconfigure(config):
-    import shutil
-
-    base = _PRIVATE_HOME.pop("base", None)
-    if base is None:
+    if _PRIVATE_HOME.pop("base", None) is None:
         return
     for var, value in _PRIVATE_HOME.pop("saved").items():
         if value is None:
             os.environ.pop(var, None)
         else:
             os.environ[var] = value
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def pytest_configure(config):
