@@ -70,6 +70,7 @@ from torch.overrides import TorchFunctionMode
 
 from .args import positive_int
 from .detector import _caller_codes, _fmt_bytes, find_caller, host_layout_ok, parse_to_args
+from .streams import _NO_DATA as _STREAM_NO_DATA
 
 # --- kinds ------------------------------------------------------------------------------------------
 
@@ -101,15 +102,11 @@ class RaceError(RuntimeError):
 # --- torch calls --------------------------------------------------------------------------------------
 
 # Calls that look at metadata or make views: they read no data (a pending D2H destination may be touched).
-_NO_DATA = frozenset({
-    "__getitem__", "view", "view_as", "reshape", "narrow", "select", "t", "T", "mT", "permute", "transpose",
-    "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "as_strided", "unbind", "split",
-    "chunk", "unfold", "detach", "size", "dim", "numel", "stride", "storage_offset", "is_contiguous",
-    "data_ptr", "untyped_storage", "element_size", "nelement", "__len__", "shape", "dtype", "device",
-    "is_cuda", "is_cpu", "layout", "requires_grad", "is_leaf", "grad_fn", "_base", "ndim", "is_floating_point",
-    "is_complex", "__hash__", "names", "nbytes", "itemsize", "is_pinned", "__get__", "__set__", "__eq__hash",
-    "record_stream", "__del__", "_is_view", "is_sparse", "is_quantized", "is_meta", "is_nested", "__dlpack_device__",
-})
+# The emulated stream's list of them, and a few more that matter only here.
+_NO_DATA = frozenset(_STREAM_NO_DATA) | {
+    "is_cpu", "__set__", "record_stream", "__del__", "_is_view", "is_sparse", "is_quantized", "is_meta",
+    "is_nested", "__dlpack_device__",
+}
 _INPLACE_DUNDERS = frozenset({
     "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
     "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
