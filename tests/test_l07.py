@@ -377,3 +377,14 @@ def test_the_harness_names_a_bad_pinned_plan():
         l07.throughput(loops, pinned_plan="fixed")
     with pytest.raises(ValueError, match="pinned_plan names loops"):
         l07.timeline(loops, pinned_plan=["repaired"])
+
+
+def test_run_gate_fails_the_racy_sample_and_passes_its_fixes():
+    r = l07.run_gate()
+    assert r["returncode"] == 1, r["tail"] + r["stderr_tail"]
+    assert r["failed_tests"] == ["test_step_loop.py::test_racy_loop"] and r["passed"] == 2
+
+
+def test_run_gate_refuses_a_missing_suite(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        l07.run_gate(str(tmp_path / "nope"))

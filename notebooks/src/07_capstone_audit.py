@@ -5,8 +5,9 @@
 # - to read an inference loop the way the course taught you: every copy (pinned or pageable? who
 #   rewrites its source, and when?), every read of GPU results (after which event?), every place the
 #   host waits for the GPU;
-# - to find each problem with the tools: `pinlab.detect_stalls` and a line-by-line audit of the
-#   loop's copies and syncs, the profiler's host-vs-GPU timeline, and an exact count of corrupted steps;
+# - to find each problem with the tools: `pinlab.detect_stalls`, `pinlab.races.detect_races` and a
+#   line-by-line audit of the loop's copies and syncs, the profiler's host-vs-GPU timeline, and an exact
+#   count of corrupted steps; and to make the detectors a test that fails (`pytest --pinlab-races`);
 # - what a fix must achieve, and how the checker verifies it: 0 corrupted steps over 1000 steps, 0
 #   pageable copies (FlashInfer's own included), no sync inside the loop, no wait on the newest step's event
 #   (so the host may run at least one step ahead of the GPU), every result read after its copy ran;
@@ -206,9 +207,55 @@ for line in stalls.result["elsewhere"]:
 # The detector sees copies and syncs, not races: it does not know that `m.schedule(n + 1, meta)`
 # rewrites `meta` while step n's copy `m.meta_dev[n].copy_(snap, non_blocking=True)` may still be
 # waiting in the GPU's queue, nor that `m.emit(n, tokens_host)` reads `tokens_host` before the copy
-# `tokens_host.copy_(tokens, non_blocking=True)` has run. For those, read the loop against lessons 03
-# and 04, or audit it.
+# `tokens_host.copy_(tokens, non_blocking=True)` has run. For those, the race detector.
 #
+# ## 2b. Find the races: `detect_races`, and a test that fails
+#
+# Lesson 03's `pinlab.races.detect_races()` reports the host touching memory that a pending copy
+# has not finished with. Run the planted loop under it for 20 steps, on the emulated stream (so the
+# counts are exact on every machine; on a GPU they depend on how far behind it is), with the loop's
+# own lines as the report's lines (`callers=[planted_loop]`, as for `detect_stalls`):
+
+# %% tags=["nbval-ignore-output"]
+from pinlab.races import D2H_READ, H2D_REWRITE, detect_races
+
+with pinlab.LaggingStream() as rs:
+    rm = l07.CapstoneModel(rs, steps=20)
+with detect_races(callers=[planted_loop]) as races:
+    l07.run_loop(rm, planted_loop, 20)
+print(races)
+
+# %%
+ok = pinlab.claims({"planted loop, emulated, 20 steps: metadata copies whose source the host rewrote": races.count(H2D_REWRITE),
+                    "planted loop, emulated, 20 steps: token copies read before they had run": races.count(D2H_READ)},
+                   expect={"planted loop, emulated, 20 steps: metadata copies whose source the host rewrote": 19,
+                           "planted loop, emulated, 20 steps: token copies read before they had run": 20},
+                   why=EMULATED_WHY)
+
+# %% [markdown]
+# Both races, with their lines: the metadata copy (line 12) whose source the scheduler rewrote (the
+# report names where the detector first saw the new bytes: `m.schedule` writes through numpy, which
+# the detector sees at the next torch call), and the token copy (line 16) that `m.emit` read on
+# line 17. The last step schedules nothing after it, hence 19 and 20.
+#
+# A detector you must remember to run finds nothing. The course's pytest plugin runs it over a test
+# suite: `pytest --pinlab-races` fails every test whose code races, with this report (and
+# `--pinlab-stalls` every test that stalls; `docs/race_gate.md` shows how a team adopts it). The
+# sample suite `examples/race_gate` writes one step loop three ways: racy, with a snapshot, with an
+# event-guarded ring. Plain `pytest` passes all three.
+
+# %% tags=["nbval-ignore-output"]
+gate = l07.run_gate()                     # pytest -q --pinlab-races examples/race_gate, in a fresh process
+print(gate["tail"])
+
+# %%
+ok = pinlab.claims({"the gate: failed tests": gate["failed_tests"], "the gate: passed tests": gate["passed"]},
+                   expect={"the gate: failed tests": ["test_step_loop.py::test_racy_loop"], "the gate: passed tests": 2},
+                   why="the racy loop rewrites its pinned buffer while the GPU (1 ms behind per step) has not copied "
+                       "it; the fixes never do. A different count is a bug in the gate, or a host slower than 1 ms "
+                       "per step (stderr: " + (gate["stderr_tail"] or "empty") + ")")
+
+# %% [markdown]
 # ## 3. Audit every copy: `l07.LoopAudit`
 #
 # `run_loop` ran the loop under `l07.LoopAudit`, which records, per line of the loop, every
@@ -476,8 +523,10 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 # - Count the copies of the libraries you call too: FlashInfer's `plan()` copies the host metadata it
 #   is given with `non_blocking=True`; hand it pinned tensors nobody rewrites (vLLM 0.33).
 # - Tools: `pinlab.detect_stalls` for copies and syncs (the whole process's), the profiler timeline
-#   for who waits for whom, an exact count of corrupted steps (on the emulated stream, without a GPU)
-#   for races.
+#   for who waits for whom, `pinlab.races.detect_races` for the host touching memory a pending copy
+#   still needs, and an exact count of corrupted steps (on the emulated stream, without a GPU).
+# - Make the detectors a test that fails: `pytest --pinlab-races --pinlab-stalls` on your suite
+#   (`docs/race_gate.md`).
 # - A fixed loop waits only on the events that bound its run-ahead, each at least one step older than
 #   the newest step it has enqueued (a wait on the newest is as serial as a sync): honest, and as fast
 #   as the host and the GPU let it be (the steps-per-second line says how much faster in your run).

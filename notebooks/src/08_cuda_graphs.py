@@ -7,7 +7,8 @@
 # - what a capture refuses: a copy from pageable memory, and anything that makes the host wait
 #   for the GPU; so every host-to-device copy a graph holds reads **pinned** memory;
 # - that a graph replays with the **addresses** it captured: a captured copy from a reused pinned
-#   buffer reads whatever the host wrote last, the race of lesson 03 under replay;
+#   buffer reads whatever the host wrote last, the race of lesson 03 under replay (and the race
+#   detector reports it);
 # - the fixes that work with graphs (the PR's snapshot outside the graph, a ring of pinned
 #   buffers), each proven with 0 corrupted steps, and their host cost;
 # - the same race in real paged attention: FlashInfer's CUDA-graph decode wrapper, `plan()` outside
@@ -191,6 +192,31 @@ ok = pinlab.claim("the captured copy from the reused pinned buffer delivered ano
                   "once", wrong >= 1, value=f"{wrong} of {len(seen)}",
                   why="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step "
                       "of microseconds; a host slower than that (a CPU shared by many processes) lets it keep up")
+
+# %% [markdown]
+# Lesson 03's race detector follows graphs too: a graph captured while it is active has its
+# captured copies' sources remembered, and each `replay()` makes them pending again. A host write
+# into one before the replay's work has run is reported as a rewrite of what a pending replay reads.
+
+# %% tags=["nbval-ignore-output"]
+from pinlab.races import GRAPH_REWRITE, detect_races
+
+with pinlab.stream() as s, detect_races() as races:
+    seen = graph_step_loop(s, steps=50)
+print(races)
+
+# %%
+wrong = sum(v != n for n, v in enumerate(seen))
+pinlab.show("steps whose replay read another step's data / replayed copies the detector flagged",
+            f"{wrong} / {races.count(GRAPH_REWRITE)} of {len(seen)}")
+ok = pinlab.claims({"the detector flagged the rewrite of the captured copy's source": races.count(GRAPH_REWRITE) >= 1,
+                    "it flagged at least as many replays as read another step's data":
+                        races.count(GRAPH_REWRITE) >= wrong},
+                   values={"the detector flagged the rewrite of the captured copy's source": races.count(GRAPH_REWRITE),
+                           "it flagged at least as many replays as read another step's data":
+                               f"{races.count(GRAPH_REWRITE)} flagged, {wrong} wrong"},
+                   why="the race needs the GPU behind the host (0.5 ms per step); a replay reads wrong data only if "
+                       "the host rewrote its source while it was pending, which the detector asks before every write")
 
 # %% [markdown]
 # The graph is not a snapshot of the data: it is a recording of *where* to read. Under async

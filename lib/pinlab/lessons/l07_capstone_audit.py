@@ -1072,3 +1072,44 @@ def before_after(loops, *, timeline_steps: int = 6, steps: int = 150, rounds: in
     tl = timeline(loops, steps=timeline_steps, encoder_ms=encoder_ms, decoder_ms=decoder_ms, host_ms=host_ms,
                   seed=seed, backend=backend, pinned_plan=pinned_plan)
     return {"throughput": thr, "timeline": tl}
+
+
+#: The sample suite the race gate fails and passes (README, "Take-home tools"; docs/race_gate.md).
+GATE_SAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "examples", "race_gate")
+
+
+def run_gate(suite: str | None = None, *, timeout_s: float = 300) -> dict:
+    """``pytest --pinlab-races`` on the sample suite (examples/race_gate) in a fresh process, as a team's CI
+    would run it: its exit code, the counts pytest printed and the tail of its output.
+
+    The suite is copied into a temporary folder with a ``pytest.ini`` of its own (the course's conftest stays
+    out of it). Where pinlab is installed (``pip install -e .``) pytest finds the gate through its
+    ``pytest11`` entry point; where it is not (the GPU suite runs a checkout), ``PYTEST_PLUGINS=pinlab_pytest``
+    loads it, and ``lib/`` goes on ``PYTHONPATH``."""
+    import shutil
+    import subprocess
+    import tempfile
+    from importlib.metadata import entry_points
+
+    suite = os.path.abspath(suite or GATE_SAMPLE)
+    if not os.path.isdir(suite):
+        raise FileNotFoundError(f"suite {suite!r} is not a folder: give the folder of a test suite "
+                                "(the course's sample is examples/race_gate)")
+    positive_number("timeout_s", timeout_s)
+    lib = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
+        env["PYTEST_PLUGINS"] = "pinlab_pytest"
+    with tempfile.TemporaryDirectory(prefix="pinlab-gate-") as tmp:
+        dst = os.path.join(tmp, "suite")
+        shutil.copytree(suite, dst, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        with open(os.path.join(dst, "pytest.ini"), "w", encoding="utf-8") as f:
+            f.write("[pytest]\naddopts = -p no:cacheprovider\n")
+        cmd = [sys.executable, "-m", "pytest", "-q", "--pinlab-races", "."]
+        done = subprocess.run(cmd, cwd=dst, env=env, capture_output=True, text=True, timeout=timeout_s)
+    out = done.stdout
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|error|errors)\b", out.splitlines()[-1] if out else "")}
+    failed = re.findall(r"^FAILED (\S+)", out, re.M)
+    return {"command": "pytest -q --pinlab-races examples/race_gate", "returncode": done.returncode,
+            "passed": counts.get("passed", 0), "failed": counts.get("failed", 0), "failed_tests": failed,
+            "tail": "\n".join(out.splitlines()[-25:]), "stderr_tail": "\n".join(done.stderr.splitlines()[-5:])}
