@@ -164,6 +164,21 @@ LESSONS: tuple[Lesson, ...] = (
                  "needs the same fix",
            exercise_lands="make a step capturable (device work only, no `.item()`); stage a captured step's inputs "
                           "without a race and without waiting for the GPU"),
+    Lesson("09", "09_real_code", "Audit real code: HF transformers generate(), a DataLoader",
+           goal="audit code you did not write: name each host sync of a library by file:line and confirm it in "
+                "the trace",
+           covers="HF `generate()` on a tiny random Llama under `detect_stalls` and the profiler, matched call by "
+                  "call (precision and recall; empty `torch.tensor([], device=...)` copies nothing), a deferred stop "
+                  "check (two pinned slots and an event; one slot races), a DataLoader's `pin_memory` against the "
+                  "trace",
+           gpu="yes (replayed without; the deferred check's tokens and the ring's races run on the emulated stream)",
+           minutes=20, exercise_minutes=5,
+           lands="`generate()` waits for the GPU every token (the stop check's `bool()`, the mask builder's "
+                 "`fast_all`); a flag read one step late from a ring of two pinned slots removes the wait with the "
+                 "same tokens; count against the trace before trusting a count",
+           exercise_lands="`x in gpu_tensor` and `torch.equal` of GPU tensors are `.item()` in disguise; fix a "
+                          "user-style decode loop with a deferred stop check (two pinned slots, the previous step's "
+                          "event), the same tokens, the stop at most one step late, 0 races"),
 )
 
 #: workshop agendas (docs/workshop.md): each part lists lesson numbers, "ex NN" (lesson NN's exercise),
@@ -171,7 +186,7 @@ LESSONS: tuple[Lesson, ...] = (
 WORKSHOP: tuple[tuple[str, tuple], ...] = (
     ("Part one: lessons 00-03", ("00", "01", "ex 01", "02", "02b", "ex 02", ("break", 15), "03", "ex 03")),
     ("Part two: lessons 04-08", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
-                                 "08", "ex 08", ("wrap-up", 10))),
+                                 "08", "ex 08", "09", "ex 09", ("wrap-up", 10))),
 )
 _WRAP_UP = "each participant names one copy in their own code to check with `detect_stalls()` and the profiler"
 

@@ -353,8 +353,11 @@ PIN_NOOP = "pin_memory() of a pinned tensor"
 #: the newest step the host had enqueued: no later step was queued behind it, the host ran 0 steps ahead
 FULL_WAIT = "wait on the newest step's event"
 AUDIT_KINDS = (PAGEABLE, BLOCKING, SYNC, PIN_NOOP, FULL_WAIT)
+#: ``equal``/``allclose`` return a Python bool computed on the GPU, and ``__contains__`` (``x in t``) is
+#: ``(element == self).any().item()`` (torch/_tensor.py ``Tensor.__contains__``): a host sync each (lesson 09)
 _SYNC_NAMES = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy",
-               "cpu", "__format__", "__repr__", "argwhere", "unique", "masked_select"}
+               "cpu", "__format__", "__repr__", "argwhere", "unique", "masked_select",
+               "equal", "allclose", "__contains__"}
 
 
 _TORCH_DIRS = tuple({os.path.dirname(torch.__file__) + os.sep, os.path.realpath(os.path.dirname(torch.__file__)) + os.sep})

@@ -1,0 +1,172 @@
+"""Lesson 09's checker accepts the master solution and rejects the planted decode loop and plausible
+wrong fixes, each with the message that names what is still wrong (on the emulated lagging stream
+without a GPU: exact about the order of host reads, copies and waits)."""
+import pytest
+import torch
+
+from nbtools import solution_namespace
+from pinlab.checks import l09 as checks09
+
+STEM = "09_real_code"
+
+
+@pytest.fixture(scope="module")
+def sol():
+    return solution_namespace(STEM)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    checks09.reset()
+
+
+def _variant(sol, name, *edits):
+    """The master solution's ``fixed_decode`` with source edits ``(old, new)``, compiled on its own."""
+    src = _solution_source()
+    for old, new in edits:
+        assert old in src, f"edit for {name} does not apply: {old!r}"
+        src = src.replace(old, new)
+    ns = {"torch": torch}
+    exec(compile(src, f"<{name}>", "exec"), ns)
+    return ns["fixed_decode"]
+
+
+def _master() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[1] / "solutions" / "src" / f"{STEM}.py").read_text(encoding="utf-8")
+
+
+def _planted_source() -> str:
+    """The planted loop and its stopping criterion, as the master copy writes them."""
+    text = _master()
+    return text[text.index("class StopOnEosOrRepeat:"):text.index("# %% [markdown]\n# ## Audit it")]
+
+
+def _solution_source() -> str:
+    """``fixed_decode`` as the master copy writes it (the solution markers dropped)."""
+    text = _master()
+    start = text.index("def fixed_decode(m, max_new):")
+    end = text.index("### END SOLUTION", start)
+    return "\n".join(line for line in text[start:end].splitlines() if "### BEGIN SOLUTION" not in line) + "\n"
+
+
+WAIT = "            done[(n - 1) % 2].synchronize()                    # step n - 1's copy has run; step n is queued"
+FINISHED = "        finished = finished | (nxt == m.eos)"
+STOP = "        stop = finished.all() | (nxt == tokens).all()          # the criterion, on the GPU"
+WHERE = "        nxt = torch.where(finished, m.pad, logits.argmax(dim=-1))"
+OUT = "        out.append(nxt)"
+
+WRONG = {
+    "polls-event-query": ((
+        (WAIT, "            while not done[(n - 1) % 2].query():\n                pass"),),
+        ["a busy-wait", "`while not ev.query(): pass`"]),
+    "x-in-device-tensor": ((
+        (FINISHED, "        if m.eos in nxt:\n            finished = finished | (nxt == m.eos)"),),
+        ["a host sync inside the loop: `.__contains__()`"]),
+    "torch-equal-on-device": ((
+        (STOP, "        stuck = torch.equal(nxt, tokens)\n        stop = finished.all() | (nxt == tokens).all()"),),
+        ["a host sync inside the loop: `.equal()`"]),
+    "item-inside-loop": ((
+        (OUT, OUT + "\n        if nxt.max().item() >= m.vocab:\n            raise ValueError('out of range')"),),
+        ["a host sync inside the loop: `.item()`"]),
+    "tolist-inside-loop": ((
+        (OUT, OUT + "\n        seen = nxt.tolist()"),),
+        ["a host sync inside the loop: `.tolist()`"]),
+    "one-slot-ring": ((
+        ("for _ in range(2)]", "for _ in range(1)]"), ("flags[n % 2]", "flags[0]"), ("flags[(n - 1) % 2]", "flags[0]")),
+        ["a race", "destination of a pending D2H copy"]),
+    "reads-slot-before-its-event": ((
+        (WAIT, "            pass"),),
+        ["a race", "host read the destination of a pending D2H copy"]),
+    "stop-two-steps-late": ((
+        ("for _ in range(2)]", "for _ in range(3)]"), ("done = [None, None]", "done = [None, None, None]"),
+        ("flags[n % 2]", "flags[n % 3]"), ("done[n % 2]", "done[n % 3]"), ("if n > 0:", "if n > 1:"),
+        ("done[(n - 1) % 2]", "done[(n - 2) % 3]"), ("flags[(n - 1) % 2]", "flags[(n - 2) % 3]"),
+        ("                out.pop()                                      # step n was decoded after the stop\n", "")),
+        ["stopped 2 steps late"]),
+    "tokens-changed": ((
+        (WHERE, "        nxt = logits.argmax(dim=-1)"),),
+        ["made different tokens"]),
+    "waits-on-this-steps-event": ((
+        (WAIT, "            done[n % 2].synchronize()"),),
+        ["a wait on the newest step's work inside the loop"]),
+    "synchronize-every-step": ((
+        (WAIT, WAIT + "\n            s.synchronize()"),),
+        ["a wait on the newest step's work inside the loop"]),
+}
+
+
+def test_the_solution_passes(sol, capsys):
+    assert sol["ok"] is True
+    capsys.readouterr()
+    assert checks09.check_decode(sol["fixed_decode"]) is True
+    assert "✅ fixed_decode is correct" in capsys.readouterr().out
+
+
+def test_the_solution_keeping_the_extra_step_passes(sol, capsys):
+    keep = _variant(sol, "keeps-extra-step",
+                    ("                out.pop()                                      # step n was decoded after the stop\n", ""))
+    assert checks09.check_decode(keep) is True, capsys.readouterr().out
+
+
+def test_the_planted_loop_fails_on_its_first_sync(sol, capsys):
+    capsys.readouterr()
+    assert checks09.check_decode(sol["planted_decode"]) is False
+    out = capsys.readouterr().out
+    assert "a host sync inside the loop: `.item()`" in out
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_a_planted_wrong_answer_is_rejected(sol, capsys, name):
+    edits, words = WRONG[name]
+    fn = _variant(sol, name, *edits)
+    capsys.readouterr()
+    assert checks09.check_decode(fn) is False
+    out = capsys.readouterr().out
+    for w in words:
+        assert w in out, f"{name}: {w!r} not in {out!r}"
+
+
+def test_the_planted_loops_three_syncs_and_its_race_are_each_found(sol, capsys):
+    """The planted loop with each sync taken out in turn: the next one is named, then the race."""
+    planted = _planted_source()
+    steps = [
+        ("        if nxt.max().item() >= logits.shape[-1]:            # a sanity check\n"
+         "            raise ValueError(\"token out of range\")\n", "", "`.__contains__()`"),
+        ("        if self.eos in nxt:                                  # did a sequence finish this step?\n"
+         "            finished = finished | (nxt == self.eos)",
+         "        finished = finished | (nxt == self.eos)", "`.equal()`"),
+        ("        stuck = torch.equal(nxt, prev)                       # every sequence repeated its last token",
+         "        stuck = False", "a race"),
+    ]
+    for old, new, word in steps:
+        assert old in planted, old
+        planted = planted.replace(old, new)
+        ns = {"torch": torch}
+        exec(compile(planted, "<planted>", "exec"), ns)
+        checks09.reset()
+        capsys.readouterr()
+        assert checks09.check_decode(ns["planted_decode"]) is False
+        assert word in capsys.readouterr().out, word
+
+
+def test_a_stub_is_not_implemented(capsys):
+    def fixed_decode(m, max_new):
+        raise NotImplementedError
+
+    assert checks09.check_decode(fixed_decode) is False
+    assert "⏳ fixed_decode is not implemented yet" in capsys.readouterr().out
+
+
+def test_not_a_tensor_and_not_a_function(sol, capsys):
+    assert checks09.check_decode(lambda m, max_new: [1, 2]) is False
+    assert "not a tensor of tokens" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="fixed_decode must be a function"):
+        checks09.check_decode(3)
+
+
+def test_the_reference_cases_stop_where_the_cases_say():
+    stops = [checks09.reference(checks09.table(succ), start, max_new)[1] for _, succ, start, max_new in checks09.CASES]
+    assert stops[0] is not None and stops[1] is not None and stops[2] is None
+    assert all(s is None or s + 3 <= mx for s, (_, _, _, mx) in zip(stops, checks09.CASES))  # 2 late can show

@@ -1,0 +1,121 @@
+"""Lesson 09 on the CPU: the trace matcher on synthetic traces, the deferred stop check (tokens, the
+2-slot ring race-free and the 1-slot ring flagged on the emulated stream), and the GPU experiments'
+one-sentence refusal without CUDA."""
+import types
+
+import pytest
+import torch
+
+import pinlab
+from pinlab.lessons import l09_real_code as l09
+
+pytest.importorskip("transformers")
+
+
+class _Ev:
+    def __init__(self, where, kind="host sync (bool/int/float of a CUDA tensor)"):
+        self.where, self.kind = where, kind
+
+
+def _ann(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def _rt(name, ts):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1}
+
+
+def test_match_counts_true_and_false_positives_and_missed_syncs():
+    events = [_ann("region", 0, 1000), _ann("pinlab09:3", 10, 20), _ann("pinlab09:7", 100, 20),
+              _ann("pinlab09:9", 200, 20),
+              _rt("cudaMemcpyAsync", 12), _rt("cudaStreamSynchronize", 15),  # window 3: a sync
+              _rt("cudaMemcpyAsync", 105),                                   # window 7: a copy, no sync
+              _rt("cudaStreamSynchronize", 500),                             # outside every window: missed
+              _rt("cudaStreamSynchronize", 2000)]                            # outside the region: ignored
+    windows = {"pinlab09:3": 0, "pinlab09:7": 1, "pinlab09:9": 2}             # window 9: nothing in it
+    m = l09.match(events, windows, [_Ev("a.py:1"), _Ev("b.py:2"), _Ev("c.py:3")], "region")
+    assert (m["reported"], m["true_positives"], m["false_positives"]) == (3, 2, 1)
+    assert (m["trace_syncs"], m["syncs_in_reported_windows"]) == (2, 1)
+    assert dict(m["missed"]) == {"cudaStreamSynchronize": 1}
+    assert [e["matched"] for e in m["per_event"]] == [True, True, False]
+    with pytest.raises(ValueError, match="no annotation"):
+        l09.match(events, windows, [], "elsewhere")
+
+
+def test_short_where_and_code_at():
+    assert l09.short_where("/x/site-packages/transformers/generation/utils.py:383") == \
+        "transformers/generation/utils.py:383"
+    code, func = l09.code_at(f"{__file__}:{_line_of_marker()}")
+    assert "MARKER" in code and func == "_line_of_marker"
+
+
+def _line_of_marker():
+    import sys
+    return sys._getframe().f_lineno  # MARKER
+
+
+def test_the_deferred_stop_check_gives_the_default_tokens_on_the_emulated_stream():
+    model = l09.tiny_llama("cpu")
+    ids, mask = l09.prompt(2)
+    default = l09.greedy(model, ids, mask, 6)
+    assert default.shape == (2, ids.shape[1] + 6)
+    with pinlab.LaggingStream() as s:
+        deferred = l09.greedy(model, ids, mask, 6, deferred="course", stream=s)
+    assert torch.equal(default, deferred)
+    with pytest.raises(ValueError, match="use must be"):
+        with l09.deferred_in_generate(None, use="nope"):
+            pass
+
+
+def test_the_two_slot_ring_is_race_free_and_one_slot_is_flagged():
+    with pinlab.LaggingStream() as s:
+        two = l09.race_ring(s, slots=2, steps=10)
+        one = l09.race_ring(s, slots=1, steps=10)
+    assert two["total"] == 0 and two["stopped_at"] == 6
+    assert one["findings"].get(l09.D2H_READ, 0) == 9  # every step after the first reads a pending copy
+
+
+def test_deferred_stop_reads_one_step_late_and_undoes_that_step():
+    with pinlab.LaggingStream() as s:
+        check = l09.DeferredStop(s, max_length=100)
+        done = torch.zeros(1, dtype=torch.int64, device=s.device)
+        assert check(done, None, 1) is False          # step 0: nothing to read yet
+        assert check(done, None, 2) is True           # step 1 reads step 0's flag: all finished
+        assert check.finish() == 1
+        assert l09.DeferredStop(s, max_length=3)(torch.ones(1, device=s.device), None, 3) is True
+    with pytest.raises((TypeError, ValueError), match="slots"):
+        l09.DeferredStop(s, slots=0)
+
+
+@pytest.mark.skipif(pinlab.has_cuda(), reason="checks the refusal without CUDA")
+@pytest.mark.parametrize("fn", [l09.audit_generate, l09.stop_checks, l09.audit_dataloader])
+def test_gpu_experiments_refuse_without_cuda(fn):
+    with pytest.raises(pinlab.CudaUnavailableError):
+        fn()
+
+
+@pytest.mark.skipif(pinlab.has_cuda(), reason="checks the missing-recording sentence without CUDA")
+def test_a_missing_recording_gives_one_sentence(capsys):
+    assert l09.measure_or_say("09_not_recorded_anywhere", lambda: {}) is None
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no recorded GPU run yet" in out[0]
+
+
+def test_copies_nothing_tells_empty_factories_apart():
+    import numpy as np
+
+    assert l09.copies_nothing([]) and l09.copies_nothing(([], ())) and l09.copies_nothing(np.zeros(0))
+    assert l09.copies_nothing([[], []]) and l09.copies_nothing(torch.zeros(0))
+    assert not l09.copies_nothing([[]] + [[1]]) and not l09.copies_nothing(3)
+    assert not l09.copies_nothing(np.zeros(1)) and not l09.copies_nothing(torch.zeros(1))
+
+
+def test_match_counts_the_empty_factories_among_the_false_positives():
+    ann = lambda name, ts, dur: {"name": name, "ts": ts, "dur": dur, "cat": "user_annotation", "ph": "X"}  # noqa: E731
+    rt = lambda name, ts: {"name": name, "ts": ts, "dur": 1, "cat": "cuda_runtime", "ph": "X"}  # noqa: E731
+    events = [ann("region", 0, 100), ann("pinlab09:0", 10, 5), ann("pinlab09:1", 20, 5), ann("pinlab09:2", 30, 5),
+              rt("cudaStreamSynchronize", 12)]
+    ev = [types.SimpleNamespace(where="a.py:1", kind="sync"), types.SimpleNamespace(where="b.py:2", kind="factory"),
+          types.SimpleNamespace(where="c.py:3", kind="factory")]
+    m = l09.match(events, {"pinlab09:0": 0, "pinlab09:1": 1, "pinlab09:2": 2}, ev, "region", empty={"pinlab09:1"})
+    assert (m["true_positives"], m["false_positives"], m["false_positives_empty"]) == (1, 2, 1)
