@@ -25,7 +25,7 @@ NOTEBOOKS := notebooks solutions exercises
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
 	@echo "make test       unit tests + every notebook under nbval (strict)"
-	@echo "make lab        open JupyterLab on the course (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
+	@echo "make lab        open JupyterLab on your own copy of the course in work/ (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 	@echo "make docker     build the course's image (CUDA, torch, FlashInfer's kernel built, JupyterLab on 8888)"
@@ -57,7 +57,7 @@ test-lib: setup
 test-notebooks: setup
 	$(VPY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
-# JupyterLab on the course (tools/lab.py): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
+# JupyterLab on your copy of the course in LAB_WORK (tools/lab.py; default work/, made on first use): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
 # arguments, split like a shell's words by lab.py, e.g. LAB_ARGS="--no-browser --ServerApp.base_url=/x/"). It prints
 # the URL with its token, warns when LAB_IP is not a loopback address (plain HTTP: whoever has the URL gets a shell),
 # refuses an empty token or password in any spelling, and refuses to run as root unless ALLOW_ROOT=1 is given on the
@@ -66,10 +66,13 @@ test-notebooks: setup
 LAB_IP ?= localhost
 LAB_PORT ?= 8888
 LAB_ARGS ?=
+# your copy of the course (git-ignored): made from notebooks/, exercises/ and solutions/ on first use, never
+# overwritten; delete a notebook there and run make lab again to start it over
+LAB_WORK ?= work
 # $(call shq,TEXT): TEXT as one single-quoted shell word (each ' in it written '\'')
 shq = '$(subst ','\'',$(1))'
 lab: setup
-	$(VPY) tools/lab.py --python $(VPY) --ip $(call shq,$(value LAB_IP)) --port $(call shq,$(value LAB_PORT)) $(if $(and $(filter command line,$(origin ALLOW_ROOT)),$(filter 1,$(ALLOW_ROOT))),--allow-root) --lab-args=$(call shq,$(value LAB_ARGS))
+	$(VPY) tools/lab.py --python $(VPY) --ip $(call shq,$(value LAB_IP)) --port $(call shq,$(value LAB_PORT)) $(if $(and $(filter command line,$(origin ALLOW_ROOT)),$(filter 1,$(ALLOW_ROOT))),--allow-root) --work $(call shq,$(value LAB_WORK)) --lab-args=$(call shq,$(value LAB_ARGS))
 
 # On a GPU host: see README "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
 # Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".

@@ -1,11 +1,15 @@
 """JupyterLab as `make lab` starts it, driven through its REST API and a kernel's websocket.
 
-The server is started the way the Makefile does (`make lab`: `python tools/lab.py ...`, which runs
-`python -m jupyter lab notebooks/00_start_here.ipynb` in the repository), headless (LAB_ARGS=--no-browser), on a
-free port of 127.0.0.1 (LAB_IP, LAB_PORT), with a token handed over in JUPYTER_TOKEN. The test checks that the
-course's notebooks, exercises and solutions are listed, that a kernel starts and runs
-`import pinlab; pinlab.header("x")`, then stops the kernel and the server and checks that no process
-of theirs is left (every one of them names this test's runtime folder on its command line).
+The server is started the way the Makefile does (`make lab`: `python tools/lab.py ...`, which makes the learner's
+copy of the course and runs `python -m jupyter lab --ServerApp.root_dir=work work/notebooks/00_start_here.ipynb`
+in the repository), headless (LAB_ARGS=--no-browser), on a free port of 127.0.0.1 (LAB_IP, LAB_PORT), with a
+token handed over in JUPYTER_TOKEN, its copy in a fresh folder under build/ (LAB_WORK; the default, work/, may
+hold a learner's work). The test checks that the copies of the course's notebooks, exercises and solutions are
+listed, that a notebook saved through JupyterLab's API changes that copy and no file git tracks (`git status`
+the same before and after), that a kernel starts and runs `import pinlab; pinlab.header("x")`, then stops the
+kernel and the server and checks that no process of theirs is left (every one of them names this test's runtime
+folder on its command line). The work copy itself (made once, never overwritten, reset by deleting a notebook)
+is checked without JupyterLab.
 """
 from __future__ import annotations
 
@@ -32,10 +36,15 @@ START_TIMEOUT_S = 120   # JupyterLab's first start on a busy 2-core machine
 KERNEL_TIMEOUT_S = 120  # kernel start + importing torch
 
 
-def _lab_command(port: int) -> list[str]:
+sys.path.insert(0, str(ROOT / "tools"))
+import lab as lab_tool  # noqa: E402  (tools/lab.py)
+
+
+def _lab_command(port: int, work: str = "work") -> list[str]:
     """The command `make lab` runs (read with `make -n`, this Python in place of the venv's), headless on
-    127.0.0.1:``port``; as root (CI) with ALLOW_ROOT=1, which `make lab` needs there."""
-    make_vars = [f"VPY={sys.executable}", "LAB_IP=127.0.0.1", f"LAB_PORT={port}", "LAB_ARGS=--no-browser"]
+    127.0.0.1:``port``, the copies in ``work``; as root (CI) with ALLOW_ROOT=1, which `make lab` needs there."""
+    make_vars = [f"VPY={sys.executable}", "LAB_IP=127.0.0.1", f"LAB_PORT={port}", "LAB_ARGS=--no-browser",
+                 f"LAB_WORK={work}"]
     if os.geteuid() == 0:
         make_vars.append("ALLOW_ROOT=1")
     if shutil.which("make"):
@@ -46,7 +55,7 @@ def _lab_command(port: int) -> list[str]:
         return shlex.split(lines[-1])
     # the Makefile's, without make
     return [sys.executable, "tools/lab.py", "--python", sys.executable, "--ip", "127.0.0.1", "--port", str(port),
-            *(["--allow-root"] if os.geteuid() == 0 else []), "--", "--no-browser"]
+            *(["--allow-root"] if os.geteuid() == 0 else []), "--work", work, "--", "--no-browser"]
 
 
 def _free_port() -> int:
@@ -79,8 +88,9 @@ def _alive(pid: int) -> bool:
 
 
 class Lab:
-    def __init__(self, port: int, token: str, proc: subprocess.Popen, log: Path):
+    def __init__(self, port: int, token: str, proc: subprocess.Popen, log: Path, work: Path):
         self.base, self.token, self.proc, self.log = f"http://127.0.0.1:{port}", token, proc, log
+        self.work = work  # the learner's copy this server shows
 
     def api(self, method: str, path: str, body: dict | None = None, timeout: float = 30):
         req = urllib.request.Request(self.base + path, method=method,
@@ -101,12 +111,13 @@ def lab(tmp_path):
     runtime = tmp_path / "jupyter-runtime"
     port, token = _free_port(), secrets.token_hex(24)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1", JUPYTER_TOKEN=token)
-    cmd = _lab_command(port)  # the Makefile's `lab` command, headless and private
+    work = ROOT / "build" / f"test-lab-work-{secrets.token_hex(4)}"  # git-ignored, inside the checkout as work/ is
+    cmd = _lab_command(port, work.relative_to(ROOT).as_posix())  # the Makefile's `lab` command, headless, private
     log = tmp_path / "lab.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    server = Lab(port, token, proc, log)
+    server = Lab(port, token, proc, log, work)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -123,6 +134,8 @@ def lab(tmp_path):
         head = log.read_text(errors="replace")[:3000]
         assert f"JupyterLab on the course: http://127.0.0.1:{port}/lab?token={token}" in head, head
         assert "plain HTTP" not in head and token not in " ".join(cmd)  # loopback: no warning; token not in argv
+        assert f"Your copy of the course: {work.relative_to(ROOT).as_posix()}/ (made now" in head, head
+        assert "To start a notebook over, delete it from" in head and "run make lab again" in head, head
         yield server
     finally:
         if proc.poll() is None:  # the test failed before its own shutdown: end the server's group
@@ -134,6 +147,7 @@ def lab(tmp_path):
                 proc.wait(timeout=10)
         for line in _procs_naming(str(runtime)):  # after a failure: end what the server left behind
             os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _execute(ws, session: str, code: str, timeout: float) -> str:
@@ -167,13 +181,47 @@ def _execute(ws, session: str, code: str, timeout: float) -> str:
     return "".join(out)
 
 
+def _git_status() -> str:
+    res = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _save_changes_only_the_copy(lab) -> None:
+    """Run-and-save as a learner does it: the lesson with a new cell and new outputs, written back through
+    JupyterLab's contents API (Jupytext's contents manager included, where installed)."""
+    rel = "notebooks/03_the_race.ipynb"
+    tracked = {p: (ROOT / p).read_bytes() for p in (rel, "notebooks/src/03_the_race.py")}
+    before = _git_status() if shutil.which("git") and (ROOT / ".git").exists() else None
+    status, model = lab.api("GET", f"/api/contents/{rel}")
+    assert status == 200 and model["type"] == "notebook", model
+    nb = model["content"]
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": "my notes on the race"})
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            c["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "a CPU run's output\n"}]
+            c["execution_count"] = 1
+            break
+    status, saved = lab.api("PUT", f"/api/contents/{rel}", {"type": "notebook", "format": "json", "content": nb})
+    assert status == 200, saved
+    copy = json.loads((lab.work / rel).read_text(encoding="utf-8"))
+    assert "my notes on the race" in json.dumps(copy), "the save did not reach the learner's copy"
+    for p, data in tracked.items():
+        assert (ROOT / p).read_bytes() == data, f"saving {rel} in JupyterLab changed the tracked {p}"
+    assert not list(lab.work.rglob("src")), "Jupytext paired the learner's copy with a source file"
+    if before is not None:
+        assert _git_status() == before, "saving in JupyterLab changed what git sees in the checkout"
+
+
 def test_jupyter_lab_lists_the_course_and_runs_pinlab(lab, tmp_path):
     websocket = pytest.importorskip("websocket", reason="websocket-client is not installed")
-    # the course is there: its file browser starts at the repository, with every folder of notebooks
+    # the learner's copy of the course is there, with every folder of notebooks, and nothing else of the repository
     top = {item["name"] for item in lab.api("GET", "/api/contents")[1]["content"]}
-    assert {"notebooks", "exercises", "solutions"} <= top, (
-        f"JupyterLab's file browser shows {sorted(top)}: `make lab` must serve the repository "
-        "(`jupyter lab --ServerApp.root_dir=. notebooks/00_start_here.ipynb`), not notebooks/ alone")
+    assert {"notebooks", "exercises", "solutions"} <= top and "lib" not in top, (
+        f"JupyterLab's file browser shows {sorted(top)}: `make lab` must serve the learner's copy "
+        "(`jupyter lab --ServerApp.root_dir=work work/notebooks/00_start_here.ipynb`)")
+    _save_changes_only_the_copy(lab)
     for folder in ("notebooks", "exercises", "solutions"):
         want = {p.name for p in (ROOT / folder).glob("*.ipynb")}
         status, listing = lab.api("GET", f"/api/contents/{folder}")
@@ -220,3 +268,74 @@ def test_jupyter_lab_lists_the_course_and_runs_pinlab(lab, tmp_path):
         time.sleep(0.2)
     assert not _procs_naming(str(tmp_path / "jupyter-runtime")), "processes left after the server stopped"
     assert not _alive(pid), f"the kernel (pid {pid}) is still running"
+
+
+# ---------------------------------------------------------------------------------------------
+# the work copy, without JupyterLab
+
+
+def _course(tmp_path: Path) -> Path:
+    root = tmp_path / "course"
+    for folder, names in (("notebooks", ["00_a.ipynb", "01_b.ipynb"]), ("exercises", ["01_b.ipynb"]),
+                          ("solutions", ["01_b.ipynb"])):
+        (root / folder / "src").mkdir(parents=True)
+        (root / folder / "src" / "01_b.py").write_text("# %%\n")  # sources are not copied
+        for n in names:
+            (root / folder / n).write_text(json.dumps({"cells": [], "name": f"{folder}/{n}"}))
+    return root
+
+
+def test_the_work_copy_is_made_once_and_never_overwritten(tmp_path):
+    root = _course(tmp_path)
+    work = root / "work"
+    made, kept = lab_tool.make_work_copy(work, root)
+    assert sorted(made) == ["exercises/01_b.ipynb", "notebooks/00_a.ipynb", "notebooks/01_b.ipynb",
+                            "solutions/01_b.ipynb"] and kept == 0
+    assert not list(work.rglob("*.py")) and (work / "jupytext.toml").read_text() == lab_tool.WORK_JUPYTEXT
+    assert (work / "notebooks" / "01_b.ipynb").read_bytes() == (root / "notebooks" / "01_b.ipynb").read_bytes()
+    # a learner's work is kept, even when the course's notebook changes
+    (work / "notebooks" / "01_b.ipynb").write_text("my work")
+    (root / "notebooks" / "01_b.ipynb").write_text(json.dumps({"cells": [], "name": "a newer version"}))
+    assert lab_tool.make_work_copy(work, root) == ([], 4)
+    assert (work / "notebooks" / "01_b.ipynb").read_text() == "my work"
+    # starting one over: delete it, run make lab again
+    (work / "notebooks" / "01_b.ipynb").unlink()
+    assert lab_tool.make_work_copy(work, root) == (["notebooks/01_b.ipynb"], 3)
+    assert "a newer version" in (work / "notebooks" / "01_b.ipynb").read_text()
+    # a notebook added to the course later is copied, the rest kept
+    (root / "exercises" / "02_c.ipynb").write_text("{}")
+    assert lab_tool.make_work_copy(work, root) == (["exercises/02_c.ipynb"], 4)
+    msg = lab_tool.work_message("work", ["exercises/02_c.ipynb"], 4)
+    assert "work/" in msg and "kept" in msg and "delete it from work/ and run make lab again" in msg
+    assert "made now (4 notebooks)" in lab_tool.work_message("work", made, 0)
+
+
+def test_the_work_copy_pairs_nothing():
+    """work/jupytext.toml is the nearest Jupytext config for every copy, and it pairs nothing (no formats): a save
+    writes the copy only (the repository's jupytext.toml pairs notebooks/ and solutions/ with their src/)."""
+    tomllib = pytest.importorskip("tomllib")
+    assert "formats" not in tomllib.loads(lab_tool.WORK_JUPYTEXT)
+    assert "formats" in tomllib.loads((ROOT / "jupytext.toml").read_text(encoding="utf-8"))
+
+
+def test_the_work_folder_must_hold_no_tracked_file(tmp_path):
+    for bad in (ROOT, ROOT / "notebooks", ROOT / "lib" / "x", ROOT.parent):
+        assert lab_tool.work_problem(bad) is not None, bad
+    for ok in (ROOT / "work", ROOT / "build" / "w", tmp_path / "mine"):
+        assert lab_tool.work_problem(ok) is None, ok
+    (tmp_path / "a-file").write_text("x")
+    assert "not a folder" in lab_tool.work_problem(tmp_path / "a-file")
+    res = subprocess.run([sys.executable, "tools/lab.py", "--dry-run", "--allow-root", "--work", "notebooks"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--work notebooks" in res.stderr, res.stderr
+
+
+def test_make_lab_opens_the_work_copy():
+    had_work = (ROOT / "work").exists()
+    res = subprocess.run([sys.executable, "tools/lab.py", "--dry-run", "--python", sys.executable, "--allow-root"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=dict(os.environ, JUPYTER_TOKEN="t"))
+    assert res.returncode == 0, res.stderr
+    assert "--ServerApp.root_dir=work" in res.stdout and "work/notebooks/00_start_here.ipynb" in res.stdout, res.stdout
+    assert (ROOT / "work").exists() == had_work, "--dry-run copies nothing"
+    text = (ROOT / ".gitignore").read_text(encoding="utf-8")
+    assert "/work/" in text.splitlines(), "work/ must be git-ignored"

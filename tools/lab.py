@@ -7,7 +7,15 @@
     make lab ALLOW_ROOT=1                     # as root, only when asked (a container where you are root)
     make lab LAB_ARGS="--no-browser --ServerApp.base_url=/x/"   # more JupyterLab arguments, split like a shell
 
-Before it starts JupyterLab (``jupyter lab --ServerApp.root_dir=. notebooks/00_start_here.ipynb``) it
+JupyterLab opens the learner's own copy of the course, never the committed notebooks (they are the recorded
+reference run: a save there would replace the GPU outputs and break ``make test``). On first use it copies
+``notebooks/``, ``exercises/`` and ``solutions/`` (their ``.ipynb`` files) into ``work/`` (git-ignored;
+``--work``, ``make lab LAB_WORK=...``, names another folder), and later copies only what is missing there: a
+notebook you changed is never overwritten. To start one over, delete it from ``work/`` and run ``make lab`` again;
+to start everything over, delete ``work/``. ``work/jupytext.toml`` pairs nothing, so saving a copy writes that
+copy only (``jupytext.toml`` at the top pairs the committed notebooks with their ``src/``, for authors).
+
+Before it starts JupyterLab (``jupyter lab --ServerApp.root_dir=work work/notebooks/00_start_here.ipynb``) it
 
 * refuses to run as root unless ``--allow-root`` (``ALLOW_ROOT=1``) is given: every kernel, and every
   terminal JupyterLab opens, would be a root shell;
@@ -34,12 +42,20 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_NOTEBOOK = "notebooks/00_start_here.ipynb"
+#: the learner's copy of the course (git-ignored), made from these folders of the repository
+WORK = "work"
+WORK_FOLDERS = ("notebooks", "exercises", "solutions")
+#: written into the work copy: Jupytext pairs nothing there, so a save writes the copy only
+WORK_JUPYTEXT = ("# Your copies of the course's notebooks, made by `make lab` (tools/lab.py). Nothing here is paired with a\n"
+                 "# source: saving a notebook changes this copy only. To start a notebook over, delete it and run\n"
+                 "# `make lab` again (it copies what is missing and never overwrites a copy).\n")
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 #: the config folder put first on JUPYTER_CONFIG_PATH: it moves the token out of the server's environment
 LAB_CONFIG = ROOT / "tools" / "lab_config"
@@ -152,6 +168,57 @@ def auth_problem(extra: list[str]) -> str | None:
     return None
 
 
+def work_problem(work: Path, root: Path = ROOT, shown: str | None = None) -> str | None:
+    """Why ``work`` cannot hold the learner's copies (None when it can): it must not be the repository, a folder
+    holding it, or a folder of the repository other than ``work/`` or one under ``build/`` (both git-ignored),
+    so that nothing a learner saves lands in a tracked file; and it must be a folder, if it exists."""
+    real, root_real = Path(os.path.abspath(work)).resolve(), Path(root).resolve()
+    work = shown or work  # as the learner wrote it
+    if real == root_real or real in root_real.parents:
+        return f"--work {work}: that is the repository or a folder holding it; give a folder of its own, e.g. work"
+    if root_real in real.parents and not any(real == root_real / ok or root_real / ok in real.parents
+                                             for ok in (WORK, "build")):
+        return (f"--work {work}: a folder of the repository outside work/ and build/ could hold tracked files; "
+                "use work (the default) or a folder outside the repository")
+    if real.exists() and not real.is_dir():
+        return f"--work {work} exists and is not a folder: move it away, or give another folder"
+    return None
+
+
+def make_work_copy(work: Path, root: Path = ROOT) -> tuple[list[str], int]:
+    """Copy the course's notebooks into ``work`` (same folders) where a copy is missing; never overwrite one.
+    Returns (the paths copied now, relative to ``work``; how many copies were there already)."""
+    made, kept = [], 0
+    work = Path(work)
+    for folder in WORK_FOLDERS:
+        for nb in sorted((Path(root) / folder).glob("*.ipynb")):
+            dest = work / folder / nb.name
+            if dest.exists() or dest.is_symlink():
+                kept += 1
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(nb, dest)
+            made.append(f"{folder}/{nb.name}")
+    cfg = work / "jupytext.toml"
+    if not cfg.exists():
+        cfg.write_text(WORK_JUPYTEXT, encoding="utf-8")
+    return made, kept
+
+
+def work_message(work: str, made: list[str], kept: int) -> str:
+    """What `make lab` says about the learner's copy: where it is, what it did now, how to start over."""
+    where = work.rstrip("/") + "/"
+    if made and not kept:
+        did = f"made now ({len(made)} notebooks)"
+    elif made:
+        did = f"{len(made)} notebook(s) copied now ({', '.join(made[:3])}{', ...' if len(made) > 3 else ''}); " \
+              f"your {kept} other copies kept as they are"
+    else:
+        did = f"your {kept} copies, kept as they are"
+    return (f"Your copy of the course: {where} ({did}). JupyterLab shows it and saves there only; the course's own "
+            f"notebooks stay as they are. To start a notebook over, delete it from {where} and run make lab again.")
+
+
 def lab_env(environ, token: str) -> dict[str, str]:
     """The environment JupyterLab starts with: the token in :data:`TOKEN_VAR` (its config takes it out of the
     server's environment, so kernels and terminals never see it), no JUPYTER_TOKEN, :data:`LAB_CONFIG` first
@@ -162,12 +229,12 @@ def lab_env(environ, token: str) -> dict[str, str]:
     return env
 
 
-def command(python: str, ip: str, port: int, allow_root: bool, extra: list[str]) -> list[str]:
-    cmd = [python, "-m", "jupyter", "lab", "--ServerApp.root_dir=.", f"--ServerApp.ip={ip}",
+def command(python: str, ip: str, port: int, allow_root: bool, extra: list[str], work: str = WORK) -> list[str]:
+    cmd = [python, "-m", "jupyter", "lab", f"--ServerApp.root_dir={work}", f"--ServerApp.ip={ip}",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
     if allow_root:
         cmd.append("--allow-root")
-    return cmd + list(extra) + [FIRST_NOTEBOOK]
+    return cmd + list(extra) + [os.path.join(work, FIRST_NOTEBOOK)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8888, help="port (make lab LAB_PORT=...; default 8888)")
     ap.add_argument("--allow-root", action="store_true", help="run even as root (make lab ALLOW_ROOT=1)")
     ap.add_argument("--python", default=sys.executable, help="the Python whose JupyterLab runs (the venv's)")
-    ap.add_argument("--dry-run", action="store_true", help="print what would run, start nothing")
+    ap.add_argument("--dry-run", action="store_true", help="print what would run, start nothing (copies nothing)")
+    ap.add_argument("--work", default=WORK,
+                    help="the folder of your copies, relative to the repository (make lab LAB_WORK=...; default work)")
     ap.add_argument("--lab-args", default="",
                     help="more JupyterLab arguments in one string, split like a shell's words (make lab LAB_ARGS=...)")
     ap.add_argument("extra", nargs="*", help="more JupyterLab arguments, after --")
@@ -204,19 +273,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     token = token or secrets.token_urlsafe(32)
 
-    cmd = command(os.path.abspath(args.python), args.ip, args.port, args.allow_root, extra)
+    work = args.work if os.path.isabs(args.work) else os.path.normpath(args.work)
+    problem = work_problem(ROOT / work, shown=args.work)
+    if problem:
+        print(f"make lab: {problem}", file=sys.stderr)
+        return 2
+    cmd = command(os.path.abspath(args.python), args.ip, args.port, args.allow_root, extra, work)
     print(f"JupyterLab on the course: {url(args.ip, args.port, token)}", flush=True)
     if os.geteuid() == 0:
         print("note: running as root (ALLOW_ROOT=1): kernels and terminals are root shells", flush=True)
     if not is_loopback(args.ip):
         print(network_warning(args.ip, args.port), file=sys.stderr, flush=True)
     if args.dry_run:
-        print("would run: " + shlex.join(cmd))
+        print(f"would make or complete your copy of the course in {work}/, then run: " + shlex.join(cmd))
         return 0
     problem = port_problem(args.ip, args.port)
     if problem:
         print(f"make lab: {problem}", file=sys.stderr)
         return 2
+    made, kept = make_work_copy(ROOT / work)
+    print(work_message(work, made, kept), flush=True)
     env = lab_env(os.environ, token)
     os.chdir(ROOT)
     os.execve(cmd[0], cmd, env)  # JupyterLab replaces this process (Ctrl-C and signals reach it directly)
