@@ -20,8 +20,7 @@ do yet (issue 28 gives the emulation these rules; where it has one, the rule her
   the emulation hands out pinned host memory instead.
 * ``torch.cuda.synchronize()`` waits for the emulated GPU (``s.synchronize()``): on a CPU-only torch it
   raises "Torch not compiled with CUDA enabled", so the checkers' own advice, "synchronize before
-  returning", would crash there. ``on_sync`` (a callable, optional) is called first, with no argument:
-  lesson 07's audit notes the sync there.
+  returning", would crash there.
 """
 from __future__ import annotations
 
@@ -52,18 +51,14 @@ def _tensors(obj):
 
 
 class CudaRules(TorchFunctionMode):
-    """``with CudaRules(s):`` inside ``with s:`` (see the module docstring). ``on_sync``: called before
-    ``torch.cuda.synchronize()`` waits for the emulated GPU."""
+    """``with CudaRules(s):`` inside ``with s:`` (see the module docstring)."""
 
-    def __init__(self, stream, on_sync=None):
+    def __init__(self, stream):
         super().__init__()
-        if stream is None or not hasattr(stream, "emulated"):
+        if stream is None or not hasattr(stream, "emulated") or not hasattr(stream, "synchronize"):
             raise TypeError(f"stream must be a pinlab stream (pinlab.stream(), pinlab.LaggingStream()), "
                             f"got {type(stream).__name__}")
-        if on_sync is not None and not callable(on_sync):
-            raise TypeError(f"on_sync must be None or a function of no argument, got {type(on_sync).__name__}")
         self.s = stream
-        self.on_sync = on_sync
         self._saved_sync = None
         self._active = False
 
@@ -93,8 +88,6 @@ class CudaRules(TorchFunctionMode):
 
     def _synchronize(self, device=None) -> None:
         """``torch.cuda.synchronize(device=None)`` on the emulated stream: the host waits for its queue."""
-        if self.on_sync is not None:
-            self.on_sync()
         self.s.synchronize()
 
     def names_gpu(self, device) -> bool:
@@ -135,7 +128,11 @@ class CudaRules(TorchFunctionMode):
         # device="cpu": host memory, made past the emulation (which would take it for its GPU); a factory
         # that copies device data reads it on the host, after the GPU has run what is queued
         data = args[1:] if name.startswith("new_") else args
-        if name in _DATA_FACTORIES and any(self.s.is_device(t) for t in _tensors((data, kwargs))):
+        reads = name in _DATA_FACTORIES and any(self.s.is_device(t) for t in _tensors((data, kwargs)))
+        if reads:
             self.s.synchronize()
         with torch._C.DisableTorchFunction():
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if reads and isinstance(out, torch.Tensor) and self.s.is_device(out):
+                out = out.clone()  # torch.as_tensor(t, device="cpu") of device memory is a host copy, not t
+        return out
