@@ -257,6 +257,10 @@ LEAKS = {
               "your function changed torch's default dtype to float64 and did not restore it"),
     "device": (lambda: torch.set_default_device("meta"),
                "your function changed torch's default device to meta and did not restore it"),
+    # issue 28: the default device set to the name it already had ("cpu", the emulated GPU's name) is still a change
+    "device-same-name": (lambda: torch.set_default_device("cpu"),
+                         "your function changed torch's default device (torch.set_default_device(cpu)) and did not "
+                         "restore it"),
     "device-context": (lambda: torch.device("meta").__enter__(),
                        "your function changed torch's default device to meta and did not restore it"),
     "threads": (lambda: torch.set_num_threads(THREADS + 1),

@@ -55,12 +55,26 @@ WRONG_RESTORES = {
     "no-copy": (lambda w, pin=True: torch.empty_like(w, device="cpu", pin_memory=pin), "made no copy of the data"),
     # pageable where pinned was asked: on the emulated stream device="cpu" memory counts as the GPU's
     "empty-like-cpu-unpinned": (lambda w, pin=True: torch.empty_like(w, device="cpu").copy_(w), "pin_memory=True"),
+    # issue 28: pinned memory asked for on the GPU (a *_like keeps w's device): CUDA refuses it, the
+    # emulated stream handed out pinned host memory and the checker said ✅
+    "pinned-empty-like-on-the-gpu": (lambda w, pin=True: torch.empty_like(w, pin_memory=pin).copy_(w),
+                                     "asked for pinned memory on the GPU"),
+    "pinned-new-empty-on-the-gpu": (lambda w, pin=True: w.new_empty(w.shape, pin_memory=pin).copy_(w),
+                                    "asked for pinned memory on the GPU"),
+    "pinned-zeros-on-the-weights-device": (
+        lambda w, pin=True: torch.zeros(w.shape, dtype=w.dtype, device=w.device, pin_memory=pin).copy_(w),
+        "asked for pinned memory on the GPU"),
+    # pageable host memory named with a torch.device: host memory, as on a GPU (not "still on the GPU")
+    "empty-like-cpu-device-object-unpinned": (
+        lambda w, pin=True: torch.empty_like(w, device=torch.device("cpu")).copy_(w), "this returns pageable memory"),
 }
 
 #: the cause each planted answer was given before, wrongly
 WRONG_CAUSES = {
     "no-copy": "non_blocking",
     "empty-like-cpu-unpinned": "returned a tensor that is still on the GPU",
+    "pinned-empty-like-on-the-gpu": "raised",
+    "empty-like-cpu-device-object-unpinned": "still on the GPU",
 }
 
 
@@ -73,6 +87,47 @@ def test_restore_weight_rejects_wrong(case, capsys):
     assert "💡 Hint" not in out  # the hint comes from the second failure on
     if case in WRONG_CAUSES:
         assert WRONG_CAUSES[case] not in out, out
+
+
+def test_restore_weight_pin_on_gpu_names_what_to_do(capsys):
+    wrong = WRONG_RESTORES["pinned-empty-like-on-the-gpu"][0]
+    assert checks05.check_restore_weight(wrong) is False
+    out = capsys.readouterr().out
+    assert "Only dense CPU tensors can be pinned" in out and 'device="cpu", pin_memory=pin' in out, out
+
+
+def test_restore_weight_cudas_pin_on_gpu_error_gets_the_same_diagnosis(capsys):
+    """On a GPU torch itself raises the error (aten/src/ATen/cuda/EmptyTensor.cpp, empty_cuda): the same
+    diagnosis as the emulated stream's refusal."""
+    def refused(w, pin=True):
+        raise RuntimeError("Only dense CPU tensors can be pinned")
+
+    assert checks05.check_restore_weight(refused) is False
+    assert "asked for pinned memory on the GPU" in capsys.readouterr().out
+
+
+def _non_blocking_then_synchronize(w, pin=True):
+    """The checker's own advice for a non_blocking copy: synchronize before returning."""
+    out = torch.empty_like(w, device="cpu", pin_memory=pin)
+    out.copy_(w, non_blocking=True)
+    torch.cuda.synchronize()
+    return out
+
+
+def _pinned_zeros_on_the_host(w, pin=True):
+    return torch.zeros(w.shape, dtype=w.dtype, device="cpu", pin_memory=pin).copy_(w)
+
+
+@pytest.mark.parametrize("right", [_non_blocking_then_synchronize, _pinned_zeros_on_the_host],
+                         ids=["non-blocking-then-synchronize", "pinned-zeros-on-the-host"])
+def test_restore_weight_accepts_near_boundary_answers(right, capsys):
+    assert checks05.check_restore_weight(right) is True, capsys.readouterr().out
+
+
+def test_restore_weight_leaves_torch_cuda_synchronize_as_it_was():
+    before = torch.cuda.synchronize
+    checks05.check_restore_weight(_non_blocking_then_synchronize)
+    assert torch.cuda.synchronize is before
 
 
 def test_restore_weight_hints_on_the_second_failure(capsys):

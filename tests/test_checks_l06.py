@@ -114,7 +114,58 @@ def host_only(grid_thw, m, device):  # right values, built on the host, never pu
     return torch.stack([(b // bpr) * m + r // m, (b % bpr) * m + r % m], dim=-1)
 
 
+def _rows(grid_thw, m):
+    counts = [t * h * w for t, h, w in grid_thw]
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [[c, s, h * w, w // m] for c, s, (_, h, w) in zip(counts, starts, grid_thw)], sum(counts)
+
+
+def table_never_copied(grid_thw, m, device):  # issue 28: the table stays on the host, the arange is on the device
+    rows, total = _rows(grid_thw, m)
+    table = torch.tensor(rows, dtype=torch.int64)
+    per_token = torch.repeat_interleave(table[:, 1:], table[:, 0], dim=0, output_size=total)
+    start, frame, bpr = per_token.unbind(1)
+    k = (torch.arange(total, device=device) - start) % frame  # a GPU refuses: device minus host tensor
+    b, r = k // (m * m), k % (m * m)
+    return torch.stack([(b // bpr) * m + r // m, (b % bpr) * m + r % m], dim=-1)
+
+
+def host_ids_copied_once(grid_thw, m, device):  # issue 28: (a) on the host, then one pinned non_blocking copy
+    return l06.ids_before(grid_thw, m, "cpu").pin_memory().to(device, non_blocking=True)
+
+
+def per_token_table_copied(grid_thw, m, device):  # a table with one row per token, copied once
+    rows, total = _rows(grid_thw, m)
+    table = torch.tensor(rows, dtype=torch.int64)
+    per_token = torch.repeat_interleave(table[:, 1:], table[:, 0], dim=0, output_size=total)
+    per_token = per_token.pin_memory().to(device, non_blocking=True)
+    start, frame, bpr = per_token.unbind(1)
+    k = (torch.arange(total, device=device) - start) % frame
+    b, r = k // (m * m), k % (m * m)
+    return torch.stack([(b // bpr) * m + r // m, (b % bpr) * m + r % m], dim=-1)
+
+
+def default_device_switch(grid_thw, m, device):  # issue 28: torch.set_default_device, set back at the end
+    torch.set_default_device(device)
+    try:
+        table, total = _table(grid_thw, m, device)
+        return _closed_form(table, total, m, device)
+    finally:
+        torch.set_default_device(None)
+
+
+def default_device_left_set(grid_thw, m, device):  # ... and never set back: the checker must say so
+    torch.set_default_device(device)
+    table, total = _table(grid_thw, m, device)
+    return _closed_form(table, total, m, device)
+
+
 @pytest.mark.parametrize("wrong, message", [
+    (table_never_copied, "that was never copied to the device"),
+    (host_ids_copied_once, "the copy grows with the tokens"),
+    (per_token_table_copied, "the copy grows with the tokens"),
+    (default_device_switch, "set torch's default device (torch.set_default_device(cpu))"),
+    (default_device_left_set, "changed torch's default device"),
     (per_image_loop, "the calls grow with the images"),
     (cpu_then_pageable, "non_blocking from pageable memory"),
     (no_output_size, "repeat_interleave without output_size"),
@@ -131,6 +182,45 @@ def test_rot_pos_ids_rejects_wrong(wrong, message, capsys):
     out = capsys.readouterr().out
     assert "❌" in out and message in out, out
     assert "💡 Hint" not in out
+
+
+def copy_positional_non_blocking(grid_thw, m, device):  # issue 28: copy_(src, True) is non_blocking
+    rows, total = _rows(grid_thw, m)
+    host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+    table = torch.empty(host.shape, dtype=host.dtype, device=device)
+    table.copy_(host, True)
+    return _closed_form(table, total, m, device)
+
+
+def to_positional_non_blocking(grid_thw, m, device):  # to(device, dtype, True) is non_blocking too
+    rows, total = _rows(grid_thw, m)
+    table = torch.tensor(rows, dtype=torch.int32).pin_memory().to(device, torch.int64, True)
+    return _closed_form(table, total, m, device)
+
+
+def explicit_cpu_table(grid_thw, m, device):  # issue 28: device="cpu" is the host, also on the emulated stream
+    rows, total = _rows(grid_thw, m)
+    table = torch.tensor(rows, dtype=torch.int64, device="cpu").pin_memory().to(device, non_blocking=True)
+    return _closed_form(table, total, m, device)
+
+
+def explicit_cpu_pinned_buffer(grid_thw, m, device):  # a pinned buffer made with device="cpu", filled, copied
+    rows, total = _rows(grid_thw, m)
+    host = torch.empty(len(rows), 4, dtype=torch.int64, device=torch.device("cpu"), pin_memory=True)
+    host.copy_(torch.tensor(rows, dtype=torch.int64))
+    return _closed_form(host.to(device, non_blocking=True), total, m, device)
+
+
+@pytest.mark.parametrize("right", [copy_positional_non_blocking, to_positional_non_blocking, explicit_cpu_table,
+                                   explicit_cpu_pinned_buffer], ids=lambda f: f.__name__)
+def test_rot_pos_ids_accepts_near_boundary_answers(right, capsys):
+    assert checks06.check_rot_pos_ids(right) is True, capsys.readouterr().out
+
+
+def test_rot_pos_ids_leaves_the_default_device_as_it_was(capsys):
+    checks06.check_rot_pos_ids(default_device_left_set)
+    assert getattr(torch, "_GLOBAL_DEVICE_CONTEXT").device_context is None
+    assert torch.empty(1).device.type == "cpu"
 
 
 def test_rot_pos_ids_hint_on_second_failure(capsys):

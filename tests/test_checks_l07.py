@@ -158,6 +158,49 @@ WRONG = {
     "restore-by-assignment": (
         _variant("restore-by-assignment", (RESTORE, "        m.lm_head[:] = m.lm_head_host\n")),
         ["a blocking copy inside the loop: `[...] = host tensor` at line 17 of fixed_loop (40 times)"]),
+    # ---- issue 28: hidden syncs the audit missed, and a tolerance the exact audit does not need ----
+    # `in` on the device tokens: Tensor.__contains__ is (x == t).any().item()
+    "in-device-tokens-stop-check": (
+        _variant("in-device-tokens-stop-check", (D2H, D2H + "\n        if m.eos in tokens:\n            pass")),
+        ["a host sync inside the loop: `x in tensor (Tensor.__contains__)` at line 22 of fixed_loop (40 times"]),
+    # torch.equal of device tensors answers a Python bool
+    "torch-equal-stop-check": (
+        _variant("torch-equal-stop-check",
+                 (D2H, D2H + "\n        if torch.equal(tokens, torch.full_like(tokens, m.eos)):\n            pass")),
+        ["a host sync inside the loop: `torch.equal()` at line 22 of fixed_loop (40 times"]),
+    # a comparison used as a condition: bool() of a device tensor
+    "bool-of-a-comparison-stop-check": (
+        _variant("bool-of-a-comparison-stop-check", (D2H, D2H + "\n        if (tokens == m.eos).any():\n            pass")),
+        ["a host sync inside the loop: `bool() or if of a tensor (Tensor.__bool__)` at line 22 of fixed_loop (40 times"]),
+    # the device tokens handed straight to the detokenizer: its .tolist() waits for the GPU
+    "emits-device-tokens": (
+        _variant("emits-device-tokens",
+                 (D2H, D2H + "\n        if m.eos in m.emit(n, tokens):\n            m.note_stop(n)"),
+                 ("        if m.eos in m.emit(k, tokens_host[k % depth]):\n            m.note_stop(k)", "        pass")),
+        ["a host sync inside the loop: `m.emit(k, <device tokens>) (its .tolist())` at line 21 of fixed_loop "
+         "(40 times)"]),
+    # 7 synchronize() calls inside 40 steps: fewer than the old tolerance of 8, still syncs inside the loop
+    "seven-syncs-inside-the-loop": (
+        _variant("seven-syncs-inside-the-loop", (D2H, D2H + "\n        if n % 6 == 0:\n            s.synchronize()")),
+        ["a host sync inside the loop: `stream.synchronize()` at line 23 of fixed_loop (7 times"]),
+    # one sync in the middle of the loop is one too many
+    "one-sync-in-the-middle": (
+        _variant("one-sync-in-the-middle", (D2H, D2H + "\n        if n == 20:\n            s.synchronize()")),
+        ["a host sync inside the loop: `stream.synchronize()` at line 23 of fixed_loop (1 times"]),
+    # torch.cuda.synchronize() every step: no torch call, the audit did not see it (and on a CPU it crashed)
+    "cuda-synchronize-every-step": (
+        _variant("cuda-synchronize-every-step", (D2H, D2H + "\n        torch.cuda.synchronize()")),
+        ["a host sync inside the loop: `torch.cuda.synchronize()` at line 22 of fixed_loop (40 times"]),
+    # the offload into pageable memory allocated with device="cpu": the restore reads pageable memory
+    "pageable-offload-device-cpu": (
+        _variant("pageable-offload-device-cpu",
+                 (OFFLOAD, '    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu").copy_(m.lm_head)')),
+        ["a 8.0 MiB pageable non_blocking copy", "at line 17 of fixed_loop (40 times)"]),
+    # the offload asks for pinned memory on the GPU (empty_like keeps the device): CUDA refuses it
+    "pinned-offload-on-the-gpu": (
+        _variant("pinned-offload-on-the-gpu",
+                 (OFFLOAD, '    m.lm_head_host = torch.empty_like(m.lm_head, pin_memory=True).copy_(m.lm_head)')),
+        ["raised RuntimeError: Only dense CPU tensors can be pinned"]),
     # a blocking H2D copy of the metadata
     "blocking-metadata-copy": (
         _variant("blocking-metadata-copy", (COPY_META, "        m.meta_dev[n].copy_(meta[i])")),
@@ -205,6 +248,19 @@ RIGHT = {
     # the restore into a new GPU tensor each step (an allocation per step, but a restore from pinned memory)
     "restore-into-a-new-buffer": _variant(
         "restore-into-a-new-buffer", (RESTORE, "        m.lm_head = m.lm_head_host.to(s.device, non_blocking=True)\n")),
+    # issue 31: to(device, dtype, non_blocking) with non_blocking positional, from pinned memory: not a blocking copy
+    "restore-into-a-new-buffer-positional-non-blocking": _variant(
+        "restore-into-a-new-buffer-positional-non-blocking",
+        (RESTORE, "        m.lm_head = m.lm_head_host.to(s.device, torch.float32, True)\n")),
+    # copy_(src, True): non_blocking positional
+    "restore-copy-positional-non-blocking": _variant(
+        "restore-copy-positional-non-blocking",
+        (RESTORE, "        m.lm_head.copy_(m.lm_head_host, True)\n")),
+    # a ring of 12 drained with a synchronize() per step left in flight (11 of them, more than the old
+    # tolerance of 8): draining, after the last step's decode, however many times
+    "deep-ring-drained-with-syncs": _variant(
+        "deep-ring-drained-with-syncs", ("def fixed_loop(m, steps, depth=4):", "def fixed_loop(m, steps, depth=12):"),
+        (DRAIN, "    for k in range(max(0, steps - depth + 1), steps):\n        s.synchronize()\n" + DRAIN)),
     # waits on the newest step's event at set-up (before step 0's decode) and while draining are allowed
     "waits-at-set-up-and-draining": _variant(
         "waits-at-set-up-and-draining",

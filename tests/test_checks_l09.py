@@ -63,10 +63,10 @@ WRONG = {
         ["a busy-wait", "`while not ev.query(): pass`"]),
     "x-in-device-tensor": ((
         (FINISHED, "        if m.eos in nxt:\n            finished = finished | (nxt == m.eos)"),),
-        ["a host sync inside the loop: `.__contains__()`"]),
+        ["a host sync inside the loop: `x in tensor (Tensor.__contains__)`"]),
     "torch-equal-on-device": ((
         (STOP, "        stuck = torch.equal(nxt, tokens)\n        stop = finished.all() | (nxt == tokens).all()"),),
-        ["a host sync inside the loop: `.equal()`"]),
+        ["a host sync inside the loop: `torch.equal()`"]),
     "item-inside-loop": ((
         (OUT, OUT + "\n        if nxt.max().item() >= m.vocab:\n            raise ValueError('out of range')"),),
         ["a host sync inside the loop: `.item()`"]),
@@ -133,10 +133,10 @@ def test_the_planted_loops_three_syncs_and_its_race_are_each_found(sol, capsys):
     planted = _planted_source()
     steps = [
         ("        if nxt.max().item() >= logits.shape[-1]:            # a sanity check\n"
-         "            raise ValueError(\"token out of range\")\n", "", "`.__contains__()`"),
+         "            raise ValueError(\"token out of range\")\n", "", "`x in tensor (Tensor.__contains__)`"),
         ("        if self.eos in nxt:                                  # did a sequence finish this step?\n"
          "            finished = finished | (nxt == self.eos)",
-         "        finished = finished | (nxt == self.eos)", "`.equal()`"),
+         "        finished = finished | (nxt == self.eos)", "`torch.equal()`"),
         ("        stuck = torch.equal(nxt, prev)                       # every sequence repeated its last token",
          "        stuck = False", "a race"),
     ]

@@ -162,6 +162,28 @@ def test_torch_calls_sees_copies_and_syncs_on_the_lagging_stream():
     assert c.device_factories == 2
 
 
+def test_torch_calls_reads_non_blocking_in_every_form_and_sees_mixed_devices():
+    """Issue 28/31: non_blocking read by pinlab.detector.parse_to_args (copy_(src, True), to(device, dtype,
+    True), cuda(device, True)); a call given device and host tensors is recorded (a GPU refuses it)."""
+    with pinlab.LaggingStream() as s:
+        with l06.TorchCalls(s) as c:
+            pinned = torch.arange(8).pin_memory()
+            d = torch.empty(8, dtype=torch.int64, device=s.device)
+            d.copy_(pinned, True)                                  # pinned, non_blocking positional
+            pinned.to(s.device, torch.int32, True)                 # pinned
+            pinned.to(s.device, torch.int32)                       # blocking
+            pinned.cuda(None, True)                                # pinned
+            d[:4] = pinned[:4]                                     # blocking: gpu[...] = host tensor
+            d - torch.arange(8)                                    # mixed: a GPU refuses it
+            d - torch.tensor(3)                                    # a 0-d host tensor is a scalar: allowed
+    assert [(h["kind"], h["call"]) for h in c.h2d] == [
+        ("pinned", ".copy_()"), ("pinned", ".to()"), ("blocking", ".to()"), ("pinned", ".cuda()"),
+        ("blocking", "[...] = host tensor")]
+    assert c.h2d[0]["nbytes"] == 64
+    assert [m["call"] for m in c.mixed] == ["sub"] and c.mixed[0]["shape"] == [8]
+    assert c.default_device is None
+
+
 # ---- the profiler-trace reader -------------------------------------------------------------------------
 
 def _ev(cat, name, ts, dur=1.0, corr=None):

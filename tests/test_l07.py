@@ -105,6 +105,51 @@ def test_the_lm_head_restore_is_counted_per_step(model):
     assert r["unrestored"] == 4 and r["first_unrestored"] == 1 and r["lm_head_ok"]
 
 
+def test_the_audit_reads_non_blocking_in_every_form(model):
+    """Issue 31: LoopAudit read non_blocking from keywords only, so x.to(dev, torch.float32, True) from pageable
+    memory was "a blocking copy". It reads the arguments with pinlab.detector.parse_to_args now."""
+    def restores_from(source):
+        def restores(m, steps):
+            s = m.stream
+            host = m.lm_head.to("cpu")
+            if source == "pinned":
+                host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)
+            for n in range(steps):
+                m.lm_head = host.to(s.device, torch.float32, True)  # line 7: non_blocking positional
+                m.lm_head.copy_(host, True)                          # line 8: the same for copy_
+                m.decode(n)
+            s.synchronize()
+        return restores
+
+    r = l07.run_loop(model, restores_from("pageable"), 6)
+    assert r["in_loop"][l07.BLOCKING] == 0, r["audit_lines"]
+    assert [(e["call"], e["line"], e["count"]) for e in r["audit"] if e["kind"] == l07.PAGEABLE] == [
+        (".to(..., non_blocking=True)", 7, 6), (".copy_(..., non_blocking=True)", 8, 6)]
+    r = l07.run_loop(model, restores_from("pinned"), 6)
+    assert r["in_loop"][l07.BLOCKING] == 0 and r["counts"][l07.PAGEABLE] == 0, r["audit_lines"]
+    assert r["unrestored"] == 0 and r["lm_head_ok"]
+
+
+def test_the_audit_knows_inside_the_loop_from_the_steps_enqueued(model):
+    """Issue 28: what ran inside the loop is told by the steps enqueued (after step 0's decode, before the
+    last step's), not by a count: one sync inside is inside, ten before the loop or after it are not."""
+    def loop(m, steps):
+        s = m.stream
+        for _ in range(10):
+            s.synchronize()                      # line 4: set-up
+        for n in range(steps):
+            m.decode(n)
+            if n == 2:
+                s.synchronize()                  # line 8: once, inside
+        for _ in range(10):
+            s.synchronize()                      # line 10: draining
+
+    r = l07.run_loop(model, loop, 6)
+    assert [(e["line"], e["count"], e["in_loop"]) for e in r["audit"]] == [(4, 10, False), (8, 1, True),
+                                                                          (10, 10, False)]
+    assert r["in_loop"][l07.SYNC] == 1 and r["counts"][l07.SYNC] == 21
+
+
 def test_a_slot_overwritten_by_a_later_step_is_told_from_an_early_read(model):
     def late(m, steps):
         out = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)

@@ -223,6 +223,10 @@ class _TorchState:
         device = _default_device(modes)
         if device != self.device:
             changed.append(f"torch's default device to {device}")
+        elif (_device_context() is None) != (self.ctx is None):
+            # the same name, another setting: torch.set_default_device(s.device) on the emulated stream,
+            # whose GPU is named "cpu" (on a GPU it would read "to cuda:0")
+            changed.append(f"torch's default device (torch.set_default_device({device}))")
         if _device_context() is not self.ctx:
             torch.set_default_device(self.ctx.device if self.ctx is not None else None)
         ctx = _device_context()

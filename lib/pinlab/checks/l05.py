@@ -19,6 +19,7 @@ from collections import Counter
 
 import torch
 
+from ..cuda_rules import PIN_ON_GPU_ERROR, CudaRules
 from ..lessons.l05_pinned_weight_restore import count_copies, pinned_footprint
 from ..replay import data_dir
 from ..streams import stream
@@ -66,12 +67,9 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
     if out.shape != w.shape or out.dtype != w.dtype:
         return (f"{call} returned shape {tuple(out.shape)} {out.dtype}, the weight is {tuple(w.shape)} {w.dtype}: "
                 "a restore must not change the weight (no dtype conversion, no reshaping).")
-    on_gpu = out.device.type != "cpu" if not s.emulated else (s.is_device(out) and pin)
-    if on_gpu and s.emulated:  # the emulation names its GPU "cpu": it cannot tell empty_like(device="cpu") from it
-        return (f"{call} returned a tensor that the emulated stream holds as GPU memory: still on the GPU (a "
-                "clone of w, say), or host memory allocated with device=\"cpu\" but without pin_memory=True "
-                "(this emulation names its GPU \"cpu\", so such memory counts as the GPU's). A restore with pin=True "
-                "makes one copy into pinned host memory: allocate it with device=\"cpu\", pin_memory=True.")
+    # on the emulated stream its GPU memory is what the stream holds as device memory (CudaRules makes
+    # device="cpu" host memory there, as on a GPU)
+    on_gpu = s.is_device(out) if s.emulated else out.device.type != "cpu"
     if on_gpu:
         return (f"{call} returned a tensor that is still on the GPU: a restore makes a copy in host memory "
                 "(device=\"cpu\"), so that the GPU memory can be freed.")
@@ -84,7 +82,8 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
         if pending or out.is_pinned():
             return (f"{call}: the data is not there yet when it returns. A `non_blocking=True` device-to-host copy "
                     "only enqueues the copy behind the busy GPU; the host would read garbage. Copy without "
-                    "non_blocking (the restore must be done when it returns), or synchronize before returning.")
+                    "non_blocking (the restore must be done when it returns), or call `torch.cuda.synchronize()` "
+                    "before returning (on the emulated stream it waits for the emulated GPU).")
         return f"{call}: the returned values differ from the weight's; the copy must be bitwise identical."
     if len(ops) == 0:
         return f"{call} made no copy of the data: a restore must copy the weight to host memory once."
@@ -102,15 +101,16 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
     return None
 
 
-def _call_settled(fn, w, pin, s):
-    out = _call(fn, w, pin)
-    s.synchronize()
-    return out
-
-
 def _call(fn, w, pin):
     with learner_call(f"restore_weight(<{tuple(w.shape)} {str(w.dtype).replace('torch.', '')} weight>, pin={pin})"):
         return fn(w, pin=pin)
+
+
+def _pin_on_gpu(call: str) -> str:
+    return (f"{call} asked for pinned memory on the GPU: `torch.empty_like(w, pin_memory=True)` (any `*_like` or "
+            "`w.new_*`) keeps w's device, and CUDA refuses pinned GPU memory (torch raises \"Only dense CPU tensors "
+            "can be pinned\"; the emulated stream refuses it too). Pinned memory is host memory: allocate the "
+            "destination with `device=\"cpu\", pin_memory=pin`, then copy into it once.")
 
 
 def check_restore_weight(fn) -> bool:
@@ -118,7 +118,7 @@ def check_restore_weight(fn) -> bool:
     into pinned memory (pageable with ``pin=False``), complete when it returns, aliasing nothing."""
     name = "restore_weight"
     learner_arg(name, fn, "(w, pin=True) -> tensor (the host copy of w)")
-    with stream() as s:
+    with stream() as s, CudaRules(s):  # CUDA's rules on the emulated stream: device="cpu" is the host, ...
         show("restore_weight checked on", s.label)
         for i, (shape, dtype, pin) in enumerate(RESTORE_CASES):
             gen = torch.Generator().manual_seed(500 + i)
@@ -126,12 +126,9 @@ def check_restore_weight(fn) -> bool:
             w = expected.to(s.device)
             s.synchronize()
             s.busy(BUSY_MS)  # the GPU is behind (the emulated one always is)
-            # The emulation takes an explicit device="cpu" for its GPU, so a pageable
-            # `empty_like(w, device="cpu").copy_(w)` is queued there as a device copy: with pin=False
-            # its queue is run inside the count (the pinned cases check what is left queued).
-            settle = s.emulated and not pin
+            call = f"restore_weight(<{tuple(w.shape)} {str(w.dtype).replace('torch.', '')} weight on the GPU>, pin={pin})"
             try:
-                out, ops = count_copies(lambda: _call_settled(fn, w, pin, s) if settle else _call(fn, w, pin))
+                out, ops = count_copies(lambda: _call(fn, w, pin))
             except LearnerStop as stop:  # it ran past its time, or left torch's state changed
                 s.synchronize()
                 return _fail(name, f"{name}: {stop}")
@@ -139,8 +136,10 @@ def check_restore_weight(fn) -> bool:
                 s.synchronize()
                 if is_stub(exc, fn):
                     return not_implemented(name)
+                if isinstance(exc, RuntimeError) and PIN_ON_GPU_ERROR in str(exc):
+                    return _fail(name, _pin_on_gpu(call))
                 return _fail(name, f"{name}(w, pin={pin}) raised {raised(exc)}")
-            pending = s.emulated and not settle and s.pending() > 0
+            pending = s.emulated and s.pending() > 0
             problem = _problem(s, w, expected, out, ops, pin, pending)
             s.synchronize()
             if problem:

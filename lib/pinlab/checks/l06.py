@@ -21,6 +21,7 @@ import torch
 from . import (say, LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
                summary)
 from ..lessons import l06_device_side_indices as l06
+from ..cuda_rules import CudaRules
 from ..streams import LaggingStream
 
 _FAILS: dict[str, int] = {}
@@ -94,8 +95,9 @@ def _mismatch(got: torch.Tensor, expected: torch.Tensor, grid, m) -> str:
 
 
 def _run_emulated(fn, grid, m):
-    """Run ``fn(grid, m, device)`` on a fresh LaggingStream under a call counter."""
-    with LaggingStream() as s:
+    """Run ``fn(grid, m, device)`` on a fresh LaggingStream (with CUDA's rules: ``device="cpu"`` is the host)
+    under a call counter."""
+    with LaggingStream() as s, CudaRules(s):
         with l06.TorchCalls(s) as calls:
             with learner_call(f"rot_pos_ids({grid if len(grid) <= 3 else f'<{len(grid)} rows>'}, m={m}, device)"):
                 out = fn([list(r) for r in grid], m, s.device)
@@ -124,6 +126,19 @@ def check_rot_pos_ids(fn) -> bool:
                 return not_implemented(name)
             return _fail(name, f"{name}({grid}, m={m}) raised {raised(exc)}"[:400])
         where = f"{name}(grid_thw={grid if len(grid) <= 3 else f'{len(grid)} rows'}, m={m})"
+        if calls.default_device is not None:
+            return _fail(name, f"{where} set torch's default device (torch.set_default_device("
+                               f"{calls.default_device})): a switch for the whole program, which every later "
+                               f"torch call sees (other code's new tensors land there too, and torch warns that "
+                               f"it slows every torch call). Pass the device you were given to each factory "
+                               f"instead: torch.arange(..., device=device)")
+        if calls.mixed:
+            c = calls.mixed[0]
+            return _fail(name, f"{where}: `{c['call']}` got device tensors and a host tensor of shape {c['shape']} "
+                               f"that was never copied to the device: a GPU refuses that (\"Expected all tensors to "
+                               f"be on the same device\"). Copy the small table to the device once, pinned and "
+                               f"non_blocking=True (.pin_memory().to(device, non_blocking=True)), and build the "
+                               f"rest from that copy")
         if not isinstance(got, torch.Tensor):
             return _fail(name, f"{where} returned {type(got).__name__}, expected a torch.Tensor of ids")
         if got.dtype.is_floating_point:
@@ -159,6 +174,22 @@ def check_rot_pos_ids(fn) -> bool:
         return _fail(name, f"{name}: {stop}")
     except Exception as exc:
         return _fail(name, f"{name}({many}, m=2) raised {raised(exc)}"[:400])
+    # the same images, 16 times the tokens: the copy must not grow (one small row per image)
+    big = [[t, 4 * h, 4 * w] for t, h, w in few]
+    try:
+        _, _, c_big = _run_emulated(fn, big, 2)
+    except LearnerStop as stop:
+        return _fail(name, f"{name}: {stop}")
+    except Exception as exc:
+        return _fail(name, f"{name}({big}, m=2) raised {raised(exc)}"[:400])
+    copied = {n_tokens: sum(c["nbytes"] for c in cs.h2d)
+              for n_tokens, cs in ((_tokens(few), c_few), (_tokens(big), c_big))}
+    if copied[_tokens(big)] > copied[_tokens(few)]:
+        return _fail(name, f"{name} copied {copied[_tokens(few)]} bytes to the device for the {_tokens(few)} tokens of "
+                           f"{few} and {copied[_tokens(big)]} bytes for the {_tokens(big)} tokens of {big}, the same "
+                           f"{len(few)} images: the copy grows with the tokens, so the ids (or a table with a row per "
+                           f"token) were built on the host and copied. Build them on the device "
+                           f"(torch.arange(N, device=device) and the closed form), from a table with one row per image")
     if c_many.calls > c_few.calls + 2:
         return _fail(name, f"{name} made {c_few.calls} torch calls for {len(few)} images and {c_many.calls} "
                            f"for {len(many)}: the calls grow with the images, so there is a Python loop of "
@@ -179,8 +210,13 @@ def check_rot_pos_ids(fn) -> bool:
                 return _fail(name, f"{name}({grid}, m={m}, device='cuda') did not return the ids on the GPU, "
                                    f"equal to (a)")
     say(f"✅ {name} is correct ({n} grids equal to (a); {c_many.calls} torch calls for {len(many)} images "
-          f"as for {len(few)}; checked on the emulated lagging stream, and on CUDA where there is one).")
+          f"as for {len(few)}; no more bytes copied for {_tokens(big)} tokens than for {_tokens(few)}; checked on the "
+          f"emulated lagging stream, and on CUDA where there is one).")
     return True
+
+
+def _tokens(grid) -> int:
+    return sum(t * h * w for t, h, w in grid)
 
 
 # ---- exercise 2: per-step results copied D2H into pinned memory, read after their event ----------

@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..args import positive_int, positive_number, require_cuda
 from ..busy import MAX_BUSY_MS
+from ..detector import parse_to_args
 from ..h2d import async_tensor_h2d
 from ..plots import MAX_WIDTH_IN, color_for, legend_outside
 
@@ -315,12 +316,44 @@ SYNC_CALLS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__",
               "cpu", "unique", "masked_select", "__array__", "__repr__", "__format__"}
 
 
+#: Calls that may take host and device tensors together (a copy, an index on the host, a factory given
+#: host data); any other call given both would raise on a GPU ("Expected all tensors to be on the same device").
+MIXED_OK = {"copy_", "to", "cuda", "cpu", "__getitem__", "__setitem__", "index_put_", "index_put", "pin_memory",
+            "is_pinned", "__get__", "type_as", "tensor", "as_tensor", "asarray"}
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _default_device_context():
+    """torch's global default-device context (``torch.set_default_device``; torch/__init__.py keeps it in
+    ``_GLOBAL_DEVICE_CONTEXT.device_context``), or None."""
+    return getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+
+
 class TorchCalls(TorchFunctionMode):
     """Count the torch calls made inside ``with TorchCalls(stream) as c:`` (``c.calls``), and on a
-    :class:`pinlab.LaggingStream` (``stream``) also the H2D copies (``c.h2d``: dicts with
-    ``kind`` "pinned" / "pageable" / "blocking" and ``call``) and the host syncs (``c.syncs``:
-    call names), and the factory calls that name the device (``c.device_factories``). Without a
-    stream only ``calls`` and ``names`` are counted."""
+    :class:`pinlab.LaggingStream` (``stream``) also:
+
+    - the H2D copies (``c.h2d``: dicts with ``kind`` "pinned" / "pageable" / "blocking", ``call`` and
+      ``nbytes``), told by where the stream put the result (``t.to(...)`` that gave device memory from
+      host memory) and with ``non_blocking`` read by :func:`pinlab.detector.parse_to_args` in every form
+      torch accepts (``copy_(src, True)``, ``to(device, dtype, True)``, ``cuda(device, True)``);
+    - the host syncs (``c.syncs``: call names);
+    - the factory calls that made device memory (``c.device_factories``);
+    - the calls that mixed device tensors with host tensors of one or more dimensions (``c.mixed``: dicts
+      with ``call`` and ``shape``, the host tensor's), which a GPU refuses (:data:`MIXED_OK` excepted);
+    - ``c.default_device``: what ``torch.set_default_device`` was set to during the block (None: untouched).
+
+    Without a stream only ``calls`` and ``names`` are counted (and ``default_device``)."""
 
     def __init__(self, stream=None):
         super().__init__()
@@ -330,60 +363,44 @@ class TorchCalls(TorchFunctionMode):
         self.h2d: list[dict] = []
         self.syncs: list[str] = []
         self.device_factories = 0
+        self.mixed: list[dict] = []
+        self.default_device: str | None = None
+        self._ctx = _default_device_context()
 
     def _dev(self, t) -> bool:
         return self.s is not None and isinstance(t, torch.Tensor) and self.s.is_device(t)
-
-    def _is_target(self, device) -> bool:
-        if self.s is None or device is None:
-            return False
-        try:
-            d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
-        except (RuntimeError, TypeError, ValueError):
-            return False
-        return d.type == "cuda" or d == self.s.device
 
     def _note_copy(self, src, non_blocking, call):
         if not non_blocking:
             kind = "blocking"
         else:
             kind = "pinned" if self.s.is_pinned(src) else "pageable"
-        self.h2d.append({"kind": kind, "call": call})
+        self.h2d.append({"kind": kind, "call": call, "nbytes": src.numel() * src.element_size()})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
         self.calls += 1
         self.names[name] = self.names.get(name, 0) + 1
-        if self.s is not None:
-            self._inspect(name, args, kwargs)
-        return func(*args, **kwargs)
+        ctx = _default_device_context()
+        if ctx is not self._ctx and self.default_device is None:
+            self.default_device = str(ctx.device) if ctx is not None else "None"
+        # the emulated GPU running its queue: the calls of work already seen when it was queued
+        watch = self.s is not None and not getattr(self.s, "_draining", False)
+        if watch:
+            self._before(name, args, kwargs)
+        out = func(*args, **kwargs)
+        if watch:
+            self._after(name, args, kwargs, out)
+        return out
 
-    def _inspect(self, name, args, kwargs):
+    def _before(self, name, args, kwargs):
         first = args[0] if args else None
-        if name in ("to", "cuda") and isinstance(first, torch.Tensor):
-            target = kwargs.get("device")
-            if target is None and name == "cuda":
-                target = "cuda"
-            if target is None and len(args) > 1 and isinstance(args[1], (str, torch.device, int)) \
-                    and not isinstance(args[1], bool):
-                target = args[1]
-            nb = bool(kwargs.get("non_blocking", False))
-            if not self._dev(first) and self._is_target(target):
-                self._note_copy(first, nb, f".{name}()")
-            elif self._dev(first) and target is not None and not self._is_target(target):
-                self.syncs.append(f".{name}('cpu')")
-            return
-        if name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
-            if self._dev(first) and not self._dev(args[1]):
-                self._note_copy(args[1], bool(kwargs.get("non_blocking", False)), ".copy_()")
-            return
-        if self._is_target(kwargs.get("device")) and name not in ("tensor", "as_tensor"):
-            self.device_factories += 1  # torch.arange(..., device=device) and friends
-        if name in ("tensor", "as_tensor") and self._is_target(kwargs.get("device")) \
-                and not (isinstance(first, torch.Tensor) and self._dev(first)):
-            self.h2d.append({"kind": "blocking", "call": f"torch.{name}(..., device=...)"})
-            return
+        if name not in MIXED_OK and not name.endswith("_like") and not name.startswith("new_"):
+            tensors = list(_tensors((args, kwargs)))
+            host = [t for t in tensors if t.dim() > 0 and not self._dev(t)]
+            if host and any(self._dev(t) for t in tensors):
+                self.mixed.append({"call": name, "shape": list(host[0].shape)})
         if name in SYNC_CALLS and self._dev(first):
             self.syncs.append(f".{name}()")
             return
@@ -391,6 +408,39 @@ class TorchCalls(TorchFunctionMode):
             reps = kwargs.get("repeats", args[1] if len(args) > 1 else first)
             if isinstance(reps, torch.Tensor) and self._dev(reps):
                 self.syncs.append("repeat_interleave without output_size")
+
+    def _after(self, name, args, kwargs, out):
+        first = args[0] if args else None
+        if name in ("to", "cuda") and isinstance(first, torch.Tensor):
+            non_blocking = parse_to_args(args[1:], kwargs)[2]  # cuda(device, non_blocking): the same places
+            if not self._dev(first) and self._dev(out):
+                self._note_copy(first, non_blocking, f".{name}()")
+            elif self._dev(first) and isinstance(out, torch.Tensor) and not self._dev(out) and not non_blocking:
+                self.syncs.append(f".{name}('cpu')")
+            return
+        if name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            if self._dev(first) and not self._dev(args[1]):
+                # copy_(src, non_blocking) has the positions of to(other, non_blocking): the one parser reads both
+                self._note_copy(args[1], parse_to_args(args[1:], kwargs)[2], ".copy_()")
+            return
+        if name == "__setitem__" and len(args) >= 3 and self._dev(first):
+            value = args[2]
+            if isinstance(value, torch.Tensor) and not self._dev(value):  # gpu[...] = host tensor: blocking
+                self._note_copy(value, False, "[...] = host tensor")
+            return
+        if name == "__getitem__" and self._dev(first) and len(args) > 1:
+            index = [t for t in _tensors(args[1:]) if not self._dev(t)]
+            if index:  # gpu[host index tensor]: torch copies the index to the device first, blocking
+                self._note_copy(index[0], False, "[host index tensor]")
+            return
+        if not self._dev(out) or (isinstance(first, torch.Tensor) and self._dev(first) and name in (
+                "tensor", "as_tensor", "asarray")):
+            return
+        if name in ("tensor", "as_tensor", "asarray"):
+            self.h2d.append({"kind": "blocking", "call": f"torch.{name}(..., device=...)",
+                             "nbytes": out.numel() * out.element_size()})
+        elif kwargs.get("device") is not None:
+            self.device_factories += 1  # torch.arange(..., device=device) and friends
 
 
 def count_calls(fn, *args, stream=None) -> TorchCalls:

@@ -26,8 +26,11 @@ Everything else, the plumbing a real engine would hide, is :class:`CapstoneModel
 
 :func:`run_loop` runs a loop on a :mod:`pinlab.streams` stream (CUDA, or the emulated
 :class:`pinlab.LaggingStream`) under :class:`LoopAudit`, which records, with the line of the loop
-that made it, every pageable ``non_blocking`` H2D copy, blocking copy, host sync and
-``pin_memory()`` of an already pinned tensor; then it judges every step exactly
+that made it, every pageable ``non_blocking`` H2D copy, blocking copy, host sync (``.item()``, ``bool()``,
+``x in tensor``, ``torch.equal``, device tokens handed to ``emit``, ``torch.cuda.synchronize()``...) and
+``pin_memory()`` of an already pinned tensor, and whether it ran inside the loop (between step 0's decode
+and the last step's); the loop runs under :class:`pinlab.cuda_rules.CudaRules`, so that the emulated
+stream refuses what CUDA refuses; then it judges every step exactly
 (:func:`judge`): did the metadata copy deliver this step's data, did the host read the tokens the
 GPU computed, were the stops noted, is the LM head intact. GPU experiments: :func:`audit`,
 :func:`throughput`, :func:`timeline`, :func:`detect`.
@@ -49,7 +52,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..args import bool_arg, callable_arg, positive_int, positive_number, require_cuda
+from ..cuda_rules import CudaRules
 from ..decode_loop import DecodeSetup, match_received, safe_indptr, torch_paged_decode
+from ..detector import parse_to_args
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, page_indices
 from ..steploop import cuda_or
 from . import l06_device_side_indices as l06
@@ -258,6 +263,9 @@ class CapstoneModel:
         with self.span("emit"):
             if not isinstance(host_tokens, torch.Tensor):
                 raise TypeError(f"emit(k, host_tokens): host_tokens must be a host tensor, got {type(host_tokens).__name__}")
+            audit = getattr(self.stream, "_audit", None)
+            if audit is not None:  # device tokens handed straight over: the .tolist() below waits for the GPU
+                audit.read_by_engine(host_tokens, "m.emit(k, <device tokens>) (its .tolist())")
             got = host_tokens.tolist()
             self.deliveries += 1
             self.delivered.setdefault(int(k), got)
@@ -353,11 +361,18 @@ PIN_NOOP = "pin_memory() of a pinned tensor"
 #: the newest step the host had enqueued: no later step was queued behind it, the host ran 0 steps ahead
 FULL_WAIT = "wait on the newest step's event"
 AUDIT_KINDS = (PAGEABLE, BLOCKING, SYNC, PIN_NOOP, FULL_WAIT)
-#: ``equal``/``allclose`` return a Python bool computed on the GPU, and ``__contains__`` (``x in t``) is
-#: ``(element == self).any().item()`` (torch/_tensor.py ``Tensor.__contains__``): a host sync each (lesson 09)
-_SYNC_NAMES = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy",
-               "cpu", "__format__", "__repr__", "argwhere", "unique", "masked_select",
-               "equal", "allclose", "__contains__"}
+#: torch calls that give the host a value computed on the device (or a result whose size the device
+#: computes): each waits for the GPU. ``x in t`` (``Tensor.__contains__``: ``(x == t).any().item()``, torch/_tensor.py)
+#: and ``torch.equal``/``allclose`` answer a Python bool.
+_SYNC_NAMES = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "nonzero", "numpy",
+               "cpu", "__format__", "__repr__", "__array__", "argwhere", "unique", "unique_consecutive", "bincount",
+               "masked_select", "__contains__", "equal", "allclose", "is_nonzero"}
+#: how a sync call is named in the audit (default: ``.name()``)
+_SYNC_CALLS = {"__contains__": "x in tensor (Tensor.__contains__)", "__bool__": "bool() or if of a tensor (Tensor.__bool__)",
+               "__int__": "int(tensor)", "__float__": "float(tensor)", "__index__": "a tensor used as an index (__index__)",
+               "__complex__": "complex(tensor)", "__format__": "f-string / format() of a tensor",
+               "__repr__": "print() / repr() of a tensor", "__array__": "numpy.asarray(tensor)",
+               "equal": "torch.equal()", "allclose": "torch.allclose()"}
 
 
 _TORCH_DIRS = tuple({os.path.dirname(torch.__file__) + os.sep, os.path.realpath(os.path.dirname(torch.__file__)) + os.sep})
@@ -406,6 +421,10 @@ class LoopAudit(TorchFunctionMode):
         self.last = max((ln for c in _codes(code) for _, _, ln in c.co_lines() if ln), default=0) if code else 0
         self.name = getattr(fn, "__name__", "the loop")
         self.events: dict = {}
+        #: the events seen at least once inside the loop: after step 0's decode was enqueued and before the
+        #: last step's (with a model; without one, nothing is known to be inside)
+        self.inside: set = set()
+        self._saved_cuda_sync = None
 
     def _dev(self, t) -> bool:
         if not isinstance(t, torch.Tensor):
@@ -429,7 +448,10 @@ class LoopAudit(TorchFunctionMode):
         """The line of the loop (from ``def``, 1-based) the current call came from, directly or through the
         functions it called (a wrapper such as ``lambda m, steps: fixed_loop(m, steps, depth=1)`` is the
         loop then), or None when it came from the model's own plumbing or from outside the loop."""
-        f = sys._getframe(1)
+        return self._loop_line(sys._getframe(1))
+
+    def _loop_line(self, f):
+        """:meth:`_caller_line` from frame ``f`` outwards."""
         while f is not None:
             if f.f_code in _MODEL_CODE:
                 return None  # the engine's own waits (FlashInfer's plan events) are not the loop's
@@ -439,21 +461,52 @@ class LoopAudit(TorchFunctionMode):
             f = f.f_back
         return None
 
+    def in_loop(self) -> bool:
+        """The host is inside the loop: step 0's decode is enqueued, the last step's is not yet. Before it is
+        set-up (offloading the LM head), after it draining (the last deliveries, the final synchronize)."""
+        m = self.model
+        return m is not None and 0 <= m.decoded < self.steps - 1
+
     def _note(self, kind, call, nbytes, line=None):
         line = self._where() if line is None else line
         if line is None:
             return
         key = (kind, call, line, int(nbytes))
         self.events[key] = self.events.get(key, 0) + 1
+        if self.in_loop():
+            self.inside.add(key)
+
+    def read_by_engine(self, t, call: str) -> None:
+        """The engine (``m.emit``) reads ``t`` on the host now, handed to it by the loop: a device tensor is a
+        host sync of the loop's line that handed it over (the engine's ``.tolist()`` waits for the GPU)."""
+        if not self._dev(t):
+            return
+        f = sys._getframe(2)  # the caller of the engine's method
+        line = self._loop_line(f)
+        if line is not None:
+            self._note(SYNC, call, t.numel() * t.element_size(), line)
+
+    def cuda_synchronize(self, device=None) -> None:
+        """``torch.cuda.synchronize()`` while the loop runs: a host sync of the loop's line, then the wait."""
+        self._note(SYNC, "torch.cuda.synchronize()", 0)
+        return self._saved_cuda_sync(device)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not (self.s.emulated and self.s._draining):
+        name = getattr(func, "__name__", "")
+        watch = not (self.s.emulated and self.s._draining)
+        if watch:
             try:
-                self._inspect(getattr(func, "__name__", ""), args, kwargs)
+                self._inspect(name, args, kwargs)
             except Exception:  # unusual arguments: let torch (and the stream) deal with them
                 pass
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if watch and name in ("to", "cuda"):
+            try:
+                self._inspect_to(name, args, kwargs, out)
+            except Exception:
+                pass
+        return out
 
     def _inspect(self, name, args, kwargs):
         first = args[0] if args else None
@@ -466,7 +519,7 @@ class LoopAudit(TorchFunctionMode):
             return
         if name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             dst, src = first, args[1]
-            nb = bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
+            nb = parse_to_args(args[1:], kwargs)[2]  # copy_(src, non_blocking): the places of to(other, non_blocking)
             if self._dev(dst) and not self._dev(src):
                 size = src.numel() * src.element_size()
                 lm = self.model.lm_head if self.model is not None else None
@@ -489,25 +542,10 @@ class LoopAudit(TorchFunctionMode):
                     self.model.restored = True
             return
         if name in ("to", "cuda"):
-            target = kwargs.get("device", "cuda" if name == "cuda" else None)
-            rest = [a for a in args[1:] if isinstance(a, (str, torch.device))]
-            if target is None and rest:
-                target = rest[0]
-            if target is None:
-                return
-            target = torch.device(target)
-            nb = bool(kwargs.get("non_blocking", False))
-            ours = target.type == "cuda" or (self.s.emulated and target == self.s.device)
-            if ours and not self._dev(first):
-                if not nb:
-                    self._note(BLOCKING, f".{name}() host to device", nbytes)
-                elif not self._pinned(first):
-                    self._note(PAGEABLE, f".{name}(..., non_blocking=True)", nbytes)
-            elif self._dev(first) and target.type == "cpu" and not nb:
-                self._note(SYNC, ".to('cpu')", nbytes)
-            return
-        if name in _SYNC_NAMES and self._dev(first):
-            self._note(SYNC, f".{name}()", nbytes)
+            return  # judged by where its result is (_inspect_to)
+        if name in _SYNC_NAMES and (self._dev(first) or (name in ("equal", "allclose") and len(args) > 1
+                                                         and self._dev(args[1]))):
+            self._note(SYNC, _SYNC_CALLS.get(name, f".{name}()"), nbytes)
         elif name == "__getitem__" and self._dev(first) and len(args) > 1 and any(
                 isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() > 0
                 for t in (args[1] if isinstance(args[1], tuple) else (args[1],))):
@@ -517,6 +555,23 @@ class LoopAudit(TorchFunctionMode):
             reps = kwargs.get("repeats", args[1] if len(args) > 1 else first)
             if isinstance(reps, torch.Tensor) and self._dev(reps):
                 self._note(SYNC, ".repeat_interleave() without output_size", nbytes)
+
+    def _inspect_to(self, name, args, kwargs, out):
+        """``t.to(...)`` / ``t.cuda(...)``, judged by where the stream put the result (host memory made device
+        memory: an H2D copy; the reverse: a D2H one), ``non_blocking`` read by :func:`pinlab.detector.parse_to_args`
+        in every form torch accepts (``to(device, dtype, True)``, ``to(other, True)``, ``cuda(device, True)``)."""
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return
+        nb = parse_to_args(args[1:], kwargs)[2]
+        nbytes = first.numel() * first.element_size()
+        if self._dev(out) and not self._dev(first):
+            if not nb:
+                self._note(BLOCKING, f".{name}() host to device", nbytes)
+            elif not self._pinned(first):
+                self._note(PAGEABLE, f".{name}(..., non_blocking=True)", nbytes)
+        elif self._dev(first) and not self._dev(out) and not nb:
+            self._note(SYNC, ".to('cpu')", nbytes)  # into pageable memory: it waits (non_blocking: pinned, no wait)
 
     def event_class(self, base):
         """A subclass of the event class ``base`` (``torch.cuda.Event``, or the emulated stream's) whose
@@ -548,8 +603,17 @@ class LoopAudit(TorchFunctionMode):
             out.append(f"{kind}: {call} at line {line} of {self.name}{size}, {c} time(s)")
         return out
 
+    def count_in_loop(self, kind=None) -> int:
+        """The events of ``kind`` (None: all) of the lines seen at least once inside the loop (:meth:`in_loop`),
+        each counted whole; without a model, those seen more than :data:`IN_LOOP` times."""
+        if self.model is None:
+            return self.count(kind, more_than=IN_LOOP)
+        return sum(c for key, c in self.events.items() if (kind is None or key[0] == kind) and key in self.inside)
+
     def as_list(self) -> list[dict]:
-        return [{"kind": k, "call": call, "line": line, "nbytes": nb, "count": c}
+        """One dict per (kind, call, line, nbytes): ``count``, and ``in_loop`` (seen inside the loop at least once)."""
+        return [{"kind": k, "call": call, "line": line, "nbytes": nb, "count": c,
+                 "in_loop": (k, call, line, nb) in self.inside if self.model is not None else c > IN_LOOP}
                 for (k, call, line, nb), c in sorted(self.events.items(), key=lambda kv: (kv[0][2], kv[0][0]))]
 
 
@@ -605,12 +669,16 @@ class _WatchedStream:
 
 
 _OWN_CODE = {LoopAudit._where.__code__, LoopAudit._note.__code__, LoopAudit._inspect.__code__,
-             LoopAudit.__torch_function__.__code__, LoopAudit._wait.__code__, _WatchedStream.synchronize.__code__,
-             _ev_synchronize.__code__, _ev_query.__code__, LoopAudit._caller_line.__code__}
+             LoopAudit._inspect_to.__code__, LoopAudit.__torch_function__.__code__, LoopAudit._wait.__code__,
+             _WatchedStream.synchronize.__code__, _ev_synchronize.__code__, _ev_query.__code__,
+             LoopAudit._caller_line.__code__, LoopAudit._loop_line.__code__, LoopAudit.read_by_engine.__code__,
+             LoopAudit.cuda_synchronize.__code__}
 _MODEL_CODE = {f.__code__ for f in vars(CapstoneModel).values() if hasattr(f, "__code__")}
 
-#: A sync or blocking copy seen more often than this ran inside the loop (once per step); fewer
-#: times is set-up or draining (offloading the LM head, the last deliveries, the final synchronize).
+#: Without a model (a bare :class:`LoopAudit`), a sync or blocking copy seen more often than this is taken
+#: for one inside the loop (once per step). With one (:func:`run_loop`), what ran inside the loop is known
+#: exactly (:meth:`LoopAudit.in_loop`: between step 0's decode and the last step's), on CUDA as on the
+#: emulated stream: no count is tolerated.
 IN_LOOP = 8
 
 
@@ -724,8 +792,14 @@ def _run_loop(m: CapstoneModel, s, loop, steps: int, bar) -> dict:
         if bar is not None:
             m.on_decode = lambda n: bar.update(1)
         try:
-            with audit:
-                loop(m, steps)
+            # CUDA's rules on the emulated stream (pinned memory asked for on the GPU refused, device="cpu"
+            # the host, torch.cuda.synchronize() its wait), under the audit; torch.cuda.synchronize() is a sync
+            with CudaRules(s), audit:
+                audit._saved_cuda_sync, torch.cuda.synchronize = torch.cuda.synchronize, audit.cuda_synchronize
+                try:
+                    loop(m, steps)
+                finally:
+                    torch.cuda.synchronize, audit._saved_cuda_sync = audit._saved_cuda_sync, None
         finally:
             m.stream = s
             torch.cuda.Event = cuda_event
@@ -739,7 +813,7 @@ def _run_loop(m: CapstoneModel, s, loop, steps: int, bar) -> dict:
     out["audit"] = audit.as_list()
     out["audit_lines"] = audit.lines()
     out["counts"] = {k: audit.count(k) for k in AUDIT_KINDS}
-    out["in_loop"] = {k: audit.count(k, more_than=IN_LOOP) for k in AUDIT_KINDS}
+    out["in_loop"] = {k: audit.count_in_loop(k) for k in AUDIT_KINDS}
     out["seconds"] = seconds
     return out
 
