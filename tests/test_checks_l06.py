@@ -317,6 +317,40 @@ def _start_cpu(s, out):  # a blocking copy into pageable memory
     return out.cpu(), ev
 
 
+def _start_pinned_like(s, out):  # issue 28: pinned memory on the GPU (empty_like keeps out's device)
+    host = torch.empty_like(out, pin_memory=True)
+    host.copy_(out, non_blocking=True)
+    ev = s.Event()
+    ev.record()
+    return host, ev
+
+
+def _start_pageable_device_cpu(s, out):  # pageable host memory named device="cpu": host memory, as on a GPU
+    host = torch.empty(out.shape, dtype=out.dtype, device="cpu")
+    host.copy_(out, non_blocking=True)
+    ev = s.Event()
+    ev.record()
+    return host, ev
+
+
+def _start_pinned_device_cpu(s, out):  # right: pinned host memory, device="cpu" said explicitly
+    host = torch.empty_like(out, device="cpu", pin_memory=True)
+    host.copy_(out, non_blocking=True)
+    ev = s.Event()
+    ev.record()
+    return host, ev
+
+
+def test_d2h_pinned_memory_on_the_gpu_is_rejected_and_device_cpu_is_the_host(capsys):
+    assert checks06.check_d2h_outputs(_start_pinned_like, _finish_ok) is False
+    out = capsys.readouterr().out
+    assert "asked for pinned memory on the GPU" in out and "Only dense CPU tensors can be pinned" in out, out
+    assert checks06.check_d2h_outputs(_start_pageable_device_cpu, _finish_ok) is False
+    out = capsys.readouterr().out
+    assert "host buffer is pageable memory" in out and "on the device" not in out, out
+    assert checks06.check_d2h_outputs(_start_pinned_device_cpu, _finish_ok) is True, capsys.readouterr().out
+
+
 def test_d2h_event_recorded_before_the_copy_is_named(capsys):
     """Issue "self-paced path", part 3: finish_d2h waited for the event, so "call event.synchronize()
     first" named the wrong cause."""

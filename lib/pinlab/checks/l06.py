@@ -21,7 +21,7 @@ import torch
 from . import (say, LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
                summary)
 from ..lessons import l06_device_side_indices as l06
-from ..cuda_rules import CudaRules
+from ..cuda_rules import PIN_ON_GPU_ERROR, CudaRules
 from ..streams import LaggingStream
 
 _FAILS: dict[str, int] = {}
@@ -244,6 +244,12 @@ def check_d2h_outputs(start_d2h, finish_d2h) -> bool:
         except Exception as exc:
             if is_stub(exc, start_d2h, finish_d2h):
                 return not_implemented(name)
+            if isinstance(exc, RuntimeError) and PIN_ON_GPU_ERROR in str(exc):
+                return _fail(name, "start_d2h asked for pinned memory on the GPU: `torch.empty_like(out, "
+                                   "pin_memory=True)` (any `*_like` or `out.new_*`) keeps out's device, and CUDA "
+                                   "refuses pinned GPU memory (torch raises \"Only dense CPU tensors can be "
+                                   "pinned\"; the emulated stream refuses it too). Pinned memory is host memory: "
+                                   "torch.empty(out.shape, dtype=out.dtype, pin_memory=True)")
             return _fail(name, f"{name} raised {raised(exc)}"[:400])
         if verdict is not None:
             return _fail(name, verdict)
@@ -268,8 +274,8 @@ def _as_values(v, m: int):
 
 
 def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
-    """Drive a step loop two steps deep on a LaggingStream; None if all is well, else a message."""
-    with LaggingStream() as s:
+    """Drive a step loop two steps deep on a LaggingStream (with CUDA's rules); None if all is well, else a message."""
+    with LaggingStream() as s, CudaRules(s):
         base = torch.arange(width, dtype=torch.int64, device=s.device)
         pending = []
         results = {}
