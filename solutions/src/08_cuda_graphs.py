@@ -27,7 +27,8 @@ from pinlab.checks import l08 as checks08
 #
 # Write `capturable_step(ids, out)`: the same result, `out = min(ids * 2 + position, LIMIT)`, with device
 # work only, so that `torch.cuda.graph` can capture it and every replay computes `out` from whatever `ids`
-# holds then. *(2-3 lines)*
+# holds then. Write only into `out`: `ids` is the graph's input, and must be as it was after a replay.
+# *(2-3 lines)*
 
 # %%
 def capturable_step(ids, out):
@@ -45,11 +46,12 @@ ok = checks08.check_capturable_step(capturable_step)
 # The graph reads its input from a static device tensor `static`. Before each replay, `stage(s, meta,
 # static, state)` must get the host metadata `meta` (pageable, rewritten by the host right after your
 # function returns) into `static`, so that the replay reads this step's data:
-# - every step reads its own data, with the GPU far behind the host;
+# - every step reads all of its own data (16 values), with the GPU far behind the host;
 # - no wait for the GPU (no `synchronize`, no event wait, no blocking copy): the host must stay ahead;
 # - no copy from pageable memory.
 #
-# `state` is a dict you may keep buffers in between steps (a new one for every check). *(1 line)*
+# `state` is a dict you may keep buffers in between steps (a new one for every check); a stage that keeps
+# pinned buffers (a ring) is run for more steps than it keeps buffers. *(1 line)*
 
 # %%
 def stage(s, meta, static, state):

@@ -19,6 +19,10 @@ buffer, at replay time: exactly the buffer lesson 03 shows racing when the host 
   small summary the notebook records (or why FlashInfer could not run);
 * :func:`graph_memory`: the device memory a captured graph's private pool and its static buffers hold, per
   batch size, and the pinned bytes of a staging ring (CUDA only).
+
+(About 520 lines: the emulated loop, the GPU experiments and the argument checks they share, each error
+naming its argument and bound, belong to this lesson alone; split out, they would renew every lesson's
+evidence.)
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import time
 import torch
 
 from .. import steploop
-from ..args import positive_int, positive_number, size_list
+from ..args import INT32_MAX, positive_int, positive_number
 
 __all__ = ["VARIANTS", "RACY", "RINGS", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost",
            "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory"]
@@ -52,10 +56,46 @@ RACY = ("captured_reused_pinned", "outside_reused_pinned")
 RINGS = ("ring_graphs", "ring_outside")
 
 
-def _variant(value) -> str:
-    if value not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {value!r}")
+#: The most bytes of host (and as many of device) memory one staging set-up may hold: ``ring_depth`` x
+#: ``tensors`` x ``n_ints`` int32 (the lesson's largest is 3 x 6 x 256 x 4 B = 18 KiB).
+MAX_STAGING_BYTES = 1 << 30
+#: The most bytes a GPU experiment here may allocate for its tensors (KV cache, outputs, static inputs).
+MAX_EXPERIMENT_BYTES = 32 << 30
+
+
+def _name_of(arg: str, value, known: dict) -> str:
+    """``value`` when it is one of ``known``'s keys (a str), else a clear error naming ``arg``."""
+    if not isinstance(value, str) or value not in known:
+        err = TypeError if not isinstance(value, str) else ValueError
+        raise err(f"{arg} must be one of {', '.join(known)}, got {value!r}")
     return value
+
+
+def _names(arg: str, values, known: dict) -> list[str]:
+    """``values`` (None: every key of ``known``) as a list of distinct names of ``known``."""
+    if values is None:
+        return list(known)
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{arg} must be a list of names such as [{next(iter(known))!r}] or None (all), got "
+                        f"{type(values).__name__} ({values!r:.60})")
+    names = [_name_of(f"{arg}[{i}]", v, known) for i, v in enumerate(values)]
+    if not names:
+        raise ValueError(f"{arg} must name at least one of {', '.join(known)} (or be None: all)")
+    twice = sorted({v for v in names if names.count(v) > 1})
+    if twice:
+        raise ValueError(f"{arg} names {twice} more than once: name each once")
+    return names
+
+
+def _variant(value) -> str:
+    return _name_of("variant", value, VARIANTS)
+
+
+def _staging_bytes(tensors: int, n_ints: int, depth: int) -> None:
+    nbytes = depth * tensors * n_ints * 4
+    if nbytes > MAX_STAGING_BYTES:
+        raise ValueError(f"tensors x n_ints x ring_depth x 4 B = {nbytes} B of pinned memory: at most "
+                         f"{MAX_STAGING_BYTES} B (1 GiB); use fewer tensors, a smaller n_ints or a shallower ring")
 
 
 def _stage_parts(variant, s, tensors, n_ints, depth):
@@ -132,8 +172,9 @@ def graph_loop(variant: str, *, steps: int = 200, tensors: int = 1, n_ints: int 
     n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
     busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=1000.0)
     ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
-    s = steploop.cuda_or(stream, "graph_loop()")
     depth = ring_depth if variant in RINGS else 1
+    _staging_bytes(tensors, n_ints, depth)
+    s = steploop.cuda_or(stream, "graph_loop()")
     with s:
         parts = _stage_parts(variant, s, tensors, n_ints, depth)
         out = parts[2]
@@ -162,13 +203,15 @@ def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: 
     medians), round_medians_us}."""
     from ..args import require_cuda
 
-    require_cuda("staging_cost()")
-    names = list(VARIANTS) if variants is None else [_variant(v) for v in variants]
+    names = _names("variants", variants, VARIANTS)
     tensors = positive_int("tensors", tensors, maximum=64)
     n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
     rounds = positive_int("rounds", rounds, maximum=1000)
     steps = positive_int("steps", steps, maximum=200)
     busy_ms = positive_number("busy_ms", busy_ms, allow_zero=True, maximum=100.0)
+    ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
+    _staging_bytes(tensors, n_ints, ring_depth * len(names))
+    require_cuda("staging_cost()")
     s = steploop.cuda_or(None, "staging_cost()")
     medians = {v: [] for v in names}
     with s:
@@ -193,10 +236,8 @@ def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: 
 
 def every_variant(variants=None, *, steps: int = 200, tensors: int = 1, n_ints: int = 64, busy_ms: float = 0.1,
                   ring_depth: int = 3, stream=None) -> dict:
-    """:func:`graph_loop` for each of ``variants`` (default: all), the same loop and arguments."""
-    names = list(VARIANTS) if variants is None else [_variant(v) for v in variants]
-    if not names:
-        raise ValueError("variants must name at least one variant")
+    """:func:`graph_loop` for each of ``variants`` (default: all; each named once), the same loop and arguments."""
+    names = _names("variants", variants, VARIANTS)
     runs = {v: graph_loop(v, steps=steps, tensors=tensors, n_ints=n_ints, busy_ms=busy_ms, ring_depth=ring_depth,
                           stream=stream) for v in names}
     return {"steps": steps, "busy_ms": busy_ms,
@@ -210,12 +251,10 @@ def host_cost(kernels=(1, 5, 10, 20, 40), *, repeat: int = 200, numel: int = 256
     kernels captured in a graph (CUDA only). Returns rows {kernels, eager_us, replay_us} (medians)."""
     from ..args import require_cuda
 
-    require_cuda("host_cost()")
-    counts = size_list("kernels", kernels)
-    if max(counts) > 1000:
-        raise ValueError(f"kernels: at most 1000 per step, got {max(counts)}")
+    counts = _counts("kernels", kernels, 1000, "kernels per step")
     repeat = positive_int("repeat", repeat, maximum=100_000)
     numel = positive_int("numel", numel, maximum=1 << 24)
+    require_cuda("host_cost()")
     x = torch.zeros(numel, device="cuda")
     rows = []
     for k in counts:
@@ -255,14 +294,26 @@ FLASHINFER_VARIANTS = {
 }
 
 
+def _counts(name: str, values, maximum: int, what: str) -> list[int]:
+    """A non-empty list of ints from 1 to ``maximum`` (``what`` each counts), or a clear error naming ``name``."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints ({what}), got {type(values).__name__}")
+    out = [positive_int(f"{name}[{i}]", v, maximum=maximum) for i, v in enumerate(values)]
+    if not out:
+        raise ValueError(f"{name} must not be empty: give at least one count of {what}")
+    return out
+
+
 def decode_metadata(n: int, batch: int, max_pages: int, page_size: int) -> tuple[list[int], list[int]]:
     """Step ``n``'s metadata for the graph decode: every request has ``w = 1 + n % max_pages`` pages (so
     consecutive steps differ), and its last page holds ``1 + (5n + 3i) % page_size`` tokens. Returns
     ``(indptr, last_page_len)`` as lists (indptr = 0, w, 2w, ...)."""
     n = positive_int("n", n, allow_zero=True)
-    batch = positive_int("batch", batch)
-    max_pages = positive_int("max_pages", max_pages)
-    page_size = positive_int("page_size", page_size)
+    batch = positive_int("batch", batch, maximum=1 << 16)
+    max_pages = positive_int("max_pages", max_pages, maximum=1 << 20)
+    page_size = positive_int("page_size", page_size, maximum=1 << 16)
+    if batch * max_pages > INT32_MAX:
+        raise ValueError(f"batch x max_pages = {batch * max_pages} pages: indptr is int32, at most {INT32_MAX}")
     w = 1 + n % max_pages
     return [i * w for i in range(batch + 1)], [1 + (5 * n + 3 * i) % page_size for i in range(batch)]
 
@@ -290,8 +341,7 @@ def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, m
     from ..args import require_cuda
     from ..paged_kv import FlashInferDecode, reference_decode
 
-    if variant not in FLASHINFER_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(FLASHINFER_VARIANTS)}, got {variant!r}")
+    variant = _name_of("variant", variant, FLASHINFER_VARIANTS)
     steps = positive_int("steps", steps, maximum=100_000)
     batch = positive_int("batch", batch, maximum=256)
     max_pages = positive_int("max_pages", max_pages, maximum=1024)
@@ -302,6 +352,12 @@ def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, m
         raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     head_dim = positive_int("head_dim", head_dim, maximum=1024)
     ring, busy_ms, tol, seed = _decode_loop_args(ring, busy_ms, tol, seed)
+    kv_bytes = 2 * (batch * max_pages + 4) * page_size * num_kv_heads * head_dim * 2
+    out_bytes = steps * batch * num_qo_heads * head_dim * 2
+    if kv_bytes + out_bytes > MAX_EXPERIMENT_BYTES:
+        raise ValueError(f"the KV cache ({kv_bytes} B: batch, max_pages, page_size, num_kv_heads, head_dim) and the "
+                         f"outputs kept ({out_bytes} B: steps, batch, num_qo_heads, head_dim) would need more than "
+                         f"{MAX_EXPERIMENT_BYTES >> 30} GiB of GPU memory: use fewer steps or a smaller batch")
     require_cuda("flashinfer_graph_decode()")
     s = steploop.cuda_or(None, "flashinfer_graph_decode()")
     g = torch.Generator().manual_seed(int(seed))
@@ -375,12 +431,7 @@ def flashinfer_graph_runs(variants=None, *, steps: int = 200, ring: int = 3, bus
     from ..args import require_cuda
     from ..paged_kv import FlashInferUnavailableError
 
-    names = list(FLASHINFER_VARIANTS) if variants is None else list(variants)
-    if not names:
-        raise ValueError("variants must name at least one variant")
-    for v in names:
-        if v not in FLASHINFER_VARIANTS:
-            raise ValueError(f"variants must be among {', '.join(FLASHINFER_VARIANTS)}, got {v!r}")
+    names = _names("variants", variants, FLASHINFER_VARIANTS)
     steps = positive_int("steps", steps, maximum=100_000)
     ring, busy_ms, tol, seed = _decode_loop_args(ring, busy_ms, tol, seed)
     require_cuda("flashinfer_graph_runs()")
@@ -417,14 +468,17 @@ def graph_memory(batch_sizes=(1, 8, 64, 256), *, hidden: int = 4096, layers: int
     from ..args import require_cuda
     from ..hostmem import pinned_bytes_held, release_cached_host_blocks
 
-    sizes = size_list("batch_sizes", batch_sizes)
-    if max(sizes) > 65536:
-        raise ValueError(f"batch_sizes: at most 65536, got {max(sizes)}")
+    sizes = _counts("batch_sizes", batch_sizes, 65536, "sequences per batch")
     hidden = positive_int("hidden", hidden, maximum=1 << 16)
     layers = positive_int("layers", layers, maximum=64)
+    graph_bytes = sum(sizes) * hidden * 4 * 2          # each static input and its graph's output, kept
+    if graph_bytes > MAX_EXPERIMENT_BYTES:
+        raise ValueError(f"batch_sizes x hidden x 8 B = {graph_bytes} B of GPU memory kept at once: at most "
+                         f"{MAX_EXPERIMENT_BYTES >> 30} GiB; use smaller batch_sizes or hidden")
     ring_depth = positive_int("ring_depth", ring_depth, maximum=64)
     tensors = positive_int("tensors", tensors, maximum=64)
     n_ints = positive_int("n_ints", n_ints, maximum=1 << 20)
+    _staging_bytes(tensors, n_ints, ring_depth)
     require_cuda("graph_memory()")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

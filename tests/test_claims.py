@@ -1,0 +1,121 @@
+"""What a notebook asserts and what it observes (pinlab.claims), and the platform probe's answers (pinlab.probe):
+behaviour tests that catch the planted bugs of issue 28 (``tools/mutation_check.py``: ``claims.*``, ``probe.*``).
+
+The probe's answers on a GPU machine are imitated by replacing ``probe.platform_facts`` and
+``probe.profiler_records_gpu`` (what the machine reports), never the functions under test."""
+import pytest
+
+import pinlab
+from pinlab import probe
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    monkeypatch.delenv("PINLAB_SIMULATE_NO_GPU_TRACE", raising=False)
+
+
+# ----------------------------------------------------------------- claims: every entry is judged
+
+@pytest.mark.parametrize("bad", [0, 1, 2])
+def test_claims_fails_on_whichever_entry_does_not_hold(bad, capsys):
+    texts = ["first fact", "second fact", "third fact"]
+    mapping = {t: i != bad for i, t in enumerate(texts)}
+    with pytest.raises(pinlab.ClaimError) as err:
+        pinlab.claims(mapping, why={texts[bad]: "the reason for this one"})
+    msg = str(err.value)
+    assert f"Claim did not hold in this run: {texts[bad]}." in msg and "the reason for this one" in msg
+    assert capsys.readouterr().out == "".join(f"{t}: {i != bad}\n" for i, t in enumerate(texts))
+
+
+@pytest.mark.parametrize("count, holds", [(0, True), (1, False), (-1, False)])
+def test_claims_compares_a_later_count_with_its_exact_expected_value(count, holds):
+    mapping = {"the race showed": True, "corrupted steps": count}
+    if holds:
+        assert pinlab.claims(mapping, expect={"corrupted steps": 0}) is True
+    else:
+        with pytest.raises(pinlab.ClaimError, match=r"corrupted steps.*expected exactly 0"):
+            pinlab.claims(mapping, expect={"corrupted steps": 0})
+
+
+def test_claims_that_all_hold_return_true(capsys):
+    assert pinlab.claims({"a": True, "b": True, "c": 3}, expect={"c": 3}) is True
+    assert capsys.readouterr().out == "a: True\nb: True\nc: 3\n"
+
+
+# ----------------------------------------------------------------- observe: says what happened, never fails
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_observe_returns_whether_it_held_and_says_so(holds, capsys):
+    assert pinlab.observe("the ring cost less", holds, value="0.8x", why="a shared GPU") is holds
+    out = capsys.readouterr().out
+    assert out.startswith("[measured] the ring cost less: ")
+    assert ("yes (0.8x)" in out) is holds
+    assert ("not in this run (0.8x); a shared GPU" in out) is (not holds)
+
+
+# ----------------------------------------------------------------- probe.unmet: what this machine lacks
+
+@pytest.mark.parametrize("records", [True, False])
+def test_unmet_names_a_profiler_that_records_nothing_and_only_then(records, monkeypatch):
+    monkeypatch.setattr(probe, "profiler_records_gpu", lambda: records)
+    reasons = probe.unmet({"gpu_trace": True})
+    if records:
+        assert reasons == []
+    else:
+        assert len(reasons) == 1 and "the profiler records no GPU activity" in reasons[0]
+    assert probe.unmet({"gpu_trace": False}) == [] and probe.unmet(None) == [] and probe.unmet({}) == []
+
+
+def test_unmet_on_this_cpu_machine_names_the_missing_trace():
+    """Without CUDA the profiler records no GPU activity: an experiment that needs it is unmet here."""
+    assert pinlab.has_cuda() is False
+    assert any("profiler records no GPU activity" in r for r in probe.unmet({"gpu_trace": True}))
+
+
+def test_unmet_says_why_the_trace_is_missing_when_it_is_simulated(monkeypatch):
+    monkeypatch.setenv("PINLAB_SIMULATE_NO_GPU_TRACE", "1")
+    assert probe.profiler_records_gpu.__wrapped__() is False
+    monkeypatch.setattr(probe, "profiler_records_gpu", lambda: False)
+    assert "PINLAB_SIMULATE_NO_GPU_TRACE is set" in probe.unmet({"gpu_trace": True})[0]
+
+
+def _gpu_facts(**changes):
+    facts = {"backend": "cuda", "gpu_usable": True, "wsl": False, "cpu_cores_usable": 16, "gpu": "NVIDIA H200",
+             "integrated": False, "pageable_memory_access": False, "ats": False, "copy_engines": 3,
+             "vram_total_gib": 139.8, "vram_free_gib": 120.0, "pcie_gen": 5, "pcie_width": 16,
+             "driver_cuda": "13.0", "wheel_cuda": "13.0", "other_gpu_processes": 0, "pinned_limit_gib": None,
+             "host_ram_available_gib": 100.0}
+    facts.update(changes)
+    return facts
+
+
+@pytest.mark.parametrize("need, free, lacks", [(6.5, 4.0, True), (6.5, 6.5, False), (1, 120.0, False)])
+def test_unmet_compares_the_vram_needed_with_what_is_free(need, free, lacks, monkeypatch):
+    monkeypatch.setattr(probe, "platform_facts", lambda: _gpu_facts(vram_free_gib=free))
+    reasons = probe.unmet({"vram_gib": need})
+    assert bool(reasons) is lacks
+    assert not lacks or f"{need} GiB of free VRAM" in reasons[0]
+
+
+# ----------------------------------------------------------------- machine_summary: what may explain a result
+
+@pytest.mark.parametrize("others", [0, 1, 3])
+def test_machine_summary_says_when_the_gpu_is_shared(others, monkeypatch):
+    monkeypatch.setattr(probe, "platform_facts", lambda: _gpu_facts(other_gpu_processes=others))
+    summary = probe.machine_summary()
+    assert summary.startswith("NVIDIA H200 (PCIe Gen5 x16, 120.0 of 139.8 GiB VRAM free)")
+    assert ("shared GPU" in summary) is (others > 0)
+    assert not others or f"{others} other process(es) on the GPU" in summary
+
+
+def test_machine_summary_names_wsl_ats_and_a_driver_mismatch(monkeypatch):
+    monkeypatch.setattr(probe, "platform_facts", lambda: _gpu_facts(wsl=True, ats=True, driver_cuda="12.8"))
+    summary = probe.machine_summary()
+    assert "WSL2" in summary and "page tables" in summary and "driver CUDA 12.8 vs torch's 13.0" in summary
+
+
+def test_a_failed_claim_carries_the_summary_of_a_shared_gpu(monkeypatch):
+    monkeypatch.setattr(probe, "platform_facts", lambda: _gpu_facts(other_gpu_processes=2))
+    with pytest.raises(pinlab.ClaimError, match="2 other process"):
+        pinlab.claim("a fact", False)
