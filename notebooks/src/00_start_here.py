@@ -1,9 +1,10 @@
 # %% [markdown]
 # # 00 · Start here
 #
-# **Honest host-to-device copies in PyTorch**: an executable course. Every claim is backed by a
-# measurement in the notebook that makes it: made now, on your GPU, if this machine has one;
-# otherwise replayed from the course's recorded GPU run, and labelled as such.
+# **Honest host-to-device copies in PyTorch**: an executable course. Every number it shows is
+# measured in the notebook that shows it: made now, on your GPU, if this machine has one;
+# otherwise replayed from the course's recorded GPU run, and labelled as such. What it says about
+# how torch, CUDA, vLLM and FlashInfer work is read from their source, which the lesson names.
 #
 # It is reconstructed from a real vLLM performance fix (vLLM 0.29, *"avoid H2D copies from
 # non-pinned CPU tensors"*) and the history of races and stalls around it.
@@ -148,7 +149,7 @@ pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {sa
 
 # %% [markdown]
 # ## What to remember
-# - Every lesson measures its claims; without a GPU it replays the recorded GPU run and says so.
+# - Every lesson measures its numbers; without a GPU it replays the recorded GPU run and says so.
 # - `[timing]` and `[measured]` lines are measured numbers (this GPU's now, or the recorded run's in
 #   a replay), and so are the tables and listings printed from a measurement; everything else is a
 #   checked fact, true on any CUDA GPU, quiet or shared.

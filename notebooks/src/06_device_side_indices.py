@@ -57,9 +57,11 @@ pinlab.claim("block by block, row-major inside each 2x2 block",
 # The code below is the library's (`pinlab.lessons.l06_device_side_indices`), printed so that you
 # can read and copy it; every experiment in this notebook runs exactly these functions.
 #
-# **(a) before** (vLLM 0.28, HF transformers 4.x): built on the CPU, image by image, then one
-# `.to(device, non_blocking=True)` from pageable memory. For ids this small (a few hundred KiB at
-# most here) the driver first copies them into a pinned staging buffer of its own, and the call
+# **(a) before** (vLLM 0.28): built on the CPU, image by image, then one
+# `.to(cos.device, non_blocking=True)` from pageable memory. HF transformers
+# 4.x builds the same ids on the CPU too, but makes no copy of its own: it indexes the GPU table
+# with the CPU index tensor and leaves moving the index to torch. For ids this small (a few
+# hundred KiB at most here) the driver first copies them into a pinned staging buffer of its own, and the call
 # usually returns without waiting for the GPU: the host pays for the staging on every call, and
 # once the driver's staging pool is full the same call waits for the GPU (lesson 02 measures when:
 # then it is lesson 02's fake `non_blocking`). That is undocumented driver behaviour: the CUDA
@@ -72,8 +74,10 @@ pinlab.claim("block by block, row-major inside each 2x2 block",
 print(inspect.getsource(l06.ids_before))
 
 # %% [markdown]
-# **(b) the PR** (vLLM 0.29): the same chain, with `torch.arange(..., device=cos.device)`. No copy
-# at all; but every image launches its own chain of small kernels.
+# **(b) the PR** (vLLM 0.29): the same chain, built on the device. For Qwen2-VL, vLLM 0.29 builds
+# the ids with `device=self.device` (the patch embedding's device) and calls `get_cos_sin` after the
+# loop; the `torch.arange(..., device=cos.device)` form, with `get_cos_sin` first, is Qwen2.5-VL's
+# (vLLM 0.29's `model_executor/models/qwen2_vl.py` and `qwen2_5_vl.py`). No copy at all; but every image launches its own chain of small kernels.
 
 # %%
 print(inspect.getsource(l06.ids_per_image))
@@ -92,7 +96,7 @@ print(inspect.getsource(l06.ids_vectorised))
 print(inspect.getsource(l06.to_device_once))
 
 # %% [markdown]
-# And the gather, shared by all three (cos/sin first, as the PR does, then the ids on
+# And the gather, shared by all three (cos/sin first, as the PR does in Qwen2.5-VL, then the ids on
 # `cos.device`):
 
 # %%
@@ -145,14 +149,17 @@ except TypeError as exc:
 # <details><summary>Answer</summary>
 #
 # For 32 small images (c), by a wide margin: (a) and (b) run one chain of about a dozen torch
-# calls *per image*, and on a GPU every call of (b) is a kernel launch, which costs the host a
-# fixed price whatever the kernel's size. For one large image (b) usually wins: its single chain
+# calls *per image*, and on a GPU most calls of (b) launch a kernel (views such as `expand`,
+# `reshape` or `permute` launch none), each launch costing the host a fixed price whatever the
+# kernel's size. For one large image (b) usually wins: its single chain
 # is short, and (c) pays a fixed cost (the table, its copy, `repeat_interleave`). (a) pays for
 # its per-image chain on the CPU and for its pageable copy. Measure it below.
 # </details>
 #
 # First, without any GPU: count the torch calls each builder makes (a `TorchFunctionMode` sees
-# every call; on a GPU, each call on device tensors is at least one kernel launch).
+# every call; on a GPU, not every call on device tensors launches a kernel: a view such as
+# `expand`, `reshape`, `permute` or `flatten` of a contiguous tensor launches none, so the profiler
+# below counts fewer kernels than torch calls).
 
 # %%
 calls = {n: {k: l06.count_calls(f, [[1, 16, 16]] * n, 2, "cpu").calls for k, f in l06.BUILDERS.items()}
@@ -173,7 +180,8 @@ pinlab.claims({
 # video, 8 and 32 small images, and a mixed batch of images and a video. (a)'s per-image calls
 # run on the CPU, so on the GPU it launches only its copy and the gather, whatever the mix: its
 # per-image cost is CPU work. Where the profiler records no GPU activity (often so under WSL2),
-# this experiment replays the recorded run instead, and its `source` line says why.
+# this experiment replays the recorded run instead, and its
+# `source` line says why.
 
 # %%
 mixes = {name: grid for name, grid in l06.MIXES.items()}
@@ -258,9 +266,9 @@ pinlab.show("what this run shows", "cheapest on the host: " + ", ".join(f"{m} ({
 #
 # - **Why (b) can be slower than (a) for many small images.** (a) runs its per-image chain on the
 #   CPU: a dozen tiny tensor operations on a few hundred elements each, then one copy. (b) runs
-#   the same chain on the GPU: every operation is a kernel launch, and each launch costs the host
-#   its fixed price (argument checks, the dispatcher, the driver call) whatever the size of the
-#   kernel. Eight 16 × 16 images are one launch chain each; the GPU does almost nothing in them,
+#   the same chain on the GPU: every operation that is not a view launches a kernel, and each
+#   launch costs the host its fixed price (argument checks, the dispatcher, the driver call)
+#   whatever the size of the kernel. Eight 16 × 16 images are one launch chain each; the GPU does almost nothing in them,
 #   and the host spends its time launching. Removing the copy traded one copy for a launch chain
 #   per image (the kernel counts above).
 # - **Why (c) can win when there are many images:** its launches do not grow with the images (see

@@ -123,8 +123,9 @@ ok = pinlab.claims({
     "a capture refused the copy from pageable memory": outcome["H2D copy from pageable memory"] != "captured",
     "a capture took the copy from pinned memory": outcome["H2D copy from pinned memory"] == "captured",
     "a capture refused .item() (the host would wait for the GPU)": outcome["static.sum().item()"] != "captured",
-}, why="torch checks a copy's source before a capture records it, and CUDA refuses a wait while a stream "
-       "captures; a different outcome means a different torch or CUDA version: see its release notes")
+}, why="torch checks that a copy's CPU side is pinned before a capture records it (Copy.cu, pytorch PR #172156), "
+       "and CUDA refuses a wait while a stream captures; a different outcome means a different torch or CUDA "
+       "version: see its release notes")
 del pinned                      # the experiment's own pinned tensor: what is still pinned now, the refusals left
 left_by_refusals = pinlab.pinned_baseline() - pinned_at_start
 pinlab.show("pinned bytes the capture experiments left in use", left_by_refusals)
@@ -139,13 +140,21 @@ pinlab.show("what that is", (
 # stream is capturing"), and torch then ends the capture and reports what that ending saw: "operation
 # failed due to a previous error during capture", the line a GPU run prints above. The emulated stream
 # raises the first message, the cause. The warning "The CUDA Graph is empty" that a GPU run leaves
-# under the cell comes from the same refused capture: it ended with nothing recorded.
+# under the cell comes from the pageable copy's capture, not from `.item()`'s: torch refused that
+# copy before anything was recorded, so the capture ended cleanly with no node in it, and
+# `capture_end` warns when a graph has none (`aten/src/ATen/cuda/CUDAGraph.cpp`). The `.item()`
+# capture had recorded the sum; CUDA invalidated it, and ending it raised the error above before
+# any node count was taken.
 #
-# The pageable copy is refused because the driver stages it at the call (lesson 02): a replay
-# would find nothing staged. `.item()` is refused because the host would have to wait for a value
-# the capture has not computed. So an engine that captures its step pins every host buffer the step
-# copies from, the same persistent pinned buffers lesson 03 shows racing. Does the graph protect
-# them?
+# Torch refuses the pageable copy itself: `copy_kernel_cuda` in `aten/src/ATen/native/cuda/Copy.cu`
+# checks, while a stream captures, that the CPU side of a copy is pinned (pytorch PR #172156). Its
+# maintainers give lifetime as the reason: a captured copy stores the CPU buffer's address, and
+# nothing keeps that buffer alive for the graph's replays, so a replay could silently read memory
+# that was freed and reused, garbage (issue #171894). That is why graphs need
+# pinned staging buffers that **outlive the graph**. `.item()` is refused because the host would
+# have to wait for a value the capture has not computed. So an engine that captures its step pins
+# every host buffer the step copies from and keeps it for the graph's life: the same persistent
+# pinned buffers lesson 03 shows racing. Does the graph protect them?
 #
 # ## The race, under replay
 #
@@ -318,7 +327,9 @@ def snapshot_step(s, meta, static, g):
 # FlashInfer backend builds one decode wrapper per captured batch size with `use_cuda_graph=True`
 # and **fixed device buffers** for `indptr`, `indices` and `last_page_len`. `plan()` runs outside
 # the graph every step: it reads the host metadata, computes the plan on the host, and copies the
-# metadata into the fixed buffers with `non_blocking=True`. `run()` is captured once, and every
+# metadata into the fixed buffers with `non_blocking=True` (`_plan_impl` in FlashInfer's
+# `flashinfer/decode.py`, which also stages its plan info through one pinned workspace per
+# wrapper). `run()` is captured once, and every
 # replay reads whatever the fixed buffers hold when it runs:
 #
 # ```python
@@ -550,8 +561,9 @@ ok = pinlab.claim("pinned memory held is back to its starting level, but for wha
 # **What to remember**
 # - A CUDA graph replays the *addresses* it captured. A captured `copy_(pinned_buf, non_blocking=True)`
 #   reads the buffer when the replay runs, not when it was captured or launched.
-# - A capture refuses pageable copies and host waits, so graphs push every staging buffer into
-#   pinned memory, the memory that races when the host rewrites it.
+# - A capture refuses pageable copies (nothing would keep a pageable buffer alive for the replays)
+#   and host waits, so graphs push every staging buffer into pinned memory that outlives the graph,
+#   the memory that races when the host rewrites it.
 # - Graph-safe fixes give each step memory nobody rewrites until its copy has run: a `pin_memory()`
 #   snapshot copied into the static input outside the graph (vLLM 0.29), or an event-guarded ring.
 # - The same holds for FlashInfer's graph wrappers: `run()` is captured, `plan()` copies the host
