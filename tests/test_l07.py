@@ -424,7 +424,9 @@ def test_the_harness_names_a_bad_pinned_plan():
         l07.timeline(loops, pinned_plan=["repaired"])
 
 
-def test_run_gate_fails_the_racy_sample_and_passes_its_fixes():
+def test_run_gate_fails_the_racy_sample_and_passes_its_fixes(monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a CI or GPU host that forces colour: the counts are still read
+    monkeypatch.setenv("PY_COLORS", "1")
     r = l07.run_gate()
     assert r["returncode"] == 1, r["tail"] + r["stderr_tail"]
     assert r["failed_tests"] == ["test_step_loop.py::test_racy_loop"] and r["passed"] == 2

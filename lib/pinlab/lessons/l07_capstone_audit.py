@@ -1174,7 +1174,9 @@ def run_gate(suite: str | None = None, *, timeout_s: float = 300) -> dict:
                                 "(the course's sample is examples/race_gate)")
     positive_number("timeout_s", timeout_s)
     lib = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+               PY_COLORS="0")  # plain text to parse, also where the environment forces colour (FORCE_COLOR)
+    env.pop("FORCE_COLOR", None)
     if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
         env["PYTEST_PLUGINS"] = "pinlab_pytest"
     with tempfile.TemporaryDirectory(prefix="pinlab-gate-") as tmp:
@@ -1182,9 +1184,9 @@ def run_gate(suite: str | None = None, *, timeout_s: float = 300) -> dict:
         shutil.copytree(suite, dst, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
         with open(os.path.join(dst, "pytest.ini"), "w", encoding="utf-8") as f:
             f.write("[pytest]\naddopts = -p no:cacheprovider\n")
-        cmd = [sys.executable, "-m", "pytest", "-q", "--pinlab-races", "."]
+        cmd = [sys.executable, "-m", "pytest", "-q", "--color=no", "--pinlab-races", "."]
         done = subprocess.run(cmd, cwd=dst, env=env, capture_output=True, text=True, timeout=timeout_s)
-    out = done.stdout
+    out = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)  # colour codes, should any remain
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|error|errors)\b", out.splitlines()[-1] if out else "")}
     failed = re.findall(r"^FAILED (\S+)", out, re.M)
     return {"command": "pytest -q --pinlab-races examples/race_gate", "returncode": done.returncode,
