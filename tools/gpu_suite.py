@@ -352,10 +352,10 @@ def load_json(path):
 NBVAL_FLAGS = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
                "--nbval-cell-timeout=1800"]
 TOGETHER = ("b", "c", "d", "e")  # --adverse-together: these four at once, each in its own process
-#: a learner's own checkout: what nbval of notebooks/ reads (and lib/ the kernels import, reports/gpu/ what a
+#: a learner's own checkout: what nbval of notebooks/ reads (and lib/ the kernels import, examples/ the suite lesson 07's gate runs, reports/gpu/ what a
 #: section replays); each pytest process runs in its own copy, as each learner has a clone: lessons 02b and 07
 #: write profiler traces under build/traces/ and read them back, which processes sharing one tree would mix up
-CHECKOUT = ("conftest.py", "pyproject.toml", "lib", "notebooks", "tools", "tests/nbval_sanitize.cfg", "reports/gpu")
+CHECKOUT = ("conftest.py", "pyproject.toml", "lib", "notebooks", "examples", "tools", "tests/nbval_sanitize.cfg", "reports/gpu")
 #: the variables a condition sets; cleared from every adverse process's environment before its own are set
 IMITATION_VARS = ("PINLAB_RECORD", "PINLAB_VRAM_LIMIT_GIB", "PINLAB_PINNED_LIMIT_GIB", "PINLAB_NO_FLASHINFER",
                   "PINLAB_SIMULATE_NO_GPU_TRACE", "OMP_NUM_THREADS")
