@@ -251,7 +251,7 @@ def test_lab_passes_other_arguments_and_says_how_to_quote(lab_tool, monkeypatch,
     assert lab_tool.main(["--dry-run", f"--lab-args={fine}"]) == 0
     cmd = shlex.split(capsys.readouterr().out.split("would run: ", 1)[1])
     assert cmd[-5:] == ["--no-browser", "--ServerApp.base_url=/my lab/", "--ServerApp.disable_check_xsrf=False",
-                        "--ServerApp.password=argon2:abc", "notebooks/00_start_here.ipynb"], cmd
+                        "--ServerApp.password=argon2:abc", "work/notebooks/00_start_here.ipynb"], cmd  # the work copy
     with pytest.raises(SystemExit):
         lab_tool.main(["--dry-run", "--lab-args=--ServerApp.base_url='/x"])
     assert "cannot be split into words" in capsys.readouterr().err

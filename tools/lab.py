@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if not is_loopback(args.ip):
         print(network_warning(args.ip, args.port), file=sys.stderr, flush=True)
     if args.dry_run:
-        print(f"would make or complete your copy of the course in {work}/, then run: " + shlex.join(cmd))
+        print(f"would make or complete your copy of the course in {work}/; would run: " + shlex.join(cmd))
         return 0
     problem = port_problem(args.ip, args.port)
     if problem:

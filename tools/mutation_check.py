@@ -218,8 +218,8 @@ MUTATIONS: list[Mutation] = [
       "the emulated pin_memory() of pinned memory copies (hides the trap)", shared=False),
     # ---- claims and the platform probe (issue 28) ---------------------------------------------------
     M("claims.claims_first_only", "lib/pinlab/claims.py",
-      "    for key, value in mapping.items():\n        if not verdicts[key]:",
-      "    for key, value in list(mapping.items())[:1]:\n        if not verdicts[key]:",
+      "    for text, value in mapping.items():\n        ok = value == expect[text]",
+      "    for text, value in list(mapping.items())[:1]:\n        ok = value == expect[text]",
       ["tests/test_claims.py"], "claims() fails only when its first entry does not hold"),
     M("claims.claim_never_fails", "lib/pinlab/claims.py",
       "    if not ok:\n        raise ClaimError(failure_message(text, value, why))",
