@@ -70,7 +70,7 @@ def planted_decode(m, max_new):
 # 🔮 **Predict.** Which lines make the host wait for the GPU, and which line reads memory a copy has
 # not finished writing? The checker names one problem at a time; the race detector names the race:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 checks09.check_decode(planted_decode)
 with pinlab.stream() as s, detect_races() as races:
     m = checks09.DecodeEngine(s, *checks09.CASES[0][1:3])
