@@ -31,8 +31,9 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash learner \
 WORKDIR /workspace/pinlab
 COPY --chown=learner:learner . /workspace/pinlab
 
-# the course (editable: an edit under lib/ is live) with FlashInfer (gpu) and the test tools (make test)
-RUN python -m pip install --no-compile -e ".[gpu,test]"
+# the course (editable: an edit under lib/ is live) with FlashInfer (gpu), JupyterLab and the notebook tools (lab)
+# and the test tools (make test)
+RUN python -m pip install --no-compile -e ".[gpu,lab,test]"
 
 USER 1000:1000
 # FlashInfer's paged-decode kernel, built now rather than in lesson 03: on a build machine without a GPU it

@@ -15,6 +15,10 @@ copybutton_selector = "div:not(.output) > div.highlight pre"
 copybutton_exclude = ".linenos, .gp, .go"
 nb_execution_mode = "off"            # render the committed outputs; never run a notebook here
 nb_merge_streams = True
+# a Markdown output (notebook 00's syllabus, Markdown(pinlab.syllabus.markdown())) is read as MyST, like the pages:
+# its table renders as a table (CommonMark, MyST-NB's default, has no tables) and its links to other notebooks
+# ("01_pinned_memory.ipynb") become links to their pages, not to the .ipynb files
+nb_render_markdown_format = "myst"
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 exclude_patterns = ["_build", "**/src", "**.ipynb_checkpoints"]

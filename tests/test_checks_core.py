@@ -108,6 +108,8 @@ def test_a_function_that_never_returns_is_stopped(check, name, capsys):
     out = capsys.readouterr().out
     assert f"❌ {name}: your function did not return within {LIMIT:g} s" in out, out
     assert "a loop that never ends?" in out and "ev.synchronize()" in out and "ev.query()" in out
+    # issue 28: polling is a wait like ev.synchronize() (and ends on the emulated stream): not told "don't poll"
+    assert "not a loop on `ev.query()`" not in out and "a loop on `ev.query()`" in out
     assert took < 30, took  # the limit, plus the checker's own set-up (the capstone's model)
 
 

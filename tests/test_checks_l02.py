@@ -278,6 +278,21 @@ def step_result_on_gpu(s, x_host, w):
     return (x / x.abs().max()) @ w, done
 
 
+def step_polls_its_event(s, x_host, w):  # issue 28: all right, then polls its own event before returning
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    out, done = _fixed_out(s, (x / x.abs().max()) @ w)
+    while not done.query():  # a host wait, as done.synchronize() is
+        pass
+    return out, done
+
+
+def step_syncs_its_event(s, x_host, w):  # the same step with done.synchronize(): the same diagnosis
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    out, done = _fixed_out(s, (x / x.abs().max()) @ w)
+    done.synchronize()
+    return out, done
+
+
 #: name -> (wrong step, words on the lagging stream, words on CUDA)
 WRONG_STEPS = {
     "original": (step_original, "non_blocking copy from pageable memory (8.0 MiB)", "pageable memory (8.0 MiB)"),
@@ -291,6 +306,11 @@ WRONG_STEPS = {
     "blocking-h2d": (step_blocking_h2d, "a blocking copy to the GPU (8.0 MiB", "blocking copy"),
     "no-scale": (step_no_scale, "differs from the reference", "differs from the reference"),
     "result-on-gpu": (step_result_on_gpu, "still on the GPU", "still on the GPU"),
+    "polls-its-event": (step_polls_its_event, "(1 wait on the emulated lagging GPU): a loop polling `event.query()`",
+                        "Return the event instead of waiting on it"),
+    "syncs-its-event": (step_syncs_its_event, "`event.synchronize()` waited for work still queued, at "
+                        "`done.synchronize()`. Return the event instead of waiting on it",
+                        "Return the event instead of waiting on it"),
 }
 
 
@@ -388,10 +408,11 @@ def test_watched_lagging_waits_only_where_a_gpu_would():
     s = l02.WatchedLagging()
     with s, l02.Watch(s):
         x = torch.arange(12, dtype=torch.float32, device=s.device).reshape(3, 4)
+        index = torch.tensor([2, 0], device=s.device)  # (a blocking copy from a list: before the count)
         s.counting = True
         values, indices = x.max(dim=1)
         top = torch.topk(x, 2, dim=1)
-        rows = x[torch.tensor([2, 0], device=s.device)]
+        rows = x[index]
         assert s.waits == []
         picked = x[x > 5]
         assert len(s.waits) == 1 and "boolean mask" in s.waits[0][1]
@@ -409,3 +430,39 @@ def test_host_tensor_in_device_arithmetic_fails_as_on_cuda(on_cpu, capsys):
 
     assert checks02.check_step_without_syncs(step_on_the_host) is False
     assert "raised RuntimeError: Expected all tensors to be on the same device" in capsys.readouterr().out
+
+
+def test_polling_and_synchronizing_the_event_get_the_same_advice(on_cpu, capsys):
+    """Issue 28: `while not done.query(): pass` is a host wait (it was accepted), and it is told what
+    `done.synchronize()` is told: return the event instead."""
+    assert checks02.check_step_without_syncs(step_polls_its_event) is False
+    polled = capsys.readouterr().out
+    assert checks02.check_step_without_syncs(step_syncs_its_event) is False
+    synced = capsys.readouterr().out
+    advice = "Return the event instead of waiting on it: the caller waits when it needs the scores"
+    assert advice in polled and advice in synced, (polled, synced)
+    assert "`while not done.query():" in polled and "`done.synchronize()`" in synced
+
+
+def test_the_verdict_counts_every_wait_exactly(on_cpu, capsys):
+    """The emulated verdict counts the host's waits from LaggingStream.host_waits: two polled events, two waits."""
+    def step_polls_twice(s, x_host, w):
+        x = x_host.pin_memory().to(s.device, non_blocking=True)
+        mid = s.Event()
+        mid.record()
+        while not mid.query():
+            pass
+        scores = (x / x.abs().max()) @ w
+        out, done = _fixed_out(s, scores)
+        while not done.query():
+            pass
+        return out, done
+
+    assert checks02.check_step_without_syncs(step_polls_twice) is False
+    assert "(2 waits on the emulated lagging GPU)" in capsys.readouterr().out
+
+
+def test_the_accepted_verdict_says_what_was_checked_on_the_emulation(sol, on_cpu, capsys):
+    assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
+    out = capsys.readouterr().out
+    assert "the host never waited for the GPU, 0 waits with every one counted on the emulated stream" in out, out

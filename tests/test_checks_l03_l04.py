@@ -293,12 +293,88 @@ def _ring_planted(copy_slot, wait_slot):
     return loop
 
 
+def loop_polls_each_step(s, steps, write_metadata, forward):  # issue 28: serial, waiting by polling (was praised)
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    copied = s.Event()
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf, non_blocking=True)
+        copied.record()
+        forward(n, meta)
+        while not copied.query():      # the host spins until the copy has run: a wait
+            pass
+
+
+def loop_event_sync_each_step(s, steps, write_metadata, forward):  # the same serial loop with synchronize()
+    buf = torch.zeros(N, dtype=torch.int32, pin_memory=True)
+    copied = s.Event()
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf, non_blocking=True)
+        copied.record()
+        forward(n, meta)
+        copied.synchronize()
+
+
+def loop_snapshot_sync_every_tenth_step(s, steps, write_metadata, forward):  # issue 28: 20 syncs ("never waited")
+    buf = torch.zeros(N, dtype=torch.int32)
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf.pin_memory(), non_blocking=True)
+        forward(n, meta)
+        if n % 10 == 5:
+            s.synchronize()
+
+
+def loop_ring_copies_before_writing(s, steps, write_metadata, forward):  # issue 28: the copy enqueued first
+    depth = checks03.AHEAD + 1
+    bufs = [torch.zeros(N, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
+    done = [None] * depth
+    for n in range(steps):
+        k = n % depth
+        if done[k] is not None:
+            done[k].synchronize()
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(bufs[k], non_blocking=True)   # enqueued before the buffer holds step n
+        write_metadata(bufs[k], n)
+        done[k] = s.Event()
+        done[k].record()
+        forward(n, meta)
+
+
+def loop_snapshot_filled_after_its_copy(s, steps, write_metadata, forward):  # the same mistake with a snapshot
+    buf = torch.zeros(N, dtype=torch.int32)
+    for n in range(steps):
+        write_metadata(buf, n)
+        snap = torch.empty(N, dtype=torch.int32, pin_memory=True)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(snap, non_blocking=True)
+        snap.copy_(buf)                          # filled after the copy was enqueued
+        forward(n, meta)
+
+
+def loop_snapshot_sync_after_the_loop(s, steps, write_metadata, forward):  # right: a wait after the last step
+    buf = torch.zeros(N, dtype=torch.int32)
+    for n in range(steps):
+        write_metadata(buf, n)
+        meta = torch.empty(N, dtype=torch.int32, device=s.device)
+        meta.copy_(buf.pin_memory(), non_blocking=True)
+        forward(n, meta)
+    s.synchronize()
+
+
 RIGHT_LOOPS = {
     "pinned-snapshot-copy": loop_pinned_snapshot_copy,
     "ring-ahead+1-events": _ring(checks03.AHEAD + 1, True),
     "ring-ahead+2-events": _ring(checks03.AHEAD + 2, True),
     "ring-ahead+1-no-events": _ring(checks03.AHEAD + 1, False),  # safe: forward keeps the host AHEAD steps ahead
+    "snapshot-sync-after-the-loop": loop_snapshot_sync_after_the_loop,
 }
+
+SERIAL = "waiting is race-free but blocks: with one reused buffer the loop is serial"
 
 #: name -> (wrong loop, words on the lagging stream, words on CUDA (any of them))
 WRONG_LOOPS = {
@@ -309,8 +385,20 @@ WRONG_LOOPS = {
                                     ("ring is too shallow",)),
     "ring-one-too-shallow-no-events": (_ring(checks03.AHEAD, False), "read from 2 host buffers",
                                        ("delivered step",)),
-    "sync-each-step": (loop_sync_each_step, "synchronize() is race-free but blocks",
-                       ("synchronize() is race-free but blocks",)),
+    "sync-each-step": (loop_sync_each_step, SERIAL, (SERIAL,)),
+    # issue 28: waits the checker did not see, tolerances meant for GPU noise, the order of write and copy
+    "polls-each-step": (loop_polls_each_step, SERIAL, (SERIAL,)),
+    "event-sync-each-step": (loop_event_sync_each_step, SERIAL, (SERIAL,)),
+    "snapshot-sync-every-tenth-step": (loop_snapshot_sync_every_tenth_step,
+                                       "the host waited for the GPU in 20 of 200 steps (`synchronize()` waits for "
+                                       "everything queued) — synchronize() is race-free but blocks",
+                                       ("in 20 of 200 steps", "synchronize() is race-free but blocks")),
+    "ring-copies-before-writing": (loop_ring_copies_before_writing,
+                                   "step 0's copy was enqueued before the host wrote step 0's data into the pinned "
+                                   "memory it reads", ("was enqueued before the host wrote",)),
+    "snapshot-filled-after-its-copy": (loop_snapshot_filled_after_its_copy,
+                                       "step 0's copy was enqueued before the host wrote step 0's data",
+                                       ("was enqueued before the host wrote",)),
     "sync-every-other-step": (loop_sync_every_other_step, "step 0 of 200 delivered step 1's data",
                               ("delivered step", "synchronize() is race-free but blocks")),
     "pageable-clone": (loop_pageable_clone, "copy reads pageable memory", ("copy reads pageable memory",)),
@@ -382,6 +470,26 @@ def test_race_free_loop_counts_every_wait(on_cpu, capsys):
     assert "waited for the GPU in 198 of 200 steps" in out
 
 
+def test_a_serial_loop_gets_the_same_diagnosis_however_it_waits(on_cpu, capsys):
+    """Issue 28: one reused buffer, the host waiting for its copy every step: with synchronize(), an event's
+    synchronize() or a loop polling the event, the same verdict (the polled one was praised as "no wait")."""
+    verdicts = []
+    for loop in (loop_sync_each_step, loop_event_sync_each_step, loop_polls_each_step):
+        checks02.reset()  # each a first failure: no hint
+        assert checks03.check_race_free_loop(loop) is False
+        out = capsys.readouterr().out
+        verdicts.append(out.split(" — ", 1)[1])
+        assert "✅" not in out and "never waited" not in out
+    assert verdicts[0] == verdicts[1] == verdicts[2], verdicts
+
+
+def test_the_accepted_verdict_says_what_was_checked(sol03, on_cpu, capsys):
+    assert checks03.check_race_free_loop(sol03["race_free_loop"]) is True
+    out = capsys.readouterr().out
+    assert "written before its copy, copied with non_blocking=True from pinned memory" in out, out
+    assert "0 waits with every one counted on the emulated stream" in out, out
+
+
 def test_race_free_loop_hints_on_the_second_failure(on_cpu, capsys):
     assert checks03.check_race_free_loop(loop_racy) is False
     assert checks03.check_race_free_loop(loop_snapshot_of_pinned) is False
@@ -422,7 +530,9 @@ def test_gpu_race_free_loop_accepts_solution_and_a_ring(sol03, capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", ["racy", "snapshot-of-pinned", "ring-one-too-shallow-events", "sync-each-step",
-                                  "snapshot-before-write"])
+                                  "snapshot-before-write", "polls-each-step", "event-sync-each-step",
+                                  "snapshot-sync-every-tenth-step", "ring-copies-before-writing",
+                                  "snapshot-filled-after-its-copy"])
 def test_gpu_race_free_loop_rejects_wrong(case, capsys):
     checks02.reset()
     wrong, _, words = WRONG_LOOPS[case]
@@ -440,10 +550,13 @@ def test_run_ahead_has_one_definition_and_the_model_agrees():
     assert [steploop.ring_depth_for(k) for k in (0, 1, 2, 4)] == [1, 2, 3, 5]
     with pytest.raises(ValueError, match="run_ahead"):
         steploop.ring_depth_for(-1)
-    # the loops' ahead=a (wait for step n-a before writing step n) is run-ahead a - 1: a ring of a buffers
-    for a in (1, 2, 3, 4):
-        sim = steploop.simulate("reused_pinned", steps=12, ahead=a)
-        assert steploop.min_ring_depth(sim["writes"], sim["copies"]) == steploop.ring_depth_for(a - 1)
+    # issue 28 ("misnamed knobs"): the model's run_ahead=k is run-ahead k, as the checkers' AHEAD is: a ring
+    # of k + 1 buffers (it was ahead=k + 1, a queue depth)
+    for k in (0, 1, 2, 3):
+        sim = steploop.simulate("reused_pinned", steps=12, run_ahead=k)
+        assert steploop.min_ring_depth(sim["writes"], sim["copies"]) == steploop.ring_depth_for(k)
+    with pytest.raises(TypeError):
+        steploop.simulate("reused_pinned", steps=12, ahead=2)  # the old name, with its other meaning, is gone
     # the exercises' checkers state their run-ahead: a ring of AHEAD + 1 is the one that never waits
     assert checks03.AHEAD + 1 == steploop.ring_depth_for(checks03.AHEAD)
 

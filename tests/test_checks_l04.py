@@ -36,7 +36,9 @@ def _stub(*args):
 def test_pin_snapshot_accepts_solution(sol, capsys):
     assert checks04.check_pin_snapshot(sol["pin_snapshot"], stream=LaggingStream()) is True
     out = capsys.readouterr().out
-    assert "✅ pin_snapshot is correct" in out and "200 steps on a reused pinned buffer, 0 corrupted" in out
+    assert "✅ pin_snapshot is correct" in out, out
+    assert ("200 steps rewriting one pinned buffer, run-ahead 64: no call returned memory whose copy was "
+            "still queued, 0 corrupted") in out, out
 
 
 def test_pin_snapshot_accepts_the_library_reference(capsys):
@@ -100,12 +102,42 @@ def test_pin_snapshot_names_the_pinned_input_it_failed_on(capsys):
     assert "❌ pin_snapshot(<pinned (64,) float32>): this returns the same storage" in capsys.readouterr().out
 
 
+RECYCLED = ("❌ pin_snapshot(buf) at step {} of the step loop returned the pinned memory it returned at step 0, whose "
+            "copy to the GPU had not run yet")
+
+
 def test_pin_snapshot_reused_buffer_is_caught_in_the_step_loop(capsys):
     assert checks04.check_pin_snapshot(_reused_snapshot(), stream=LaggingStream()) is False
     out = capsys.readouterr().out
-    # the host is 4 steps ahead: copy 0 runs after the host wrote step 4 into the one snapshot buffer
-    assert "❌ pin_snapshot in the step loop: step 0 of 200 delivered step 4's data (199 of 200 steps corrupted)" \
-        in out, out
+    # the next call hands back the one snapshot buffer while step 0's copy still waits in the queue
+    assert RECYCLED.format(1) in out, out
+
+
+def _pool_snapshot(depth):
+    """A pool of ``depth`` pinned buffers per shape, dtype and layout, handed out in turn: pinned, its own
+    storage, the right values; safe only while fewer than ``depth`` copies are in flight."""
+    pools, turn = {}, {}
+
+    def pooled(t):
+        key = (tuple(t.shape), t.stride(), t.dtype)
+        if key not in pools:
+            pools[key] = [torch.empty_like(t, pin_memory=True) for _ in range(depth)]
+            turn[key] = 0
+        buf = pools[key][turn[key] % depth]
+        turn[key] += 1
+        return buf.copy_(t)
+
+    return pooled
+
+
+@pytest.mark.parametrize("depth", [5, 16])
+def test_pin_snapshot_recycling_a_pool_is_caught(depth, capsys):
+    """Issue 28: a pool of 5 passed (the loop kept only 4 steps in flight). The loop keeps more steps in flight
+    than such a pool is deep, and a snapshot recycled while its copy is queued is named where it happens."""
+    assert checks04.check_pin_snapshot(_pool_snapshot(depth), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert RECYCLED.format(depth) in out and "A pool of buffers is safe only while it is deeper than the steps" in out, out
+    assert "✅" not in out
 
 
 def test_pin_snapshot_hints_on_the_second_failure(capsys):
@@ -136,19 +168,29 @@ def test_pin_snapshot_reports_an_exception(capsys):
 # ---- ring_stage ---------------------------------------------------------------------------------
 
 def _ring(wait=True, record_first=False, blocking=False, sync_all=None, one_buffer=False, wait_latest=False,
-          stream_wait=False, record=True, write_ring=True, copy_view=False):
+          stream_wait=False, record=True, write_ring=True, copy_view=False, wait_next=False, poll=False,
+          copy_first=False):
     """A ring_stage with one planted mistake (the defaults give the right one)."""
     def stage(n, data, ring, events, dst):
         k = 0 if one_buffer else n % len(ring)
         if sync_all is not None:
             sync_all.synchronize()                        # the whole stream
-        if wait_latest:
-            events[(n - 1) % len(ring)].synchronize()     # the previous step's copy (MRV1's event wait)
-        elif wait:
-            events[k].wait() if stream_wait else events[k].synchronize()
+        if wait or wait_latest:
+            # wait_latest: the previous step's copy (MRV1's event wait); wait_next: the next slot's event
+            ev = events[(n - 1) % len(ring) if wait_latest else (k + 1) % len(ring) if wait_next else k]
+            if stream_wait:
+                ev.wait()
+            elif poll:
+                while not ev.query():                     # a polling loop: a host wait like synchronize()
+                    pass
+            else:
+                ev.synchronize()
         if record and record_first:
             events[k].record()
-        if write_ring:
+        if write_ring and copy_first:       # the copy enqueued before the buffer holds step n
+            dst.copy_(ring[k], non_blocking=True)
+            ring[k].copy_(data)
+        elif write_ring:
             ring[k].copy_(data)
             dst.copy_(ring[k].view(-1) if copy_view else ring[k], non_blocking=not blocking)
         else:
@@ -161,13 +203,51 @@ def _ring(wait=True, record_first=False, blocking=False, sync_all=None, one_buff
 def test_ring_stage_accepts_solution(sol, capsys):
     assert checks04.check_ring_stage(sol["ring_stage"], stream=LaggingStream()) is True
     out = capsys.readouterr().out
-    assert "✅ ring_stage is correct: 200 steps, 0 corrupted" in out
+    assert ("✅ ring_stage is correct: 200 steps with each ring, run-ahead 4, every buffer written at least 2 times, "
+            "0 corrupted") in out, out
+    assert "with a ring of 5 the host never waited for the GPU, 0 waits with every one counted on the emulated stream" \
+        in out, out
     assert "[measured] ring of 5: steps in which the host waited for the GPU: 0 of 200" in out
     assert "[measured] ring of 2: most steps the GPU was behind after a staging: 2" in out
 
 
 def test_ring_stage_accepts_the_planted_default(capsys):
     assert checks04.check_ring_stage(_ring(), stream=LaggingStream()) is True
+    assert checks04.check_ring_stage(_ring(poll=True), stream=LaggingStream()) is True  # polling its own event
+
+
+WAITS_EVERY_STEP = "ring_stage blocks the host: the host waited for the GPU in {} of 200 steps"
+WRONG_EVENT = "at step 0, the host waited on events[1] but rewrote ring[0]: wait on events[0]"
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    # issue 28, still open from the last round: the wrong slot's event (was "✅ ... no waiting")
+    (dict(wait_next=True), [WRONG_EVENT, "whose last copy is more recent"]),
+    # the same wrong slots, polled: rings that wait every step (was "✅ ... no waiting: the host kept its run-ahead")
+    (dict(wait_next=True, poll=True), ["at step 4, the host waited on events[0] but rewrote ring[4]"]),
+    (dict(wait_latest=True, poll=True), ["at step 1, the host waited on events[0] but rewrote ring[1]"]),
+    (dict(sync_all=torch.cuda), [WAITS_EVERY_STEP.format(200)]),   # torch.cuda.synchronize() on the emulation
+    (dict(blocking=True), [WAITS_EVERY_STEP.format(200), "200 waits counted on the emulated stream"]),
+], ids=["waits-on-the-next-slots-event", "polls-the-next-slots-event", "polls-the-latest-event",
+        "torch-cuda-synchronize", "blocking-copy"])
+def test_ring_stage_rejects_a_ring_that_waits_every_step(kwargs, words, capsys):
+    assert checks04.check_ring_stage(_ring(**kwargs), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert "❌ ring_stage" in out and all(w in out for w in words), out
+    assert "✅" not in out and "no waiting" not in out
+
+
+def test_ring_stage_rejects_a_copy_enqueued_before_the_write(capsys):
+    """The ordering contract (write, then copy), as in exercise 03: the emulated GPU reads ring[k] after the
+    late write and delivers the right data; a GPU may run the copy first."""
+    assert checks04.check_ring_stage(_ring(copy_first=True), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert ("at step 0, the copy out of ring[0] was enqueued before data was written into ring[0]" in out
+            and "Write data into ring[0] first, then copy it into dst." in out), out
+
+
+def test_rings_are_checked_over_more_steps_than_their_depth():
+    assert checks04.STEPS >= checks04.MIN_ROUNDS * (checks04.AHEAD + 1) >= 2 * checks04.SHALLOW
 
 
 def test_ring_stage_says_not_implemented(capsys):
@@ -194,10 +274,13 @@ WRONG_RINGS = {
     "stream-wait-instead-of-host-wait": (dict(stream_wait=True), [RACE.format(4), SHALLOW, NO_WAIT]),
     # correct, but the host waits for the GPU at (nearly) every step
     "one-buffer-with-events": (dict(one_buffer=True), [
-        "ring_stage blocks the host: the host waited for the GPU in 199 of 200 steps, "
-        "with a ring of 5 buffers"]),
-    "waits-for-the-previous-copy": (dict(wait_latest=True), ["the host waited for the GPU in 199 of 200 steps"]),
-    "blocking-copy": (dict(blocking=True), ["the host waited for the GPU in 200 of 200 steps"]),
+        "ring_stage: with a ring of 5 buffers, run-ahead 4 (the host may write step n+4's data while the GPU has "
+        "not yet run step n's copy), ring[1] was written in 0 of 200 steps (1 of the 5 buffers used): write step n "
+        "into ring[n % len(ring)]"]),
+    "waits-for-the-previous-copy": (dict(wait_latest=True), [
+        "at step 0, the host waited on events[4] but rewrote ring[0]: wait on events[0]"]),
+    "blocking-copy": (dict(blocking=True), ["the host waited for the GPU in 200 of 200 steps",
+                                            "200 waits counted on the emulated stream"]),
     # the copy does not come from the ring
     "bypasses-the-ring": (dict(write_ring=False), ["after step 0, no ring buffer holds step 0's data"]),
 }
@@ -273,10 +356,12 @@ def test_ring_stage_reports_an_exception(capsys):
 
 
 def test_ring_stage_verdicts_rest_on_exact_run_ahead(capsys):
-    """The emulation is exact: waiting for the previous step's copy (not for the buffer's own) leaves one
-    step in flight after every staging but the first, each counted as a wait."""
-    assert checks04.check_ring_stage(_ring(wait_latest=True), stream=LaggingStream()) is False
-    assert "[measured] ring of 5: steps in which the host waited for the GPU: 199 of 200" in capsys.readouterr().out
+    """The emulation is exact: a blocking copy waits for every step in flight, at every step, each counted
+    (LaggingStream.host_waits)."""
+    assert checks04.check_ring_stage(_ring(blocking=True), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert "[measured] ring of 5: steps in which the host waited for the GPU: 200 of 200" in out, out
+    assert "200 waits counted on the emulated stream" in out
 
 
 def test_checkers_reject_a_non_callable():
@@ -297,8 +382,9 @@ def test_gpu_pin_snapshot_checker(sol, capsys):
         assert checks04.check_pin_snapshot(wrong) is False
         assert message in capsys.readouterr().out
     assert checks04.check_pin_snapshot(_reused_snapshot()) is False
-    out = capsys.readouterr().out
-    assert re.search(r"❌ pin_snapshot in the step loop: step \d+ of 200 delivered step \d+'s data", out), out
+    assert RECYCLED.format(1) in capsys.readouterr().out
+    assert checks04.check_pin_snapshot(_pool_snapshot(5)) is False   # 64 steps in flight behind the busy GPU
+    assert RECYCLED.format(5) in capsys.readouterr().out
 
 
 @pytest.mark.gpu
@@ -314,10 +400,19 @@ def test_gpu_ring_stage_checker(sol, capsys):
     # copy starts and ends before the host rewrites the buffer): the checker sees the order instead
     assert checks04.check_ring_stage(_ring(record_first=True)) is False
     assert "ring_stage: at step 0, events[0] was recorded before the copy out of ring[0]" in capsys.readouterr().out
-    for kwargs in (dict(one_buffer=True), dict(blocking=True), dict(sync_all=torch.cuda)):
+    for kwargs in (dict(blocking=True), dict(sync_all=torch.cuda)):
         assert checks04.check_ring_stage(_ring(**kwargs)) is False
         out = capsys.readouterr().out
         assert re.search(r"❌ ring_stage blocks the host: the host waited for the GPU in (1\d\d|200) of 200 steps", out), out
+    assert checks04.check_ring_stage(_ring(wait_next=True)) is False
+    assert WRONG_EVENT in capsys.readouterr().out
+    for kwargs in (dict(wait_latest=True), dict(wait_next=True, poll=True)):
+        assert checks04.check_ring_stage(_ring(**kwargs)) is False
+        assert "the host waited on events[" in capsys.readouterr().out
+    assert checks04.check_ring_stage(_ring(one_buffer=True)) is False
+    assert "ring[1] was written in 0 of 200 steps" in capsys.readouterr().out
+    assert checks04.check_ring_stage(_ring(copy_first=True)) is False
+    assert "the copy out of ring[0] was enqueued before data was written into ring[0]" in capsys.readouterr().out
 
 
 @pytest.mark.gpu

@@ -124,7 +124,7 @@ def test_decode_setup_uses_paged_kv_metadata():
 
 def _decode(strategies, **kw):
     args = dict(strategies=strategies, steps=24, max_batch=6, page_size=8, max_seq_len=64, num_qo_heads=4,
-                num_kv_heads=2, head_dim=16, busy_ms=1.0, ring=3, ahead=2, seed=2, backend="auto", tol=0.02)
+                num_kv_heads=2, head_dim=16, busy_ms=1.0, ring=3, run_ahead=1, seed=2, backend="auto", tol=0.02)
     args.update(kw)
     return decode_loop.every_strategy(pinlab.LaggingStream(), **decode_loop.check_args(**args))
 
@@ -155,7 +155,7 @@ def test_decode_torch_backend_and_errors():
         _decode(["pageable"], backend="flashinfer", steps=4)
     with pytest.raises(ValueError, match="ring"):
         decode_loop.check_args(strategies=["pageable"], steps=4, max_batch=2, page_size=8, max_seq_len=16,
-                               num_qo_heads=2, num_kv_heads=1, head_dim=8, busy_ms=1.0, ring=2, ahead=3, seed=0,
+                               num_qo_heads=2, num_kv_heads=1, head_dim=8, busy_ms=1.0, ring=2, run_ahead=2, seed=0,
                                backend="auto", tol=0.02)
 
 

@@ -713,3 +713,27 @@ def test_gpu_classification():
         (FACTORY_SYNC, "torch.tensor"),
     ]
     assert all(e.where.startswith(THIS_FILE + ":") for e in report.events)
+
+
+def test_an_empty_factory_copies_nothing_and_is_not_reported():
+    """torch.tensor([], device=...) allocates and copies nothing (transformers' DynamicLayer makes two per
+    layer; lesson 09's trace shows no copy for them): not a stall. One element is one again."""
+    import numpy as np
+
+    from pinlab.detector import copies_nothing
+
+    with detect_stalls(device_type="meta") as report:
+        torch.tensor([], device="meta")
+        torch.tensor([[], []], device="meta")
+        torch.as_tensor(np.zeros((0, 3)), device="meta")
+        torch.tensor(torch.zeros(0), device="meta")
+        torch.zeros(2).new_tensor([], device="meta")
+    assert report.total == 0, report.summary()
+    with detect_stalls(device_type="meta") as report:
+        torch.tensor([0.0], device="meta")
+        torch.tensor([[1]], device="meta")
+        torch.as_tensor(np.zeros((1, 3)), device="meta")
+        torch.tensor(7, device="meta")
+    assert report.count(FACTORY_SYNC) == 4, report.summary()
+    assert copies_nothing([]) and copies_nothing(([], ())) and copies_nothing(np.zeros(0))
+    assert not copies_nothing([[]] + [[1]]) and not copies_nothing(3) and not copies_nothing(np.zeros(1))

@@ -55,7 +55,7 @@ def test_dockerfile_parses_and_starts_from_an_image(instructions):
 
 def test_dockerfile_installs_the_course_and_builds_flashinfers_kernel(instructions):
     runs = [a for n, a in instructions if n == "RUN"]
-    assert any(re.search(r"pip install\b.*-e \"?\.\[gpu,test\]\"?", r) for r in runs), runs
+    assert any(re.search(r"pip install\b.*-e \"?\.\[gpu,lab,test\]\"?", r) for r in runs), runs  # lab: JupyterLab
     warm = [i for i, (n, a) in enumerate(instructions) if n == "RUN" and "tools/warm_flashinfer.py" in a]
     install = [i for i, (n, a) in enumerate(instructions) if n == "RUN" and "pip install" in a]
     assert warm and install and warm[0] > install[0], "the kernel is built after the course is installed"

@@ -81,6 +81,34 @@ def test_recorded_profiler_trace_is_kept():
     assert any("Pageable -> Device" in n for n in names) and any("Pinned -> Device" in n for n in names)
 
 
+@pytest.mark.parametrize("path", GPU_SUITE, ids=_id)
+def test_committed_outputs_come_from_the_quiet_reference_pass(path):
+    """Issue 33: the committed outputs of every notebook come from a pass in which it ran alone on the GPU
+    (tools/gpu_suite.py's plain suite, which refuses to run beside another process and records the conditions)."""
+    rows = {r["path"]: r for r in _report(REPORT).get("notebooks", [])}
+    rel = _id(path)
+    assert rel in rows, f"{rel} is not in reports/gpu/latest.json: run `python3 tools/gpu_suite.py --only {path.stem}`"
+    c = rows[rel].get("conditions")
+    again = f"run `python3 tools/gpu_suite.py --only {path.stem}` alone on the GPU (the plain suite: the quiet reference pass)"
+    assert isinstance(c, dict), f"{rel}: latest.json records no conditions for its run (it predates the quiet reference pass): {again}"
+    assert c.get("pass") == gpu_suite.QUIET and c.get("quiet") is True, (
+        f"{rel} was not recorded by the quiet reference pass ({c.get('pass')} pass, "
+        f"{c.get('why_not_quiet') or 'quiet: ' + str(c.get('quiet'))}): {again}")
+    for when in ("start", "end"):
+        assert c.get(when, {}).get("other_gpu_processes") == [], f"{rel}: other processes at its {when}: {again}"
+
+
+def test_recordings_come_from_the_quiet_reference_pass():
+    """Every recording a replay shows was measured by the quiet reference pass (``meta["suite_pass"]``)."""
+    bad = {}
+    for f in sorted((ROOT / "reports" / "gpu" / "data").glob("*.json")):
+        meta = json.loads(f.read_text(encoding="utf-8")).get("meta", {})
+        if meta.get("suite_pass") != gpu_suite.QUIET:
+            bad[f.name] = meta.get("suite_pass")
+    assert not bad, (f"{len(bad)} recordings under reports/gpu/data were not measured by the quiet reference pass "
+                     f"(their suite_pass: {sorted(set(map(str, bad.values())))}; e.g. {sorted(bad)[:5]}): {RUN_SUITE}")
+
+
 # ---- made-up trees and notebooks -----------------------------------------------------------------------------
 
 _ids = iter(range(10**9))
@@ -652,3 +680,194 @@ def test_nbval_log_keeps_a_block_only_while_no_later_pass_ran_its_notebooks_agai
     third = block("12:00", "notebooks/b.ipynb", "tests/test_y.py")
     assert gpu_suite.merge_log(log, third) == second + third  # the first block is superseded, in order kept
     assert gpu_suite.merge_log(second + third, second) == third + second  # a rerun replaces its own old block
+
+
+# ---- the quiet reference pass: refusal, lock and conditions (made-up process lists, no GPU) -------------------
+
+def _procs(*pids, mib=512):
+    return [{"pid": p, "used_mib": mib, "gpu_uuid": None} for p in pids]
+
+
+def test_the_quiet_pass_refuses_other_processes_and_names_them():
+    assert gpu_suite.refusal([]) is None, "an unshared GPU and no other suite: it runs"
+    why = gpu_suite.refusal(_procs(4242, 777))
+    assert why.startswith("gpu_suite: refused") and "2 other processes use the GPU" in why
+    assert "pid 4242 (512 MiB)" in why and "pid 777 (512 MiB)" in why and "--shared" in why
+    assert "1 other process uses the GPU: pid 9 (512 MiB)" in gpu_suite.refusal(_procs(9))
+    assert "could not list" in gpu_suite.refusal(None), "a GPU whose processes cannot be listed is not known quiet"
+    holder = {"pid": 31337, "pass": "stability", "command": "python3 tools/gpu_suite.py --stability-only", "utc": "t"}
+    why = gpu_suite.refusal([], [holder])
+    assert "another GPU suite of this checkout is running: pid 31337 (stability pass" in why
+
+
+def test_this_suite_and_its_children_are_not_other_processes():
+    me = os.getpid()
+    table = {me: 1, 500: me, 501: 500, 600: 1, 601: 600}  # 500: a kernel, 501: its child; 600/601 someone else's
+    assert gpu_suite.descendants(table, me) == {me, 500, 501}
+    c = gpu_suite.sample_conditions(query=lambda uuid: _procs(me, 501, 601), table=table)
+    assert [p["pid"] for p in c["other_gpu_processes"]] == [601]
+    assert set(c) >= {"utc", "other_gpu_processes", "load_avg", "cores_usable"} and c["cores_usable"] >= 1
+    assert gpu_suite.sample_conditions(query=lambda uuid: None, table=table)["other_gpu_processes"] is None
+    real = gpu_suite.process_table()
+    assert real.get(me) == os.getppid() and me in gpu_suite.own_pids(real)
+
+
+def test_the_end_sample_waits_for_a_kernel_that_has_just_exited():
+    answers, slept = [_procs(12), []], []
+    c = gpu_suite.sample_end(query=lambda uuid: answers.pop(0) if answers else [], table={}, sleep=slept.append)
+    assert c["other_gpu_processes"] == [] and slept == [1.0]
+    slept.clear()
+    c = gpu_suite.sample_end(query=lambda uuid: _procs(13), table={}, retries=3, sleep=slept.append)
+    assert [p["pid"] for p in c["other_gpu_processes"]] == [13] and len(slept) == 3, "a process that stays counts"
+
+
+def test_a_notebook_is_quiet_only_alone_from_start_to_end_in_the_quiet_pass():
+    alone = {"other_gpu_processes": [], "load_avg": [0.5, 0.4, 0.3], "cores_usable": 16}
+    c = gpu_suite.notebook_conditions(gpu_suite.QUIET, "NVIDIA H200", alone, alone)
+    assert c["quiet"] is True and c["why_not_quiet"] is None and c["gpu"] == "NVIDIA H200"
+    assert c["start"]["load_avg"] == [0.5, 0.4, 0.3] and c["end"]["cores_usable"] == 16
+    shared = dict(alone, other_gpu_processes=_procs(55))
+    c = gpu_suite.notebook_conditions(gpu_suite.QUIET, "NVIDIA H200", alone, shared)
+    assert c["quiet"] is False and "at its end pid 55 (512 MiB) used the GPU" in c["why_not_quiet"]
+    c = gpu_suite.notebook_conditions(gpu_suite.QUIET, "g", dict(alone, other_gpu_processes=None), alone)
+    assert c["quiet"] is False and "could not be listed" in c["why_not_quiet"]
+    c = gpu_suite.notebook_conditions("development", "g", alone, alone)
+    assert c["quiet"] is False and "development pass" in c["why_not_quiet"], "only the quiet pass is quiet"
+
+
+def test_the_suites_lock_keeps_the_quiet_pass_alone_and_lets_the_others_share(tmp_path):
+    with gpu_suite.suite_lock(False, "stability", "python3 tools/gpu_suite.py --stability-only --only 03", tmp_path):
+        with gpu_suite.suite_lock(False, "adverse", "python3 tools/gpu_suite.py --adverse a", tmp_path):
+            assert len(gpu_suite.live_holders(tmp_path)) == 2, "stability and adverse passes may share"
+        with pytest.raises(gpu_suite.SuiteBusy) as exc:
+            with gpu_suite.suite_lock(True, gpu_suite.QUIET, "python3 tools/gpu_suite.py", tmp_path):
+                pytest.fail("the quiet pass started beside another suite")
+        assert exc.value.exclusive and f"pid {os.getpid()} (stability pass" in str(exc.value)
+        assert "--only 03" in gpu_suite.refusal([], exc.value.holders)
+    assert gpu_suite.live_holders(tmp_path) == [], "a suite that ends leaves no record"
+    with gpu_suite.suite_lock(True, gpu_suite.QUIET, "python3 tools/gpu_suite.py", tmp_path):
+        with pytest.raises(gpu_suite.SuiteBusy, match="the quiet reference pass of the GPU suite is running"):
+            with gpu_suite.suite_lock(False, "stability", "x", tmp_path):
+                pass
+    stale = tmp_path / "suite-holders" / "999999-1.json"
+    stale.write_text(json.dumps({"pid": 999999, "pass": "stability", "command": "killed", "utc": "t"}))
+    assert gpu_suite.live_holders(tmp_path, alive=lambda pid: False) == [] and not stale.exists()
+
+
+def test_only_the_plain_suite_is_the_quiet_pass_and_writes_the_committed_outputs():
+    def which(*argv):
+        a = gpu_suite.parse_args(list(argv))
+        return gpu_suite.suite_pass(a), gpu_suite.writes_evidence(a)
+
+    assert which() == (gpu_suite.QUIET, True) and which("--only", "03", "--repeat", "2") == (gpu_suite.QUIET, True)
+    assert which("--shared") == ("development", False) and which("--keep-going") == ("development", False)
+    assert which("--stability-only", "--repeat", "3") == ("stability", False)
+    assert which("--adverse", "a") == ("adverse", False)
+    for bad in (["--shared", "--stability-only"], ["--adverse", "a", "--shared"]):
+        with pytest.raises(SystemExit):
+            gpu_suite.parse_args(bad)
+
+
+def test_main_refuses_the_quiet_pass_beside_another_process_and_lets_shared_run(monkeypatch, tmp_path, capsys):
+    import torch
+
+    from pinlab import probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() prepends lib/ to both
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(gpu_suite, "BUILD", tmp_path)
+    monkeypatch.setattr(gpu_suite, "suite_facts", lambda: {
+        "gpu": "NVIDIA H200", "driver": "580", "capability": "9.0", "torch": "2.11", "cuda_runtime": "13.0",
+        "flashinfer": None, "uuid": "GPU-1"})
+    monkeypatch.setattr(gpu_suite.time, "sleep", lambda s: None)
+    ran = []
+    monkeypatch.setattr(gpu_suite, "run_suite", lambda args, argv, meta, command, t0: ran.append(
+        (gpu_suite.suite_pass(args), meta["uuid"])) or 0)
+    monkeypatch.setattr(probe, "compute_apps", lambda uuid=None: _procs(4242))
+    assert gpu_suite.main([]) == gpu_suite.REFUSED and not ran
+    out = capsys.readouterr().out
+    assert "refused" in out and "pid 4242 (512 MiB)" in out
+    assert gpu_suite.main(["--shared"]) == 0 and ran == [("development", "GPU-1")]
+    assert gpu_suite.main(["--stability-only"]) == 0 and ran[-1][0] == "stability"
+    monkeypatch.setattr(probe, "compute_apps", lambda uuid=None: [])
+    assert gpu_suite.main(["--only", "03"]) == 0 and ran[-1] == (gpu_suite.QUIET, "GPU-1")
+    with gpu_suite.suite_lock(False, "stability", "python3 tools/gpu_suite.py --stability-only", tmp_path):
+        assert gpu_suite.main([]) == gpu_suite.REFUSED, "another suite of this checkout holds the lock"
+    assert "another GPU suite of this checkout is running" in capsys.readouterr().out
+
+
+def test_a_quiet_run_publishes_its_recordings_and_a_staging_copy_keeps_the_rest(tmp_path):
+    reports = tmp_path / "reports"
+    (reports / "data").mkdir(parents=True)
+    (reports / "data" / "01_a.json").write_text("old a")
+    (reports / "data" / "01_b.json").write_text("b")
+    (reports / "latest.json").write_text("{}")
+    staging = tmp_path / "staging"
+    data = gpu_suite.prepare_staging(staging, reports)
+    assert sorted(f.name for f in data.iterdir()) == ["01_a.json", "01_b.json"] and (staging / "latest.json").exists()
+    (data / "01_a.json").write_text("new a")
+    (data / "02_c.json").write_text("c")
+    assert (reports / "data" / "01_a.json").read_text() == "old a", "nothing reaches reports/ before publishing"
+    assert gpu_suite.publish_staging(staging, reports) == ["01_a.json", "02_c.json"]
+    assert (reports / "data" / "01_a.json").read_text() == "new a" and (reports / "data" / "02_c.json").exists()
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    old, new = traces / "old.json", traces / "new.json"
+    old.write_text("{}")
+    os.utime(old, (1000.0, 1000.0))
+    new.write_text("{}")
+    assert gpu_suite.new_traces(2000.0, traces) == [new]
+
+
+def test_compute_apps_rows_are_read_and_other_gpus_left_out(monkeypatch):
+    from pinlab import probe
+
+    rows = ["41, 1024, GPU-aaaa", "77, [N/A], GPU-bbbb", "90"]
+    assert probe.parse_compute_apps(rows) == [{"pid": 41, "used_mib": 1024, "gpu_uuid": "GPU-aaaa"},
+                                              {"pid": 77, "used_mib": None, "gpu_uuid": "GPU-bbbb"},
+                                              {"pid": 90, "used_mib": None, "gpu_uuid": None}]
+    with pytest.raises(ValueError, match="start with a pid"):
+        probe.parse_compute_apps(["No running processes found"])
+    gpus = ["GPU-aaaa", "GPU-bbbb"]
+    monkeypatch.setattr(probe, "_nvidia_smi", lambda query, kind="--query-gpu": gpus if query == "uuid" else rows)
+    assert [p["pid"] for p in probe.compute_apps("aaaa")] == [41, 90], "another GPU's processes do not share this one"
+    assert [p["pid"] for p in probe.compute_apps("GPU-AAAA")] == [41, 90]
+    assert [p["pid"] for p in probe.compute_apps()] == [41, 77, 90]
+    assert [p["pid"] for p in probe.compute_apps("MIG-1234")] == [41, 77, 90], "a UUID NVML does not know: all count"
+    monkeypatch.setattr(probe, "_nvidia_smi", lambda *a, **k: ["garbage"])
+    assert probe.compute_apps() is None, "output it cannot read is 'cannot tell', not 'no process'"
+    assert probe.others(None, {1}) is None and probe.others(_procs(1, 2), {1}) == _procs(2)
+
+
+def test_the_header_prints_the_conditions_live_and_replayed(monkeypatch, capsys):
+    import pinlab
+    from pinlab import device, probe
+
+    alone = {"other_gpu_processes": [], "load_avg": [0.42, 0.3, 0.2], "cores_usable": 16}
+    line = device.live_conditions_text("NVIDIA H200", alone, "quiet-reference")
+    assert line == ("NVIDIA H200, no other process on it; host load 0.42 (1-min average) on 16 usable cores; "
+                    "the GPU suite's quiet reference pass")
+    line = device.live_conditions_text("NVIDIA H200", dict(alone, other_gpu_processes=_procs(7, 8)), None)
+    assert "2 other processes on it (pid 7 using 512 MiB, pid 8 using 512 MiB)" in line
+    assert line.endswith("your live run, not the GPU suite's quiet reference pass")
+    monkeypatch.setenv("PINLAB_SUITE_PASS", "stability")
+    assert probe.suite_pass() == "stability"
+    monkeypatch.setenv("PINLAB_SUITE_PASS", "bogus")
+    assert probe.suite_pass() is None
+    cond = gpu_suite.notebook_conditions(gpu_suite.QUIET, "NVIDIA H200", alone, dict(alone, load_avg=[0.9, 0.5, 0.2]))
+    report = {"notebooks": [{"path": "notebooks/02b_overlapping_copies.ipynb", "conditions": cond},
+                            {"path": "notebooks/02_fake_non_blocking.ipynb"}]}
+    text = device.recorded_conditions_text("02b overlapping copies", report)
+    assert text == ("the GPU suite's quiet reference pass: NVIDIA H200, no other process on it from start to end; "
+                    "host load 0.42 at its start, 0.90 at its end (1-min average) on 16 usable cores")
+    assert device.recorded_conditions_text("02 fake", report).startswith("not recorded (notebooks/02_fake")
+    cond = gpu_suite.notebook_conditions(gpu_suite.QUIET, "NVIDIA H200", alone, dict(alone, other_gpu_processes=_procs(5)))
+    text = device.recorded_conditions_text("02b overlapping copies", {"notebooks": [
+        {"path": "notebooks/02b_overlapping_copies.ipynb", "conditions": cond}]})
+    assert text.startswith("NOT the quiet reference pass (at its end pid 5 (512 MiB) used the GPU)")
+    assert "at its end 1 other process on it (pid 5 using 512 MiB)" in text
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    pinlab.header("02b overlapping copies")
+    out = capsys.readouterr().out
+    assert "\n  recorded conditions: " in out, "a replay shows the recorded run's conditions"

@@ -326,6 +326,29 @@ def test_pageable_sentence_follows_the_ratio(share, word):
     assert word in text and "64 MiB" in text and f"{share:.0%}" in text
 
 
+def test_pageable_sentence_adds_the_threaded_copy_where_it_was_measured():
+    row = {"bytes": 16 * MiB, "h2d_gbps": 13.0, "memcpy_1t_gbps": 10.0, "memcpy_gbps": 26.0}
+    text = l01.pageable_sentence(row)
+    assert "130% of the host's one-thread memcpy" in text and "does not bound it here" in text
+    assert text.endswith("and at 50% of torch's threaded host copy")
+    assert "threaded" not in l01.pageable_sentence({k: v for k, v in row.items() if k != "memcpy_gbps"})
+    with pytest.raises(ValueError, match="memcpy_gbps"):
+        l01.pageable_sentence({**row, "memcpy_gbps": 0})
+
+
+def test_pageable_and_memcpy_changes_no_thread_pool_in_its_timed_rounds():
+    """Issue 33: toggling torch.set_num_threads inside the timed rounds skewed them; the one-thread copy is
+    the C library's memmove, and nothing in the function calls set_num_threads (or set_num_interop_threads)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(l01.pageable_and_memcpy)))
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "memmove" in called
+    assert not called & {"set_num_threads", "set_num_interop_threads"}
+
+
 def test_pageable_sentence_rejects_a_zero_rate():
     with pytest.raises(ValueError, match="memcpy_1t_gbps"):
         l01.pageable_sentence({"bytes": MiB, "h2d_gbps": 1.0, "memcpy_1t_gbps": 0})

@@ -225,6 +225,7 @@ def test_gpu_experiments_need_cuda(fn, args, no_cuda):
     (stalls.hidden_syncs, {"list_len": 0}, ValueError, "list_len"),
     (stalls.step_loop, {"step_fn": _run_steps, "trace": "/abs/trace.json"}, ValueError, "relative path"),
     (stalls.step_loop, {"step_fn": _run_steps, "in_flight": 0}, ValueError, "in_flight"),
+    (stalls.step_loop, {"step_fn": _run_steps, "gpu_bound_factor": 0}, ValueError, "gpu_bound_factor"),
     (stalls.step_loop, {"step_fn": _run_steps, "gpu_ms": 0}, ValueError, "gpu_ms"),
     (stalls.step_loop, {"step_fn": None}, TypeError, "step_fn"),
     (stalls.async_h2d_cost, {"list_len": True}, TypeError, "list_len"),
@@ -559,6 +560,59 @@ def test_matrix_sentences_follow_the_numbers():
         l02.matrix_sentences({"source": "pinned"})
 
 
+# ---- issue 33: the tutorial's own experiment (1,000 x 4 KB, one sync) -------------------------------------
+
+def _tutorial_result(pageable, pinned, then, nb_factor):
+    return {"count": 1000, "bytes_each": 4000, "data_ok": True, "rows": _matrix(pageable, pinned, then, nb_factor)}
+
+
+def test_tutorial_loop_is_the_tutorials_experiment():
+    assert (stalls.TUTORIAL_COUNT, stalls.TUTORIAL_NUMEL) == (1000, 1000)  # torch.randn(1000) x 1000: 4,000 B each
+
+
+def test_tutorial_loop_sentences_follow_the_numbers():
+    first, second, third, last = stalls.tutorial_loop_sentences(_tutorial_result(20.0, 10.0, 30.0, 0.5),
+                                                                _matrix(1.28, 0.32, 0.8, nb_factor=0.95))
+    assert first.startswith("1000 tensors from pageable") and "2.00x faster than a blocking copy each" in first
+    assert "pinned" in second and "pin_memory() then copy" in third
+    assert "up to 2.00x faster" in last and "by more than 5%" in last
+    first, *_, last = stalls.tutorial_loop_sentences(_tutorial_result(20.0, 10.0, 30.0, 1.1), _matrix(1.0, 0.3, 0.5))
+    assert "no faster than a blocking copy each" in first
+    assert "no faster in this run" in last and "0.91x" in last
+    with pytest.raises(TypeError, match="result"):
+        stalls.tutorial_loop_sentences([], _matrix(1.0, 0.3, 0.5))
+    with pytest.raises(ValueError, match="cell"):
+        stalls.tutorial_loop_sentences({"rows": _matrix(1.0, 0.3, 0.5)[:5]}, _matrix(1.0, 0.3, 0.5))
+
+
+@pytest.mark.parametrize("kwargs, match", [({"copies": 3}, "copies"), ({"count": 0}, "count"),
+                                           ({"numel": -1}, "numel"), ({"reps": 1.5}, "reps")])
+def test_tutorial_loop_checks_its_arguments(kwargs, match):
+    args = {"copies": lambda tensors, nb, pin_first: [], **kwargs}
+    with pytest.raises((TypeError, ValueError), match=match):
+        stalls.tutorial_loop(**args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_tutorial_loop_needs_cuda():
+    with pytest.raises(pinlab.CudaUnavailableError, match="tutorial_loop"):
+        stalls.tutorial_loop(lambda tensors, nb, pin_first: [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_tutorial_loop_shape_and_data():
+    def copies(tensors, non_blocking, pin_first=False):
+        out = [(t.pin_memory() if pin_first else t).to("cuda", non_blocking=non_blocking) for t in tensors]
+        if non_blocking:
+            torch.cuda.synchronize()
+        return out
+
+    res = stalls.tutorial_loop(copies, count=20, numel=100, reps=2)
+    assert res["data_ok"] and len(res["rows"]) == 6 and res["bytes_each"] == 400
+    assert len(stalls.tutorial_loop_sentences(res, stalls.tutorial_matrix(nbytes=1 << 20, reps=2))) == 4
+
+
 def test_issue22_copy_experiments_check_their_function_argument():
     from pinlab.lessons import l02_fake_non_blocking as l02
 
@@ -566,3 +620,159 @@ def test_issue22_copy_experiments_check_their_function_argument():
         l02.copy_engines(copy_on=3)
     with pytest.raises(TypeError, match="to_gpu"):
         l02.tutorial_matrix(to_gpu="x")
+
+
+# ---- 02b's step loop: calibrated so that the GPU sets the pace; what a run shows, from fake timings ------------
+
+PAGEABLE_NAME, PINNED_NAME = "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
+
+
+def _gpu_lane(copy_ms, gap_ms, forward_ms, name, steps=6):
+    """A profiled GPU lane: each step a copy, then a forward starting ``gap_ms`` after the previous one ended."""
+    spans, t = [], 0.0
+    for _ in range(steps):
+        spans.append([t, t + copy_ms, name])
+        spans.append([t + gap_ms, t + gap_ms + forward_ms, stalls.FORWARD_LABEL])
+        t += gap_ms + forward_ms
+    return spans
+
+
+def _loop(forward=2.5, cal=1.05, work=(1.05, 1.05), gaps=(0.86, 0.2), copies=(0.8, 0.2), per_step=(3.4, 2.75),
+          copy_host=(2.2, 0.05), slow=(0, 0), gpu_forward=None, rounds=None):
+    """A step_loop() result with made-up timings (shaped after the H200's: an 8 MiB staged copy 0.63-1.0 ms, a
+    pinned one 0.16-0.26 ms, reports/gpu/stability.json's 02b entry)."""
+    modes = {}
+    for k, m in enumerate(stalls.STEP_MODES):
+        name = PAGEABLE_NAME if m == "pageable" else PINNED_NAME
+        modes[m] = {"ms_per_step": per_step[k], "steps_per_s": 1e3 / per_step[k], "copy_host_ms": copy_host[k],
+                    "round_ms_per_step": list(rounds[k]) if rounds else [per_step[k]] * 2,
+                    "host_work_ms": work[k], "host_slow_steps": slow[k], "timed_steps": 40, "host": [],
+                    "gpu": _gpu_lane(copies[k], gaps[k], gpu_forward or forward, name), "memcpy_names": {name: 6},
+                    "gpu_idle_share": 0.2}
+    return {"trace_file": "t.json", "spans_from": "x", "forward_ms": forward,
+            "calibration": {"host_work_ms": cal, "factor": 2.0, "floor_ms": 2.0, "cap_ms": 25.0}, "modes": modes}
+
+
+def test_the_forward_is_sized_from_the_hosts_work_so_that_the_gpu_sets_the_pace():
+    assert stalls.gpu_bound_forward_ms(0.4, 2.0) == 2.0, "a quick host: the floor"
+    assert stalls.gpu_bound_forward_ms(1.01, 2.0) == 2.5, "twice the host's work, rounded up to 0.5 ms"
+    assert stalls.gpu_bound_forward_ms(6.62, 2.0) == 13.5, "the shared run's 6.6 ms prepare: a 13.5 ms forward"
+    assert stalls.gpu_bound_forward_ms(60.0, 2.0) == stalls.MAX_FORWARD_MS, "capped"
+    assert stalls.gpu_bound_forward_ms(3.0, 2.0, factor=3.0) == 9.0
+    for bad, err in ((-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+        with pytest.raises(err, match="host_work_ms"):
+            stalls.gpu_bound_forward_ms(bad, 2.0)
+    with pytest.raises(ValueError, match="floor_ms"):
+        stalls.gpu_bound_forward_ms(1.0, 0)
+
+
+def test_the_notebooks_step_marks_the_spans_the_calibration_times():
+    """The notebook's own run_steps, on the CPU with a stand-in for torch.cuda: HostSpans times one
+    'prepare inputs (CPU)' and one 'launch forward' span per step, and the host's work is their sum."""
+    import contextlib
+    import time
+    import types
+
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    launched = []
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    fake_pinlab = types.SimpleNamespace(gpu_busy=launched.append)
+    run_steps = nbtools.load_definition(NOTEBOOK, "run_steps", {"torch": fake_torch, "pinlab": fake_pinlab,
+                                                                "time": time, "contextlib": contextlib})
+    bufs = [torch.zeros(4096, dtype=torch.uint8) for _ in range(3)]
+    spans = stalls.HostSpans()
+    copy_ms = run_steps(bufs, torch.empty(4096, dtype=torch.uint8), 5, cpu_ms=0.5, gpu_ms=7.0, in_flight=2, span=spans)
+    assert len(copy_ms) == 5 and launched == [7.0] * 5
+    assert set(stalls.HOST_WORK_SPANS) <= set(spans.ms) and all(len(v) == 5 for v in spans.ms.values())
+    work = stalls.host_work_per_step(spans.ms)
+    assert len(work) == 5 and all(w >= 0.5 for w in work), "prepare busy-waits cpu_ms at least"
+    assert work == [a + b for a, b in zip(*(spans.ms[n] for n in stalls.HOST_WORK_SPANS))]
+    with pytest.raises(ValueError, match="marked no 'launch forward' span"):
+        stalls.host_work_per_step({"prepare inputs (CPU)": [1.0]})
+
+
+def test_a_run_where_the_gpu_set_the_pace_shows_the_staged_copy_in_every_step():
+    f = stalls.step_loop_findings(_loop())
+    assert f["shown"] and f["gpu_bound"] == {"pageable": True, "pinned": True}
+    assert f["extra_ms"] == pytest.approx(0.65) and f["gap_ms"]["pageable"] == pytest.approx(0.86)
+    assert f["nearest_model"] == "only the staged copy serialized"
+    assert f["models"]["only the staged copy serialized"] == pytest.approx(2.5 + 0.8)
+    text = " ".join(f["sentences"])
+    assert "the GPU set the pace of both loops" in text and "could not" not in text
+    assert "pageable steps took 650.0 µs longer than pinned ones (24% more" in text
+    assert "the GPU waited 860.0 µs with pageable inputs (the staged copy, 800.0 µs" in text
+
+
+def test_a_run_whose_host_set_the_pace_says_it_could_not_show_it():
+    # the committed shared run: prepare 6.45 ms against a 2 ms forward, 8.32 vs 8.41 ms per step
+    f = stalls.step_loop_findings(_loop(forward=2.0, cal=1.01, work=(6.45, 6.5), gaps=(5.53, 6.4),
+                                        per_step=(8.32, 8.41), slow=(40, 40)))
+    assert not f["shown"] and f["gpu_bound"] == {"pageable": False, "pinned": False}
+    first = f["sentences"][0]
+    assert first.startswith("this run could not show it: in the pageable and pinned loop the host's own work per step")
+    assert "(6.45 ms, 6.50 ms) took longer than a forward (2.00 ms, 2.00 ms)" in first
+    assert "sized from the 1.01 ms the host needed before the timed steps: the host got slower after that" in first
+    assert "the GPU waited for the host either way" in f["sentences"][1]
+    assert f["sentences"][2] == "the timed pageable steps were not slower (8.32 ms against 8.41 ms pinned)"
+    f = stalls.step_loop_findings(_loop(forward=25.0, cal=30.0, work=(30.0, 30.0), gpu_forward=25.0))
+    assert not f["shown"] and "this host is too slow for the loop" in f["sentences"][0]
+    f = stalls.step_loop_findings(_loop(work=(1.05, 3.0)))  # only the pinned loop's host fell behind
+    assert not f["shown"] and f["sentences"][0].startswith("this run could not show it: in the pinned loop")
+    f = stalls.step_loop_findings(_loop(forward=2.0, work=(6.6, 7.5), gaps=(5.93, 5.99), per_step=(8.04, 7.96)))
+    assert f["sentences"][2] == ("the timed pageable steps took 80.0 µs longer than pinned ones (1% more), but not by "
+                                 "the GPU's wait between forwards (the gaps differ by -60.0 µs)")
+
+
+def test_a_driver_that_stages_the_copy_behind_the_queue_is_named():
+    f = stalls.step_loop_findings(_loop(gaps=(0.2, 0.2), copies=(0.2, 0.2), copy_host=(0.03, 0.03),
+                                        per_step=(2.7, 2.7)))
+    assert not f["shown"]
+    assert any("staged it behind the queue" in s and "no longer between two forwards" in s for s in f["sentences"])
+    f = stalls.step_loop_findings(_loop(gaps=(0.18, 0.2)))  # the copy_ held the host, the gaps did not show it
+    assert not f["shown"] and any("copy_ held the host, but six profiled steps are few" in s for s in f["sentences"])
+
+
+def test_gaps_that_the_timed_steps_do_not_show_are_said_so():
+    f = stalls.step_loop_findings(_loop(per_step=(2.74, 2.75), rounds=((2.0, 3.48), (2.7, 2.8))))
+    assert not f["shown"] and f["gpu_bound"]["pageable"]
+    assert f["sentences"][-1].startswith("the timed pageable steps were not slower (2.74 ms against 2.75 ms")
+    assert ("the 660.0 µs per step the gaps predict is within what a step moved from one timed round to the other "
+            "here (1.48 ms)") in f["sentences"][-1]
+    f = stalls.step_loop_findings(_loop(per_step=(2.74, 2.75)))  # rounds alike: the two measurements disagree
+    assert "more than a step moved between the timed rounds (0 ns)" in f["sentences"][-1]
+
+
+def test_findings_refuse_a_result_recorded_before_the_calibration():
+    old = _loop()
+    del old["forward_ms"], old["calibration"]
+    with pytest.raises(ValueError, match="before the loop was calibrated"):
+        stalls.step_loop_findings(old)
+    with pytest.raises(TypeError, match="step_loop"):
+        stalls.step_loop_findings([])
+    bad = _loop()
+    bad["modes"]["pinned"]["gpu"] = bad["modes"]["pinned"]["gpu"][:2]  # one forward: no gap
+    with pytest.raises(ValueError, match="fewer than two forwards"):
+        stalls.step_loop_findings(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_step_loop_sizes_the_forward_from_the_hosts_work():
+    import contextlib
+    import time
+
+    run_steps = nbtools.load_definition(NOTEBOOK, "run_steps", {"torch": torch, "pinlab": pinlab, "time": time,
+                                                                "contextlib": contextlib})
+    r = stalls.step_loop(run_steps, steps=8, warm_steps=3, profile_steps=3, input_bytes=MiB, gpu_ms=1.0, cpu_ms=0.5,
+                         trace="build/test_traces/02_step_loop.json")
+    cal = r["calibration"]["host_work_ms"]
+    assert cal >= 0.5 and r["forward_ms"] == stalls.gpu_bound_forward_ms(cal, 1.0)
+    assert all(m["timed_steps"] == 8 and m["host_work_ms"] >= 0.5 for m in r["modes"].values())
+    f = stalls.step_loop_findings(r)
+    assert len(f["sentences"]) == 3 and set(f["gpu_bound"]) == set(stalls.STEP_MODES)

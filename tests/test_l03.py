@@ -43,14 +43,14 @@ def test_arguments_are_checked_before_cuda(no_cuda):
         l03.plain_race(busy_ms=0)
     with pytest.raises(TypeError, match="steps"):
         l03.plain_race(steps=1.5)
-    with pytest.raises(ValueError, match="ahead"):
-        l03.plain_race(ahead=0)
+    with pytest.raises(ValueError, match="run_ahead"):
+        l03.plain_race(run_ahead=-1)
     with pytest.raises(ValueError, match="repeat"):
         l03.plain_race(strategies=["pageable", "pageable"])
     with pytest.raises(TypeError, match="strategies"):
         l03.plain_race(strategies="pageable")
     with pytest.raises(ValueError, match="ring"):
-        l03.decode_race(ring=2, ahead=3)
+        l03.decode_race(ring=2, run_ahead=2)
     with pytest.raises(ValueError, match="backend"):
         l03.decode_race(backend="triton")
     with pytest.raises(ValueError, match="multiple"):
@@ -68,7 +68,7 @@ def test_plain_race_on_the_lagging_stream():
     # the emulated GPU runs nothing until the end: every copy reads what the host wrote last
     assert pinned["received"] == [39] * 40 and pinned["corrupted"] == 39 and pinned["first_corrupted"] == 0
     assert pageable["corrupted"] == 0 and pageable["received"] == list(range(40))
-    assert set(res) == {"steps", "nbytes", "busy_ms", "ahead", "runs"}
+    assert set(res) == {"steps", "nbytes", "busy_ms", "run_ahead", "runs"}
     json.dumps(res)
 
 
@@ -304,3 +304,27 @@ def test_plot_paged_kv_draws_the_primer_and_refuses_inconsistent_metadata():
             l03.plot_paged_kv(args["indptr"], args["indices"], args["last_page_len"], 4, 8, title="t")
     with pytest.raises(TypeError, match="indices"):
         l03.plot_paged_kv([0, 1], [0.5], [1], 4, 8, title="t")
+
+
+def test_race_audit_flags_every_racy_approach_and_no_fix_on_the_emulated_stream():
+    import pinlab
+    from pinlab import steploop
+
+    audit = l03.race_audit(pinlab.LaggingStream(), steploop.HISTORY, steps=12)
+    for k in ("reused_pinned", "double_pinned", "snapshot_of_pinned"):
+        assert audit[k]["flagged"] == list(range(11)) and audit[k]["wrong"] == list(range(11)), k
+    for k in ("pageable", "snapshot", "ring_events", "event_wait"):
+        assert audit[k]["findings"] == 0 and audit[k]["wrong"] == [], k
+    assert all(a["missed"] == [] for a in audit.values())
+    assert "steploop.py" in audit["double_pinned"]["summary"], "the loop's own lines, not the caller's"
+
+
+def test_race_audit_refuses_bad_input():
+    import pinlab
+
+    with pytest.raises(ValueError, match="no_copy"):
+        l03.race_audit(pinlab.LaggingStream(), ["no_copy"])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        l03.race_audit(pinlab.LaggingStream(), ["pageable"], nbytes=6)
+    with pytest.raises(TypeError, match="pinlab stream"):
+        l03.race_audit("cuda", ["pageable"])

@@ -78,21 +78,22 @@ def test_arguments_are_checked_before_cuda(no_cuda):
         l04.plan_hazard(watchdog_s=-1)
     with pytest.raises(ValueError, match="multiple of 4"):
         l04.snapshot_soak(nbytes=6)
-    with pytest.raises(ValueError, match="ahead"):
-        l04.allocator_reuse(ahead=0)
+    with pytest.raises(ValueError, match="run_ahead"):
+        l04.allocator_reuse(run_ahead=-1)
 
 
 def test_metadata_loop_counts_races_on_the_lagging_stream():
     s, sizes = pinlab.LaggingStream(), [257, 64, 3]
     runs = {k: l04.metadata_loop(s, lambda st, sz, k=k: l04.PerTensor(st, sz, k), steps=40, sizes=sizes,
-                                 busy_ms=0.3, ahead=2) for k in l04.PER_TENSOR}
+                                 busy_ms=0.3, run_ahead=1) for k in l04.PER_TENSOR}
     assert runs["reused_pinned"]["corrupted"] == 39  # step n's copies wait behind step n+1's write, but the last
     assert runs["pageable"]["corrupted"] == 0 and runs["snapshot"]["corrupted"] == 0
     for depth in (1, 2, 3):  # too shallow a ring waits (the events), it never races
         ring = l04.metadata_loop(s, lambda st, sz, d=depth: SlabRing(st, sz, d), steps=40, sizes=sizes, busy_ms=0.3,
-                                 ahead=2)
+                                 run_ahead=1)
         assert ring["corrupted"] == 0 and ring["steps"] == 40
-    bad = l04.metadata_loop(s, lambda st, sz: UnguardedSlabRing(st, sz, 1), steps=40, sizes=sizes, busy_ms=0.3, ahead=2)
+    bad = l04.metadata_loop(s, lambda st, sz: UnguardedSlabRing(st, sz, 1), steps=40, sizes=sizes, busy_ms=0.3,
+                            run_ahead=1)
     assert bad["corrupted"] >= 1
     assert set(runs["pageable"]["host"]) == {"median_us", "mean_us", "p90_us", "max_us"}
     json.dumps(runs)
@@ -112,8 +113,8 @@ def test_metadata_loop_bad_input_is_named():
         l04.metadata_loop(s, SlabRing, steps=4, sizes=4096, busy_ms=0.1)
     with pytest.raises(ValueError, match="steps"):
         l04.metadata_loop(s, SlabRing, steps=0, sizes=[4], busy_ms=0.1)
-    with pytest.raises(ValueError, match="ahead"):
-        l04.metadata_loop(s, SlabRing, steps=4, sizes=[4], busy_ms=0.1, ahead=0)
+    with pytest.raises(ValueError, match="run_ahead"):
+        l04.metadata_loop(s, SlabRing, steps=4, sizes=[4], busy_ms=0.1, run_ahead=-1)
     with pytest.raises(TypeError, match="stream"):
         l04.metadata_loop("cuda", SlabRing, steps=4, sizes=[4], busy_ms=0.1)
     with pytest.raises(ValueError, match="one host and one device tensor per size"):
@@ -123,7 +124,7 @@ def test_metadata_loop_bad_input_is_named():
 
 
 def test_fix_race_on_the_lagging_stream():
-    res = l04.fix_race(SlabRing, steps=50, sizes=[257, 300, 16], busy_ms=0.3, ahead=2, depth=3, rounds=3,
+    res = l04.fix_race(SlabRing, steps=50, sizes=[257, 300, 16], busy_ms=0.3, run_ahead=1, depth=3, rounds=3,
                        stream=pinlab.LaggingStream())
     rows = {r["strategy"]: r for r in res["rows"]}
     assert list(rows) == ["reused_pinned", "pageable", "snapshot", "slab_ring"]
@@ -160,7 +161,7 @@ def test_fix_race_and_shared_pool_check_arguments_before_cuda(no_cuda):
 
 
 def test_shared_pool_on_the_lagging_stream():
-    res = l04.shared_pool(totals=[24 * 1024, 3 * 1024 * 1024], tensors=6, steps=6, busy_ms=0.5, ahead=2, rounds=2,
+    res = l04.shared_pool(totals=[24 * 1024, 3 * 1024 * 1024], tensors=6, steps=6, busy_ms=0.5, run_ahead=1, rounds=2,
                           stream=pinlab.LaggingStream())
     assert [r["total_bytes"] for r in res["rows"]] == [24 * 1024, 3 * 1024 * 1024]
     assert [r["tensor_bytes"] for r in res["rows"]] == [4096, 512 * 1024]
@@ -292,7 +293,7 @@ def test_plan_hazard_gives_its_children_a_start_up_limit_apart_from_the_time_lim
 
 
 def test_snapshot_cost_on_the_lagging_stream():
-    cost = l04.snapshot_cost(sizes=[1024, 4096], steps=30, busy_ms=0.1, ahead=2, rounds=3,
+    cost = l04.snapshot_cost(sizes=[1024, 4096], steps=30, busy_ms=0.1, run_ahead=1, rounds=3,
                              stream=pinlab.LaggingStream())
     assert [r["nbytes"] for r in cost["rows"]] == [1024, 4096] and cost["rounds"] == 3
     for r in cost["rows"]:
@@ -302,7 +303,7 @@ def test_snapshot_cost_on_the_lagging_stream():
 
 
 def test_allocator_reuse_on_the_lagging_stream():
-    a = l04.allocator_reuse(nbytes=256, busy_ms=5.0, steps=40, ahead=4, stream=pinlab.LaggingStream())
+    a = l04.allocator_reuse(nbytes=256, busy_ms=5.0, steps=40, run_ahead=3, stream=pinlab.LaggingStream())
     assert a["copy_pending_at_second_snapshot"] and a["second_block_differs"]
     assert a["host_memory_stats"] == {} and a["new_host_allocs"] == [0, 0, 0]
     assert a["loop"]["corrupted"] == 0 and a["loop"]["reused_before_copy_done"] == 0 and a["loop"]["steps"] == 40
@@ -317,7 +318,7 @@ def test_pin_trap_on_the_lagging_stream():
 
 
 def test_history_on_the_lagging_stream():
-    hist = l04.history(strategies=steploop.HISTORY, steps=25, nbytes=256, busy_ms=0.3, ahead=2, ring_depth=3,
+    hist = l04.history(strategies=steploop.HISTORY, steps=25, nbytes=256, busy_ms=0.3, run_ahead=1, ring_depth=3,
                        rounds=3, stream=pinlab.LaggingStream())
     rows = {r["strategy"]: r for r in hist["rows"]}
     assert list(rows) == steploop.HISTORY
@@ -341,7 +342,7 @@ def test_history_runs_the_approaches_round_robin(monkeypatch):
         return real(stream, strategy, **kw)
 
     monkeypatch.setattr(steploop, "plain_loop", spy)
-    l04.history(strategies=["pageable", "snapshot"], steps=7, nbytes=64, busy_ms=0.1, ahead=2, rounds=3,
+    l04.history(strategies=["pageable", "snapshot"], steps=7, nbytes=64, busy_ms=0.1, run_ahead=1, rounds=3,
                 stream=pinlab.LaggingStream())
     measured = order[-9:]  # after the warm-up: 3 rounds of 3 approaches, the order rotating each round
     assert [s for s, _ in measured] == ["no_copy", "pageable", "snapshot", "pageable", "snapshot", "no_copy",

@@ -63,7 +63,7 @@ def test_no_cuda_is_a_clear_error(monkeypatch):
 def test_copies_counted_on_the_emulated_stream():
     with pinlab.LaggingStream() as s:
         w = torch.randn(64, 64).to(torch.bfloat16).to(s.device)
-        ref = w.clone()
+        ref = w.cpu()  # a host copy to compare with: torch.equal refuses tensors on two devices
         pageable, ops1 = wr.count_copies(lambda: w.to("cpu"))
         two, ops2 = wr.count_copies(lambda: w.to("cpu").pin_memory())
         one, ops3 = wr.count_copies(lambda: torch.empty_like(w, device="cpu", pin_memory=True).copy_(w))

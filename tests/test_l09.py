@@ -1,8 +1,6 @@
 """Lesson 09 on the CPU: the trace matcher on synthetic traces, the deferred stop check (tokens, the
 2-slot ring race-free and the 1-slot ring flagged on the emulated stream), and the GPU experiments'
 one-sentence refusal without CUDA."""
-import types
-
 import pytest
 import torch
 
@@ -99,23 +97,3 @@ def test_a_missing_recording_gives_one_sentence(capsys):
     assert l09.measure_or_say("09_not_recorded_anywhere", lambda: {}) is None
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no recorded GPU run yet" in out[0]
-
-
-def test_copies_nothing_tells_empty_factories_apart():
-    import numpy as np
-
-    assert l09.copies_nothing([]) and l09.copies_nothing(([], ())) and l09.copies_nothing(np.zeros(0))
-    assert l09.copies_nothing([[], []]) and l09.copies_nothing(torch.zeros(0))
-    assert not l09.copies_nothing([[]] + [[1]]) and not l09.copies_nothing(3)
-    assert not l09.copies_nothing(np.zeros(1)) and not l09.copies_nothing(torch.zeros(1))
-
-
-def test_match_counts_the_empty_factories_among_the_false_positives():
-    ann = lambda name, ts, dur: {"name": name, "ts": ts, "dur": dur, "cat": "user_annotation", "ph": "X"}  # noqa: E731
-    rt = lambda name, ts: {"name": name, "ts": ts, "dur": 1, "cat": "cuda_runtime", "ph": "X"}  # noqa: E731
-    events = [ann("region", 0, 100), ann("pinlab09:0", 10, 5), ann("pinlab09:1", 20, 5), ann("pinlab09:2", 30, 5),
-              rt("cudaStreamSynchronize", 12)]
-    ev = [types.SimpleNamespace(where="a.py:1", kind="sync"), types.SimpleNamespace(where="b.py:2", kind="factory"),
-          types.SimpleNamespace(where="c.py:3", kind="factory")]
-    m = l09.match(events, {"pinlab09:0": 0, "pinlab09:1": 1, "pinlab09:2": 2}, ev, "region", empty={"pinlab09:1"})
-    assert (m["true_positives"], m["false_positives"], m["false_positives_empty"]) == (1, 2, 1)

@@ -1,10 +1,25 @@
 """environment.yml (conda) and pyproject.toml (pip) must ask for the same packages; CUDA-only packages
-live in the "gpu" extra, so that a CPU machine's install stays light."""
+live in the "gpu" extra, so that a CPU machine's install stays light; JupyterLab and the notebook tools live in
+the "lab" extra, so that a plain `pip install` of the course (the install cell, on Colab) adds only what the
+library needs. The install cell at the top of every notebook (tools/install_cell.py) is checked here too: the
+same in every source, from one template; what it does with and without pinlab; and, end to end, a fresh kernel
+without pinlab running notebook 00 after its install cell installed the course from a local clone."""
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import install_cell  # noqa: E402
+import make_exercises  # noqa: E402
+import nbtools  # noqa: E402
 
 
 def _norm(req: str) -> str:
@@ -26,7 +41,7 @@ def _env_pip_requirements(text: str) -> list[str]:
 def test_environment_and_pyproject_agree():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = py["project"]["optional-dependencies"]
-    want = {_norm(r) for r in py["project"]["dependencies"] + extras["test"] + extras.get("site", [])}
+    want = {_norm(r) for r in py["project"]["dependencies"] + extras["lab"] + extras["test"] + extras.get("site", [])}
     env_text = (ROOT / "environment.yml").read_text()
     got = [_norm(r) for r in _env_pip_requirements(env_text)]
     assert "-e." in got, "environment.yml must install the package itself (- -e .)"
@@ -54,14 +69,15 @@ CUDA_ONLY = {"flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "a
 
 def test_required_packages_are_declared():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    names = {_name(r) for r in py["project"]["dependencies"] + py["project"]["optional-dependencies"]["test"]}
+    extras = py["project"]["optional-dependencies"]
+    names = {_name(r) for r in py["project"]["dependencies"] + extras["lab"] + extras["test"]}
     assert {"torch", "jupyterlab", "matplotlib", "nbval", "nbclient", "ipykernel"} <= names
 
 
 def test_cuda_only_packages_are_the_gpu_extra():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = py["project"]["optional-dependencies"]
-    default = {_name(r) for r in py["project"]["dependencies"] + extras["test"]}
+    default = {_name(r) for r in py["project"]["dependencies"] + extras["lab"] + extras["test"]}
     assert not default & CUDA_ONLY, f"CUDA-only packages in the default install: {sorted(default & CUDA_ONLY)}"
     assert [_name(r) for r in extras["gpu"]] == ["flashinfer-python"]
     gpu_req = _norm(extras["gpu"][0])
@@ -78,7 +94,7 @@ def test_makefile_installs_gpu_extra_only_where_nvidia_smi_exists():
     m = re.search(r"^EXTRAS := \$\(if \$\(HAS_GPU\),(?P<gpu>[^,]*),(?P<cpu>.*)\)$", text, re.M)
     assert m, "EXTRAS must pick the extras by HAS_GPU"
     gpu, cpu = (set(m.group(k).split("$(comma)")) for k in ("gpu", "cpu"))
-    assert "gpu" in gpu and "gpu" not in cpu and gpu - {"gpu"} == cpu and "test" in cpu
+    assert "gpu" in gpu and "gpu" not in cpu and gpu - {"gpu"} == cpu and {"lab", "test"} <= cpu
     assert re.search(r"^TORCH_SPEC \?= \$\(if \$\(HAS_GPU\),[^,]*,torch==2\.13\.0\)$", text, re.M), "CPU machines: torch 2.13.0"
     # the venv is rebuilt when the dependencies change, under a lock
     assert re.search(r"^\$\(STAMP\): pyproject\.toml", text, re.M)
@@ -88,3 +104,208 @@ def test_makefile_installs_gpu_extra_only_where_nvidia_smi_exists():
 def test_the_env_parser_can_fail():
     text = "dependencies:\n  - python=3.11\n  - pip:\n      - torch\n      - -e .\n"
     assert _env_pip_requirements(text) == ["torch", "-e ."]
+
+
+# ---------------------------------------------------------------------------------------------
+# a plain `pip install` of the course: the library's needs only
+
+
+#: what the library and the notebooks import at run time (lib/pinlab): nothing of Jupyter's
+RUNTIME = {"torch", "numpy", "matplotlib", "tqdm"}
+LAB_ONLY = {"jupyterlab", "nbconvert", "nbclient", "nbformat", "ipykernel"}
+
+
+def test_a_plain_install_pulls_no_jupyterlab():
+    """Colab has its own Jupyter (an older ipykernel among it): a plain install must not replace it, nor add
+    JupyterLab. The notebook tools are the "lab" extra, which `make setup` and the image ask for."""
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    deps = {_name(r) for r in py["project"]["dependencies"]}
+    assert deps == RUNTIME, f"pyproject.toml's dependencies are {sorted(deps)}: keep Jupyter's in the lab extra"
+    assert LAB_ONLY <= {_name(r) for r in py["project"]["optional-dependencies"]["lab"]}
+    assert re.search(r'pip install\b.*-e "\.\[[^\]]*\blab\b[^\]]*\]"', (ROOT / "Dockerfile").read_text()), \
+        "the image runs JupyterLab: it must install the lab extra"
+    imports = set()
+    for f in (ROOT / "lib").rglob("*.py"):
+        imports |= set(re.findall(r"^\s*(?:import|from)\s+(\w+)", f.read_text(encoding="utf-8"), re.M))
+    assert not imports & (LAB_ONLY - {"ipykernel"}), f"lib/ imports {sorted(imports & LAB_ONLY)}: not in a plain install"
+
+
+def test_readme_says_how_pip_gets_the_cpu_torch():
+    """PyPI's Linux torch is the CUDA build (about 3 GB of CUDA libraries): the README's pip route names the
+    CPU index, and installs the lab extra for JupyterLab."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = re.search(r"^## Quickstart\s*$(.*?)(?=^## )", text, re.M | re.S).group(1)
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quick
+    assert re.search(r"""pip install (-e )?["']\.\[lab\]["']""", quick), "the pip route installs the lab extra"
+
+
+# ---------------------------------------------------------------------------------------------
+# the install cell
+
+
+def _sources():
+    return install_cell.sources()
+
+
+def test_every_notebook_starts_with_the_same_install_cell():
+    """The second cell of every notebook source (right after its title) is the install cell, identical in every
+    notebook and built from one template and pyproject.toml's address (tools/install_cell.py)."""
+    want = install_cell.source()
+    assert len(_sources()) >= 10
+    for src in _sources():
+        cells = nbtools.parse_percent(src.read_text(encoding="utf-8"))
+        assert cells[0]["cell_type"] == "markdown" and cells[0]["source"].startswith("# "), src
+        code = [c for c in cells if c["cell_type"] == "code"]
+        assert cells[1]["cell_type"] == "code" and cells[1]["source"] == want and code[0] is cells[1], (
+            f"{src.relative_to(ROOT)}: no install cell, or an old one, after the title: run `make notebooks`")
+        assert sum(c["source"] == want for c in cells) == 1
+    for src in sorted((ROOT / "solutions" / "src").glob("*.py")):  # the exercises are generated with it
+        assert make_exercises.exercise_cells(src)[1]["source"] == want
+    assert install_cell.stale() == []
+
+
+def test_the_install_cell_writer_replaces_only_its_cell(tmp_path):
+    text = "# %% [markdown]\n# # 01 · T\n#\n# text\n\n# %% tags=[\"x\"]\nimport pinlab\n\n# %%\nprint(1)\n"
+    a = install_cell.MARK + "\na()"
+    once = install_cell.with_cell(text, a)
+    assert once.startswith(f"# %% [markdown]\n# # 01 · T\n#\n# text\n\n# %%\n{a}\n\n# %% tags=")
+    assert install_cell.with_cell(once, a) == once
+    new = install_cell.MARK + "\nnew()"
+    twice = install_cell.with_cell(install_cell.with_cell(text, install_cell.MARK + "\nold()"), new)
+    assert twice == install_cell.with_cell(text, new) and "old()" not in twice
+    assert twice.endswith("# %% tags=[\"x\"]\nimport pinlab\n\n# %%\nprint(1)\n")
+    with pytest.raises(ValueError, match="title cell"):
+        install_cell.with_cell("# %%\nprint(1)\n", a)
+    # the tool's --check finds a source without the cell; --write puts it there
+    for d in install_cell.SOURCE_DIRS:
+        (tmp_path / d).mkdir(parents=True)
+    shutil.copyfile(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "notebooks/src/01_t.py").write_text(text)
+    assert install_cell.main(["--check", "--root", str(tmp_path)]) == 1
+    assert install_cell.main(["--write", "--root", str(tmp_path)]) == 0
+    assert install_cell.main(["--check", "--root", str(tmp_path)]) == 0
+
+
+def test_the_address_is_read_once_from_pyproject(tmp_path):
+    assert install_cell.repository_url() == tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "project"]["urls"]["Repository"]
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text().replace(
+        install_cell.repository_url(), "https://github.com/someone/pinlab"))
+    cell = install_cell.source(root=tmp_path)
+    assert '"pinlab @ git+https://github.com/someone/pinlab"' in cell and "--no-deps" in cell
+    assert install_cell.is_placeholder(install_cell.REPOSITORY_FALLBACK)
+    assert "git+" not in install_cell.source(install_cell.REPOSITORY_FALLBACK)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert install_cell.requirements() == deps
+    assert json.dumps([d for d in deps if not d.startswith("torch")]) in cell  # the light ones, from pyproject
+
+
+_RUN_CELL = r"""
+import builtins, importlib.util, json, subprocess, sys
+hide = set(json.loads(sys.argv[2]))
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name in hide else find_spec(name, *a)
+calls = []
+subprocess.run = lambda cmd, **kw: calls.append([c for c in cmd if c != sys.executable]) or subprocess.CompletedProcess(cmd, 0)
+exec(compile(open(sys.argv[1]).read(), "install cell", "exec"), {})
+print("CALLS " + json.dumps(calls))
+"""
+
+
+def _run_cell(tmp_path, cell: str, hide: list[str]) -> tuple[str, list]:
+    (tmp_path / "cell.py").write_text(cell)
+    (tmp_path / "run.py").write_text(_RUN_CELL)
+    res = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "cell.py"), json.dumps(hide)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out, calls = res.stdout.rsplit("CALLS ", 1)
+    return out, json.loads(calls)
+
+
+def test_the_install_cell_does_nothing_where_pinlab_imports(tmp_path):
+    for repo in (install_cell.REPOSITORY_FALLBACK, "https://github.com/someone/pinlab"):
+        assert _run_cell(tmp_path, install_cell.source(repo), []) == ("", [])
+
+
+def test_the_install_cell_keeps_the_platforms_torch(tmp_path):
+    cell = install_cell.source("https://github.com/someone/pinlab")
+    light = [r for r in install_cell.requirements() if not r.startswith("torch")]
+    torch = [r for r in install_cell.requirements() if r.startswith("torch")]
+    out, calls = _run_cell(tmp_path, cell, ["pinlab"])  # Colab: torch there, pinlab not
+    assert out == "" and calls == [["-m", "pip", "install", "-q", *light],
+                                   ["-m", "pip", "install", "-q", "--no-deps", "pinlab @ git+https://github.com/someone/pinlab"]]
+    _, calls = _run_cell(tmp_path, cell, ["pinlab", "torch"])  # a bare Python: torch too
+    assert calls[0] == ["-m", "pip", "install", "-q", *light, *torch] and "--no-deps" in calls[1]
+    assert not any("jupyterlab" in " ".join(c) or "[" in " ".join(c) for c in calls), "no JupyterLab, no extra"
+
+
+def test_the_placeholder_install_cell_says_what_to_do(tmp_path):
+    out, calls = _run_cell(tmp_path, install_cell.source(install_cell.REPOSITORY_FALLBACK), ["pinlab"])
+    assert calls == [] and out.count("\n") == 1 and "make lab" in out and "[project.urls] Repository" in out
+    assert "REPLACE-ME" not in out
+
+
+def _local_clone(dest: Path) -> str:
+    """The working tree's tracked files, committed in a fresh repository at ``dest``: the course as pip would
+    clone it from its address (``git+file://``), this checkout's edits included."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    for f in filter(None, files):
+        src = ROOT / f.decode()
+        if src.is_file():
+            (dest / f.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / f.decode())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "course"]):
+        subprocess.run(git + cmd, cwd=dest, check=True, capture_output=True)
+    return f"file://{dest}"
+
+
+def test_notebook_00_runs_in_a_fresh_kernel_after_its_install_cell(tmp_path):
+    """Colab, imitated: a Python that has torch, numpy, matplotlib, tqdm and a Jupyter kernel but not pinlab
+    (a fresh venv that sees this venv's packages through PYTHONPATH, where pinlab's editable install is not
+    active). Notebook 00, its install cell pointing at a local clone, runs top to bottom in a fresh kernel of it:
+    the cell installs the course (the library and its recorded GPU run) and the lessons replay from it."""
+    if not shutil.which("git") or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout")
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    import sysconfig
+
+    clone = tmp_path / "clone"
+    url = _local_clone(clone)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PINLAB", "JUPYTER", "VIRTUAL_ENV"))}
+    env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]  # this venv's packages, without its .pth files
+    probe = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('pinlab'), "
+                            "u.find_spec('torch') is not None)"], env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split() == ["None", "True"], probe.stdout + probe.stderr
+    kernels = tmp_path / "jupyter" / "kernels" / "fresh"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [str(py), "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "fresh",
+        "language": "python", "env": env}))
+    cells = nbtools.parse_percent((ROOT / "notebooks/src/00_start_here.py").read_text(encoding="utf-8"))
+    cells[1]["source"] = install_cell.source(url)
+    nb = nbformat.reads(json.dumps(nbtools.to_notebook(cells)), as_version=4)
+    run_dir = tmp_path / "elsewhere"  # no checkout around: the recorded run must come from the installed wheel
+    run_dir.mkdir()
+    os.environ["JUPYTER_PATH"] = str(tmp_path / "jupyter")
+    try:
+        client = nbclient.NotebookClient(nb, kernel_name="fresh", timeout=900,
+                                         resources={"metadata": {"path": str(run_dir)}})
+        try:
+            client.execute()
+        except nbclient.exceptions.CellExecutionError as exc:
+            if "Could not find a version that satisfies" in str(exc) or "No matching distribution" in str(exc):
+                pytest.skip(f"pip could not reach an index to build the course's wheel: {str(exc)[-300:]}")
+            raise
+    finally:
+        os.environ.pop("JUPYTER_PATH", None)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "everything the course needs is installed: True" in text, text[-3000:]
+    where = subprocess.run([str(py), "-c", "import pinlab, pinlab.replay as r; print(pinlab.__file__); "
+                            "print(r.data_location()[1])"], cwd=run_dir, env=env, capture_output=True, text=True)
+    path, location = where.stdout.split()
+    assert path.startswith(str(venv)) and location == "package", where.stdout + where.stderr

@@ -497,3 +497,113 @@ def test_recording_into_site_packages_is_refused(tmp_path, monkeypatch):
 def test_load_recorded_names_a_wrong_argument(bad):
     with pytest.raises(TypeError, match="path_or_name must be an experiment name or a path"):
         record.load_recorded(bad)
+
+
+# ----------------------------------------------------------------- symbolic links and restore hints (issue 34)
+
+def test_recording_does_not_write_through_a_symlink_planted_at_its_temporary_name(datadir, tmp_path_factory,
+                                                                                    monkeypatch):
+    """replay._record wrote to the fixed name `.<file>.tmp` and followed a symbolic link planted there, out of
+    the data folder. It writes a fresh temporary file of its own (O_EXCL) and renames it over the recording."""
+    monkeypatch.setattr(record, "has_cuda", lambda: True)
+    monkeypatch.setattr(record, "facts", lambda: {"gpu": "G", "driver": None, "torch": "t",
+                                                  "cuda_runtime": None, "flashinfer": None, "python": "3"})
+    monkeypatch.setenv("PINLAB_RECORD", "1")
+    outside = tmp_path_factory.mktemp("elsewhere") / "victim.txt"
+    outside.write_text("not yours\n")
+    (datadir / ".x7.json.tmp").symlink_to(outside)           # the name the old _record wrote to
+    link_target = outside.with_name("linked.json")
+    link_target.write_text("also not yours\n")
+    (datadir / "x8.json").symlink_to(link_target)             # a link at the recording's own name
+    pinlab.measure("x7", lambda: {"v": 1}, quiet=True)
+    pinlab.measure("x8", lambda: {"v": 2}, quiet=True)
+    assert outside.read_text() == "not yours\n" and link_target.read_text() == "also not yours\n"
+    assert record.load_recorded(datadir / "x7.json")["result"] == {"v": 1}
+    assert not (datadir / "x8.json").is_symlink() and record.load_recorded("x8")["result"] == {"v": 2}
+    assert sorted(p.name for p in datadir.iterdir()) == [".x7.json.tmp", "x7.json", "x8.json"]  # no temporary left
+
+
+def test_a_symlink_loop_in_the_data_folder_is_one_replay_file_error(datadir, monkeypatch):
+    """A symbolic link loop under reports/gpu/data gave a raw RuntimeError ("Symlink loop from ...") from
+    load_recorded, check_recorded and pinlab.doctor(): it is one ReplayFileError sentence naming the file."""
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    _store(datadir, "fine", {}, 1)
+    (datadir / "a.json").symlink_to(datadir / "b.json")
+    (datadir / "b.json").symlink_to(datadir / "a.json")
+    (datadir / "self.json").symlink_to(datadir / "self.json")
+    for name in ("a", "self"):
+        with pytest.raises(record.ReplayFileError) as info:
+            record.load_recorded(name)
+        _assert_one_sentence(info.value, datadir / f"{name}.json", "is a symbolic link that loops")
+    with pytest.raises(record.ReplayFileError, match="a symbolic link that loops"):
+        pinlab.measure("a", lambda: 1)
+    good, broken = record.check_recorded()
+    assert good == ["fine"] and len(broken) == 3 and all("symbolic link that loops" in b for b in broken)
+    rep = pinlab.doctor(verbose=False)
+    check = next(c for c in rep["checks"] if c["check"] == "recorded GPU run")
+    assert check["ok"] is False and "self.json is a symbolic link that loops" in check["note"]
+
+
+@pytest.mark.parametrize("bad", ["", "  "])
+def test_load_recorded_of_an_empty_name_suggests_no_checkout_of_everything(bad):
+    """load_recorded('') said "restore it with `git checkout -- .`", which discards every change in the
+    checkout: an empty name is a ValueError naming the argument."""
+    with pytest.raises(ValueError, match="path_or_name must be an experiment name") as info:
+        record.load_recorded(bad)
+    assert "checkout" not in str(info.value)
+
+
+def test_load_recorded_of_a_folder_suggests_no_checkout_of_it(tmp_path):
+    with pytest.raises(record.ReplayFileError, match="is a folder, not a recording") as info:
+        record.load_recorded(tmp_path)
+    assert "checkout" not in str(info.value) and "an experiment's name" in str(info.value)
+
+
+def test_a_deleted_recording_names_the_git_checkout_fix_and_the_gpu_suite(monkeypatch):
+    """A deleted recording was told only "run the GPU suite"; it is also told the git command that restores it,
+    the file named from the checkout's root (reports/gpu/data/<file>)."""
+    monkeypatch.delenv("PINLAB_DATA_DIR", raising=False)
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    root = record.repo_root()
+    assert (root / "reports" / "gpu" / "data").is_dir()
+    fix = "`git checkout -- reports/gpu/data/99_deleted_recording.json`"
+    with pytest.raises(pinlab.ReplayMissingError) as info:
+        pinlab.measure("99_deleted_recording", lambda: 1)
+    assert fix in str(info.value) and "make gpu-suite" in str(info.value), str(info.value)
+    with pytest.raises(pinlab.ReplayMissingError) as info:
+        record.load_recorded("99_deleted_recording")
+    assert fix in str(info.value) and "make gpu-suite" in str(info.value), str(info.value)
+    assert record.restore_command(root / "reports/gpu/data/x.json") == (
+        f"`git checkout -- reports/gpu/data/x.json` (in {root})")
+
+
+# ---- measure_if_recorded: a new experiment before its first GPU run (issue 33) ---------------------------
+
+def test_measure_if_recorded_says_one_sentence_where_the_recording_is_missing(datadir, monkeypatch, capsys):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    assert record.measure_if_recorded("absent_new", lambda: 1) is None
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("[measured] source: no CUDA here, and 'absent_new' has no "
+                                                    "recorded GPU run yet")
+    _store(datadir, "x_par", {"n": 3}, 1)
+    assert record.measure_if_recorded("x_par", lambda n: n, n=4) is None
+    assert "'x_par' was recorded with other parameters" in capsys.readouterr().out
+
+
+def test_measure_if_recorded_replays_what_exists_and_still_refuses_a_broken_file(datadir, monkeypatch, capsys):
+    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
+    _store(datadir, "x_ok", {"n": 3}, {"v": 1})
+    run = record.measure_if_recorded("x_ok", lambda n: None, n=3)
+    assert run is not None and run.result == {"v": 1} and not run.live
+    (datadir / "x_bad.json").write_text("{not json")
+    with pytest.raises(record.ReplayFileError, match="not valid JSON"):
+        record.measure_if_recorded("x_bad", lambda: 1)
+
+
+def test_measure_if_recorded_measures_live_on_cuda(datadir, monkeypatch):
+    monkeypatch.setattr(record, "has_cuda", lambda: True)
+    monkeypatch.setattr(record, "facts", lambda: {"gpu": "FakeGPU", "driver": None, "torch": "t",
+                                                  "cuda_runtime": None, "flashinfer": None, "python": "3"})
+    monkeypatch.delenv("PINLAB_RECORD", raising=False)
+    run = record.measure_if_recorded("x_live", lambda n: {"n": n}, quiet=True, n=2)
+    assert run.live and run.result == {"n": 2}

@@ -5,9 +5,15 @@ The browser part drives Debian's Chromium (/usr/bin/chromium) with selenium and 
 missing (`apt-get install chromium chromium-driver`; CI's .ci/run installs them). It loads every
 page of the built site from a local HTTP server and checks: no console errors, every image
 loaded and described (a real alt text), every internal link resolves, nothing fetched from outside,
-the provenance line on every notebook page; and at 1400 px, that no page scrolls sideways (outputs
-wrap), that every code cell has a copy button and that every notebook page has its "run it" row. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
-lesson_plot.png when the lesson has a plot) for a person to look at.
+the provenance line on every notebook page; and at 1400 px and at a phone's 390 px, that no page scrolls
+sideways, that no code block or output is wider than its box (code and outputs wrap), that no figure is wider
+than the column, that every code cell has a copy button and that every notebook page has its "run it" row and
+starts with the install cell. It saves build/screenshots/landing.png and build/screenshots/lesson.png (plus
+lesson_plot.png when the lesson has a plot, and lesson_phone.png) for a person to look at.
+
+Without a browser the same layout rules are checked in the built files: the site's CSS wraps code and outputs
+and fits figures to the column, lesson 00's syllabus (a Markdown output) renders as a table whose links lead to
+the lessons' pages, and the landing page's sentence on the "run it" row is true for the repository address.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import build_site  # noqa: E402
+import install_cell  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -168,10 +175,63 @@ def site_with_plot(tmp_path_factory):
     (root / "data").mkdir()
     (root / "data" / "table.csv").write_text("size,ms\n1,2\n")
     (root / "exercises" / "01_x.ipynb").write_text(json.dumps(_nb(False, "# Exercises · 01")))
+    # lesson 00's syllabus: a Markdown output (display(Markdown(...))) with a table and links to other notebooks
+    start = _nb(True, "# 00 · Start here")
+    start["cells"][1]["outputs"] = [{"output_type": "display_data", "metadata": {}, "data": {
+        "text/markdown": SYLLABUS_OUTPUT, "text/plain": "<IPython.core.display.Markdown object>"}}]
+    (root / "notebooks" / "00_x.ipynb").write_text(json.dumps(start))
     (root / "README.md").write_text("# c\n\n## Syllabus\n\n| lesson | topic | minutes | gpu |\n|---|---|---|---|\n"
                                     "| [01](notebooks/01_x.ipynb) | plots | 5 | no |\n")
     out = root / "html"
     return {"out": out, "pages": build_site.build(out, root=root)}
+
+
+SYLLABUS_OUTPUT = ("| lesson | what you learn | path |\n|---|---|---|\n| [00](00_x.ipynb) | **Start** | core |\n"
+                   "| [01](01_x.ipynb) | **Plots** | deep dive |\n\nAbout 1 h 00 in all.")
+
+
+def test_a_markdown_output_renders_as_a_table_linking_the_pages(site_with_plot):
+    """Lesson 00 shows its syllabus as Markdown (pinlab.syllabus.markdown()): on the site it is a table, not
+    pipes, and its links lead to the lessons' pages, not to .ipynb downloads."""
+    html = (site_with_plot["out"] / "notebooks" / "00_x.html").read_text(encoding="utf-8")
+    out = html[html.index("cell_output"):]
+    table = re.search(r"<table.*?</table>", out, re.S)
+    assert table and "| lesson |" not in out, out[:2000]
+    assert 'href="01_x.html' in table.group(0) and ".ipynb" not in table.group(0), table.group(0)
+    assert "deep dive" in table.group(0)
+
+
+def test_the_site_css_wraps_code_and_fits_figures(site_with_plot):
+    """No sideways scroll on a laptop or a phone, checked in the CSS the site serves (the browser test checks the
+    pages themselves where Chromium is installed): code blocks and outputs wrap (white-space: pre-wrap; a copy
+    button copies the code's own newlines), figures are at most the column's width at their aspect ratio."""
+    css = (site_with_plot["out"] / "_static" / "course.css").read_text(encoding="utf-8")
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    rules = [(sel.strip(), body) for sel, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css)]
+
+    def props(selector):
+        found = {}
+        for sel, body in rules:
+            if selector in [s.strip() for s in sel.split(",")]:
+                found.update({k.strip(): v.strip() for k, v in re.findall(r"([\w-]+)\s*:\s*([^;]+)", body)})
+        return found
+
+    for code in ("div.highlight pre", "div.cell_input pre", "div.cell_output pre", "div.output pre"):
+        assert props(code).get("white-space") == "pre-wrap", f"{code} must wrap"
+        assert props(code).get("overflow-wrap") == "anywhere", f"{code}: a long word must break too"
+    img = props("div.cell_output img")
+    assert img.get("max-width") == "100%" and img.get("height") == "auto", img
+    html = (site_with_plot["out"] / "notebooks" / "01_x.html").read_text(encoding="utf-8")
+    assert "_static/course.css" in html and 'class="highlight' in html
+
+
+def test_every_notebook_page_starts_with_the_install_cell(site):
+    """On every page the first code cell is the install cell (the one a learner on Colab runs first)."""
+    for rel in site["pages"]:
+        html = (site["out"] / rel).with_suffix(".html").read_text(encoding="utf-8")
+        first = re.search(r'<div class="cell_input.*?</pre>', html, re.S)
+        text = html_lib.unescape(re.sub(r"<[^>]+>", "", first.group(0))) if first else ""
+        assert text.lstrip().startswith(install_cell.MARK), f"{rel}: {text[:120]!r}"
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +322,16 @@ def test_landing_page_has_the_syllabus_and_links_every_lesson(site):
     for rel in _notebooks():
         if rel.startswith("notebooks/"):
             assert f'href="{rel[:-6]}.html"' in table.group(0), rel
+    # the core path: each lesson says whether it is core or a deep dive, and both totals are given
+    syl = build_site.syllabus_rows()
+    assert table.group(0).count("<td><p>core</p></td>") == sum(r["core"] == "core" for r in syl) > 0
+    assert "deep dive" in table.group(0) and "the core path" in html_lib.unescape(html)
+    # the run-it sentence is the one for pyproject.toml's address (no Colab promise while it is the placeholder)
+    text = " ".join(html_lib.unescape(re.sub(r"<[^>]+>", "", html)).split())
+    if build_site.is_placeholder(build_site.repository_url()):
+        assert "There is no Colab link yet" in text and "opens the notebook in Colab" not in text
+    else:
+        assert "opens the notebook in Colab" in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,15 +416,23 @@ Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i
     const doc = document.documentElement;
     const wide = Array.from(document.querySelectorAll('div.cell_output pre, div.output pre'))
       .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 80));
+    const wideCode = Array.from(document.querySelectorAll('div.cell_input pre, div.highlight pre'))
+      .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 80));
+    const article = document.querySelector('article') || document.body;
+    const wideImages = imgs.filter(i => i.getBoundingClientRect().width > article.getBoundingClientRect().width + 1)
+      .map(i => i.getAttribute('alt') || i.src);
+    const firstCode = document.querySelector('div.cell_input pre');
     const runIt = document.querySelector('.run-it');
     done({
       pageScroll: doc.scrollWidth - doc.clientWidth,
       wideOutputs: wide,
+      wideCode: wideCode,
+      wideImages: wideImages,
       codeBlocks: document.querySelectorAll('div.cell_input div.highlight pre').length,
       copyButtons: document.querySelectorAll('div.cell_input button.copybtn').length,
       outputCopyButtons: document.querySelectorAll('div.output button.copybtn').length,
       runIt: runIt ? Array.from(runIt.querySelectorAll('a, span.repository')).map(a => a.className) : null,
-      installCell: !!document.querySelector('.run-it-install div.highlight pre'),
+      installCell: !!firstCode && firstCode.textContent.startsWith(INSTALL_MARK),
     });
   }, 300));
 """
@@ -450,21 +528,25 @@ def _layout(driver, url: str, width: int = 1400) -> dict:
     driver.set_window_size(width, 900)
     try:
         driver.get(url)
-        return driver.execute_async_script(_LAYOUT_FACTS)
+        return driver.execute_async_script(_LAYOUT_FACTS.replace("INSTALL_MARK", json.dumps(install_cell.MARK)))
     finally:
         driver.set_window_size(1280, 900)
 
 
-def test_lesson_pages_at_1400px_wrap_outputs_and_offer_copy_and_run_it(site, browser, serve):
-    """At 1400 px a lesson page has no horizontal scroll (outputs wrap; a wide table scrolls inside its own
-    box), every code cell has a copy button (outputs have none), and the "run it" row is under the title."""
+@pytest.mark.parametrize("width", [1400, 390])
+def test_lesson_pages_wrap_code_and_outputs_and_offer_copy_and_run_it(site, browser, serve, width):
+    """At 1400 px and at a phone's 390 px a lesson page has no horizontal scroll (code and outputs wrap; a wide
+    table scrolls inside its own box), no figure is wider than the column, every code cell has a copy button
+    (outputs have none), the "run it" row is under the title and the first code cell is the install cell."""
     base = serve(site["out"])
     problems = []
     for rel in sorted(site["pages"]):
-        facts = _layout(browser, base + rel[:-6] + ".html")
+        facts = _layout(browser, base + rel[:-6] + ".html", width)
         if facts["pageScroll"] > 0:
-            problems.append(f"{rel}: the page scrolls sideways by {facts['pageScroll']} px at 1400 px")
-        problems += [f"{rel}: an output scrolls sideways: {w!r}" for w in facts["wideOutputs"]]
+            problems.append(f"{rel}: the page scrolls sideways by {facts['pageScroll']} px at {width} px")
+        problems += [f"{rel}: an output scrolls sideways at {width} px: {w!r}" for w in facts["wideOutputs"]]
+        problems += [f"{rel}: a code block scrolls sideways at {width} px: {w!r}" for w in facts["wideCode"]]
+        problems += [f"{rel}: a figure is wider than the column at {width} px: {w!r}" for w in facts["wideImages"]]
         if facts["codeBlocks"] and facts["copyButtons"] < facts["codeBlocks"]:
             problems.append(f"{rel}: {facts['copyButtons']} copy buttons for {facts['codeBlocks']} code cells")
         if facts["outputCopyButtons"]:
@@ -474,15 +556,19 @@ def test_lesson_pages_at_1400px_wrap_outputs_and_offer_copy_and_run_it(site, bro
                             f"({facts['runIt']})")
         elif build_site.colab_url(build_site.repository_url(), rel) and "colab" not in facts["runIt"]:
             problems.append(f"{rel}: no Colab link in the run-it row")
-        placeholder = build_site.is_placeholder(build_site.repository_url())
-        if not facts["installCell"] and not placeholder:
-            problems.append(f"{rel}: no guarded install cell under the run-it row")
-        if facts["installCell"] and placeholder:
-            problems.append(f"{rel}: an install cell pointing at the placeholder repository address")
-    landing = _layout(browser, base + "index.html")
+        if not facts["installCell"]:
+            problems.append(f"{rel}: the first code cell is not the install cell")
+    landing = _layout(browser, base + "index.html", width)
     if landing["pageScroll"] > 0:
-        problems.append(f"index.html: the page scrolls sideways by {landing['pageScroll']} px at 1400 px")
+        problems.append(f"index.html: the page scrolls sideways by {landing['pageScroll']} px at {width} px")
     assert not problems, "\n".join(problems)
+    if width == 390:
+        lesson = next(r for r in sorted(site["pages"]) if r.startswith("notebooks/01"))
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        browser.set_window_size(390, 844)
+        browser.get(base + lesson[:-6] + ".html")
+        browser.save_screenshot(str(SCREENSHOTS / "lesson_phone.png"))
+        browser.set_window_size(1280, 900)
 
 
 def test_download_link_serves_the_committed_notebook(site):
@@ -503,7 +589,22 @@ def test_run_it_row_and_repository_url():
     assert "github.com/a/b" in build_site.run_it_row("notebooks/01_x.ipynb", "https://github.com/a/b")
     cell = build_site.install_cell("https://github.com/a/b")
     assert 'find_spec("pinlab") is None' in cell and "git+https://github.com/a/b" in cell
-    compile(cell.replace("%pip", "pass  #"), "install", "exec")  # valid Python once IPython's magic is read
+    assert cell == install_cell.source("https://github.com/a/b")  # one template: tools/install_cell.py
+    compile(cell, "install", "exec")  # plain Python: no IPython magic
+    # a real address: the row offers Colab and says to run the install cell first; the placeholder: neither
+    real = build_site.run_it_row("notebooks/01_x.ipynb", "https://github.com/a/b")
+    assert 'class="colab"' in real and "install cell" in real
+    assert 'class="colab"' not in row and "install cell" not in row
+
+
+def test_the_landing_page_says_what_the_run_it_row_does():
+    """The landing page's sentence about the "run it" row is true for the address pyproject.toml names."""
+    placeholder = build_site.run_it_text(build_site.REPOSITORY_FALLBACK)
+    assert "Colab" in placeholder and "no Colab link" in placeholder and "make lab" in placeholder
+    assert "opens the notebook in Colab" not in placeholder
+    real = build_site.run_it_text("https://github.com/a/b")
+    assert "opens the notebook in Colab" in real and "install cell" in real
+    assert "{{run_it}}" in (ROOT / "site" / "index.md").read_text(encoding="utf-8")
 
 
 def test_alt_texts_come_from_titles_or_headings():

@@ -34,9 +34,11 @@ def test_argument_checks():
         steploop.strategies_arg([])
     with pytest.raises(ValueError, match="no_copy"):
         steploop.strategies_arg(["no_copy"], allow_no_copy=False)
-    assert steploop.ahead_arg(None) is None and steploop.ahead_arg(2) == 2
-    with pytest.raises(ValueError, match="ahead"):
-        steploop.ahead_arg(0)
+    assert steploop.run_ahead_arg(None) is None and steploop.run_ahead_arg(1) == 1 and steploop.run_ahead_arg(0) == 0
+    with pytest.raises(ValueError, match="run_ahead"):
+        steploop.run_ahead_arg(-1)
+    with pytest.raises(TypeError, match="run_ahead"):
+        steploop.run_ahead_arg(1.5)
     assert steploop.ints_in("nbytes", 64) == 16
     with pytest.raises(ValueError, match="multiple of 4"):
         steploop.ints_in("nbytes", 10)
@@ -122,16 +124,17 @@ def test_simulate_fast_gpu_and_the_fixes_are_correct():
     for s in CORRECT:
         assert steploop.simulate(s, steps=8)["corrupted"] == 0, s
     assert steploop.simulate("ring", steps=8, ring_depth=2)["corrupted"] > 0
-    assert steploop.simulate("ring", steps=8, ring_depth=2, ahead=2)["corrupted"] == 0
+    assert steploop.simulate("ring", steps=8, ring_depth=2, run_ahead=1)["corrupted"] == 0
     assert steploop.simulate("double_pinned", steps=8)["corrupted"] > 0
     assert steploop.simulate("snapshot_of_pinned", steps=8)["corrupted"] > 0
 
 
 def test_simulate_waits_and_the_ring_depth_agree():
-    sim = steploop.simulate("reused_pinned", steps=10, ahead=2)
+    sim = steploop.simulate("reused_pinned", steps=10, run_ahead=1)
     depth = steploop.min_ring_depth(sim["writes"], sim["copies"])
-    assert steploop.simulate("ring", steps=10, ahead=2, ring_depth=depth)["corrupted"] == 0
-    assert steploop.simulate("ring", steps=10, ahead=2, ring_depth=depth - 1)["corrupted"] > 0
+    assert depth == steploop.ring_depth_for(1)
+    assert steploop.simulate("ring", steps=10, run_ahead=1, ring_depth=depth)["corrupted"] == 0
+    assert steploop.simulate("ring", steps=10, run_ahead=1, ring_depth=depth - 1)["corrupted"] > 0
     paced = steploop.simulate("pageable", steps=8, staging_slots=2)
     free = steploop.simulate("pageable", steps=8)
     assert paced["host_end_ms"] > free["host_end_ms"]
@@ -172,16 +175,16 @@ def test_staging_kinds_on_the_lagging_stream():
 
 # --------------------------------------------------------------------------- the plain loop, emulated
 
-@pytest.mark.parametrize("ahead", [None, 1, 2])
-def test_every_strategy_on_the_lagging_stream(ahead):
+@pytest.mark.parametrize("run_ahead", [None, 0, 1])
+def test_every_strategy_on_the_lagging_stream(run_ahead):
     res = steploop.every_strategy(pinlab.LaggingStream(), strategies=list(steploop.STRATEGIES), steps=30, nbytes=64,
-                                  busy_ms=0.5, ahead=ahead)
+                                  busy_ms=0.5, run_ahead=run_ahead)
     runs = res["runs"]
     for s in CORRECT:
         assert runs[s]["corrupted"] == 0, s
         assert runs[s]["received"] == list(range(30))
     for s in RACY:
-        if ahead == 1:  # the host waits until the previous step's copy has run: one buffer is enough
+        if run_ahead == 0:  # the host waits until the previous step's copy has run: one buffer is enough
             assert runs[s]["corrupted"] == 0, s
         else:
             assert runs[s]["corrupted"] >= 1, s
@@ -193,18 +196,40 @@ def test_every_strategy_on_the_lagging_stream(ahead):
 
 def test_ring_without_events_races_when_shallow():
     s = pinlab.LaggingStream()
-    runs = steploop.every_strategy(s, strategies=["ring"], steps=20, nbytes=16, busy_ms=0.5, ahead=None,
+    runs = steploop.every_strategy(s, strategies=["ring"], steps=20, nbytes=16, busy_ms=0.5, run_ahead=None,
                                    ring_depth=2)["runs"]
     assert runs["ring"]["corrupted"] >= 1
-    runs = steploop.every_strategy(s, strategies=["ring"], steps=20, nbytes=16, busy_ms=0.5, ahead=2,
+    runs = steploop.every_strategy(s, strategies=["ring"], steps=20, nbytes=16, busy_ms=0.5, run_ahead=1,
                                    ring_depth=3)["runs"]
     assert runs["ring"]["corrupted"] == 0
 
 
 def test_plain_loop_tracks_snapshot_blocks():
-    run = steploop.plain_loop(pinlab.LaggingStream(), "snapshot", steps=50, n_ints=16, busy_ms=0.2, ahead=None,
+    run = steploop.plain_loop(pinlab.LaggingStream(), "snapshot", steps=50, n_ints=16, busy_ms=0.2, run_ahead=None,
                               per_step=False, track_blocks=True)
     assert run["corrupted"] == 0 and run["reused_before_copy_done"] == 0
     assert run["distinct_blocks"] >= 1 and "received" not in run
     with pytest.raises(ValueError, match="strateg"):
-        steploop.plain_loop(pinlab.LaggingStream(), "nope", steps=2, n_ints=1, busy_ms=0.1, ahead=None)
+        steploop.plain_loop(pinlab.LaggingStream(), "nope", steps=2, n_ints=1, busy_ms=0.1, run_ahead=None)
+
+
+def test_run_ahead_gate_keeps_the_host_at_most_run_ahead_steps_ahead():
+    """run_ahead=k: before writing step n the host waits for step n-k-1, so k earlier steps stay queued."""
+    for k in (0, 1, 3):
+        with pinlab.LaggingStream() as s:
+            gate, ran, queued = steploop.RunAheadGate(s, k), [], []
+            for n in range(8):
+                gate.wait(n)
+                queued.append(n - len(ran))          # steps the emulated GPU has not run yet
+                s.launch(ran.append, n)
+                gate.record(n)
+            assert queued == [min(n, k) for n in range(8)], (k, queued)
+    with pinlab.LaggingStream() as s:
+        gate = steploop.RunAheadGate(s, None)      # unbounded: never waits
+        for n in range(5):
+            gate.wait(n)
+            s.launch(lambda: None)
+            gate.record(n)
+        assert s.pending() == 5 and s.host_waits == 0
+    with pytest.raises(ValueError, match="run_ahead"):
+        steploop.RunAheadGate(pinlab.LaggingStream(), -1)

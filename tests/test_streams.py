@@ -228,3 +228,323 @@ def test_torch_cuda_event_outside_the_block_points_to_s_event():
     with pytest.raises(RuntimeError, match="another error"):  # any other error passes through unchanged
         with learner_call("f()"):
             raise RuntimeError("another error")
+
+
+# --------------------------------------------------------------------------- what CUDA refuses (issue 28)
+# Each planted call below is plain torch code that CUDA refuses; the emulation must refuse it too, with torch's
+# exception type and message, or a checker's ✅ on a laptop would not hold on a GPU. tests/test_streams_cuda.py
+# runs every one of them on a GPU as well (the `gpu` twin) and asserts the same exception.
+
+def _captured(s, body):
+    """Capture ``body(static)`` into a fresh graph, ``static`` a device tensor made before the capture."""
+    static = torch.zeros(4, device=s.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body(static)
+
+
+def _event_waited_in_a_capture(s, wait):
+    ev = s.Event()
+    ev.record()
+    _captured(s, lambda static: wait(ev))
+
+
+#: name (what it plants) -> (the call, given the stream; the exception type torch raises; text that its message,
+#: or for a wait in a capture the message of its context, contains)
+PLANTED = {
+    # every host-to-device transfer inside a capture (torch's copy check: Copy.cu, copy_kernel_cuda)
+    "tensor_from_a_list_with_device_in_a_capture":
+        (lambda s: _captured(s, lambda st: torch.tensor([1.0, 2.0], device=st.device)), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    "as_tensor_from_a_list_with_device_in_a_capture":
+        (lambda s: _captured(s, lambda st: torch.as_tensor([1.0, 2.0], device=s.device)), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    "as_tensor_of_a_host_tensor_with_device_in_a_capture":
+        (lambda s: _captured(s, lambda st: torch.as_tensor(torch.ones(4), device=s.device)), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    "new_tensor_of_a_device_tensor_in_a_capture":
+        (lambda s: _captured(s, lambda st: st.new_tensor([1.0, 2.0])), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    "to_device_of_a_pageable_tensor_in_a_capture":
+        (lambda s: _captured(s, lambda st: torch.ones(4).to(s.device, non_blocking=True)), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    "host_arange_moved_to_the_device_in_a_capture":
+        (lambda s: _captured(s, lambda st: st.add_(torch.arange(4).to(st.device))), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    "tolist_of_a_device_tensor_in_a_capture":
+        (lambda s: _captured(s, lambda st: st.tolist()), RuntimeError, "unless the CPU tensor is pinned"),
+    "device_tensor_indexed_with_a_host_index_in_a_capture":
+        (lambda s: _captured(s, lambda st: st[torch.tensor([0, 2])]), RuntimeError,
+         "unless the CPU tensor is pinned"),
+    # a host arange left on the host inside a capture (08 part 1 with `.to(ids.device)` deleted)
+    "host_arange_added_to_a_device_tensor_in_a_capture":
+        (lambda s: _captured(s, lambda st: st.mul(2) + torch.arange(4)), RuntimeError,
+         "Expected all tensors to be on the same device"),
+    # pin_memory=True for device memory (EmptyTensor.cpp, empty_cuda)
+    "empty_like_of_a_device_tensor_pinned":
+        (lambda s: torch.empty_like(torch.zeros(4, device=s.device), pin_memory=True), RuntimeError,
+         "Only dense CPU tensors can be pinned"),
+    "zeros_like_of_a_device_tensor_pinned":
+        (lambda s: torch.zeros_like(torch.zeros(4, device=s.device), pin_memory=True), RuntimeError,
+         "Only dense CPU tensors can be pinned"),
+    "ones_like_of_a_device_tensor_pinned":
+        (lambda s: torch.ones_like(torch.zeros(4, device=s.device), pin_memory=True), RuntimeError,
+         "Only dense CPU tensors can be pinned"),
+    "full_like_of_a_device_tensor_pinned":
+        (lambda s: torch.full_like(torch.zeros(4, device=s.device), 7, pin_memory=True), RuntimeError,
+         "Only dense CPU tensors can be pinned"),
+    "zeros_with_device_and_pin_memory":
+        (lambda s: torch.zeros(4, device=s.device, pin_memory=True), RuntimeError,
+         "Only dense CPU tensors can be pinned"),
+    "new_zeros_of_a_device_tensor_pinned":
+        (lambda s: torch.zeros(4, device=s.device).new_zeros(4, pin_memory=True), RuntimeError,
+         "Only dense CPU tensors can be pinned"),
+    "pin_memory_of_a_device_tensor":
+        (lambda s: torch.zeros(4, device=s.device).pin_memory(), RuntimeError,
+         "only dense CPU tensors can be pinned"),
+    # device memory used as host memory
+    "numpy_of_a_device_tensor":
+        (lambda s: torch.zeros(4, device=s.device).numpy(), TypeError, "can't convert cuda:0 device type tensor"),
+    "np_asarray_of_a_device_tensor":
+        (lambda s: __import__("numpy").asarray(torch.zeros(4, device=s.device)), TypeError,
+         "can't convert cuda:0 device type tensor"),
+    "device_tensor_plus_a_host_tensor":
+        (lambda s: torch.zeros(4, device=s.device) + torch.ones(4), RuntimeError,
+         "Expected all tensors to be on the same device"),
+    "device_tensor_in_place_plus_a_host_tensor":
+        (lambda s: torch.zeros(4, device=s.device).add_(torch.ones(4)), RuntimeError,
+         "Expected all tensors to be on the same device"),
+    "cat_of_a_device_and_a_host_tensor":
+        (lambda s: torch.cat([torch.zeros(4, device=s.device), torch.ones(4)]), RuntimeError,
+         "Expected all tensors to be on the same device"),
+    "index_select_of_a_device_tensor_with_a_host_index":
+        (lambda s: torch.zeros(4, device=s.device).index_select(0, torch.tensor([0, 1])), RuntimeError,
+         "Expected all tensors to be on the same device"),
+    "host_tensor_indexed_with_a_device_index":
+        (lambda s: torch.ones(4)[torch.tensor([0, 1], device=s.device)], RuntimeError,
+         "indices should be either on cpu or on the same device as the indexed tensor"),
+    # host waits inside a capture (cudaErrorStreamCaptureUnsupported; the invalidated capture's end lets it out)
+    "item_in_a_capture":
+        (lambda s: _captured(s, lambda st: st.sum().item()), torch.AcceleratorError,
+         "operation not permitted when stream is capturing"),
+    "synchronize_in_a_capture":
+        (lambda s: _captured(s, lambda st: s.synchronize()), torch.AcceleratorError,
+         "operation not permitted when stream is capturing"),
+    "event_synchronize_in_a_capture":
+        (lambda s: _event_waited_in_a_capture(s, lambda ev: ev.synchronize()), torch.AcceleratorError,
+         "operation not permitted when stream is capturing"),
+    "event_query_in_a_capture":
+        (lambda s: _event_waited_in_a_capture(s, lambda ev: ev.query()), torch.AcceleratorError,
+         "operation not permitted when stream is capturing"),
+    "bool_of_a_device_tensor_in_a_capture":
+        (lambda s: _captured(s, lambda st: bool(st.sum() > 0)), torch.AcceleratorError,
+         "operation not permitted when stream is capturing"),
+}
+
+
+def refused_as_cuda_refuses(exc: BaseException, expected: type, text: str) -> bool:
+    """``exc`` is of torch's type and says ``text`` (or its context does: a wait refused inside a capture
+    invalidates it, and ending the capture raises "operation failed due to a previous error during capture")."""
+    return isinstance(exc, expected) and any(text in str(e) for e in (exc, exc.__context__) if e is not None)
+
+
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_the_emulation_refuses_what_cuda_refuses(planted):
+    fn, expected, text = PLANTED[planted]
+    with LaggingStream() as s:
+        with pytest.raises(BaseException) as info:
+            fn(s)
+        assert not torch.cuda.is_current_stream_capturing()
+    assert refused_as_cuda_refuses(info.value, expected, text), (planted, repr(info.value),
+                                                                   repr(info.value.__context__))
+
+
+def _pinned_copy_in_a_capture(s):
+    pinned = torch.ones(4, pin_memory=True)
+    _captured(s, lambda st: st.copy_(pinned, non_blocking=True))
+
+
+#: name -> the call: what CUDA accepts near those refusals, and the emulation must accept too
+ACCEPTED = {
+    "pinned_non_blocking_copy_in_a_capture": _pinned_copy_in_a_capture,
+    "device_factories_in_a_capture":
+        lambda s: _captured(s, lambda st: st.add_(torch.arange(4, device=st.device) + torch.ones_like(st))),
+    "device_tensor_plus_a_0dim_host_tensor": lambda s: torch.zeros(4, device=s.device) + torch.tensor(2.0),
+    "device_tensor_indexed_with_a_host_index": lambda s: torch.zeros(4, device=s.device)[torch.tensor([0, 2])],
+    "host_tensor_indexed_with_a_host_index": lambda s: torch.ones(4)[torch.tensor([0, 2])],
+    "empty_like_of_a_device_tensor_on_the_host_pinned":
+        lambda s: torch.empty_like(torch.zeros(4, device=s.device), device="cpu", pin_memory=True),
+    "tensor_from_a_list_with_device": lambda s: torch.tensor([1.0, 2.0], device=s.device),
+}
+
+@pytest.mark.parametrize("accepted", list(ACCEPTED))
+def test_the_emulation_accepts_what_cuda_accepts(accepted):
+    with LaggingStream() as s:
+        ACCEPTED[accepted](s)
+
+
+def made_on_each_side(s):
+    """Tensors made with an explicit host device (``"cpu"`` in its spellings) and tensors made on the GPU
+    (``s.device``, ``"cuda"``, a device tensor's ``.device``, ``*_like``/``new_*`` of device memory)."""
+    d = torch.zeros(4, device=s.device)
+    host = {"zeros": torch.zeros(4, device="cpu"), "arange": torch.arange(4, device=torch.device("cpu")),
+            "tensor": torch.tensor([1, 2], device="cpu"), "as_tensor": torch.as_tensor([1, 2], device="cpu"),
+            "empty_like": torch.empty_like(d, device="cpu"), "zeros_like": torch.zeros_like(d, device="cpu"),
+            "new_zeros": d.new_zeros(2, device="cpu"), "new_tensor": d.new_tensor([1, 2], device="cpu")}
+    gpu = {"s.device": torch.zeros(2, device=s.device), "cuda": torch.zeros(2, device="cuda"),
+           "d.device": torch.zeros(2, device=d.device), "empty_like": torch.empty_like(d),
+           "zeros_like": torch.zeros_like(d, pin_memory=False), "new_zeros": d.new_zeros(2),
+           "new_tensor": d.new_tensor([1, 2]), "tensor": torch.tensor([1, 2], device=s.device)}
+    return host, gpu
+
+
+def test_device_cpu_is_the_host_in_every_factory():
+    """Issue 28: an explicit device="cpu" table was treated as the GPU (06). "cpu" is the host, always."""
+    with LaggingStream() as s:
+        host, gpu = made_on_each_side(s)
+        assert [k for k, t in host.items() if s.is_device(t)] == []
+        assert [k for k, t in gpu.items() if not s.is_device(t)] == []
+        assert (host["tensor"] + torch.ones(2)).tolist() == [2.0, 3.0]    # host arithmetic: no device involved
+
+
+def test_tensor_from_host_data_with_device_waits_for_the_queue():
+    """torch.tensor(list, device=) is a blocking copy from the host (the briefing: it blocked behind a busy GPU
+    every time); so are as_tensor and new_tensor. A factory that builds on the device waits for nothing."""
+    with LaggingStream() as s:
+        pin = torch.ones(4, pin_memory=True)
+        d = torch.zeros(4, device=s.device)
+        for make in (lambda: torch.tensor([1, 2], device=s.device), lambda: torch.as_tensor([1, 2], device=s.device),
+                     lambda: d.new_tensor([1, 2])):
+            d.copy_(pin, non_blocking=True)
+            assert s.pending() == 1
+            t = make()
+            assert s.pending() == 0 and s.is_device(t) and t.tolist() == [1, 2]
+        d.copy_(pin, non_blocking=True)
+        torch.arange(4, device=s.device), torch.zeros_like(d), d.new_zeros(3)
+        assert s.pending() == 1
+
+
+def test_a_device_factory_in_a_capture_is_filled_again_at_every_replay():
+    """A zeros() made inside a capture is zeroed by a captured kernel: every replay zeroes it again (it must
+    not accumulate across replays)."""
+    with LaggingStream() as s:
+        static = torch.zeros(4, device=s.device)
+        out = torch.zeros(4, device=s.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            acc = torch.zeros(4, device=s.device)
+            acc.add_(static)
+            out.copy_(acc)
+        for n in (1, 2, 3):
+            static.fill_(n)
+            g.replay()
+            assert out.tolist() == [float(n)] * 4
+
+
+# --------------------------------------------------------------------------- host_waits (issue 28)
+
+def test_host_waits_counts_every_synchronize_that_has_work_to_wait_for():
+    with LaggingStream() as s:
+        dev = torch.zeros(4, device=s.device)
+        assert s.host_waits == 0
+        s.synchronize()                              # nothing queued: returns at once, no wait
+        assert s.host_waits == 0
+        dev.add_(1)
+        s.synchronize()
+        assert s.host_waits == 1
+        dev.add_(1)
+        torch.cuda.synchronize()                     # torch's own call, while the block is active
+        assert s.host_waits == 2 and s.pending() == 0
+        assert dev.tolist() == [2.0] * 4 and s.host_waits == 2   # nothing queued: a read waits for nothing
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):
+            torch.cuda.synchronize()                 # restored: torch's own again outside the block
+
+
+def test_host_waits_counts_event_waits_only_where_the_mark_has_not_run():
+    with LaggingStream() as s:
+        never = s.Event()
+        never.synchronize()                          # never recorded: returns at once
+        ev = s.Event()
+        ev.record()
+        ev.synchronize()                             # nothing before it: the GPU has nothing to run
+        first, second = s.Event(), s.Event()
+        first.record()
+        second.record()
+        second.synchronize()                         # only another event's mark before it: no work, no wait
+        s.Event().record()
+        s.synchronize()                              # only a mark queued: no wait either
+        assert s.host_waits == 0
+        s.launch(lambda: None)
+        ev.record()
+        ev.synchronize()
+        assert s.host_waits == 1
+        ev.synchronize()                             # reached already
+        assert s.host_waits == 1
+
+
+@pytest.mark.parametrize("read", ["item", "tolist", "bool", "blocking copy", "pageable d2h", "arithmetic"])
+def test_host_waits_counts_each_read_of_device_data_that_runs_queued_work(read):
+    with LaggingStream() as s:
+        dev = torch.zeros(1, device=s.device)
+        dev.add_(1)
+        before = s.host_waits
+        if read == "item":
+            dev.item()
+        elif read == "tolist":
+            dev.tolist()
+        elif read == "bool":
+            bool(dev)
+        elif read == "blocking copy":
+            dev.copy_(torch.ones(1))                 # a blocking H2D waits for what is queued before it
+        elif read == "pageable d2h":
+            torch.zeros(1).copy_(dev, non_blocking=True)
+        else:
+            dev + 1
+        assert s.host_waits == before + 1 and s.pending() == 0
+
+
+def test_a_polling_loop_is_one_host_wait_and_a_single_look_is_none():
+    with LaggingStream() as s:
+        for _ in range(3):
+            s.launch(lambda: None)
+        ev = s.Event()
+        ev.record()
+        assert not ev.query() and s.host_waits == 0   # a look: no wait
+        polls = 0
+        while not ev.query():
+            polls += 1
+        assert polls >= 1 and s.host_waits == 1       # however many polls: one wait
+        # a loop that counts what is in flight, one query per step, never waits
+        marks = []
+        src = torch.zeros(4, pin_memory=True)
+        dst = torch.zeros(6, 4, device=s.device)
+        for n in range(6):
+            src.fill_(n)
+            dst[n].copy_(src, non_blocking=True)
+            marks.append(s.Event())
+            marks[-1].record()
+            sum(not m.query() for m in marks)
+        assert s.host_waits == 1 and s.pending() > 0
+        ev.record()
+        while not ev.query():                          # a second loop on a re-recorded event: a second wait
+            pass
+        assert s.host_waits == 2
+
+
+def test_a_polling_loop_that_queues_work_between_polls_ends():
+    from pinlab.streams import SPIN_LIMIT
+
+    with LaggingStream() as s:
+        dev = torch.zeros(1, device=s.device)
+        dev.add_(1)
+        ev = s.Event()
+        ev.record()
+        polls = 0
+        while not ev.query():
+            dev.add_(1)                                # work queued between the polls: never a repeat look
+            polls += 1
+            assert polls <= SPIN_LIMIT + 10, "the polling loop did not end"
+        assert s.host_waits == 1 and polls > SPIN_LIMIT - 1
+        s.synchronize()
+        assert dev.item() == 1 + polls

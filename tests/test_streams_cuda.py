@@ -16,6 +16,7 @@ import torch
 import pinlab
 from pinlab import LaggingStream
 from pinlab.checks import l03 as checks03
+from test_streams import ACCEPTED, PLANTED, made_on_each_side, refused_as_cuda_refuses
 
 LEAD_MS = 50.0        # the GPU's lead where a race must show (the host needs microseconds)
 POLL_LIMIT_S = 10.0   # a polling loop that has not ended by then is taken as hung
@@ -27,6 +28,19 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def on_device(s, t) -> bool:
     """Is ``t`` device memory, on either stream?"""
     return s.is_device(t) if s.emulated else t.device.type == "cuda"
+
+
+def assert_refused_wait(exc: BaseException) -> None:
+    """``exc`` is what ``with torch.cuda.graph(g):`` lets out when its body waited for the GPU: CUDA refused
+    the wait (cudaErrorStreamCaptureUnsupported, a torch.AcceleratorError) and the capture was invalidated, so
+    ending it raised "operation failed due to a previous error during capture", with the refusal as its context
+    (or, where the capture survived the refusal, the refusal itself)."""
+    from pinlab.streams import CAPTURE_INVALIDATED_ERROR, CAPTURE_SYNC_ERROR
+
+    assert isinstance(exc, torch.AcceleratorError), repr(exc)
+    chain = [exc, exc.__context__]
+    assert any(isinstance(e, torch.AcceleratorError) and CAPTURE_SYNC_ERROR in str(e) for e in chain), repr(chain)
+    assert CAPTURE_INVALIDATED_ERROR in str(exc) or CAPTURE_SYNC_ERROR in str(exc), repr(exc)
 
 
 # --------------------------------------------------------------------------- the scenarios
@@ -260,6 +274,26 @@ def graph_capture_refuses_a_pageable_copy(s):
 
 GRAPH_REFUSES = {"refused": True, "pinned_replayed": [1] * 4}
 
+def factory_in_a_capture_is_filled_at_every_replay(s):
+    """Issue 28: a device factory inside a capture (``torch.zeros(4, device=)``) is filled by a captured
+    kernel, so every replay fills it again: what the graph adds to it does not pile up across replays."""
+    static = torch.zeros(4, dtype=torch.int32, device=s.device)
+    out = torch.zeros(3, 4, dtype=torch.int32, device=s.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        acc = torch.zeros(4, dtype=torch.int32, device=s.device)
+        acc.add_(static)
+        acc.add_(torch.arange(4, dtype=torch.int32, device=s.device))
+    for n in range(3):
+        static.fill_(n)
+        g.replay()
+        out[n].copy_(acc)
+    s.synchronize()
+    return out.tolist()
+
+
+FACTORY_REFILLED = [[n + i for i in range(4)] for n in range(3)]
+
 SCENARIOS = {
     "positional_non_blocking_h2d": (positional_non_blocking_h2d, POSITIONAL_H2D),
     "positional_non_blocking_d2h": (positional_non_blocking_d2h, POSITIONAL_D2H),
@@ -272,6 +306,8 @@ SCENARIOS = {
                                                           GRAPH_RACE),
     "graph_with_snapshot_outside": (graph_with_snapshot_outside, GRAPH_SNAPSHOT),
     "graph_capture_refuses_a_pageable_copy": (graph_capture_refuses_a_pageable_copy, GRAPH_REFUSES),
+    "factory_in_a_capture_is_filled_at_every_replay": (factory_in_a_capture_is_filled_at_every_replay,
+                                                       FACTORY_REFILLED),
 }
 
 
@@ -470,23 +506,75 @@ def test_gpu_cuda_and_the_emulation_agree(name):
     assert live == emulated == cuda_gives, (live, emulated)
 
 
+# --------------------------------------------------------------------------- what CUDA refuses (issue 28)
+
+def _on_the_stream_it_started_on(fn, s):
+    """``fn(s)``, then the current CUDA stream put back: ``torch.cuda.graph``'s ``__exit__`` raises before it
+    leaves its side stream when ending an invalidated capture fails."""
+    if s.emulated:
+        return fn(s)
+    before = torch.cuda.current_stream()
+    try:
+        return fn(s)
+    finally:
+        torch.cuda.set_stream(before)
+        torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_gpu_cuda_refuses_what_the_emulation_refuses(planted):
+    """The twin of tests/test_streams.py's test_the_emulation_refuses_what_cuda_refuses: each planted call on
+    the CUDA stream raises torch's exception, and the emulation (on this GPU host too) raises the same type."""
+    fn, expected, text = PLANTED[planted]
+    with pinlab.CudaStream() as s:
+        with pytest.raises(Exception) as live:
+            _on_the_stream_it_started_on(fn, s)
+    assert refused_as_cuda_refuses(live.value, expected, text), (planted, repr(live.value),
+                                                                   repr(live.value.__context__))
+    with LaggingStream() as s:
+        with pytest.raises(Exception) as emulated:
+            fn(s)
+    assert type(emulated.value) is type(live.value), (repr(emulated.value), repr(live.value))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("accepted", list(ACCEPTED))
+def test_gpu_cuda_accepts_what_the_emulation_accepts(accepted):
+    with pinlab.CudaStream() as s:
+        _on_the_stream_it_started_on(ACCEPTED[accepted], s)
+    with LaggingStream() as s:
+        ACCEPTED[accepted](s)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_device_cpu_is_the_host_in_every_factory():
+    with pinlab.CudaStream() as s:
+        host, gpu = made_on_each_side(s)
+        assert [k for k, t in host.items() if t.device.type != "cpu"] == []
+        assert [k for k, t in gpu.items() if t.device.type != "cuda"] == []
+
+
 # --------------------------------------------------------------------------- graphs on the emulated stream
 
 def test_a_capture_refuses_waits_and_events_and_graph_api_is_restored():
-    from pinlab.streams import CAPTURE_SYNC_ERROR
-
     real = (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.is_current_stream_capturing)
     with LaggingStream() as s:
         d = torch.ones(4, device=s.device)
         pin = torch.zeros(4, pin_memory=True)
         g = torch.cuda.CUDAGraph()
-        for body in (lambda: d.sum().item(), s.synchronize, lambda: d.copy_(pin),  # a blocking copy waits
-                     lambda: s.Event().record()):
-            with pytest.raises(RuntimeError) as exc, torch.cuda.graph(g):
+        for body in (lambda: d.sum().item(), s.synchronize, lambda: d.copy_(pin)):  # a blocking copy waits
+            with pytest.raises(torch.AcceleratorError) as exc, torch.cuda.graph(g):
                 assert torch.cuda.is_current_stream_capturing()
                 body()
-            assert CAPTURE_SYNC_ERROR in str(exc.value) or "event recorded inside a graph" in str(exc.value)
+            assert_refused_wait(exc.value)
             assert not torch.cuda.is_current_stream_capturing()
+        with pytest.raises(RuntimeError, match="event recorded inside a graph"), torch.cuda.graph(g):
+            s.Event().record()
+        assert not torch.cuda.is_current_stream_capturing()
         with pytest.raises(RuntimeError, match="never captured"):
             torch.cuda.CUDAGraph().replay()
         with pytest.raises(TypeError, match="CUDAGraph"):
@@ -533,8 +621,6 @@ def test_the_graph_regression_test_fails_the_racy_step_and_passes_the_fix(racy, 
 
 
 def test_ops_making_new_device_tensors_are_recomputed_at_every_replay():
-    from pinlab.streams import CAPTURE_SYNC_ERROR
-
     with LaggingStream() as s:
         ids = torch.zeros(4, dtype=torch.int64, device=s.device)
         out = torch.zeros(4, dtype=torch.int64, device=s.device)
@@ -549,5 +635,6 @@ def test_ops_making_new_device_tensors_are_recomputed_at_every_replay():
             s.synchronize()
             assert out.tolist() == [min(v * 2 + i, 10) for i, v in enumerate(case)]
         for body in (lambda: ids.nonzero(), lambda: bool(ids.sum() > 0), lambda: int(ids[0])):
-            with pytest.raises(RuntimeError, match=CAPTURE_SYNC_ERROR), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with pytest.raises(torch.AcceleratorError) as exc, torch.cuda.graph(torch.cuda.CUDAGraph()):
                 body()
+            assert_refused_wait(exc.value)

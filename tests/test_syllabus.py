@@ -95,3 +95,32 @@ def test_notebook_00_shows_the_generated_syllabus():
     src = (ROOT / "notebooks/src/00_start_here.py").read_text(encoding="utf-8")
     assert "syllabus.markdown(" in src, "notebook 00 must show pinlab.syllabus.markdown(), not a typed table"
     assert not re.search(r"^# \| 0\d \|", src, re.M), "notebook 00 still has a typed table row"
+
+
+def test_the_core_path_is_marked_and_shorter():
+    """A core path: the lessons a shorter course keeps (start here, the four lessons the race and its fix need,
+    the capstone that applies them); the others are deep dives. Every copy says which, with both totals."""
+    core = [r.number for r in SYL.core_lessons()]
+    assert core == [r.number for r in SYL.LESSONS if r.core] and core[0] == "00" and "07" in core, core
+    assert {"01", "02", "03", "04"} <= set(core) and len(core) < len(SYL.LESSONS), core
+    assert SYL.total_minutes(SYL.core_lessons()) < SYL.total_minutes()
+    hours = lambda m: f"{m // 60} h {m % 60:02d}"  # noqa: E731
+    sentence = SYL.totals_text()
+    assert hours(SYL.total_minutes()) in sentence and hours(SYL.total_minutes(SYL.core_lessons())) in sentence
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for md in (SYL.markdown(), SYL.readme_block(), readme):
+        assert sentence in md
+        for r in SYL.LESSONS:
+            row = next(line for line in md.splitlines() if line.startswith(f"| [{r.number}]("))
+            assert row.rstrip().endswith("| core |" if r.core else "| deep dive |"), row[-40:]
+
+
+def test_the_core_agenda_is_the_core_lessons_and_their_exercises():
+    name, items = SYL.CORE_WORKSHOP
+    got = [i for i in items if isinstance(i, str)]
+    want = [n for r in SYL.core_lessons() for n in ([r.number] + ([f"ex {r.number}"] if r.exercise_minutes else []))]
+    assert got == want, got
+    block = (ROOT / "docs" / "workshop.md").read_text(encoding="utf-8")
+    t = sum(i[1] if isinstance(i, tuple) else SYL.lesson(i[3:]).exercise_minutes if i.startswith("ex ")
+            else SYL.lesson(i).minutes for i in items)
+    assert f"### {name} (about {t // 60} h {t % 60:02d})" in block

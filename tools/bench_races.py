@@ -4,7 +4,7 @@
     python3 tools/bench_races.py --steps 400                           # on a CPU: the emulated stream
 
 * Recall and false positives: the course's own step loop (``pinlab.steploop.plain_loop``, lessons 03-04) for
-  every strategy, with the host unbounded and with the host waiting for step n-2 (``ahead=2``), each step's
+  every strategy, with the host unbounded and with the host waiting for step n-2 (``run_ahead=1``), each step's
   copy followed by the detector: every step whose data arrived wrong must be flagged (recall), and a
   strategy whose data is right by construction must have no finding (false positives). Lesson 08's race
   under graph replay (a captured copy from a reused pinned buffer) and its fix. The D2H 2-slot pinned ring of
@@ -49,15 +49,16 @@ def _stream():
 
 def recall(steps: int, busy_ms: float) -> dict:
     out = {}
-    for ahead in (None, 2):
+    for run_ahead in (None, 1):
         for strategy in RACY + FIXES:
             with detect_races() as races:
-                run = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, ahead=ahead)
+                run = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms,
+                                          run_ahead=run_ahead)
             wrong = [n for n, r in enumerate(run["received"]) if r != n]
             raced = set(races.raced)
             missed = [n for n in wrong if n not in raced]
-            out[f"{strategy}/ahead={ahead}"] = {
-                "strategy": strategy, "ahead": ahead, "steps": steps, "wrong": len(wrong), "flagged": len(raced),
+            out[f"{strategy}/run_ahead={run_ahead}"] = {
+                "strategy": strategy, "run_ahead": run_ahead, "steps": steps, "wrong": len(wrong), "flagged": len(raced),
                 "missed": len(missed), "first_missed": missed[:5], "copies_followed": races.copies,
                 "recall": 1.0 if not wrong else round(1 - len(missed) / len(wrong), 6),
                 "false_positive": strategy in FIXES and races.total > 0,
@@ -154,23 +155,23 @@ class _Counting(torch.overrides.TorchFunctionMode):
 def overhead(steps: int, busy_ms: float, rounds: int) -> dict:
     out = {}
     for strategy in ("reused_pinned", "snapshot", "ring_events", "event_wait", "pageable"):
-        ahead = 2 if strategy in ("ring_events", "event_wait") else None
+        run_ahead = 1 if strategy in ("ring_events", "event_wait") else None
         loop = {}
 
-        def plain(strategy=strategy, ahead=ahead):
+        def plain(strategy=strategy, run_ahead=run_ahead):
             loop["plain"] = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms,
-                                                ahead=ahead, per_step=False)
+                                                run_ahead=run_ahead, per_step=False)
 
-        def detected(strategy=strategy, ahead=ahead):
+        def detected(strategy=strategy, run_ahead=run_ahead):
             with detect_races() as races:
                 loop["detected"] = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64,
-                                                       busy_ms=busy_ms, ahead=ahead, per_step=False)
+                                                       busy_ms=busy_ms, run_ahead=run_ahead, per_step=False)
             loop["races"] = races
 
-        def bare(strategy=strategy, ahead=ahead):
+        def bare(strategy=strategy, run_ahead=run_ahead):
             with _Bare():
                 loop["bare"] = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms,
-                                                   ahead=ahead, per_step=False)
+                                                   run_ahead=run_ahead, per_step=False)
 
         plain()
         detected()  # warm
@@ -183,13 +184,13 @@ def overhead(steps: int, busy_ms: float, rounds: int) -> dict:
                 host[k].append(loop[k]["host_loop_ms"])
         with _Counting():
             _Counting.calls = 0
-            steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, ahead=ahead,
+            steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, run_ahead=run_ahead,
                                 per_step=False)
         calls = _Counting.calls
         p, d = statistics.median(host["plain"]), statistics.median(host["detected"])
         b = statistics.median(host["bare"])
         copies = max(loop["races"].copies, 1)
-        out[strategy] = {"ahead": ahead, "steps": steps, "host_loop_ms_plain": round(p, 3),
+        out[strategy] = {"run_ahead": run_ahead, "steps": steps, "host_loop_ms_plain": round(p, 3),
                          "host_loop_ms_detected": round(d, 3), "ratio": round(d / p, 3),
                          "host_loop_ms_bare_mode": round(b, 3), "bare_mode_ratio": round(b / p, 3),
                          "torch_calls": calls, "us_per_call": round((d - p) * 1e3 / max(calls, 1), 3),
@@ -314,11 +315,12 @@ def main(argv=None) -> int:
         import pstats
 
         with detect_races():  # warm
-            steploop.plain_loop(_stream(), "snapshot", steps=200, n_ints=64, busy_ms=0.02, ahead=None, per_step=False)
+            steploop.plain_loop(_stream(), "snapshot", steps=200, n_ints=64, busy_ms=0.02, run_ahead=None,
+                                per_step=False)
         prof = cProfile.Profile()
         with detect_races():
             prof.enable()
-            steploop.plain_loop(_stream(), "snapshot", steps=a.overhead_steps, n_ints=64, busy_ms=0.02, ahead=None,
+            steploop.plain_loop(_stream(), "snapshot", steps=a.overhead_steps, n_ints=64, busy_ms=0.02, run_ahead=None,
                                 per_step=False)
             prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)

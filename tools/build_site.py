@@ -40,13 +40,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import install_cell as _install  # noqa: E402  (tools/install_cell.py: the course's address, the install cell)
 import nbtools  # noqa: E402  (tools/nbtools.py: source_sha256, as the GPU suite computes it)
 
 ROOT = nbtools.ROOT
 SITE_SRC = ROOT / "site"
-#  folder       sidebar caption
 #: where the course lives when pyproject.toml names no [project.urls] Repository (it does: edit it there)
-REPOSITORY_FALLBACK = "https://github.com/REPLACE-ME/pinlab"
+REPOSITORY_FALLBACK = _install.REPOSITORY_FALLBACK
+#  folder       sidebar caption
 SECTIONS = {"notebooks": "Lessons", "exercises": "Exercises", "solutions": "Solutions", "capstone": "Capstone"}
 _LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
@@ -168,23 +169,27 @@ def syllabus_rows(root: Path = ROOT) -> list[dict]:
 
     syl = tool.load(root)
     return [{"lesson": r.number, "path": r.notebook, "topic": f"**{_md_cell(r.title)}**: {_md_cell(r.goal)}",
-             "minutes": syl.minutes_text(r), "gpu": _md_cell(r.gpu)} for r in syl.LESSONS]
+             "minutes": syl.minutes_text(r), "gpu": _md_cell(r.gpu), "core": "core" if r.core else "deep dive"}
+            for r in syl.LESSONS]
+
+
+def syllabus_totals(root: Path = ROOT) -> str:
+    """The sentence under the syllabus: the whole course's time and the core path's ("" without the module)."""
+    if not (root / "lib" / "pinlab" / "syllabus.py").exists():
+        return ""
+    import syllabus as tool  # tools/syllabus.py
+
+    return tool.load(root).totals_text()
 
 
 def repository_url(root: Path = ROOT) -> str:
     """``[project.urls] Repository`` in pyproject.toml: the one place the course's address is written."""
-    try:
-        text = (root / "pyproject.toml").read_text(encoding="utf-8")
-    except OSError:
-        return REPOSITORY_FALLBACK
-    m = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
-    url = m and re.search(r'^\s*Repository\s*=\s*"([^"]+)"', m.group(1), re.M)
-    return url.group(1) if url else REPOSITORY_FALLBACK
+    return _install.repository_url(root)
 
 
 def is_placeholder(repo: str) -> bool:
     """pyproject.toml's Repository is still the placeholder: no link may point there."""
-    return "REPLACE-ME" in repo
+    return _install.is_placeholder(repo)
 
 
 def colab_url(repo: str, rel: str, branch: str = "main") -> str | None:
@@ -196,14 +201,14 @@ def colab_url(repo: str, rel: str, branch: str = "main") -> str | None:
 
 
 def install_cell(repo: str) -> str:
-    """The guarded install cell a learner runs first on Colab (or any machine without the course)."""
-    return ("import importlib.util\n"
-            "if importlib.util.find_spec(\"pinlab\") is None:  # Colab: install the course's library once\n"
-            f"    %pip install -q \"pinlab @ git+{repo}\"  # FlashInfer is optional: add [gpu] to decode with it")
+    """The install cell at the top of every notebook (tools/install_cell.py) for the course at ``repo``."""
+    return _install.source(repo)
 
 
 def run_it_row(rel: str, repo: str) -> str:
-    """The "run it" row under a page's title: Colab, the .ipynb to download, the repository."""
+    """The "run it" row under a page's title: Colab (once the repository address is real), the .ipynb to
+    download, the repository (or, while its address is the placeholder, how to run it locally). The install
+    cell that Colab needs is the notebook's own first code cell, on the page under this row."""
     name = Path(rel).name
     links = []
     colab = colab_url(repo, rel)
@@ -213,13 +218,9 @@ def run_it_row(rel: str, repo: str) -> str:
     placeholder = is_placeholder(repo)  # no public address yet: the download, and how to run it locally
     links.append('<span class="repository">run it locally: <code>make lab</code> in the course\'s checkout</span>'
                  if placeholder else f'<a class="repository" href="{html.escape(repo)}">Repository</a>')
-    row = '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
-    if placeholder:
-        return row
-    note = ('<details class="run-it-install"><summary>On Colab, run this cell first (it installs the course\'s '
-            "library once; elsewhere <code>make lab</code> sets everything up)</summary>\n\n"
-            f"```python\n{install_cell(repo)}\n```\n\n</details>")
-    return row + "\n\n" + note
+    if colab:
+        links.append('<span class="run-it-note">on Colab, run the install cell (the first code cell) first</span>')
+    return '<div class="run-it"><span class="run-it-label">Run it:</span> ' + " · ".join(links) + "</div>"
 
 
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
@@ -416,11 +417,11 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _syllabus_md(rows: list[dict], pages: dict[str, dict]) -> str:
+def _syllabus_md(rows: list[dict], pages: dict[str, dict], totals: str = "") -> str:
     """The syllabus table in MyST Markdown; lessons without a README row still get one."""
     by_path = {r["path"]: r for r in rows}
-    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live | exercises |",
-             "|---|---|---|---|---|"]
+    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live | path | exercises |",
+             "|---|---|---|---|---|---|"]
     for rel in sorted(p for p in pages if p.startswith("notebooks/")):
         r = by_path.get(rel, {})
         stem = Path(rel).stem
@@ -428,9 +429,20 @@ def _syllabus_md(rows: list[dict], pages: dict[str, dict]) -> str:
         practice = [f"[{d}]({d}/{stem}.ipynb)" for d in ("exercises", "solutions") if f"{d}/{stem}.ipynb" in pages]
         topic = r.get("topic") or _md_cell(pages[rel]["title"] or stem)
         lines.append(f"| [{lesson}]({rel}) | {topic} | {r.get('minutes', '')} | {r.get('gpu', '')} | "
-                     f"{', '.join(practice) or ''} |")
+                     f"{r.get('core', '')} | {', '.join(practice) or ''} |")
     table = "\n".join(lines)
-    return f":::{{table}}\n:class: syllabus\n:width: 100%\n\n{table}\n:::"
+    return f":::{{table}}\n:class: syllabus\n:width: 100%\n\n{table}\n:::" + (f"\n\n{totals}" if totals else "")
+
+
+def run_it_text(repo: str) -> str:
+    """The landing page's sentence on each page's "run it" row: true for the address pyproject.toml names."""
+    if is_placeholder(repo):
+        return ("Under each page's title, a **Run it** row downloads the `.ipynb`. To run the notebooks, clone the "
+                "course and run `make lab` in it. There is no Colab link yet: the course's public address is not "
+                "set (`[project.urls] Repository` in `pyproject.toml`).")
+    return ("Under each page's title, a **Run it** row opens the notebook in Colab (run its first code cell, the "
+            "install cell, first: it installs the course there, keeping Colab's torch), downloads the `.ipynb`, or "
+            "goes to the repository.")
 
 
 def _toctrees(pages: dict[str, dict], run: Run | None) -> str:
@@ -514,8 +526,9 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(root / rel, dest / rel)
     index = (dest / "index.md").read_text(encoding="utf-8")
-    index = (index.replace("{{syllabus}}", _syllabus_md(syllabus_rows(root), pages))
+    index = (index.replace("{{syllabus}}", _syllabus_md(syllabus_rows(root), pages, syllabus_totals(root)))
              .replace("{{evidence}}", _evidence(report, run))
+             .replace("{{run_it}}", run_it_text(repo))
              .replace("{{toctrees}}", _toctrees(pages, run)))
     (dest / "index.md").write_text(index, encoding="utf-8")
     if run is not None:

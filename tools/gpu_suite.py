@@ -1,5 +1,19 @@
 """The GPU suite: run on a CUDA machine to produce the course's GPU evidence.
 
+0. the plain suite is the **quiet reference pass**: the committed notebook outputs, the recordings under
+   reports/gpu/data, reports/gpu/traces and latest.json come from it, each notebook run alone on the GPU. It
+   takes the suite's lock on this checkout exclusively (build/gpu-suite/suite.lock; every other pass takes it
+   shared, so stability, development and adverse passes may run at once but never beside it) and refuses to
+   start (exit status 3, naming the pids) while another suite holds the lock or any other process is on the GPU
+   (NVML's process list: nvidia-smi --query-compute-apps, or pynvml; this suite and its children left out), or
+   while that list cannot be read. It samples the conditions (other processes on the GPU, the host's load
+   average and usable cores) at each notebook's start and end and records them in latest.json
+   (``conditions``: ``quiet`` true only where no other process was listed at either); a notebook whose run was
+   not quiet keeps nothing (its kernel records into a staging copy of reports/gpu/data, published only after a
+   quiet run) and the call fails. Its kernels get PINLAB_SUITE_PASS=quiet-reference (lesson headers print it,
+   recordings keep it in ``meta["suite_pass"]``). ``--shared`` (development) runs whatever else is on the GPU
+   and, like ``--keep-going``, writes nothing committed: its reports and executed notebooks go to
+   build/gpu-suite/ only;
 1. executes every notebook in notebooks/ and solutions/ in place, recording each experiment's result under
    reports/gpu/data/ (PINLAB_RECORD=1), so the committed notebooks carry GPU outputs and CPU machines can
    replay them; it records which lib/ files each notebook imported (``deps``);
@@ -26,7 +40,7 @@ and counts the passes of (a) and (b) as nbval runs in stability.json (under (c)-
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
-        [--keep-going] [--cell-timeout S] [--no-unit-tests]
+        [--keep-going] [--shared] [--cell-timeout S] [--no-unit-tests]
         python3 tools/gpu_suite.py --adverse [ID ...] [--adverse-together] [--only NAME ...] [--budget S]
   --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); a NAME with a '/'
                    is matched against the path (e.g. --only notebooks/04 leaves solutions/04 out)
@@ -40,6 +54,8 @@ Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--b
                    the rest is printed as left for a later run: with --stale, repeat the same command (with the
                    previous call's results in place) until nothing is left
   --keep-going     development: run every cell even after one fails; reports go to build/gpu-suite/ only
+  --shared         development: run although other processes use the GPU; reports and the executed notebooks go
+                   to build/gpu-suite/ only (no notebook in place, no recording, no latest.json)
   --cell-timeout S seconds one cell may take before it counts as failed (default 300)
   --no-unit-tests  leave out the gpu unit tests (latest.json keeps the previous unit_tests entry)
   --adverse [ID ...] strict nbval of notebooks/ under the conditions ID (a-e; none named: all five, one after
@@ -49,7 +65,8 @@ Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--b
                    disjoint other cores): four learners on the GPU at once; recorded as such in adverse.json
   --cpu-dry-run    development: --adverse on a machine without CUDA (nbval replays; no --require-gpu); writes
                    build/gpu-suite/adverse.json only
-Exit status: 0 when every notebook and every gpu unit test passed, 1 otherwise, 2 on a usage error.
+Exit status: 0 when every notebook and every gpu unit test passed, 1 otherwise (a notebook whose run was not
+quiet included), 2 on a usage error, 3 when it refused to start (another suite or process on the GPU).
 """
 from __future__ import annotations
 
@@ -85,6 +102,9 @@ def parse_args(argv):
     ap.add_argument("--only", nargs="+", metavar="NAME", help="notebooks whose file name contains a NAME")
     ap.add_argument("--repeat", type=int, default=1, metavar="N", help="executions per notebook (stability.json)")
     ap.add_argument("--keep-going", action="store_true", help="run every cell after a failure; no reports/ written")
+    ap.add_argument("--shared", action="store_true",
+                    help="development: run although other processes use the GPU; nothing committed is written "
+                         "(reports under build/gpu-suite/ only)")
     ap.add_argument("--cell-timeout", type=int, default=300, metavar="S")
     ap.add_argument("--no-unit-tests", action="store_true")
     ap.add_argument("--stale", action="store_true",
@@ -109,11 +129,14 @@ def parse_args(argv):
         if bad:
             ap.error(f"--adverse takes condition ids among {', '.join(evidence.ADVERSE_CONDITIONS)}, got {', '.join(bad)}")
         clash = [o for o, on in (("--repeat", args.repeat != 1), ("--stale", args.stale),
-                                 ("--stability-only", args.stability_only), ("--keep-going", args.keep_going)) if on]
+                                 ("--stability-only", args.stability_only), ("--keep-going", args.keep_going),
+                                 ("--shared", args.shared)) if on]
         if clash:
             ap.error(f"--adverse runs nbval only: it does not take {', '.join(clash)}")
     elif args.cpu_dry_run:
         ap.error("--cpu-dry-run goes with --adverse or --adverse-together")
+    if args.shared and args.stability_only:
+        ap.error("--stability-only may share the GPU already: leave out --shared")
     if args.budget is not None and args.budget <= 0:
         ap.error("--budget must be a positive number of seconds")
     if args.repeat < 1:
@@ -129,6 +152,268 @@ def select(paths, only):
     if not only:
         return paths
     return [p for p in paths if any((o in Path(p).as_posix()) if "/" in o else (o in p.name) for o in only)]
+
+
+# ---- the quiet reference pass: it alone on the GPU, or nothing committed is written ------------------------------
+
+#: where a suite's lock, its holders' records and a development pass's reports live (per checkout, ignored by git)
+BUILD = ROOT / "build" / "gpu-suite"
+#: the pass that writes the committed outputs (notebooks in place, reports/gpu/data, latest.json, traces)
+QUIET = "quiet-reference"
+REFUSED = 3  # exit status of a suite that refused to start
+
+
+def suite_pass(args) -> str:
+    """Which pass a call is ($PINLAB_SUITE_PASS for its kernels; pinlab.probe.SUITE_PASSES): the plain suite is
+    the quiet reference pass; ``--shared`` and ``--keep-going`` are development passes (reports under
+    build/gpu-suite/ only); ``--stability-only`` a stability pass; ``--adverse`` "adverse"."""
+    if getattr(args, "adverse", None) is not None or getattr(args, "adverse_together", False):
+        return "adverse"
+    if args.stability_only:
+        return "stability"
+    return "development" if args.shared or args.keep_going else QUIET
+
+
+def writes_evidence(args) -> bool:
+    """Whether a call writes the committed outputs: the notebooks in place, reports/gpu/data, latest.json and
+    reports/gpu/traces (the quiet reference pass only; stability passes write stability.json alone)."""
+    return suite_pass(args) == QUIET
+
+
+class SuiteBusy(RuntimeError):
+    """Another suite of this checkout holds the lock in a way that excludes this one (:func:`suite_lock`)."""
+
+    def __init__(self, holders: list[dict], exclusive: bool):
+        self.holders, self.exclusive = holders, exclusive
+        super().__init__(busy_text(holders, exclusive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def live_holders(lock_dir: Path | None = None, alive=_alive) -> list[dict]:
+    """The suites of this checkout that hold its lock now: their records under ``lock_dir/suite-holders``
+    (``{pid, mode, pass, command, utc}``), those of processes gone (a suite that was killed) removed."""
+    out = []
+    lock_dir = BUILD if lock_dir is None else lock_dir
+    for f in sorted((lock_dir / "suite-holders").glob("*.json")):
+        try:
+            rec = json.loads(f.read_text(encoding="utf-8"))
+            pid = int(rec["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if alive(pid):
+            out.append(rec)
+        else:
+            with contextlib.suppress(OSError):
+                f.unlink()
+    return out
+
+
+def busy_text(holders: list[dict], exclusive: bool) -> str:
+    """Why a suite may not take the lock, naming the suites that hold it (pid, pass, command, since when)."""
+    named = "; ".join(f"pid {h.get('pid')} ({h.get('pass', '?')} pass, `{h.get('command', '?')}`, since "
+                      f"{h.get('utc', '?')})" for h in holders) or "a suite whose record is gone (it is ending)"
+    if exclusive:
+        return f"another GPU suite of this checkout is running: {named}"
+    return (f"the quiet reference pass of the GPU suite is running on this checkout ({named}): it must have the GPU "
+            "to itself; start this one after it ends")
+
+
+@contextlib.contextmanager
+def suite_lock(exclusive: bool, which: str, command: str, lock_dir: Path | None = None):
+    """The suite's lock on this checkout (fcntl, ``lock_dir/suite.lock``): exclusive for the quiet reference pass,
+    shared for every other pass (stability, development, adverse passes may run at once, on disjoint --only
+    sets, but never beside the quiet one). Never waits: raises :class:`SuiteBusy` naming the holders. While held,
+    ``lock_dir/suite-holders/<pid>-<n>.json`` says who holds it."""
+    import fcntl
+
+    lock_dir = BUILD if lock_dir is None else lock_dir
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    f = open(lock_dir / "suite.lock", "a")
+    try:
+        fcntl.flock(f, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise SuiteBusy(live_holders(lock_dir), exclusive) from None
+    holders = lock_dir / "suite-holders"
+    holders.mkdir(exist_ok=True)
+    me = holders / f"{os.getpid()}-{next(_HOLDER_IDS)}.json"
+    try:
+        me.write_text(json.dumps({"pid": os.getpid(), "mode": "exclusive" if exclusive else "shared", "pass": which,
+                                  "command": command, "utc": utc_now()}) + "\n", encoding="utf-8")
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            me.unlink()
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+_HOLDER_IDS = iter(range(1, 10**9))
+
+
+def process_table(proc: Path = Path("/proc")) -> dict[int, int]:
+    """{pid: parent pid} of every process visible in ``proc`` (empty where there is no /proc)."""
+    out = {}
+    for d in proc.glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text(encoding="ascii", errors="replace")
+            out[int(d.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def descendants(table: dict[int, int], root: int) -> set[int]:
+    """``root`` and every process below it in ``table`` ({pid: parent pid}: :func:`process_table`)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, [])
+    return out
+
+
+def own_pids(table=None) -> set[int]:
+    """This suite and the processes it started (its kernels, its pytest and theirs): not "other" processes."""
+    return descendants(process_table() if table is None else table, os.getpid())
+
+
+def sample_conditions(uuid=None, query=None, table=None) -> dict:
+    """:func:`pinlab.probe.run_conditions` as the suite sees them: every process on the GPU but this suite and its
+    children counts as another."""
+    from pinlab.probe import run_conditions
+
+    return run_conditions(mine=own_pids(table), uuid=uuid, query=query)
+
+
+def sample_end(uuid=None, query=None, table=None, retries: int = 3, wait_s: float = 1.0, sleep=None) -> dict:
+    """The conditions at a notebook's end, after its kernel has stopped: where another process is listed, sampled
+    again up to ``retries`` times ``wait_s`` apart (a kernel that has just exited can stay listed a moment; a
+    process that uses the GPU stays)."""
+    sleep = time.sleep if sleep is None else sleep
+    c = sample_conditions(uuid, query, table)
+    for _ in range(retries):
+        if c["other_gpu_processes"] == []:
+            break
+        sleep(wait_s)
+        c = sample_conditions(uuid, query, table)
+    return c
+
+
+def procs_text(procs) -> str:
+    if procs is None:
+        return "nvidia-smi (or pynvml) could not list the GPU's processes, so nothing shows that it is unshared"
+    return ", ".join(f"pid {p['pid']}" + (f" ({p['used_mib']} MiB)" if p.get("used_mib") is not None else "")
+                     for p in procs)
+
+
+def refusal(others, holders=()) -> str | None:
+    """Why the quiet reference pass may not start (None: it may): other suites of this checkout hold the lock
+    (``holders``: :func:`live_holders`), other processes use the GPU (``others``: their
+    :func:`pinlab.probe.compute_apps` rows, this suite left out), or the GPU's processes cannot be listed
+    (``others`` None)."""
+    reasons = []
+    if holders:
+        reasons.append(busy_text(list(holders), True))
+    if others is None:
+        reasons.append(procs_text(None))
+    elif others:
+        reasons.append(f"{len(others)} other process{'es' if len(others) > 1 else ''} use{'' if len(others) > 1 else 's'}"
+                       f" the GPU: {procs_text(others)}")
+    if not reasons:
+        return None
+    return ("gpu_suite: refused. The plain suite is the quiet reference pass: it writes the committed notebook "
+            "outputs, reports/gpu/data and reports/gpu/latest.json, and runs only alone on the GPU. Now "
+            + "; and ".join(reasons) + ". Wait until they end; or run a development pass with --shared (its reports "
+            "go to build/gpu-suite/ only), or stability runs with --stability-only (they may share the GPU).")
+
+
+def notebook_conditions(which: str, gpu, start: dict, end: dict) -> dict:
+    """latest.json's ``conditions`` of one notebook: the pass, the GPU, the conditions at its start and end
+    (:func:`sample_conditions`), and ``quiet``: the quiet reference pass, and no other process listed on the GPU
+    at either (with the lock held, no other suite of this checkout ran); ``why_not_quiet`` says why not."""
+    why = []
+    if which != QUIET:
+        why.append(f"a {which} pass, not the quiet reference")
+    for when, c in (("start", start), ("end", end)):
+        procs = c.get("other_gpu_processes")
+        if procs is None:
+            why.append(f"at its {when} the GPU's processes could not be listed")
+        elif procs:
+            why.append(f"at its {when} {procs_text(procs)} used the GPU")
+    return {"pass": which, "quiet": not why, "why_not_quiet": "; ".join(why) or None, "gpu": gpu,
+            "start": start, "end": end}
+
+
+def staging_dir() -> Path:
+    return BUILD / f"staging-{os.getpid()}"
+
+
+def prepare_staging(staging: Path, reports: Path | None = None) -> Path:
+    """A copy of reports/gpu's recordings (and latest.json, which lesson 00's doctor reads beside them) that a
+    quiet pass's kernel records into ($PINLAB_DATA_DIR): nothing reaches reports/gpu/data before the notebook's
+    run is known to have been quiet (:func:`publish_staging`). Returns the data folder."""
+    reports = REPORTS if reports is None else reports
+    shutil.rmtree(staging, ignore_errors=True)
+    data = staging / "data"
+    if (reports / "data").is_dir():
+        shutil.copytree(reports / "data", data)
+    else:
+        data.mkdir(parents=True)
+    if (reports / "latest.json").exists():
+        shutil.copyfile(reports / "latest.json", staging / "latest.json")
+    return data
+
+
+def publish_staging(staging: Path, reports: Path | None = None) -> list[str]:
+    """Copy the recordings a quiet run wrote (new or changed files of ``staging/data``) into reports/gpu/data;
+    returns their names."""
+    reports = REPORTS if reports is None else reports
+    out = []
+    for f in sorted((staging / "data").glob("*.json")):
+        dest = reports / "data" / f.name
+        if not dest.exists() or dest.read_bytes() != f.read_bytes():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest)
+            out.append(f.name)
+    return out
+
+
+def new_traces(since: float, traces: Path | None = None) -> list[Path]:
+    """Profiler traces (build/traces/*.json) written since ``since`` (time.time()): the notebook's own."""
+    traces = ROOT / "build" / "traces" if traces is None else traces
+    return sorted(t for t in traces.glob("*.json") if t.stat().st_mtime >= since)
+
+
+def suite_facts() -> dict:
+    """pinlab.device.facts() (and the GPU's UUID), read in a child process: this process never holds a CUDA
+    context, so that it is not itself a process on the GPU when the suite looks for others (and in a container
+    whose pids NVML does not report as its own, none of its processes is listed while no kernel runs)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from pinlab.device import facts, _gpu_uuid; "
+            "f = facts(); f['uuid'] = _gpu_uuid() if f['cuda_available'] else None; print(json.dumps(f))")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT / "lib")], capture_output=True, text=True,
+                         timeout=600, env={k: v for k, v in os.environ.items() if k != "PINLAB_SUITE_PASS"})
+    if res.returncode != 0:
+        raise RuntimeError(f"reading the machine's facts failed: {(res.stderr or res.stdout).strip()[-800:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def meta_of(f: dict) -> dict:
+    return {"gpu": f["gpu"], "driver": f["driver"], "capability": f["capability"], "torch": f["torch"],
+            "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"], "python": platform.python_version()}
 
 
 def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT, nbval: bool = False) -> int:
@@ -176,18 +461,37 @@ def one_line(exc: BaseException) -> str:
     return f"{name}: {value}"[:300]
 
 
-def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
+def executed_copy(rel: str) -> Path:
+    """Where a pass that writes no committed output keeps a notebook's executed form (build/gpu-suite/executed/)."""
+    return BUILD / "executed" / rel
+
+
+def execute_notebook(p, n: int, args, meta, query=None) -> tuple[dict, dict]:
     """Execute one notebook ``n`` times; returns (its latest.json row, its stability entry with this call's runs).
 
-    With --stability-only the notebook in place and the recorded data are left alone (nothing nbval checks)."""
+    The conditions (other processes on the GPU, the host's load, usable cores) are sampled before and after each
+    execution; the row's ``conditions`` are those of the last one (:func:`notebook_conditions`). In the quiet
+    reference pass the kernel records into a staging copy of reports/gpu/data, and the last execution's notebook
+    (in place), recordings and profiler traces are kept only where its run was quiet; otherwise the row's status
+    is "not quiet" and nothing committed changes. Other passes record nothing: --stability-only keeps no
+    notebook, a development pass (--shared, --keep-going) keeps it under build/gpu-suite/executed/."""
     rel = p.relative_to(ROOT).as_posix()
+    which = suite_pass(args)
     allow_errors = args.keep_going or n > 1
-    env = {} if args.stability_only else {"PINLAB_RECORD": "1"}
+    staging = staging_dir()
+    env = {"PINLAB_SUITE_PASS": which}
+    if which == QUIET:
+        env.update(PINLAB_RECORD="1", PINLAB_DATA_DIR=str(staging / "data"))
     runs, deps, secs, cell_secs, failed_runs, problem = [], set(), [], {}, 0, ""
-    nb = None
+    nb, start, end, t_wall = None, None, None, time.time()
     for r in range(1, n + 1):
+        if which == QUIET:
+            prepare_staging(staging)
+        t_wall = time.time()
+        start = sample_conditions(meta.get("uuid"), query)
         res = nbtools.run_notebook(p, timeout=args.cell_timeout, env=env, allow_errors=allow_errors,
                                    record_deps=True, write=False)
+        end = sample_end(meta.get("uuid"), query)
         nb = res["nb"]
         secs.append(round(res["seconds"], 1))
         cell_secs = res["cell_seconds"]
@@ -209,10 +513,27 @@ def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
             print(f"    run {r}/{n}: ok in {res['seconds']:.1f} s" if n > 1 else f"    executed in {res['seconds']:.1f} s",
                   flush=True)
     status = "failed" if problem else "executed"  # the last execution decides; stability.json keeps every run
-    if not args.stability_only:
-        import nbformat
+    conditions = notebook_conditions(which, meta["gpu"], start, end)
+    import nbformat
 
+    if which == QUIET and conditions["quiet"]:
         nbformat.write(nb, str(p))  # the last execution stays in place (nbval runs on it; its outputs are committed)
+        kept = publish_staging(staging)
+        for t in new_traces(t_wall):
+            (REPORTS / "traces").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(t, REPORTS / "traces" / t.name)
+            kept.append(f"traces/{t.name}")
+        print(f"    quiet (no other process on the GPU at its start or end): kept the notebook in place and "
+              f"{len(kept)} files under reports/gpu/", flush=True)
+    elif which != "stability":
+        copy = executed_copy(rel)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(copy))
+        if which == QUIET:
+            print(f"    NOT QUIET ({conditions['why_not_quiet']}): its outputs, recordings and traces were not "
+                  f"kept (the executed notebook is {copy.relative_to(ROOT)})", flush=True)
+    if which == QUIET:
+        shutil.rmtree(staging, ignore_errors=True)
     deps_list = sorted(deps)
     now = utc_now()
     src_sha = nbtools.source_sha256(nbtools.load(p))
@@ -222,6 +543,7 @@ def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
         "utc": now, "gpu": meta["gpu"], "torch": meta["torch"],
         "slowest_cells": sorted(([i, s] for i, s in cell_secs.items()), key=lambda t: -t[1])[:3],
         "overhead_seconds": round(secs[-1] - sum(cell_secs.values()), 1),
+        "conditions": conditions,
     }
     if problem:
         row["problem"] = problem
@@ -230,6 +552,9 @@ def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
     if not deps_list:
         row["status"] = "failed"
         row["problem"] = row.get("problem") or "the deps cell did not run: no lib/ files recorded"
+    if which == QUIET and not conditions["quiet"]:
+        row["status"] = "not quiet"
+        row["problem"] = f"not quiet: {conditions['why_not_quiet']}; nothing of it was kept: run it again alone"
     # deps are missing only where a failing cell stopped every run: merge_stability then takes them from the
     # notebook's earlier runs on the same source, if any
     stab = {"path": rel, "source_sha256": src_sha, "deps": deps_list, "deps_sha256": row["deps_sha256"],
@@ -238,10 +563,11 @@ def execute_notebook(p, n: int, args, meta) -> tuple[dict, dict]:
 
 
 def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
-                require_gpu: bool = True) -> tuple[dict, dict | None, float, dict]:
+                require_gpu: bool = True, which: str = QUIET) -> tuple[dict, dict | None, float, dict]:
     """One pytest run: nbval on ``notebooks`` and the gpu unit tests in ``test_files`` (``require_gpu=False``
-    only to try it out on a CPU). Returns (per notebook results, unit test results, seconds, the nbval
-    capture: {path: [cell records]}, evidence.read_nbval_capture)."""
+    only to try it out on a CPU; ``which``: the pass, $PINLAB_SUITE_PASS of its kernels, which record nothing).
+    Returns (per notebook results, unit test results, seconds, the nbval capture: {path: [cell records]},
+    evidence.read_nbval_capture)."""
     t0 = time.perf_counter()
     if not notebooks and not test_files:
         return {}, None, 0.0, {}
@@ -253,7 +579,8 @@ def pytest_pass(notebooks: list[str], test_files: list[str], args, log_path,
            *(["--require-gpu"] if require_gpu else []), "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
            f"--nbval-cell-timeout={args.cell_timeout}", *notebooks, *test_files]
     print(f"pytest: nbval on {len(notebooks)} notebooks + gpu unit tests in {len(test_files)} files ...", flush=True)
-    env = dict(os.environ, PINLAB_PYTEST_LOG=jsonl, PINLAB_NBVAL_CAPTURE=capture_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PINLAB_RECORD", "PINLAB_DATA_DIR")}
+    env.update(PINLAB_PYTEST_LOG=jsonl, PINLAB_NBVAL_CAPTURE=capture_path, PINLAB_SUITE_PASS=which)
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         out = res.stdout + res.stderr
@@ -358,7 +685,7 @@ TOGETHER = ("b", "c", "d", "e")  # --adverse-together: these four at once, each 
 CHECKOUT = ("conftest.py", "pyproject.toml", "lib", "notebooks", "examples", "tools", "tests/nbval_sanitize.cfg", "reports/gpu")
 #: the variables a condition sets; cleared from every adverse process's environment before its own are set
 IMITATION_VARS = ("PINLAB_RECORD", "PINLAB_VRAM_LIMIT_GIB", "PINLAB_PINNED_LIMIT_GIB", "PINLAB_NO_FLASHINFER",
-                  "PINLAB_SIMULATE_NO_GPU_TRACE", "OMP_NUM_THREADS")
+                  "PINLAB_SIMULATE_NO_GPU_TRACE", "OMP_NUM_THREADS", "PINLAB_SUITE_PASS", "PINLAB_DATA_DIR")
 PIN_WRAPPER = ("import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
                "os.execvp(sys.argv[2], sys.argv[2:])")  # taskset where there is none
 
@@ -755,13 +1082,30 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     sys.path.insert(0, str(ROOT / "lib"))
-    from pinlab.device import facts
+    which = suite_pass(args)
+    command = "python3 tools/gpu_suite.py" + (" " + " ".join(argv) if argv else "")
+    try:
+        with suite_lock(which == QUIET, which, command):
+            f = suite_facts()
+            meta = {**meta_of(f), "uuid": f.get("uuid")}
+            if which == QUIET:
+                # sampled like a notebook's end: the facts' child process, just gone, may stay listed a moment
+                why = refusal(sample_end(meta["uuid"])["other_gpu_processes"])
+                if why:
+                    print(why, flush=True)
+                    return REFUSED
+            if which == "adverse":
+                return run_adverse(args, argv, meta_of(f), t_start)
+            return run_suite(args, argv, meta, command, t_start)
+    except SuiteBusy as exc:
+        print(refusal([], exc.holders) if exc.exclusive else f"gpu_suite: refused: {exc}.", flush=True)
+        return REFUSED
 
-    if args.adverse is not None or args.adverse_together:
-        f = facts()
-        meta = {"gpu": f["gpu"], "driver": f["driver"], "capability": f["capability"], "torch": f["torch"],
-                "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"], "python": platform.python_version()}
-        return run_adverse(args, argv, meta, t_start)
+
+def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
+    """The suite without --adverse, once the lock is held (and, for the quiet reference pass, the GPU found
+    unshared); ``meta``: the GPU and versions (and ``uuid``, the GPU's, which the conditions look at)."""
+    which = suite_pass(args)
     all_paths = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
     paths = select(all_paths, args.only)
     if not paths:
@@ -792,16 +1136,17 @@ def main(argv: list[str]) -> int:
         if not paths:
             print("gpu_suite: no notebook fits into the budget")
             return 2
-    f = facts()
-    meta = {"gpu": f["gpu"], "driver": f["driver"], "capability": f["capability"], "torch": f["torch"],
-            "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"], "python": platform.python_version()}
-    command = "python3 tools/gpu_suite.py" + (" " + " ".join(argv) if argv else "")
-    out_dir = ROOT / "build" / "gpu-suite" if args.keep_going else REPORTS
+    uuid = meta.get("uuid")
+    meta = {k: v for k, v in meta.items() if k != "uuid"}  # latest.json and stability.json keep the GPU's name
+    dev = which == "development"
+    out_dir = BUILD if dev else REPORTS
     out_dir.mkdir(parents=True, exist_ok=True)
     phases = {"set-up": time.perf_counter() - t_start}
     print(f"GPU suite on {meta['gpu']} (torch {meta['torch']}, FlashInfer {meta['flashinfer']}): {len(paths)} notebooks"
           + (f", up to {max(counts.values())} executions each" if max(counts.values()) > 1 else "")
-          + (" (stability runs only)" if args.stability_only else ""), flush=True)
+          + {QUIET: " (the quiet reference pass: it alone on the GPU)", "stability": " (stability runs only)",
+             "development": " (a development pass: reports under build/gpu-suite/ only, nothing committed written)"}[which],
+          flush=True)
 
     # 1. execute
     t0 = time.perf_counter()
@@ -811,7 +1156,7 @@ def main(argv: list[str]) -> int:
         print(f"[{i}/{len(paths)}] executing {rel}" + (f" {counts[rel]} times" if counts[rel] > 1 else "") + " ...",
               flush=True)
         try:
-            row, s = execute_notebook(p, counts[rel], args, meta)
+            row, s = execute_notebook(p, counts[rel], args, dict(meta, uuid=uuid))
         except Exception as exc:  # noqa: BLE001 - one broken notebook must not stop the others
             print(f"    FAILED: {one_line(exc)}", flush=True)
             row, s = {"path": rel, "status": "failed", "seconds": None, "problem": one_line(exc), "utc": utc_now(),
@@ -819,18 +1164,18 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         if s is not None:
             stab.append(s)
+    shutil.rmtree(staging_dir(), ignore_errors=True)  # left by a notebook whose execution raised
     phases["execution"] = time.perf_counter() - t0
-    traces = REPORTS / "traces"
-    for t in [] if args.stability_only else sorted((ROOT / "build" / "traces").glob("*.json")):
-        traces.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(t, traces / t.name)
-        print(f"kept {t.relative_to(ROOT)} as {(traces / t.name).relative_to(ROOT)} ({t.stat().st_size // 1024} KiB)")
 
-    # 2. nbval on what executed, and the gpu unit tests, in one pytest run
+    # 2. nbval on what executed, and the gpu unit tests, in one pytest run (a development pass: on the executed
+    #    copies under build/gpu-suite/executed/, whose results are mapped back to the notebooks' paths)
     executed = [] if args.stability_only else [r["path"] for r in rows if r["status"] == "executed"]
+    target = {(executed_copy(rel).relative_to(ROOT).as_posix() if dev else rel): rel for rel in executed}
     test_files = [] if args.no_unit_tests or args.stability_only else gpu_test_files()
-    nb_res, unit, phases["nbval + unit tests"], capture = pytest_pass(executed, test_files, args,
-                                                                      out_dir / "nbval.log")
+    nb_res, unit, phases["nbval + unit tests"], capture = pytest_pass(list(target), test_files, args,
+                                                                      out_dir / "nbval.log", which=which)
+    nb_res = {target.get(k, k): v for k, v in nb_res.items()}
+    capture = {target.get(k, k): v for k, v in capture.items()}
     # each notebook's nbval pass is one more stability run (where nbval ran the executions' source, deps unchanged)
     _, nbval_skipped = evidence.add_nbval_runs([s for s in stab if s["path"] in executed], capture, meta,
                                                utc_now())
@@ -855,18 +1200,20 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     keep = {p.relative_to(ROOT).as_posix() for p in all_paths}
     if not args.stability_only:
-        latest = out_dir / ("keep-going.json" if args.keep_going else "latest.json")
-        # under the lock, merged with the file as it is now: plain suites on disjoint --only sets may run at once
+        latest = out_dir / ("development.json" if dev else "latest.json")
+        # only the quiet reference pass writes latest.json (the suite's exclusive lock: no other suite runs), and only
+        # the notebooks whose run was quiet: a notebook that was not keeps its previous entry while that holds
+        reported = [r for r in rows if r["status"] != "not quiet"]
         with stability_lock(latest):
             current = load_json(latest) if latest == REPORTS / "latest.json" else old_latest
-            report, dropped = build_report(current or {}, rows, unit, meta, command, keep)
+            report, dropped = build_report(current or {}, reported, unit, meta, command, keep)
             latest.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {latest.relative_to(ROOT)} ({len(rows)} entries from this run, "
-              f"{len(report['notebooks']) - len(rows)} kept)")
+        print(f"wrote {latest.relative_to(ROOT)} ({len(reported)} entries from this run, "
+              f"{len(report['notebooks']) - len(reported)} kept)")
         for why in dropped:
             print(f"    dropped a stale entry: {why}")
     if stab:
-        spath = out_dir / ("keep-going-stability.json" if args.keep_going else "stability.json")
+        spath = out_dir / ("development-stability.json" if dev else "stability.json")
         # read again under a lock: suites started at once on disjoint --only sets (the runs of a short lease
         # spread over one GPU) each add their runs to the file as it is now, not as it was at their start
         with stability_lock(spath):

@@ -1,18 +1,27 @@
 """Build notebooks/NN.ipynb and solutions/NN.ipynb from their sources in */src/NN.py.
 
-Outputs are kept while no code cell changed; otherwise the notebook is left unexecuted until the
-GPU suite (make gpu-suite) runs it. ``--check`` fails when a notebook is out of date.
+First it writes the install cell (tools/install_cell.py: from pyproject.toml's repository address) into every
+source that lacks it or has an old one. Outputs are kept while no code cell changed; otherwise the notebook is
+left unexecuted until the GPU suite (make gpu-suite) runs it. ``--check`` fails when a notebook or a source's
+install cell is out of date, and writes nothing.
 """
 from __future__ import annotations
 
 import sys
 
+import install_cell
 import nbtools
 
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
+    if check:
+        stale += [f"{p.relative_to(nbtools.ROOT).as_posix()} (its install cell: run `make notebooks`)"
+                  for p in install_cell.stale(nbtools.ROOT)]
+    else:
+        for p in install_cell.write(nbtools.ROOT):
+            print(f"install cell written: {p.relative_to(nbtools.ROOT).as_posix()}")
     for d in nbtools.NOTEBOOK_DIRS:
         for src in sorted((nbtools.ROOT / d / "src").glob("*.py")):
             target = nbtools.ROOT / d / (src.stem + ".ipynb")

@@ -21,6 +21,9 @@ Two kinds of statement, one helper each:
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 from .timing import show, wrapped
 
 __all__ = ["ClaimError", "claim", "claims", "observe"]
@@ -37,13 +40,43 @@ def _text(name: str, text) -> str:
     return text.strip()
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _truth(name: str, holds) -> bool:
-    if holds is None or isinstance(holds, (str, bytes)):
-        raise TypeError(f"{name} must be a bool (whether the claim held), got {type(holds).__name__}")
-    try:
-        return bool(holds)
-    except Exception as exc:  # a tensor of several values: ambiguous
-        raise TypeError(f"{name} must be a bool (whether the claim held); bool() of it failed: {exc}") from None
+    """``holds`` as a bool: a bool, or one bool in a numpy/torch container (``torch.equal``, ``(a == b).all()``).
+    A count, a float or None is refused: ``bool(3)`` and ``bool(nan)`` are True, a silently wrong claim."""
+    if isinstance(holds, bool):
+        return holds
+    dtype = str(getattr(holds, "dtype", ""))
+    if dtype in ("bool", "torch.bool"):
+        numel = getattr(holds, "numel", None)
+        size = numel() if callable(numel) else getattr(holds, "size", None)
+        if size == 1:
+            return bool(holds)
+        raise TypeError(f"{name} must be one bool (whether the claim held), got {size} of them in a "
+                        f"{type(holds).__name__}: reduce it with .all() or .any()")
+    raise TypeError(f"{name} must be a bool (whether the claim held), got {type(holds).__name__} ({_short(holds)}); "
+                    "compare it (`count == 0`), or for an exact count use pinlab.claims({text: count}, "
+                    "expect={text: 0})")
+
+
+def _count(name: str, value):
+    """A count a claim compares with its exact expected value: an int (or a whole number), never NaN."""
+    if not isinstance(value, numbers.Number) and callable(getattr(value, "item", None)):
+        numel = getattr(value, "numel", None)
+        size = numel() if callable(numel) else getattr(value, "size", None)
+        if size != 1:
+            raise TypeError(f"{name} must be one number (a count), got {size} of them in a {type(value).__name__}")
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number (a count compared with expect), got {type(value).__name__} "
+                        f"({_short(value)})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite count, got {value}")
+    return value
 
 
 def _why(why) -> str:
@@ -56,6 +89,7 @@ def failure_message(text: str, value=None, why: str | None = None) -> str:
     """The message of a failed claim: the claim, this run's value, why it may not hold, and this machine."""
     from .probe import machine_summary
 
+    text, why = _text("text", text), (_why(why) if why not in (None, "") else "")
     parts = [f"Claim did not hold in this run: {text}."]
     if value is not None:
         parts.append(f"This run's value: {value}.")
@@ -76,6 +110,8 @@ def claim(text: str, holds, *, value=None, why: str | None = None, shown=True) -
     text = _text("text", text)
     ok = _truth("holds", holds)
     why = _why(why)
+    if not isinstance(shown, bool):
+        raise TypeError(f"shown must be True or False, got {type(shown).__name__} ({_short(shown)})")
     if shown:
         print(wrapped(f"{text}: {ok}"))
     if not ok:
@@ -85,33 +121,44 @@ def claim(text: str, holds, *, value=None, why: str | None = None, shown=True) -
 
 def claims(mapping: dict, *, why=None, values: dict | None = None, expect=None) -> bool:
     """Print ``claim: value`` for every entry of ``mapping`` (claim text -> bool, or a count with
-    ``expect``), then fail, like :func:`claim`, on the first that does not hold.
+    ``expect``), then fail, like :func:`claim`, on the first that does not hold (every entry is judged).
 
     ``why``: one sentence for all, or a dict claim text -> sentence; ``values``: claim text -> the value
     behind it (for the message); ``expect``: claim text -> the exact value a count must have (e.g. 0).
+    Every argument is checked before anything is printed.
     """
     if not isinstance(mapping, dict) or not mapping:
-        raise TypeError("mapping must be a non-empty dict of claim text -> whether it held")
+        raise TypeError("mapping must be a non-empty dict of claim text -> whether it held, got "
+                        f"{type(mapping).__name__} ({_short(mapping)})")
+    texts = {_text("each key of mapping (a claim in words)", k): k for k in mapping}
+    if len(texts) != len(mapping):
+        raise ValueError("mapping names a claim twice (two keys equal once stripped of spaces)")
     if why is not None and not isinstance(why, (str, dict)):
         raise TypeError(f"why must be a str or a dict of claim text -> str, got {type(why).__name__}")
     values = {} if values is None else values
     expect = {} if expect is None else expect
-    for name, arg in (("values", values), ("expect", expect)):
+    for name, arg in (("values", values), ("expect", expect)) + ((("why", why),) if isinstance(why, dict) else ()):
         if not isinstance(arg, dict):
             raise TypeError(f"{name} must be a dict keyed by claim text, got {type(arg).__name__}")
         unknown = [k for k in arg if k not in mapping]
         if unknown:
-            raise ValueError(f"{name} names claims that are not in mapping: {unknown[:3]}")
-    for text, value in mapping.items():
-        print(wrapped(f"{_text('a claim', text)}: {value}"))
-    for text, value in mapping.items():
-        ok = value == expect[text] if text in expect else _truth(f"mapping[{text!r}]", value)
-        if not ok:
-            reason = why.get(text) if isinstance(why, dict) else why
-            shown = values.get(text, value)
-            if text in expect:
-                shown = f"{shown} (expected exactly {expect[text]})"
-            raise ClaimError(failure_message(text, shown, _why(reason)))
+            raise ValueError(f"{name} names claims that are not in mapping: {unknown[:3]} (use mapping's keys)")
+    reasons = {k: _why(why.get(k) if isinstance(why, dict) else why) for k in mapping}
+    verdicts = {}
+    for key, value in mapping.items():
+        if key in expect:
+            want = _count(f"expect[{key!r}]", expect[key])
+            verdicts[key] = _count(f"mapping[{key!r}]", value) == want
+        else:
+            verdicts[key] = _truth(f"mapping[{key!r}]", value)
+    for key, value in mapping.items():
+        print(wrapped(f"{key.strip()}: {value}"))
+    for key, value in mapping.items():
+        if not verdicts[key]:
+            shown = values.get(key, value)
+            if key in expect:
+                shown = f"{shown} (expected exactly {expect[key]})"
+            raise ClaimError(failure_message(key.strip(), shown, reasons[key]))
     return True
 
 

@@ -25,6 +25,7 @@ do yet (issue 28 gives the emulation these rules; where it has one, the rule her
 from __future__ import annotations
 
 import torch
+from .streams import _tensors  # one walker over nested args
 from torch.overrides import TorchFunctionMode
 
 #: torch's error for pinned memory on a CUDA device (``empty_cuda``, ``aten/src/ATen/cuda/EmptyTensor.cpp``)
@@ -39,15 +40,6 @@ _EMPTY_FACTORIES = {"zeros", "empty", "ones", "full", "arange", "zeros_like", "e
 _DATA_FACTORIES = {"tensor", "as_tensor", "asarray", "new_tensor"}
 
 
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 class CudaRules(TorchFunctionMode):

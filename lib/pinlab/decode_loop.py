@@ -39,7 +39,7 @@ from .paged_kv import (
     page_indices,
     reference_decode,
 )
-from .steploop import Staging, corruption_summary, strategies_arg, time_summary_us
+from .steploop import RunAheadGate, Staging, corruption_summary, strategies_arg, time_summary_us
 
 def decode_schedule(steps: int, max_batch: int, max_seq_len: int, *, seed: int,
                     join_prob: float = 0.3, leave_prob: float = 0.06) -> dict:
@@ -357,7 +357,7 @@ def _decode_gpu_side(setup, attention, dst, n, outs, used):
 
 
 def decode_loop(stream, setup: DecodeSetup, attention, strategy: str, *, steps: int, busy_ms: float,
-                ahead: int | None, ring_depth: int = 3) -> dict:
+                run_ahead: int | None, ring_depth: int = 3) -> dict:
     """One strategy through the decode loop on ``stream``: the device rows each copy delivered,
     the page indices each step used, the outputs, host ns per step and the pinned bytes held."""
     stream.release()
@@ -370,11 +370,9 @@ def decode_loop(stream, setup: DecodeSetup, attention, strategy: str, *, steps: 
     with stream:
         dst = torch.zeros(steps, n_ints, dtype=torch.int32, device=stream.device)
         staging = Staging(stream, strategy, n_ints, ring_depth)
-        n_ev = (ahead or 0) + 1
-        done = [stream.Event() for _ in range(n_ev)] if ahead else None
+        gate = RunAheadGate(stream, run_ahead)
         for n in range(steps):
-            if ahead and n >= ahead:
-                done[(n - ahead) % n_ev].synchronize()
+            gate.wait(n)
             t0 = time.perf_counter_ns()
             src = staging.stage(_write_metadata, (setup.ip_np[n], setup.lpl_np[n], mb))
             dst[n].copy_(src, non_blocking=True)
@@ -382,15 +380,14 @@ def decode_loop(stream, setup: DecodeSetup, attention, strategy: str, *, steps: 
             del src
             host_ns[n] = time.perf_counter_ns() - t0
             stream.launch(_decode_gpu_side, setup, attention, dst, n, outs, used)
-            if ahead:
-                done[n % n_ev].record()
+            gate.record(n)
             stream.busy(busy_ms)
         held = stream.pinned_bytes() - base
         stream.synchronize()
         rows = dst.cpu().tolist()
         used_cpu = [u.cpu() for u in used]
         outs_cpu = [o.float().cpu() for o in outs]
-        del staging, dst, done, outs, used
+        del staging, dst, gate, outs, used
     stream.release()
     return {"rows": rows, "used": used_cpu, "outs": outs_cpu, "host_ns": host_ns, "pinned_bytes_held": int(held)}
 
@@ -445,7 +442,7 @@ def decode_accounting(setup_like, raw: dict, refs, *, tol: float, gpu_last_page_
 
 
 def check_args(*, strategies, steps, max_batch, page_size, max_seq_len, num_qo_heads, num_kv_heads, head_dim,
-               busy_ms, ring, ahead, seed, backend, tol) -> dict:
+               busy_ms, ring, run_ahead, seed, backend, tol) -> dict:
     """The decode experiment's arguments, checked (before any stream is made)."""
     strategies = strategies_arg(strategies, allow_no_copy=False)
     steps = positive_int("steps", steps)
@@ -454,11 +451,11 @@ def check_args(*, strategies, steps, max_batch, page_size, max_seq_len, num_qo_h
     max_seq_len = positive_int("max_seq_len", max_seq_len)
     busy_ms = positive_number("busy_ms", busy_ms)
     ring = positive_int("ring", ring)
-    ahead = positive_int("ahead", ahead)
-    if ahead > ring:
+    run_ahead = positive_int("run_ahead", run_ahead, allow_zero=True)
+    if run_ahead >= ring:
         raise ValueError(
-            f"ahead ({ahead}) must be <= ring ({ring}): a wrapper is re-planned every `ring` steps, and "
-            "re-planning one whose previous plan has not run yet overwrites FlashInfer's own pinned "
+            f"run_ahead ({run_ahead}) must be less than ring ({ring}): a wrapper is re-planned every `ring` steps, "
+            "and re-planning one whose previous plan has not run yet overwrites FlashInfer's own pinned "
             "plan buffer (an illegal memory access on the H200)")
     tol = positive_number("tol", tol)
     num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
@@ -472,11 +469,11 @@ def check_args(*, strategies, steps, max_batch, page_size, max_seq_len, num_qo_h
     one_of("backend", backend, {"auto", "flashinfer", "torch"})
     return dict(strategies=strategies, steps=steps, max_batch=max_batch, page_size=page_size,
                 max_seq_len=max_seq_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                busy_ms=busy_ms, ring=ring, ahead=ahead, seed=seed, backend=backend, tol=tol)
+                busy_ms=busy_ms, ring=ring, run_ahead=run_ahead, seed=seed, backend=backend, tol=tol)
 
 
 def every_strategy(stream, *, strategies, steps, max_batch, page_size, max_seq_len, num_qo_heads, num_kv_heads,
-                   head_dim, busy_ms, ring, ahead, seed, backend, tol) -> dict:
+                   head_dim, busy_ms, ring, run_ahead, seed, backend, tol) -> dict:
     """This decode loop, for every strategy (arguments as :func:`pinlab.lessons.l03_the_race.decode_race`,
     checked by :func:`check_args`; ``stream`` already a stream). On the emulated stream the attention
     is :func:`torch_paged_decode`: FlashInfer needs CUDA."""
@@ -513,11 +510,12 @@ def every_strategy(stream, *, strategies, steps, max_batch, page_size, max_seq_l
             if reason is None:
                 reason = "the torch backend was asked for"
     warm = min(steps, 2 * ring + 2)
-    decode_loop(stream, setup, attention, "pageable", steps=warm, busy_ms=min(busy_ms, 0.05), ahead=ahead,
+    decode_loop(stream, setup, attention, "pageable", steps=warm, busy_ms=min(busy_ms, 0.05), run_ahead=run_ahead,
                  ring_depth=ring)
     runs = {}
     for s in strategies:
-        raw = decode_loop(stream, setup, attention, s, steps=steps, busy_ms=busy_ms, ahead=ahead, ring_depth=ring)
+        raw = decode_loop(stream, setup, attention, s, steps=steps, busy_ms=busy_ms, run_ahead=run_ahead,
+                          ring_depth=ring)
         acc = decode_accounting(setup, raw, refs, tol=tol, gpu_last_page_len=attention.name == "torch")
         acc["host"] = time_summary_us(raw["host_ns"])
         acc["pinned_bytes_held"] = raw["pinned_bytes_held"]
@@ -534,7 +532,7 @@ def every_strategy(stream, *, strategies, steps, max_batch, page_size, max_seq_l
         "leaves": sum(1 for n in range(1, steps) for r in sched[n - 1]["req_ids"] if r not in sched[n]["req_ids"]),
         "tol": tol,
         "ring": ring,
-        "ahead": ahead,
+        "run_ahead": run_ahead,
         "busy_ms": busy_ms,
         "runs": runs,
     }

@@ -14,19 +14,21 @@ Every event names the kind of stall, the torch call, and your ``file:line`` (the
 frame outside pinlab and torch, or in a function named in ``detect_stalls(callers=[fn])``: the
 course's reference loops live in pinlab, and name their own lines so). What is reported:
 
-* an H2D or D2H copy with ``non_blocking=True`` whose host side is **pageable** (the driver
-  stages it through its own pinned buffer; the copy is asynchronous only until that pool is
-  full, so ``non_blocking`` is "fake") or **pinned but not laid out for a direct DMA**
-  (torch first makes a pageable contiguous copy on the host, same effect). This is what
-  ``torch.cuda.set_sync_debug_mode("warn")`` misses, and what vLLM #53491 added to vLLM's own
-  checker;
+* an H2D or D2H copy with ``non_blocking=True`` whose host side is **pageable** (an H2D copy is
+  staged by the driver through its own pinned buffer and returns at once only while the driver
+  stages it, up to limits it does not document; a D2H copy into pageable memory always waited until
+  it had completed in lesson 02: either way ``non_blocking`` is "fake") or **pinned but not laid
+  out for a direct DMA** (torch first makes a pageable contiguous copy on the host, same effect). This is what
+  ``torch.cuda.set_sync_debug_mode("warn")`` misses (docs/facts.md F10), and what vLLM #53491 added
+  to vLLM's own checker;
 * every **blocking copy** between the CPU and the GPU: ``copy_``/``to``/``cuda`` without
   ``non_blocking=True``, ``.cpu()`` of a GPU tensor, ``gpu_tensor[...] = cpu_tensor``;
 * every **host sync** that reads a GPU value into Python: ``.item()``, ``.tolist()``,
   ``bool()/int()/float()/index()/complex()`` and f-string formatting of a GPU tensor;
 * ``torch.tensor(..., device="cuda")`` and its relatives (``torch.as_tensor``,
   ``torch.asarray``, ``Tensor.new_tensor``) from host data: the data is copied with a
-  blocking, pageable copy.
+  blocking, pageable copy. Not when the data has no element (``torch.tensor([], device="cuda")``
+  copies nothing; lesson 09 checks it against the profiler's trace).
 
 Not reported (use ``torch.cuda.set_sync_debug_mode("warn")`` alongside for these): ops whose
 *kernel* needs a sync (``nonzero``, boolean-mask indexing, ``unique``, ``repeat_interleave``
@@ -392,6 +394,21 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def copies_nothing(data) -> bool:
+    """True when ``data`` (a factory's host data: a tensor, a numpy array, a nested list or tuple) has no
+    element: ``torch.tensor([], device="cuda")`` allocates and copies nothing, so it makes no one wait
+    (transformers' ``cache_utils.py`` ``DynamicLayer.lazy_initialization`` makes two per layer; the profiler
+    shows no copy for them: lesson 09)."""
+    if isinstance(data, torch.Tensor):
+        return data.numel() == 0
+    size = getattr(data, "size", None)
+    if isinstance(size, numbers.Integral) and not isinstance(data, (list, tuple)):
+        return size == 0  # a numpy array
+    if isinstance(data, (list, tuple)):
+        return all(isinstance(d, (list, tuple)) and copies_nothing(d) for d in data)
+    return False
+
+
 def _copy_detail(src_type, dst_type, non_blocking, extra=""):
     text = f"{src_type} -> {dst_type}, non_blocking={non_blocking}"
     return f"{text}, {extra}" if extra else text
@@ -517,8 +534,8 @@ def _make_factory_handler(op):
                 device = _default_device_type()
         dst_type = _device_type(device)
         src_type = data.device.type if isinstance(data, torch.Tensor) else "cpu"
-        if dst_type is None:
-            return None
+        if dst_type is None or copies_nothing(data):
+            return None  # no element: nothing is copied, no one waits
         kind = classify(op, src_type, dst_type, device_type=device_type)
         if kind is None:
             return None

@@ -118,12 +118,17 @@ def doctor(verbose: bool = True) -> dict:
         checks.append({"check": name, "ok": bool(ok), "note": note, "required": required})
 
     add("python >= 3.10", sys.version_info >= (3, 10), sys.version.split()[0])
-    for mod in ("torch", "numpy", "matplotlib", "tqdm", "nbformat"):
+    # the library's requirements (pyproject.toml's dependencies), then the notebook tools of the "lab" extra, which
+    # only `make setup`'s commands need (a plain `pip install` of the course, on Colab, leaves them out)
+    for mod, required in (("torch", True), ("numpy", True), ("matplotlib", True), ("tqdm", True),
+                          ("nbformat", False)):
         try:
             m = importlib.import_module(mod)
-            add(f"import {mod}", True, getattr(m, "__version__", ""))
+            add(f"import {mod}", True, getattr(m, "__version__", ""), required=required)
         except Exception as exc:  # pragma: no cover - depends on the machine
-            add(f"import {mod}", False, f"{type(exc).__name__}: {exc}; run `make setup`")
+            add(f"import {mod}", False, f"{type(exc).__name__}: {exc}; run `make setup`"
+                + ("" if required else " (only make run, make notebooks and the GPU suite need it)"),
+                required=required)
     f = facts()
     add("CUDA GPU", f["cuda_available"],
         f"{f['gpu']} (cc {f['capability']})" if f["cuda_available"] else "none: lessons replay the recorded GPU run",

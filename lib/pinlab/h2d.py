@@ -1,23 +1,27 @@
-"""Honest host-to-device copies: stage into fresh pinned memory, then copy with ``non_blocking``.
+"""Honest host-to-device copies: stage into pinned memory, then copy with ``non_blocking``.
 
 Two tools, for two situations:
 
-* :func:`async_tensor_h2d` (vLLM's helper, ``vllm/utils/torch_utils.py``): you have *host data*
-  (a Python list, a numpy array, a CPU tensor) and want it on the GPU now, without the host
-  waiting. It builds a fresh pinned, contiguous host tensor and returns
-  ``pinned.to(device, non_blocking=True)``: a new GPU tensor.
+* :func:`async_tensor_h2d` (after vLLM's helper, ``vllm/utils/torch_utils.py``): you have *host
+  data* (a Python list, a numpy array, a CPU tensor) and want it on the GPU now, without the host
+  waiting. It stages the data in a pinned, contiguous host tensor and returns
+  ``pinned.to(device, non_blocking=True)``: a new GPU tensor. The staging tensor is fresh unless the
+  data already is a pinned, contiguous tensor of the right dtype, which is used as it is. vLLM 0.29
+  does the same: it calls ``data.pin_memory()``, which copies a pageable tensor into a fresh pinned
+  one and returns an already pinned tensor itself (docs/facts.md F1, F11).
 * :func:`pin_snapshot`: you copy into a GPU buffer of your own (``gpu_buf[:n].copy_(...,
   non_blocking=True)``, the FlashInfer metadata pattern in vLLM 0.29) from a host buffer that
   you *reuse* every step. Copy from ``pin_snapshot(host_buf[:n])``: the snapshot is private to
   this copy, so step N+1 may rewrite ``host_buf`` while step N's copy is still pending.
 
 Why a fresh pinned tensor: a ``non_blocking`` copy from *pageable* memory is staged by the
-driver and is asynchronous only until its staging pool fills (the "fake non_blocking"); from
+driver and returns at once only while the driver stages it (the "fake non_blocking" when it
+waits: above a size, or once its staging pool fills; lesson 02); from
 a *reused pinned* buffer it is truly asynchronous, so the GPU may read the buffer after the
 host has already refilled it (the race: 199 of 200 steps wrong on the H200). A fresh block
 from PyTorch's caching host allocator is not handed out again until the copy that used it has
-completed (the allocator records an event on the stream), so it is both asynchronous and
-race-free.
+completed (the allocator records an event on the stream: docs/facts.md F4), so it is both
+asynchronous and race-free.
 
 The trap: ``t.pin_memory()`` of a tensor that is already pinned (or a view of pinned memory)
 returns ``t`` itself, the same storage: no snapshot, the race stays. :func:`pin_snapshot`
@@ -166,10 +170,12 @@ def async_tensor_h2d(data, dtype=None, device="cuda") -> torch.Tensor:
     ``data``: a Python list, a numpy array or a CPU tensor. ``dtype``: the result's dtype
     (``None``: inferred / kept). ``device``: a CUDA device (``"cuda"``, ``"cuda:1"``, ``1``).
 
-    The data is staged into a fresh pinned, contiguous host tensor (:func:`stage_on_host`), then
-    copied with ``.to(device, non_blocking=True)``: truly asynchronous, and race-free because
-    nobody else holds the staging block. The GPU tensor is ready for any later work on the
-    current stream; read it on the host only after a sync.
+    The data is staged into a pinned, contiguous host tensor (:func:`stage_on_host`): a fresh one,
+    unless ``data`` already is a pinned, contiguous tensor of ``dtype``, which is used as it is, as
+    vLLM 0.29's ``data.pin_memory()`` does (so then *you* must not rewrite ``data`` before the copy
+    has run). Then it is copied with ``.to(device, non_blocking=True)``: truly asynchronous, and,
+    from a fresh staging block, race-free because nobody else holds it. The GPU tensor is ready for
+    any later work on the current stream; read it on the host only after a sync.
 
     When to use which: this one for host data that should become a *new* GPU tensor; for a
     copy into a GPU buffer you keep, ``gpu_buf[:n].copy_(pin_snapshot(host_buf[:n]),

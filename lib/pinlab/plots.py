@@ -1,19 +1,29 @@
 """Shared matplotlib helpers: size sweeps, bar charts, a host-vs-GPU timeline, and the course's plot style.
 
-The style (applied when this module is imported; :func:`use_course_style`):
+The style (applied when this module is imported, and by ``pinlab.header()`` in every notebook's first cell;
+:func:`use_course_style`):
 - sharp figures: in Jupyter, inline figures are rendered for high-density ("retina") screens;
 - text of at least 9 pt at display size: figures are at most ``MAX_WIDTH_IN`` inches (740 px at the inline
   backend's 100 dpi) wide, the width of a lesson page's column, so they are shown unscaled;
-- one colour per label across all panels and figures: :func:`color_for` (a shared label -> colour map);
+- the course palette (``PALETTE``, colour-blind-safe) everywhere: set once as matplotlib's colour cycle
+  (``axes.prop_cycle``), so a line drawn without a colour gets one of it, and one colour per label across all
+  panels and figures with :func:`color_for` (a shared label -> colour map);
+- constrained layout (``figure.constrained_layout.use``): titles, tick labels and legends placed outside the axes
+  are fitted into the figure, never drawn over a neighbouring panel (:func:`subplots`, :func:`stacked`);
 - legends outside the axes, under them: :func:`legend_outside`;
 - several panels stacked, not side by side: :func:`stacked`.
+tests/test_plot_style.py draws every kind of figure the lessons show from the recorded GPU run and checks the
+style: width, text size, palette, legends over no data, no text over other text.
 """
 from __future__ import annotations
 
 import sys
 
 import matplotlib as mpl
+import matplotlib.figure
 import matplotlib.pyplot as plt
+from cycler import cycler
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.ticker import FuncFormatter
 
 from .args import finite_number, positive_int, positive_number, text_arg
@@ -23,7 +33,12 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 #: the widest figure, in inches: 740 px at the inline backend's 100 dpi, a lesson page's column
 MAX_WIDTH_IN = 7.4
 MIN_FONT_PT = 9
+#: the palette :func:`color_for` hands out, in order (colour-blind-safe: Okabe-Ito, then tab10's others)
+PALETTE = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#f0e442", "#000000",
+           "#8c564b", "#7f7f7f", "#bcbd22", "#17becf")
 COURSE_RC = {
+    "axes.prop_cycle": cycler(color=list(PALETTE)),
+    "figure.constrained_layout.use": True,
     "font.size": 10,
     "axes.titlesize": 11,
     "axes.labelsize": 10,
@@ -33,9 +48,6 @@ COURSE_RC = {
     "legend.title_fontsize": MIN_FONT_PT,
     "figure.titlesize": 11,
 }
-#: the palette :func:`color_for` hands out, in order (colour-blind-safe: Okabe-Ito, then tab10's others)
-PALETTE = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#f0e442", "#000000",
-           "#8c564b", "#7f7f7f", "#bcbd22", "#17becf")
 _COLORS: dict[str, str] = {}
 
 
@@ -48,26 +60,88 @@ def color_for(label) -> str:
     return _COLORS[key]
 
 
+def _fitting_ncols(fig, labels, ncols: int) -> int:
+    """At most ``ncols`` legend columns, as many as fit across ``fig`` with its longest label (a wider legend
+    would make the constrained layout squeeze the axes to its width)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import text_to_path
+
+    size = mpl.rcParams["legend.fontsize"]
+    size = size if isinstance(size, (int, float)) else MIN_FONT_PT
+    prop = FontProperties(size=size)
+    text_pt = max((text_to_path.get_text_width_height_descent(str(s), prop, ismath=False)[0] for s in labels),
+                  default=0.0)
+    rc = mpl.rcParams
+    column_pt = text_pt + size * (rc["legend.handlelength"] + rc["legend.handletextpad"] + rc["legend.columnspacing"])
+    room_pt = fig.get_figwidth() * 72 * 0.95 + size * rc["legend.columnspacing"]
+    return max(1, min(ncols, int(room_pt // column_pt)))
+
+
 def legend_outside(ax, handles=None, labels=None, *, ncols: int | None = None):
-    """A legend under the axes (outside them: it hides no data), centred, in up to 3 columns.
-    Jupyter's inline figures are cropped to what is drawn, so the legend is shown in full."""
+    """A legend under the axes (outside them: it hides no data), centred, in up to 3 columns (``ncols``), and
+    never more than fit across the figure. Jupyter's inline figures are cropped to what is drawn, so the legend
+    is shown in full."""
     if handles is None:
         handles, labels = ax.get_legend_handles_labels()
     if not handles:
         return None
     ncols = positive_int("ncols", ncols) if ncols is not None else min(3, len(handles))
+    ncols = _fitting_ncols(ax.figure, labels or [], ncols)
     # the gap, in font sizes: below the tick labels and the x label
     return ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=3.2,
                      ncols=ncols, frameon=False)
 
 
+class Figure(matplotlib.figure.Figure):
+    """A figure of the course: constrained layout, which fits titles, tick labels and the legends under the axes
+    into the figure. ``tight_layout()`` leaves that layout in place (it would replace it, with a warning, and
+    lose the room made for the legends): some lesson cells call it after drawing into :func:`stacked` panels.
+    The class keeps matplotlib's name, so a notebook's ``<Figure size ...>`` line reads as before."""
+
+    def tight_layout(self, *args, **kwargs):
+        if isinstance(self.get_layout_engine(), ConstrainedLayoutEngine):
+            return None
+        return super().tight_layout(*args, **kwargs)
+
+
+def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
+    """``plt.subplots`` for a course figure (:class:`Figure`, constrained layout), at most ``MAX_WIDTH_IN`` wide."""
+    nrows, ncols = positive_int("nrows", nrows), positive_int("ncols", ncols)
+    w, h = kwargs.pop("figsize", (MAX_WIDTH_IN, 4.0))
+    kwargs.setdefault("layout", "constrained")
+    return plt.subplots(nrows, ncols, figsize=(min(positive_number("figsize[0]", w), MAX_WIDTH_IN),
+                                               positive_number("figsize[1]", h)), FigureClass=Figure, **kwargs)
+
+
 def stacked(n: int, *, height: float = 2.6, sharex: bool = False):
     """``fig, axes``: ``n`` panels stacked top to bottom at ``MAX_WIDTH_IN`` wide (each ``height`` inches),
-    instead of side by side at a width a page shows shrunk."""
+    instead of side by side at a width a page shows shrunk; constrained layout, so the legend under a panel
+    never lies over the panel below it."""
     n = positive_int("n", n)
     height = positive_number("height", height)
-    fig, axes = plt.subplots(n, 1, figsize=(MAX_WIDTH_IN, height * n), sharex=sharex, squeeze=False)
+    fig, axes = subplots(n, 1, figsize=(MAX_WIDTH_IN, height * n), sharex=sharex, squeeze=False)
     return fig, list(axes[:, 0])
+
+
+def label_line(ax, y: float, text: str, *, color: str = "grey"):
+    """Write ``text`` for the horizontal line at ``y`` just right of the axes, outside them: it covers no bar,
+    value or data point (constrained layout makes room for it)."""
+    finite_number("y", y)
+    text_arg("text", text)
+    return ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                       textcoords="offset points", ha="left", va="center", fontsize=MIN_FONT_PT, color=color,
+                       annotation_clip=False)
+
+
+def headroom(ax, share: float = 0.18) -> None:
+    """Room above the tallest bar for its value label (inside the axes, under the title): ``share`` of the
+    y range more on top."""
+    share = positive_number("share", share)
+    lo, hi = ax.get_ylim()
+    if ax.get_yscale() == "log":
+        ax.set_ylim(lo, hi * (hi / lo) ** share)
+    else:
+        ax.set_ylim(lo, hi + (hi - lo) * share)
 
 
 def use_course_style() -> None:
@@ -158,7 +232,7 @@ def size_sweep(sizes, series: dict, *, ylabel: str, title: str, logy: bool = Tru
     if vline is not None and vline[0] <= 0:
         raise ValueError(f"vline must be > 0 on the log size axis, got {vline[0]}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
+        _, ax = subplots(figsize=(7, 4))
     for label, values in series.items():
         xs = [s for s, v in zip(sizes, values) if v is not None]
         ys = [v for v in values if v is not None]
@@ -172,9 +246,9 @@ def size_sweep(sizes, series: dict, *, ylabel: str, title: str, logy: bool = Tru
         ax.annotate(hline[1], (ax.get_xlim()[0], hline[0]), textcoords="offset points", xytext=(4, 4),
                     fontsize=MIN_FONT_PT, color="grey")
     if vline is not None:
-        ax.axvline(vline[0], ls=":", c="crimson", lw=1)
+        ax.axvline(vline[0], ls=":", c=PALETTE[3], lw=1)
         ax.annotate(vline[1], (vline[0], ax.get_ylim()[1]), textcoords="offset points", xytext=(4, -12),
-                    fontsize=MIN_FONT_PT, color="crimson")
+                    fontsize=MIN_FONT_PT, color=PALETTE[3])
     ax.set_xlabel("copy size")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -198,7 +272,7 @@ def bars(labels, values, *, ylabel: str, title: str, ax=None, logy: bool = False
         raise ValueError(f"annotate must be a format string for one number such as '{{:.3g}}', "
                          f"got {annotate!r} ({exc})") from None
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.5))
+        _, ax = subplots(figsize=(7, 3.5))
     rects = ax.bar(range(len(values)), values, color=[color_for(label) for label in labels])
     ax.set_xticks(range(len(values)), labels, rotation=15, ha="right")
     if logy:
@@ -206,6 +280,7 @@ def bars(labels, values, *, ylabel: str, title: str, ax=None, logy: bool = False
     for r, v in zip(rects, values):
         ax.annotate(annotate.format(v), (r.get_x() + r.get_width() / 2, r.get_height()),
                     ha="center", va="bottom", fontsize=MIN_FONT_PT)
+    headroom(ax)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
@@ -229,7 +304,7 @@ def timeline(lanes: dict, *, title: str, ax=None, xlabel: str = "time (ms)"):
         checked[lane] = rows
     lanes = checked
     if ax is None:
-        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 0.8 + 0.7 * len(lanes)))
+        _, ax = subplots(figsize=(MAX_WIDTH_IN, 0.8 + 0.7 * len(lanes)))
     colors = {}
     for row, (lane, spans) in enumerate(lanes.items()):
         for start, end, label in spans:

@@ -8,6 +8,12 @@ this process may use, other processes on the GPU, and the driver's CUDA against 
 probes run only when asked: :func:`profiler_records_gpu` (one profiled kernel) and
 :func:`largest_pinned_gib` (page-locks the course's largest pinned request once).
 
+The run's conditions (issue 33): :func:`compute_apps` lists the compute processes NVML sees on the GPU
+(``nvidia-smi --query-compute-apps``, or pynvml), :func:`host_load` the host's load average and usable cores,
+and :func:`run_conditions` puts them together, leaving out the given pids; the GPU suite records them per
+notebook (tools/gpu_suite.py, the quiet reference pass) and :func:`pinlab.header` prints them, with
+:func:`suite_pass` ($PINLAB_SUITE_PASS: which pass of the suite runs the kernel).
+
 :data:`REQUIREMENTS` names what each recorded experiment needs beyond a CUDA GPU; :func:`unmet` says
 which of those this machine lacks, in words, and :func:`pinlab.measure` replays the recorded run where
 one is unmet (labelled with the reason) instead of failing mid-lesson.
@@ -31,6 +37,7 @@ from functools import lru_cache
 
 import torch
 
+from .args import positive_number
 from .device import has_cuda
 
 GiB = 1024 ** 3
@@ -63,8 +70,8 @@ def _env_gib(name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise ValueError(f"${name} must be a number of GiB such as 16, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"${name} must be a positive number of GiB, got {raw!r}")
+    if not (value > 0 and value != float("inf")):
+        raise ValueError(f"${name} must be a positive, finite number of GiB such as 16, got {raw!r}")
     return value
 
 
@@ -154,6 +161,106 @@ def _ancestors(pid: int | None = None) -> set[int]:
     return out or {os.getpid()}
 
 
+def parse_compute_apps(rows) -> list[dict]:
+    """The rows of ``nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits``
+    (one string per process; the later columns may be missing) as ``[{"pid", "used_mib", "gpu_uuid"}]``
+    (``used_mib``/``gpu_uuid`` None where not given or "[N/A]"). A row without a pid is a ``ValueError``
+    naming it: output this function does not understand is not read as "no process"."""
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"rows must be a list of nvidia-smi's lines, got {type(rows).__name__}")
+    out = []
+    for row in rows:
+        if not isinstance(row, str):
+            raise TypeError(f"each row must be a str (a line of nvidia-smi's output), got {type(row).__name__}")
+        if not row.strip():
+            continue
+        cols = [c.strip() for c in row.split(",")]
+        if not cols[0].isdigit():
+            raise ValueError(f"an nvidia-smi row must start with a pid, got {row!r}"[:200])
+        mem = cols[1].split()[0] if len(cols) > 1 and cols[1] else ""
+        uuid = cols[2] if len(cols) > 2 and cols[2] and not cols[2].startswith("[") else None
+        out.append({"pid": int(cols[0]), "used_mib": int(mem) if mem.isdigit() else None, "gpu_uuid": uuid})
+    return out
+
+
+def _nvml_compute_apps() -> list[dict] | None:
+    """The compute processes of every GPU through pynvml (NVML's Python binding, ``nvidia-ml-py``), or None."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no GPU: NVML cannot tell
+        return None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                used = getattr(proc, "usedGpuMemory", None)
+                out.append({"pid": int(proc.pid), "used_mib": int(used) // 2**20 if isinstance(used, int) else None,
+                            "gpu_uuid": uuid})
+        return out
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _uuid_key(u: str) -> str:
+    return u.strip().lower().removeprefix("gpu-")
+
+
+def _same_gpu(a: str | None, b: str | None) -> bool:
+    """Whether two GPU UUIDs name one GPU (``GPU-`` prefix and case ignored; unknown: assumed the same)."""
+    if not a or not b:
+        return True
+    return _uuid_key(a) == _uuid_key(b)
+
+
+def compute_apps(uuid: str | None = None) -> list[dict] | None:
+    """The compute processes NVML lists (``nvidia-smi --query-compute-apps``; pynvml where there is no
+    nvidia-smi): ``[{"pid", "used_mib", "gpu_uuid"}]``, on the GPU ``uuid`` only where given (another GPU's
+    processes do not share this one). None where neither can list them: "cannot tell", never "none".
+
+    The pids are those the driver reports: inside a container with its own pid namespace they may not be
+    this container's pids, and some containers list no process at all."""
+    rows = _nvidia_smi("pid,used_memory,gpu_uuid", kind="--query-compute-apps")
+    if rows is None:
+        import shutil
+
+        procs = _nvml_compute_apps() if shutil.which("nvidia-smi") is None else None
+        gpus = None
+    else:
+        try:
+            procs = parse_compute_apps(rows)
+        except ValueError:
+            return None
+        gpus = _nvidia_smi("uuid")
+    if procs is None:
+        return None
+    known = {_uuid_key(g) for g in gpus or []} | {_uuid_key(p["gpu_uuid"]) for p in procs if p.get("gpu_uuid")}
+    if uuid is None or _uuid_key(uuid) not in known:
+        # a UUID NVML does not know (another spelling of it, a MIG instance): every process counts, so that a GPU
+        # shared with others is never taken for an unshared one
+        return procs
+    return [p for p in procs if _same_gpu(p.get("gpu_uuid"), uuid)]
+
+
+def others(procs: list[dict] | None, mine) -> list[dict] | None:
+    """The processes of ``procs`` (:func:`compute_apps`) whose pid is not in ``mine``, by pid; None stays None."""
+    if procs is None:
+        return None
+    mine = {int(p) for p in mine}
+    return [p for p in procs if p["pid"] not in mine]
+
+
 def _gpu_processes() -> int | None:
     """Compute processes on the GPU other than this one and its parents (a shared GPU), where nvidia-smi tells.
 
@@ -164,6 +271,65 @@ def _gpu_processes() -> int | None:
         return None
     pids = {r.split(",")[0].strip() for r in rows}
     return len(pids - {str(p) for p in _ancestors()})
+
+
+def host_load() -> dict:
+    """``{"load_avg": [1, 5, 15 min] or None, "cores_usable": n}``: the host's load average
+    (``os.getloadavg``: runnable and waiting tasks, over the whole host, container or not) and the CPU cores
+    this process may run on (``os.sched_getaffinity``)."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        load = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"load_avg": load, "cores_usable": cores}
+
+
+#: $PINLAB_SUITE_PASS, set by tools/gpu_suite.py for the kernels it runs: which of its passes this is, in the
+#: words a lesson's header uses (only the quiet reference pass writes the committed outputs and recordings)
+SUITE_PASSES = {
+    "quiet-reference": "the GPU suite's quiet reference pass",
+    "development": "a development pass of the GPU suite (--shared or --keep-going), not the quiet reference",
+    "stability": "a stability pass of the GPU suite (--stability-only), not the quiet reference",
+}
+
+
+def suite_pass() -> str | None:
+    """Which pass of the GPU suite runs this kernel ($PINLAB_SUITE_PASS), or None outside the suite."""
+    value = os.environ.get("PINLAB_SUITE_PASS", "").strip()
+    return value if value in SUITE_PASSES else None
+
+
+def run_conditions(mine=None, uuid: str | None = None, query=None) -> dict:
+    """This moment's conditions, as the GPU suite records them and a lesson's header prints them:
+    ``{"utc", "other_gpu_processes": [{"pid", "used_mib", "gpu_uuid"}] or None (cannot tell), "load_avg",
+    "cores_usable"}``. ``mine``: the pids not counted as others (default: this process and its parents, see
+    :func:`_ancestors`); ``query``: what lists the GPU's processes (default :func:`compute_apps`), for tests."""
+    import datetime as _dt
+
+    procs = (query or compute_apps)(uuid)
+    return {"utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "other_gpu_processes": others(procs, _ancestors() if mine is None else mine), **host_load()}
+
+
+def processes_text(procs: list[dict] | None) -> str:
+    """``no other process on it`` / ``2 other processes on it (pid 41 using 1024 MiB, pid 77)`` / unknown."""
+    if procs is None:
+        return "other processes on it: unknown (nvidia-smi could not list them)"
+    if not procs:
+        return "no other process on it"
+    shown = ", ".join(f"pid {p['pid']}" + (f" using {p['used_mib']} MiB" if p.get("used_mib") is not None else "")
+                      for p in procs[:4])
+    more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+    return f"{len(procs)} other process{'es' if len(procs) > 1 else ''} on it ({shown}{more})"
+
+
+def load_text(c: dict) -> str:
+    """``host load 0.42 (1-min average) on 16 usable cores``, from :func:`host_load`'s keys."""
+    load = c.get("load_avg")
+    what = f"host load {load[0]:.2f} (1-min average)" if load else "host load unknown"
+    cores = c.get("cores_usable")
+    return what + (f" on {cores} usable core{'s' if cores != 1 else ''}" if cores else "")
 
 
 def platform_facts() -> dict:
@@ -237,10 +403,20 @@ def profiler_records_gpu() -> bool:
         return False
 
 
-@lru_cache(maxsize=4)
+#: The most :func:`largest_pinned_gib` tries to page-lock at once (GiB).
+MAX_PIN_PROBE_GIB = 1024.0
+
+
 def largest_pinned_gib(want_gib: float = 4.0) -> float:
     """Page-lock ``want_gib`` GiB once (then free it): ``want_gib`` where that worked, else the largest
-    power-of-two share that did (0 where none). ``PINLAB_PINNED_LIMIT_GIB`` caps the answer."""
+    power-of-two share that did (0 where none). ``PINLAB_PINNED_LIMIT_GIB`` caps the answer. ``want_gib``:
+    a number of GiB, more than 0 and at most :data:`MAX_PIN_PROBE_GIB`."""
+    want = positive_number("want_gib", want_gib, maximum=MAX_PIN_PROBE_GIB)
+    return _largest_pinned_gib(want)
+
+
+@lru_cache(maxsize=4)
+def _largest_pinned_gib(want_gib: float) -> float:
     limit = _env_gib("PINLAB_PINNED_LIMIT_GIB")
     if not has_cuda():
         return 0.0
@@ -258,16 +434,29 @@ def largest_pinned_gib(want_gib: float = 4.0) -> float:
     return 0.0
 
 
+#: The most a requirement may ask for (GiB): beyond any machine, so surely a typo.
+MAX_REQUIRED_GIB = 4096.0
+
+
 def unmet(requires: dict | None) -> list[str]:
-    """The requirements in ``requires`` this machine does not meet, each as a short reason (empty: all met)."""
+    """The requirements in ``requires`` this machine does not meet, each as a short reason (empty: all met).
+
+    ``requires`` (as in :data:`REQUIREMENTS`): ``gpu_trace`` True or False; ``vram_gib``, ``pinned_gib``,
+    ``host_ram_gib`` a number of GiB (0 means none needed, at most :data:`MAX_REQUIRED_GIB`)."""
     if requires is None:
         return []
     if not isinstance(requires, dict):
         raise TypeError(f"requires must be a dict such as {{'vram_gib': 6.5, 'gpu_trace': True}}, "
                         f"got {type(requires).__name__}")
-    unknown = sorted(set(requires) - _KNOWN)
+    unknown = sorted((str(k) for k in requires if k not in _KNOWN), key=str)
     if unknown:
         raise ValueError(f"requires has unknown keys {unknown}; known: {sorted(_KNOWN)}")
+    if "gpu_trace" in requires and not isinstance(requires["gpu_trace"], bool):
+        raise TypeError(f"requires['gpu_trace'] must be True or False, got {type(requires['gpu_trace']).__name__} "
+                        f"({requires['gpu_trace']!r})")
+    for key in ("vram_gib", "pinned_gib", "host_ram_gib"):
+        if key in requires:
+            positive_number(f"requires[{key!r}]", requires[key], allow_zero=True, maximum=MAX_REQUIRED_GIB)
     reasons = []
     if requires.get("gpu_trace") and not profiler_records_gpu():
         why = ("$PINLAB_SIMULATE_NO_GPU_TRACE is set" if os.environ.get("PINLAB_SIMULATE_NO_GPU_TRACE")

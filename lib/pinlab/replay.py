@@ -17,10 +17,13 @@ installed package (:func:`record_dir`).
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import math
 import os
 import re
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,11 +54,31 @@ MAX_RECORDED_BYTES = 20 * 2**20
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+def restore_command(path) -> str:
+    """The git command that restores the recording ``path`` (a ``.json`` file): ``git checkout -- <file>``,
+    the file named from the root of the checkout it lies in (``reports/gpu/data/<file>``, and which checkout),
+    else by its path. Symbolic links are not followed (a link that loops names itself)."""
+    path = Path(path)
+    root = os.path.abspath(repo_root())
+    where = os.path.abspath(path)
+    try:
+        inside = os.path.commonpath([where, root]) == root
+    except ValueError:  # another drive
+        inside = False
+    if inside and where != root:
+        return f"`git checkout -- {Path(os.path.relpath(where, root)).as_posix()}` (in {root})"
+    return f"`git checkout -- {path}`"
+
+
 def _fix(path: Path) -> str:
+    if path.suffix != ".json" or path.name == ".json":
+        # not a recording's file ('', a folder, ...): checking it out would discard whatever the learner changed
+        return ("give load_recorded an experiment's name (such as '01_bandwidth') or the path of its .json file "
+                "under reports/gpu/data")
     if _is_within(path, PACKAGE_DIR) and _source_checkout() is None:  # data shipped in an installed package
         return ("reinstall pinlab to restore it, or run the course from a git checkout of it "
                 "(git clone, then make lab)")
-    return f"restore it with `git checkout -- {path}` or re-run the GPU suite on a CUDA machine (make gpu-suite)"
+    return f"restore it with {restore_command(path)} or re-run the GPU suite on a CUDA machine (make gpu-suite)"
 
 
 def _broken(path: Path, what: str) -> ReplayFileError:
@@ -77,19 +100,34 @@ def load_recorded(path_or_name) -> dict:
     result (``meta["schema"]``, :func:`result_schema`) the result still has it (no key missing, no
     type changed, no row dropped). Files recorded before either was written are checked without them.
 
-    Raises :class:`ReplayMissingError` (missing file) or :class:`ReplayFileError`: one sentence naming the
-    file, what is wrong and how to restore it (``git checkout -- <file>``). Returns the parsed dict.
+    Raises :class:`ReplayMissingError` (missing file) or :class:`ReplayFileError` (a folder, a symbolic link
+    that loops, ...): one sentence naming the file, what is wrong and how to restore it
+    (``git checkout -- reports/gpu/data/<file>``, :func:`restore_command`; never for what is not a recording's
+    ``.json`` file). An empty name is a ValueError. Returns the parsed dict.
     """
     if isinstance(path_or_name, str) and _NAME.match(path_or_name) and not path_or_name.endswith(".json"):
         path = data_dir() / f"{path_or_name}.json"
     elif isinstance(path_or_name, (str, os.PathLike)):
+        if not str(os.fspath(path_or_name)).strip():
+            raise ValueError("path_or_name must be an experiment name (such as '01_bandwidth') or the path of its "
+                             f".json file, got {path_or_name!r}")
         path = Path(path_or_name)
     else:
         raise TypeError(f"path_or_name must be an experiment name or a path, got {type(path_or_name).__name__}")
-    if not path.is_file():
-        raise ReplayMissingError(f"The recorded GPU run {path} is missing: {_fix(path)}.")
     try:
-        size = path.stat().st_size
+        st = path.stat()
+    except FileNotFoundError:
+        dangling = " (a symbolic link to a file that does not exist)" if path.is_symlink() else ""
+        raise ReplayMissingError(f"The recorded GPU run {path} is missing{dangling}: {_fix(path)}.") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _broken(path, "is a symbolic link that loops (it leads back to itself, never to a file)") from None
+        raise _broken(path, f"cannot be read ({type(exc).__name__})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _broken(path, "is a folder, not a recording" if stat.S_ISDIR(st.st_mode)
+                      else "is not a regular file (a recording is a .json file)")
+    try:
+        size = st.st_size
         if size > MAX_RECORDED_BYTES:
             raise _broken(path, f"is {size / 2**20:.0f} MiB, over the {MAX_RECORDED_BYTES >> 20} MiB a recording "
                                 "may hold (it was not written by the GPU suite)")
@@ -251,7 +289,7 @@ def _is_within(path: Path, folder: Path) -> bool:
     try:
         Path(path).resolve().relative_to(Path(folder).resolve())
         return True
-    except (ValueError, OSError):
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symbolic link loop (Python < 3.13)
         return False
 
 
@@ -405,9 +443,21 @@ def _record(path: Path, name: str, meta: dict, params: dict, result) -> None:
         raise RecordingError(f"'{name}' returned {len(text) / 2**20:.0f} MiB of JSON, over the "
                              f"{MAX_RECORDED_BYTES >> 20} MiB a replay reads: record a summary")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)  # never a half-written recording
+    # a fresh temporary file of its own (O_CREAT | O_EXCL: nothing planted at its name is followed), renamed over
+    # the recording (a symbolic link at the recording's name is replaced, not written through): never a
+    # half-written recording, and no write outside the data folder
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), 0o644)  # as a file written by the suite would be (mkstemp makes it 0600)
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None, **params) -> Run:
@@ -431,24 +481,30 @@ def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None,
 
         reasons = unmet({**REQUIREMENTS.get(name, {}), **(requires or {})})
     if has_cuda() and not reasons:
+        from .probe import suite_pass
+
         result = _jsonable(fn(**params))
         f = facts()
         meta = {
             "gpu": f["gpu"], "driver": f["driver"], "torch": f["torch"], "cuda": f["cuda_runtime"],
             "flashinfer": f["flashinfer"], "python": f["python"],
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+            # which pass of the GPU suite measured it ($PINLAB_SUITE_PASS; None outside the suite): the committed
+            # recordings come from its quiet reference pass (tests/test_evidence.py checks it)
+            "suite_pass": suite_pass(),
         }
         if recording():
             _record(record_dir() / f"{name}.json", name, meta, params, result)
         run = Run(name, result, meta, live=True)
     else:
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():  # a link that loops or leads nowhere: load_recorded says so
             where = "" if data_location()[1] != "none" else (
                 " (this installed pinlab ships no recorded run: run the course from a git checkout of it, "
                 "or point PINLAB_DATA_DIR at a reports/gpu/data folder)")
+            restore = "" if where else f"restore it with {restore_command(path)}, or "
             raise ReplayMissingError(
                 f"No CUDA here and no recorded GPU run for '{name}' ({path} is missing{where}): "
-                "run the GPU suite on a CUDA machine (make gpu-suite) and commit reports/gpu/."
+                f"{restore}run the GPU suite on a CUDA machine (make gpu-suite) and commit reports/gpu/."
             )
         stored = load_recorded(path)
         if stored["params"] != params:
@@ -461,3 +517,19 @@ def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None,
     if not quiet:
         show("source", run.label)
     return run
+
+
+def measure_if_recorded(name: str, fn, **kwargs) -> Run | None:
+    """:func:`measure`, except where a machine without CUDA has **no recording** of this experiment yet (a new
+    experiment, until the GPU suite has run it) or one made with other parameters: then one ``[measured]
+    source`` line says so, in one sentence, and the result is None, so that the notebook skips what depends on
+    it instead of stopping with a traceback. A broken recording still raises :class:`ReplayFileError`."""
+    try:
+        return measure(name, fn, **kwargs)
+    except ReplayFileError:
+        raise
+    except ReplayMissingError as exc:
+        why = "was recorded with other parameters" if "other parameters" in str(exc) else "has no recorded GPU run yet"
+        show("source", f"no CUDA here, and '{name}' {why}: this section shows its results after the next GPU "
+                       "suite run (make gpu-suite); the cells below that need them print nothing")
+        return None

@@ -5,7 +5,7 @@ still runs step N, with no host sync between steps. Lessons 03 and 04 write that
 notebook cell; this module is the same loop, for every strategy vLLM tried (:data:`STRATEGIES`)::
 
     for step n:
-        [bounded run-ahead: wait for step n-ahead's "done" event, like vLLM's batch queue]
+        [run-ahead k: wait for step n-k-1's "done" event, like vLLM's batch queue (RunAheadGate)]
         write step n's data into the host buffer (the strategy decides which buffer: Staging)
         dst[n].copy_(source, non_blocking=True)        <- timed together with the write's staging
         GPU work that reads dst[n]
@@ -22,11 +22,12 @@ The paged-decode version of the loop is :mod:`pinlab.decode_loop`.
 Run-ahead, the course's one definition (:data:`RUN_AHEAD`; lessons, exercises and checkers use it):
 **run-ahead k**: the host may write step n+k's data while the GPU has not yet run step n's copy, so up
 to k earlier steps' copies are still queued when the host writes a step; a ring of pinned buffers for
-run-ahead k needs k + 1 buffers (:func:`ring_depth_for`). The loops' ``ahead=a`` argument
-(:func:`simulate`, :func:`plain_loop`, :func:`pinlab.decode_loop.decode_loop`, lesson 04's
-``metadata_loop``) is a batch queue of depth a: before writing step n the host waits for the event of
-step n-a, recorded after that step's copy, which is run-ahead a - 1 (a ring of a buffers is enough).
-The exercises' checkers state their run-ahead directly (``AHEAD`` in ``checks/l03.py`` and ``l04.py``).
+run-ahead k needs k + 1 buffers (:func:`ring_depth_for`). The loops take it as ``run_ahead=k``
+(:func:`simulate`, :func:`plain_loop`, :func:`pinlab.decode_loop.decode_loop`, lesson 03's and 04's
+experiments, lesson 04's ``metadata_loop``): before writing step n the host waits for the event of step
+n-k-1, recorded after that step's copy (:class:`RunAheadGate`); ``run_ahead=None`` never waits. The
+exercises' checkers state theirs in the same words (``AHEAD`` in ``checks/l03.py`` and ``l04.py``: the
+run-ahead, not a queue depth).
 
 Why over 500 lines: the vocabulary, the model and the harness share the strategy names and the
 accounting; split, each part would import the others' private argument checks.
@@ -117,12 +118,30 @@ def ring_depth_for(run_ahead: int) -> int:
     return positive_int("run_ahead", run_ahead, allow_zero=True) + 1
 
 
-def ahead_arg(value) -> int | None:
-    """None (unbounded run-ahead) or a positive int: the depth of the loops' batch queue (the host waits for
-    step n-ahead's event before writing step n: run-ahead ``ahead - 1``, see :data:`RUN_AHEAD`)."""
+def run_ahead_arg(value, name: str = "run_ahead") -> int | None:
+    """None (unbounded: the host never waits) or an int >= 0: the run-ahead (:data:`RUN_AHEAD`), the steps the
+    host may be ahead of the GPU (it waits for step n-run_ahead-1's event before writing step n)."""
     if value is None:
         return None
-    return positive_int("ahead", value)
+    return positive_int(name, value, allow_zero=True)
+
+
+class RunAheadGate:
+    """The loops' bounded run-ahead, as vLLM's batch queue: ``wait(n)`` before writing step n waits (on the
+    host) for the event step n-run_ahead-1 recorded with ``record(n)`` after its copy; with ``run_ahead``
+    None both do nothing. Make it inside the stream's ``with`` block (its events are the stream's)."""
+
+    def __init__(self, stream, run_ahead):
+        self.run_ahead = run_ahead_arg(run_ahead)
+        self.done = None if self.run_ahead is None else [stream.Event() for _ in range(self.run_ahead + 2)]
+
+    def wait(self, n: int) -> None:
+        if self.done is not None and n > self.run_ahead:
+            self.done[(n - self.run_ahead - 1) % len(self.done)].synchronize()
+
+    def record(self, n: int) -> None:
+        if self.done is not None:
+            self.done[n % len(self.done)].record()
 
 
 def ints_in(name: str, nbytes) -> int:
@@ -274,15 +293,15 @@ def _spans(name, spans) -> list[tuple[float, float]]:
 
 
 def simulate(strategy: str = "reused_pinned", *, steps: int = 6, host_ms: float = 0.1, launch_ms: float = 0.1,
-             copy_ms: float = 0.05, gpu_ms: float = 1.0, ahead: int | None = None, ring_depth: int = 2,
+             copy_ms: float = 0.05, gpu_ms: float = 1.0, run_ahead: int | None = None, ring_depth: int = 2,
              staging_slots: int | None = None) -> dict:
     """A pure timeline model of the step loop (times in ms; deterministic; no GPU, no tensors).
 
     Each step the host writes the step's data into the buffer (``host_ms``), enqueues the copy,
     then launches the step's forward (``launch_ms``). The GPU runs copy n (``copy_ms``) as soon as
-    it is enqueued and the previous forward is over, then the forward (``gpu_ms``). ``ahead``:
-    the host waits for copy n-ahead to finish before writing step n (None: never), a run-ahead of
-    ``ahead - 1`` (:data:`RUN_AHEAD`: a ring of ``ahead`` buffers is enough). Strategies as
+    it is enqueued and the previous forward is over, then the forward (``gpu_ms``). ``run_ahead``
+    k (:data:`RUN_AHEAD`): the host waits for copy n-k-1 to finish before writing step n (None: never),
+    so a ring of k + 1 buffers is enough. Strategies as
     in :data:`STRATEGIES` (``no_copy`` excluded): late-read ones read their buffer when the copy
     *runs*; ``pageable`` and ``snapshot`` capture the data at the call; ``ring``/``ring_events``
     use ``ring_depth`` buffers; ``staging_slots`` limits how many pageable copies may be pending
@@ -300,7 +319,7 @@ def simulate(strategy: str = "reused_pinned", *, steps: int = 6, host_ms: float 
     launch_ms = positive_number("launch_ms", launch_ms, allow_zero=True)
     copy_ms = positive_number("copy_ms", copy_ms)
     gpu_ms = positive_number("gpu_ms", gpu_ms, allow_zero=True)
-    ahead = ahead_arg(ahead)
+    run_ahead = run_ahead_arg(run_ahead)
     ring_depth = positive_int("ring_depth", ring_depth)
     if staging_slots is not None:
         staging_slots = positive_int("staging_slots", staging_slots)
@@ -309,8 +328,8 @@ def simulate(strategy: str = "reused_pinned", *, steps: int = 6, host_ms: float 
     writes, copies, host, gpu = [], [], [], []
     for n in range(steps):
         until = t
-        if ahead is not None and n >= ahead:
-            until = max(until, copies[n - ahead][1])
+        if run_ahead is not None and n > run_ahead:
+            until = max(until, copies[n - run_ahead - 1][1])
         if strategy == "ring_events" and n >= depth:
             until = max(until, copies[n - depth][1])
         if strategy == "event_wait" and n >= 1:
@@ -454,7 +473,7 @@ def _minmax_into(row: torch.Tensor, out_row: torch.Tensor) -> None:
 # The plain step loop, for every strategy
 # =============================================================================================
 
-def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float, ahead: int | None,
+def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float, run_ahead: int | None,
                ring_depth: int = 3, per_step: bool = True, track_blocks: bool = False) -> dict:
     """One strategy through the plain loop on ``stream``. Step n writes n into every element.
 
@@ -476,12 +495,10 @@ def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float
         dst = torch.zeros(ring, n_ints, dtype=torch.int32, device=stream.device)
         stats = torch.zeros(steps, 2, dtype=torch.int32, device=stream.device)
         staging = Staging(stream, strategy, n_ints, ring_depth)
-        n_ev = (ahead or 0) + 1
-        done = [stream.Event() for _ in range(n_ev)] if ahead else None
+        gate = RunAheadGate(stream, run_ahead)
         t_loop = time.perf_counter()
         for n in range(steps):
-            if ahead and n >= ahead:
-                done[(n - ahead) % n_ev].synchronize()
+            gate.wait(n)
             slot = dst[n % ring]
             t0 = time.perf_counter_ns()
             src = staging.stage(fill, n)
@@ -505,8 +522,7 @@ def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float
             host_ns[n] = time.perf_counter_ns() - t0
             if copies:
                 stream.launch(_minmax_into, slot, stats[n])
-            if ahead:
-                done[n % n_ev].record()
+            gate.record(n)
             stream.busy(busy_ms)
         host_loop_ms = (time.perf_counter() - t_loop) * 1e3
         held = stream.pinned_bytes() - base  # before the sync: what this approach keeps page-locked
@@ -514,7 +530,7 @@ def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float
         stream.synchronize()
         drain_ms = (time.perf_counter() - t_drain) * 1e3
         minmax = stats.cpu().tolist() if copies else None
-        del staging, dst, stats, done, copy_events
+        del staging, dst, stats, gate, copy_events
     received = received_from_minmax(minmax) if copies else [None] * steps
     summary = corruption_summary(received)
     out = {
@@ -522,7 +538,7 @@ def plain_loop(stream, strategy: str, *, steps: int, n_ints: int, busy_ms: float
         "steps": steps,
         "nbytes": 4 * n_ints,
         "busy_ms": busy_ms,
-        "ahead": ahead,
+        "run_ahead": run_ahead,
         "corrupted": summary["corrupted"],
         "torn": summary["torn"],
         "copied": summary["copied"],
@@ -551,27 +567,27 @@ def check_dst(steps: int, n_ints: int) -> None:
         raise ValueError(f"steps ({steps}) and nbytes ({4 * n_ints}) are too large for this experiment")
 
 
-def warm(stream, strategies, n_ints, busy_ms, ahead, ring_depth) -> None:
+def warm(stream, strategies, n_ints, busy_ms, run_ahead, ring_depth) -> None:
     """Launch every kernel and allocate every block size the measured loops use."""
     for s in strategies:
-        plain_loop(stream, s, steps=min(8, 2 * (ahead or 1) + 2), n_ints=n_ints, busy_ms=min(busy_ms, 0.05),
-                   ahead=ahead, ring_depth=ring_depth, per_step=False)
+        plain_loop(stream, s, steps=min(8, 2 * ((run_ahead or 0) + 1) + 2), n_ints=n_ints,
+                   busy_ms=min(busy_ms, 0.05), run_ahead=run_ahead, ring_depth=ring_depth, per_step=False)
 
 
-def every_strategy(stream, *, strategies, steps, nbytes, busy_ms, ahead, ring_depth=3, per_step=True) -> dict:
+def every_strategy(stream, *, strategies, steps, nbytes, busy_ms, run_ahead, ring_depth=3, per_step=True) -> dict:
     """This loop, for every strategy: the arguments checked, a warm-up, then one run per strategy.
 
-    Returns ``{"steps", "nbytes", "busy_ms", "ahead", "runs": {strategy: run}}`` (runs as
+    Returns ``{"steps", "nbytes", "busy_ms", "run_ahead", "runs": {strategy: run}}`` (runs as
     :func:`plain_loop`). ``stream`` must already be a stream (see :func:`cuda_or`).
     """
     strategies = strategies_arg(strategies)
     steps = positive_int("steps", steps)
     n_ints = ints_in("nbytes", nbytes)
     busy_ms = positive_number("busy_ms", busy_ms)
-    ahead = ahead_arg(ahead)
+    run_ahead = run_ahead_arg(run_ahead)
     ring_depth = positive_int("ring_depth", ring_depth)
     check_dst(steps, n_ints)
-    warm(stream, strategies, n_ints, busy_ms, ahead, ring_depth)
-    runs = {s: plain_loop(stream, s, steps=steps, n_ints=n_ints, busy_ms=busy_ms, ahead=ahead,
+    warm(stream, strategies, n_ints, busy_ms, run_ahead, ring_depth)
+    runs = {s: plain_loop(stream, s, steps=steps, n_ints=n_ints, busy_ms=busy_ms, run_ahead=run_ahead,
                           ring_depth=ring_depth, per_step=per_step) for s in strategies}
-    return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "ahead": ahead, "runs": runs}
+    return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "run_ahead": run_ahead, "runs": runs}

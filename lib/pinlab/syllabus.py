@@ -6,9 +6,14 @@ takes and what a workshop must land. Generated from it:
 
 - the README's "Syllabus" table and docs/workshop.md's schedules, between ``<!-- syllabus:... -->``
   markers (``python3 tools/syllabus.py --write`` rewrites them; tests/test_syllabus.py checks them);
-- notebook 00's syllabus: ``Markdown(pinlab.syllabus.markdown())`` (once its cell calls it; until then
-  tests/test_syllabus.py reports it as an expected failure);
+- notebook 00's syllabus: ``display(Markdown(pinlab.syllabus.markdown()))`` (the site renders it as a table, its
+  links to the lessons' pages);
 - the course site's landing page (tools/build_site.py loads this file by path: no torch needed).
+
+**The core path.** ``core=True`` marks the lessons a shorter course keeps: 00, 01, 02, 03, 04 and the capstone
+(07), which uses what they teach; the others (02b, 05, 06, 08) are deep dives. Every copy of the syllabus says
+which lessons are core and gives the core path's total (lessons and their exercises) beside the whole course's,
+and docs/workshop.md has an agenda for it (``CORE_WORKSHOP``).
 
 **Minutes are estimated by ``tools/syllabus.py``, not typed in** (``--write`` rewrites ``minutes=`` and
 ``exercise_minutes=`` below; the test accepts the stored value within one rounding step of the estimate):
@@ -33,8 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Lesson", "LESSONS", "WORKSHOP", "MEASURED", "lesson", "markdown", "readme_block",
-           "workshop_block", "exercise_links", "minutes_text"]
+__all__ = ["Lesson", "LESSONS", "WORKSHOP", "CORE_WORKSHOP", "MEASURED", "lesson", "markdown", "readme_block",
+           "workshop_block", "exercise_links", "minutes_text", "core_lessons", "total_minutes", "totals_text"]
 
 #: learners' reading + running times, in minutes (issue "The self-paced path"): the calibration's data
 MEASURED = {"01": 60, "02": 90, "04": 70}
@@ -54,6 +59,7 @@ class Lesson:
     exercise_minutes: int  # its exercise notebook; 0 when it has none (tools/syllabus.py --write)
     lands: str = ""        # workshop: the points the lesson must land
     exercise_lands: str = ""
+    core: bool = False     # on the core path (the shorter course); the others are deep dives
 
     @property
     def notebook(self) -> str:
@@ -68,27 +74,30 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("00", "00_start_here", "Start here",
            goal="know what the course measures, how to run it, and what your machine can show",
            covers="what the course is, how to run it, the doctor",
-           gpu="no", minutes=10, exercise_minutes=0,
+           gpu="no", minutes=15, exercise_minutes=0,
            lands="every number is measured in the run or replayed and labelled; `[timing]`/`[measured]` lines "
-                 "are the run's numbers, everything else a checked fact"),
+                 "are the run's numbers, everything else a checked fact",
+           core=True),
     Lesson("01", "01_pinned_memory", "Pinned memory",
            goal="predict what a host-to-device copy costs, by size and by kind of host memory",
            covers="bandwidth 1 KiB–1 GiB, latency floor, cost of pinning, rounding, when not to pin, who pins in "
                   "practice (the DataLoader's pin-memory thread, pinning from several threads)",
-           gpu="yes (replayed without)", minutes=80, exercise_minutes=5,
+           gpu="yes (replayed without)", minutes=75, exercise_minutes=5,
            lands="the copy engine reads only pinned memory; small copies are latency, large ones bandwidth; pin "
                  "what you **reuse** (cold pinning is expensive, and blocks are rounded up to a power of two); in "
-                 "practice a DataLoader's pin-memory thread pins for you"),
+                 "practice a DataLoader's pin-memory thread pins for you",
+           core=True),
     Lesson("02", "02_fake_non_blocking", "Fake `non_blocking`: when a copy returns",
            goal="tell when `non_blocking=True` really returns at once, and find the copies that wait",
            covers="when a copy really is asynchronous, the driver's staging pool, D2H, hidden syncs, the same code "
                   "on `pinlab.stream()` (the emulated lagging stream without a GPU), the advice "
                   "\"`non_blocking=True` regardless\" tested",
-           gpu="yes (replayed without)", minutes=60, exercise_minutes=15,
+           gpu="yes (replayed without)", minutes=65, exercise_minutes=10,
            lands="`non_blocking=True` from pageable memory is a request, honoured only while the driver can stage "
                  "the copy (two limits: one per copy, one on pending bytes); a D2H copy into pinned memory is valid "
                  "only after its event; hidden syncs hide in ordinary-looking lines",
-           exercise_lands="fix a step's three hidden syncs (exercise 02 covers lessons 02 and 02b)"),
+           exercise_lands="fix a step's three hidden syncs (exercise 02 covers lessons 02 and 02b)",
+           core=True),
     Lesson("02b", "02b_overlapping_copies", "Overlapping copies",
            goal="overlap copies with compute on a second stream, and find the stalls that remain",
            covers="a profiler timeline of a step loop, a copy stream beside the compute (`wait_stream`, "
@@ -105,27 +114,29 @@ LESSONS: tuple[Lesson, ...] = (
            minutes=65, exercise_minutes=15,
            lands="a pinned source is read when the copy **runs**; a reused pinned buffer with a host that runs ahead "
                  "delivers a later step's data, silently; in FlashInfer decode that is attention over the wrong pages",
-           exercise_lands="make a step loop race-free without blocking the host"),
+           exercise_lands="make a step loop race-free without blocking the host",
+           core=True),
     Lesson("04", "04_the_fix", "The fix",
            goal="choose between a pageable buffer, a pin snapshot and an event-guarded pinned ring",
            covers="pin snapshots, why they are safe, the `pin_memory()` trap, the soak's slow steps tamed (warming, "
                   "`pinned_reserve_segment_size_mb`), several tensors sharing the staging pool, the history of fixes "
-                  "compared, a pinned slab ring (the fastest correct fix), which fix when",
+                  "compared, a pinned slab ring (one copy per step, no allocator call), which fix when",
            gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
-           minutes=80, exercise_minutes=15,
+           minutes=75, exercise_minutes=10,
            lands="a `pin_memory()` snapshot of a **pageable** buffer is asynchronous and race-free because the caching "
                  "host allocator holds each block until its copy's event; `pin_memory()` of a pinned tensor is the "
                  "same tensor; its slow steps are cold `cudaHostAlloc`s (warm the cache or reserve a segment); which "
                  "fix when: a pageable buffer for a few small tensors, the snapshot once a step's tensors reach the "
                  "staging pool's size, a pinned slab ring guarded by events when host time per step matters",
            exercise_lands="write `pin_snapshot` (the already-pinned case too); a ring of pinned buffers is safe only "
-                          "as deep as the steps in flight, or guarded by events"),
+                          "as deep as the steps in flight, or guarded by events",
+           core=True),
     Lesson("05", "05_pinned_weight_restore", "Restoring offloaded weights straight into pinned memory",
            goal="bring weights back from the GPU in one copy, and know what that costs in pinned host RAM",
            covers="`.to(\"cpu\")` vs `.to(\"cpu\").pin_memory()` vs `empty_like(pin_memory=True).copy_()`, restore "
                   "bandwidth vs the D2H peak, pinned footprint (power-of-two rounding), reload behind a busy GPU, "
                   "sleep/wake 64 MiB–3 GiB, zero-copy",
-           gpu="yes (replayed without; round trips emulated)", minutes=50, exercise_minutes=5,
+           gpu="yes (replayed without; round trips emulated)", minutes=45, exercise_minutes=5,
            lands="restore with **one copy straight into pinned memory** "
                  "(`torch.empty_like(p, device=\"cpu\", pin_memory=True).copy_(p)`), never `.to(\"cpu\")` then "
                  "`.pin_memory()`; the price is pinned host RAM, rounded up per weight; sleep/wake runs near the "
@@ -148,7 +159,8 @@ LESSONS: tuple[Lesson, ...] = (
            lands="audit each copy: where its source lives, who rewrites it and when, when its result is read",
            exercise_lands="`pin_memory()` of a pinned buffer is that buffer; a sync after the racing write protects "
                           "nothing; in the fixed loop the only waits left are the events that bound run-ahead; prove "
-                          "the fix with the checker (1000 steps), steps per second and a timeline"),
+                          "the fix with the checker (1000 steps), steps per second and a timeline",
+           core=True),
     Lesson("08", "08_cuda_graphs", "CUDA graphs: what a captured copy reads",
            goal="stage a CUDA graph's inputs so that every replay reads its own step's data",
            covers="capture and replay, host time per step (eager launches against one replay), what a capture "
@@ -188,6 +200,11 @@ WORKSHOP: tuple[tuple[str, tuple], ...] = (
     ("Part two: lessons 04-08", ("04", "ex 04", "05", "ex 05", ("break", 15), "06", "ex 06", "07", "ex 07",
                                  "08", "ex 08", "09", "ex 09", ("wrap-up", 10))),
 )
+#: the core path as one session: the core lessons, each with its exercise (tests/test_syllabus.py checks it)
+CORE_WORKSHOP: tuple[str, tuple] = (
+    "The core path: lessons 00-04 and the capstone",
+    ("00", "01", "ex 01", "02", "ex 02", ("break", 15), "03", "ex 03", "04", "ex 04", ("break", 15), "07", "ex 07",
+     ("wrap-up", 10)))
 _WRAP_UP = "each participant names one copy in their own code to check with `detect_stalls()` and the profiler"
 
 
@@ -207,20 +224,45 @@ def minutes_text(row: Lesson) -> str:
     return f"{row.minutes} + {row.exercise_minutes}" if row.exercise_minutes else f"{row.minutes}"
 
 
+def core_lessons() -> tuple[Lesson, ...]:
+    """The lessons of the core path, in order."""
+    return tuple(r for r in LESSONS if r.core)
+
+
+def total_minutes(rows=None) -> int:
+    """Minutes of ``rows`` (default: every lesson), lessons and their exercises."""
+    return sum(r.minutes + r.exercise_minutes for r in (LESSONS if rows is None else rows))
+
+
+def _hours(minutes: int) -> str:
+    return f"{minutes // 60} h {minutes % 60:02d}"
+
+
+def totals_text() -> str:
+    """The whole course's time and the core path's, in one sentence."""
+    core = core_lessons()
+    return (f"About {_hours(total_minutes())} in all; the core path (the lessons marked core: "
+            f"{', '.join(r.number for r in core)}) about {_hours(total_minutes(core))}, the others are deep dives.")
+
+
+def _path(row: Lesson) -> str:
+    return "core" if row.core else "deep dive"
+
+
 def markdown(*, links: bool = True, base: str = "") -> str:
     """The syllabus as a Markdown table: lesson, title and goal, minutes (lesson + exercise), GPU.
 
     ``base`` prefixes each link: "" from inside ``notebooks/`` (notebook 00), "notebooks/" from the top.
     """
-    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live |",
-             "|---|---|---|---|"]
+    lines = ["| lesson | what you learn | minutes (lesson + exercise) | needs a GPU to measure live | path |",
+             "|---|---|---|---|---|"]
     for row in LESSONS:
         num = f"[{row.number}]({base}{row.stem}.ipynb)" if links else row.number
-        lines.append(f"| {num} | **{_cell(row.title)}**: {_cell(row.goal)} | {minutes_text(row)} | {_cell(row.gpu)} |")
-    total = sum(r.minutes + r.exercise_minutes for r in LESSONS)
+        lines.append(f"| {num} | **{_cell(row.title)}**: {_cell(row.goal)} | {minutes_text(row)} | {_cell(row.gpu)} "
+                     f"| {_path(row)} |")
     lines.append("")
-    lines.append(f"About {total // 60} h {total % 60:02d} in all. Minutes are estimated from reading time, the "
-                 "recorded run time and the prompts, calibrated on learners' times (`pinlab/syllabus.py` says how).")
+    lines.append(f"{totals_text()} Minutes are estimated from reading time, the recorded run time and the prompts, "
+                 "calibrated on learners' times (`pinlab/syllabus.py` says how).")
     return "\n".join(lines)
 
 
@@ -230,12 +272,12 @@ def exercise_links(base: str = "exercises/") -> str:
 
 def readme_block() -> str:
     """The README's syllabus (between its markers): the table with what each lesson covers."""
-    lines = ["| lesson | topic | minutes (lesson + exercise) | needs a GPU to measure live |", "|---|---|---|---|"]
+    lines = ["| lesson | topic | minutes (lesson + exercise) | needs a GPU to measure live | path |",
+             "|---|---|---|---|---|"]
     for row in LESSONS:
         lines.append(f"| [{row.number}]({row.notebook}) | **{_cell(row.title)}**: {_cell(row.covers)} | "
-                     f"{minutes_text(row)} | {_cell(row.gpu)} |")
-    total = sum(r.minutes + r.exercise_minutes for r in LESSONS)
-    lines += ["", f"About {total // 60} h {total % 60:02d} in all. Minutes are estimated by `tools/syllabus.py` from "
+                     f"{minutes_text(row)} | {_cell(row.gpu)} | {_path(row)} |")
+    lines += ["", f"{totals_text()} Minutes are estimated by `tools/syllabus.py` from "
               "reading time (200 words a minute), the recorded GPU run's execution time and one minute per prompt, "
               "calibrated on learners' measured times (`lib/pinlab/syllabus.py` says how).", "",
               f"Exercises with automatic checks: {exercise_links()} (master copies with solutions in `solutions/`)."]
@@ -261,9 +303,10 @@ def _item(item) -> tuple[int, str, str]:
 
 
 def workshop_block() -> str:
-    """docs/workshop.md's agendas (between its markers): start times computed from the minutes."""
+    """docs/workshop.md's agendas (between its markers): the whole course in two parts, then the core path in
+    one session; start times computed from the minutes."""
     out = []
-    for name, items in WORKSHOP:
+    for name, items in (*WORKSHOP, CORE_WORKSHOP):
         rows, t = [], 0
         for item in items:
             minutes, what, points = _item(item)

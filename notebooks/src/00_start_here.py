@@ -4,7 +4,9 @@
 # **Honest host-to-device copies in PyTorch**: an executable course. Every number it shows is
 # measured in the notebook that shows it: made now, on your GPU, if this machine has one;
 # otherwise replayed from the course's recorded GPU run, and labelled as such. What it says about
-# how torch, CUDA, vLLM and FlashInfer work is read from their source, which the lesson names.
+# how torch, CUDA, vLLM and FlashInfer work is read from their source, and listed with that source
+# and its version in `docs/facts.md`; what it says about platforms it never ran on (a GH200, ROCm,
+# WSL2) is marked "not measured here", with its source.
 #
 # It is reconstructed from a real vLLM performance fix (vLLM 0.29, *"avoid H2D copies from
 # non-pinned CPU tensors"*) and the history of races and stalls around it.
@@ -13,6 +15,16 @@
 # - what the course covers, and for whom;
 # - how to run it, with or without a GPU;
 # - what *this* machine can show (the doctor below), and what it is: the platform report.
+
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
 
 # %% [markdown]
 # ## Who it is for
@@ -52,6 +64,16 @@ display(Markdown(syllabus.markdown()))
 # replayed.
 
 # %% [markdown]
+# ### Where your work lives
+#
+# `make lab` opens your own copy of the course: the first time, it copies the lessons, exercises and
+# solutions into `work/` (git-ignored), and the notebook you are reading is one of those copies. Change
+# and save anything here: the course's own notebooks stay as they are (they hold the recorded GPU run).
+# To start a notebook over, delete it from `work/` and run `make lab` again: it copies only what is
+# missing, so your other copies stay. On Colab, the notebook is Colab's copy (File > Save a copy in
+# Drive keeps your changes).
+
+# %% [markdown]
 # ## The doctor
 # It checks the packages, prints this machine's platform (the GPU, its link, who else uses it, the
 # CPU cores, WSL2...) and says which experiments will run live here and which replay the recorded
@@ -83,11 +105,13 @@ pinlab.claim("everything the course needs is installed", report["ok"],
 #   that run kernels, so a copy can run while a kernel does (lesson 02b);
 # - the **link** (PCIe generation and width, or NVLink-C2C on a GH200) sets the copy bandwidth
 #   lesson 01 measures; on a GH200 the GPU also reads pageable memory through the host's page
-#   tables, so pageable copies come much closer to pinned ones;
+#   tables, so pageable copies come much closer to pinned ones (the course never ran on one: not
+#   measured here, `docs/facts.md` F15);
 # - **other processes on the GPU** (a GPU shared with other learners) interleave their kernels with
 #   yours: timings vary more, and how often a race shows can change either way;
 # - the **CPU cores** and **WSL2** change how fast and how evenly the host runs (under WSL2 the
-#   profiler often records no GPU activity, so the timelines of lessons 02, 06 and 07 replay).
+#   profiler often records no GPU activity, so the timelines of lessons 02, 06 and 07 replay; WSL2
+#   was not measured here: `docs/facts.md` F18).
 #
 # What the lessons *assert* holds on any CUDA GPU, quiet or shared; what depends on these facts is
 # printed as a `[measured]` line that says whether it held in this run.
@@ -150,6 +174,8 @@ pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {sa
 # %% [markdown]
 # ## What to remember
 # - Every lesson measures its numbers; without a GPU it replays the recorded GPU run and says so.
+#   Facts about torch, CUDA, vLLM and FlashInfer come with their source (`docs/facts.md`); platforms
+#   the course never ran on are marked "not measured here".
 # - `[timing]` and `[measured]` lines are measured numbers (this GPU's now, or the recorded run's in
 #   a replay), and so are the tables and listings printed from a measurement; everything else is a
 #   checked fact, true on any CUDA GPU, quiet or shared.

@@ -12,9 +12,20 @@
 #   that freeing a pinned block does not unpin it;
 # - who pins in practice: the `DataLoader`'s `pin_memory=True` (a pin-memory thread, or the main
 #   thread itself), and pinning many tensors from several threads;
-# - PyTorch's knobs for pinning: `cudaHostRegister` from several threads, and the rounding threshold
-#   (torch 2.13); when pinning fails (memlock, containers, WSL2, a full host) and how a program
-#   falls back; why a pageable copy is slow (the host's `memcpy`), and NUMA; and when *not* to pin.
+# - PyTorch's knobs for pinning: `cudaHostRegister` with the pages first touched from several
+#   threads, and the rounding threshold (torch 2.13); when pinning fails (memlock, containers, WSL2,
+#   a full host) and how a program falls back; what a pageable copy costs the host (a `memcpy` into
+#   staging), and NUMA; and when *not* to pin.
+
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
 
 # %% tags=["nbval-ignore-output"]
 import statistics
@@ -46,10 +57,14 @@ pinned_at_start = pinlab.pinned_baseline()
 # *staging* buffer of its own (a CPU `memcpy`), then the copy engine moves it. A copy from pinned
 # memory takes one.
 #
-# Not every system works this way. Where the GPU can read pageable memory through the host's own
-# page tables (ATS on Grace Hopper, GH200, over NVLink-C2C; HMM on some Linux set-ups), a pageable
-# copy need not be staged, and pageable comes much closer to pinned. `pinlab.platform_facts()`
-# says which kind of machine you are on (`ats`), and the cells below say what this run measured.
+# Not every system works this way. On Grace Hopper (GH200, over NVLink-C2C) the GPU reads pageable
+# memory through the host's own page tables (ATS: one page table for CPU and GPU), so a pageable
+# copy need not be staged, and pageable comes much closer to pinned. HMM, on some Linux set-ups, is
+# another thing: the GPU can reach pageable memory, but through page tables of its own that the
+# driver keeps in step with the host's in software, not through the host's. Both: not measured
+# here (the CUDA Programming Guide, "Unified Memory", says which is which: `docs/facts.md` F15,
+# F16). `pinlab.platform_facts()` says which kind of machine you are on (`ats`), and the cells
+# below say what this run measured.
 #
 # ```
 # pageable:  your tensor --CPU memcpy--> driver's pinned staging --DMA--> GPU
@@ -59,7 +74,8 @@ pinned_at_start = pinlab.pinned_baseline()
 # %% [markdown]
 # In PyTorch, a CPU tensor is pageable unless you ask: `pin_memory=True` at creation, or
 # `t.pin_memory()`, which returns a pinned *copy* of `t`, **unless `t` is already pinned**: then
-# it returns `t` itself. `is_pinned()` tells you which you have.
+# it returns `t` itself (`pin_memory` in PyTorch's `aten/src/ATen/native/Memory.cpp`: `docs/facts.md`
+# F1). `is_pinned()` tells you which you have.
 
 # %%
 plain = torch.empty(1024)
@@ -137,7 +153,8 @@ def time_copy_ms(dst, src, repeat=5):
 # and the second hop cost a lot. How much depends on the machine: over a slower link (PCIe Gen3,
 # as on many cloud T4s) the link itself caps the pinned copy, closer to the rate of the driver's
 # staging, so the gap shrinks; where the GPU reads pageable memory through the host's page tables
-# (GH200) pageable can come close to pinned. The cell after the plot prints this run's ratio. At
+# (GH200, not measured here: `docs/facts.md` F15) pageable can come close to pinned. The cell after
+# the plot prints this run's ratio. At
 # 1 KiB the gap closes, and pinned can even come out the slower of the two (the `pinned / pageable
 # H2D at 1 KiB` line says which it was here): both are slow, as a tiny copy is nearly all fixed cost,
 # whichever memory it comes from. Measure it below.
@@ -196,8 +213,9 @@ pinlab.show("pinned / pageable H2D at " + fmt_bytes(small["bytes"]),
 pinned_wins = pinlab.observe(
     f"at {fmt_bytes(big['bytes'])}, pinned H2D at least 2x faster than pageable", big_ratio >= 2,
     value=f"{big_ratio:.1f}x",
-    why="over a PCIe Gen3 link the link caps the pinned copy near the staging's rate, and on a GH200 the GPU "
-        "reads pageable memory through the host's page tables; three learners copying at once share the link")
+    why="over a PCIe Gen3 link the link caps the pinned copy near the staging's rate, and on a GH200 (not measured "
+        "here, docs/facts.md F15) the GPU reads pageable memory through the host's page tables; three learners "
+        "copying at once share the link")
 small_slow = pinlab.observe(
     f"at {fmt_bytes(small['bytes'])}, every kind of copy under 5% of the largest size's pinned H2D rate",
     small_share < 0.05, value=f"the fastest at {small_share:.1%}",
@@ -556,8 +574,8 @@ copy_gain = pinlab.observe(
     "num_workers=2: the copy call of a pinned batch took under half that of a pageable one",
     by[(2, True)]["copy_call_ms"] < 0.5 * by[(2, False)]["copy_call_ms"],
     value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs {by[(2, False)]['copy_call_ms']:.3f} ms",
-    why="where the GPU reads pageable memory through the host's page tables (GH200), or the driver's staging is "
-        "fast, a pageable copy call costs the host less")
+    why="where the GPU reads pageable memory through the host's page tables (GH200, not measured here, "
+        "docs/facts.md F15), or the driver's staging is fast, a pageable copy call costs the host less")
 pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
             f"next() {nb0[True]['next_ms'] - nb0[False]['next_ms']:+.3f} ms (it now pins the batch), copy call "
             f"{nb0[True]['copy_call_ms'] - nb0[False]['copy_call_ms']:+.3f} ms (it no longer stages it)")
@@ -676,8 +694,8 @@ ok = pinlab.claims({
 # Read each line against its dotted line (perfect scaling from a pool of one):
 #
 # - **Cold**, every tensor is a new `cudaHostAlloc`: page-locking new memory goes through the
-#   driver (PyTorch's source notes a global lock in the driver there) and the operating system's
-#   page tables, work that threads share badly. Expect the cold line to stay near the one-thread
+#   driver (PyTorch's source notes a global lock in the driver there: `docs/facts.md` F3) and the
+#   operating system's page tables, work that threads share badly. Expect the cold line to stay near the one-thread
 #   time, and read the speed-up line for this machine. Threads change nothing about *how many*
 #   `cudaHostAlloc` calls are made (the counts): only a warm cache removes them.
 # - **Warm**, every tensor is a `memcpy` into a cached block: work that threads do share, until the
@@ -696,9 +714,13 @@ ok = pinlab.claims({
 # set it in the shell, or in `os.environ` before the process first pins.
 #
 # - `pinned_use_cuda_host_register:True`: the allocator takes ordinary memory (`malloc`) and
-#   page-locks it with `cudaHostRegister`, instead of calling `cudaHostAlloc`; with
-#   `pinned_num_register_threads:N` it page-locks one block in N pieces from N threads of its own.
-#   That is the thread pool of the section above, moved inside one allocation.
+#   page-locks it with `cudaHostRegister`, instead of calling `cudaHostAlloc`. With
+#   `pinned_num_register_threads:N`, N tasks on a thread pool of its own first *touch* the block's
+#   pages, one byte per 4 KiB page, so that the operating system maps them; then **one**
+#   `cudaHostRegister` call, on the calling thread, page-locks the whole block
+#   (`allocWithCudaHostRegister` and `mapPagesForRegister` in PyTorch's
+#   `aten/src/ATen/cuda/CachingHostAllocator.cpp`, torch 2.11 to 2.13: `docs/facts.md` F2). So the
+#   threads split the page faults of a fresh block, not the page-locking itself.
 # - `pinned_max_round_threshold_mb:M` (torch 2.13 and later): a request above M MB is not rounded
 #   up to a power of two. So "pinned blocks are rounded up to a power of two" is torch's default,
 #   not a law.
@@ -720,10 +742,13 @@ for label, conf in bw.PINNING_CONFIGS.items():
 #
 # <details><summary>Answer</summary>
 #
-# Page-locking is work per page. One large block split into 8 pieces can go several times faster,
-# if the host has cores to spare (cold pins of many small tensors from a pool gained little above:
-# each is a separate call into the driver). The rounding does not depend on how the block is
-# page-locked: 600 MiB is held as 1 GiB under every setting that keeps the rounding, and as about
+# Less than 8x. The threads only pre-fault the block's pages (the first touch of each page, when
+# the operating system maps it); the page-locking that follows is still one `cudaHostRegister` call
+# on one thread. So 8 threads shorten the faulting part, if the host has cores to spare, and leave
+# the locking part as it was; whether register with 8 threads beats the default `cudaHostAlloc` at
+# all is a question for this machine (the lines below compare all three). The rounding does not
+# depend on how the block is page-locked: 600 MiB is held as 1 GiB under every setting that keeps
+# the rounding, and as about
 # 600 MiB under `pinned_max_round_threshold_mb:64`, on a torch that knows it. The lines below say
 # what this run measured, and which settings its torch knew.
 # </details>
@@ -762,19 +787,25 @@ ok = pinlab.claim("default setting: pinned, and held as the next power of two",
 reg1, reg8 = knob["cudaHostRegister, 1 thread"], knob["cudaHostRegister, 8 threads"]
 if "ms" in reg1 and "ms" in reg8:
     reg_up = reg1["ms"] / reg8["ms"]
-    pinlab.observe(f"8 register threads page-locked {fmt_bytes(req)} at least 2x faster than 1", reg_up >= 2,
-                   value=f"{reg_up:.1f}x", why="page-locking from several threads needs free cores: on a 2-core "
-                   "host, or one busy with other learners, the threads wait for each other")
+    pinlab.observe(f"{fmt_bytes(req)} pinned faster with 8 register threads than with 1", reg_up > 1,
+                   value=f"{reg_up:.2f}x", why="the threads only pre-fault the pages, one cudaHostRegister locks "
+                   "them: on a 2-core host, or one busy with other learners, the threads wait for each other")
     pinlab.show("one block from 8 register threads, against the pool of 8 threads above (32 cold pins)",
                 f"{reg_up:.1f}x over one register thread; the pool: {cold_up[8]:.1f}x over a pool of one")
+    if "ms" in default:
+        vs_alloc = default["ms"] / reg8["ms"]
+        pinlab.show("8 register threads against the default cudaHostAlloc",
+                    f"{vs_alloc:.2f}x ({'faster' if vs_alloc > 1 else 'not faster'} than the default here)")
 else:
     pinlab.show("register threads", "this run has no timing of both register settings (an error above)")
 
 # %% [markdown]
 # Read the lines above against the two earlier sections. **Threads**: `pinned_num_register_threads`
-# splits the page-locking of *one* block, which the thread pool above could not do (each of its
-# threads pinned a whole tensor with its own call into the driver); the comparison line says how far
-# each got here. It needs `malloc` + `cudaHostRegister`, and a host with free cores. **Rounding**: the
+# splits the first touch of *one* block's pages between threads, and then locks the block with one
+# `cudaHostRegister` call; the thread pool above split the tensors instead (each of its threads pinned
+# a whole tensor with its own call into the driver). The comparison lines say how far each got here,
+# and how register with 8 threads compared with the default `cudaHostAlloc`. It needs `malloc` +
+# `cudaHostRegister`, and a host with free cores. **Rounding**: the
 # "held" column is the rounding of the section on rounding, per setting; only
 # `pinned_max_round_threshold_mb` turns it off, on a torch that has it (the row of a torch that lacks
 # it says so, and the recorded run holds no number for it).
@@ -790,7 +821,8 @@ else:
 #   `cudaHostRegister` memory against the limit is the driver's business: the experiment below tries
 #   both.
 # - **WSL2.** NVIDIA's CUDA on WSL guide lists the pinned system memory available to an application
-#   as limited; vLLM turns pinning off under WSL (`is_pin_memory_available()` returns False there).
+#   as limited; vLLM turns pinning off under WSL2 (`is_pin_memory_available()` returns False there
+#   unless `VLLM_WSL2_ENABLE_PIN_MEMORY=1`). Not measured here (`docs/facts.md` F18).
 # - **The host runs out.** Pinned memory cannot be swapped, and the rounding can double it: vLLM's
 #   weight offloading ran a GB300 host out of memory this way, which is why
 #   `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` exists (lesson 05).
@@ -861,17 +893,17 @@ ok = pinlab.claims({
 del here, fallback
 
 # %% [markdown]
-# ## Why pageable copies are slow: the host's `memcpy`
+# ## Pageable copies and the host's `memcpy`
 #
-# A pageable copy is staged: the driver copies the data into a pinned buffer of its own, on the
-# calling thread (the host is busy inside a pageable `copy_`, lesson 02), and the DMA moves it from
-# there. So a pageable copy is bounded by how fast the host's memory can be copied, however fast the
-# link. The
-# experiment (`bw.pageable_and_memcpy`) times, per size, a pageable H2D copy, a pageable D2H copy, and
-# a host-to-host copy of the same bytes (`q.copy_(p)`), once with torch's intra-op threads and once
-# with one thread (how many threads the driver's staging uses is not documented), in interleaved
-# rounds after an untimed
-# one that touches every page.
+# A pageable copy is staged: the driver copies the data into a pinned buffer of its own while the
+# calling thread waits inside `copy_` (lesson 02 measures that), and the DMA moves it from there. So
+# every byte of a pageable copy also costs a host-to-host copy, however fast the link. Does that
+# copy set the pace? The experiment (`bw.pageable_and_memcpy`) times, per size, a pageable H2D copy,
+# a pageable D2H copy, and a host-to-host copy of the same bytes two ways: torch's `q.copy_(p)`,
+# which splits the copy over torch's intra-op threads, and the C library's `memmove` on one thread
+# (`ctypes.memmove`). Nothing changes torch's thread pool between them, and the rounds are
+# interleaved, after an untimed one that touches every page. How the driver's staging copies, and on
+# how many threads, is not documented.
 #
 # 🔮 **Predict.** Which is faster, 256 MiB from one pageable host buffer to another with one thread,
 # or 256 MiB from pageable memory to the GPU?
@@ -880,39 +912,43 @@ del here, fallback
 #
 # It depends on the host, and the answer can surprise: the pageable H2D copy includes a `memcpy`
 # into the staging buffer, in chunks, and each chunk's DMA on top, so you might expect the
-# host-to-host copy to win; but the driver's staging copy need not be as slow as torch's one-thread
-# copy loop. Where the two come close, the `memcpy` sets the pace, and a faster link would not help;
-# a host busy with other work slows both. The lines below say how the two compared here, per size.
+# host-to-host copy to win; but the driver's staging copy need not run at one thread's `memcpy`
+# rate (it may overlap its chunks with their DMA, or copy on more threads: undocumented). Where the
+# two come close, the `memcpy` can set the pace, and a faster link would not help; a host busy with
+# other work slows both. The lines below say how the two compared here, per size.
 # </details>
 
 # %%
-pm = pinlab.measure("01_pageable_memcpy", bw.pageable_and_memcpy, sizes=[16 * bw.MiB, 64 * bw.MiB, 256 * bw.MiB],
-                    reps=9)
+pm = pinlab.replay.measure_if_recorded("01_pageable_vs_memcpy", bw.pageable_and_memcpy,
+                                       sizes=[16 * bw.MiB, 64 * bw.MiB, 256 * bw.MiB], reps=9)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(pm.result, [("bytes", "size", fmt_bytes), ("h2d_gbps", "pageable H2D GB/s", g),
-                         ("d2h_gbps", "pageable D2H GB/s", g), ("memcpy_gbps", "memcpy, torch's threads GB/s", g),
-                         ("memcpy_1t_gbps", "memcpy, one thread GB/s", g)])
+if pm is not None:
+    pinlab.table(pm.result, [("bytes", "size", fmt_bytes), ("h2d_gbps", "pageable H2D GB/s", g),
+                             ("d2h_gbps", "pageable D2H GB/s", g),
+                             ("memcpy_gbps", "torch's copy_, its threads GB/s", g),
+                             ("memcpy_1t_gbps", "memmove, one thread GB/s", g)])
 
 # %%
-for r in pm.result:
-    pinlab.show("pageable H2D against the host's memcpy", bw.pageable_sentence(r))
-bounded = [r["h2d_gbps"] <= 1.1 * r["memcpy_gbps"] for r in pm.result]
-pinlab.observe("at every size, pageable H2D no faster than the host's memcpy with torch's threads (+10%)",
-               all(bounded), value=", ".join(f"{r['h2d_gbps'] / r['memcpy_gbps']:.2f}x" for r in pm.result),
-               why="host timings of single copies: a busy host slows the memcpy of one round and not another; where "
-                   "the GPU reads pageable memory directly (GH200) the copy is not staged")
-first, last = pm.result[0], pm.result[-1]
-pinlab.show("pageable H2D, largest size against smallest",
-            f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate ({fmt_bytes(last['bytes'])} vs "
-            f"{fmt_bytes(first['bytes'])}); pageable D2H {last['d2h_gbps'] / first['d2h_gbps']:.2f}x")
+if pm is not None:
+    for r in pm.result:
+        pinlab.show("pageable H2D against the host's memcpy", bw.pageable_sentence(r))
+    above = [r for r in pm.result if r["h2d_gbps"] > r["memcpy_1t_gbps"]]
+    pinlab.show("what this run shows",
+                f"pageable H2D ran faster than one thread's memmove at {len(above)} of {len(pm.result)} sizes"
+                + (": one thread's memcpy did not bound it here" if above else
+                   ": at every size it ran no faster than one thread's memmove"))
+    first, last = pm.result[0], pm.result[-1]
+    pinlab.show("pageable H2D, largest size against smallest",
+                f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate ({fmt_bytes(last['bytes'])} vs "
+                f"{fmt_bytes(first['bytes'])}); pageable D2H {last['d2h_gbps'] / first['d2h_gbps']:.2f}x")
 
 # %% [markdown]
 # Read the sentences per size: where pageable H2D comes close to one thread's `memcpy`, the
-# staging `memcpy` accounts for most of its time, and pinning (no staging) is what helps; where it
-# runs well below, the chunks and their waits cost more than the bytes; where it runs faster, the
-# driver copies faster than torch's one-thread loop, and torch's threads are the fairer bound. Torch's own host-to-host
-# copy may use several threads (its column in the table), which the driver's staging does not. The
+# staging `memcpy` can account for most of its time, and pinning (no staging) is what helps; where
+# it runs well below, the chunks and their waits cost more than the bytes; where it runs faster, the
+# driver's staging is not paced by one thread's `memcpy`, and torch's threaded copy (its column in
+# the table) is the other yardstick. The
 # D2H direction is staged the other way (DMA into the staging buffer, then a `memcpy` out of it), and
 # the two directions need not run at the same rate. The last line compares the largest size with
 # the smallest: how a pageable copy's rate changes with its size is the driver's choice, undocumented.
@@ -938,9 +974,12 @@ pinlab.show("NUMA", bw.numa_sentence(numa["nodes"], numa["gpu_node"]))
 #   stays in PyTorch's cache, page-locked, until `torch._C._host_emptyCache()` (private;
 #   `pinlab.release_cached_host_blocks()` wraps it) or the end of the process. A program that
 #   pins many different sizes once each keeps all of them locked.
-# - **Where pinning is not available or not cheap**: CPU-only builds, WSL (vLLM gates it), and
-#   unified-memory systems such as GH200, where pinned host memory eats into GPU memory (vLLM's
-#   `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`).
+# - **Where pinning is not available or buys little**: CPU-only builds, WSL (vLLM gates it), and
+#   coherent systems such as GH200, where the GPU reads pageable memory through the host's page
+#   tables, so pinning buys less, and every pinned byte is still host memory nobody else can use.
+#   Its CPU memory (LPDDR5X) and GPU memory (HBM) are separate memories (lesson 05); vLLM's
+#   docstring for `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` says pinned memory "eats into GPU
+#   memory" there. Both platforms: not measured here (`docs/facts.md` F14, F15, F18).
 
 # %%
 del buf
@@ -952,7 +991,7 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 # ## What to remember
 # - Over PCIe, the GPU's copy engine reads only pinned memory; pageable copies are staged by the
 #   driver (where the GPU reads host memory through the host's page tables, as on a GH200, pageable
-#   comes closer to pinned).
+#   comes closer to pinned: not measured here, `docs/facts.md` F15).
 # - Time a copy with two CUDA events around it. Large copies: pinned runs at the link's rate,
 #   pageable at a fraction of it on most PCIe machines (how large a fraction depends on the link and
 #   the host: this run's ratio is above). Small copies are mostly fixed cost, and one small copy
@@ -969,14 +1008,16 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   spread over torch's intra-op threads); cold pinning (`cudaHostAlloc`) shares badly between
 #   threads (this run's speed-ups are above): warm the cache.
 # - `PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8`
-#   page-locks one block from several threads (the speed-up above); `pinned_max_round_threshold_mb`
+#   pre-faults one block's pages from several threads, then page-locks it with one
+#   `cudaHostRegister` (the speed-ups above); `pinned_max_round_threshold_mb`
 #   (torch 2.13 and later) stops the power-of-two rounding above a size. Torch reads them once per
 #   process, and an older torch refuses a key it does not know.
 # - Pinning can fail: a memlock limit without `CAP_IPC_LOCK` (containers), WSL2's pinned limit, a
 #   host out of memory. Try pinned, fall back to pageable, and say so (`pin_or_fall_back` above).
-# - A pageable copy is staged by host memory copies: the host's memory bandwidth bounds it, whatever
-#   the link (this run's comparison is above). With several NUMA nodes, keep pinned buffers on the GPU's
-#   node.
+# - A pageable copy is staged through the driver's pinned buffers, a host-to-host copy of every byte
+#   on top of the link; how its rate compares with the host's own `memcpy` is this run's comparison
+#   above (the driver's staging need not run at one thread's `memcpy` rate). With several NUMA nodes,
+#   keep pinned buffers on the GPU's node.
 #
 # **Exercise:** `exercises/01_pinned_memory.ipynb` (solution in `solutions/`).
 # **Next:** 02 · fake `non_blocking`.

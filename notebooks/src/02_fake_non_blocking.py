@@ -13,11 +13,22 @@
 # - the same order of host and GPU work on any machine: `with pinlab.stream() as s:` (the CUDA
 #   stream, or the course's emulated lagging stream without a GPU), which exercise 02 uses;
 # - the advice "use `non_blocking=True`, pinned or not" from PyTorch's tutorial, tested case by case
-#   with this lesson's data; the tutorial's matrix (pageable, pinned, pin-then-copy × blocking,
-#   `non_blocking`) measured, and its checklist of factors, each answered by a section of the course.
+#   with this lesson's data; the tutorial's own experiment (1,000 tensors of 4 KB, one sync at the
+#   end, from pageable, pinned and pin-then-copy) measured beside this lesson's variant (one 16 MiB
+#   copy and a wait after it), and its checklist of factors, each answered by a section of the course.
 #
 # Lesson 02b continues with copies that overlap: what a fake `non_blocking` costs a step loop, a
 # copy stream beside the compute, many tensors, and two tools.
+
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
 
 # %% tags=["nbval-ignore-output"]
 import statistics
@@ -53,12 +64,13 @@ pinned_at_start = pinlab.pinned_baseline()
 #
 # CUDA's documentation promises no more than that. The CUDA Runtime API's page "API
 # synchronization behavior" (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html)
-# says that for transfers between device memory and pageable host memory an asynchronous copy
-# "might be synchronous" with respect to the host. When it is, and up to which sizes the driver
-# stages instead, is not documented: the driver decides, and this lesson measures what it did on
-# this machine. Other platforms decide differently: on ROCm every pageable copy waits; where the
-# GPU reads host memory through the host's page tables (a GH200), a pageable copy need not be
-# staged at all.
+# says, in CUDA 12.2 and later, that for transfers between device memory and pageable host memory an
+# asynchronous copy "might be synchronous" with respect to the host (`docs/facts.md` F6, F7). When
+# it is, and up to which sizes the driver stages instead, is not documented: the driver decides,
+# and this lesson measures what it did on this machine. Other platforms decide differently (not
+# measured here: the course never ran on them): HIP documents a `hipMemcpyAsync` from or to unpinned host memory as
+# performed synchronously (ROCm, F17); where the GPU reads host memory through the host's page
+# tables (a GH200, F15), a pageable copy need not be staged at all.
 #
 # **How we make waiting visible.** An idle GPU runs a copy at once, so a call that waits for it
 # still looks fast. Every experiment therefore first enqueues `pinlab.gpu_busy(ms)`, a kernel that
@@ -93,8 +105,8 @@ def copy_returns_or_waits(dst, src, busy_ms):
 #
 # From pinned memory: microseconds, at every size (the copy is only enqueued). From pageable
 # memory, on a CUDA GPU over PCIe: microseconds for small copies, which the driver stages at once;
-# from some size on, the whole busy time and then some. Find that size below (on ROCm, expect every
-# pageable copy to wait).
+# from some size on, the whole busy time and then some. Find that size below (on ROCm, not measured
+# here, HIP documents every pageable copy as synchronous: `docs/facts.md` F17).
 # </details>
 #
 # `stalls.single_copy_sweep` runs the function above for 27 sizes from 256 B to 64 MiB (a finer
@@ -150,11 +162,13 @@ big_waited = pinlab.observe(
     and stalls.waited(by_size[64 * MiB]["to_pageable_ms"], busy_ms),
     value=", ".join(pinlab.fmt_ms(by_size[64 * MiB][k]) for k in ("copy_pageable_ms", "to_pageable_ms")),
     why="how large a pageable copy the driver stages behind the queue is undocumented driver behaviour; a GPU "
-        "that reads pageable memory through the host's page tables (GH200) need not stage it at all")
+        "that reads pageable memory through the host's page tables (GH200, not measured here, docs/facts.md F15) "
+        "need not stage it at all")
 small_returned = pinlab.observe(
     "a 256 B pageable copy_ returned at once", not stalls.waited(by_size[256]["copy_pageable_ms"], busy_ms),
     value=pinlab.fmt_ms(by_size[256]["copy_pageable_ms"]),
-    why="staging small pageable copies is undocumented driver behaviour; on ROCm every pageable copy waits")
+    why="staging small pageable copies is undocumented driver behaviour; HIP documents every pageable copy as "
+        "synchronous (ROCm, not measured here, docs/facts.md F17)")
 
 # %% [markdown]
 # Read the plot from the left: the copies that returned, pageable and pinned, each cost the host
@@ -215,8 +229,8 @@ pinlab.show(f"pinned copy_ of {size}: a single call after a sync / a call in a l
 pinned_cheap = pinlab.observe(
     f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times less than a pageable one",
     pageable_ms >= 100 * loop_ms, value=f"{pageable_ms / loop_ms:.0f}x",
-    why=f"a pageable copy of {size} that the driver stages (another driver, a GH200) costs the host a staging "
-        "memcpy, not a wait")
+    why=f"a pageable copy of {size} that the driver stages (another driver; a GH200, not measured here) costs the "
+        "host a staging memcpy, not a wait")
 
 # %% [markdown]
 # Compare the two pinned copy_ lines above: the same call, issued two ways, need not cost the same
@@ -237,7 +251,8 @@ pinned_cheap = pinlab.observe(
 #
 # On a CUDA GPU over PCIe (what this course was recorded on): the first few dozen return in
 # microseconds; then one copy waits for the whole kernel, because the staging pool is full. The
-# number of *bytes* pending at that moment is the pool's size. On ROCm the first one already waits.
+# number of *bytes* pending at that moment is the pool's size. On ROCm (not measured here) HIP
+# documents every pageable copy as synchronous: expect the first one to wait (`docs/facts.md` F17).
 # </details>
 #
 # The experiment queues 16 MiB of copies, in 16 KiB and in 64 KiB pieces, behind a 50 ms kernel,
@@ -283,7 +298,8 @@ pool_seen = pinlab.observe(
     all(a is not None and a >= MiB for a in every),
     value=", ".join(fmt_bytes(a) if a is not None else "never" for a in every),
     why="the staging pool's size is undocumented driver behaviour (another driver, WSL2 or a GH200 may differ), "
-        "and on ROCm every pageable copy waits")
+        "and HIP documents every pageable copy as synchronous (WSL2, GH200, ROCm: not measured here, "
+        "docs/facts.md F15, F17, F18)")
 counts = {chunk: [a // chunk for a in at if a is not None] for chunk, at in pending.items()}
 if all(counts.values()) and len(counts) == 2:
     (c1, n1), (c2, n2) = ((c, statistics.median(n)) for c, n in sorted(counts.items()))
@@ -312,8 +328,9 @@ pinlab.show("limit 2, pending bytes: small copies queued before the host blocked
 # below it, wait once the bytes pending reach the second. Neither limit is documented: CUDA's "API
 # synchronization behavior" page only says that a copy from pageable memory "might be
 # synchronous", and the sizes above are what this driver did on this machine. Another driver
-# version, another GPU or another operating system may draw both lines elsewhere (on ROCm every
-# pageable copy waits). Write code that does not depend on them: pin what you copy `non_blocking`.
+# version, another GPU or another operating system may draw both lines elsewhere (on ROCm, not
+# measured here, HIP documents every pageable copy as synchronous). Write code that does not depend
+# on them: pin what you copy `non_blocking`.
 #
 # ## 3. Device to host: `non_blocking` the other way
 #
@@ -323,9 +340,12 @@ pinlab.show("limit 2, pending bytes: small copies queued before the host blocked
 #
 # <details><summary>Answer</summary>
 #
-# Into pageable memory the driver cannot let the copy run behind the host's back, so the call
-# waits until the copy is done: blocking, but correct. Into pinned memory the call returns at once
-# and the copy happens later: what you read right away is the buffer's **old** contents.
+# Into pageable memory the call waits until the copy is done: blocking, but correct. The CUDA
+# Runtime API's "API synchronization behavior" page said so up to CUDA 11.0 ("the function will return
+# only once the copy has completed"); from its CUDA 12.2 version on it says only that such a copy "might be
+# synchronous" (`docs/facts.md` F7), so this is what drivers do, not what the current page promises:
+# the claims below check it in this run. Into pinned memory the call returns at once and the copy
+# happens later: what you read right away is the buffer's **old** contents.
 # </details>
 #
 # One trial: fill the host buffer with -1, make the GPU busy, let a GPU kernel write a new value,
@@ -370,7 +390,9 @@ ok = pinlab.claims({
     "... and read before synchronizing, its data was wrong every time": not any(into_pinned["valid_before_sync"]),
 }, why={
     "copy_ into pageable memory waited for the GPU every time":
-        "the CUDA Runtime API documents that a copy into pageable host memory returns only once it has completed",
+        "every CUDA driver this course ran returned only once the copy had completed, as the API synchronization "
+        "behavior page promised up to CUDA 11.0; from CUDA 12.2 on the page says only 'might be synchronous' "
+        "(docs/facts.md F7): a driver that returns earlier would fail it",
     "... and its data was right without a sync": "the call returned after the copy had completed",
     "copy_ into pinned memory returned at once every time":
         "a copy into pinned memory is only enqueued (documented); only a host stalled for half the busy time "
@@ -417,7 +439,7 @@ ok = pinlab.claims({
 # float32 tensor of 8 MiB.
 #
 # One rule, in torch's CUDA `copy_` (`aten/src/ATen/native/cuda/Copy.cu`), decides the copies among
-# them. For a copy between host and GPU, PyTorch hands the driver the source's memory as one block,
+# them (`copy_requires_temporaries`: `docs/facts.md` F5). For a copy between host and GPU, PyTorch hands the driver the source's memory as one block,
 # where it lies, when the source has the destination's dtype and is **dense in the destination's
 # layout**: its elements fill their memory with no holes, in the destination's order of the
 # dimensions (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise a
@@ -475,7 +497,8 @@ gathered_waited = pinlab.observe(
     value=f"{pinlab.fmt_ms(row['nondense_pinned']['host_ms'])}, "
           f"{pinlab.fmt_ms(row['permuted_to_contiguous']['host_ms'])} behind {hs['busy_ms']:g} ms",
     why="the 8 MiB temporary is pageable: whether its copy waits is the driver's staging decision (section 1), "
-        "undocumented; a driver or a GH200 that stages or reads it directly returns at once")
+        "undocumented; a driver that stages it, or a GH200 that reads it directly (not measured here, "
+        "docs/facts.md F15), returns at once")
 
 # %% [markdown]
 # The two *first* calls depend on how CUDA loads kernels, which the environment variable
@@ -568,7 +591,8 @@ ok = pinlab.claims({
     "the copy into pageable memory was complete when the call returned": pageable_now == 8.0,
 }, why="the host reads within microseconds while the copy waits behind 20 ms of GPU work (only a host stalled "
        "that long could see the new value early); the event completes only after the copy; a copy into pageable "
-       "host memory returns once it has completed (documented)")
+       "host memory returns once it has completed (so on every CUDA driver this course ran, and documented up to "
+       "CUDA 11.0: docs/facts.md F7)")
 
 # %% [markdown]
 # The exercise of this lesson runs its third part this way: on a GPU your code runs on the CUDA
@@ -592,29 +616,32 @@ for r in advice:  # one case per three lines: the case, its outcome, the evidenc
 # %%
 expected_outcomes = [stalls.ADVICE_HOLDS, stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_WAITS,
                      stalls.ADVICE_WAITS, stalls.ADVICE_STALE]
-documented = (0, 4, 5)  # pinned H2D, D2H into pageable, D2H into pinned: what CUDA documents
+documented = (0, 4, 5)  # pinned H2D, D2H into pinned (documented); D2H into pageable (documented up to CUDA 11.0)
 ok = pinlab.claims({f"{advice[i]['case']}: {expected_outcomes[i]}": advice[i]["outcome"] == expected_outcomes[i]
                     for i in documented},
-                   why="CUDA documents these three (a copy from or into pinned memory is only enqueued, a copy into "
-                       "pageable host memory returns once it has completed); only a host stalled for half the busy "
-                       "time could change an outcome")
+                   why="a copy from or into pinned memory is only enqueued (documented), a copy into pageable host "
+                       "memory returns once it has completed (documented up to CUDA 11.0, docs/facts.md F7, and so on "
+                       "every driver this course ran); only a host stalled for half the busy time could change an "
+                       "outcome")
 for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
     if i not in documented:
         pinlab.observe(f"{r['case']}: {want}", r["outcome"] == want, value=r["evidence"],
                        why="when a pageable copy waits is undocumented driver behaviour (the staging limits of "
-                           "sections 1 and 2); on ROCm every pageable copy waits, on a GH200 it need not")
+                           "sections 1 and 2); HIP documents every pageable copy as synchronous (ROCm), on a GH200 it "
+                           "need not wait (not measured here: docs/facts.md F15, F17)")
 
 # %% [markdown]
 # Where the advice holds: a copy from pinned memory is queued at any size (documented), and a small
 # pageable copy is staged by the driver and returns at once where the driver stages it (CUDA's
-# drivers do, up to limits they do not document; on ROCm every pageable copy waits: the
+# drivers do, up to limits they do not document; on ROCm, not measured here, HIP documents every
+# pageable copy as synchronous: the
 # `[measured]` lines above say what happened here). On the GPU the copy runs in stream order, before
 # anything queued after it, so the device data is right, with one condition the flag adds: the
 # host must not write a pinned source until the copy has run (lesson 03 is that race; a pageable
 # source is copied into staging at the call). Where it fails: one large pageable copy waits for
 # the GPU where the driver does not stage it; many small ones wait once the staging pool's pending
-# bytes are full; a copy into pageable host memory is synchronous whatever the flag says
-# (documented). And where it is a
+# bytes are full; a copy into pageable host memory was synchronous whatever the flag said, in every
+# run (documented so up to CUDA 11.0; from CUDA 12.2 on the page says "might be"). And where it is a
 # trap: into pinned memory (`.to("cpu", non_blocking=True)` allocates pinned memory for you), the
 # call returns before the data is there (section 3; the tutorial warns about this one too).
 # Lesson 02b adds the last case: even pinned and `non_blocking`, a copy on the compute's stream
@@ -626,16 +653,20 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 # when they should hide behind the compute (lesson 02b).
 
 # %% [markdown]
-# ### The tutorial's matrix, measured
+# ### The tutorial's three sources, one large copy each (this lesson's variant)
 #
-# The tutorial times three sources, each copied blocking and `non_blocking`: a **pageable** tensor;
-# a tensor **pinned** once and reused; and `pin_memory()` **then** copy, which pins a fresh copy
-# every time. Here is one cell of that matrix, as a function: the copy of 16 MiB from `source`,
-# then a wait for it (as `.item()` or a loss read would).
+# The tutorial (`intermediate_source/pinmem_nonblock.py` in `pytorch/tutorials`: `docs/facts.md`
+# F20) compares three sources, each copied blocking and `non_blocking`: a **pageable** tensor; a
+# tensor **pinned** once and reused; and `pin_memory()` **then** copy, which pins a fresh copy every
+# time. Its own experiment copies 1,000 small tensors and synchronizes once, at the end (the next
+# section runs it). This section is the course's variant, not the tutorial's: **one** 16 MiB copy
+# from `source`, then a wait for it (as `.item()` or a loss read would). With a wait right after
+# every copy there is nothing for `non_blocking` to overlap, so here it cannot matter by
+# construction: this variant measures what each source costs, not what the flag buys.
 
 # %%
 def to_gpu(source, dst, pageable, pinned, non_blocking):
-    """One cell of the tutorial's matrix: dst <- the data from `source` memory, then wait for it."""
+    """One cell of this lesson's variant: dst <- the data from `source` memory, then wait for it."""
     if source == "pageable":
         src = pageable
     elif source == "pinned":
@@ -654,8 +685,8 @@ def to_gpu(source, dst, pageable, pinned, non_blocking):
 # `pin_memory()` then copy pays a host copy into pinned memory and then the DMA: the tutorial found
 # it up to twice as slow as a plain pageable copy, but with a warm pinned cache (the block is reused
 # from the allocator's cache, lesson 01) it can also come out ahead; the lines below say which it
-# did here. `non_blocking` changes little in any cell: each copy is followed by a wait, so there is
-# nothing for the host to do while the copy runs.
+# did here. `non_blocking` changes little in any cell, by construction: each copy is followed by a
+# wait, so there is nothing for the host to do while the copy runs.
 # </details>
 
 # %%
@@ -671,14 +702,76 @@ best = {s: min(cell[(s, False)], cell[(s, True)]) for s in stalls.MATRIX_SOURCES
 pinlab.observe("pinned and reused at least 2x faster than pageable", best["pageable"] >= 2 * best["pinned"],
                value=f"{best['pageable'] / best['pinned']:.1f}x",
                why="over a slow link (PCIe Gen3) the link caps the pinned copy near the staging's rate; on a GH200 "
-                   "the GPU reads pageable memory directly")
+                   "(not measured here, docs/facts.md F15) the GPU reads pageable memory directly")
 for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
     pinlab.show(f"what this run shows ({i}/3)", sentence)
 
 # %% [markdown]
-# The matrix measures each copy alone, followed by a wait: what a copy costs, not what it hides.
-# What `non_blocking` buys in a loop with other work, and what it costs when the copy is fake, are
-# sections 1 to 3 above and lesson 02b.
+# The variant measures each copy alone, followed by a wait: what a copy costs, not what it hides.
+#
+# ### The tutorial's own experiment: 1,000 tensors of 4 KB, one sync
+#
+# The tutorial's experiment is different: a list of 1,000 tensors of `torch.randn(1000)` (float32,
+# 4,000 bytes each), each sent with `.to("cuda:0")`, a new GPU tensor per call; blocking, every call
+# waits for its copy; `non_blocking=True`, the loop queues all 1,000 and synchronizes once at the
+# end. The same three sources. Here is its loop, as a function (the tutorial's `copy_to_device`,
+# `copy_to_device_nonblocking` and their `pin_copy_` twins in one):
+
+# %%
+def tutorial_copies(tensors, non_blocking, pin_first=False):
+    """The tutorial's loop: every tensor .to("cuda") (pinned first if pin_first); non_blocking: one sync at the end."""
+    result = []
+    for t in tensors:
+        src = t.pin_memory() if pin_first else t
+        result.append(src.to("cuda", non_blocking=non_blocking))
+    if non_blocking:
+        torch.cuda.synchronize()               # the tutorial's one sync, for all 1,000 copies
+    return result
+
+# %% [markdown]
+# 🔮 **Predict.** With 1,000 tensors of 4 KB and one sync, does `non_blocking` now matter? For
+# which source most?
+#
+# <details><summary>Answer</summary>
+#
+# It can: blocking, the host waits 1,000 times for a copy of 4 KB, a round trip each; `non_blocking`,
+# it queues the next copy while the last one runs, and waits once. From pinned memory every copy is
+# only queued. From pageable memory the driver stages each small copy, which costs the host a
+# `memcpy` per call either way, and up to 1,000 × 4 KB, about 4 MB, can be pending before the one
+# sync: set that against section 2's "limit 2" line (this run's staging pool) to see whether some
+# of the `non_blocking` copies may have waited anyway. The tutorial timed it with
+# `torch.utils.benchmark.Timer`; this lesson times every cell in interleaved rounds (median of 15),
+# the GPU idle at the start of each. The lines below say what this run saw.
+# </details>
+
+# %%
+tut = pinlab.replay.measure_if_recorded("02_tutorial_loop", partial(stalls.tutorial_loop, tutorial_copies),
+                                        count=stalls.TUTORIAL_COUNT, numel=stalls.TUTORIAL_NUMEL, reps=15)
+
+# %% tags=["nbval-ignore-output"]
+if tut is not None:
+    pinlab.table(tut["rows"], [("source", f"{tut['count']} x {fmt_bytes(tut['bytes_each'])} from"),
+                               ("non_blocking", "non_blocking"), ("ms", "host ms until all are done", pinlab.fmt_ms)])
+
+# %%
+if tut is not None:
+    ok = pinlab.claim("every tensor arrived intact, every source, both ways", tut["data_ok"],
+                      why="every tensor is compared bitwise after a sync; a wrong one would be a fault, not a timing")
+    loop_ms = stalls.matrix_ms(tut["rows"])
+    pinlab.observe("pageable tensors: non_blocking with one sync was faster than a blocking copy each (the "
+                   "tutorial's finding)", loop_ms[("pageable", True)] < loop_ms[("pageable", False)],
+                   value=f"{loop_ms[('pageable', False)] / loop_ms[('pageable', True)]:.2f}x",
+                   why="the driver stages each pageable copy on the host either way, and once the staging pool is full "
+                       "(section 2) a non_blocking copy waits too; a fast host and an idle GPU make each blocking "
+                       "round trip short")
+    for i, sentence in enumerate(stalls.tutorial_loop_sentences(tut.result, matrix.result), 1):
+        pinlab.show(f"what this run shows ({i}/4)", sentence)
+
+# %% [markdown]
+# Set the two experiments side by side: the same three sources; where every copy is followed by a
+# wait `non_blocking` cannot change much, where many copies are queued before one wait it can (the
+# last line above says how much it did in each, in this run). What `non_blocking` buys in a loop
+# with other work, and what it costs when the copy is fake, are sections 1 to 3 above and lesson 02b.
 #
 # ### The tutorial's checklist, answered by this course
 #
@@ -709,7 +802,8 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 #   memory only while the driver agrees to stage the copy: one copy above a size limit, or many
 #   small ones queued behind a busy GPU up to a limit on pending bytes, and the host waits. Both
 #   limits are undocumented and driver-dependent (CUDA's "API synchronization behavior" page only
-#   says such a copy "might be synchronous"; on ROCm every pageable copy waits); this run's sizes
+#   says such a copy "might be synchronous"; on ROCm, not measured here, HIP documents every pageable
+#   copy as synchronous); this run's sizes
 #   are above. A pageable copy the driver stages is asynchronous for the host, at the cost of the
 #   staging `memcpy`; *fake* is the one that says `non_blocking` and waits.
 # - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
@@ -724,9 +818,10 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 # - "`non_blocking=True`, pinned or not": the flag is a request, not a promise. Large or many
 #   pageable copies wait, a copy into pageable host memory is synchronous, and one into pinned memory
 #   returns before the data is there.
-# - The tutorial's matrix: memory pinned once and reused is the fast source; `pin_memory()` then
-#   copy pays a host copy every time (slower or faster than pageable, as this run showed above); with
-#   a wait right after the copy, `non_blocking` changes little.
+# - The tutorial's sources: memory pinned once and reused is the fast source; `pin_memory()` then
+#   copy pays a host copy every time (slower or faster than pageable, as this run showed above).
+#   With a wait right after every copy `non_blocking` cannot change much; the tutorial's own
+#   experiment, 1,000 small copies and one sync, is where it can (this run's lines are above).
 #
 # **Exercise:** `exercises/02_fake_non_blocking.ipynb` (solution in `solutions/`); its part 2, the
 # GPU's idle share from a trace's kernel spans, needs nothing from lesson 02b.

@@ -19,6 +19,16 @@
 # syncs). As there, every experiment first makes the GPU busy (`pinlab.gpu_busy`), and a call
 # **waited** when it took more than half the busy time.
 
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
 # %% tags=["nbval-ignore-output"]
 import contextlib
 import time
@@ -43,9 +53,10 @@ pinned_at_start = pinlab.pinned_baseline()
 # A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
 # host runs ahead; in the course's words, defined in lesson 03, **run-ahead k** means the host may
 # write step n+k's data while the GPU has not yet run step n's copy, and waiting for step *i-2*
-# is run-ahead 1), prepare an 8 MiB input on the CPU (1 ms of work, written into a small ring of
-# host buffers), copy it with `copy_(..., non_blocking=True)`, launch a 2 ms "forward". Here is
-# the loop; `span(name)` marks each part for the profiler and does nothing otherwise.
+# is run-ahead 1), prepare an 8 MiB input on the CPU (at least 1 ms of work, written into a small
+# ring of host buffers), copy it with `copy_(..., non_blocking=True)`, launch a "forward" of
+# `gpu_ms` on the GPU. Here is the loop; `span(name)` marks each part for the profiler (or for a
+# timer, below) and does nothing otherwise.
 
 # %%
 def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nullcontext):
@@ -67,7 +78,7 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
             dev.copy_(bufs[k], non_blocking=True)
             copy_ms.append((time.perf_counter() - t0) * 1e3)
         with span("launch forward"):
-            pinlab.gpu_busy(gpu_ms)                 # the forward pass, 2 ms of GPU work
+            pinlab.gpu_busy(gpu_ms)                 # the forward pass: gpu_ms of GPU work
         done[k].record()
     torch.cuda.synchronize()
     return copy_ms
@@ -75,32 +86,46 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
 
 # %% [markdown]
 # `stalls.step_loop` runs this loop with three host buffers that are pageable, and with three that
-# are pinned: the only difference. 40 steps of each are timed without the profiler (two rounds,
-# alternating); then 6 steps of each are recorded with `torch.profiler` (CPU and CUDA activity),
-# and the trace is read back into the plot below (`pinlab.profiler`).
+# are pinned: the only difference. What it shows depends on who sets the pace. If the host needs
+# longer per step than the GPU (a busy machine, few cores, other learners' kernels on the same
+# cores), the host sets it, and a step takes as long as the host's work whatever the copies do:
+# that is what happened in a run of this lesson on a shared machine, where writing the 8 MiB input
+# took over 6 ms instead of 1. So `stalls.step_loop` first measures the host's own work per step
+# on this machine, now (the "prepare inputs" and "launch forward" spans of 5 steps of each kind,
+# timed with `stalls.HostSpans`), and makes the forward `gpu_bound_factor` (2) times that long, and at
+# least `gpu_ms` (`stalls.gpu_bound_forward_ms`): then the GPU sets the pace, on a quiet machine and a
+# busy one.
+# 40 steps of each are timed without the profiler (two rounds, alternating); then 6 steps of each
+# are recorded with `torch.profiler` (CPU and CUDA activity), and the trace is read back into the
+# plot below (`pinlab.profiler`).
 #
-# 🔮 **Predict.** The GPU needs 2 ms per step and the host 1 ms. How long does a step take with
-# pinned inputs? With pageable ones: the host's 1 ms plus the GPU's 2 ms plus the copy?
+# 🔮 **Predict.** The forward lasts F, at least twice the host's work per step (the lines below
+# give both for this run). How long does a step take with pinned inputs? With pageable ones: the
+# host's work plus F plus the copy?
 #
 # <details><summary>Answer</summary>
 #
 # Pinned: about one forward plus one copy per step. The copy and the forwards share one stream,
-# so the GPU still runs them one after the other, but the host's 1 ms hides behind the GPU's work.
+# so the GPU still runs them one after the other, but the host's work hides behind the GPU's.
 # Pageable: not the sum. Where the driver does not stage an 8 MiB copy behind the queue (lesson
 # 02's section 1 measured from which size on it does not, on this machine), `copy_` waits until the previous
 # forward is done, then the driver feeds the data through its staging buffer while the host waits
 # inside the call, and only then does the host launch the next forward. The host's preparation
-# still overlaps the previous forward, as long as it is shorter than a forward; what is serialized
-# is the **staged copy**: about one forward plus one (slower) staged copy per step, plus the moment
-# the host needs to return from `copy_` and launch the forward. A host that needs longer than a
-# forward (a busy machine, few cores) sets the pace itself. The timeline shows which it was.
+# still overlaps the previous forward, which is longer; what is serialized is the **staged
+# copy**: about one forward plus one (slower) staged copy per step, plus the moment the host needs
+# to return from `copy_` and launch the forward. So pinned inputs save, per step, the staged copy
+# minus the pinned one, plus that moment: a fixed amount, a smaller share of a longer forward.
 # </details>
 
 # %%
 RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"  # the GPU suite keeps a copy of the trace there
-STEP = dict(steps=40, warm_steps=5, profile_steps=6, input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2)
+STEP = dict(steps=40, warm_steps=5, profile_steps=6, input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2,
+            gpu_bound_factor=2.0)
 loop = pinlab.measure("02_step_loop", partial(stalls.step_loop, run_steps), **STEP, trace=stalls.DEFAULT_TRACE)
 pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
+pinlab.report("the host's own work per step before the timed steps (median)", loop["calibration"]["host_work_ms"])
+pinlab.report(f"so the forward lasts ({STEP['gpu_bound_factor']:g}x that, rounded up to 0.5 ms, at least "
+              f"{ms(STEP['gpu_ms'])})", loop["forward_ms"])
 if loop.live:
     pinlab.show("this run's profiler trace", loop["trace_file"])
 print("the recorded GPU run's profiler trace:", RECORDED_TRACE)
@@ -122,73 +147,61 @@ pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms
 # What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
 # enters `copy_` while the previous forward still runs and leaves it only after the copy has run on
 # the GPU; the next forward starts after that, and the GPU computes nothing in between. The host's
-# "prepare" overlaps the GPU's forward, where it is the shorter of the two. Pinned: `copy_`
-# returns at once, the host waits only at the bounded run-ahead ("wait for step i-2"), and while
-# the host keeps ahead of the GPU the forwards follow each other with only the short copy in
-# between (the "GPU time between two forwards" line says whether they did here). The numbers, two
-# models of the pageable step, and what this run shows:
+# "prepare" overlaps the GPU's forward. Pinned: `copy_` returns at once, the host waits only at
+# the bounded run-ahead ("wait for step i-2"), and the forwards follow each other with only the
+# short copy in between. What the GPU does between two forwards does not depend on how fast the
+# host is, as long as the GPU sets the pace: that is what this section measures. The numbers, two
+# models of the pageable step, and what this run shows (`stalls.step_loop_findings` computes the
+# sentences from the run):
 
 # %%
-memcpy = {m: span_stats(loop["modes"][m]["gpu"], name) for m in stalls.STEP_MODES
-          for name in loop["modes"][m]["memcpy_names"]}
-forward = {m: span_stats(loop["modes"][m]["gpu"], stalls.FORWARD_LABEL) for m in stalls.STEP_MODES}
-staged = memcpy["pageable"]["duration_ms"]
+found = stalls.step_loop_findings(loop.result)
 pinlab.report("ms per step, pinned inputs", pin["ms_per_step"])
 pinlab.report("ms per step, pageable inputs", pag["ms_per_step"])
-pinlab.report("pageable, if host and GPU time added up: prepare + forward + staged copy",
-              STEP["cpu_ms"] + STEP["gpu_ms"] + staged)
-pinlab.report("pageable, if only the staged copy is serialized: forward + staged copy", STEP["gpu_ms"] + staged)
+for name, model_ms in found["models"].items():
+    pinlab.report(f"pageable, if {name}", model_ms)
 pinlab.show("one copy on the GPU (median), pageable (staged) / pinned",
-            f"{ms(staged)} / {ms(memcpy['pinned']['duration_ms'])}")
+            f"{ms(found['copy_ms']['pageable'])} / {ms(found['copy_ms']['pinned'])}")
 pinlab.show("GPU time between two forwards (median), pageable / pinned",
-            f"{ms(forward['pageable']['gap_ms'])} / {ms(forward['pinned']['gap_ms'])}")
+            f"{ms(found['gap_ms']['pageable'])} / {ms(found['gap_ms']['pinned'])}")
+pinlab.show("host's own work per step (median of the timed steps), pageable / pinned",
+            f"{ms(pag['host_work_ms'])} / {ms(pin['host_work_ms'])}")
+pinlab.show("timed steps whose host work took longer than the forward, pageable / pinned",
+            f"{pag['host_slow_steps']} / {pin['host_slow_steps']} of {pin['timed_steps']}")
 pinlab.report("host time inside copy_ per step, pageable (median)", pag["copy_host_ms"])
 pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host_ms"])
 pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
 pinlab.show("GPU idle share (no kernel running), six profiled steps, pageable vs pinned",
             f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
-prep = span_stats(pag["host"], "prepare inputs (CPU)")["duration_ms"]
-gap = forward["pageable"]["gap_ms"]
-pinlab.report("host time preparing a step's input, pageable run (median of the profiled steps)", prep)
-held = pag["copy_host_ms"] >= staged  # the host stayed inside copy_ at least as long as the copy ran on the GPU
-if prep < STEP["gpu_ms"]:
-    pace = (f"the host prepared a step in {ms(prep)}, less than a forward ({ms(STEP['gpu_ms'])}), so the "
-            f"preparation hid behind the previous forward; between two forwards the GPU waited {ms(gap)}: the "
-            f"staged copy ({ms(staged)}) and {ms(max(0.0, gap - staged))} for the host to leave copy_ and launch")
-else:
-    pace = (f"the host needed {ms(prep)} to prepare a step, more than a forward ({ms(STEP['gpu_ms'])}): the host "
-            f"set the pace; between two forwards the GPU waited {ms(gap)}, of which the staged copy ran "
-            f"{ms(staged)}")
-models = {"only the staged copy serialized": STEP["gpu_ms"] + staged,
-          "host and GPU time added up": STEP["cpu_ms"] + STEP["gpu_ms"] + staged}
-nearest = min(models, key=lambda k: abs(models[k] - pag["ms_per_step"]))
-parts = [*pace.split("; "), f"the host {'stayed' if held else 'did not stay'} inside copy_ as long as the copy ran "
-         f"on the GPU", f"the measured pageable step ({ms(pag['ms_per_step'])}) came closer to '{nearest}'"]
-for i, part in enumerate(parts, 1):  # one line per clause, to keep each line short
-    pinlab.show(f"what this run shows ({i}/{len(parts)})", part)
+faster = pinlab.observe(
+    "with the GPU setting the pace, pinned steps were faster, by the GPU's shorter wait between forwards",
+    found["shown"], value=f"{ms(found['extra_ms'])} per step",
+    why="it needs the driver not to stage an 8 MiB pageable copy behind the queue, and a host whose work stays "
+        "under the forward; the sentences below say which part failed")
+for i, part in enumerate(found["sentences"], 1):  # one line per clause, to keep each line short
+    pinlab.show(f"what this run shows ({i}/{len(found['sentences'])})", part)
 
 # %% [markdown]
-# Compare the measured step with the two models above. The mechanism predicts the second one
-# while the host's work fits inside a forward: a fake `non_blocking` copy does not make the host's
-# preparation serial with the GPU's work (in the timeline it overlaps the previous forward), only
-# the copy itself, so the "added up" model counts host time that was hidden. Not to the
-# microsecond: after the staged copy the GPU also waits while the host returns from `copy_` and
-# launches the next forward; the timed steps include the loop's start and its final sync; and the
-# staged copy's duration comes from the six profiled steps, not the timed ones. Where the host
-# needs longer than a forward to prepare a step (a busy machine, few cores, a GPU shared with
-# other learners), neither model holds: the host sets the pace, and the GPU waits for it between
-# forwards. The "what this run shows" lines above say which case this run was.
+# Compare the measured pageable step with the two models above. The mechanism predicts the first
+# one, "only the staged copy serialized", while the GPU sets the pace: a fake `non_blocking` copy
+# does not make the host's preparation serial with the GPU's work (in the timeline it overlaps the
+# previous forward), only the copy itself, so the "added up" model counts host time that was
+# hidden. Not to the microsecond: after the staged copy the GPU also waits while the host returns
+# from `copy_` and launches the next forward; the timed steps include the loop's start and its
+# final sync; and the staged copy's duration comes from the six profiled steps, not the timed ones.
+# Where the host still needed longer than a forward (it got slower after the forward was sized:
+# other work on its cores), neither model holds: the host sets the pace, and the GPU waits for it
+# between forwards; the "what this run shows" lines say so when it happened.
 #
 # **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
 # What pinned inputs change per step is what sits between two forwards on the GPU (the gaps above):
-# a fraction of a step, of the order of what a step's time moves from run to run, so a comparison
-# could flip on a noisy run.
-# And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
-# why. A loop whose host falls behind leaves the GPU idle whatever its copies do, and six profiled
-# steps are few: the profiler adds host work to every call, and one slow host step (the operating
-# system, a page fault, the profiler itself) shows up as idle GPU time. A run in which the pinned
-# loop is faster can still show it the larger idle share. What holds on every run are the names
-# the profiler gives the copies; the cause, measured on the host, is shown beside them:
+# a fraction of a step, and a smaller one the longer the forward this run needed, of the order of
+# what a step's time moves from run to run on a shared GPU, so a comparison could flip on a noisy
+# run. And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
+# why. Six profiled steps are few: the profiler adds host work to every call, and one slow host step
+# (the operating system, a page fault, the profiler itself) shows up as idle GPU time. What holds on
+# every run are the names the profiler gives the copies; the cause, measured on the host, is shown
+# beside them:
 
 # %%
 print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
@@ -200,12 +213,13 @@ ok = pinlab.claims({
         set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
     "the profiler named every copy of the pinned run 'Pinned -> Device'":
         set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"},
-}, why="CUPTI names a copy by the kind of host memory it reads; ROCm's profiler names copies differently")
+}, why="CUPTI names a copy by the kind of host memory it reads; another profiler (ROCm's, not measured here) may "
+       "name copies differently")
 host_held = pinlab.observe(
     "the host spent at least 10 times longer inside a pageable copy_ than inside a pinned one",
     pag["copy_host_ms"] >= 10 * pin["copy_host_ms"], value=f"{pag['copy_host_ms'] / pin['copy_host_ms']:.0f}x",
     why="where the driver stages an 8 MiB pageable copy behind the queue (another driver) or the GPU reads "
-        "pageable memory directly (GH200), the pageable copy_ returns sooner")
+        "pageable memory directly (GH200, not measured here, docs/facts.md F15), the pageable copy_ returns sooner")
 
 # %% [markdown]
 # The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
@@ -244,10 +258,12 @@ host_held = pinlab.observe(
 # 3. **a pinned source**: only then can the copy engine of a GPU over PCIe read the host memory
 #    by itself. From pageable memory the driver copies through its staging buffer, and a copy it
 #    does not stage behind the queue makes the host wait (lesson 02, section 1). (A GPU that reads host
-#    memory through the host's page tables, as on a GH200, is another case.)
+#    memory through the host's page tables, as on a GH200, is another case, not measured here:
+#    `docs/facts.md` F15.)
 #
-# PyTorch's tutorial "A guide on good usage of `non_blocking` and `pin_memory()`" shows the pattern
-# with a side stream. Here it is in a step loop: each step copies a 16 MiB pinned input to the GPU
+# PyTorch's tutorial "A guide on good usage of `non_blocking` and `pin_memory()`" lists these three
+# conditions in a note, with no code for the side stream (`docs/facts.md` F20). Here is the pattern
+# in a step loop: each step copies a 16 MiB pinned input to the GPU
 # and computes on it (`compute` keeps the GPU busy for `ms`, then sums the input, so that a step
 # that read the wrong data shows it). `one_stream_steps` does it all on the current stream;
 # `copy_stream_steps` copies each input on a **copy stream** while the step before computes.
@@ -390,7 +406,8 @@ ok = pinlab.claims({
         "input's memory from reuse until the compute has read it",
     "on one stream, no copy ran beside a kernel": "a stream runs its work in order, one operation at a time",
     "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
-        "CUPTI names a copy by the kind of host memory it reads; ROCm's profiler names copies differently",
+        "CUPTI names a copy by the kind of host memory it reads; another profiler (ROCm's, not measured here) "
+        "may name copies differently",
 }, values={"every step's sum was right in all three loops":
            ", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in stalls.OVERLAP_MODES)})
 overlapped = pinlab.observe(
@@ -576,7 +593,8 @@ ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for
 # The third never does: its copy reads a fresh pinned block and is only enqueued. The second copies
 # 32 KiB from pageable memory (4096 int64 values: Python ints become int64): where the driver stages
 # a copy that small (lesson 02, sections 1 and 2) it returns at once, and it waits where the driver
-# does not (on ROCm every pageable copy waits).
+# does not (on ROCm, not measured here, HIP documents every pageable copy as synchronous:
+# `docs/facts.md` F17).
 # </details>
 
 # %%
@@ -597,7 +615,8 @@ ok = pinlab.claims({
 small_staged = pinlab.observe(
     "torch.tensor(list).to('cuda', non_blocking=True) did not wait (the driver staged it)",
     not arow["pageable_nb"]["blocked"], value=pinlab.fmt_ms(arow["pageable_nb"]["host_ms"]),
-    why="a small pageable copy is staged where the driver chooses to (undocumented); on ROCm it waits")
+    why="a small pageable copy is staged where the driver chooses to (undocumented); HIP documents it as "
+        "synchronous (ROCm, not measured here, docs/facts.md F17)")
 
 # %% [markdown]
 # The middle one, a small pageable tensor copied `non_blocking`, is staged by the driver where it
@@ -708,9 +727,14 @@ ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pin
 
 # %% [markdown]
 # ## What to remember
-# - In a step loop, a fake `non_blocking` copy serializes the staged copy with the GPU's work:
-#   the host waits inside `copy_` and the GPU computes nothing meanwhile. The profiler names the
-#   copy `Memcpy HtoD (Pageable -> Device)`.
+# - Where the driver does not stage a pageable copy behind the queue (lesson 02, section 1, measured
+#   from which size on it does not, on this machine), a `non_blocking` copy from pageable memory
+#   keeps the host inside `copy_` until the work queued before it and the staged copy have run, and
+#   the GPU computes nothing meanwhile. In a loop whose pace the GPU sets, that adds the staged copy
+#   and a launch to every step; in one whose host sets the pace (its own work per step longer than
+#   the GPU's), pinned inputs do not make it faster. Section 1's "what this run shows" lines say how
+#   much this run saved, or why it could not show it. The profiler names the copy
+#   `Memcpy HtoD (Pageable -> Device)`.
 # - `non_blocking` frees the host, not the GPU: on one stream a copy and a kernel take turns. A copy
 #   runs beside the compute only with a free copy engine, a **copy stream** and a **pinned** source:
 #   `copy_stream.wait_stream(compute_stream)`, the copy inside `with torch.cuda.stream(copy_stream):`,

@@ -8,11 +8,22 @@
 # - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data:
 #   first in a timeline model, then in a step loop you run yourself (on a GPU, or on an emulated
 #   lagging stream on a laptop), then measured on the GPU;
+# - to catch it in the act with the course's race detector, `pinlab.races.detect_races()`;
 # - that real FlashInfer decode attends over the wrong pages when its `indptr` travels that way;
 # - that a **pageable** buffer is correct, and what that costs: host time, and a host that can
 #   no longer run ahead of the GPU once the driver's staging fills; and, with a clock around every call of the step, *where* the
 #   host waits (not always in the copy call);
 # - how many launches CUDA's launch queue holds before a launch call blocks, measured.
+
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
 
 # %% tags=["nbval-ignore-output"]
 import time
@@ -226,6 +237,51 @@ ok = pinlab.claims({
         "the driver stages a pageable copy during the call; a wrong row here is a bug in the driver or torch"})
 
 # %% [markdown]
+# ### Catch it in the act: `detect_races`
+#
+# Nothing in that loop raised. No PyTorch tool reports this race: its CUDA sanitizer
+# (`torch.cuda._sanitizer`) follows CUDA tensors only, and the host buffer is a CPU tensor. The
+# course's race detector, `pinlab.races.detect_races()`, keeps a copy of the bytes each pending
+# `non_blocking` H2D copy should read and, before every later torch call that touches that memory,
+# asks the copy's event whether it has run; if it has not and the call changed the bytes, the host
+# rewrote the source of a pending copy. Wrap the same loop in it, with each buffer:
+
+# %% tags=["nbval-ignore-output"]
+from pinlab.races import detect_races
+
+with pinlab.stream() as s:
+    with detect_races() as races:
+        rows = step_loop(s, torch.zeros(64, dtype=torch.int32, pin_memory=True), steps=50)
+    with detect_races() as races_pageable:
+        step_loop(s, torch.zeros(64, dtype=torch.int32), steps=50)
+print(races)
+
+# %%
+wrong, flagged = {n for n, r in enumerate(rows) if r != n}, set(races.raced)  # one copy per step: ordinal = step
+pinlab.show("stream", s.label)
+pinlab.show("steps whose data arrived wrong / steps the detector flagged", f"{len(wrong)} / {len(flagged)} of 50")
+ok = pinlab.claims({
+    "the detector flagged the reused pinned buffer": len(flagged) >= 1,
+    "steps whose data arrived wrong and were not flagged": len(wrong - flagged),
+    "the pageable buffer: races flagged": races_pageable.total,
+}, expect={"steps whose data arrived wrong and were not flagged": 0, "the pageable buffer: races flagged": 0},
+   values={"the detector flagged the reused pinned buffer": f"{len(flagged)} of 50 steps",
+           "steps whose data arrived wrong and were not flagged": sorted(wrong - flagged)},
+   why={"the detector flagged the reused pinned buffer": "the race needs the host ahead of the GPU (0.5 ms of "
+        "GPU work per step against a host step of microseconds); a host slower than that lets the GPU keep up",
+        "steps whose data arrived wrong and were not flagged": "a copy reads wrong data only if the host rewrote its "
+        "buffer while it was pending, and the detector asks before every call that touches the buffer: a miss is "
+        "a bug in pinlab.races",
+        "the pageable buffer: races flagged": "the driver stages a pageable copy during the call, so nothing is "
+        "pending: a finding here is a false positive (a bug in pinlab.races)"})
+
+# %% [markdown]
+# It may flag a step whose data arrived right: a copy that was still pending when the host
+# rewrote its buffer, but ran just before the write landed. That is still the race, lost this
+# time by luck. `print(races)` names the line of the copy, the line that rewrote its source, and
+# the fix. Lesson 04 runs every fix under it, and lesson 07 turns it into a test that fails.
+
+# %% [markdown]
 # The `copy_` call returned long before the copy ran. When it finally ran, the pinned buffer
 # held whatever the host had written last. (On the emulated stream nothing runs before the final
 # `synchronize()`, so every copy reads the last step; a real GPU runs a few copies early.)
@@ -317,7 +373,7 @@ ok = pinlab.claims({
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
 dec = pinlab.measure("03_decode_race", l03.decode_race, strategies=["reused_pinned", "pageable"],
-                     steps=64, busy_ms=3.0, ring=3, ahead=2, seed=0)
+                     steps=64, busy_ms=3.0, ring=3, run_ahead=1, seed=0)
 
 # %%
 pinlab.show("attention backend", dec.result["backend"])
@@ -573,8 +629,8 @@ pinlab.claims({"pageable buffer, steps that received another step's data, at eve
 # observed: when the host waits depends on the driver's staging (undocumented), the link, the host's
 # speed and what else runs on the GPU
 staging_why = ("the driver's staging limits and where a pageable copy blocks are undocumented and differ by "
-               "driver, link and platform (a GH200's NVLink-C2C, WSL2, ROCm); a GPU shared with other processes "
-               "works through the queue more slowly")
+               "driver, link and platform (a GH200's NVLink-C2C, WSL2, ROCm: not measured here, docs/facts.md "
+               "F15, F17, F18); a GPU shared with other processes works through the queue more slowly")
 share = {(b, n): parts[(b, n)]["share"] for (b, n) in parts}
 mid_launches = waited[mid]["check"]["steps"] + waited[mid]["forward"]["steps"]
 pinlab.observe(f"{fmt_bytes(small)} pageable: the host finished its loop while most of the GPU work was still queued",
@@ -702,7 +758,7 @@ else:
 # them, the launch that found the queue full and waited for the busy kernel to end (the dashed
 # line). Its index is the queue's depth in launches on this machine and driver (give or take the
 # long kernel and its event, which hold slots too), printed above; it is not documented, and other
-# drivers, GPUs or platforms (ROCm, WSL2) may hold more or fewer.
+# drivers, GPUs or platforms (ROCm, WSL2: not measured here) may hold more or fewer.
 #
 # Where the lines above say that the smallest size's first wait came when about as many operations
 # were queued as the queue holds, this explains its waits: a loop that never synchronizes runs

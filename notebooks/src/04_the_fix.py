@@ -10,6 +10,7 @@
 # - the trap: `pin_memory()` of a tensor that is already pinned is that same tensor;
 # - what the snapshot costs, and how it compares with every other fix vLLM tried, including a ring
 #   of pinned buffers guarded by events (which you also run yourself);
+# - to judge a fix by what the race detector finds, not by one run's luck;
 # - why the snapshot can be slow now and then (a cold `cudaHostAlloc`), and what tames it: a warmed
 #   cache, or a reserved pinned segment (`pinned_reserve_segment_size_mb`);
 # - why vLLM chose the snapshot over pageable buffers, although one small pageable copy can be cheaper:
@@ -19,6 +20,16 @@
 #   it yourself, and measure it against the PR's);
 # - which fix to use when, with the numbers of this run;
 # - the same class of hazard inside FlashInfer's own `plan()`.
+
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
 
 # %% tags=["nbval-ignore-output"]
 from functools import partial
@@ -152,7 +163,8 @@ ok = pinlab.claims({
 # </details>
 
 # %%
-alloc = pinlab.measure("04_allocator_reuse", l04.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200, ahead=4)
+alloc = pinlab.measure("04_allocator_reuse", l04.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200,
+                       run_ahead=3)
 a = alloc.result
 
 # %%
@@ -252,7 +264,7 @@ plt.show()
 
 # %%
 cost = pinlab.measure("04_snapshot_cost", l04.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=300,
-                      busy_ms=0.1, ahead=2, rounds=3)
+                      busy_ms=0.1, run_ahead=1, rounds=3)
 
 # %% tags=["nbval-ignore-output"]
 us = lambda v: f"{v:.1f}"  # noqa: E731
@@ -459,7 +471,7 @@ ok = pinlab.claims({
 
 # %%
 hist = pinlab.measure("04_history", l04.history, strategies=steploop.HISTORY, steps=500, nbytes=4096,
-                      busy_ms=0.3, ahead=2, ring_depth=3, rounds=5)
+                      busy_ms=0.3, run_ahead=1, ring_depth=3, rounds=5)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(hist.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"),
@@ -534,7 +546,51 @@ ok = pinlab.claims({
 # of them comes out cheaper moves from run to run (the round medians show the spread; the "cheapest
 # to dearest" line is this run's order). Only the event wait's gap is structural: it waits for the
 # GPU on every step.
+
+# %% [markdown]
+# ### Every approach under the race detector
 #
+# The corrupted-step counts above need a GPU that is behind, and say nothing about a fix that was
+# lucky. Lesson 03's `detect_races` judges each approach by what the host did to memory a pending
+# copy still had to read: `l03.race_audit` runs each through the same loop (50 steps, the GPU
+# 0.5 ms behind per step, the host never waiting), live on the GPU or on the emulated stream.
+
+# %% tags=["nbval-ignore-output"]
+s = pinlab.stream()                              # the GPU's stream, or the emulated one: the loop enters it
+audit = l03.race_audit(s, steploop.HISTORY, steps=50)
+pinlab.show("stream", s.label)
+pinlab.table([{"approach": steploop.LABELS[k], "wrong": len(a["wrong"]), "flagged": len(a["flagged"]),
+               "missed": len(a["missed"])} for k, a in audit.items()],
+             [("approach", "approach"), ("wrong", "steps wrong"), ("flagged", "steps flagged"),
+              ("missed", "wrong, not flagged")])
+print(audit["double_pinned"]["summary"])
+
+# %%
+FIXED = ("pageable", "snapshot", "ring_events", "event_wait")
+RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned")
+ok = pinlab.claims({
+    **{f"{steploop.LABELS[k]}: races flagged": audit[k]["findings"] for k in FIXED},
+    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged":
+        all(audit[k]["flagged"] for k in RACY),
+    "steps whose data arrived wrong and were not flagged, all approaches":
+        sum(len(a["missed"]) for a in audit.values()),
+}, expect={**{f"{steploop.LABELS[k]}: races flagged": 0 for k in FIXED},
+           "steps whose data arrived wrong and were not flagged, all approaches": 0},
+   values={"the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged":
+           {k: len(audit[k]["flagged"]) for k in RACY}},
+   why={**{f"{steploop.LABELS[k]}: races flagged": "a correct fix never rewrites memory a pending copy reads: a "
+           "finding is a false positive (a bug in pinlab.races)" for k in FIXED},
+        "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged":
+        "the race needs the GPU behind the host (0.5 ms of GPU work per step against a host step of microseconds)",
+        "steps whose data arrived wrong and were not flagged, all approaches":
+        "the detector asks each copy's event before every call that touches its source: a miss is a bug"})
+
+# %% [markdown]
+# The double buffer's report says why #23737 did not fix MRV2: its copy into the *second* pinned
+# buffer rewrites that buffer while the previous step's H2D copy still reads it. A fix passes when
+# the detector finds nothing, whether or not this run's GPU was far enough behind to corrupt a step.
+
+# %% [markdown]
 # ## Several tensors per step: why vLLM chose the snapshot
 #
 # One small pageable copy per step can cost the host less than a snapshot (the observation under
@@ -557,7 +613,7 @@ ok = pinlab.claims({
 # %%
 pool = pinlab.measure("04_shared_pool", l04.shared_pool, totals=[24 * 1024, 192 * 1024, 768 * 1024, 3 * 1024 * 1024,
                                                                  6 * 1024 * 1024],
-                      tensors=6, steps=50, busy_ms=0.5, ahead=2, rounds=3)
+                      tensors=6, steps=50, busy_ms=0.5, run_ahead=1, rounds=3)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(pool.result["rows"], [("total_bytes", "per step", fmt_bytes), ("tensor_bytes", "per tensor", fmt_bytes),
@@ -592,7 +648,8 @@ big_dearer = pinlab.observe(
     prow[-1]["pageable_us"] > prow[-1]["snapshot_us"],
     value=f"{prow[-1]['pageable_us']:.1f} / {prow[-1]['snapshot_us']:.1f} µs",
     why="when pageable copies wait is the driver's staging, undocumented; a shared GPU, a slow host or a link "
-        "where pageable copies are cheap (a GH200) moves or removes the crossing")
+        "where pageable copies are cheap (a GH200, not measured here, docs/facts.md F15) moves or removes the "
+        "crossing")
 
 # %% [markdown]
 # What the lines show: for small steps the driver stages the pageable copies at the call, a
@@ -602,7 +659,8 @@ big_dearer = pinlab.observe(
 # in this run (the "took over half a GPU step" line): with several tensors per step it can come far
 # below the limits lesson 02 measured for one copy and for many small ones, because the staging's
 # limits depend on how the bytes are split into copies, and are undocumented and driver-dependent;
-# where pageable copies are cheap (a GH200's NVLink-C2C) it may not come at all in this range. The
+# where pageable copies are cheap (a GH200's NVLink-C2C, not measured here: `docs/facts.md` F15) it
+# may not come at all in this range. The
 # snapshot's copies need no staging, so no staging limit makes them wait. Their cost is host work
 # (the allocator, a `memcpy`, a `cudaHostAlloc` for each new block), and on a host or GPU shared
 # with other processes that work can cost more than the pageable copies. vLLM took the snapshot
@@ -687,9 +745,10 @@ class SlabRing:
 SIZES = list(l04.METADATA.values())
 s = pinlab.stream()  # the harness enters it for each run
 demo = {k: l04.metadata_loop(s, (lambda st, sz, k=k: l04.PerTensor(st, sz, k)), steps=200, sizes=SIZES,
-                             busy_ms=0.25, ahead=2) for k in l04.PER_TENSOR}
-demo["slab_ring"] = l04.metadata_loop(s, SlabRing, steps=200, sizes=SIZES, busy_ms=0.25, ahead=2)
-shallow = l04.metadata_loop(s, lambda st, sz: SlabRing(st, sz, depth=1), steps=200, sizes=SIZES, busy_ms=0.25, ahead=2)
+                             busy_ms=0.25, run_ahead=1) for k in l04.PER_TENSOR}
+demo["slab_ring"] = l04.metadata_loop(s, SlabRing, steps=200, sizes=SIZES, busy_ms=0.25, run_ahead=1)
+shallow = l04.metadata_loop(s, lambda st, sz: SlabRing(st, sz, depth=1), steps=200, sizes=SIZES, busy_ms=0.25,
+                            run_ahead=1)
 pinlab.show("stream", s.label)
 pinlab.show("reused pinned buffers: corrupted steps", f"{demo['reused_pinned']['corrupted']} of 200")
 pinlab.show("host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
@@ -716,7 +775,7 @@ ok = pinlab.claims({
 # engine bounds it anyway (vLLM's batch queue), so this is the loop that matters.
 
 # %%
-fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000, sizes=SIZES, busy_ms=0.25, ahead=2,
+fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000, sizes=SIZES, busy_ms=0.25, run_ahead=1,
                     depth=3, rounds=8)
 
 # %% tags=["nbval-ignore-output"]
@@ -796,7 +855,7 @@ ring_vs_bug = pinlab.observe("slab ring: no more host time than the racy buffers
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
 dec = pinlab.measure("04_decode_snapshot", l03.decode_race, strategies=["reused_pinned", "snapshot"],
-                     steps=64, busy_ms=3.0, ring=3, ahead=2, seed=0)
+                     steps=64, busy_ms=3.0, ring=3, run_ahead=1, seed=0)
 
 # %%
 d = dec.result

@@ -16,6 +16,16 @@
 # Part 1 runs everywhere: the code on the emulated lagging stream (`pinlab.LaggingStream`, lesson 02's
 # stand-in for a GPU that is far behind the host). Part 2 measures on a GPU, or replays the recorded run.
 
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
 # %% tags=["nbval-ignore-output"]
 import contextlib
 import os
@@ -192,7 +202,7 @@ with pinlab.LaggingStream() as s:
             g.copy_(h, non_blocking=True)                         # reload
         queued[name] = s.pending()
         s.synchronize()
-        reloaded[name] = all(torch.equal(g, r) for g, r in zip(gpu, reference))
+        reloaded[name] = all(torch.equal(g.cpu(), r) for g, r in zip(gpu, reference))
         print(f"from {name:18s}: {queued[name]} queued items after the reload "
               f"({'the host did not wait' if queued[name] > len(gpu) else 'the host waited for the GPU'})")
 pinlab.claims({"from pinned memory the busy work and all four copies are still queued": queued["empty_pinned_copy"] == 5,
@@ -257,7 +267,7 @@ with pinlab.LaggingStream() as s:
         pinned_held = s.pinned_bytes()
         wake(model, s.device)
         s.synchronize()
-        exact = all(torch.equal(p, r) for p, r in zip(model.parameters(), reference))
+        exact = all(torch.equal(p.cpu(), r) for p, r in zip(model.parameters(), reference))
         print(f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned bytes held: "
               f"{fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}")
         pinlab.claim(f"cycle {cycle}: asleep in pinned memory, awake bitwise equal", asleep_pinned and exact,
@@ -356,7 +366,8 @@ pinlab.claims({"copies per weight 1, 2 and 1": [v["copies_per_weight"] for v in 
 # says whether this run met it): a ratio near 1 moves with the run, the host and a GPU shared with
 # others. The speed-ups compare the median of the three rounds of each method, from this one run;
 # how large they are depends on the link and on how the host handles pageable memory (on a GH200
-# the GPU reads pageable memory through the host's page tables, and the gap narrows).
+# the GPU reads pageable memory through the host's page tables, and the gap narrows: not measured
+# here, `docs/facts.md` F15).
 
 # %%
 after, before, uva = methods["empty_pinned_copy"], methods["to_cpu"], methods["to_cpu_pin_memory"]
@@ -379,7 +390,8 @@ pinlab.show("what this run shows", f"page-locking fresh memory took {after['cold
 pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 2 * after["warm_ms"] < before["warm_ms"],
                value=f"{before['warm_ms'] / after['warm_ms']:.1f}x",
                why="the gap is the link's pinned rate against the host's pageable path: a slow link (PCIe Gen3) "
-                   "or a GPU that reads pageable memory through the host's page tables (GH200) narrows it")
+                   "or a GPU that reads pageable memory through the host's page tables (GH200, not measured here) "
+                   "narrows it")
 
 # %% [markdown]
 # The 90% goal is about the warm path: the copies and their per-weight overhead, no page-locking.
@@ -441,7 +453,7 @@ pinlab.observe("from pageable memory (.to('cpu')) the host was held over half th
                "busy GPU, or staging the copies took that long by itself)",
                before["reload_host_ms"] > res["busy_ms"] / 2, value=pinlab.fmt_ms(before["reload_host_ms"]),
                why="when a pageable copy waits is the driver's choice (undocumented); a GPU that reads pageable "
-                   "memory through the host's page tables (GH200) may not stage it at all")
+                   "memory through the host's page tables (GH200, not measured here) may not stage it at all")
 
 # %% [markdown]
 # ## Sleep and wake, from 64 MiB to a few GiB
@@ -516,7 +528,8 @@ pinlab.observe("at the largest size, a pinned wake is at least 2x faster than a 
                2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"],
                value=f"{big['pageable_wake_ms'] / big['pinned_warm_wake_ms']:.1f}x",
                why="the gap is the link's pinned rate against the driver's staging of pageable memory: a GPU that "
-                   "reads pageable memory through the host's page tables (GH200) or a slow host narrows it")
+                   "reads pageable memory through the host's page tables (GH200, not measured here) or a slow host "
+                   "narrows it")
 
 # %% [markdown]
 # Read the left plot: a warm pinned sleep and every pinned wake grow roughly in proportion to the
@@ -542,11 +555,12 @@ pinlab.observe("at the largest size, a pinned wake is at least 2x faster than a 
 # - **The footprint does not fit.** The rounding above can double the pinned bytes of an offloaded
 #   model: that is why `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` came first (pinned blocks rounded
 #   up to powers of two ran a GB300 host out of memory). `pin=False` above is its switch.
-# - **Grace Hopper / Grace Blackwell** (GH200, GB200, GB300). The CPU's LPDDR5X and the GPU's HBM are
-#   separate memories, but coherent over NVLink-C2C: the GPU reads pageable host memory through the
-#   host's page tables (ATS), so a pageable copy comes much closer to a pinned one and pinning buys
-#   less, while every pinned byte is still host memory nobody else can use. vLLM's own comment on
-#   the switch names these machines too.
+# - **Grace Hopper / Grace Blackwell** (GH200, GB200, GB300; not measured here: `docs/facts.md` F14,
+#   F15). The CPU's LPDDR5X and the GPU's HBM are separate memories, but coherent over NVLink-C2C: the
+#   GPU reads pageable host memory through the host's page tables (ATS), so a pageable copy comes much
+#   closer to a pinned one and pinning buys less, while every pinned byte is still host memory nobody
+#   else can use. vLLM's own docstring for the switch names these machines too, in its words pinned
+#   memory "eats into GPU memory" there.
 # - **No pinning available**: a CPU-only torch raises on `pin_memory=True`; vLLM gates it with
 #   `is_pin_memory_available()` (WSL, CPU platforms).
 #
@@ -637,7 +651,8 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 #   pays for page-locking.
 # - The price is pinned host RAM, rounded up to powers of two per weight. Do not pin when RAM is short
 #   or the rounded footprint does not fit (`VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`), for one-off
-#   moves, or where pinning buys little (GH200/GB200: the GPU reads pageable memory over NVLink-C2C).
+#   moves, or where pinning buys little (GH200/GB200: the GPU reads pageable memory over NVLink-C2C;
+#   not measured here).
 # - Zero-copy (UVA) lets kernels read pinned host memory in place: no copy, but PCIe speed on every use.
 #
 # **Exercises:** `exercises/05_pinned_weight_restore.ipynb` (solutions in `solutions/`).

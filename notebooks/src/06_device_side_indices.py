@@ -12,6 +12,16 @@
 # - the other copies the PR removed: a streaming audio mask built on the device, and per-step
 #   results copied back into pinned memory, read only after their event.
 
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
 # %% tags=["nbval-ignore-output"]
 import inspect
 import random
@@ -58,9 +68,9 @@ pinlab.claim("block by block, row-major inside each 2x2 block",
 # can read and copy it; every experiment in this notebook runs exactly these functions.
 #
 # **(a) before** (vLLM 0.28): built on the CPU, image by image, then one
-# `.to(cos.device, non_blocking=True)` from pageable memory. HF transformers
+# `.to(cos.device, non_blocking=True)` from pageable memory (`docs/facts.md` F12). HF transformers
 # 4.x builds the same ids on the CPU too, but makes no copy of its own: it indexes the GPU table
-# with the CPU index tensor and leaves moving the index to torch. For ids this small (a few
+# with the CPU index tensor and leaves moving the index to torch (F13). For ids this small (a few
 # hundred KiB at most here) the driver first copies them into a pinned staging buffer of its own, and the call
 # usually returns without waiting for the GPU: the host pays for the staging on every call, and
 # once the driver's staging pool is full the same call waits for the GPU (lesson 02 measures when:
@@ -77,7 +87,7 @@ print(inspect.getsource(l06.ids_before))
 # **(b) the PR** (vLLM 0.29): the same chain, built on the device. For Qwen2-VL, vLLM 0.29 builds
 # the ids with `device=self.device` (the patch embedding's device) and calls `get_cos_sin` after the
 # loop; the `torch.arange(..., device=cos.device)` form, with `get_cos_sin` first, is Qwen2.5-VL's
-# (vLLM 0.29's `model_executor/models/qwen2_vl.py` and `qwen2_5_vl.py`). No copy at all; but every image launches its own chain of small kernels.
+# (`docs/facts.md` F12). No copy at all; but every image launches its own chain of small kernels.
 
 # %%
 print(inspect.getsource(l06.ids_per_image))
@@ -179,8 +189,8 @@ pinlab.claims({
 # `Memcpy HtoD (Pageable -> Device)` or `(Pinned -> Device)`. The grid mixes: one large image, one
 # video, 8 and 32 small images, and a mixed batch of images and a video. (a)'s per-image calls
 # run on the CPU, so on the GPU it launches only its copy and the gather, whatever the mix: its
-# per-image cost is CPU work. Where the profiler records no GPU activity (often so under WSL2),
-# this experiment replays the recorded run instead, and its
+# per-image cost is CPU work. Where the profiler records no GPU activity (often so under WSL2, not
+# measured here: `docs/facts.md` F18), this experiment replays the recorded run instead, and its
 # `source` line says why.
 
 # %%

@@ -20,6 +20,16 @@
 # (`exercises/07_capstone_audit.ipynb`). The measurements of the fix run the reference answer from the
 # library.
 
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
 # %% tags=["nbval-ignore-output"]
 import gc
 
@@ -303,8 +313,8 @@ pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"
 # A few steps of the planted loop under `torch.profiler` (on the GPU): the host lane shows the
 # engine's host work (schedule, launches, host work, emit); a gap in it is the host waiting, in the
 # pageable copy or in `.item()`. The GPU lane shows kernels and copies. Where the profiler records
-# no GPU activity (often so under WSL2), the timelines replay the recorded run, and the `source`
-# line says why.
+# no GPU activity (often so under WSL2, not measured here: `docs/facts.md` F18), the timelines
+# replay the recorded run, and the `source` line says why.
 
 # %%
 def timeline_planted(steps):

@@ -18,6 +18,16 @@
 #
 # Before this lesson: 03 (the race) and 04 (the fix).
 
+# %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
 # %% tags=["nbval-ignore-output"]
 import matplotlib.pyplot as plt
 import torch
@@ -138,19 +148,19 @@ pinlab.show("what that is", (
 # %% [markdown]
 # Read `.item()`'s message with care. On a GPU, CUDA refuses the wait ("operation not permitted when
 # stream is capturing"), and torch then ends the capture and reports what that ending saw: "operation
-# failed due to a previous error during capture", the line a GPU run prints above. The emulated stream
-# raises the first message, the cause. The warning "The CUDA Graph is empty" that a GPU run leaves
-# under the cell comes from the pageable copy's capture, not from `.item()`'s: torch refused that
-# copy before anything was recorded, so the capture ended cleanly with no node in it, and
-# `capture_end` warns when a graph has none (`aten/src/ATen/cuda/CUDAGraph.cpp`). The `.item()`
-# capture had recorded the sum; CUDA invalidated it, and ending it raised the error above before
-# any node count was taken.
+# failed due to a previous error during capture", the line a GPU run prints above; the refusal is
+# that error's context. The emulated stream raises the same pair. The warning "The CUDA Graph is
+# empty" that a GPU run leaves under the cell comes from the pageable copy's capture, not from
+# `.item()`'s: torch refused that copy before anything was recorded, so the capture ended cleanly
+# with no node in it, and `capture_end` warns when a graph has none
+# (`aten/src/ATen/cuda/CUDAGraph.cpp`). The `.item()` capture had recorded the sum; CUDA invalidated
+# it, and ending it raised the error above before any node count was taken (`docs/facts.md` F9).
 #
 # Torch refuses the pageable copy itself: `copy_kernel_cuda` in `aten/src/ATen/native/cuda/Copy.cu`
 # checks, while a stream captures, that the CPU side of a copy is pinned (pytorch PR #172156). Its
 # maintainers give lifetime as the reason: a captured copy stores the CPU buffer's address, and
 # nothing keeps that buffer alive for the graph's replays, so a replay could silently read memory
-# that was freed and reused, garbage (issue #171894). That is why graphs need
+# that was freed and reused, garbage (issue #171894; `docs/facts.md` F8). That is why graphs need
 # pinned staging buffers that **outlive the graph**. `.item()` is refused because the host would
 # have to wait for a value the capture has not computed. So an engine that captures its step pins
 # every host buffer the step copies from and keeps it for the graph's life: the same persistent
@@ -328,8 +338,8 @@ def snapshot_step(s, meta, static, g):
 # and **fixed device buffers** for `indptr`, `indices` and `last_page_len`. `plan()` runs outside
 # the graph every step: it reads the host metadata, computes the plan on the host, and copies the
 # metadata into the fixed buffers with `non_blocking=True` (`_plan_impl` in FlashInfer's
-# `flashinfer/decode.py`, which also stages its plan info through one pinned workspace per
-# wrapper). `run()` is captured once, and every
+# `flashinfer/decode.py`, which also stages its plan info through one pinned workspace per wrapper:
+# `docs/facts.md` F19). `run()` is captured once, and every
 # replay reads whatever the fixed buffers hold when it runs:
 #
 # ```python

@@ -15,6 +15,16 @@
 #   Python, a blocking copy back) and remove them without changing the result.
 
 # %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
+# %%
 import torch
 
 from pinlab.checks import l02 as checks02
@@ -99,7 +109,8 @@ def step_with_syncs(s, x_host, w):
 # Write `step_without_syncs(s, x_host, w)`: the same scores, with **no** host wait. It returns
 # `(scores_host, done)`: `scores_host` a tensor in host memory, `done` an event (`s.Event()`)
 # recorded after the copy into it. The caller reads `scores_host` only after `done.synchronize()`,
-# so the host is free until it really needs the numbers.
+# so the host is free until it really needs the numbers (your step waits on it neither with
+# `done.synchronize()` nor with a loop polling `done.query()`: both are host waits).
 # - every copy to the GPU is `non_blocking=True` from **pinned** memory;
 # - no value of a GPU tensor is read into Python (`.item()`, `.tolist()`, `if t:`, `int(t)`);
 # - the scores come back with a `non_blocking=True` copy into pinned memory.

@@ -13,6 +13,16 @@
 # - how to make a step loop race-free without making the host wait for the GPU.
 
 # %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
+# %%
 import matplotlib.pyplot as plt
 import torch
 
@@ -60,14 +70,13 @@ ok = checks03.check_indptr_last_page_len(indptr_last_page_len)
 # runs). Copy n delivered step n's data only if **no later step's write starts before copy n
 # ends** (a write starting exactly at its end is fine).
 #
-# Here is a timeline from the model of lesson 03 with `ahead=2`: before writing step n the host
-# waits for step n-2's copy (a batch queue of depth 2), so step n-1's copy may still be queued, a
-# run-ahead of 1 in the course's words (**run-ahead k**: the host may write step n+k's data while
-# the GPU has not yet run step n's copy; a ring of pinned buffers for run-ahead k needs k + 1
-# buffers):
+# Here is a timeline from the model of lesson 03 with `run_ahead=1` (**run-ahead k**: the host may
+# write step n+k's data while the GPU has not yet run step n's copy; a ring of pinned buffers for
+# run-ahead k needs k + 1 buffers): before writing step n the host waits for step n-2's copy, so
+# step n-1's copy may still be queued:
 
 # %%
-sim = steploop.simulate("reused_pinned", steps=6, ahead=2)
+sim = steploop.simulate("reused_pinned", steps=6, run_ahead=1)
 timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer, run-ahead 1 (model)")
 plt.show()
 print("writes:", sim["writes"])
@@ -136,9 +145,11 @@ ok = pinlab.claim("more than half the steps read another step's data", run["wron
 # %% [markdown]
 # Write `race_free_loop(s, steps, write_metadata, forward)`: the same loop, in which **every step's
 # forward reads its own metadata** and **the host never waits for the GPU** (`s.synchronize()` in
-# every step fixes the race by blocking the host: the checker rejects it). Copy with
-# `non_blocking=True` from pinned memory. Two fixes from lesson 04 work: a fresh pinned snapshot per
-# step, or a ring of pinned buffers guarded by events (how deep, for run-ahead `AHEAD`?).
+# every step fixes the race by blocking the host: the checker rejects it, and an event's
+# `synchronize()` or a loop polling its `query()` that finds the event not reached yet is a wait
+# too). Write a step's metadata first, then copy it with `non_blocking=True` from pinned memory. Two
+# fixes from lesson 04 work: a fresh pinned snapshot per step, or a ring of pinned buffers guarded by
+# events (how deep, for run-ahead `AHEAD`?).
 #
 # The checker runs 200 steps (on a GPU with the GPU kept busy, so the host runs ahead), then says which
 # step read whose data, or in how many steps the host waited, and why. *(6-8 lines)*

@@ -16,6 +16,16 @@
 # - how deep the ring must be for a given run-ahead.
 
 # %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
+# %%
 import torch
 
 from pinlab.checks import l04 as checks04
@@ -32,9 +42,9 @@ from pinlab import steploop
 # - the same shape, dtype and values as `t`, bit for bit (non-contiguous, 0-d and empty `t` included).
 #
 # The check tries pageable and pinned tensors, then runs your function in a step loop that rewrites
-# one pinned buffer every step for 200 steps with run-ahead 4 (the host may write step n+4's data
-# while the GPU has not yet run step n's copy), and copies
-# `pin_snapshot(buf)` with `non_blocking=True`. *(1 line)*
+# one pinned buffer every step for 200 steps with run-ahead 64 (the host may write step n+64's data
+# while the GPU has not yet run step n's copy: more copies in flight than a pool of buffers you might
+# recycle is deep), and copies `pin_snapshot(buf)` with `non_blocking=True`. *(1 line)*
 
 # %%
 def pin_snapshot(t):
@@ -100,20 +110,20 @@ def min_ring_depth(writes, copies):
 ok = checks04.check_min_ring_depth(min_ring_depth)
 
 # %% [markdown]
-# Check it against the model: find the depth for the model with `ahead=2` (before writing step n the
-# host waits for step n-2's copy: run-ahead 1), then simulate a ring of that depth, and one buffer
-# fewer. A ring for run-ahead k needs k + 1 buffers: the ring of exercise 2 (run-ahead 4) has 5, and
-# exercise 03's harness (run-ahead `AHEAD` = 2) needs 3.
+# Check it against the model: find the depth for the model with `run_ahead=1` (before writing step n
+# the host waits for step n-2's copy), then simulate a ring of that depth, and one buffer fewer. A
+# ring for run-ahead k needs k + 1 buffers: the ring of exercise 2 (run-ahead 4) has 5, and exercise
+# 03's harness (run-ahead `AHEAD` = 2) needs 3.
 
 # %%
-sim = steploop.simulate("reused_pinned", steps=8, ahead=2)
+sim = steploop.simulate("reused_pinned", steps=8, run_ahead=1)
 try:
     depth = min_ring_depth(sim["writes"], sim["copies"])
-    enough = steploop.simulate("ring", steps=8, ahead=2, ring_depth=depth)
+    enough = steploop.simulate("ring", steps=8, run_ahead=1, ring_depth=depth)
     print("depth needed:", depth)
     print(f"a ring of {depth}: corrupted copies:", enough["corrupted"])
     if depth > 1:
-        short = steploop.simulate("ring", steps=8, ahead=2, ring_depth=depth - 1)
+        short = steploop.simulate("ring", steps=8, run_ahead=1, ring_depth=depth - 1)
         print(f"a ring of {depth - 1}: corrupted copies:", short["corrupted"])
 except NotImplementedError:
     print("write min_ring_depth above first")

@@ -15,6 +15,16 @@
 # returns the list it read), `m.note_stop(k)`, `m.host_work()`.
 
 # %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
+# %%
 import torch
 
 from pinlab.checks import l07 as checks07

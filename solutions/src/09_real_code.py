@@ -18,6 +18,16 @@
 # `m.temperature`.
 
 # %%
+# Install cell: on Colab, or in any Python without the course, run this first.
+# Where `import pinlab` works (a clone set up with `make lab`), it does nothing.
+import importlib.util
+
+if importlib.util.find_spec("pinlab") is None:
+    print("pinlab is not installed here, and this copy of the course names no address to install "
+          "it from: clone the course and run `make lab` in it (or write its address in "
+          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+
+# %%
 import torch
 
 import pinlab

@@ -110,9 +110,11 @@ class LearnerStop(BaseException):
 
 def _timeout_text(seconds: float, what: str) -> str:
     call = f" ({what})" if what else ""
-    return (f"your function did not return within {seconds:g} s{call}: a loop that never ends? To wait for the "
-            "GPU, call `ev.synchronize()`, not a loop on `ev.query()`: on the emulated stream the GPU is always "
-            "behind the host and catches up when the host waits for it.")
+    return (f"your function did not return within {seconds:g} s{call}: a loop that never ends? On the emulated "
+            "stream the GPU is always behind the host and runs its queue only when the host waits for it: "
+            "`ev.synchronize()`, a loop on `ev.query()` or `s.synchronize()` (each counts as a wait where an "
+            "exercise asks for none). A loop that watches memory instead, for a copy's data to arrive, waits "
+            "there forever: wait on an event recorded after the copy.")
 
 
 class _Timer:

@@ -139,6 +139,7 @@ from ..detector import (BLOCKING_COPY, ITEM_SYNC, PAGEABLE_D2H, PAGEABLE_H2D, SC
 from ..device import has_cuda
 from ..streams import STAGING_LIMIT, CudaStream, LaggingStream
 from ..timing import show
+from ..streams import _tensors  # one walker over nested args (streams.py)
 
 #: Ops the watched emulation queues as kernels (like a GPU launch) instead of waiting for the queue.
 ASYNC_OPS = frozenset("""
@@ -168,15 +169,6 @@ def _name(func) -> str:
     return getattr(func, "__name__", str(func))
 
 
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 def _mib(nbytes: int) -> str:
@@ -194,13 +186,21 @@ class _MixedDevices(Exception):
     pass
 
 
+#: Why the host waited, for the three explicit waits (the reasons of the other waits name the torch call).
+SYNC_WAIT = "`synchronize()` waits for everything queued"
+EVENT_WAIT = "`event.synchronize()` waited for work still queued"
+POLL_WAIT = ("a loop polling `event.query()` waited for work still queued: polling is a host wait, as "
+             "`event.synchronize()` is")
+
+
 class WatchedLagging(LaggingStream):
     """A :class:`pinlab.LaggingStream` that records every time the host waits for queued device work.
 
     ``counting``: record waits only while True (the checker sets it around the learner's code).
-    ``waits``: ``(step, reason, where)`` per wait. An event that has already been reached does not
-    wait (the base emulation would run the whole queue). Plain device arithmetic (:data:`ASYNC_OPS`
-    on device tensors) is queued as a kernel by :class:`Watch`.
+    ``waits``: ``(step, reason, where)`` per wait, one for each wait the base emulation counts in
+    ``host_waits`` (an event already reached, or with no work queued before it, is no wait; a loop
+    polling ``query()`` is one). Plain device arithmetic (:data:`ASYNC_OPS` on device tensors) is
+    queued as a kernel by :class:`Watch`.
     """
 
     def __init__(self):
@@ -210,21 +210,16 @@ class WatchedLagging(LaggingStream):
         self.waits: list[tuple[int, str, str]] = []
         self.watch = None
 
-    def _run_until(self, mark) -> None:
-        if mark is not None and not any(item is mark for item in self._queue):
-            return  # the event was reached already: nothing to wait for
-        work = False
-        for item in self._queue:
-            if item is mark:
-                break
-            work = work or callable(item)
-        if work and self.counting and not self._draining:
-            op = self.watch.current if self.watch is not None else None
-            reason = describe_op(op, self.is_device, self.is_pinned) if op else (
-                "`synchronize()` waits for everything queued" if mark is None
-                else "`event.synchronize()` waited for work still queued")
-            self.waits.append((self.step, reason, find_caller(sys._getframe(1))))
-        super()._run_until(mark)
+    def _note_wait(self, kind: str) -> None:
+        super()._note_wait(kind)
+        if not self.counting:
+            return
+        op = self.watch.current if self.watch is not None and kind != "poll" else None
+        if op:
+            reason = describe_op(op, self.is_device, self.is_pinned)
+        else:
+            reason = {"synchronize": SYNC_WAIT, "event": EVENT_WAIT}.get(kind, POLL_WAIT)
+        self.waits.append((self.step, reason, find_caller(sys._getframe(1))))
 
     def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
         return _OrderedEvent(self, super().Event())
@@ -276,11 +271,28 @@ class WatchedLagging(LaggingStream):
             return tuple(outs)
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[start, end)`` a tensor (or view) of host memory covers."""
+    if not t.numel():
+        return t.data_ptr(), t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _writes_first_arg(name: str) -> bool:
+    """An in-place torch call that writes its first argument (``fill_``, ``copy_``, ``x[i] = ...``, ``+=``)."""
+    return (name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))
+            or (name.startswith("__i") and name.endswith("__") and name not in ("__index__", "__int__", "__invert__",
+                                                                                "__iter__", "__init__")))
+
+
 class Watch(TorchFunctionMode):
     """Sees each torch call the learner's code makes (before the stream's own mode): remembers the
-    current call (the reason of a wait), the host-to-device copies (``h2d``: step, pinned,
-    non_blocking, bytes, source storage, where), ``pin_memory()`` of an already pinned tensor
-    (``pin_of_pinned``), and on a :class:`WatchedLagging` queues device arithmetic as kernels."""
+    current call (the reason of a wait), the host-to-device copies (``h2d``: step, seq, pinned,
+    non_blocking, bytes, source storage and byte span, where), the host's writes into pinned memory
+    (``pinned_writes``: step, seq, byte span, where: to tell a copy enqueued before the write of the
+    data it should carry), ``pin_memory()`` of an already pinned tensor (``pin_of_pinned``), and on a
+    :class:`WatchedLagging` queues device arithmetic as kernels."""
 
     def __init__(self, s):
         super().__init__()
@@ -289,6 +301,7 @@ class Watch(TorchFunctionMode):
         self.seq = 0                      # order of D2H copies and event records
         self.d2h: list[dict] = []         # copies from the device into host memory: seq, storage
         self.h2d: list[dict] = []
+        self.pinned_writes: list[dict] = []
         self.pin_of_pinned: list[int] = []
         self.emulated = isinstance(s, LaggingStream)
         s.watch = self
@@ -318,9 +331,15 @@ class Watch(TorchFunctionMode):
         copy = _h2d_of(name, args, kwargs, self.is_device, self.is_device_target)
         if copy is not None:
             src, non_blocking = copy
-            self.h2d.append({"step": self._step(), "pinned": bool(src.is_pinned()), "non_blocking": non_blocking,
-                             "nbytes": src.numel() * src.element_size(), "storage": src.untyped_storage().data_ptr(),
+            self.h2d.append({"step": self._step(), "seq": self.next_seq(), "pinned": bool(src.is_pinned()),
+                             "non_blocking": non_blocking, "nbytes": src.numel() * src.element_size(),
+                             "storage": src.untyped_storage().data_ptr(), "span": _span(src),
                              "where": find_caller(sys._getframe(1))})
+        elif _writes_first_arg(name) or "out" in kwargs:
+            target = kwargs.get("out") if "out" in kwargs else (args[0] if args else None)
+            if isinstance(target, torch.Tensor) and not self.is_device(target) and target.is_pinned():
+                self.pinned_writes.append({"step": self._step(), "seq": self.next_seq(), "span": _span(target),
+                                           "where": find_caller(sys._getframe(1))})
         gather = name == "__getitem__" and any(self.is_device(t) for t in _tensors(args[1:]))
         if (self.emulated and (name in ASYNC_OPS or gather) and "out" not in kwargs
                 and any(self.is_device(t) for t in _tensors((args, kwargs)))):
@@ -418,7 +437,10 @@ def describe_op(op, is_device, is_pinned) -> str:
 
 class NotingCuda(CudaStream):
     """The CUDA stream handed to the learner's code: notes (``noted``: ``(step, reason)``) each
-    explicit ``synchronize()`` and each ``event.synchronize()`` it makes."""
+    explicit ``synchronize()`` with work still queued, each ``event.synchronize()`` of an event not yet
+    reached, and each loop polling such an event's ``query()`` (of its events): the waits it asks for,
+    counted as the emulation counts them (implicit ones, a blocking copy or ``.item()``, show in the
+    host's time)."""
 
     def __init__(self):
         super().__init__()
@@ -427,7 +449,8 @@ class NotingCuda(CudaStream):
         self.watch = None
 
     def synchronize(self) -> None:
-        self.noted.append((self.step, "`synchronize()` waits for everything queued"))
+        if not torch.cuda.current_stream().query():  # work still queued: the host waits for it
+            self.noted.append((self.step, SYNC_WAIT))
         super().synchronize()
 
     def Event(self):  # noqa: N802 - mirrors torch.cuda.Event
@@ -441,22 +464,33 @@ class _OrderedEvent:
     def __init__(self, s, ev):
         self._s, self._ev = s, ev
         self.seq = None
+        self._looked = False  # the last query said False (on CUDA: a second one in a row is a poll)
 
     def record(self, stream=None):
         watch = getattr(self._s, "watch", None)
         if watch is not None:
             self.seq = watch.next_seq()
+        self._looked = False
         return self._ev.record() if stream is None else self._ev.record(stream)
 
     def query(self) -> bool:
-        return self._ev.query()
+        done = self._ev.query()
+        if isinstance(self._s, NotingCuda) and not done:
+            if self._looked is True:  # polled again: note the loop once
+                self._s.noted.append((self._s.step, POLL_WAIT))
+                self._looked = "noted"
+            elif self._looked is False:
+                self._looked = True
+        elif done:
+            self._looked = False
+        return done
 
     def wait(self, stream=None):
         return self._ev.wait() if stream is None else self._ev.wait(stream)
 
     def synchronize(self) -> None:
         if isinstance(self._s, NotingCuda) and not self._ev.query():
-            self._s.noted.append((self._s.step, "`event.synchronize()` waited for work still queued"))
+            self._s.noted.append((self._s.step, EVENT_WAIT))
         self._ev.synchronize()
 
 
@@ -558,6 +592,7 @@ def check_step_without_syncs(fn) -> bool:
                     if s.emulated:
                         s.launch(lambda: None)  # the GPU is busy: a wait has work to wait for
                         s.waits.clear()
+                        waits_before = s.host_waits
                         s.counting = True
                     else:
                         s.synchronize()
@@ -585,28 +620,40 @@ def check_step_without_syncs(fn) -> bool:
                 if is_stub(exc, fn):
                     return not_implemented(name)
                 return fail(name, f"{call} raised {raised(exc)}")
+            waited = 0
             if s.emulated:
                 s.counting = False
+                waited = s.host_waits - waits_before  # exact: every wait of the host, the learner's call only
             host_ms_seen.append(host_ms)
-            problem = _sync_problem(s, report, watch, res, expected, host_ms, what)
+            problem = _sync_problem(s, report, watch, res, expected, host_ms, what, waited)
             s.synchronize()
             if problem:
                 return fail(name, problem)
     show(f"{name} checked on", s.label)
     if not s.emulated:
         show(f"your step's host time behind a {SYNC_BUSY_MS:.0f} ms kernel, largest input", f"{host_ms_seen[0]:.2f} ms")
-    say(f"✅ {name} is correct ({len(SYNC_CASES)} inputs: no host wait, every copy to the GPU from pinned "
-          "memory, the result in host memory equal to the reference once its event is reached).")
+    if s.emulated:
+        waits = "the host never waited for the GPU, 0 waits with every one counted on the emulated stream"
+    else:
+        waits = (f"the host never waited for the GPU, each call returning in under {SYNC_BUSY_MS / 2:.0f} ms behind a "
+                 f"{SYNC_BUSY_MS:.0f} ms kernel with no sync seen by the stall detector")
+    say(f"✅ {name} is correct ({len(SYNC_CASES)} inputs: {waits}; every copy to the GPU non_blocking from pinned "
+        "memory; the result in host memory, equal to the reference once its event is reached).")
     return True
 
 
-def _sync_problem(s, report, watch, res, expected, host_ms, what) -> str | None:
-    """What is wrong with one call of the learner's step (None: nothing)."""
-    if s.emulated and s.waits:
-        step, reason, where = s.waits[0]
-        n = len(s.waits)
-        return (f"your step made the host wait for the GPU {what} ({n} wait{'s' if n > 1 else ''} on the emulated "
-                f"lagging GPU): {reason}, at {_source_line(where)}.")
+def _sync_problem(s, report, watch, res, expected, host_ms, what, waited: int = 0) -> str | None:
+    """What is wrong with one call of the learner's step (None: nothing). ``waited``: the host's waits
+    during the call on the emulated stream (its ``host_waits``, exact)."""
+    if s.emulated and waited:
+        step, reason, where = s.waits[0] if s.waits else (0, "the host waited for queued GPU work", "")
+        at = f", at {_source_line(where)}" if where else ""
+        advice = ""
+        if reason in (EVENT_WAIT, POLL_WAIT):
+            advice = (" Return the event instead of waiting on it: the caller waits when it needs the scores, and "
+                      "until then the host is free.")
+        return (f"your step made the host wait for the GPU {what} ({waited} wait{'s' if waited > 1 else ''} on the "
+                f"emulated lagging GPU): {reason}{at}.{advice}")
     if not s.emulated:
         first = _first_sync(report)
         if host_ms > SYNC_BUSY_MS / 2:
@@ -618,8 +665,12 @@ def _sync_problem(s, report, watch, res, expected, host_ms, what) -> str | None:
                 why, where = ("something in it waited for the GPU (the stall detector saw no copy or .item(): an op "
                               "whose kernel needs a sync, such as nonzero, or torch.cuda.synchronize())"), ""
             at = f", at {_source_line(where)}" if where else ""
+            advice = ""
+            if why in (EVENT_WAIT, POLL_WAIT):
+                advice = (" Return the event instead of waiting on it: the caller waits when it needs the scores, "
+                          "and until then the host is free.")
             return (f"your step blocked the host for {host_ms:.1f} ms behind a {SYNC_BUSY_MS:.0f} ms kernel {what}: "
-                    f"{why}{at}.")
+                    f"{why}{at}.{advice}")
         if first is not None and first.kind != PAGEABLE_H2D:
             return f"your step has a hidden sync {what}: {_event_reason(first)}, at {_source_line(first.where)}."
     pageable = [c for c in watch.h2d if not c["pinned"]]

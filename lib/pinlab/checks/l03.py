@@ -97,8 +97,9 @@ def timeline_cases(seed: int) -> list:
     rng = random.Random(seed)
     cases = []
     for strategy, kw in [("reused_pinned", {}), ("reused_pinned", {"gpu_ms": 0.01}),
-                         ("reused_pinned", {"ahead": 2}), ("reused_pinned", {"ahead": 1}),
-                         ("reused_pinned", {"ahead": 3, "steps": 9}), ("reused_pinned", {"gpu_ms": 0.3, "steps": 8})]:
+                         ("reused_pinned", {"run_ahead": 1}), ("reused_pinned", {"run_ahead": 0}),
+                         ("reused_pinned", {"run_ahead": 2, "steps": 9}),
+                         ("reused_pinned", {"gpu_ms": 0.3, "steps": 8})]:
         sim = steploop.simulate(strategy, **({"steps": 6} | kw))
         cases.append((sim["writes"], sim["copies"]))
     cases += [
@@ -149,7 +150,7 @@ import torch
 
 from ..args import positive_int
 from ..timing import show
-from .l02 import Watch, fail, not_implemented, watched_stream
+from .l02 import Watch, _source_line, fail, not_implemented, watched_stream
 
 STEPS = 200
 MAX_STEPS = 10_000  #: run_loop's most steps (the notebook runs 100, the checker 200): 40 MiB of results
@@ -327,6 +328,23 @@ def _race_cause(watch, written: dict | None = None, stale: int | None = None) ->
     return "the host rewrote the data before the GPU had copied it."
 
 
+def _copy_before_write(watch) -> tuple[dict, dict] | None:
+    """``(copy, write)``: a copy to the GPU enqueued in a step *before* the host wrote, in that same step,
+    into the pinned memory it reads (the ordering contract is write, then copy); None when no step did."""
+    writes: dict[int, list] = {}
+    for w in watch.pinned_writes:
+        writes.setdefault(w["step"], []).append(w)
+    for c in watch.h2d:
+        if not c["pinned"]:
+            continue  # pageable: staged at the call, so a later write shows in the data
+        a, b = c["span"]
+        for w in writes.get(c["step"], ()):
+            wa, wb = w["span"]
+            if w["seq"] > c["seq"] and wa < b and a < wb:
+                return c, w
+    return None
+
+
 def run_loop(fn, steps: int = STEPS) -> dict:
     """Run ``fn(s, steps, write_metadata, forward)`` through the exercise's harness once, unchecked:
     ``{"steps", "wrong_steps" (steps that read another step's data), "first_wrong" (its message or None),
@@ -377,11 +395,17 @@ def check_race_free_loop(fn) -> bool:
     if problem:
         return fail(name, problem, HINTS)
     show(f"{name} checked on", s.label)
-    if not s.emulated:
+    if s.emulated:
+        waits = "the host never waited for the GPU inside the loop, 0 waits with every one counted on the emulated stream"
+    else:
+        slow = sum(ms > WAIT_MS for ms in h.host_ms)
         show(f"host time per step of your loop, outside forward (median of {STEPS})",
              f"{sorted(h.host_ms)[STEPS // 2]:.3f} ms")
-    say(f"✅ {name} is correct ({STEPS} steps, the host up to {AHEAD} steps ahead: every step read its own "
-          "metadata, copied from pinned memory, and the host never waited for the GPU).")
+        waits = (f"no synchronize() or event wait inside the loop, and the host's time per step outside forward "
+                 f"stayed under {WAIT_MS:g} ms (a wait for the GPU takes about {BUSY_MS:g} ms) in "
+                 f"{STEPS - slow} of {STEPS} steps")
+    say(f"✅ {name} is correct ({STEPS} steps, run-ahead {AHEAD}: every step read its own metadata, written "
+        f"before its copy, copied with non_blocking=True from pinned memory; {waits}).")
     return True
 
 
@@ -389,6 +413,16 @@ def _loop_problem(s, h, watch, got) -> str | None:
     steps = STEPS
     if h.next != steps:
         return f"forward was called for {h.next} of {steps} steps: call forward(n, meta) once for every step."
+    # the order of write and copy first: its race may show in the data or not (on a GPU it depends on timing)
+    early = _copy_before_write(watch)
+    if early is not None:
+        c, w = early
+        return (f"step {c['step']}'s copy was enqueued before the host wrote step {c['step']}'s data into the pinned "
+                f"memory it reads (the copy at {_source_line(c['where'])}, the write at {_source_line(w['where'])}): "
+                "a non_blocking copy reads its source when the GPU gets to it, which on a GPU may be before the "
+                "write, during it or after it (the emulated GPU, always behind, reads the new data; a real one need "
+                "not). Fill the buffer first (write_metadata, or your copy into a snapshot), then enqueue the "
+                "copy from it.")
     race = _race(got, steps)
     if race is not None:
         what, bad = race
@@ -406,20 +440,31 @@ def _loop_problem(s, h, watch, got) -> str | None:
                 "at every step.")
     if not watch.h2d:
         return "no copy from host memory to the GPU: each step's metadata must be copied with non_blocking=True."
-    if s.emulated:
-        waited = sorted({w[0] for w in s.waits})
-        reasons = {w[0]: w[1] for w in reversed(s.waits)}
-    else:
-        waited = [n for n in range(steps) if h.host_ms[n] > WAIT_MS]
-        noted = {}
-        for step, why in reversed(s.noted):
-            noted[step] = why
-        reasons = {n: noted.get(n, "something in your loop waited for the GPU") for n in waited}
-    if len(waited) > steps // 10:
+    # The waits inside the loop (after the last forward the harness synchronizes anyway). Explicit ones are
+    # exact on both streams: the emulation counts every wait (LaggingStream.host_waits), the CUDA stream notes
+    # each synchronize() with work queued, each wait on, or polling loop of, an event not yet reached. On CUDA
+    # only the implicit ones (a blocking copy, .item()) are judged from the host's time per step, with room for
+    # a stray slow step (a shared or 2-core machine).
+    explicit = [(w[0], w[1]) for w in s.waits] if s.emulated else list(s.noted)
+    explicit = [(n, why) for n, why in explicit if n < steps]
+    timed = set() if s.emulated else {n for n in range(steps) if h.host_ms[n] > WAIT_MS}
+    reasons = {}
+    for n, why in reversed(explicit):
+        reasons[n] = why
+    if explicit or len(timed) > steps // 10:
+        waited = sorted(set(reasons) | timed)
+        for n in waited:
+            reasons.setdefault(n, "something in your loop waited for the GPU")
         why = Counter(reasons[n] for n in waited).most_common(1)[0][0]  # a stray slow step does not decide
         advice = "use a snapshot or a ring"
         depth = len({c["storage"] for c in watch.h2d if c["pinned"]})
-        if "event" in why and depth > AHEAD:
+        if depth <= 1 and len(waited) > steps // 2:
+            advice = ("waiting is race-free but blocks: with one reused buffer the loop is serial (the host waits "
+                      "for each copy before it rewrites the buffer, whether with synchronize(), an event or a loop "
+                      "polling it), so the host never runs ahead. Give each step its own pinned snapshot "
+                      "(`buf.pin_memory()` of a pageable buffer), or use a ring of "
+                      f"{AHEAD + 1} pinned buffers ({steploop.RING_RULE}) guarded by events")
+        elif "event" in why and depth > AHEAD:
             advice = (f"your copies read from {depth} pinned buffers, enough for run-ahead {AHEAD}, but the "
                       "event you wait on is not reached yet: before rewriting a buffer, wait on the event recorded "
                       "after that same buffer's last copy (the same index for the write, the copy and its event), "
@@ -429,6 +474,8 @@ def _loop_problem(s, h, watch, got) -> str | None:
                       f"yet when a buffer comes round again; {steploop.RING_RULE}: "
                       f"{AHEAD + 1} here")
         elif "synchronize()" in why:
-            advice = "synchronize() is race-free but blocks: use a snapshot or a ring"
+            advice = ("synchronize() is race-free but blocks: the loop needs no wait of its own (a pinned snapshot "
+                      f"per step, or a ring of {AHEAD + 1} pinned buffers guarded by events, is race-free without "
+                      "one): take it out")
         return f"the host waited for the GPU in {len(waited)} of {steps} steps ({why}) — {advice}."
     return None

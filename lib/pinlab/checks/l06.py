@@ -94,13 +94,36 @@ def _mismatch(got: torch.Tensor, expected: torch.Tensor, grid, m) -> str:
             f"(b = k // m², r = k % m², row = (b // (w/m))·m + r // m, col = (b % (w/m))·m + r % m)")
 
 
+class _MixedDevices(Exception):
+    """The learner's code gave an op device tensors and a host tensor (the emulation, as a GPU, refused it):
+    ``call`` is :class:`l06.TorchCalls`'s record of that call."""
+
+    def __init__(self, call: dict):
+        super().__init__(call["call"])
+        self.call = call
+
+
+def _mixed_message(where: str, c: dict) -> str:
+    return (f"{where}: `{c['call']}` got device tensors and a host tensor of shape {c['shape']} "
+            f"that was never copied to the device: a GPU refuses that (\"Expected all tensors to "
+            f"be on the same device\"). Copy the small table to the device once, pinned and "
+            f"non_blocking=True (.pin_memory().to(device, non_blocking=True)), and build the "
+            f"rest from that copy")
+
+
 def _run_emulated(fn, grid, m):
     """Run ``fn(grid, m, device)`` on a fresh LaggingStream (with CUDA's rules: ``device="cpu"`` is the host)
-    under a call counter."""
+    under a call counter. Where the emulation refuses a call that mixed device and host tensors (as a GPU
+    does), raises :class:`_MixedDevices` naming the call, so that the learner gets the advice, not torch's error."""
     with LaggingStream() as s, CudaRules(s):
         with l06.TorchCalls(s) as calls:
-            with learner_call(f"rot_pos_ids({grid if len(grid) <= 3 else f'<{len(grid)} rows>'}, m={m}, device)"):
-                out = fn([list(r) for r in grid], m, s.device)
+            try:
+                with learner_call(f"rot_pos_ids({grid if len(grid) <= 3 else f'<{len(grid)} rows>'}, m={m}, device)"):
+                    out = fn([list(r) for r in grid], m, s.device)
+            except RuntimeError as exc:
+                if calls.mixed and "Expected all tensors to be on the same device" in str(exc):
+                    raise _MixedDevices(calls.mixed[0]) from exc
+                raise
         # device memory, or made from device factories (the emulation loses track of a reshape
         # that copies, so ids built with torch.arange(..., device=device) count as on the device)
         on_device = isinstance(out, torch.Tensor) and (s.is_device(out) or calls.device_factories > 0
@@ -121,6 +144,9 @@ def check_rot_pos_ids(fn) -> bool:
             got, on_device, calls = _run_emulated(fn, grid, m)
         except LearnerStop as stop:  # it ran past its time, or left torch's state changed
             return _fail(name, f"{name}: {stop}")
+        except _MixedDevices as exc:  # a GPU (and the emulation) refuses it: say why and what to do
+            return _fail(name, _mixed_message(
+                f"{name}(grid_thw={grid if len(grid) <= 3 else f'{len(grid)} rows'}, m={m})", exc.call))
         except Exception as exc:  # the learner's bug, reported, not raised
             if is_stub(exc, fn):
                 return not_implemented(name)
@@ -133,12 +159,7 @@ def check_rot_pos_ids(fn) -> bool:
                                f"it slows every torch call). Pass the device you were given to each factory "
                                f"instead: torch.arange(..., device=device)")
         if calls.mixed:
-            c = calls.mixed[0]
-            return _fail(name, f"{where}: `{c['call']}` got device tensors and a host tensor of shape {c['shape']} "
-                               f"that was never copied to the device: a GPU refuses that (\"Expected all tensors to "
-                               f"be on the same device\"). Copy the small table to the device once, pinned and "
-                               f"non_blocking=True (.pin_memory().to(device, non_blocking=True)), and build the "
-                               f"rest from that copy")
+            return _fail(name, _mixed_message(where, calls.mixed[0]))
         if not isinstance(got, torch.Tensor):
             return _fail(name, f"{where} returned {type(got).__name__}, expected a torch.Tensor of ids")
         if got.dtype.is_floating_point:

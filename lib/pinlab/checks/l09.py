@@ -30,7 +30,6 @@ wrong answers with the right message.
 """
 from __future__ import annotations
 
-from collections import Counter
 from contextlib import nullcontext
 
 import torch
@@ -41,7 +40,7 @@ from ..lessons import l07_capstone_audit as l07
 from ..races import detect_races
 from ..streams import CudaStream
 from ..timing import show
-from . import LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, say
+from . import _FAILURES, LearnerStop, _failed, is_stub, learner_arg, learner_call, not_implemented, raised, say
 from .l02 import Watch, WatchedLagging
 
 VOCAB, BATCH, EOS, PAD = 32, 3, 1, 0
@@ -63,20 +62,13 @@ HINT = ("compute the stopping criterion on the GPU as one flag (`finished.all() 
         "seen one step late and the host never waits for the step it just queued (lesson 09, the deferred "
         "stop check). Update `finished` with `|` on the GPU instead of `if m.eos in nxt:`, and drop `.item()`.")
 
-_failures: Counter = Counter()
-
-
 def reset() -> None:
     """Forget earlier failures (the hint shows from the second failure on)."""
-    _failures.clear()
+    _FAILURES.pop("fixed_decode", None)
 
 
 def _fail(message: str) -> bool:
-    _failures["fixed_decode"] += 1
-    say(f"❌ {message}")
-    if _failures["fixed_decode"] >= 2:
-        say(f"💡 Hint: {HINT}")
-    return False
+    return _failed("fixed_decode", f"❌ {message}", HINT)  # the checkers' one hint counter
 
 
 def table(succ: dict) -> torch.Tensor:
@@ -312,7 +304,7 @@ def check_decode(fn, cases=CASES) -> bool:
         found = problem(r, case, max_new, want, stopped, full, name)
         if found:
             return _fail(found)
-    _failures.pop("fixed_decode", None)
+    _FAILURES.pop("fixed_decode", None)
     say(f"✅ fixed_decode is correct ({len(cases)} cases: the reference's tokens, the stop at most one step late, "
         "no host sync or busy-wait inside the loop, 0 races).")
     return True

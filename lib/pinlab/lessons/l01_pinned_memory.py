@@ -218,7 +218,7 @@ def plot_pin_threads(rows, *, title: str, ax=None):
     """Host ms to pin all the tensors against the pool size, cold and warm (medians), with perfect
     scaling from a pool of one (dotted) and the main thread without a pool (``threads`` 0: dashed).
     ``rows``: ``[{"threads", "cold_ms": [...], "warm_ms": [...]}]``."""
-    import matplotlib.pyplot as plt
+    from ..plots import color_for, legend_outside, subplots
 
     if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, (list, tuple)) or not rows:
         raise TypeError("rows must be a non-empty list of {'threads', 'cold_ms', 'warm_ms'}")
@@ -229,12 +229,12 @@ def plot_pin_threads(rows, *, title: str, ax=None):
     if not pool:
         raise ValueError("rows must have at least one pool size (threads >= 1)")
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 4))
+        _, ax = subplots(figsize=(6.5, 4))
     threads = [t for t, _ in pool]
     for key, label, style in (("cold_ms", "cold: every block a new cudaHostAlloc", "o-"),
                               ("warm_ms", "warm: blocks from the cache (copy only)", "s-")):
         med = [statistics.median(r[key]) for _, r in pool]
-        line, = ax.plot(threads, med, style, label=f"{label}, from a pool")
+        line, = ax.plot(threads, med, style, label=f"{label}, from a pool", color=color_for(label))
         if 1 in threads:
             one = med[threads.index(1)]
             ax.plot(threads, [one / t for t in threads], ":", color=line.get_color(), lw=1,
@@ -250,7 +250,7 @@ def plot_pin_threads(rows, *, title: str, ax=None):
     ax.set_ylabel("host ms until every tensor is pinned")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    legend_outside(ax, ncols=2)
     return ax
 
 
@@ -363,11 +363,14 @@ def pinning_under_memlock(limit_bytes: int = 64 * MiB, request_bytes: int = 256 
 
 
 def pageable_and_memcpy(sizes=(16 * MiB, 64 * MiB, 256 * MiB), reps: int = 9) -> list[dict]:
-    """Per size: GB/s of a pageable H2D copy, a pageable D2H copy, and a host-to-host copy of the same bytes
-    (``q.copy_(p)``) with torch's intra-op threads and with one thread, medians of ``reps`` interleaved rounds
-    after one untimed round (every page of every buffer touched first). The driver stages a pageable copy
-    through pinned buffers on the calling thread, so the host's one-thread memcpy is the rate to compare with
-    (CUDA only)."""
+    """Per size: GB/s of a pageable H2D copy, a pageable D2H copy, and a host-to-host copy of the same bytes, two
+    ways: ``q.copy_(p)`` (torch's copy, split over its intra-op threads) and ``ctypes.memmove`` (the C library's
+    memmove on the calling thread alone). Medians of ``reps`` interleaved rounds after one untimed round (every page
+    of every buffer touched first). Nothing changes torch's thread pool inside the rounds: the one-thread copy is
+    the C library's, not torch's under ``set_num_threads(1)``, so no timed round pays for resizing the pool or
+    runs on a pool just resized. How many threads the driver's staging copy uses is undocumented (CUDA only)."""
+    import ctypes
+
     sizes = size_list("sizes", sizes)
     reps = positive_int("reps", reps, maximum=100)
     require_cuda("pageable_and_memcpy()")
@@ -379,28 +382,22 @@ def pageable_and_memcpy(sizes=(16 * MiB, 64 * MiB, 256 * MiB), reps: int = 9) ->
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def one_thread_copy(q, p):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            q.copy_(p)
-        finally:
-            torch.set_num_threads(threads)
-
     rows = []
     for n in progress(sizes, desc="pageable vs memcpy"):
         p = torch.ones(n, dtype=torch.uint8)       # ones / full: every page written before timing
         q = torch.full((n,), 7, dtype=torch.uint8)
         d = torch.empty(n, dtype=torch.uint8, device="cuda")
         cases = {"h2d_gbps": lambda: d.copy_(p), "d2h_gbps": lambda: q.copy_(d),
-                 "memcpy_gbps": lambda: q.copy_(p), "memcpy_1t_gbps": lambda: one_thread_copy(q, p)}
+                 "memcpy_gbps": lambda: q.copy_(p),                                    # torch's threads
+                 "memcpy_1t_gbps": lambda: ctypes.memmove(q.data_ptr(), p.data_ptr(), n)}  # one thread, libc
         for fn in cases.values():                  # untimed round: first touches, lazy loading
             seconds(fn)
         times = {k: [] for k in cases}
         for _ in range(reps):                      # interleaved: every case once per round
             for k, fn in cases.items():
                 times[k].append(seconds(fn))
-        rows.append({"bytes": n, **{k: n / statistics.median(t) / 1e9 for k, t in times.items()}})
+        rows.append({"bytes": n, **{k: n / statistics.median(t) / 1e9 for k, t in times.items()},
+                     "intra_op_threads": torch.get_num_threads()})
         del p, q, d
     return rows
 
@@ -476,8 +473,8 @@ def memlock_sentence(row: dict, limit_bytes: int) -> str:
 
 
 def pageable_sentence(row: dict) -> str:
-    """How a pageable H2D copy compared with the host's one-thread memcpy of the same bytes (a row of
-    :func:`pageable_and_memcpy`), in words."""
+    """How a pageable H2D copy compared with the host's one-thread memcpy of the same bytes, and with torch's
+    threaded copy (a row of :func:`pageable_and_memcpy`), in words."""
     if not isinstance(row, dict):
         raise TypeError("row must be a dict from pageable_and_memcpy()")
     size = f"{row['bytes'] / MiB:g} MiB"
@@ -485,14 +482,18 @@ def pageable_sentence(row: dict) -> str:
     one = positive_number("row['memcpy_1t_gbps']", row["memcpy_1t_gbps"])
     share = h2d / one
     if share > 1.1:
-        how = ("faster than it: the driver's staging copies faster than torch's one-thread copy loop (how it "
-               "copies is undocumented), so compare it with the torch's-threads column too")
+        how = ("faster than it: the driver's staging copied faster than one thread's memcpy (how it copies, and "
+               "on how many threads, is undocumented), so one thread's memcpy does not bound it here")
     elif share >= 0.6:
         how = "close to it: the staging memcpy can account for most of the copy's time"
     else:
         how = ("well below it: the memcpy alone does not explain the copy's time (the rest is the driver's, "
                "staging in chunks and moving each by DMA, undocumented)")
-    return f"at {size} pageable H2D ran at {share:.0%} of the host's one-thread memcpy, {how}"
+    text = f"at {size} pageable H2D ran at {share:.0%} of the host's one-thread memcpy, {how}"
+    if row.get("memcpy_gbps") is not None:
+        threaded = h2d / positive_number("row['memcpy_gbps']", row["memcpy_gbps"])
+        text += f"; and at {threaded:.0%} of torch's threaded host copy"
+    return text
 
 
 def numa_sentence(nodes, gpu_node) -> str:

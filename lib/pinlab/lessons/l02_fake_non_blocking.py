@@ -7,11 +7,12 @@ step loop, ``demo_step``) and hands it to :func:`single_copy_sweep`, :func:`step
 :func:`detector_demo`, which run it for every size or input kind. The pure post-processing is
 tested on the CPU; reading profiler traces lives in :mod:`pinlab.profiler`.
 
-Why about 900 lines, above the course's ~500: nine GPU experiments, each with its own buffers,
+Why about 1,300 lines, above the course's ~500: nine GPU experiments, each with its own buffers,
 warm-up and JSON result, one per notebook section (the last two, the copy stream and many tensors,
-plus the pure summary of the tutorial's advice, came with issue 12); what is not lesson 02's
-(trace reading, the span unions) already lives in :mod:`pinlab.profiler`. Splitting the lesson's
-module in two would only move the same code under a second name.
+plus the pure summary of the tutorial's advice, came with issue 12; the step loop's calibration, so that
+the GPU sets its pace on a busy host too, and :func:`step_loop_findings`, which says what a run showed or why it
+could not, came with issue 33); what is not lesson 02's (trace reading, the span unions) already lives in
+:mod:`pinlab.profiler`. Splitting the lesson's module in two would only move the same code under a second name.
 """
 from __future__ import annotations
 
@@ -425,21 +426,82 @@ STEP_MODES = ("pageable", "pinned")
 RUN_NAMES = {"pageable": "run: pageable inputs", "pinned": "run: pinned inputs"}
 DEFAULT_TRACE = "build/traces/02_step_loop.json"
 ROUNDS = 2  # the timed steps are split into this many rounds, the two modes alternating
+#: the spans of the notebook's step in which the host works for itself (the rest is waiting: for step i-2, in copy_)
+HOST_WORK_SPANS = ("prepare inputs (CPU)", "launch forward")
+#: the forward lasts at least this many times the host's own work per step, measured in the run's warm-up, so
+#: that the GPU, not the host, sets the pace of both loops on a busy or slow host too (issue 33: in a shared run
+#: "prepare inputs" took 6.6 ms instead of 1 ms, the host set the pace, and pinned and pageable ran alike)
+GPU_BOUND_FACTOR = 2.0
+MAX_FORWARD_MS = 25.0  # ... and at most this long: a host slower still is said to have set the pace
+
+
+class HostSpans:
+    """A ``span`` for the step loop that times the host's spans: ``spans(name)`` is a context manager, and
+    ``spans.ms[name]`` lists the ms of each span of that name, in order (one per step)."""
+
+    def __init__(self):
+        self.ms: dict[str, list[float]] = {}
+
+    def __call__(self, name):
+        return _HostSpan(self.ms.setdefault(str(name), []))
+
+
+class _HostSpan:
+    def __init__(self, out: list):
+        self.out = out
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.out.append((time.perf_counter() - self.t0) * 1e3)
+        return False
+
+
+def host_work_per_step(ms: dict, names=HOST_WORK_SPANS) -> list[float]:
+    """The host's own work in each step (ms): the sum of its ``names`` spans (:class:`HostSpans`.ms), step by step."""
+    if not isinstance(ms, dict):
+        raise TypeError(f"ms must be HostSpans().ms, a dict of span name -> list of ms, got {type(ms).__name__}")
+    missing = [n for n in names if not ms.get(n)]
+    if missing:
+        raise ValueError(f"the step function marked no {missing[0]!r} span: the step loop's host work is timed by "
+                         f"its spans {list(names)} (with span(name): ...)")
+    lists = [_number_list(f"ms[{n!r}]", ms[n]) for n in names]
+    return [sum(step) for step in zip(*lists)]
+
+
+def gpu_bound_forward_ms(host_work_ms, floor_ms: float, factor: float = GPU_BOUND_FACTOR,
+                         cap_ms: float = MAX_FORWARD_MS) -> float:
+    """How long the step loop's forward runs: ``floor_ms``, or ``factor`` times the host's own work per step where
+    that is longer (rounded up to 0.5 ms), at most ``cap_ms``: long enough that the GPU sets the pace."""
+    host_work_ms = positive_number("host_work_ms", host_work_ms, allow_zero=True)
+    floor_ms, factor, cap_ms = (positive_number(n, v) for n, v in (("floor_ms", floor_ms), ("factor", factor),
+                                                                    ("cap_ms", cap_ms)))
+    want = max(floor_ms, math.ceil(factor * host_work_ms * 2) / 2)
+    return float(min(want, max(cap_ms, floor_ms)))
 
 
 def step_loop(step_fn, steps: int = 40, warm_steps: int = 5, profile_steps: int = 6, input_bytes: int = 8 * MiB,
-              gpu_ms: float = 2.0, cpu_ms: float = 1.0, in_flight: int = 2, trace: str = DEFAULT_TRACE) -> dict:
-    """The notebook's step loop, with pageable and with pinned input buffers: timed, then profiled.
+              gpu_ms: float = 2.0, cpu_ms: float = 1.0, in_flight: int = 2, trace: str = DEFAULT_TRACE,
+              gpu_bound_factor: float = GPU_BOUND_FACTOR) -> dict:
+    """The notebook's step loop, with pageable and with pinned input buffers: calibrated, timed, then profiled.
     ``step_fn(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=...)`` runs ``steps`` steps
     (wait for step i-``in_flight``, prepare the input in ``bufs[i % len(bufs)]``, ``dev.copy_(...,
     non_blocking=True)``, launch a ``gpu_ms`` forward), synchronizes, and returns the host ms
-    inside each ``copy_``; ``span(name)`` marks its host spans for the profiler. ``bufs``:
-    ``in_flight + 1`` host buffers of ``input_bytes``, pageable or pinned: the only difference.
-    ``warm_steps`` per mode, then ``steps`` per mode timed in :data:`ROUNDS` alternating rounds,
-    then ``profile_steps`` per mode under the profiler (:func:`pinlab.profiler.profile_runs`; the
-    trace goes to ``trace``, relative to the repository root). Returns ``{"trace_file",
-    "spans_from", "modes": {mode: {"steps_per_s", "ms_per_step", "copy_host_ms", "window_ms",
-    "host", "gpu", "memcpy_names", "gpu_idle_share"}}}``.
+    inside each ``copy_``; ``span(name)`` marks its host spans (the profiler's, or :class:`HostSpans`, which
+    times :data:`HOST_WORK_SPANS`). ``bufs``: ``in_flight + 1`` host buffers of ``input_bytes``, pageable or
+    pinned: the only difference.
+
+    ``warm_steps`` per mode measure the host's own work per step on this machine now; the forward then lasts
+    :func:`gpu_bound_forward_ms` of it (``gpu_bound_factor`` times it, at least ``gpu_ms``), so that the GPU sets the pace of both loops on a
+    busy host too. Then ``steps`` per mode timed in :data:`ROUNDS` alternating rounds, then ``profile_steps``
+    per mode under the profiler (:func:`pinlab.profiler.profile_runs`; the trace goes to ``trace``, relative to
+    the repository root). Returns ``{"trace_file", "spans_from", "forward_ms", "calibration": {"host_work_ms",
+    "factor", "floor_ms", "cap_ms"}, "modes": {mode: {"steps_per_s", "ms_per_step", "round_ms_per_step",
+    "copy_host_ms", "host_work_ms", "host_slow_steps", "timed_steps", "window_ms", "host", "gpu",
+    "memcpy_names", "gpu_idle_share"}}}`` (``round_ms_per_step``: each timed round's ms per step;
+    ``host_slow_steps``: the timed steps whose host work took longer than the forward).
     """
     callable_arg("step_fn", step_fn)
     steps = positive_int("steps", steps)
@@ -449,30 +511,45 @@ def step_loop(step_fn, steps: int = 40, warm_steps: int = 5, profile_steps: int 
     gpu_ms = positive_number("gpu_ms", gpu_ms)
     cpu_ms = positive_number("cpu_ms", cpu_ms)
     in_flight = positive_int("in_flight", in_flight)
+    gpu_bound_factor = positive_number("gpu_bound_factor", gpu_bound_factor)
     trace_path(trace)
     require_cuda("step_loop()")
     warmup(_busy(1.0))
     dev = torch.empty(input_bytes, dtype=torch.uint8, device="cuda")
     bufs = {m: [torch.zeros(input_bytes, dtype=torch.uint8, pin_memory=m == "pinned") for _ in range(in_flight + 1)]
             for m in STEP_MODES}
+    forward = {"ms": gpu_ms}
 
     def run(mode, n, **span):
-        return step_fn(bufs[mode], dev, n, cpu_ms=cpu_ms, gpu_ms=gpu_ms, in_flight=in_flight, **span)
+        return step_fn(bufs[mode], dev, n, cpu_ms=cpu_ms, gpu_ms=forward["ms"], in_flight=in_flight, **span)
 
+    warm = {}
     for m in STEP_MODES:
-        run(m, warm_steps)
+        t = HostSpans()
+        run(m, warm_steps, span=t)
+        warm[m] = statistics.median(host_work_per_step(t.ms))
+    calibration = {"host_work_ms": max(warm.values()), "factor": gpu_bound_factor, "floor_ms": gpu_ms,
+                   "cap_ms": MAX_FORWARD_MS}
+    forward["ms"] = gpu_bound_forward_ms(calibration["host_work_ms"], gpu_ms, gpu_bound_factor)
     per_round = max(1, steps // ROUNDS)
-    elapsed = {m: 0.0 for m in STEP_MODES}
+    rounds = {m: [] for m in STEP_MODES}
     copy_ms = {m: [] for m in STEP_MODES}
+    work = {m: [] for m in STEP_MODES}
     for _ in range(ROUNDS):
         for m in STEP_MODES:
+            t = HostSpans()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            copy_ms[m] += list(run(m, per_round))
-            elapsed[m] += (time.perf_counter() - t0) * 1e3
-    modes = {m: {"steps_per_s": per_round * ROUNDS / (elapsed[m] / 1e3),
-                 "ms_per_step": elapsed[m] / (per_round * ROUNDS),
-                 "copy_host_ms": statistics.median(copy_ms[m])} for m in STEP_MODES}
+            copy_ms[m] += list(run(m, per_round, span=t))
+            rounds[m].append((time.perf_counter() - t0) * 1e3 / per_round)
+            work[m] += host_work_per_step(t.ms)
+    modes = {m: {"steps_per_s": 1e3 / statistics.fmean(rounds[m]),
+                 "ms_per_step": statistics.fmean(rounds[m]),
+                 "round_ms_per_step": rounds[m],
+                 "copy_host_ms": statistics.median(copy_ms[m]),
+                 "host_work_ms": statistics.median(work[m]),
+                 "host_slow_steps": sum(w > forward["ms"] for w in work[m]),
+                 "timed_steps": len(work[m])} for m in STEP_MODES}
     runs = {RUN_NAMES[m]: (lambda span, m=m: run(m, profile_steps, span=span)) for m in STEP_MODES}
     spans, spans_from = profile_runs(runs, trace, kernel_label=FORWARD_LABEL)
     for m in STEP_MODES:
@@ -484,7 +561,108 @@ def step_loop(step_fn, steps: int = 40, warm_steps: int = 5, profile_steps: int 
         modes[m]["gpu_idle_share"] = gpu_kernel_idle_share(spans_m, FORWARD_LABEL)
     del bufs, dev
     torch.cuda.synchronize()
-    return {"trace_file": trace, "spans_from": spans_from, "modes": modes}
+    return {"trace_file": trace, "spans_from": spans_from, "forward_ms": forward["ms"], "calibration": calibration,
+            "modes": modes}
+
+
+def _fmt(ms: float) -> str:
+    """fmt_ms, with a sign for a negative difference."""
+    from ..timing import fmt_ms
+
+    return ("-" if ms < 0 else "") + fmt_ms(abs(ms))
+
+
+def step_loop_findings(result: dict) -> dict:
+    """What one :func:`step_loop` run shows, computed from it (no GPU needed): ``{"shown", "gpu_bound": {mode:
+    bool}, "extra_ms" (pageable minus pinned ms per step), "gap_ms": {mode}, "copy_ms": {mode}, "forward_ms":
+    {mode} (the profiled forwards' median), "models": {name: ms}, "nearest_model", "sentences"}``.
+
+    The effect (pinned steps faster than pageable ones, by the GPU's shorter wait between two forwards) is
+    ``shown`` where the GPU set the pace of both loops (the host's own work per step, median of the timed steps,
+    under the profiled forward), the GPU waited longer between forwards with pageable inputs, and the timed
+    pageable steps were the slower. The sentences say what the run showed, or why it could not show it."""
+    if not isinstance(result, dict) or not isinstance(result.get("modes"), dict):
+        raise TypeError("result must be what step_loop() returned (a dict with 'modes')")
+    missing = [k for k in ("forward_ms", "calibration") if k not in result] + \
+              [m for m in STEP_MODES if m not in result["modes"]]
+    if missing:
+        raise ValueError(f"result lacks {missing}: a step_loop() result recorded before the loop was calibrated "
+                         "(issue 33); re-run the GPU suite for lesson 02b")
+    from ..profiler import span_stats
+
+    mo = result["modes"]
+    fwd, gap, copy = {}, {}, {}
+    for m in STEP_MODES:
+        f = span_stats(mo[m]["gpu"], FORWARD_LABEL)
+        names = list(mo[m].get("memcpy_names") or [])
+        c = span_stats(mo[m]["gpu"], names[0]) if names else None
+        if f is None or f["gap_ms"] is None or c is None:
+            raise ValueError(f"the {m} run's profiled spans hold fewer than two forwards or no copy: "
+                             "nothing to measure between two forwards")
+        fwd[m], gap[m], copy[m] = f["duration_ms"], f["gap_ms"], c["duration_ms"]
+    work = {m: float(mo[m]["host_work_ms"]) for m in STEP_MODES}
+    bound = {m: work[m] < fwd[m] for m in STEP_MODES}
+    pag, pin = mo["pageable"], mo["pinned"]
+    extra = pag["ms_per_step"] - pin["ms_per_step"]
+    staged, F = copy["pageable"], result["forward_ms"]
+    models = {"only the staged copy serialized": F + staged,
+              "host and GPU time added up": work["pageable"] + F + staged}
+    nearest = min(models, key=lambda k: abs(models[k] - pag["ms_per_step"]))
+    shown = all(bound.values()) and gap["pageable"] > gap["pinned"] and extra > 0
+    cal = result["calibration"]["host_work_ms"]
+    out = []
+    if all(bound.values()):
+        out.append(f"the GPU set the pace of both loops: the host's own work per step (prepare + launch, median) took "
+                   f"{_fmt(work['pageable'])} pageable / {_fmt(work['pinned'])} pinned, under a forward of "
+                   f"{_fmt(fwd['pageable'])} / {_fmt(fwd['pinned'])}")
+    else:
+        slow = [m for m in STEP_MODES if not bound[m]]
+        capped = F >= result["calibration"]["cap_ms"]
+        out.append(f"this run could not show it: in the {' and '.join(slow)} loop the host's own work per step "
+                   f"({', '.join(_fmt(work[m]) for m in slow)}) took longer than a forward "
+                   f"({', '.join(_fmt(fwd[m]) for m in slow)}), "
+                   + (f"the longest this lesson runs, while the host needed {_fmt(cal)} before the timed steps: this "
+                      "host is too slow for the loop" if capped else
+                      f"sized from the {_fmt(cal)} the host needed before the timed steps: the host got slower after "
+                      "that (as when other work shares its cores)")
+                   + ", so the host set the pace, whatever the copies did")
+    if gap["pageable"] > gap["pinned"]:
+        out.append(f"between two forwards the GPU waited {_fmt(gap['pageable'])} with pageable inputs (the staged copy, "
+                   f"{_fmt(staged)}, and {_fmt(max(0.0, gap['pageable'] - staged))} for the host to leave copy_ and "
+                   f"launch) against {_fmt(gap['pinned'])} with pinned ones (the copy, {_fmt(copy['pinned'])})")
+    else:
+        if not all(bound.values()):
+            why = "the GPU waited for the host either way"
+        elif pag["copy_host_ms"] < staged / 2:
+            why = (f"the pageable copy_ returned in {_fmt(pag['copy_host_ms'])}, before its copy ({_fmt(staged)}) had "
+                   "run, so this driver staged it behind the queue (lesson 02, section 1)")
+        else:
+            why = ("the pageable copy_ held the host, but six profiled steps are few, and work of other processes on "
+                   "the GPU moves the gaps")
+        out.append(f"the GPU waited no longer between two forwards with pageable inputs ({_fmt(gap['pageable'])}) "
+                   f"than with pinned ones ({_fmt(gap['pinned'])}): {why}")
+    if shown:
+        out.append(f"pageable steps took {_fmt(extra)} longer than pinned ones ({extra / pin['ms_per_step']:.0%} more; "
+                   f"the gaps account for {_fmt(gap['pageable'] - gap['pinned'])}), and the measured pageable step "
+                   f"({_fmt(pag['ms_per_step'])}) came closer to '{nearest}'")
+    elif extra > 0:
+        out.append(f"the timed pageable steps took {_fmt(extra)} longer than pinned ones "
+                   f"({extra / pin['ms_per_step']:.0%} more), but not by the GPU's wait between forwards (the gaps "
+                   f"differ by {_fmt(gap['pageable'] - gap['pinned'])})")
+    else:
+        moved = max(max(mo[m]["round_ms_per_step"]) - min(mo[m]["round_ms_per_step"]) for m in STEP_MODES)
+        predicted = gap["pageable"] - gap["pinned"]
+        tail = ""
+        if all(bound.values()) and predicted > 0:
+            tail = (f": the {_fmt(predicted)} per step the gaps predict is "
+                    + (f"within what a step moved from one timed round to the other here ({_fmt(moved)})"
+                       if predicted <= moved else
+                       f"more than a step moved between the timed rounds ({_fmt(moved)}): the six profiled steps "
+                       "and the timed ones disagree in this run"))
+        out.append(f"the timed pageable steps were not slower ({_fmt(pag['ms_per_step'])} against "
+                   f"{_fmt(pin['ms_per_step'])} pinned){tail}")
+    return {"shown": shown, "gpu_bound": bound, "extra_ms": extra, "gap_ms": gap, "copy_ms": copy,
+            "forward_ms": fwd, "host_work_ms": work, "models": models, "nearest_model": nearest, "sentences": out}
 
 
 # --- async_tensor_h2d against torch.tensor(list, device="cuda") ----------------------------------
@@ -689,9 +867,7 @@ def wrong_steps(values, expected) -> int:
 def plot_overlap(modes: dict, *, title: str, keys=None):
     """One timeline per mode of :func:`overlap_loop` (``result["modes"]``): its profiled GPU spans
     in a "compute" and a "copies" lane (:func:`overlap_lanes`). Returns the figure."""
-    import matplotlib.pyplot as plt
-
-    from ..plots import timeline
+    from ..plots import subplots, timeline
 
     if not isinstance(modes, dict) or not modes:
         raise TypeError("modes must be overlap_loop()'s non-empty 'modes' dict")
@@ -699,15 +875,13 @@ def plot_overlap(modes: dict, *, title: str, keys=None):
     for k in keys:
         if k not in modes or not isinstance(modes[k], dict) or "gpu" not in modes[k]:
             raise ValueError(f"keys: {k!r} is not a mode with profiled 'gpu' spans in modes")
-    fig, axes = plt.subplots(len(keys), 1, figsize=(MAX_WIDTH_IN, 2.1 * len(keys) + 0.6), squeeze=False)
+    fig, axes = subplots(len(keys), 1, figsize=(MAX_WIDTH_IN, 2.1 * len(keys) + 0.6), squeeze=False)
     for ax, k in zip(axes[:, 0], keys):  # each run on its own time axis: a slow one would squash the others
         timeline(overlap_lanes(modes[k]["gpu"]), title=OVERLAP_MODES.get(k, k), ax=ax)
         for bars in ax.collections:  # a thin edge shows where one kernel (or copy) ends and the next begins
             bars.set_edgecolor("white")
             bars.set_linewidth(0.6)
-        ax.set_ylim(1.5, -1.6)  # room for the legend above the first lane
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -884,9 +1058,7 @@ def many_tensors(copy_each_blocking, copy_all_then_sync, cases=((64, 4 * KiB), (
 
 def plot_many_tensors(rows, *, title: str):
     """Grouped bars of :func:`many_tensors`'s rows: host ms per case and variant (log scale)."""
-    import matplotlib.pyplot as plt
-
-    from ..plots import fmt_bytes
+    from ..plots import color_for, fmt_bytes, legend_outside, subplots
 
     if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__") or not list(rows):
         raise TypeError("rows must be many_tensors()'s non-empty list of rows")
@@ -894,14 +1066,15 @@ def plot_many_tensors(rows, *, title: str):
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or not {"n", "bytes", *MANY_VARIANTS} <= set(r):
             raise ValueError(f"rows[{i}] must hold 'n', 'bytes' and {sorted(MANY_VARIANTS)}")
-    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4))
+    fig, ax = subplots(figsize=(MAX_WIDTH_IN, 4))
     width = 0.8 / len(MANY_VARIANTS)
     for j, (key, label) in enumerate(MANY_VARIANTS.items()):
-        ax.bar([i + (j - 1.5) * width for i in range(len(rows))], [r[key] for r in rows], width, label=label)
+        ax.bar([i + (j - 1.5) * width for i in range(len(rows))], [r[key] for r in rows], width, label=label,
+               color=color_for(label))
     ax.set_xticks(range(len(rows)), [f"{r['n']} x {fmt_bytes(r['bytes'])}" for r in rows])
     ax.set(yscale="log", ylabel="host ms for all copies", title=title)
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=9)
+    legend_outside(ax, ncols=2)
     return fig
 
 
@@ -1069,6 +1242,75 @@ def tutorial_matrix(to_gpu=None, nbytes: int = 16 * MiB, reps: int = 10) -> list
             run(*c)
             ms[c].append((time.perf_counter() - t0) * 1e3)
     return [{"source": src, "non_blocking": nb, "ms": statistics.median(ms[(src, nb)])} for src, nb in cells]
+
+
+#: The PyTorch tutorial's own experiment (pytorch/tutorials ``intermediate_source/pinmem_nonblock.py``): 1,000
+#: tensors of ``torch.randn(1000)`` (float32, 4,000 bytes each), copied with ``.to("cuda:0")`` one by one, or with
+#: ``non_blocking=True`` and one ``torch.cuda.synchronize()`` at the end; from pageable, pinned, and "pin then copy".
+TUTORIAL_COUNT, TUTORIAL_NUMEL = 1000, 1000
+
+
+def tutorial_loop(copies, count: int = TUTORIAL_COUNT, numel: int = TUTORIAL_NUMEL, reps: int = 15) -> dict:
+    """The tutorial's experiment: host ms until ``copies(tensors, non_blocking, pin_first)`` (the notebook's
+    loop: every tensor ``.to("cuda")``, and with ``non_blocking`` one sync at the end) has put ``count`` float32
+    tensors of ``numel`` elements on the GPU, for every source of :data:`MATRIX_SOURCES` × ``non_blocking`` False
+    / True: medians of ``reps`` interleaved rounds after one untimed round, the GPU idle at the start of each.
+    The first round's copies are checked, every tensor bitwise. CUDA only."""
+    callable_arg("copies", copies)
+    count = positive_int("count", count, maximum=100_000)
+    numel = positive_int("numel", numel, maximum=1 << 24)
+    reps = positive_int("reps", reps, maximum=100)
+    require_cuda("tutorial_loop()")
+    gen = torch.Generator().manual_seed(0)
+    pageable = [torch.randn(numel, generator=gen) for _ in range(count)]
+    pinned = [t.pin_memory() for t in pageable]                  # pinned once, reused
+    runs = {"pageable": lambda nb: copies(pageable, nb, False), "pinned": lambda nb: copies(pinned, nb, False),
+            "pin_memory() then copy": lambda nb: copies(pageable, nb, True)}
+    cells = [(src, nb) for src in MATRIX_SOURCES for nb in (False, True)]
+    ok = True
+    for src, nb in cells:                                        # untimed: warm-up, and the exact check
+        out = runs[src](nb)
+        torch.cuda.synchronize()
+        ok = ok and len(out) == count and all(bool(torch.equal(o.cpu(), t)) for o, t in zip(out, pageable))
+        del out
+    ms = {c: [] for c in cells}
+    for _ in range(reps):                                        # interleaved: every cell once per round
+        for src, nb in cells:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = runs[src](nb)
+            torch.cuda.synchronize()                             # a no-op after the loop's own waits
+            ms[(src, nb)].append((time.perf_counter() - t0) * 1e3)
+            del out
+    del pageable, pinned
+    return {"count": count, "bytes_each": numel * 4, "data_ok": bool(ok),
+            "rows": [{"source": s, "non_blocking": nb, "ms": statistics.median(ms[(s, nb)])} for s, nb in cells]}
+
+
+def tutorial_loop_sentences(result: dict, matrix_rows) -> list[str]:
+    """What the tutorial's own experiment (:func:`tutorial_loop`) shows in this run, beside this lesson's variant
+    (:func:`tutorial_matrix`: one large copy with a wait after it): one sentence per finding, from the numbers."""
+    if not isinstance(result, dict) or not isinstance(result.get("rows"), list):
+        raise TypeError("result must be the dict tutorial_loop() returns (with 'rows')")
+    loop, one = matrix_ms(result["rows"]), matrix_ms(matrix_rows)
+    n = result.get("count", "?")
+    out = []
+    for s in MATRIX_SOURCES:
+        blocking, nb = loop[(s, False)], loop[(s, True)]
+        if nb < blocking:
+            out.append(f"{n} tensors from {s}: non_blocking with one sync took {nb:.2f} ms, {blocking / nb:.2f}x "
+                       f"faster than a blocking copy each ({blocking:.2f} ms)")
+        else:
+            out.append(f"{n} tensors from {s}: non_blocking with one sync took {nb:.2f} ms, no faster than a blocking "
+                       f"copy each ({blocking:.2f} ms) in this run")
+    gain = max(loop[(s, False)] / loop[(s, True)] for s in MATRIX_SOURCES)
+    change = max(abs(one[(s, True)] / one[(s, False)] - 1) for s in MATRIX_SOURCES)
+    first = (f"non_blocking made the tutorial's loop up to {gain:.2f}x faster" if gain > 1 else
+             f"non_blocking made the tutorial's loop no faster in this run (best ratio {gain:.2f}x)")
+    out.append(f"{first}; with one copy and a wait right after it (the lesson's variant above) it changed no cell "
+               f"by more than {change:.0%}: the flag can pay only where the host has further copies to queue before "
+               "it waits")
+    return out
 
 
 # ---- issue 22: the sentences of the copy-engine and matrix sections (pure, tested on the CPU) ---------------

@@ -29,10 +29,10 @@ import torch
 
 from .. import decode_loop, steploop
 from ..args import positive_int, positive_number
-from ..plots import MAX_WIDTH_IN
+from ..plots import MAX_WIDTH_IN, PALETTE, color_for, legend_outside, subplots
 from ..steploop import LABELS
 
-__all__ = ["plain_race", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
+__all__ = ["plain_race", "race_audit", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
            "plot_errors", "plot_step_parts", "LAUNCH_WAIT_US", "QUEUE_DONE_WITHIN", "launch_queue", "queue_full_at",
            "plot_launch_queue", "plot_paged_kv"]
 
@@ -45,30 +45,66 @@ PART_GROUPS = {"copy call": ("copy",), "kernel launches": ("check", "forward"), 
 
 
 def plain_race(strategies=("reused_pinned", "pageable"), steps: int = 200, nbytes: int = 256,
-               busy_ms: float = 0.5, ahead: int | None = None, ring_depth: int = 3, stream=None) -> dict:
+               busy_ms: float = 0.5, run_ahead: int | None = None, ring_depth: int = 3, stream=None) -> dict:
     """The plain step loop, once per strategy.
 
     Each step writes its step number into every int32 of an ``nbytes`` host buffer, copies it
     with ``non_blocking=True`` into a device slot, and keeps the GPU busy for ``busy_ms`` (the
-    step's forward). ``ahead=None``: the host never waits (MRV2 with no sync between steps);
-    an int: the host waits for step n-ahead before building step n (a batch queue).
+    step's forward). ``run_ahead=None``: the host never waits (MRV2 with no sync between steps);
+    an int k: run-ahead k (:data:`pinlab.steploop.RUN_AHEAD`), the host waits for step n-k-1 before
+    building step n (a batch queue).
 
-    Returns ``{"steps", "nbytes", "busy_ms", "ahead", "runs": {strategy: run}}``; each run has
+    Returns ``{"steps", "nbytes", "busy_ms", "run_ahead", "runs": {strategy: run}}``; each run has
     ``received`` (the step each copy delivered, -1 for a torn row), ``corrupted``, ``torn``,
     ``host`` (µs per step inside write+stage+copy: median, mean, p90, max), ``host_us`` per step,
     ``host_loop_ms``, ``drain_ms`` (how long the final sync waited) and ``pinned_bytes_held``.
     """
     args = dict(strategies=steploop.strategies_arg(strategies), steps=positive_int("steps", steps),
-                nbytes=nbytes, busy_ms=positive_number("busy_ms", busy_ms), ahead=steploop.ahead_arg(ahead),
+                nbytes=nbytes, busy_ms=positive_number("busy_ms", busy_ms),
+                run_ahead=steploop.run_ahead_arg(run_ahead),
                 ring_depth=positive_int("ring_depth", ring_depth))
     steploop.ints_in("nbytes", nbytes)
     stream = steploop.cuda_or(stream, "plain_race()")
     return steploop.every_strategy(stream, **args)
 
 
+def race_audit(stream, strategies=("reused_pinned", "pageable"), *, steps: int = 50, nbytes: int = 256,
+               busy_ms: float = 0.5, ring_depth: int = 3) -> dict:
+    """The plain step loop, once per strategy, under :func:`pinlab.races.detect_races` (run live: on the GPU,
+    or on the emulated stream ``stream`` is a :class:`pinlab.LaggingStream`). The host never waits.
+
+    Returns ``{strategy: {"wrong": steps whose data arrived wrong, "flagged": steps whose copy the detector
+    flagged, "missed": wrong steps it did not flag, "findings": races found, "copies": pending copies
+    followed, "summary": the detector's report}}``. The loop makes one H2D copy per step, so the detector's
+    ordinals (``report.raced``) are step numbers.
+
+    Why ``missed`` is empty by construction: a step's data arrives wrong only when the host rewrote its
+    buffer before the copy ran, and the detector asks the copy's event *before* each torch call that touches
+    the buffer; a copy still pending then and whose bytes changed is flagged.
+    """
+    from ..races import detect_races
+
+    strategies = steploop.strategies_arg(strategies, allow_no_copy=False)
+    n_ints = steploop.ints_in("nbytes", nbytes)
+    stream = steploop.cuda_or(stream, "race_audit()")
+    steploop.warm(stream, strategies, n_ints, min(busy_ms, 0.05), None, ring_depth)
+    out = {}
+    for k in strategies:
+        # the loop's own lines are the report's lines (not the caller's): which line copies, which rewrites
+        with detect_races(callers=[steploop.plain_loop, steploop.Staging.stage, steploop.fill]) as races:
+            run = steploop.plain_loop(stream, k, steps=positive_int("steps", steps), n_ints=n_ints,
+                                      busy_ms=positive_number("busy_ms", busy_ms), run_ahead=None,
+                                      ring_depth=positive_int("ring_depth", ring_depth))
+        wrong = [n for n, got in enumerate(run["received"]) if got != n]
+        flagged = sorted(set(races.raced))
+        out[k] = {"wrong": wrong, "flagged": flagged, "missed": sorted(set(wrong) - set(flagged)),
+                  "findings": races.total, "copies": races.copies, "summary": races.summary()}
+    return out
+
+
 def decode_race(strategies=("reused_pinned", "pageable"), steps: int = 64, max_batch: int = 16,
                 page_size: int = 16, max_seq_len: int = 256, num_qo_heads: int = 8, num_kv_heads: int = 2,
-                head_dim: int = 128, busy_ms: float = 1.0, ring: int = 3, ahead: int = 2, seed: int = 0,
+                head_dim: int = 128, busy_ms: float = 1.0, ring: int = 3, run_ahead: int = 1, seed: int = 0,
                 backend: str = "auto", tol: float = 0.02, stream=None) -> dict:
     """A vLLM-shaped decode loop with real paged attention, once per strategy (:mod:`pinlab.decode_loop`).
 
@@ -77,8 +113,8 @@ def decode_race(strategies=("reused_pinned", "pageable"), steps: int = 64, max_b
     the GPU with ``non_blocking=True``; the page indices are built **on the GPU** from that GPU
     copy of indptr and the block table; FlashInfer's ``plan()`` gets host indptr/last_page_len and
     the GPU indices, as in vLLM. A ring of ``ring`` :class:`~pinlab.paged_kv.FlashInferDecode`
-    wrappers is used in turn and the host waits for step n-``ahead`` before building step n
-    (``ahead <= ring``: never re-plan a wrapper whose last plan may not have run, which crashes
+    wrappers is used in turn, with run-ahead ``run_ahead`` k: the host waits for step n-k-1 before building
+    step n (``run_ahead < ring``: never re-plan a wrapper whose last plan may not have run, which crashes
     the CUDA context). ``backend="auto"`` falls back to
     :func:`~pinlab.decode_loop.torch_paged_decode` (fed by the GPU copies of both arrays) when
     FlashInfer cannot run (always on the emulated stream); the result says which ran and why.
@@ -90,7 +126,7 @@ def decode_race(strategies=("reused_pinned", "pageable"), steps: int = 64, max_b
     """
     args = decode_loop.check_args(strategies=strategies, steps=steps, max_batch=max_batch, page_size=page_size,
                                   max_seq_len=max_seq_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                                  head_dim=head_dim, busy_ms=busy_ms, ring=ring, ahead=ahead, seed=seed,
+                                  head_dim=head_dim, busy_ms=busy_ms, ring=ring, run_ahead=run_ahead, seed=seed,
                                   backend=backend, tol=tol)
     stream = steploop.cuda_or(stream, "decode_race()")
     return decode_loop.every_strategy(stream, **args)
@@ -106,8 +142,6 @@ def _keys_of(value) -> str:
 
 def plot_received(runs: dict, *, title: str, ax=None):
     """x: the step, y: the step whose data its copy delivered (-1: a mix); the diagonal is correct."""
-    import matplotlib.pyplot as plt
-
     if not isinstance(runs, dict) or not runs:
         raise TypeError("runs must be a non-empty dict {strategy: run with 'received'}")
     for name, run in runs.items():
@@ -117,31 +151,30 @@ def plot_received(runs: dict, *, title: str, ax=None):
         if isinstance(run.get("corrupted"), bool) or not isinstance(run.get("corrupted"), numbers.Integral):
             raise TypeError(f"runs[{name!r}]['corrupted'] must be an int (a run of plain_race), got {_keys_of(run)}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
+        _, ax = subplots(figsize=(7, 4))
     markers = "oxs^v+"
     for i, (name, run) in enumerate(runs.items()):
         rec = run["received"]
         ax.plot(range(len(rec)), [r if r is not None else float("nan") for r in rec], markers[i % len(markers)],
-                ms=3, alpha=0.7, label=f"{LABELS.get(name, name)}: {run['corrupted']} wrong")
+                ms=3, alpha=0.7, label=f"{LABELS.get(name, name)}: {run['corrupted']} wrong",
+                color=color_for(LABELS.get(name, name)))
     n = max(len(r["received"]) for r in runs.values())
     ax.plot([0, n - 1], [0, n - 1], "k--", lw=0.8, label="correct (its own step)")
     ax.set_xlabel("step n")
     ax.set_ylabel("step whose data copy n delivered")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9)
+    legend_outside(ax, ncols=min(3, len(runs) + 1))
     return ax
 
 
 def plot_errors(result: dict, strategy: str, *, title: str, ax=None):
     """Heatmap of a decode run's per-request max error (log10), steps down, batch slots across;
-    a dot marks a request whose attention read wrong inputs."""
-    import matplotlib.pyplot as plt
-
+    a dot marks a request whose attention read wrong inputs (the legend under the heatmap, over none of it)."""
     run = result["runs"][strategy]
     m = decode_loop.error_matrix(run, result["max_batch"])
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 5))
+        _, ax = subplots(figsize=(7, 5))
     with np.errstate(divide="ignore", invalid="ignore"):
         img = ax.imshow(np.log10(np.maximum(m, 1e-7)), aspect="auto", cmap="viridis", vmin=-6, vmax=1,
                         interpolation="nearest")
@@ -152,8 +185,8 @@ def plot_errors(result: dict, strategy: str, *, title: str, ax=None):
                 ys.append(n)
                 xs.append(b)
     if xs:
-        ax.plot(xs, ys, "r.", ms=4, label="read wrong pages / metadata")
-        ax.legend(loc="lower right", fontsize=9)
+        ax.plot(xs, ys, ".", ms=4, color=PALETTE[3], label="read wrong pages / metadata")  # vermillion on viridis
+        legend_outside(ax)
     ax.figure.colorbar(img, ax=ax, label="log10 max |output - reference|")
     ax.set_xlabel("request (position in the batch)")
     ax.set_ylabel("step")
@@ -242,9 +275,8 @@ def waits(run: dict, threshold_us: float) -> dict:
 def plot_step_parts(result: dict, *, title: str, ax=None):
     """Stacked bars: where the host's loop time went (:data:`PART_GROUPS`), one bar per buffer kind
     and size, beside the GPU's work (steps x busy_ms, dashed). ``result`` is the timed sweep:
-    ``{"steps", "busy_ms", "runs": [{"nbytes", "buffer", "us", "loop_ms", "drain_ms", ...}]}``."""
-    import matplotlib.pyplot as plt
-
+    ``{"steps", "busy_ms", "runs": [{"nbytes", "buffer", "us", "loop_ms", "drain_ms", ...}]}``. Each part has
+    its course colour, each buffer kind its hatching; the legend is under the axes, over no bar."""
     from ..plots import fmt_bytes
 
     if not isinstance(result, dict) or not isinstance(result.get("runs"), list) or not result["runs"]:
@@ -260,9 +292,9 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
         if r["buffer"] not in kinds:
             kinds.append(r["buffer"])
     if ax is None:
-        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.5))
+        _, ax = subplots(figsize=(MAX_WIDTH_IN, 4.5))
     width = 0.8 / len(kinds)
-    colors = {"copy call": "tab:red", "kernel launches": "tab:blue", "write + loop": "tab:gray"}
+    colors = {g: color_for(g) for g in ("copy call", "kernel launches", "write + loop")}
     hatches = ["", "//", "xx", ".."]
     labelled = set()
     for r in result["runs"]:
@@ -281,7 +313,7 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
     ax.set_ylabel(f"host ms in the loop ({steps} steps)")
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=9, ncol=2)
+    legend_outside(ax, ncols=2)
     return ax
 
 
@@ -401,8 +433,6 @@ def launch_queue(launches: int = 5000, busy_ms: float = 100.0, numel: int = 16, 
 def plot_launch_queue(result: dict, *, title: str, ax=None):
     """Host µs of each launch call (log scale) behind the busy GPU, the call that found the queue full
     marked. ``result`` is a :func:`launch_queue` result."""
-    import matplotlib.pyplot as plt
-
     if not isinstance(result, dict) or not isinstance(result.get("launch_us"), list) or not result["launch_us"]:
         raise TypeError("result must be a launch_queue() result (a dict with a non-empty list 'launch_us')")
     us = [positive_number(f"result['launch_us'][{i}]", v, allow_zero=True) for i, v in enumerate(result["launch_us"])]
@@ -410,17 +440,19 @@ def plot_launch_queue(result: dict, *, title: str, ax=None):
     if full is not None:
         full = positive_int("result['full_at']", full, allow_zero=True, maximum=len(us) - 1)
     if ax is None:
-        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 3.8))
-    ax.plot(range(len(us)), [max(v, 0.1) for v in us], ".", ms=2, color="tab:blue", label="one launch call")
+        _, ax = subplots(figsize=(MAX_WIDTH_IN, 3.8))
+    ax.plot(range(len(us)), [max(v, 0.1) for v in us], ".", ms=2, color=color_for("one launch call"),
+            label="one launch call")
     ax.axhline(LAUNCH_WAIT_US, color="k", ls=":", lw=0.8, label=f"{LAUNCH_WAIT_US:g} µs")
     if full is not None:
-        ax.axvline(full, color="tab:red", ls="--", lw=1.0, label=f"launch {full}: the queue was full")
+        ax.axvline(full, color=color_for("the queue was full"), ls="--", lw=1.0,
+                   label=f"launch {full}: the queue was full")
     ax.set_yscale("log")
     ax.set_xlabel("launch call (in order, all behind one busy kernel)")
     ax.set_ylabel("host µs in the launch call")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9)
+    legend_outside(ax)
     return ax
 
 
@@ -431,7 +463,6 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
     each request's run of ``indices`` starts; arrows) and ``last_page_len``. Plain lists of ints
     (or int tensors); checked to be consistent: indptr starts at 0, never decreases, ends at
     len(indices), and has one more entry than last_page_len."""
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     def ints(name, value):
@@ -458,23 +489,23 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
         pages = indices[indptr[r]:indptr[r + 1]]
         for k, p in enumerate(pages):
             owner[p], used[p] = r, (lpl[r] if k == len(pages) - 1 else page_size)
-    colors = plt.get_cmap("tab10").colors
+    colors = [color_for(f"request {r}") for r in range(len(lpl))]  # the course palette, one per request
     if ax is None:
-        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.2))
+        _, ax = subplots(figsize=(MAX_WIDTH_IN, 4.2))
     # the cache: one box per page, one cell per token slot
     for p in range(cache_pages):
         x0 = p * (page_size + 1)
         for t in range(page_size):
             filled = p in owner and t < used[p]
             ax.add_patch(Rectangle((x0 + t, 3), 1, 1, ec="k", lw=0.6,
-                                   fc=colors[owner[p] % 10] if filled else ("white" if p not in owner else "0.92")))
+                                   fc=colors[owner[p]] if filled else ("white" if p not in owner else "0.92")))
         ax.text(x0 + page_size / 2, 4.25, f"page {p}", ha="center", va="bottom", fontsize=9)
     ax.text(-0.5, 3.5, "KV cache", ha="right", va="center", fontsize=9)
     # indices, with indptr's arrows, and last_page_len: boxes of width w, one per entry
     w = 2.0
     for i, p in enumerate(indices):
         r = next(r for r in range(len(lpl)) if indptr[r] <= i < indptr[r + 1])
-        ax.add_patch(Rectangle((i * w, 1), w, 1, ec="k", lw=0.8, fc=colors[r % 10], alpha=0.8))
+        ax.add_patch(Rectangle((i * w, 1), w, 1, ec="k", lw=0.8, fc=colors[r], alpha=0.8))
         ax.text(i * w + w / 2, 1.5, str(p), ha="center", va="center", fontsize=9)
     ax.text(-0.5, 1.5, "indices", ha="right", va="center", fontsize=9)
     ax.text(-1.8, 0.0, "indptr", ha="right", va="center", fontsize=9)
@@ -482,14 +513,14 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
         ax.annotate(f"[{j}]={v}", xy=(v * w, 1), xytext=(v * w, 0.2 - 0.45 * (j % 2)), ha="center", fontsize=9,
                     arrowprops=dict(arrowstyle="->", lw=0.8))
     for r, n in enumerate(lpl):
-        ax.add_patch(Rectangle((r * w, -1.8), w, 1, ec="k", lw=0.8, fc=colors[r % 10], alpha=0.8))
+        ax.add_patch(Rectangle((r * w, -1.8), w, 1, ec="k", lw=0.8, fc=colors[r], alpha=0.8))
         ax.text(r * w + w / 2, -1.3, str(n), ha="center", va="center", fontsize=9)
     ax.text(-0.5, -1.3, "last_page_len", ha="right", va="center", fontsize=9)
     for r in range(len(lpl)):
-        ax.add_patch(Rectangle((0, 0), 0, 0, fc=colors[r % 10], label=f"request {r}"))
+        ax.add_patch(Rectangle((0, 0), 0, 0, fc=colors[r], label=f"request {r}"))
     ax.set_xlim(-9, max(cache_pages * (page_size + 1), len(indices) * w) + 0.5)
     ax.set_ylim(-2.0, 5.0)
     ax.set_axis_off()
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=9, ncol=1)
+    legend_outside(ax, ncols=min(4, len(lpl)) if lpl else None)
     return ax

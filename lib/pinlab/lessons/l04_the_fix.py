@@ -42,7 +42,7 @@ import torch
 from .. import steploop
 from ..args import callable_arg, one_of, positive_int, positive_number, require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, random_batch, reference_decode
-from ..plots import MAX_WIDTH_IN, color_for, legend_outside, stacked
+from ..plots import MAX_WIDTH_IN, color_for, headroom, label_line, legend_outside, stacked, subplots
 from ..steploop import HISTORY, KiB, LABELS
 
 __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "history", "plan_hazard",
@@ -52,8 +52,8 @@ __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "his
 
 
 def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, busy_ms: float = 0.1,
-                  ahead: int | None = 2, rounds: int = 5, stream=None) -> dict:
-    """Host µs per step of the snapshot, against the same loop without it.
+                  run_ahead: int | None = 1, rounds: int = 5, stream=None) -> dict:
+    """Host µs per step of the snapshot, against the same loop without it (run-ahead ``run_ahead``).
 
     For each size: the median host time per step (write + stage + copy) of ``no_copy`` (write
     only), ``reused_pinned`` (write + the same non_blocking copy, no snapshot: the racy code the
@@ -65,7 +65,7 @@ def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, bu
     sizes = steploop.sizes_arg(sizes)
     steps = positive_int("steps", steps)
     busy_ms = positive_number("busy_ms", busy_ms)
-    ahead = steploop.ahead_arg(ahead)
+    run_ahead = steploop.run_ahead_arg(run_ahead)
     rounds = positive_int("rounds", rounds)
     steploop.check_dst(steps, max(sizes) // 4)
     stream = steploop.cuda_or(stream, "snapshot_cost()")
@@ -73,15 +73,15 @@ def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, bu
     names = ["no_copy", "reused_pinned", "snapshot"]
     for s in sizes:
         n_ints = s // 4
-        steploop.warm(stream, names, n_ints, busy_ms, ahead, 1)
+        steploop.warm(stream, names, n_ints, busy_ms, run_ahead, 1)
         # interleaved rounds, each strategy's median per round; then the median over rounds, so
         # that a slow spell of the machine does not land on one strategy only
         meds = {k: [] for k in names}
         corrupted = 0
         for r in range(rounds):
             for k in names[r % len(names):] + names[:r % len(names)]:
-                run = steploop.plain_loop(stream, k, steps=steps, n_ints=n_ints, busy_ms=busy_ms, ahead=ahead,
-                                          per_step=False)
+                run = steploop.plain_loop(stream, k, steps=steps, n_ints=n_ints, busy_ms=busy_ms,
+                                          run_ahead=run_ahead, per_step=False)
                 meds[k].append(run["host"]["median_us"])
                 if k == "snapshot":
                     corrupted += run["corrupted"]
@@ -95,16 +95,16 @@ def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, bu
             "copy_total_us": round(med["snapshot"] - med["no_copy"], 2),
             "snapshot_corrupted": corrupted,
         })
-    return {"steps": steps, "busy_ms": busy_ms, "ahead": ahead, "rounds": rounds, "rows": rows}
+    return {"steps": steps, "busy_ms": busy_ms, "run_ahead": run_ahead, "rounds": rounds, "rows": rows}
 
 
-def allocator_reuse(nbytes: int = 4 * KiB, busy_ms: float = 50.0, steps: int = 200, ahead: int = 4,
+def allocator_reuse(nbytes: int = 4 * KiB, busy_ms: float = 50.0, steps: int = 200, run_ahead: int = 3,
                     stream=None) -> dict:
     """Watch PyTorch's caching host allocator keep a snapshot's block until its copy has run.
 
     Snapshot 1 is copied behind ``busy_ms`` of GPU work and freed; snapshot 2, taken while that
     copy is pending, gets another block; after a sync, snapshot 3 gets snapshot 1's block back
-    without a new cudaHostAlloc. Then a step loop (``steps``, host at most ``ahead`` steps ahead)
+    without a new cudaHostAlloc. Then a step loop (``steps``, run-ahead ``run_ahead``)
     counts the distinct blocks and checks that no block was reused before its copy finished.
     Returns booleans, the new cudaHostAlloc calls per snapshot, a few host_memory_stats()
     entries ({} and zeros on the emulated stream), and the loop's counts; no addresses.
@@ -112,7 +112,7 @@ def allocator_reuse(nbytes: int = 4 * KiB, busy_ms: float = 50.0, steps: int = 2
     n_ints = steploop.ints_in("nbytes", nbytes)
     busy_ms = positive_number("busy_ms", busy_ms)
     steps = positive_int("steps", steps)
-    ahead = positive_int("ahead", ahead)
+    run_ahead = positive_int("run_ahead", run_ahead, allow_zero=True)
     stream = steploop.cuda_or(stream, "allocator_reuse()")
     def stats_now() -> dict:
         return stream.host_stats()  # torch.cuda.host_memory_stats(); {} on the emulated stream
@@ -148,7 +148,7 @@ def allocator_reuse(nbytes: int = 4 * KiB, busy_ms: float = 50.0, steps: int = 2
     keep = ("num_host_alloc", "num_host_free", "allocations.current", "allocated_bytes.current",
             "active_requests.current", "active_bytes.current")
     stats = {k: int(stats[k]) for k in keep if k in stats}
-    loop = steploop.plain_loop(stream, "snapshot", steps=steps, n_ints=n_ints, busy_ms=0.5, ahead=ahead,
+    loop = steploop.plain_loop(stream, "snapshot", steps=steps, n_ints=n_ints, busy_ms=0.5, run_ahead=run_ahead,
                                per_step=False, track_blocks=True)
     return {
         "nbytes": nbytes,
@@ -157,7 +157,7 @@ def allocator_reuse(nbytes: int = 4 * KiB, busy_ms: float = 50.0, steps: int = 2
         "third_reuses_first": p3 == p1,
         "new_host_allocs": [a1 - a0, a2 - a1, a3 - a2],
         "host_memory_stats": stats,
-        "loop": {k: loop[k] for k in ("steps", "ahead", "corrupted", "distinct_blocks", "blocks_reused",
+        "loop": {k: loop[k] for k in ("steps", "run_ahead", "corrupted", "distinct_blocks", "blocks_reused",
                                        "reused_before_copy_done")},
     }
 
@@ -180,15 +180,15 @@ def pin_trap(nbytes: int = 256, steps: int = 200, busy_ms: float = 0.5, stream=N
         differs = snap.data_ptr() != pageable.data_ptr()
         del pinned, again, snap
     race = steploop.every_strategy(stream, strategies=["snapshot_of_pinned", "snapshot"], steps=steps, nbytes=nbytes,
-                                   busy_ms=busy_ms, ahead=None, per_step=True)
+                                   busy_ms=busy_ms, run_ahead=None, per_step=True)
     return {"same_storage": bool(same), "pageable_gets_new_storage": bool(differs), "race": race}
 
 
 def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB, busy_ms: float = 0.3,
-            ahead: int | None = 2, ring_depth: int = 3, rounds: int = 5, stream=None) -> dict:
+            run_ahead: int | None = 1, ring_depth: int = 3, rounds: int = 5, stream=None) -> dict:
     """The fixes side by side in one step loop: corrupted steps, host µs per step, pinned bytes.
 
-    ``ahead=2``: the host runs at most two steps ahead, as vLLM's batch queue allows. After a
+    ``run_ahead=1``: before writing step n the host waits for step n-2, as vLLM's batch queue does. After a
     warm-up, the approaches (and the no-copy baseline) run round-robin in ``rounds`` interleaved
     rounds (the order rotates), ``steps`` per approach split over the rounds, so that a slow spell
     of the machine does not land on one approach only. Returns ``{"rows": [{"strategy", "label",
@@ -203,13 +203,13 @@ def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB,
     steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
     n_ints = steploop.ints_in("nbytes", nbytes)
     busy_ms = positive_number("busy_ms", busy_ms)
-    ahead = steploop.ahead_arg(ahead)
+    run_ahead = steploop.run_ahead_arg(run_ahead)
     ring_depth = positive_int("ring_depth", ring_depth)
     rounds = positive_int("rounds", rounds, maximum=steps)
     steploop.check_dst(steps, n_ints)
     stream = steploop.cuda_or(stream, "history()")
     names = ["no_copy"] + strategies
-    steploop.warm(stream, names, n_ints, busy_ms, ahead, ring_depth)
+    steploop.warm(stream, names, n_ints, busy_ms, run_ahead, ring_depth)
     per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
     meds = {k: [] for k in names}
     p90s = {k: [] for k in names}
@@ -217,8 +217,8 @@ def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB,
     held = {k: 0 for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            run = steploop.plain_loop(stream, k, steps=per_round[r], n_ints=n_ints, busy_ms=busy_ms, ahead=ahead,
-                                      ring_depth=ring_depth, per_step=False)
+            run = steploop.plain_loop(stream, k, steps=per_round[r], n_ints=n_ints, busy_ms=busy_ms,
+                                      run_ahead=run_ahead, ring_depth=ring_depth, per_step=False)
             meds[k].append(run["host"]["median_us"])
             p90s[k].append(run["host"]["p90_us"])
             corrupted[k] += run["corrupted"]
@@ -237,7 +237,7 @@ def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB,
             "round_medians_us": meds[s],
             "pinned_bytes_held": held[s],
         })
-    return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "ahead": ahead, "ring_depth": ring_depth,
+    return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "run_ahead": run_ahead, "ring_depth": ring_depth,
             "rounds": rounds, "no_copy_us": med["no_copy"], "no_copy_round_medians_us": meds["no_copy"],
             "rows": rows}
 
@@ -556,10 +556,12 @@ def _check_step(outs, cat, base, n, bad):
     bad.add_(cat.ne(8 * n).any())
 
 
-def metadata_loop(stream, make, *, steps: int, sizes, busy_ms: float, ahead: int = 2, per_step: bool = False) -> dict:
+def metadata_loop(stream, make, *, steps: int, sizes, busy_ms: float, run_ahead: int = 1,
+                  per_step: bool = False) -> dict:
     """This loop, for any way of moving a step's metadata tensors (``make(stream, sizes)`` builds it).
 
-    Step n: [untimed: wait for step n-ahead's "done" event, the engine's bounded run-ahead]; then,
+    Step n: [untimed: run-ahead ``run_ahead`` k, wait for step n-k-1's "done" event, the engine's batch
+    queue]; then,
     timed together, ``views = mover.host()``, tensor i filled with ``8n + i``, ``outs = mover.send()``;
     then, untimed, a device check of ``outs`` (into a device error counter, read once at the end:
     no sync per step), the "done" event and ``busy_ms`` of GPU work. Returns ``{"steps",
@@ -570,7 +572,7 @@ def metadata_loop(stream, make, *, steps: int, sizes, busy_ms: float, ahead: int
     steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
     sizes = _entries("sizes", sizes)
     busy_ms = positive_number("busy_ms", busy_ms)
-    ahead = positive_int("ahead", ahead)
+    run_ahead = positive_int("run_ahead", run_ahead, allow_zero=True)
     stream = steploop.cuda_or(stream, "metadata_loop()")
     host_ns = [0] * steps
     total = sum(sizes)
@@ -583,11 +585,10 @@ def metadata_loop(stream, make, *, steps: int, sizes, busy_ms: float, ahead: int
         base.copy_(base_host)
         cat = torch.zeros(total, dtype=torch.int32, device=stream.device)
         bad = torch.zeros(1, dtype=torch.int64, device=stream.device)
-        done = [stream.Event() for _ in range(ahead + 1)]
+        gate = steploop.RunAheadGate(stream, run_ahead)
         t_loop = time.perf_counter()
         for n in range(steps):
-            if n >= ahead:
-                done[(n - ahead) % (ahead + 1)].synchronize()  # untimed: at most `ahead` steps in flight
+            gate.wait(n)  # untimed: at most run_ahead steps still queued when the host writes step n
             t0 = time.perf_counter_ns()
             views = mover.host()
             for i, v in enumerate(views):
@@ -598,7 +599,7 @@ def metadata_loop(stream, make, *, steps: int, sizes, busy_ms: float, ahead: int
                 raise ValueError(f"the mover must give one host and one device tensor per size ({len(sizes)}), "
                                  f"got {len(views)} and {len(outs)}")
             stream.launch(_check_step, outs, cat, base, n, bad)
-            done[n % (ahead + 1)].record()
+            gate.record(n)
             stream.busy(busy_ms)
         host_loop_ms = (time.perf_counter() - t_loop) * 1e3
         stream.synchronize()
@@ -636,7 +637,7 @@ def _pcts(us) -> dict:
             for q in (10, 50, 90, 99)} | {"max_us": round(max(us), 2)}
 
 
-def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), busy_ms: float = 0.3, ahead: int = 2,
+def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), busy_ms: float = 0.3, run_ahead: int = 1,
              depth: int = 3, rounds: int = 4, stream=None) -> dict:
     """Every fix for a step's several metadata tensors, in one loop (:func:`metadata_loop`).
 
@@ -651,7 +652,7 @@ def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), bus
     steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
     sizes = _entries("sizes", sizes)
     busy_ms = positive_number("busy_ms", busy_ms)
-    ahead = positive_int("ahead", ahead)
+    run_ahead = positive_int("run_ahead", run_ahead, allow_zero=True)
     depth = positive_int("depth", depth)
     rounds = positive_int("rounds", rounds, maximum=steps)
     stream = steploop.cuda_or(stream, "fix_race()")
@@ -659,15 +660,16 @@ def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), bus
     makers["slab_ring"] = lambda st, sz: make_slab(st, sz, depth)
     names = list(makers)
     for k in names:  # warm-up: kernels, pinned blocks, events
-        metadata_loop(stream, makers[k], steps=2 * ahead + 4, sizes=sizes, busy_ms=min(busy_ms, 0.05), ahead=ahead)
+        metadata_loop(stream, makers[k], steps=2 * run_ahead + 6, sizes=sizes, busy_ms=min(busy_ms, 0.05),
+                      run_ahead=run_ahead)
     per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
     host = {k: [] for k in names}
     meds = {k: [] for k in names}
     bad = {k: 0 for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            run = metadata_loop(stream, makers[k], steps=per_round[r], sizes=sizes, busy_ms=busy_ms, ahead=ahead,
-                                per_step=True)
+            run = metadata_loop(stream, makers[k], steps=per_round[r], sizes=sizes, busy_ms=busy_ms,
+                                run_ahead=run_ahead, per_step=True)
             us = [v / 1e3 for v in run["host_ns"]]
             host[k] += us
             meds[k].append(round(statistics.median(us), 2))
@@ -677,16 +679,16 @@ def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), bus
         rows.append({"strategy": k, "label": FIX_LABELS[k], "steps": len(host[k]), "corrupted": bad[k],
                      **_pcts(host[k]), "round_medians_us": meds[k], "hist": log_histogram(host[k])})
     return {"steps": steps, "sizes": sizes, "tensors": len(sizes), "bytes_per_step": 4 * sum(sizes),
-            "busy_ms": busy_ms, "ahead": ahead, "depth": depth, "rounds": rounds, "rows": rows}
+            "busy_ms": busy_ms, "run_ahead": run_ahead, "depth": depth, "rounds": rounds, "rows": rows}
 
 
 def shared_pool(totals=(24 * KiB, 192 * KiB, 768 * KiB, 3 * 1024 * KiB, 6 * 1024 * KiB), tensors: int = 6,
-                steps: int = 80, busy_ms: float = 0.5, ahead: int = 2, rounds: int = 3, stream=None) -> dict:
+                steps: int = 80, busy_ms: float = 0.5, run_ahead: int = 1, rounds: int = 3, stream=None) -> dict:
     """Several tensors per step sharing the driver's staging: pageable buffers against a snapshot
     per tensor, for per-step totals from a few KiB to a few MiB (``tensors`` equal tensors each).
 
-    For each total: interleaved ``rounds`` of ``steps`` steps of each (:func:`metadata_loop`, at
-    most ``ahead`` steps in flight, ``busy_ms`` of GPU work per step); each value is the median
+    For each total: interleaved ``rounds`` of ``steps`` steps of each (:func:`metadata_loop`, run-ahead
+    ``run_ahead``, ``busy_ms`` of GPU work per step); each value is the median
     over rounds of each round's median host µs per step. Returns ``{"rows": [{"total_bytes",
     "tensor_bytes", "pageable_us", "snapshot_us", "pageable_p90_us", "snapshot_p90_us",
     "corrupted"}], ...}`` (``corrupted``: both strategies, all rounds).
@@ -695,7 +697,7 @@ def shared_pool(totals=(24 * KiB, 192 * KiB, 768 * KiB, 3 * 1024 * KiB, 6 * 1024
     tensors = positive_int("tensors", tensors, maximum=64)
     steps = positive_int("steps", steps, maximum=steploop.MAX_LOOP_STEPS)
     busy_ms = positive_number("busy_ms", busy_ms)
-    ahead = positive_int("ahead", ahead)
+    run_ahead = positive_int("run_ahead", run_ahead, allow_zero=True)
     rounds = positive_int("rounds", rounds)
     for i, t in enumerate(totals):
         if t % (4 * tensors):
@@ -708,15 +710,15 @@ def shared_pool(totals=(24 * KiB, 192 * KiB, 768 * KiB, 3 * 1024 * KiB, 6 * 1024
     for t in totals:
         sizes = [t // 4 // tensors] * tensors
         for k in names:
-            metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=2 * ahead + 2, sizes=sizes,
-                          busy_ms=min(busy_ms, 0.05), ahead=ahead)
+            metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=2 * run_ahead + 4, sizes=sizes,
+                          busy_ms=min(busy_ms, 0.05), run_ahead=run_ahead)
         meds = {k: [] for k in names}
         p90 = {k: [] for k in names}
         corrupted = 0
         for r in range(rounds):
             for k in names[r % 2:] + names[:r % 2]:
                 run = metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=steps, sizes=sizes,
-                                    busy_ms=busy_ms, ahead=ahead)
+                                    busy_ms=busy_ms, run_ahead=run_ahead)
                 meds[k].append(run["host"]["median_us"])
                 p90[k].append(run["host"]["p90_us"])
                 corrupted += run["corrupted"]
@@ -725,7 +727,8 @@ def shared_pool(totals=(24 * KiB, 192 * KiB, 768 * KiB, 3 * 1024 * KiB, 6 * 1024
                      "pageable_us": med(meds["pageable"]), "snapshot_us": med(meds["snapshot"]),
                      "pageable_p90_us": med(p90["pageable"]), "snapshot_p90_us": med(p90["snapshot"]),
                      "corrupted": corrupted})
-    return {"tensors": tensors, "steps": steps, "busy_ms": busy_ms, "ahead": ahead, "rounds": rounds, "rows": rows}
+    return {"tensors": tensors, "steps": steps, "busy_ms": busy_ms, "run_ahead": run_ahead, "rounds": rounds,
+            "rows": rows}
 
 
 # =============================================================================================
@@ -865,7 +868,7 @@ def snapshot_soak(steps: int = 10_000, nbytes: int = 4 * KiB, busy_ms: float = 0
     stream = steploop.cuda_or(None, "snapshot_soak()")
     steploop.warm(stream, ["reused_pinned"], n_ints, busy_ms, None, 1)
     control = steploop.plain_loop(stream, "reused_pinned", steps=control_steps, n_ints=n_ints, busy_ms=busy_ms,
-                                  ahead=None, per_step=False)
+                                  run_ahead=None, per_step=False)
     return {"steps": steps, "nbytes": nbytes, "busy_ms": busy_ms, "warm_blocks": warm_blocks,
             "reserve_conf": conf, "reserve": {"accepted": accepted, "detail": str(rc.get("detail", ""))[:200]},
             "passes": passes,
@@ -901,9 +904,8 @@ def _check_history(result) -> None:
 
 
 def plot_history(result: dict, *, title: str):
-    """Three bar charts side by side: corrupted steps, host µs per step, pinned KiB held."""
-    import matplotlib.pyplot as plt
-
+    """Three bar charts, stacked: corrupted steps, host µs per step (the step without a copy dashed, labelled right
+    of the axes, over no bar or value), pinned KiB held."""
     _check_history(result)
     rows = result["rows"]
     labels = [r["label"] for r in rows]
@@ -924,10 +926,9 @@ def plot_history(result: dict, *, title: str):
         ax.grid(True, axis="y", alpha=0.3)
         if key == "host_us":
             ax.axhline(result["no_copy_us"], ls="--", c="grey", lw=1)
-            ax.annotate("no copy", (0, result["no_copy_us"]), textcoords="offset points", xytext=(2, 3),
-                        fontsize=9, color="grey")
+            label_line(ax, result["no_copy_us"], "no copy")
+        headroom(ax)  # the tallest bar's value stays inside its panel
     fig.suptitle(title)
-    fig.tight_layout()
     return axes
 
 
@@ -968,45 +969,38 @@ def plot_host_times(result: dict, *, title: str):
     a2.set_xlabel("host µs per step: median (whisker: the round medians' range)")
     a2.grid(True, axis="x", alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
     return a1, a2
 
 
 def plot_shared_pool(result: dict, *, title: str):
     """Host µs per step against the bytes copied per step, pageable against snapshots (log-log)."""
-    import matplotlib.pyplot as plt
-
     from ..plots import fmt_bytes
 
     rows = result["rows"]
     x = [r["total_bytes"] for r in rows]
-    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.2))
-    ax.plot(x, [r["pageable_us"] for r in rows], "o-", label="pageable buffers")
-    ax.plot(x, [r["snapshot_us"] for r in rows], "s-", label="pin_memory() snapshot per tensor")
+    fig, ax = subplots(figsize=(MAX_WIDTH_IN, 4.2))
+    ax.plot(x, [r["pageable_us"] for r in rows], "o-", label="pageable buffers", color=color_for("pageable buffers"))
+    ax.plot(x, [r["snapshot_us"] for r in rows], "s-", label="pin_memory() snapshot per tensor",
+            color=color_for("pin_memory() snapshot per tensor"))
     ax.axhline(result["busy_ms"] * 1e3, ls="--", c="grey", lw=1)
-    ax.annotate("GPU work per step", (x[0], result["busy_ms"] * 1e3), textcoords="offset points", xytext=(2, 3),
-                fontsize=9, color="grey")
+    label_line(ax, result["busy_ms"] * 1e3, "GPU work\nper step")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(x, [fmt_bytes(v) for v in x])
     ax.set_xlabel(f"bytes copied per step ({result['tensors']} tensors)")
     ax.set_ylabel("host µs per step (median)")
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=9)
+    legend_outside(ax)
     ax.set_title(title)
-    fig.tight_layout()
     return ax
 
 
 def plot_soak(result: dict, *, title: str):
     """Host µs per snapshot step, a log histogram per pass (cold, warmed, reserved)."""
-    import matplotlib.pyplot as plt
-
     rows = [dict(p, label=f"{name} (max {p['max_us'] / 1e3:.2f} ms)") for name, p in result["passes"].items()]
-    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.2))
+    fig, ax = subplots(figsize=(MAX_WIDTH_IN, 4.2))
     _hist_lines(ax, rows, "label")
     ax.set_yscale("log")
     ax.set_xlabel("host µs per step (write + pin_memory() + copy), log scale")
     ax.set_title(title)
-    fig.tight_layout()
     return ax

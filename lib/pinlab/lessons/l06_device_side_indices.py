@@ -3,10 +3,12 @@
 The three builders the lesson compares (each short enough to read in the notebook, which prints
 their source), all returning ``pos_ids`` ``[sum(t*h*w), 2]`` (int64: row, column) on ``device``:
 
-* :func:`ids_before` (a): vLLM 0.28, HF 4.x. Built on the CPU with arange / expand / reshape /
-  permute per image, then ``.to(device, non_blocking=True)``: a pageable H2D copy;
-* :func:`ids_per_image` (b): the PR (vLLM 0.29). The same chain per image, with
-  ``torch.arange(..., device=cos.device)``: no copy, but one launch chain per image;
+* :func:`ids_before` (a): vLLM 0.28. Built on the CPU with arange / expand / reshape / permute per
+  image, then ``.to(cos.device, non_blocking=True)``: a pageable H2D copy. (HF transformers 4.x builds
+  the same CPU ids but has no ``.to``: it indexes the GPU table with the CPU index tensor; docs/facts.md F13);
+* :func:`ids_per_image` (b): the PR (vLLM 0.29). The same chain per image, built on the device (for
+  Qwen2-VL vLLM 0.29 passes ``device=self.device``; ``device=cos.device``, with ``get_cos_sin`` first, is
+  its Qwen2.5-VL form, which this module follows: docs/facts.md F12): no copy, but one launch chain per image;
 * :func:`ids_vectorised` (c): beyond the PR. One construction for every image: a small table
   with one row per image goes to the device in one pinned ``non_blocking`` copy
   (:func:`pinlab.async_tensor_h2d`), ``repeat_interleave(..., output_size=N)`` (no host sync)
@@ -45,6 +47,7 @@ from ..busy import MAX_BUSY_MS
 from ..detector import parse_to_args
 from ..h2d import async_tensor_h2d
 from ..plots import MAX_WIDTH_IN, color_for, legend_outside
+from ..streams import _tensors  # one walker over nested args (streams.py)
 
 #: Upper bounds on what the lesson's functions are given; each is far above the lesson's own sizes
 #: (beyond them is a typo that would allocate gigabytes or run for hours, not a lesson):
@@ -322,15 +325,6 @@ MIXED_OK = {"copy_", "to", "cuda", "cpu", "__getitem__", "__setitem__", "index_p
             "is_pinned", "__get__", "type_as", "tensor", "as_tensor", "asarray"}
 
 
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 def _default_device_context():
@@ -827,14 +821,14 @@ def ratios_to_best(row: dict, keys=("a", "b", "c", "rec"), field: str = "host_us
 
 def plot_by_mix(values: dict, *, ylabel: str, title: str, logy: bool = True, ax=None):
     """Grouped bars: ``values = {mix: {builder: value}}``, one group per mix, one bar per builder."""
-    import matplotlib.pyplot as plt
+    from ..plots import subplots
 
     if not isinstance(values, dict) or not values:
         raise TypeError("values must be a non-empty dict {mix: {builder: value}}")
     mixes = list(values)
     keys = [k for k in BUILDERS if all(k in values[m] for m in mixes)]
     if ax is None:
-        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 3.8))
+        _, ax = subplots(figsize=(MAX_WIDTH_IN, 3.8))
     width = 0.8 / max(len(keys), 1)
     for i, k in enumerate(keys):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(mixes))]

@@ -1030,18 +1030,17 @@ def emulated(loops, *, steps: int = 200, seed: int = 0) -> dict:
 
 
 def plot_timelines(result: dict, *, title: str, names=None):
-    """One host-vs-GPU timeline per loop of a :func:`timeline` result, on a shared time axis."""
-    import matplotlib.pyplot as plt
-
+    """One host-vs-GPU timeline per loop of a :func:`timeline` result, on a shared time axis, stacked at a page's
+    width (``plots.MAX_WIDTH_IN``), the legend under each."""
+    from ..plots import MAX_WIDTH_IN, subplots
     from ..plots import timeline as draw
 
     names = list(names or result["loops"])
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.9 * len(names)), sharex=True)
-    axes = [axes] if len(names) == 1 else list(axes)
+    fig, axes = subplots(len(names), 1, figsize=(MAX_WIDTH_IN, 2.4 * len(names)), sharex=True, squeeze=False)
+    axes = list(axes[:, 0])
     for ax, name in zip(axes, names):
         r = result["loops"][name]
         draw({"host": r["host"], "GPU": r["gpu"]}, title=f"{name}: {title}", ax=ax)
-    fig.tight_layout()
     return fig
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import linecache
-import numbers
 import os
 import statistics
 import sys
@@ -62,7 +61,7 @@ def require_transformers(what: str):
     try:
         import transformers
     except ImportError:
-        raise ImportError(f"{what} needs HF transformers: pip install 'transformers>=5.17,<6' "
+        raise ImportError(f"{what} needs HF transformers: pip install 'transformers>=5.17,<5.18' "
                           "(make setup installs it)") from None
     return transformers
 
@@ -185,33 +184,14 @@ def greedy(model, ids, mask, new_tokens: int = 24, deferred=None, stream=None, s
 # --- matching the detector with the trace -----------------------------------------------------------
 
 
-def copies_nothing(data) -> bool:
-    """True when ``data`` (a factory's host data: a tensor, a numpy array, a nested list or tuple) has no
-    element: ``torch.tensor([], device="cuda")`` allocates and copies nothing, so it makes no one wait
-    (transformers' ``cache_utils.py`` ``DynamicLayer.lazy_initialization`` makes two per layer). The stall
-    detector shipped with this lesson still reports such calls as blocking copies: the audit names them as
-    its false positives. (Teaching the detector this rule changes a module every lesson imports, so it
-    lands with the next full re-record of the course's GPU evidence.)"""
-    if isinstance(data, torch.Tensor):
-        return data.numel() == 0
-    size = getattr(data, "size", None)
-    if isinstance(size, numbers.Integral) and not isinstance(data, (list, tuple)):
-        return size == 0  # a numpy array
-    if isinstance(data, (list, tuple)):
-        return all(isinstance(d, (list, tuple)) and copies_nothing(d) for d in data)
-    return False
-
-
 class _Windows(TorchFunctionMode):
     """Entered *inside* a detect_stalls block: puts each call the detector intercepts in its own
     ``record_function`` window and notes which detector event (if any) it produced; also counts the
-    zero-element factory calls (:func:`copies_nothing`: the detector reports them, they copy nothing) and
-    names their windows."""
+    zero-element factory calls (which the detector, since lesson 09, does not report)."""
 
     def __init__(self, report):
         super().__init__()
         self.report, self.k, self.windows, self.empty = report, 0, {}, Counter()
-        self.empty_windows: set = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -221,11 +201,10 @@ class _Windows(TorchFunctionMode):
 
         k, self.k = self.k, self.k + 1
         before = self.report.total
-        if func in (torch.tensor, torch.as_tensor) and args and copies_nothing(args[0]):
+        if func in (torch.tensor, torch.as_tensor) and args and _det.copies_nothing(args[0]):
             device = kwargs.get("device")
             if device is not None and _det._device_type(device) == "cuda":
                 self.empty[_det.find_caller(sys._getframe(1))] += 1
-                self.empty_windows.add(f"pinlab09:{k}")
         with record_function(f"pinlab09:{k}"):
             out = func(*args, **kwargs)
         if self.report.total > before:
@@ -276,12 +255,10 @@ def code_at(where: str) -> tuple[str, str]:
     return code, func
 
 
-def match(events, windows: dict, report_events, region: str, empty=()) -> dict:
+def match(events, windows: dict, report_events, region: str) -> dict:
     """Match detector events with the trace: each reported event's window holds a runtime sync or copy
     (a true positive) or not (a false positive); a sync of the region outside every reported window is
-    one the detector missed. ``empty``: the windows of factories of data without elements
-    (``false_positives_empty`` counts the false positives among them). Pure: tested on the CPU with a
-    synthetic trace."""
+    one the detector missed. Pure: tested on the CPU with a synthetic trace."""
     ann = {e["name"]: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
            for e in events if str(e.get("cat", "")).lower() == "user_annotation"}
     if region not in ann:
@@ -299,12 +276,11 @@ def match(events, windows: dict, report_events, region: str, empty=()) -> dict:
         copies = sum(n.startswith("cudaMemcpy") for _, n in inside)
         ev = report_events[i] if i < len(report_events) else None
         per_event.append({"where": ev.where if ev else "?", "kind": ev.kind if ev else "?",
-                          "syncs": syncs, "copies": copies, "matched": bool(syncs or copies), "empty": w in empty})
+                          "syncs": syncs, "copies": copies, "matched": bool(syncs or copies)})
     syncs_total = [(ts, n) for ts, n in runtime if _is_sync(n)]
     missed = [n for ts, n in syncs_total if (ts, n) not in hit]
     tp = sum(e["matched"] for e in per_event)
     return {"reported": len(per_event), "true_positives": tp, "false_positives": len(per_event) - tp,
-            "false_positives_empty": sum(1 for e in per_event if e["empty"] and not e["matched"]),
             "trace_syncs": len(syncs_total), "syncs_in_reported_windows": len(syncs_total) - len(missed),
             "missed": Counter(missed), "per_event": per_event}
 
@@ -339,7 +315,7 @@ def audit_generate(new_tokens: int = 24, batch: int = 2, seed: int = 0) -> dict:
                 out = greedy(model, ids, mask, new_tokens)
         torch.cuda.synchronize()
     events = _trace(prof)
-    m = match(events, win.windows, report.events, "09_generate", win.empty_windows)
+    m = match(events, win.windows, report.events, "09_generate")
     r0, r1 = next((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
                   if e.get("name") == "09_generate" and str(e.get("cat", "")).lower() == "user_annotation")
     corr = {(e.get("args") or {}).get("correlation") for e in events
