@@ -303,9 +303,17 @@ def test_plan_and_cores():
     assert gpu_suite.adverse_factor(["a"], "a") == 2.0 and gpu_suite.adverse_factor(["d"], "d") == 1.0
     assert gpu_suite.adverse_factor(["b", "c", "d", "e"], "b") == pytest.approx(2.5 * 1.3)
     assert "ran alongside (c), (d), (e)" in gpu_suite.adverse_how(["b", "c", "d", "e"], "b", split)
-    assert "each pinned to its own CPU cores" in gpu_suite.adverse_how(["b", "c", "d", "e"], "e", split)
+    assert "each condition pinned to its own CPU cores" in gpu_suite.adverse_how(["b", "c", "d", "e"], "e", split)
     assert "not pinned" in gpu_suite.adverse_how(["b", "c", "d", "e"], "c", {"b": [0, 1], "c": None, "d": None, "e": None})
     assert gpu_suite.adverse_how(["d"], "d") == "ran alone on the GPU" and "3 pytest" in gpu_suite.adverse_how(["a"], "a")
+    # --adverse-all-together: one group of every condition; (a)'s three learners share one block of cores
+    everything = gpu_suite.adverse_plan(list("abcde"), True, everything=True)
+    assert everything == [["a", "b", "c", "d", "e"]]
+    split5 = gpu_suite.split_cores(range(16), everything[0])
+    assert split5 == {"a": [2, 3, 4, 5], "b": [0, 1], "c": [6, 7, 8, 9], "d": [10, 11, 12], "e": [13, 14, 15]}
+    how = gpu_suite.adverse_how(everything[0], "a", split5)
+    assert "ran alongside (b), (c), (d), (e) (--adverse-all-together)" in how and "7 processes" in how
+    assert "4 processes" in gpu_suite.adverse_how(["b", "c", "d", "e"], "b", split)
 
 
 def test_adverse_arguments():
@@ -316,6 +324,12 @@ def test_adverse_arguments():
     a = gpu_suite.parse_args(["--adverse-together", "--budget", "540"])
     assert a.adverse is None and a.adverse_together
     assert gpu_suite.parse_args([]).adverse is None
+    a = gpu_suite.parse_args(["--adverse-all-together", "--only", "03"])
+    assert a.adverse == list("abcde") and a.adverse_together and a.adverse_all_together
+    for bad in (["--adverse-all-together", "--adverse", "a"], ["--adverse-all-together", "--adverse-together"],
+                ["--adverse-all-together", "--repeat", "2"]):
+        with pytest.raises(SystemExit):
+            gpu_suite.parse_args(bad)
     for bad in (["--adverse", "f"], ["--adverse", "--repeat", "3"], ["--adverse", "--stale"],
                 ["--adverse-together", "--stability-only"], ["--cpu-dry-run"], ["--adverse", "--budget", "0"]):
         with pytest.raises(SystemExit):

@@ -164,7 +164,7 @@ def test_torch_calls_sees_copies_and_syncs_on_the_lagging_stream():
 
 def test_torch_calls_reads_non_blocking_in_every_form_and_sees_mixed_devices():
     """Issue 28/31: non_blocking read by pinlab.detector.parse_to_args (copy_(src, True), to(device, dtype,
-    True), cuda(device, True)); a call given device and host tensors is recorded (a GPU refuses it)."""
+    True), cuda(device, True)); a call given device and host tensors is recorded, and refused as a GPU refuses it."""
     with pinlab.LaggingStream() as s:
         with l06.TorchCalls(s) as c:
             pinned = torch.arange(8).pin_memory()
@@ -174,7 +174,8 @@ def test_torch_calls_reads_non_blocking_in_every_form_and_sees_mixed_devices():
             pinned.to(s.device, torch.int32)                       # blocking
             pinned.cuda(None, True)                                # pinned
             d[:4] = pinned[:4]                                     # blocking: gpu[...] = host tensor
-            d - torch.arange(8)                                    # mixed: a GPU refuses it
+            with pytest.raises(RuntimeError, match="same device"):  # mixed: a GPU refuses it, and so does the emulation
+                d - torch.arange(8)
             d - torch.tensor(3)                                    # a 0-d host tensor is a scalar: allowed
     assert [(h["kind"], h["call"]) for h in c.h2d] == [
         ("pinned", ".copy_()"), ("pinned", ".to()"), ("blocking", ".to()"), ("pinned", ".cuda()"),

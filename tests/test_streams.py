@@ -4,7 +4,7 @@ import torch
 
 import pinlab
 from pinlab import CudaUnavailableError, LaggingStream
-from pinlab.streams import STAGING_LIMIT
+from pinlab.streams import PIN_DEVICE_ERROR, STAGING_LIMIT
 
 
 def _loop(s, host_buf, steps=8):
@@ -548,3 +548,41 @@ def test_a_polling_loop_that_queues_work_between_polls_ends():
         assert s.host_waits == 1 and polls > SPIN_LIMIT - 1
         s.synchronize()
         assert dev.item() == 1 + polls
+
+
+# ---- CUDA's rules for factories and torch.cuda.synchronize on the emulated stream (issue 28) ----------
+def test_factories_pinned_memory_on_the_emulated_gpu_is_refused_with_torchs_error():
+    with pinlab.LaggingStream() as s:
+        w = torch.ones(4, device=s.device)
+        for make in (lambda: torch.empty_like(w, pin_memory=True), lambda: torch.zeros_like(w, pin_memory=True),
+                     lambda: w.new_empty(4, pin_memory=True), lambda: torch.zeros(4, device=s.device, pin_memory=True),
+                     lambda: torch.empty(4, device=w.device, pin_memory=True),
+                     lambda: torch.ones(4, device="cuda", pin_memory=True)):
+            with pytest.raises(RuntimeError, match=PIN_DEVICE_ERROR):
+                make()
+        pinned = torch.empty_like(w, device="cpu", pin_memory=True)  # on the host: fine
+        assert s.is_pinned(pinned) and not s.is_device(pinned)
+
+
+def test_factories_device_cpu_is_the_host_and_s_device_the_gpu():
+    with pinlab.LaggingStream() as s:
+        w = torch.arange(4, device=s.device)
+        for host in (torch.empty_like(w, device="cpu"), torch.zeros(3, device=torch.device("cpu")),
+                     torch.tensor([1, 2], device="cpu"), w.new_zeros(2, device="cpu")):
+            assert not s.is_device(host) and not s.is_pinned(host)
+        for dev in (torch.zeros(3, device=s.device), torch.empty_like(w), torch.arange(3, device=w.device)):
+            assert s.is_device(dev)
+        w.add_(1)                                       # queued on the emulated GPU
+        read = torch.as_tensor(w, device="cpu")         # reads device data on the host: after the queue ran
+        assert s.pending() == 0 and not s.is_device(read) and read.tolist() == [1, 2, 3, 4]
+
+
+def test_torch_cuda_synchronize_inside_the_block_waits_for_the_emulated_gpu_and_is_put_back():
+    before = torch.cuda.synchronize
+    with pinlab.LaggingStream() as s:
+        d = torch.zeros(4, device=s.device)
+        d.add_(1)
+        assert s.pending() == 1
+        torch.cuda.synchronize()
+        assert s.pending() == 0
+    assert torch.cuda.synchronize is before

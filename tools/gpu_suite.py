@@ -36,12 +36,14 @@ activity; each pytest process in its own copy of the course (a learner's checkou
 writes reports/gpu/adverse.json (per condition and notebook: source, deps from latest.json, each learner's cells
 passed / failed / skipped with the failing cells' messages, the command, seconds) and reports/gpu/adverse.log,
 and counts the passes of (a) and (b) as nbval runs in stability.json (under (c)-(e) sections replay).
-``--adverse-together`` runs (b), (c), (d), (e) at the same time, on disjoint cores.
+``--adverse-together`` runs (b), (c), (d), (e) at the same time, on disjoint cores; ``--adverse-all-together``
+runs all five at once ((a)'s three learners too: seven processes), recorded as such.
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
         [--keep-going] [--shared] [--cell-timeout S] [--no-unit-tests]
         python3 tools/gpu_suite.py --adverse [ID ...] [--adverse-together] [--only NAME ...] [--budget S]
+        python3 tools/gpu_suite.py --adverse-all-together [--only NAME ...] [--budget S]
   --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); a NAME with a '/'
                    is matched against the path (e.g. --only notebooks/04 leaves solutions/04 out)
   --repeat N       execute each notebook N times (then nbval once, on the last execution: N + 1 runs)
@@ -61,6 +63,8 @@ Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--b
   --adverse [ID ...] strict nbval of notebooks/ under the conditions ID (a-e; none named: all five, one after
                    another); with --budget, a condition starts only the notebooks estimated to fit and every
                    process is stopped at the deadline (what it had not finished is named, for --only)
+  --adverse-all-together every condition at the same time: (a)'s three learners beside (b), (c), (d), (e), seven
+                   processes on the GPU, each condition on its own cores ((b) on cores 0-1)
   --adverse-together (b), (c), (d), (e) at the same time, each its own process ((b) on cores 0-1, the others on
                    disjoint other cores): four learners on the GPU at once; recorded as such in adverse.json
   --cpu-dry-run    development: --adverse on a machine without CUDA (nbval replays; no --require-gpu); writes
@@ -119,10 +123,17 @@ def parse_args(argv):
                          "writes reports/gpu/adverse.json")
     ap.add_argument("--adverse-together", action="store_true",
                     help="run conditions b, c, d, e at the same time (four processes sharing the GPU)")
+    ap.add_argument("--adverse-all-together", action="store_true",
+                    help="run all five conditions at the same time: (a)'s three learners beside (b), (c), (d), (e) "
+                         "(seven processes sharing the GPU)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="development: the adverse mode without --require-gpu on a machine without CUDA "
                          "(nbval replays); writes build/gpu-suite/adverse.json only")
     args = ap.parse_args(argv)
+    if args.adverse_all_together:
+        if args.adverse_together or args.adverse:
+            ap.error("--adverse-all-together runs every condition at once: leave out --adverse-together and the ids")
+        args.adverse, args.adverse_together = list(evidence.ADVERSE_CONDITIONS), True
     adverse = args.adverse is not None or args.adverse_together
     if adverse:
         bad = [i for i in args.adverse or [] if i not in evidence.ADVERSE_CONDITIONS]
@@ -690,10 +701,13 @@ PIN_WRAPPER = ("import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.arg
                "os.execvp(sys.argv[2], sys.argv[2:])")  # taskset where there is none
 
 
-def adverse_plan(ids, together: bool) -> list[list[str]]:
+def adverse_plan(ids, together: bool, everything: bool = False) -> list[list[str]]:
     """Groups of condition ids, run one group after another; a group's conditions run at the same time.
     ``ids``: ``--adverse``'s (empty: every condition; None: not given); ``together``: ``--adverse-together``
-    ((b), (c), (d), (e) as one group, after the others named)."""
+    ((b), (c), (d), (e) as one group, after the others named); ``everything``: ``--adverse-all-together``
+    (every condition in one group: (a)'s learners beside the other four)."""
+    if everything:
+        return [sorted(evidence.ADVERSE_CONDITIONS)]
     if ids is not None and not ids:
         ids = list(evidence.ADVERSE_CONDITIONS)
     ids = [i for i in dict.fromkeys(ids or []) if not (together and i in TOGETHER)]
@@ -895,10 +909,12 @@ def adverse_how(group, cid: str, cores: dict | None = None) -> str:
     if len(group) > 1:
         others = ", ".join(f"({c})" for c in group if c != cid)
         pinned = cores is not None and all(cores.get(c) for c in group)
-        return (f"ran alongside {others} (--adverse-together): one pytest process per condition, "
-                + ("each pinned to its own CPU cores" if pinned else
+        procs = sum(evidence.ADVERSE_CONDITIONS[c]["learners"] for c in group)
+        flag = "--adverse-all-together" if set(group) == set(evidence.ADVERSE_CONDITIONS) else "--adverse-together"
+        return (f"ran alongside {others} ({flag}): one pytest process per learner of each condition, "
+                + ("each condition pinned to its own CPU cores" if pinned else
                    "(b) pinned to 2 cores, the others not pinned (too few cores to give each its own)")
-                + f", {len(group)} processes sharing the GPU at once: harder than each condition alone")
+                + f", {procs} processes sharing the GPU at once: harder than each condition alone")
     if evidence.ADVERSE_CONDITIONS[cid]["learners"] > 1:
         return (f"{evidence.ADVERSE_CONDITIONS[cid]['learners']} pytest processes at once on the same notebooks, "
                 "each in its own checkout, sharing the GPU and the host's cores")
@@ -994,7 +1010,7 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
         if not d["fresh_latest"]:
             print(f"note: {rel}: its latest.json entry {d['latest_entry']}: its deps may be out of date (run the "
                   "plain suite first, or this notebook's adverse evidence may go stale when it does)", flush=True)
-    plan = adverse_plan(args.adverse, args.adverse_together)
+    plan = adverse_plan(args.adverse, args.adverse_together, getattr(args, "adverse_all_together", False))
     out_dir = ROOT / "build" / "gpu-suite" if args.cpu_dry_run else REPORTS
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python3 tools/gpu_suite.py " + " ".join(argv)

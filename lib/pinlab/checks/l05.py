@@ -19,9 +19,9 @@ from collections import Counter
 
 import torch
 
-from ..cuda_rules import PIN_ON_GPU_ERROR, CudaRules
 from ..lessons.l05_pinned_weight_restore import count_copies, pinned_footprint
 from ..replay import data_dir
+from ..streams import PIN_DEVICE_ERROR
 from ..streams import stream
 from ..timing import show
 from . import (say, LearnerStop, _fmt_args, _number, is_stub, learner_arg, learner_call, not_implemented, raised,
@@ -67,8 +67,8 @@ def _problem(s, w, expected, out, ops, pin, pending) -> str | None:
     if out.shape != w.shape or out.dtype != w.dtype:
         return (f"{call} returned shape {tuple(out.shape)} {out.dtype}, the weight is {tuple(w.shape)} {w.dtype}: "
                 "a restore must not change the weight (no dtype conversion, no reshaping).")
-    # on the emulated stream its GPU memory is what the stream holds as device memory (CudaRules makes
-    # device="cpu" host memory there, as on a GPU)
+    # on the emulated stream its GPU memory is what the stream holds as device memory (device="cpu"
+    # is host memory there, as on a GPU: streams.py)
     on_gpu = s.is_device(out) if s.emulated else out.device.type != "cpu"
     if on_gpu:
         return (f"{call} returned a tensor that is still on the GPU: a restore makes a copy in host memory "
@@ -118,7 +118,7 @@ def check_restore_weight(fn) -> bool:
     into pinned memory (pageable with ``pin=False``), complete when it returns, aliasing nothing."""
     name = "restore_weight"
     learner_arg(name, fn, "(w, pin=True) -> tensor (the host copy of w)")
-    with stream() as s, CudaRules(s):  # CUDA's rules on the emulated stream: device="cpu" is the host, ...
+    with stream() as s:  # the emulated stream refuses what CUDA refuses (streams.py)
         show("restore_weight checked on", s.label)
         for i, (shape, dtype, pin) in enumerate(RESTORE_CASES):
             gen = torch.Generator().manual_seed(500 + i)
@@ -136,7 +136,7 @@ def check_restore_weight(fn) -> bool:
                 s.synchronize()
                 if is_stub(exc, fn):
                     return not_implemented(name)
-                if isinstance(exc, RuntimeError) and PIN_ON_GPU_ERROR in str(exc):
+                if isinstance(exc, RuntimeError) and PIN_DEVICE_ERROR in str(exc):
                     return _fail(name, _pin_on_gpu(call))
                 return _fail(name, f"{name}(w, pin={pin}) raised {raised(exc)}")
             pending = s.emulated and s.pending() > 0

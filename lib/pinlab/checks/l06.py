@@ -21,8 +21,7 @@ import torch
 from . import (say, LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
                summary)
 from ..lessons import l06_device_side_indices as l06
-from ..cuda_rules import PIN_ON_GPU_ERROR, CudaRules
-from ..streams import LaggingStream
+from ..streams import PIN_DEVICE_ERROR, LaggingStream
 
 _FAILS: dict[str, int] = {}
 
@@ -115,7 +114,7 @@ def _run_emulated(fn, grid, m):
     """Run ``fn(grid, m, device)`` on a fresh LaggingStream (with CUDA's rules: ``device="cpu"`` is the host)
     under a call counter. Where the emulation refuses a call that mixed device and host tensors (as a GPU
     does), raises :class:`_MixedDevices` naming the call, so that the learner gets the advice, not torch's error."""
-    with LaggingStream() as s, CudaRules(s):
+    with LaggingStream() as s:
         with l06.TorchCalls(s) as calls:
             try:
                 with learner_call(f"rot_pos_ids({grid if len(grid) <= 3 else f'<{len(grid)} rows>'}, m={m}, device)"):
@@ -265,7 +264,7 @@ def check_d2h_outputs(start_d2h, finish_d2h) -> bool:
         except Exception as exc:
             if is_stub(exc, start_d2h, finish_d2h):
                 return not_implemented(name)
-            if isinstance(exc, RuntimeError) and PIN_ON_GPU_ERROR in str(exc):
+            if isinstance(exc, RuntimeError) and PIN_DEVICE_ERROR in str(exc):
                 return _fail(name, "start_d2h asked for pinned memory on the GPU: `torch.empty_like(out, "
                                    "pin_memory=True)` (any `*_like` or `out.new_*`) keeps out's device, and CUDA "
                                    "refuses pinned GPU memory (torch raises \"Only dense CPU tensors can be "
@@ -295,8 +294,8 @@ def _as_values(v, m: int):
 
 
 def _run_d2h(start_d2h, finish_d2h, steps: int, width: int):
-    """Drive a step loop two steps deep on a LaggingStream (with CUDA's rules); None if all is well, else a message."""
-    with LaggingStream() as s, CudaRules(s):
+    """Drive a step loop two steps deep on a LaggingStream (which refuses what CUDA refuses); None if all is well, else a message."""
+    with LaggingStream() as s:
         base = torch.arange(width, dtype=torch.int64, device=s.device)
         pending = []
         results = {}

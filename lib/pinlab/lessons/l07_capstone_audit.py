@@ -29,8 +29,8 @@ Everything else, the plumbing a real engine would hide, is :class:`CapstoneModel
 that made it, every pageable ``non_blocking`` H2D copy, blocking copy, host sync (``.item()``, ``bool()``,
 ``x in tensor``, ``torch.equal``, device tokens handed to ``emit``, ``torch.cuda.synchronize()``...) and
 ``pin_memory()`` of an already pinned tensor, and whether it ran inside the loop (between step 0's decode
-and the last step's); the loop runs under :class:`pinlab.cuda_rules.CudaRules`, so that the emulated
-stream refuses what CUDA refuses; then it judges every step exactly
+and the last step's); the loop runs on a stream that refuses what CUDA refuses (the emulated
+one too: ``streams.py``); then it judges every step exactly
 (:func:`judge`): did the metadata copy deliver this step's data, did the host read the tokens the
 GPU computed, were the stops noted, is the LM head intact. GPU experiments: :func:`audit`,
 :func:`throughput`, :func:`timeline`, :func:`detect`.
@@ -52,7 +52,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..args import bool_arg, callable_arg, positive_int, positive_number, require_cuda
-from ..cuda_rules import CudaRules
 from ..decode_loop import DecodeSetup, match_received, safe_indptr, torch_paged_decode
 from ..detector import parse_to_args
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, page_indices
@@ -792,9 +791,9 @@ def _run_loop(m: CapstoneModel, s, loop, steps: int, bar) -> dict:
         if bar is not None:
             m.on_decode = lambda n: bar.update(1)
         try:
-            # CUDA's rules on the emulated stream (pinned memory asked for on the GPU refused, device="cpu"
-            # the host, torch.cuda.synchronize() its wait), under the audit; torch.cuda.synchronize() is a sync
-            with CudaRules(s), audit:
+            # under the audit (the emulated stream refuses what CUDA refuses and makes torch.cuda.synchronize()
+            # its wait: streams.py); torch.cuda.synchronize() is a sync
+            with audit:
                 audit._saved_cuda_sync, torch.cuda.synchronize = torch.cuda.synchronize, audit.cuda_synchronize
                 try:
                     loop(m, steps)
