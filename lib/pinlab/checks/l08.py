@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import steploop
 from ..args import callable_arg, positive_int, positive_number
-from ..streams import CAPTURE_PAGEABLE_ERROR, stream
+from ..streams import CAPTURE_PAGEABLE_ERROR, _tensors, stream  # one walker over nested args
 from ..timing import show
 from . import LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised
 from .l02 import _h2d_of
@@ -107,17 +107,6 @@ _FROM_DATA = ("tensor", "as_tensor", "asarray", "new_tensor")
 _MOVES = {"copy_", "to", "cuda", "cpu", "__getitem__", "__setitem__", "index_put_", "index_put", "pin_memory",
           "is_pinned", "__get__", "__set__", "set_", "untyped_storage", "data_ptr", "size", "dim", "numel",
           "stride", "is_contiguous", "element_size", "storage_offset", *_FROM_DATA}
-
-
-def _tensors(obj, depth: int = 0):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)) and depth < 4:
-        for o in obj:
-            yield from _tensors(o, depth + 1)
-    elif isinstance(obj, dict) and depth < 4:
-        for o in obj.values():
-            yield from _tensors(o, depth + 1)
 
 
 def _call_text(name: str) -> str:
@@ -191,7 +180,6 @@ class _Watch(TorchFunctionMode):
     # -- the rules
     def _judge(self, name: str, args: tuple, kwargs: dict, capturing: bool) -> None:
         first = args[0] if args else None
-        where = "inside the capture" if capturing else "in the step"
         if kwargs.get("pin_memory"):
             dev = kwargs.get("device")
             like_gpu = name.endswith("_like") and self.is_device(first) and (dev is None or self.gpu_target(dev))
@@ -222,16 +210,8 @@ class _Watch(TorchFunctionMode):
                     f"{self.who} cannot be captured: it copies between pageable host memory and the GPU "
                     f"(torch: \"{CAPTURE_PAGEABLE_ERROR}\"). Build the tensor on the GPU, or copy it from pinned "
                     "memory outside the graph.")
-        if name not in _MOVES and not name.endswith("_like"):
-            tensors = list(_tensors((args, kwargs)))
-            if len(tensors) > 1 and any(self.is_device(t) for t in tensors):
-                host = next((t for t in tensors if not self.is_device(t) and t.dim() > 0), None)
-                if host is not None:
-                    raise _Refused(
-                        f"{self.who} uses a host tensor (shape {list(host.shape)}, made without `device=`) in "
-                        f"device work {where} (`{name}` with GPU tensors): on a GPU torch refuses it "
-                        f"(\"{SAME_DEVICE_ERROR}\"), and a capture could not copy it from pageable memory "
-                        "either. Build it on the GPU: `torch.arange(n, device=ids.device)`.")
+        # a host tensor in device work: the emulated stream refuses it as a GPU does (streams.py), and
+        # _explain names it
         if not capturing:
             h2d = _h2d_of(name, args, kwargs, self.is_device, self.gpu_target)
             if h2d is not None:
