@@ -21,11 +21,12 @@ LOCKED := $(PY) -c 'import fcntl, subprocess, sys; f = open(sys.argv[1], "a"); f
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=1800
 NOTEBOOKS := notebooks solutions exercises
 
-.PHONY: help setup run test test-lib test-notebooks lab gpu-suite notebooks exercises clean docker
+.PHONY: help setup run test test-lib test-notebooks check lab gpu-suite notebooks exercises clean docker
 
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
 	@echo "make test       unit tests + every notebook under nbval (strict)"
+	@echo "make check      the fast inner loop: unit tests without those marked slow (make test runs all)"
 	@echo "make lab        open JupyterLab on your own copy of the course in work/ (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
@@ -57,6 +58,11 @@ test-lib: setup
 
 test-notebooks: setup
 	$(VPY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
+
+# the fast inner loop: the unit tests without the heaviest (marked slow: site builds, fresh kernels and
+# processes, wheels); make test and CI run everything
+check: setup
+	$(VPY) -m pytest -q -m "not slow" tests
 
 # JupyterLab on your copy of the course in LAB_WORK (tools/lab.py; default work/, made on first use): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
 # arguments, split like a shell's words by lab.py, e.g. LAB_ARGS="--no-browser --ServerApp.base_url=/x/"). It prints

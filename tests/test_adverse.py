@@ -441,6 +441,7 @@ def test_group_runs_its_processes_at_once(tmp_path, monkeypatch, capsys):
                                         "(a) three learners at once on one GPU, learner 3"]
 
 
+@pytest.mark.slow
 def test_group_together_and_the_deadline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_HANG", "1")
     procs, took = run_group(tmp_path, monkeypatch, ["b", "c", "d", "e"], deadline_s=8)

@@ -208,6 +208,7 @@ WRONG = {
 }
 
 
+@pytest.mark.slow
 def test_accepts_the_solution_over_1000_steps(sol, capsys):
     assert checks07.check_fixed_loop(sol["fixed_loop"]) is True
     out = capsys.readouterr().out

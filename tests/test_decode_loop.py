@@ -129,6 +129,7 @@ def _decode(strategies, **kw):
     return decode_loop.every_strategy(pinlab.LaggingStream(), **decode_loop.check_args(**args))
 
 
+@pytest.mark.slow
 def test_decode_loop_on_the_lagging_stream():
     res = _decode(["reused_pinned", "pageable", "snapshot", "ring_events", "double_pinned"])
     assert res["backend"] == "torch" and "emulated" in res["fallback_reason"]

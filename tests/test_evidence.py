@@ -569,6 +569,7 @@ def test_conftest_logs_each_phase(tmp_path, monkeypatch):
     assert len(log.read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_one_pytest_run_selects_notebook_cells_and_gpu_tests():
     files = gpu_suite.gpu_test_files()
     assert "tests/test_h2d.py" in files and "tests/test_evidence.py" not in files

@@ -41,6 +41,7 @@ def test_probe_writes_where_the_tools_write(tmp_path):
 '''
 
 
+@pytest.mark.slow
 def test_a_test_run_leaves_nothing_in_home_or_in_tmp(tmp_path):
     pytest.importorskip("IPython")
     pytest.importorskip("jupyter_core")

@@ -30,6 +30,7 @@ def grids(draw, max_images=32, max_side=128):
 ROPE = l06.VisionRotary(80)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(grids())
 def test_builders_give_equal_ids_and_embeddings(case):

@@ -424,6 +424,7 @@ def test_the_harness_names_a_bad_pinned_plan():
         l07.timeline(loops, pinned_plan=["repaired"])
 
 
+@pytest.mark.slow
 def test_run_gate_fails_the_racy_sample_and_passes_its_fixes(monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")  # a CI or GPU host that forces colour: the counts are still read
     monkeypatch.setenv("PY_COLORS", "1")

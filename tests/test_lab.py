@@ -214,6 +214,7 @@ def _save_changes_only_the_copy(lab) -> None:
         assert _git_status() == before, "saving in JupyterLab changed what git sees in the checkout"
 
 
+@pytest.mark.slow
 def test_jupyter_lab_lists_the_course_and_runs_pinlab(lab, tmp_path):
     websocket = pytest.importorskip("websocket", reason="websocket-client is not installed")
     # the learner's copy of the course is there, with every folder of notebooks, and nothing else of the repository

@@ -260,6 +260,7 @@ def _local_clone(dest: Path) -> str:
     return f"file://{dest}"
 
 
+@pytest.mark.slow
 def test_notebook_00_runs_in_a_fresh_kernel_after_its_install_cell(tmp_path):
     """Colab, imitated: a Python that has torch, numpy, matplotlib, tqdm and a Jupyter kernel but not pinlab
     (a fresh venv that sees this venv's packages through PYTHONPATH, where pinlab's editable install is not

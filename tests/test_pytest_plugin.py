@@ -34,6 +34,7 @@ def test_the_plugin_is_registered_as_an_entry_point():
     assert eps and eps[0].value == "pinlab_pytest", "pip install -e . registers the gate"
 
 
+@pytest.mark.slow
 def test_the_gate_fails_the_racy_loop_and_passes_the_fixes(tmp_path):
     suite = _copy_sample(tmp_path)
     plain = _pytest([], suite)
@@ -85,6 +86,7 @@ def test_stall():
 '''
 
 
+@pytest.mark.slow
 def test_markers_fixtures_and_the_allowlist(tmp_path):
     (tmp_path / "test_suite.py").write_text(textwrap.dedent(SUITE))
     r = _pytest([], tmp_path)
@@ -101,6 +103,7 @@ def test_markers_fixtures_and_the_allowlist(tmp_path):
     assert "1 passed" in r.stdout, r.stdout[-1500:]
 
 
+@pytest.mark.slow
 def test_a_session_without_the_gate_imports_neither_torch_nor_pinlab(tmp_path):
     (tmp_path / "test_light.py").write_text(
         "import sys\n\ndef test_light():\n    assert 'torch' not in sys.modules and 'pinlab' not in sys.modules\n")

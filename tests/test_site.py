@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import build_site  # noqa: E402
 import install_cell  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make check leaves this module out; make test and CI run it
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SCREENSHOTS = ROOT / "build" / "screenshots"

@@ -50,6 +50,7 @@ def wheel(tmp_path_factory):
     return whl
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_the_recorded_run(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     want = {f"pinlab/_recorded/data/{p.name}" for p in (ROOT / "reports" / "gpu" / "data").glob("*.json")}
@@ -78,6 +79,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_replays_outside_a_checkout_and_never_records_into_itself(wheel, tmp_path):
     site = tmp_path / "site"
     res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
