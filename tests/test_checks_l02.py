@@ -465,4 +465,7 @@ def test_the_verdict_counts_every_wait_exactly(on_cpu, capsys):
 def test_the_accepted_verdict_says_what_was_checked_on_the_emulation(sol, on_cpu, capsys):
     assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
     out = capsys.readouterr().out
-    assert "the host never waited for the GPU, 0 waits with every one counted on the emulated stream" in out, out
+    flat = " ".join(out.split())  # wrapped lines read as one
+    assert "[measured] how the host's waits were seen: 0 waits, every one counted on the emulated stream" in flat, out
+    # the verdict reads the same on a GPU: how the waits were seen is the [measured] line above, masked by nbval
+    assert "✅ step_without_syncs is correct (3 inputs: the host never waited for the GPU; every copy" in flat, out

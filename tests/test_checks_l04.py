@@ -205,8 +205,11 @@ def test_ring_stage_accepts_solution(sol, capsys):
     out = capsys.readouterr().out
     assert ("✅ ring_stage is correct: 200 steps with each ring, run-ahead 4, every buffer written at least 2 times, "
             "0 corrupted") in out, out
-    assert "with a ring of 5 the host never waited for the GPU, 0 waits with every one counted on the emulated stream" \
-        in out, out
+    flat = " ".join(out.split())  # wrapped lines read as one
+    assert ("[measured] the deep ring: with a ring of 5 the host never waited for the GPU, 0 waits with every one "
+            "counted on the emulated stream") in flat, out
+    assert "the ring deeper than the run-ahead never made the host wait, and the shallower one made it wait " \
+           "instead of racing." in flat, out
     assert "[measured] ring of 5: steps in which the host waited for the GPU: 0 of 200" in out
     assert "[measured] ring of 2: most steps the GPU was behind after a staging: 2" in out
 
