@@ -423,6 +423,7 @@ def run_group(tmp_path, monkeypatch, group, deadline_s=None):
     return procs, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 def test_group_runs_its_processes_at_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PINLAB_RECORD", "1")
     procs, _ = run_group(tmp_path, monkeypatch, ["a"])

@@ -100,6 +100,7 @@ def _start_d2h(s, out):
 
 # ---- 1. a function that never returns ----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check, name", [c[1:] for c in CHECKERS], ids=[c[0] for c in CHECKERS])
 def test_a_function_that_never_returns_is_stopped(check, name, capsys):
     t0 = time.monotonic()

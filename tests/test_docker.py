@@ -111,6 +111,7 @@ def test_readme_and_makefile_say_how_to_build_and_run_it():
     assert re.search(r"^docker:", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
 
 
+@pytest.mark.slow
 def test_warm_flashinfer_never_fails_the_image_build():
     pytest.importorskip("torch")
     res = subprocess.run([sys.executable, str(ROOT / "tools" / "warm_flashinfer.py")], capture_output=True,

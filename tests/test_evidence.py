@@ -273,6 +273,7 @@ def test_deps_cell_reports_lib_files_and_leaves_no_names(tree, monkeypatch):
         nbtools.parse_deps_output(buf.getvalue(), tree)
 
 
+@pytest.mark.slow
 def test_run_notebook_records_deps_and_errors_in_a_real_kernel(tree):
     """One kernel: the deps cell sees what the notebook imported; with allow_errors the cells after a failure
     run, and run_outcome still counts the later asserting cell as not passed."""
@@ -294,6 +295,7 @@ def test_run_notebook_records_deps_and_errors_in_a_real_kernel(tree):
     assert nbtools.load(path)["cells"][0]["outputs"] == [out("stale\n")], "the source notebook is left alone"
 
 
+@pytest.mark.slow
 def test_run_notebook_without_allow_errors_stops_and_reports(tree):
     path = tree / "notebooks" / "02_stop.ipynb"
     nbtools.save(notebook([code("x = 1", count=4), code("assert x == 2, 'x is 1'"), code("assert x == 1", count=9)]), path)

@@ -191,6 +191,7 @@ def test_plot_soak_draws():
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_soak_child_reports_no_cuda_as_data(no_cuda):
     code = l04.soak_child_code(["cold", "warmed"], 10, 4096, 0.1, 4)
     assert "_soak_child(['cold', 'warmed'], 10, 4096, 0.1, 4, wait_for_go=True)" in code
@@ -198,6 +199,7 @@ def test_soak_child_reports_no_cuda_as_data(no_cuda):
     assert res["outcome"] == "unavailable" and res["returncode"] == 0
 
 
+@pytest.mark.slow
 def test_run_children_gives_each_child_its_environment(monkeypatch):
     monkeypatch.setenv("PINLAB_T_GONE", "parent")
     tag = "PINLAB_RESULT "
@@ -231,6 +233,7 @@ def test_run_children_gives_each_child_its_environment(monkeypatch):
         l04.run_children({}, timeout_s=5)
 
 
+@pytest.mark.slow
 def test_run_children_starts_the_time_limit_only_after_the_set_up():
     """A child whose set-up (2 s here; importing torch, CUDA and a JIT build in the plan hazard) is
     longer than its time limit still gets the whole limit for its test."""
@@ -364,6 +367,7 @@ def test_classify_child():
     assert l04.classify_child(0, "PINLAB_RESULT {bad json", "boom", False)["outcome"] == "crashed"
 
 
+@pytest.mark.slow
 def test_child_process_runs_and_reports(no_cuda):
     code = l04.child_code("synced", 1.0, 0, 0.02)
     assert "from pinlab.lessons import l04_the_fix" in code and "wait_for_go=True" in code
@@ -371,6 +375,7 @@ def test_child_process_runs_and_reports(no_cuda):
     assert res["outcome"] == "unavailable" and res["returncode"] == 0  # no GPU here, reported as data
 
 
+@pytest.mark.slow
 def test_run_children_one_at_a_time_after_a_shared_set_up():
     tag = "PINLAB_RESULT "
     waits = ("import json, sys, time\n"

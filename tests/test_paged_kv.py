@@ -494,6 +494,7 @@ def test_plan_keywords_exist_in_installed_flashinfer():
     assert "use_tensor_cores" in inspect.signature(cls.__init__).parameters
 
 
+@pytest.mark.slow
 def test_module_does_not_import_flashinfer():
     import subprocess
     import sys

@@ -488,6 +488,7 @@ def test_source_unchanged():  # a staleness check: fails for any edit of lib/
 """
 
 
+@pytest.mark.slow
 def test_mutation_check_counts_only_behaviour_tests(tmp_path, monkeypatch, capsys):
     import hashlib
 
