@@ -643,18 +643,22 @@ def check_step_without_syncs(fn) -> bool:
     return True
 
 
+def _wait_advice(reason: str) -> str:
+    """The advice for a step that waited on its own event (by a wait or by polling it): none for other waits."""
+    if reason in (EVENT_WAIT, POLL_WAIT):
+        return (" Return the event instead of waiting on it: the caller waits when it needs the scores, and until "
+                "then the host is free.")
+    return ""
+
+
 def _sync_problem(s, report, watch, res, expected, host_ms, what, waited: int = 0) -> str | None:
     """What is wrong with one call of the learner's step (None: nothing). ``waited``: the host's waits
     during the call on the emulated stream (its ``host_waits``, exact)."""
     if s.emulated and waited:
         step, reason, where = s.waits[0] if s.waits else (0, "the host waited for queued GPU work", "")
         at = f", at {_source_line(where)}" if where else ""
-        advice = ""
-        if reason in (EVENT_WAIT, POLL_WAIT):
-            advice = (" Return the event instead of waiting on it: the caller waits when it needs the scores, and "
-                      "until then the host is free.")
         return (f"your step made the host wait for the GPU {what} ({waited} wait{'s' if waited > 1 else ''} on the "
-                f"emulated lagging GPU): {reason}{at}.{advice}")
+                f"emulated lagging GPU): {reason}{at}.{_wait_advice(reason)}")
     if not s.emulated:
         first = _first_sync(report)
         if host_ms > SYNC_BUSY_MS / 2:
@@ -666,12 +670,8 @@ def _sync_problem(s, report, watch, res, expected, host_ms, what, waited: int = 
                 why, where = ("something in it waited for the GPU (the stall detector saw no copy or .item(): an op "
                               "whose kernel needs a sync, such as nonzero, or torch.cuda.synchronize())"), ""
             at = f", at {_source_line(where)}" if where else ""
-            advice = ""
-            if why in (EVENT_WAIT, POLL_WAIT):
-                advice = (" Return the event instead of waiting on it: the caller waits when it needs the scores, "
-                          "and until then the host is free.")
             return (f"your step blocked the host for {host_ms:.1f} ms behind a {SYNC_BUSY_MS:.0f} ms kernel {what}: "
-                    f"{why}{at}.{advice}")
+                    f"{why}{at}.{_wait_advice(why)}")
         if first is not None and first.kind != PAGEABLE_H2D:
             return f"your step has a hidden sync {what}: {_event_reason(first)}, at {_source_line(first.where)}."
     pageable = [c for c in watch.h2d if not c["pinned"]]
