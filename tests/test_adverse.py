@@ -239,6 +239,13 @@ def test_merge_keeps_other_notebooks_and_conditions(tree):
         ("notebooks/00_x.ipynb", "old"), ("notebooks/01_y.ipynb", "new")]
     assert merged[1] == cond(old, "c")
     assert evidence.merge_adverse({}, [new], set())[0]["notebooks"] == new["notebooks"]
+    # each entry keeps how the call that ran it ran: the condition's how is the newest call's only
+    cond(old, "a")["how"] = "ran alone on the GPU"
+    merged = evidence.merge_adverse(old, [dict(new, how="ran alongside (b), (c), (d), (e)")],
+                                    {"notebooks/00_x.ipynb", "notebooks/01_y.ipynb"})
+    assert merged[0]["how"] == "ran alongside (b), (c), (d), (e)"
+    assert [(e["path"], e["how"]) for e in merged[0]["notebooks"]] == [
+        ("notebooks/00_x.ipynb", "ran alone on the GPU"), ("notebooks/01_y.ipynb", "ran alongside (b), (c), (d), (e)")]
 
 
 # ---- the commands ----------------------------------------------------------------------------------------------

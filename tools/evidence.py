@@ -511,13 +511,18 @@ def merge_adverse(old: dict, new_conditions: list[dict], keep_paths) -> list[dic
     """adverse.json's ``conditions`` after a call: a condition of this call takes its new notebook entries and keeps
     its old entries of other notebooks of notebooks/ (a call with ``--only``, or one the budget cut short);
     conditions this call did not run are kept as they were. Whether an entry still holds is for
-    :func:`adverse_problems` to say (it names the stale ones)."""
+    :func:`adverse_problems` to say (it names the stale ones).
+
+    Each notebook entry keeps the ``how`` of the call that ran it (a kept entry the ``how`` of its condition when it
+    was written), so that a condition whose entries come from calls run differently (alone, or beside the other
+    conditions) says so entry by entry; the condition's own ``how`` is the newest call's."""
     olds = {c.get("id"): c for c in old.get("conditions", [])}
     out = dict(olds)
     for c in new_conditions:
         prev = olds.get(c["id"]) or {}
-        by_path = {e.get("path"): e for e in prev.get("notebooks", []) if e.get("path") in keep_paths}
-        by_path.update({e["path"]: e for e in c["notebooks"]})
+        by_path = {e.get("path"): (dict(e, how=e.get("how") or prev.get("how")) if prev.get("how") else e)
+                   for e in prev.get("notebooks", []) if e.get("path") in keep_paths}
+        by_path.update({e["path"]: (dict(e, how=c["how"]) if c.get("how") else e) for e in c["notebooks"]})
         out[c["id"]] = dict(c, notebooks=[by_path[p] for p in sorted(by_path)])
     return [out[k] for k in sorted(out)]
 
