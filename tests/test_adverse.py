@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import evidence
+import adverse
 import gpu_suite
 import nbtools
 
@@ -256,22 +257,22 @@ NBS = ["notebooks/00_x.ipynb", "notebooks/01_y.ipynb"]
 def test_nbval_flags_are_make_tests():
     make = (ROOT / "Makefile").read_text()
     line = re.search(r"^NBVAL := (.*)$", make, re.M).group(1)
-    assert shlex.split(line) == gpu_suite.NBVAL_FLAGS
+    assert shlex.split(line) == adverse.NBVAL_FLAGS
     assert "$(NBVAL)" in re.search(r"^test: .*\n\t(.*)$", make, re.M).group(1)
 
 
 @pytest.mark.parametrize("cid", IDS)
 def test_command_per_condition(cid):
     cores = [0, 1] if cid == "b" else None
-    argv, env = gpu_suite.adverse_command(cid, NBS, cores)
-    pytest_part = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--require-gpu", *gpu_suite.NBVAL_FLAGS, *NBS]
+    argv, env = adverse.adverse_command(cid, NBS, cores)
+    pytest_part = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--require-gpu", *adverse.NBVAL_FLAGS, *NBS]
     want_env = {"a": {}, "b": {"OMP_NUM_THREADS": "2"},
                 "c": {"PINLAB_VRAM_LIMIT_GIB": "16", "PINLAB_PINNED_LIMIT_GIB": "2"},
                 "d": {"PINLAB_NO_FLASHINFER": "1"}, "e": {"PINLAB_SIMULATE_NO_GPU_TRACE": "1"}}[cid]
     assert env == want_env
     assert argv == (["taskset", "-c", "0,1"] if cid == "b" else []) + pytest_part
-    assert "PINLAB_RECORD" not in env and "PINLAB_RECORD" in gpu_suite.IMITATION_VARS
-    line = gpu_suite.shell_line(argv, {"PYTHONPATH": "lib", **env})
+    assert "PINLAB_RECORD" not in env and "PINLAB_RECORD" in adverse.IMITATION_VARS
+    line = adverse.shell_line(argv, {"PYTHONPATH": "lib", **env})
     assert line.startswith("PYTHONPATH=lib ") and line.endswith(" ".join(NBS))
     assert {"b": "PYTHONPATH=lib OMP_NUM_THREADS=2 taskset -c 0,1 python3 -m pytest",
             "c": "PYTHONPATH=lib PINLAB_VRAM_LIMIT_GIB=16 PINLAB_PINNED_LIMIT_GIB=2 python3 -m pytest",
@@ -279,48 +280,48 @@ def test_command_per_condition(cid):
 
 
 def test_command_pinning_without_taskset_and_on_cpu():
-    argv, env = gpu_suite.adverse_command("b", NBS, [0, 1], taskset=False, python=sys.executable, require_gpu=False)
-    assert argv[:4] == [sys.executable, "-c", gpu_suite.PIN_WRAPPER, "0,1"] and "--require-gpu" not in argv
-    assert gpu_suite.shell_line(argv, env).startswith("OMP_NUM_THREADS=2 python3 -c ")
-    argv, env = gpu_suite.adverse_command("c", NBS, [4, 5, 6])
+    argv, env = adverse.adverse_command("b", NBS, [0, 1], taskset=False, python=sys.executable, require_gpu=False)
+    assert argv[:4] == [sys.executable, "-c", adverse.PIN_WRAPPER, "0,1"] and "--require-gpu" not in argv
+    assert adverse.shell_line(argv, env).startswith("OMP_NUM_THREADS=2 python3 -c ")
+    argv, env = adverse.adverse_command("c", NBS, [4, 5, 6])
     assert argv[:3] == ["taskset", "-c", "4,5,6"] and env["OMP_NUM_THREADS"] == "3", "a pinned process: its cores"
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity here")
 def test_pin_wrapper_pins_what_it_runs():
     core = min(os.sched_getaffinity(0))
-    out = subprocess.run([sys.executable, "-c", gpu_suite.PIN_WRAPPER, str(core), sys.executable, "-c",
+    out = subprocess.run([sys.executable, "-c", adverse.PIN_WRAPPER, str(core), sys.executable, "-c",
                           "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == f"[{core}]", out.stderr
 
 
 def test_plan_and_cores():
-    assert gpu_suite.adverse_plan([], False) == [["a"], ["b"], ["c"], ["d"], ["e"]]
-    assert gpu_suite.adverse_plan(["c", "a", "c"], False) == [["a"], ["c"]]
-    assert gpu_suite.adverse_plan(None, True) == [["b", "c", "d", "e"]]
-    assert gpu_suite.adverse_plan(["a"], True) == [["a"], ["b", "c", "d", "e"]]
-    assert gpu_suite.adverse_plan([], True) == [["a"], ["b", "c", "d", "e"]]
-    split = gpu_suite.split_cores(range(16), ["b", "c", "d", "e"])
+    assert adverse.adverse_plan([], False) == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    assert adverse.adverse_plan(["c", "a", "c"], False) == [["a"], ["c"]]
+    assert adverse.adverse_plan(None, True) == [["b", "c", "d", "e"]]
+    assert adverse.adverse_plan(["a"], True) == [["a"], ["b", "c", "d", "e"]]
+    assert adverse.adverse_plan([], True) == [["a"], ["b", "c", "d", "e"]]
+    split = adverse.split_cores(range(16), ["b", "c", "d", "e"])
     assert split == {"b": [0, 1], "c": [2, 3, 4, 5, 6], "d": [7, 8, 9, 10, 11], "e": [12, 13, 14, 15]}
-    assert gpu_suite.split_cores([3, 1, 2, 0, 4], ["b", "c", "d", "e"]) == {"b": [0, 1], "c": [2], "d": [3], "e": [4]}
-    assert gpu_suite.split_cores([0, 1], ["b", "c", "d", "e"]) == {"b": [0, 1], "c": None, "d": None, "e": None}
-    assert gpu_suite.split_cores(range(16), ["b"]) == {"b": [0, 1]}
-    assert gpu_suite.split_cores(range(16), ["a"]) == {"a": None}
-    assert gpu_suite.split_cores(range(16), ["c"]) == {"c": None}
-    assert gpu_suite.adverse_factor(["a"], "a") == 2.0 and gpu_suite.adverse_factor(["d"], "d") == 1.0
-    assert gpu_suite.adverse_factor(["b", "c", "d", "e"], "b") == pytest.approx(2.5 * 1.3)
-    assert "ran alongside (c), (d), (e)" in gpu_suite.adverse_how(["b", "c", "d", "e"], "b", split)
-    assert "each condition pinned to its own CPU cores" in gpu_suite.adverse_how(["b", "c", "d", "e"], "e", split)
-    assert "not pinned" in gpu_suite.adverse_how(["b", "c", "d", "e"], "c", {"b": [0, 1], "c": None, "d": None, "e": None})
-    assert gpu_suite.adverse_how(["d"], "d") == "ran alone on the GPU" and "3 pytest" in gpu_suite.adverse_how(["a"], "a")
+    assert adverse.split_cores([3, 1, 2, 0, 4], ["b", "c", "d", "e"]) == {"b": [0, 1], "c": [2], "d": [3], "e": [4]}
+    assert adverse.split_cores([0, 1], ["b", "c", "d", "e"]) == {"b": [0, 1], "c": None, "d": None, "e": None}
+    assert adverse.split_cores(range(16), ["b"]) == {"b": [0, 1]}
+    assert adverse.split_cores(range(16), ["a"]) == {"a": None}
+    assert adverse.split_cores(range(16), ["c"]) == {"c": None}
+    assert adverse.adverse_factor(["a"], "a") == 2.0 and adverse.adverse_factor(["d"], "d") == 1.0
+    assert adverse.adverse_factor(["b", "c", "d", "e"], "b") == pytest.approx(2.5 * 1.3)
+    assert "ran alongside (c), (d), (e)" in adverse.adverse_how(["b", "c", "d", "e"], "b", split)
+    assert "each condition pinned to its own CPU cores" in adverse.adverse_how(["b", "c", "d", "e"], "e", split)
+    assert "not pinned" in adverse.adverse_how(["b", "c", "d", "e"], "c", {"b": [0, 1], "c": None, "d": None, "e": None})
+    assert adverse.adverse_how(["d"], "d") == "ran alone on the GPU" and "3 pytest" in adverse.adverse_how(["a"], "a")
     # --adverse-all-together: one group of every condition; (a)'s three learners share one block of cores
-    everything = gpu_suite.adverse_plan(list("abcde"), True, everything=True)
+    everything = adverse.adverse_plan(list("abcde"), True, everything=True)
     assert everything == [["a", "b", "c", "d", "e"]]
-    split5 = gpu_suite.split_cores(range(16), everything[0])
+    split5 = adverse.split_cores(range(16), everything[0])
     assert split5 == {"a": [2, 3, 4, 5], "b": [0, 1], "c": [6, 7, 8, 9], "d": [10, 11, 12], "e": [13, 14, 15]}
-    how = gpu_suite.adverse_how(everything[0], "a", split5)
+    how = adverse.adverse_how(everything[0], "a", split5)
     assert "ran alongside (b), (c), (d), (e) (--adverse-all-together)" in how and "7 processes" in how
-    assert "4 processes" in gpu_suite.adverse_how(["b", "c", "d", "e"], "b", split)
+    assert "4 processes" in adverse.adverse_how(["b", "c", "d", "e"], "b", split)
 
 
 def test_adverse_arguments():
@@ -344,7 +345,7 @@ def test_adverse_arguments():
 
 
 def test_each_process_gets_its_own_checkout_and_a_clean_env(tmp_path, monkeypatch):
-    co = gpu_suite.make_checkout(tmp_path / "a1")
+    co = adverse.make_checkout(tmp_path / "a1")
     for rel in ("conftest.py", "pyproject.toml", "tests/nbval_sanitize.cfg", "lib/pinlab/__init__.py",
                 "tools/nbtools.py", "reports/gpu/latest.json", *[p.relative_to(ROOT).as_posix() for p in LESSONS]):
         assert (co / rel).is_file(), rel
@@ -353,7 +354,7 @@ def test_each_process_gets_its_own_checkout_and_a_clean_env(tmp_path, monkeypatc
     monkeypatch.setenv("PINLAB_NO_FLASHINFER", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "64")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "lib"), "/tmp/site"]))
-    env = gpu_suite._adverse_env(co, {"PINLAB_SIMULATE_NO_GPU_TRACE": "1"}, {"capture": "c.jsonl", "log": "l.jsonl"})
+    env = adverse._adverse_env(co, {"PINLAB_SIMULATE_NO_GPU_TRACE": "1"}, {"capture": "c.jsonl", "log": "l.jsonl"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(co / "lib"), "/tmp/site"]
     assert "PINLAB_RECORD" not in env and "PINLAB_NO_FLASHINFER" not in env and "OMP_NUM_THREADS" not in env
     assert env["PINLAB_SIMULATE_NO_GPU_TRACE"] == "1" and env["PINLAB_NBVAL_CAPTURE"] == "c.jsonl"
@@ -375,28 +376,28 @@ def test_monitor_reports_each_notebook_as_it_ends(tmp_path, capsys):
     p = proc_state(tmp_path)
     cells = {NBS[0]: 3, NBS[1]: 2}
     write(p["files"]["capture"], [rec(1), rec(2)], partial='{"path": "notebooks/00_x.ipynb", "cel')
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
     assert p["results"] == {} and capsys.readouterr().out == "", "a notebook half done (a line half written) waits"
     write(p["files"]["capture"], [rec(1), rec(2), rec(3, "failed", message="Unexpected output")])
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
     out = capsys.readouterr().out
     assert "(a) learner 1: notebooks/00_x.ipynb FAILED (2/3 cells passed, 1 failed, 0 not run; cell 3: Unexpected output)" in out
     write(p["files"]["capture"], [rec(1), rec(2), rec(3, "failed"), rec(1, path=NBS[1])])
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
     assert list(p["results"]) == [NBS[0]] and capsys.readouterr().out == "", "printed once"
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=True)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=True)
     assert p["results"][NBS[1]]["not_run"] == 1 and "01_y.ipynb FAILED" in capsys.readouterr().out
     # a collection error (the pytest log) and a notebook pytest never reached
     p = proc_state(tmp_path, "c")
     write(p["files"]["log"], [{"nodeid": NBS[0], "when": "collect", "outcome": "failed", "message": "bad json"}])
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=False)
     assert "could not collect" in p["results"][NBS[0]]["failing_cells"][0]["message"]
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=True)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=True)
     assert "ran no cell" in p["results"][NBS[1]]["failing_cells"][-1]["message"]
     # stopped at the deadline: what it had not finished is left, not failed
     p = proc_state(tmp_path, "d", killed=True)
     write(p["files"]["capture"], [rec(1), rec(2), rec(3), rec(1, path=NBS[1])])
-    gpu_suite._report_finished(p, NBS, cells, time.perf_counter(), ended=True)
+    adverse._report_finished(p, NBS, cells, time.perf_counter(), ended=True)
     assert list(p["results"]) == [NBS[0]] and evidence.adverse_run_passed(p["results"][NBS[0]])
 
 
@@ -419,12 +420,12 @@ def run_group(tmp_path, monkeypatch, group, deadline_s=None):
     def command(cid, notebooks, cores=None, taskset=True, python="python3", require_gpu=True):
         return [sys.executable, "-c", FAKE_PYTEST, *notebooks], dict(evidence.ADVERSE_CONDITIONS[cid]["env"])
 
-    monkeypatch.setattr(gpu_suite, "adverse_command", command)
-    monkeypatch.setattr(gpu_suite, "make_checkout", lambda dest: dest.mkdir(parents=True) or dest)
+    monkeypatch.setattr(adverse, "adverse_command", command)
+    monkeypatch.setattr(adverse, "make_checkout", lambda dest: dest.mkdir(parents=True) or dest)
     args = types.SimpleNamespace(cpu_dry_run=False)
     log = (tmp_path / "adverse.log").open("w")
     t0 = time.perf_counter()
-    procs = gpu_suite.run_adverse_group(group, NBS, {NBS[0]: 3, NBS[1]: 2}, args, t0,
+    procs = adverse.run_adverse_group(group, NBS, {NBS[0]: 3, NBS[1]: 2}, args, t0,
                                         None if deadline_s is None else t0 + deadline_s, tmp_path / "g", log)
     log.close()
     return procs, time.perf_counter() - t0
@@ -440,7 +441,7 @@ def test_group_runs_its_processes_at_once(tmp_path, monkeypatch, capsys):
     assert out.count("notebooks/00_x.ipynb passed (3/3 cells") == 3
     log = (tmp_path / "adverse.log").read_text()
     assert "notebooks/01_y.ipynb done None None" in log, "PINLAB_RECORD unset; (a) sets no imitation"
-    entries = gpu_suite.adverse_entries(procs, ["a"], NBS, {nb: {"source_sha256": "s", "deps": DEPS} for nb in NBS})
+    entries = adverse.adverse_entries(procs, ["a"], NBS, {nb: {"source_sha256": "s", "deps": DEPS} for nb in NBS})
     (a,) = entries
     assert a["id"] == "a" and a["learners"] == 3 and len(a["commands"]) == 3 and a["ran_alongside"] == []
     runs = a["notebooks"][0]["runs"]
@@ -457,7 +458,7 @@ def test_group_together_and_the_deadline(tmp_path, monkeypatch, capsys):
     assert all(p["killed"] and p["left"] == [NBS[1]] and list(p["results"]) == [NBS[0]] for p in procs)
     assert "stopped at the --budget deadline" in capsys.readouterr().out
     assert "notebooks/00_x.ipynb done 1 None" in (tmp_path / "adverse.log").read_text(), "(e)'s variable reached it"
-    entries = gpu_suite.adverse_entries(procs, ["b", "c", "d", "e"], NBS, {})
+    entries = adverse.adverse_entries(procs, ["b", "c", "d", "e"], NBS, {})
     assert [len(c["notebooks"]) for c in entries] == [1, 1, 1, 1], "an unfinished notebook is not recorded"
     b = entries[0]
     assert b["ran_alongside"] == [evidence.condition_title(c) for c in "cde"] and "ran alongside (c), (d), (e)" in b["how"]
@@ -467,7 +468,7 @@ def test_group_together_and_the_deadline(tmp_path, monkeypatch, capsys):
 def test_adverse_passes_of_a_and_b_are_stability_runs(tree, monkeypatch):
     latest = {"notebooks": [dict(nb_entry(tree, nb), deps=DEPS) for nb in NBS]}
     latest["notebooks"][1]["source_sha256"] = "older"  # 01_y's latest.json entry does not hold
-    deps = gpu_suite.notebook_deps(paths(tree), latest, tree)
+    deps = adverse.notebook_deps(paths(tree), latest, tree)
     assert deps[NBS[0]]["fresh_latest"] and deps[NBS[0]]["deps_sha256"] == nbtools.deps_sha256(DEPS, tree)
     assert not deps[NBS[1]]["fresh_latest"] and "does not hold" in deps[NBS[1]]["latest_entry"]
     sha = {nb: nbtools.source_sha256(nbtools.load(tree / nb)) for nb in NBS}
@@ -481,7 +482,7 @@ def test_adverse_passes_of_a_and_b_are_stability_runs(tree, monkeypatch):
         return p
 
     procs = [proc("a", 1), proc("a", 2), proc("a", 3, "failed"), proc("b", 1), proc("c", 1), proc("e", 1)]
-    entries, skipped = gpu_suite.stability_from_adverse(procs, deps, {"gpu": "NVIDIA H200"}, tree)
+    entries, skipped = adverse.stability_from_adverse(procs, deps, {"gpu": "NVIDIA H200"}, tree)
     assert [e["path"] for e in entries] == [NBS[0]] and any("01_y" in s for s in skipped)
     runs = entries[0]["runs"]
     assert [r["adverse"] for r in runs] == ["(a) learner 1", "(a) learner 2", "(a) learner 3", "(b) learner 1"]

@@ -1,0 +1,59 @@
+"""What the GPU suite's passes share (tools/gpu_suite.py: the plain, stability and development passes;
+tools/adverse.py: the adverse conditions): the checkout's paths, UTC time, reading a report, choosing notebooks by
+name, packing them into a time budget, and stability.json after a run. It imports neither torch nor pinlab."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import evidence
+import nbtools
+
+ROOT = nbtools.ROOT
+REPORTS = ROOT / "reports" / "gpu"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_json(path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        print(f"note: {path.relative_to(ROOT)} is unreadable ({exc}): starting it afresh")
+        return None
+
+
+def select(paths, only):
+    """The notebooks whose file name contains a NAME, or whose path does when the NAME has a '/'
+    (``--only notebooks/04`` leaves out ``solutions/04_the_fix.ipynb``)."""
+    if not only:
+        return paths
+    return [p for p in paths if any((o in Path(p).as_posix()) if "/" in o else (o in p.name) for o in only)]
+
+
+def fit_budget(paths, seconds: dict, counts: dict, budget: float, spent: float, nbval: bool = True,
+               default: float = 30.0, fixed: float = 30.0):
+    """(kept, left): the notebooks, in order, whose estimated time (``counts[p]`` executions, + the nbval pass,
+    from ``seconds``, the last recorded seconds per path) still fits into ``budget`` after ``spent`` seconds and
+    ``fixed`` seconds for the pytest start and the unit tests."""
+    kept, left, total = [], [], spent + fixed
+    for p in paths:
+        cost = (counts[p] + (1 if nbval else 0)) * (seconds.get(p) or default)
+        if total + cost <= budget:
+            kept.append(p)
+            total += cost
+        else:
+            left.append(p)
+    return kept, left
+
+
+def build_stability(old: dict, entries: list[dict], meta: dict, command: str, keep, root=ROOT):
+    """stability.json after this run: this run's executions added to each notebook's runs on the same sources
+    (evidence.merge_stability); GPU, versions and time of this run at the top."""
+    merged, dropped = evidence.merge_stability(old.get("notebooks", []), entries, keep, root)
+    return {**meta, "utc": utc_now(), "command": command, "notebooks": merged}, dropped
