@@ -137,3 +137,24 @@ def test_every_measured_experiment_is_named_for_lesson_05():
 
     names = re.findall(r'pinlab\.measure\("([^"]+)"', SRC.read_text(encoding="utf-8"))
     assert names == ["05_d2h_copy_loop_peak", "05_restore", "05_sleep_wake", "05_zero_copy"]
+
+
+def test_plot_sleep_wake_draws_the_recorded_sweep_and_names_bad_rows():
+    """The lesson's sleep/wake figure (the notebook calls it; tests/test_plot_style.py checks its style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"bytes": b, "pinned_cold_sleep_ms": 1.0, "pinned_warm_sleep_ms": 0.5, "pageable_sleep_ms": 2.0,
+             "pinned_warm_wake_ms": 0.4, "pageable_wake_ms": 1.5, "pinned_cold_new_pinned_bytes": b} for b in (2**26, 2**28)]
+    fig = wr.plot_sleep_wake(rows, tag="test")
+    top, bottom = fig.axes[:2]
+    assert [l.get_label() for l in top.get_lines()] == [label for _, label in wr.SLEEP_WAKE_SERIES]
+    assert [l.get_label() for l in bottom.get_lines()] == ["weights", "pinned held while asleep"]
+    assert top.get_title() == "Sleep / wake time (test)"
+    plt.close(fig)
+    with pytest.raises(TypeError, match="rows must be sleep_wake_sweep's"):
+        wr.plot_sleep_wake([], tag="t")
+    with pytest.raises(ValueError, match=r"rows lack \['pageable_wake_ms'\]"):
+        wr.plot_sleep_wake([{k: v for k, v in rows[0].items() if k != "pageable_wake_ms"}], tag="t")

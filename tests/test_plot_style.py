@@ -239,21 +239,8 @@ def _fig_05_restore():
 
 
 def _fig_05_sleep_wake():
-    rows = _rec("05_sleep_wake")
-    sizes = [r["bytes"] for r in rows]
-    fig, (ax1, ax2) = plots.stacked(2, height=3.6)
-    plots.size_sweep(sizes, {"sleep, pinned cold": [r["pinned_cold_sleep_ms"] for r in rows],
-                             "sleep, pinned warm": [r["pinned_warm_sleep_ms"] for r in rows],
-                             "sleep, pageable": [r["pageable_sleep_ms"] for r in rows],
-                             "wake, pinned": [r["pinned_warm_wake_ms"] for r in rows],
-                             "wake, pageable": [r["pageable_wake_ms"] for r in rows]},
-                     ylabel="host ms", title=f"Sleep / wake time ({TAG})", ax=ax1)
-    ax1.set_xlabel("model size")
-    plots.size_sweep(sizes, {"weights": sizes, "pinned held while asleep": [r["pinned_cold_new_pinned_bytes"]
-                                                                            for r in rows]},
-                     ylabel="bytes", title="The price: pinned host memory", ax=ax2)
-    ax2.set_xlabel("model size")
-    return fig
+    from pinlab.lessons import l05_pinned_weight_restore as wr
+    return wr.plot_sleep_wake(_rec("05_sleep_wake"), tag=TAG)  # the lesson's own figure
 
 
 def _fig_06(name, fields, logy):

@@ -35,7 +35,7 @@ import torch
 
 import pinlab
 from pinlab.lessons import l05_pinned_weight_restore as wr
-from pinlab.plots import bars, fmt_bytes, size_sweep
+from pinlab.plots import bars, fmt_bytes
 
 MiB, GiB = wr.MiB, wr.GiB
 pinlab.header("05 pinned weight restore")
@@ -475,18 +475,7 @@ pinlab.table(rows, [("bytes", "model", fmt_bytes), ("pinned_cold_sleep_ms", "sle
                     ("pinned_cold_new_pinned_bytes", "pinned held", fmt_bytes)])
 
 # %%
-sizes = [r["bytes"] for r in rows]
-fig, (ax1, ax2) = pinlab.plots.stacked(2, height=3.6)
-size_sweep(sizes, {"sleep, pinned cold": [r["pinned_cold_sleep_ms"] for r in rows],
-                   "sleep, pinned warm": [r["pinned_warm_sleep_ms"] for r in rows],
-                   "sleep, pageable": [r["pageable_sleep_ms"] for r in rows],
-                   "wake, pinned": [r["pinned_warm_wake_ms"] for r in rows],
-                   "wake, pageable": [r["pageable_wake_ms"] for r in rows]},
-           ylabel="host ms", title=f"Sleep / wake time ({sweep.tag})", ax=ax1)
-ax1.set_xlabel("model size")
-size_sweep(sizes, {"weights": sizes, "pinned held while asleep": [r["pinned_cold_new_pinned_bytes"] for r in rows]},
-           ylabel="bytes", title="The price: pinned host memory", ax=ax2)
-ax2.set_xlabel("model size")
+wr.plot_sleep_wake(rows, tag=sweep.tag)  # sleep and wake times per size; the pinned memory held while asleep
 plt.show()
 
 # %%

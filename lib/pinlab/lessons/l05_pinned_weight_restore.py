@@ -411,3 +411,33 @@ def zero_copy_matmul(view_fn, *, hidden: int = HIDDEN, inter: int = INTER, token
     del w, x, pinned, staging
     release_cached_host_blocks()
     return out
+
+
+# ---- plots --------------------------------------------------------------------------------------------------
+
+#: the sweep's rows that the sleep/wake figure draws (``sleep_wake_sweep``'s keys), with their legend labels
+SLEEP_WAKE_SERIES = (("pinned_cold_sleep_ms", "sleep, pinned cold"), ("pinned_warm_sleep_ms", "sleep, pinned warm"),
+                     ("pageable_sleep_ms", "sleep, pageable"), ("pinned_warm_wake_ms", "wake, pinned"),
+                     ("pageable_wake_ms", "wake, pageable"))
+
+
+def plot_sleep_wake(rows, *, tag: str):
+    """Two stacked panels from :func:`sleep_wake_sweep`'s rows: the host's sleep and wake times per model size,
+    and the pinned host memory held while asleep against the weights' bytes. ``tag`` names the run (a
+    measurement's ``.tag``). Returns the figure."""
+    from ..plots import size_sweep, stacked
+
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise TypeError("rows must be sleep_wake_sweep's non-empty list of dicts (pinlab.measure(...).result)")
+    missing = sorted(({k for k, _ in SLEEP_WAKE_SERIES} | {"bytes", "pinned_cold_new_pinned_bytes"}) - set(rows[0]))
+    if missing:
+        raise ValueError(f"rows lack {missing}: pass sleep_wake_sweep's rows")
+    sizes = [r["bytes"] for r in rows]
+    fig, (ax1, ax2) = stacked(2, height=3.6)
+    size_sweep(sizes, {label: [r[key] for r in rows] for key, label in SLEEP_WAKE_SERIES},
+               ylabel="host ms", title=f"Sleep / wake time ({tag})", ax=ax1)
+    ax1.set_xlabel("model size")
+    size_sweep(sizes, {"weights": sizes, "pinned held while asleep": [r["pinned_cold_new_pinned_bytes"] for r in rows]},
+               ylabel="bytes", title="The price: pinned host memory", ax=ax2)
+    ax2.set_xlabel("model size")
+    return fig
