@@ -19,6 +19,10 @@ STAMP := $(VENV)/.installed-$(KIND)
 # Set-up runs under a lock (two `make test` started at once: the second waits, then finds the venv ready).
 LOCKED := $(PY) -c 'import fcntl, subprocess, sys; f = open(sys.argv[1], "a"); fcntl.flock(f, fcntl.LOCK_EX); sys.exit(subprocess.call(sys.argv[2:]))' $(VENV).lock
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=1800
+# the tests run on up to 4 of this machine's cores (pytest-xdist; WORKERS=1 runs them in one process): each
+# module's tests, and each notebook's cells, stay in one worker (--dist loadscope, as nbval needs)
+WORKERS ?= $(shell $(PY) -c 'import os; print(min(4, len(os.sched_getaffinity(0))))' 2>/dev/null || echo 1)
+XDIST := $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadscope)
 NOTEBOOKS := notebooks solutions exercises
 
 .PHONY: help setup run test test-lib test-notebooks check lab gpu-suite notebooks exercises clean docker
@@ -51,7 +55,7 @@ run: setup
 	$(VPY) tools/run_course.py
 
 test: setup
-	$(VPY) -m pytest -q tests $(NBVAL) $(NOTEBOOKS)
+	$(VPY) -m pytest -q $(XDIST) tests $(NBVAL) $(NOTEBOOKS)
 
 test-lib: setup
 	$(VPY) -m pytest -q tests
@@ -62,7 +66,7 @@ test-notebooks: setup
 # the fast inner loop: the unit tests without the heaviest (marked slow: site builds, fresh kernels and
 # processes, wheels); make test and CI run everything
 check: setup
-	$(VPY) -m pytest -q -m "not slow" tests
+	$(VPY) -m pytest -q $(XDIST) -m "not slow" tests
 
 # JupyterLab on your copy of the course in LAB_WORK (tools/lab.py; default work/, made on first use): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
 # arguments, split like a shell's words by lab.py, e.g. LAB_ARGS="--no-browser --ServerApp.base_url=/x/"). It prints
