@@ -18,6 +18,7 @@ import evidence
 import adverse
 import gpu_suite
 import nbtools
+import scope
 
 ROOT = nbtools.ROOT
 ADVERSE = ROOT / "reports" / "gpu" / "adverse.json"
@@ -40,7 +41,8 @@ def test_adverse_evidence_holds_for_every_notebook():
             report = json.loads(ADVERSE.read_text(encoding="utf-8"))
         except ValueError as exc:
             pytest.fail(f"reports/gpu/adverse.json is not valid JSON ({exc}): run `{evidence.ADVERSE_RENEW}`")
-    problems = evidence.adverse_problems(report, LESSONS)
+    latest = json.loads((ROOT / "reports" / "gpu" / "latest.json").read_text(encoding="utf-8"))
+    problems = evidence.adverse_problems(report, LESSONS, stale=scope.stale_check(latest))
     assert not problems, "\n".join(problems)
 
 

@@ -17,6 +17,7 @@ import pytest
 import evidence
 import gpu_suite
 import nbtools
+import scope
 
 ROOT = nbtools.ROOT
 GPU_SUITE = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
@@ -68,7 +69,7 @@ def test_stability_covers_notebook(path):
     rel = _id(path)
     assert rel in rows, (f"{rel} is not in reports/gpu/stability.json: "
                          f"run `python3 tools/gpu_suite.py --repeat 5 --only {path.stem}` on a CUDA machine")
-    problems = evidence.stability_problems(rows[rel])
+    problems = evidence.stability_problems(rows[rel], stale=scope.stale_check(_report(REPORT)))
     assert not problems, "; ".join(problems)
 
 

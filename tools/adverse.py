@@ -19,6 +19,8 @@ from pathlib import Path
 
 import evidence
 import nbtools
+import plan
+import scope
 from suite_common import REPORTS, ROOT, build_stability, fit_budget, load_json, select, utc_now
 
 # ---- --adverse: strict nbval of notebooks/ under conditions an H200 imitates ------------------------------------
@@ -49,6 +51,11 @@ def adverse_plan(ids, together: bool, everything: bool = False) -> list[list[str
         ids = list(evidence.ADVERSE_CONDITIONS)
     ids = [i for i in dict.fromkeys(ids or []) if not (together and i in TOGETHER)]
     return [[i] for i in sorted(ids)] + ([list(TOGETHER)] if together else [])
+
+
+def plan_groups(args) -> list[list[str]]:
+    """:func:`adverse_plan` of a call's arguments."""
+    return adverse_plan(args.adverse, args.adverse_together, getattr(args, "adverse_all_together", False))
 
 
 def split_cores(cores, group) -> dict:
@@ -280,7 +287,7 @@ def adverse_entries(procs: list[dict], group, notebooks, deps: dict) -> list[dic
             status = "passed" if all(evidence.adverse_run_passed(r) for r in runs) else "failed"
             entries.append({"path": nb, "status": status, "source_sha256": d.get("source_sha256"),
                             "deps": d.get("deps", []), "deps_sha256": d.get("deps_sha256"),
-                            "deps_from": d.get("deps_from"),
+                            "deps_from": d.get("deps_from"), **d.get("scope", {}),
                             **({"latest_entry": d["latest_entry"]} if d.get("latest_entry") else {}), "runs": runs})
         out.append({"id": cid, "name": spec["name"], "imitates": spec["imitates"], "env": spec["env"],
                     "learners": spec["learners"], "counts_for_stability": spec["stability"],
@@ -302,10 +309,13 @@ def notebook_deps(paths, latest: dict, root: Path = ROOT) -> dict:
         deps = sorted(row.get("deps") or []) if row else []
         why = evidence.freshness(row, root) if row else f"{rel} is not in reports/gpu/latest.json"
         ok = deps and all((root / d).exists() for d in deps)
-        out[rel] = {"source_sha256": nbtools.source_sha256(nbtools.load(root / rel)), "deps": deps,
+        nb = nbtools.load(root / rel)
+        out[rel] = {"source_sha256": nbtools.source_sha256(nb), "deps": deps,
                     "deps_sha256": nbtools.deps_sha256(deps, root) if ok else None,
                     "deps_from": "reports/gpu/latest.json", "fresh_latest": why is None,
                     **({"latest_entry": f"does not hold: {why}"} if why else {})}
+        if ok and why is None and "claims" in row:  # what the runs prove: scoped to the experiment (scope.py)
+            out[rel]["scope"] = scope.scope_fields(rel, deps, row["claims"], "adverse", root, nb)
     return out
 
 
@@ -325,7 +335,9 @@ def stability_from_adverse(procs: list[dict], deps: dict, meta: dict, root: Path
                 continue
             e = entries.setdefault(nb, {"path": nb, "source_sha256": d["source_sha256"], "deps": d["deps"],
                                         "deps_sha256": d["deps_sha256"], "utc": utc_now(), "gpu": meta["gpu"],
-                                        "runs": []})
+                                        "runs": [],
+                                        **({**d["scope"], "deps_files": nbtools.files_map(d["deps"], root)}
+                                           if d.get("scope") else {})})
             added, why = evidence.add_nbval_runs([e], {nb: recs}, meta, utc_now(), root)
             skipped += why
             if added:
@@ -347,20 +359,22 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
         if not d["fresh_latest"]:
             print(f"note: {rel}: its latest.json entry {d['latest_entry']}: its deps may be out of date (run the "
                   "plain suite first, or this notebook's adverse evidence may go stale when it does)", flush=True)
-    plan = adverse_plan(args.adverse, args.adverse_together, getattr(args, "adverse_all_together", False))
+    groups = plan_groups(args)
     out_dir = ROOT / "build" / "gpu-suite" if args.cpu_dry_run else REPORTS
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python3 tools/gpu_suite.py " + " ".join(argv)
     recorded = {e.get("path"): e.get("nbval_seconds") or e.get("seconds") for e in latest.get("notebooks", [])}
     deadline = t_start + args.budget - 5 if args.budget else None
+    planned = plan.estimate(rels, "adverse") * len(plan_groups(args))
+    print(f"planned: about {planned:.0f} s (tools/plan.py's estimate from the recorded seconds)", flush=True)
     print(f"adverse conditions on {meta['gpu']} (torch {meta['torch']}, FlashInfer {meta['flashinfer']}): "
-          + " then ".join("+".join(f"({c})" for c in g) + (" at once" if len(g) > 1 else "") for g in plan)
+          + " then ".join("+".join(f"({c})" for c in g) + (" at once" if len(g) > 1 else "") for g in groups)
           + f"; strict nbval of {len(rels)} notebooks", flush=True)
     conditions, all_procs, left = [], [], []
     tmp = Path(tempfile.mkdtemp(prefix="pinlab-adverse-"))
     try:
         with open(out_dir / "adverse.log", "w", encoding="utf-8") as log:
-            for gi, group in enumerate(plan):
+            for gi, group in enumerate(groups):
                 todo = rels
                 if args.budget:
                     factor = max(adverse_factor(group, c) for c in group)
@@ -373,7 +387,7 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
                         print(f"--budget {args.budget:.0f} s: {'+'.join(group)} leaves out {', '.join(cut)}", flush=True)
                     if not todo:
                         continue
-                print(f"group {gi + 1}/{len(plan)}: {' + '.join(evidence.condition_title(c) for c in group)}"
+                print(f"group {gi + 1}/{len(groups)}: {' + '.join(evidence.condition_title(c) for c in group)}"
                       f" ({len(todo)} notebooks)", flush=True)
                 procs = run_adverse_group(group, todo, code_cells, args, t_start, deadline, tmp / f"g{gi}", log)
                 all_procs += procs
@@ -399,7 +413,8 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
             print(f"    adverse pass not counted as a stability run: {why}", flush=True)
         if entries:
             keep_all = {p.relative_to(ROOT).as_posix() for p in nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)}
-            stability, _ = build_stability(load_json(REPORTS / "stability.json") or {}, entries, meta, command, keep_all)
+            stability, _ = build_stability(load_json(REPORTS / "stability.json") or {}, entries, meta, command, keep_all,
+                                           latest=latest)
             (REPORTS / "stability.json").write_text(json.dumps(stability, indent=1) + "\n")
             runs = {e["path"]: len(e["runs"]) for e in entries}
             now = {e["path"]: e["n"] for e in stability["notebooks"]}
@@ -411,6 +426,10 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
                    if r["failing_cells"] else "")
                 for c in conditions for e in c["notebooks"] for r in e["runs"] if not evidence.adverse_run_passed(r)]
     print(f"phases (s): total {time.perf_counter() - t_start:.1f}")
+    if not args.cpu_dry_run:
+        rec = plan.record_renewal(command, "adverse", planned, time.perf_counter() - t_start, rels, utc=utc_now())
+        print(f"renewal: planned {rec['planned_s']:.0f} s, took {rec['actual_s']:.0f} s (x{rec['ratio']}): "
+              "reports/gpu/renewals.json", flush=True)
     for line in problems:
         print(f"FAILED {line}")
     if left:

@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -51,14 +52,20 @@ def freshness(entry: dict, root: Path = ROOT) -> str | None:
     if missing:
         return f"{rel}: lib files it imported are gone: {', '.join(missing)}"
     if entry["deps_sha256"] != nbtools.deps_sha256(deps, root):
+        changed = nbtools.changed_files(entry["deps_files"], root) if entry.get("deps_files") else []
+        if changed:
+            return f"{rel}: lib files it imports changed after its GPU run: {', '.join(changed)}"
         return f"{rel}: a lib file it imports changed after its GPU run (one of {', '.join(deps)})"
     return None
 
 
-def merge_entries(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT) -> tuple[list[dict], list[str]]:
-    """``new`` entries, plus the ``old`` ones for other notebooks in ``keep_paths`` that are still fresh.
+def merge_entries(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT,
+                  stale=None) -> tuple[list[dict], list[str]]:
+    """``new`` entries, plus the ``old`` ones for other notebooks in ``keep_paths`` that still hold (``stale``:
+    entry -> why it does not hold, or None; :func:`freshness` unless given: scope.stale_check for the runs).
 
     Returns (entries sorted by path, reasons for the old entries dropped)."""
+    stale = (lambda e: freshness(e, root)) if stale is None else stale
     by_path = {e["path"]: e for e in new}
     dropped = []
     for e in old:
@@ -67,7 +74,7 @@ def merge_entries(old: list[dict], new: list[dict], keep_paths, root: Path = ROO
         if e.get("path") not in keep_paths:
             dropped.append(f"{e.get('path')}: not a notebook of the suite any more")
             continue
-        why = freshness(e, root)
+        why = stale(e)
         if why:
             dropped.append(why)
         else:
@@ -169,6 +176,86 @@ def machine_lines(nb: dict, cells=None) -> list[dict]:
     return out
 
 
+# ---- what a notebook claims ------------------------------------------------------------------------------------
+
+_CLAIM_LINE = re.compile(r"^(?P<text>\S.*?): (?P<value>True|False|[-+]?\d+|tensor\([-+]?\d+\))$")
+_VERDICT = ("✅", "❌", "⏳")
+
+
+def _claim_lines(stdout: str) -> list[str]:
+    """The printed lines with wrapped ones joined back (a claim continues with 4 spaces, a verdict with 3,
+    a [measured]/[timing] line with 11); machine-dependent lines left out."""
+    out: list = []
+    for line in stdout.splitlines():
+        if re.match(r"^ {11}\S", line):
+            continue  # a wrapped [measured]/[timing] line
+        if re.match(r"^ {3,4}\S", line) and out and out[-1] is not None:
+            out[-1] += " " + line.strip()
+            continue
+        if line.startswith(("[measured]", "[timing]")):
+            out.append(None)
+            continue
+        out.append(line)
+    return [ln for ln in out if ln]
+
+
+def claims_of_cells(stdouts: dict[int, str], nb: dict) -> list[list]:
+    """What the notebook claims, from each code cell's stdout (``stdouts``: {cell index: text}): per asserting cell
+    (evidence.assert_cells) its claim lines ``text: value`` (value a bool or an exact count), per code cell its
+    checker verdicts (the verdict's words and its mark, ✅ / ❌ / ⏳): ``[[cell, "claim", text, value] | [cell,
+    "verdict", words, mark], ...]``. Machine-dependent lines are not claims (nbval masks them)."""
+    asserting = set(assert_cells(nb))
+    out = []
+    for i in sorted(stdouts):
+        for line in _claim_lines(stdouts[i]):
+            s = line.strip()
+            if s.startswith(_VERDICT):
+                out.append([i, "verdict", s[1:].strip(), s[0]])
+            elif i in asserting:
+                m = _CLAIM_LINE.match(s)
+                if m:
+                    out.append([i, "claim", m.group("text"), m.group("value")])
+    return out
+
+
+def claims_of(nb: dict) -> list[list]:
+    """:func:`claims_of_cells` of an executed notebook's outputs."""
+    return claims_of_cells({i: nbtools._stdout(c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"}, nb)
+
+
+def claims_of_capture(records: list[dict], nb: dict) -> list[list]:
+    """:func:`claims_of_cells` of one nbval pass (conftest.py's capture records of the notebook)."""
+    return claims_of_cells({r["cell"]: r.get("stdout") or "" for r in records if r.get("cell") is not None}, nb)
+
+
+def claims_sha256(claims: list) -> str:
+    """A short hash of a claim list (:func:`claims_of`): what a run and a stability or adverse entry keep of it
+    (latest.json keeps the list itself)."""
+    text = json.dumps(claims, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def claim_differences(before: list, after: list, limit: int = 5) -> list[str]:
+    """How two claim lists differ, in words (empty: the same claims, values and verdicts)."""
+    if before == after:
+        return []
+    b = {(c[0], c[1], c[2]): c[3] for c in before}
+    a = {(c[0], c[1], c[2]): c[3] for c in after}
+    out = []
+    for key in sorted(set(b) | set(a), key=lambda k: (k[0], k[1], k[2])):
+        cell, kind, text = key
+        what = "verdict" if kind == "verdict" else "claim"
+        if key not in a:
+            out.append(f"cell {cell}: {what} {text!r} is gone")
+        elif key not in b:
+            out.append(f"cell {cell}: new {what} {text!r}")
+        elif a[key] != b[key]:
+            out.append(f"cell {cell}: {what} {text!r} was {b[key]}, now {a[key]}")
+    if not out:
+        out.append("the same claims in another order or repeated another number of times")
+    return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
+
+
 def run_outcome(nb: dict) -> dict:
     """One execution's result, JSON as stored in stability.json's ``runs``: {first_error, passed, failed, lines}.
     ``passed``/``failed`` list the asserting cells; a cell after the first failing cell, or one that never ran
@@ -186,6 +273,7 @@ def run_outcome(nb: dict) -> dict:
         "passed": ok,
         "failed": [i for i in cells if i not in ok],
         "lines": machine_lines(nb, ok_cells),
+        "claims_sha256": claims_sha256(claims_of(nb)),
     }
 
 
@@ -227,7 +315,8 @@ def nbval_outcome(cells: list[dict], nb: dict) -> dict:
             fresh["cells"].append({"cell_type": "code", "source": "",
                                    "outputs": [{"output_type": "stream", "name": "stdout", "text": rec.get("stdout") or ""}]})
     return {"via": "nbval", "first_error": first_error, "passed": ok,
-            "failed": [i for i in asserting if i not in ok], "lines": machine_lines(fresh)}
+            "failed": [i for i in asserting if i not in ok], "lines": machine_lines(fresh),
+            "claims_sha256": claims_sha256(claims_of_capture(cells, nb))}
 
 
 def add_nbval_runs(entries: list[dict], capture: dict, meta: dict, utc: str, root: Path = ROOT) -> tuple[dict, list[str]]:
@@ -292,23 +381,29 @@ MAX_RUNS = 20  # runs kept per notebook in stability.json (the latest ones)
 
 
 def merge_stability(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT,
-                    max_runs: int = MAX_RUNS) -> tuple[list[dict], list[str]]:
-    """stability.json's entries after a run: for a notebook of this run whose old entry still holds (same source,
-    its deps unchanged), the new runs are added to the old ones (the last ``max_runs`` kept) and everything is
-    aggregated again; other entries are replaced, or kept while fresh (as :func:`merge_entries`)."""
+                    max_runs: int = MAX_RUNS, stale=None, dead=None) -> tuple[list[dict], list[str]]:
+    """stability.json's entries after a run: for a notebook of this run whose old entry still holds (``stale``, as
+    :func:`merge_entries`: same source, and its deps unchanged or, scoped, its experiment unchanged and its claims
+    those of the quiet pass now), the new runs are added to the old ones (the last ``max_runs`` kept) and
+    everything is aggregated again, with the new entry's scope (its deps, experiment files and claims: those of the
+    current tree); other entries are replaced, or kept unless ``dead`` (entry -> why its runs can never hold again;
+    ``stale`` unless given: scope.dead_check keeps an entry that waits for its notebook's quiet pass)."""
+    stale = (lambda e: freshness(e, root)) if stale is None else stale
     olds = {e.get("path"): e for e in old}
     combined = []
     for e in new:
         prev = olds.get(e["path"])
-        if prev is not None and prev.get("runs") and freshness(prev, root) is None \
+        if prev is not None and prev.get("runs") and stale(prev) is None \
                 and prev.get("source_sha256") == e["source_sha256"]:
             runs = (prev["runs"] + e["runs"])[-max_runs:]
             deps = sorted(set(prev["deps"]) | set(e["deps"]))
             e = dict(e, runs=runs, deps=deps, deps_sha256=nbtools.deps_sha256(deps, root))
+            if "deps_files" in e:
+                e["deps_files"] = nbtools.files_map(deps, root)
         e = dict(e, **aggregate_stability(e["runs"], nbtools.load(root / e["path"])))
         e["seconds"] = [r.get("seconds") for r in e["runs"]]
         combined.append(e)
-    return merge_entries(old, combined, keep_paths, root)
+    return merge_entries(old, combined, keep_paths, root, stale if dead is None else dead)
 
 
 def spread(num: dict) -> float:
@@ -351,11 +446,13 @@ def stability_summary(entries: list[dict], top: int = 8) -> list[str]:
 MIN_RUNS = 5
 
 
-def stability_problems(entry: dict, root: Path = ROOT, min_runs: int = MIN_RUNS) -> list[str]:
-    """What keeps a stability.json entry from showing that a notebook's asserted cells hold run after run."""
+def stability_problems(entry: dict, root: Path = ROOT, min_runs: int = MIN_RUNS, stale=None) -> list[str]:
+    """What keeps a stability.json entry from showing that a notebook's asserted cells hold run after run (and, where
+    its runs recorded their claims, that each claimed what the entry's quiet pass claimed). ``stale``: entry -> why
+    it no longer holds for the current tree (:func:`freshness` unless given; scope.stale_check scopes it)."""
     rel = entry.get("path", "?")
     problems = []
-    why = freshness(entry, root)
+    why = (freshness(entry, root) if stale is None else stale(entry))
     if why:
         problems.append(why)
     n = entry.get("n", 0)
@@ -371,6 +468,12 @@ def stability_problems(entry: dict, root: Path = ROOT, min_runs: int = MIN_RUNS)
     for c in entry.get("assert_cells", []):
         if c["passed"] != n or c.get("of", n) != n:
             problems.append(f"{rel} cell {c['cell']} passed {c['passed']} of {n} runs: {c.get('assert', '')}")
+    if "claims_sha256" in entry:  # each run that recorded its claims must claim what the entry's quiet pass claimed
+        for k, r in enumerate(entry.get("runs") or [], 1):
+            if r.get("claims_sha256", entry["claims_sha256"]) != entry["claims_sha256"] and not r.get("first_error"):
+                problems.append(f"{rel}: run {k} ({r.get('via', 'execution')}, {r.get('utc')}) claimed otherwise than "
+                                f"its quiet pass (claims {r['claims_sha256']}, not {entry['claims_sha256']}: a claim's "
+                                "value or a checker's verdict differed although every cell ran)")
     return problems
 
 
@@ -527,10 +630,13 @@ def merge_adverse(old: dict, new_conditions: list[dict], keep_paths) -> list[dic
     return [out[k] for k in sorted(out)]
 
 
-def adverse_problems(report: dict | None, paths, root: Path = ROOT) -> list[str]:
+def adverse_problems(report: dict | None, paths, root: Path = ROOT, stale=None) -> list[str]:
     """What keeps ``report`` (reports/gpu/adverse.json, None if absent) from showing that every notebook of
     ``paths`` (notebooks/*.ipynb) passed every cell under each condition of :data:`ADVERSE_CONDITIONS`, for
-    its current source and deps. Each problem names the condition, the notebook and the command that renews it."""
+    its current source and deps (``stale``: entry -> why it no longer holds, :func:`freshness` unless given;
+    scope.stale_check scopes it to the experiment). Each problem names the condition, the notebook and the
+    command that renews it."""
+    stale = (lambda e: freshness(e, root)) if stale is None else stale
     if report is None:
         return [f"no reports/gpu/adverse.json: run `{ADVERSE_RENEW}` on a CUDA machine (README: Running the GPU "
                 "suite) and commit reports/gpu/"]
@@ -554,7 +660,7 @@ def adverse_problems(report: dict | None, paths, root: Path = ROOT) -> list[str]
             if e is None:
                 problems.append(f"{title}: {rel} was not run under it: run {again}")
                 continue
-            why = freshness(e, root)
+            why = stale(e)
             if why:
                 problems.append(f"{title}: {why}: run `{ADVERSE_RENEW}` on a CUDA machine "
                                 f"(this notebook only: `{ADVERSE_RENEW} --only {Path(p).stem}`)")

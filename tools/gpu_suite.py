@@ -14,20 +14,27 @@
    recordings keep it in ``meta["suite_pass"]``). ``--shared`` (development) runs whatever else is on the GPU
    and, like ``--keep-going``, writes nothing committed: its reports and executed notebooks go to
    build/gpu-suite/ only;
-1. executes every notebook in notebooks/ and solutions/ in place, recording each experiment's result under
+1. executes every notebook in notebooks/ and solutions/ in place, once, recording each experiment's result under
    reports/gpu/data/ (PINLAB_RECORD=1), so the committed notebooks carry GPU outputs and CPU machines can
-   replay them; it records which lib/ files each notebook imported (``deps``);
-2. one pytest run: nbval (strict, --require-gpu) on every executed notebook, measuring again, and the unit
-   tests marked ``gpu`` (``pytest -m gpu tests``); its log is reports/gpu/nbval.log;
+   replay them; it records which lib/ files each notebook imported (``deps``), their hashes, the notebook's
+   experiment files and what it claims (tools/scope.py);
+2. one pytest run: the unit tests marked ``gpu`` (``pytest -m gpu tests``), and with ``--nbval`` strict nbval
+   (--require-gpu) of every executed notebook, measuring again (a second GPU run: one more stability run); its
+   log is reports/gpu/nbval.log;
 3. writes reports/gpu/latest.json: GPU and versions of this run, ``unit_tests``, and per notebook its status,
-   seconds, ``source_sha256``, ``deps``/``deps_sha256`` and UTC time, merged with the entries of notebooks
-   this run left out while they hold (their source and deps unchanged: tests/test_evidence.py);
-4. adds every execution to reports/gpu/stability.json as a run of that notebook, and its nbval pass as one
-   more run (conftest.py captures each nbval cell's outcome and fresh stdout to $PINLAB_NBVAL_CAPTURE; added
-   only where nbval ran the executions' source and the deps are unchanged), so a plain call adds 2 runs per
-   notebook that reached nbval (runs on the same source and deps accumulate, over calls too): per asserting
-   cell how many runs passed it, per [measured]/[timing] line the min / median / max of each number.
-   Profiler traces written under build/traces/ go to reports/gpu/traces/.
+   seconds, ``source_sha256``, ``deps``/``deps_sha256``, its claims and UTC time, merged with the entries of
+   notebooks this run left out (tests/test_evidence.py says which no longer hold); per notebook whose stability
+   or adverse runs were taken on other deps, ``carried``: whether they carry forward to this tree (the same
+   source and experiment files, and this pass claims what they claimed: scope.py);
+4. adds every execution to reports/gpu/stability.json as a run of that notebook, and with ``--nbval`` its nbval
+   pass as one more run (conftest.py captures each nbval cell's outcome and fresh stdout to
+   $PINLAB_NBVAL_CAPTURE), to the notebook's runs that still hold (scope.py): per asserting cell how many runs
+   passed it, per [measured]/[timing] line the min / median / max of each number. Profiler traces written under
+   build/traces/ go to reports/gpu/traces/;
+5. records its planned seconds (tools/plan.py's estimate) and the seconds it took in reports/gpu/renewals.json.
+
+``--plan`` (CPU only, no GPU needed) prints what is stale in this tree and why, the device calls that renew it
+(each at most 9 minutes, as gpu_suite commands to paste) and ``plan: N call(s), M device-minutes``.
 
 ``--adverse [ID ...]`` instead runs strict nbval of notebooks/ (make test's nbval flags + --require-gpu) under
 conditions an H200 imitates (evidence.ADVERSE_CONDITIONS): (a) three learners at once on one GPU, (b) 2 CPU
@@ -40,16 +47,19 @@ and counts the passes of (a) and (b) as nbval runs in stability.json (under (c)-
 runs all five at once ((a)'s three learners too: seven processes), recorded as such.
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
-Usage:  python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
-        [--keep-going] [--shared] [--cell-timeout S] [--no-unit-tests]
+Usage:  python3 tools/gpu_suite.py --plan
+        python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
+        [--keep-going] [--shared] [--cell-timeout S] [--no-unit-tests] [--nbval]
         python3 tools/gpu_suite.py --adverse [ID ...] [--adverse-together] [--only NAME ...] [--budget S]
         python3 tools/gpu_suite.py --adverse-all-together [--only NAME ...] [--budget S]
   --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); a NAME with a '/'
                    is matched against the path (e.g. --only notebooks/04 leaves solutions/04 out)
-  --repeat N       execute each notebook N times (then nbval once, on the last execution: N + 1 runs)
+  --plan           CPU only: what is stale and why, and the device calls that renew it (tools/plan.py)
+  --repeat N       execute each notebook N times (with --nbval, nbval once more on the last execution)
+  --nbval          after the executions, strict nbval of each (a second GPU run, counted as a stability run)
   --stale          only what is missing: without --repeat, the notebooks whose latest.json entry does not hold;
-                   with --repeat N, the executions that bring each notebook to N runs in stability.json (the
-                   nbval pass counted as one, unless --stability-only; at least one execution)
+                   with --repeat N, the executions that bring each notebook to N runs in stability.json that
+                   still hold (scope.py; with --nbval its pass counted as one; at least one execution)
   --stability-only executions for stability.json only: no nbval, no unit tests; latest.json, the notebooks in
                    place and reports/gpu/data are left alone (run the plain suite for those)
   --budget S       start no notebook whose estimated time (from latest.json) would end the run after S seconds;
@@ -90,6 +100,8 @@ from pathlib import Path
 
 import evidence
 import nbtools
+import plan
+import scope
 
 from suite_common import REPORTS, ROOT, build_stability, fit_budget, load_json, select, utc_now
 from adverse import run_adverse
@@ -105,6 +117,11 @@ def parse_args(argv):
                          "(reports under build/gpu-suite/ only)")
     ap.add_argument("--cell-timeout", type=int, default=300, metavar="S")
     ap.add_argument("--no-unit-tests", action="store_true")
+    ap.add_argument("--nbval", action="store_true",
+                    help="after the executions, strict nbval of each executed notebook (a second GPU run: one more "
+                         "stability run); the quiet pass runs each notebook once without it")
+    ap.add_argument("--plan", action="store_true",
+                    help="CPU only: what is stale in this tree and the device calls that renew it (tools/plan.py)")
     ap.add_argument("--stale", action="store_true",
                     help="only what is missing: notebooks without a fresh latest.json entry; with --repeat N, the runs "
                          "that bring each notebook to N fresh runs in stability.json")
@@ -140,6 +157,10 @@ def parse_args(argv):
             ap.error(f"--adverse runs nbval only: it does not take {', '.join(clash)}")
     elif args.cpu_dry_run:
         ap.error("--cpu-dry-run goes with --adverse or --adverse-together")
+    if args.plan and len([a for a in argv if a != "--plan"]):
+        ap.error("--plan takes no other option: it plans for the whole tree")
+    if args.nbval and args.stability_only:
+        ap.error("--stability-only runs no nbval: leave out --nbval")
     if args.shared and args.stability_only:
         ap.error("--stability-only may share the GPU already: leave out --shared")
     if args.budget is not None and args.budget <= 0:
@@ -413,12 +434,15 @@ def meta_of(f: dict) -> dict:
             "cuda": f["cuda_runtime"], "flashinfer": f["flashinfer"], "python": platform.python_version()}
 
 
-def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT, nbval: bool = False) -> int:
+def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT, nbval: bool = False,
+                stale=None) -> int:
     """--stale: how many executions a notebook needs. For latest.json: 1 unless its entry holds. For
-    stability.json: what brings its fresh runs up to ``repeat`` (a failure on fresh sources is a result: rerun
-    that notebook with --only); with ``nbval`` (the call has an nbval pass, which adds a run) one execution
-    fewer, but at least one."""
-    fresh = entry is not None and evidence.freshness(entry, root) is None
+    stability.json: what brings the runs that hold (``stale``: scope.stale_check; evidence.freshness unless given)
+    up to ``repeat`` (a failure on fresh sources is a result: rerun that notebook with --only); with ``nbval``
+    (the call has an nbval pass, which adds a run) one execution fewer, but at least one."""
+    why = None if entry is None else (evidence.freshness(entry, root) if stale is None or not for_stability
+                                      else stale(entry))
+    fresh = entry is not None and why is None
     if not for_stability:
         return 0 if fresh else 1
     need = max(0, repeat - (len(entry.get("runs") or []) if fresh else 0))
@@ -540,6 +564,10 @@ def execute_notebook(p, n: int, args, meta, query=None) -> tuple[dict, dict]:
     # notebook's earlier runs on the same source, if any
     stab = {"path": rel, "source_sha256": src_sha, "deps": deps_list, "deps_sha256": row["deps_sha256"],
             "utc": now, "gpu": meta["gpu"], "runs": runs}
+    if deps_list:  # what the runs prove, and the claims they go with (scope.py); latest.json keeps the claims
+        claims = evidence.claims_of(nb)
+        row.update(scope.scope_fields(rel, deps_list, claims, "latest"))
+        stab.update(scope.scope_fields(rel, deps_list, claims, "stability"))
     return row, stab
 
 
@@ -616,10 +644,39 @@ def merge_log(old: str, block: str) -> str:
     return "".join(reversed(kept))
 
 
+def record_carried(rows: list[dict], old_latest: dict, root=ROOT) -> list[str]:
+    """For each notebook of this quiet pass, record in its row (``carried``, scope.carried_record) whether its
+    stability and adverse runs carry forward to this tree: its claims against those the runs were taken with.
+    Returns one line per notebook whose runs were taken on other deps (what the call prints)."""
+    stab = {e.get("path"): e for e in (load_json(REPORTS / "stability.json") or {}).get("notebooks", [])}
+    adverse = load_json(REPORTS / "adverse.json") or {}
+    previous = scope.latest_rows(old_latest)
+    lines = []
+    for row in rows:
+        if "claims_sha256" not in row:
+            continue
+        rel = row["path"]
+        entries = {"stability": stab.get(rel)}
+        for c in adverse.get("conditions", []):
+            entries[f"adverse ({c.get('id')})"] = next((e for e in c.get("notebooks", []) if e.get("path") == rel), None)
+        entries = {k: e for k, e in entries.items() if e is not None and evidence.freshness(e, root) is not None}
+        if not entries:
+            continue  # every run was taken on these very deps (or there are none): nothing to carry
+        rec = scope.carried_record(entries, previous.get(rel), row, root)
+        row["carried"] = rec
+        held = sorted(k for k, v in rec["proofs"].items() if v["holds"])
+        lost = sorted(k for k, v in rec["proofs"].items() if not v["holds"])
+        lines.append(f"{rel}: " + (f"carried forward: {', '.join(held)}" if held else "")
+                     + ("; " if held and lost else "") + (f"to renew: {', '.join(lost)}" if lost else "")
+                     + (f" (claims differ: {'; '.join(rec['differences'])})" if rec["differences"] else ""))
+    return lines
+
+
 def build_report(old: dict, rows: list[dict], unit: dict | None, meta: dict, command: str, keep, root=ROOT):
     """latest.json after this run: this run's GPU, versions and time at the top; its notebook rows merged with
-    the old report's (kept while fresh); ``unit_tests`` of this run, or the old one if this run had none."""
-    entries, dropped = evidence.merge_entries(old.get("notebooks", []), rows, keep, root)
+    the old report's (kept, stale or not: tests/test_evidence.py names the stale ones, and --plan reads which of
+    their files changed and what they claimed); ``unit_tests`` of this run, or the old one if this run had none."""
+    entries, dropped = evidence.merge_entries(old.get("notebooks", []), rows, keep, root, stale=lambda e: None)
     return ({**meta, "utc": utc_now(), "command": command, "lib_sha256": nbtools.lib_sha256(root),
              "unit_tests": unit if unit is not None else old.get("unit_tests"), "notebooks": entries}, dropped)
 
@@ -640,6 +697,9 @@ def stability_lock(path: Path):
 def main(argv: list[str]) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
+    if args.plan:
+        print("\n".join(plan.plan_lines()))
+        return 0
     import torch
 
     if not torch.cuda.is_available() and not args.cpu_dry_run:
@@ -682,8 +742,9 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
     counts = {p.relative_to(ROOT).as_posix(): args.repeat for p in paths}
     if args.stale:
         have = {e.get("path"): e for e in (old_stab if for_stability else old_latest).get("notebooks", [])}
-        counts = {rel: runs_needed(have.get(rel), args.repeat, for_stability,
-                                   nbval=for_stability and not args.stability_only) for rel in counts}
+        holds = scope.stale_check(old_latest)
+        counts = {rel: runs_needed(have.get(rel), args.repeat, for_stability, nbval=args.nbval, stale=holds)
+                  for rel in counts}
         counts = {rel: c for rel, c in counts.items() if c}
         paths = [p for p in paths if p.relative_to(ROOT).as_posix() in counts]
         print(f"--stale: {len(paths)} notebooks to run: "
@@ -694,7 +755,7 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
     if args.budget:
         recorded = {e.get("path"): e.get("seconds") for e in old_latest.get("notebooks", [])}
         rels, left = fit_budget([p.relative_to(ROOT).as_posix() for p in paths], recorded, counts, args.budget,
-                                time.perf_counter() - t_start, nbval=not args.stability_only)
+                                time.perf_counter() - t_start, nbval=args.nbval)
         paths = [ROOT / r for r in rels]
         if left:
             print(f"--budget {args.budget:.0f} s: left for a later run: {', '.join(left)}")
@@ -703,6 +764,10 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
             return 2
     uuid = meta.get("uuid")
     meta = {k: v for k, v in meta.items() if k != "uuid"}  # latest.json and stability.json keep the GPU's name
+    run_tests = not (args.no_unit_tests or args.stability_only)
+    planned = plan.estimate({p.relative_to(ROOT).as_posix(): counts[p.relative_to(ROOT).as_posix()] for p in paths},
+                            "stability" if args.stability_only else "quiet", unit_tests=run_tests, nbval=args.nbval)
+    print(f"planned: about {planned:.0f} s (tools/plan.py's estimate from the recorded seconds)", flush=True)
     dev = which == "development"
     out_dir = BUILD if dev else REPORTS
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -734,9 +799,13 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
 
     # 2. nbval on what executed, and the gpu unit tests, in one pytest run (a development pass: on the executed
     #    copies under build/gpu-suite/executed/, whose results are mapped back to the notebooks' paths)
-    executed = [] if args.stability_only else [r["path"] for r in rows if r["status"] == "executed"]
+    executed = [] if args.stability_only or not args.nbval else [r["path"] for r in rows if r["status"] == "executed"]
+    if not args.stability_only and not args.nbval:  # one execution per notebook: it passed, or it failed
+        for row in rows:
+            if row["status"] == "executed":
+                row["status"], row["nbval"] = "passed", "not run (one execution per notebook; --nbval adds it)"
     target = {(executed_copy(rel).relative_to(ROOT).as_posix() if dev else rel): rel for rel in executed}
-    test_files = [] if args.no_unit_tests or args.stability_only else gpu_test_files()
+    test_files = gpu_test_files() if run_tests else []
     nb_res, unit, phases["nbval + unit tests"], capture = pytest_pass(list(target), test_files, args,
                                                                       out_dir / "nbval.log", which=which)
     nb_res = {target.get(k, k): v for k, v in nb_res.items()}
@@ -757,6 +826,8 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
         print(f"    nbval {row['path']}: {res['status']} ({res['cells']} cells, {res['seconds']:.1f} s)"
               + (f", {row['problem']}" if res["failures"] else ""), flush=True)
     if unit is not None:
+        if not executed:
+            unit["seconds"] = round(phases["nbval + unit tests"], 1)
         print(f"    gpu unit tests: {unit['passed']} passed, {unit['failed']} failed, {unit['skipped']} skipped", flush=True)
         for line in unit["failures"]:
             print(f"      {line}")
@@ -769,6 +840,10 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
         # only the quiet reference pass writes latest.json (the suite's exclusive lock: no other suite runs), and only
         # the notebooks whose run was quiet: a notebook that was not keeps its previous entry while that holds
         reported = [r for r in rows if r["status"] != "not quiet"]
+        if not dev:
+            carried = record_carried(reported, old_latest)
+            for line in carried:
+                print(f"    {line}", flush=True)
         with stability_lock(latest):
             current = load_json(latest) if latest == REPORTS / "latest.json" else old_latest
             report, dropped = build_report(current or {}, reported, unit, meta, command, keep)
@@ -777,13 +852,20 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
               f"{len(report['notebooks']) - len(reported)} kept)")
         for why in dropped:
             print(f"    dropped a stale entry: {why}")
+    if stab and args.stability_only:  # the runs go with the claims of the quiet pass on this tree, where it holds
+        rows_now = scope.latest_rows(load_json(REPORTS / "latest.json"))
+        for s in stab:
+            row = rows_now.get(s["path"])
+            if row and "claims_sha256" in row and evidence.freshness(row) is None:
+                s["claims_sha256"] = row["claims_sha256"]
     if stab:
         spath = out_dir / ("development-stability.json" if dev else "stability.json")
         # read again under a lock: suites started at once on disjoint --only sets (the runs of a short lease
         # spread over one GPU) each add their runs to the file as it is now, not as it was at their start
         with stability_lock(spath):
             current = load_json(spath) if spath == REPORTS / "stability.json" else old_stab
-            stability, s_dropped = build_stability(current or {}, stab, meta, command, keep)
+            stability, s_dropped = build_stability(current or {}, stab, meta, command, keep,
+                                                   latest=load_json(REPORTS / "latest.json"))
             spath.write_text(json.dumps(stability, indent=1) + "\n")
         print(f"wrote {spath.relative_to(ROOT)} ({len(stab)} notebooks from this run, "
               f"{len(stability['notebooks']) - len(stab)} kept)")
@@ -805,6 +887,11 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
         print("\n".join(evidence.stability_summary(mine)))
     phases["reports"] = time.perf_counter() - t0
     phases["total"] = time.perf_counter() - t_start
+    if not dev:
+        rec = plan.record_renewal(command, "stability" if args.stability_only else "quiet", planned, phases["total"],
+                                  [r["path"] for r in rows], utc=utc_now())
+        print(f"renewal: planned {rec['planned_s']:.0f} s, took {rec['actual_s']:.0f} s (x{rec['ratio']}): "
+              "reports/gpu/renewals.json", flush=True)
 
     overhead = sum((r.get("overhead_seconds") or 0) * counts.get(r["path"], 1) for r in rows)
     print("phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())

@@ -115,6 +115,22 @@ def deps_sha256(deps, root: Path = ROOT) -> str:
     return files_sha256(deps, root)
 
 
+def file_sha(rel: str, root: Path = ROOT) -> str:
+    """The first 16 hex digits of a file's sha256: what a GPU report keeps per file (``deps_files``, ``experiment``)
+    to name the file that changed."""
+    return hashlib.sha256((root / rel).read_bytes()).hexdigest()[:16]
+
+
+def files_map(files, root: Path = ROOT) -> dict[str, str]:
+    """{file: :func:`file_sha`} of the given files (paths relative to ``root``), sorted by path."""
+    return {rel: file_sha(rel, root) for rel in sorted(set(files))}
+
+
+def changed_files(recorded: dict, root: Path = ROOT) -> list[str]:
+    """The files of a recorded :func:`files_map` that changed since, or are gone."""
+    return [rel for rel, sha in sorted(recorded.items()) if not (root / rel).exists() or file_sha(rel, root) != sha]
+
+
 def load(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import evidence
 import nbtools
+import scope
 
 ROOT = nbtools.ROOT
 REPORTS = ROOT / "reports" / "gpu"
@@ -52,8 +53,11 @@ def fit_budget(paths, seconds: dict, counts: dict, budget: float, spent: float, 
     return kept, left
 
 
-def build_stability(old: dict, entries: list[dict], meta: dict, command: str, keep, root=ROOT):
-    """stability.json after this run: this run's executions added to each notebook's runs on the same sources
-    (evidence.merge_stability); GPU, versions and time of this run at the top."""
-    merged, dropped = evidence.merge_stability(old.get("notebooks", []), entries, keep, root)
+def build_stability(old: dict, entries: list[dict], meta: dict, command: str, keep, root=ROOT, latest=None):
+    """stability.json after this run: this run's executions added to each notebook's runs that still hold
+    (evidence.merge_stability, scoped by ``latest``: latest.json as it is now, scope.stale_check; the entries of
+    other notebooks kept unless they can never hold again, scope.dead_check); GPU, versions and time of this run
+    at the top."""
+    merged, dropped = evidence.merge_stability(old.get("notebooks", []), entries, keep, root,
+                                               stale=scope.stale_check(latest, root), dead=scope.dead_check(latest, root))
     return {**meta, "utc": utc_now(), "command": command, "notebooks": merged}, dropped

@@ -1,0 +1,375 @@
+"""Evidence scoped to what it proves (tools/scope.py, tools/plan.py; CONTRIBUTING, "GPU evidence"): a plumbing edit
+renews the quiet pass and carries stability and the adverse conditions forward where the claims are the same; a
+changed claim or verdict, or an edit to an experiment file, asks for the runs. On the recorded reports and on
+made-up trees, without a GPU."""
+import json
+from pathlib import Path
+
+import pytest
+
+import evidence
+import gpu_suite
+import nbtools
+import plan
+import scope
+
+ROOT = nbtools.ROOT
+REPORTS = ROOT / "reports" / "gpu"
+SUITE = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
+
+
+def _json(name):
+    return json.loads((REPORTS / name).read_text(encoding="utf-8"))
+
+
+# ---- the recorded reports and the library as it is ----------------------------------------------------------------
+
+def test_every_library_module_is_measured_or_plumbing_with_its_reason():
+    """A new module of lib/pinlab must be put on scope.MEASURED or scope.PLUMBING (with why) before its notebooks'
+    evidence can be scoped; lessons/lNN_*.py and checks/lNN.py are their lesson's experiment by their number."""
+    assert scope.unclassified() == [], ("classify these in tools/scope.py (MEASURED: an experiment measures its code; "
+                                        f"PLUMBING: it only reports, formats or checks): {scope.unclassified()}")
+    for rel, why in {**scope.MEASURED, **scope.PLUMBING}.items():
+        assert (ROOT / rel).exists(), f"tools/scope.py classifies {rel}, which no longer exists"
+        assert len(why.split()) >= 4, f"{rel}: say why it is on its list"
+    assert not set(scope.MEASURED) & set(scope.PLUMBING)
+
+
+@pytest.mark.parametrize("path", SUITE, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_latest_json_records_the_claims_of_the_committed_outputs(path):
+    """The claims a carried-forward run is compared with are those the committed notebook shows (the quiet pass
+    wrote both): the report cannot claim what the outputs do not."""
+    rel = path.relative_to(ROOT).as_posix()
+    row = scope.latest_rows(_json("latest.json")).get(rel)
+    assert row is not None, f"{rel} is not in latest.json"
+    if evidence.freshness(row) is not None:
+        pytest.skip(f"{rel}'s quiet pass is stale: tests/test_evidence.py says so")
+    assert "claims" in row, f"{rel}: latest.json records no claims: run `python3 tools/scope.py --record` (CPU)"
+    assert row["claims"] == evidence.claims_of(nbtools.load(path)), (
+        f"{rel}: latest.json's claims are not those of the committed outputs: run the quiet pass again")
+    assert row["claims_sha256"] == evidence.claims_sha256(row["claims"])
+
+
+def test_carried_runs_have_their_comparison_in_latest_json():
+    """Where stability or adverse runs were taken on other deps and hold (only plumbing changed since), latest.json
+    says so: the quiet pass's record of the comparison (``carried``) with the same verdict as now."""
+    latest = _json("latest.json")
+    rows = scope.latest_rows(latest)
+    check = scope.stale_check(latest)
+    entries = [("stability", e) for e in _json("stability.json")["notebooks"]]
+    entries += [(f"adverse ({c['id']})", e) for c in _json("adverse.json")["conditions"] for e in c["notebooks"]]
+    missing = []
+    for name, e in entries:
+        if evidence.freshness(e) is None or check(e) is not None:
+            continue  # taken on these very deps, or not holding (tests/test_evidence.py and test_adverse.py say so)
+        proof = ((rows.get(e["path"]) or {}).get("carried") or {}).get("proofs", {}).get(name)
+        if not proof or not proof.get("holds"):
+            missing.append(f"{e['path']} {name}")
+    assert not missing, f"runs carried forward without latest.json's record of the comparison: {missing}"
+
+
+def test_plan_runs_on_the_committed_tree_and_ends_with_its_count():
+    lines = plan.plan_lines()
+    assert lines[-1].startswith("plan: ") and "call(s)" in lines[-1] and lines[-1].endswith("device-minutes")
+
+
+# ---- claims --------------------------------------------------------------------------------------------------------
+
+def _cell(src, out="", count=1):
+    return {"cell_type": "code", "id": f"c{abs(hash((src, out))) % 10**9}", "source": src, "metadata": {},
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": out}] if out else [],
+            "execution_count": count}
+
+
+def _nb(cells):
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_claims_are_the_asserting_cells_claim_lines_and_every_verdict():
+    nb = _nb([
+        _cell("x = 1", "a plain print: 3\n"),                                       # not an asserting cell
+        _cell("pinlab.claims({...})",
+              "[measured] steps: 3 of 4\n           continued: 9\n"
+              "corrupted steps with the snapshot, all runs: 0\n"
+              "a long claim that wraps onto\n    the next line: True\n"
+              "a table row  12  13\n"),
+        _cell("check_x(f)", "[measured] checked on: CPU\n✅ f is correct (44 cases,\n   0 corrupted).\n"),
+    ])
+    assert evidence.claims_of(nb) == [
+        [1, "claim", "corrupted steps with the snapshot, all runs", "0"],
+        [1, "claim", "a long claim that wraps onto the next line", "True"],
+        [2, "verdict", "f is correct (44 cases, 0 corrupted).", "✅"],
+    ]
+
+
+def test_claim_differences_name_what_changed():
+    a = [[1, "claim", "corrupted", "0"], [2, "verdict", "f is correct", "✅"]]
+    assert evidence.claim_differences(a, a) == []
+    assert evidence.claim_differences(a, [[1, "claim", "corrupted", "3"], a[1]]) == [
+        "cell 1: claim 'corrupted' was 0, now 3"]
+    assert evidence.claim_differences(a, [a[0]]) == ["cell 2: verdict 'f is correct' is gone"]
+    assert evidence.claim_differences(a, a + [[3, "claim", "new", "True"]]) == ["cell 3: new claim 'new'"]
+    assert evidence.claims_sha256(a) != evidence.claims_sha256([a[0]])
+
+
+def test_a_run_that_claimed_otherwise_than_its_quiet_pass_is_a_problem(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    nb = _nb([_cell("assert True")])
+    nbtools.save(nb, tmp_path / "notebooks" / "00_x.ipynb")
+    runs = [{"passed": [0], "failed": [], "first_error": None, "lines": [], "claims_sha256": "aaaa"}] * 5
+    entry = {"path": "notebooks/00_x.ipynb", "n": 5, "runs": runs, "claims_sha256": "aaaa",
+             "assert_cells": [{"cell": 0, "passed": 5, "of": 5}]}
+    assert evidence.stability_problems(entry, tmp_path, stale=lambda e: None) == []
+    odd = dict(entry, runs=runs[:4] + [dict(runs[0], claims_sha256="bbbb", via="nbval")])
+    (p,) = evidence.stability_problems(odd, tmp_path, stale=lambda e: None)
+    assert "run 5 (nbval" in p and "claimed otherwise" in p
+
+
+# ---- a made-up course: two lessons, plumbing and measured modules ----------------------------------------------------
+
+LIB = {
+    "__init__.py": "from .claims import claim\nfrom .steploop import run_loop\n",
+    "claims.py": "def claim(text, ok):\n    print(f'{text}: {ok}')\n",
+    "timing.py": "def show(label, value):\n    print(f'[measured] {label}: {value}')\n",
+    "steploop.py": "from .timing import show\n\ndef run_loop():\n    return 0\n",
+    "races.py": "def detect():\n    return 0\n",
+    "lessons/__init__.py": "",
+    "lessons/l01_one.py": "from .. import steploop\nfrom ..timing import show\n\ndef corrupted():\n    return steploop.run_loop()\n",
+    "lessons/l02_two.py": "def answer():\n    return 42\n",
+}
+
+
+def _course_nb(lesson, module, claim="corrupted steps", value="0"):
+    return _nb([
+        _cell(f"import pinlab\nfrom pinlab.lessons import {module} as m"),
+        _cell(f"pinlab.claim('{claim}', m.corrupted() == 0)", f"[measured] host: fast\n{claim}: {value}\n"),
+    ])
+
+
+@pytest.fixture
+def course(tmp_path):
+    """lib/pinlab with plumbing (claims, timing), measured modules (steploop, races) and two lessons; notebooks 01 and
+    02 with recorded quiet passes, five stability runs each and lesson 01's adverse runs, all scoped."""
+    for rel, text in LIB.items():
+        f = tmp_path / "lib" / "pinlab" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    (tmp_path / "notebooks").mkdir()
+    nbtools.save(_course_nb("01", "l01_one"), tmp_path / "notebooks" / "01_one.ipynb")
+    nbtools.save(_course_nb("02", "l02_two", "the answer is 42", "True"), tmp_path / "notebooks" / "02_two.ipynb")
+    (tmp_path / "reports" / "gpu").mkdir(parents=True)
+    record(tmp_path)
+    return tmp_path
+
+
+def deps_of(root):
+    return sorted(p.relative_to(root).as_posix() for p in (root / "lib").rglob("*.py") if "l02" not in p.name)
+
+
+def quiet_row(root, rel):
+    nb = nbtools.load(root / rel)
+    deps = deps_of(root)
+    return {"path": rel, "status": "passed", "seconds": 10.0, "source_sha256": nbtools.source_sha256(nb),
+            "deps": deps, "deps_sha256": nbtools.deps_sha256(deps, root), "utc": "t",
+            **scope.scope_fields(rel, deps, evidence.claims_of(nb), "latest", root, nb)}
+
+
+def record(root):
+    """Write latest.json, stability.json and adverse.json as a quiet pass, 5 runs and the five conditions would."""
+    rows = [quiet_row(root, f"notebooks/{n}") for n in ("01_one.ipynb", "02_two.ipynb")]
+    stab = []
+    for r in rows:
+        runs = [{"utc": "t", "seconds": 10.0, "first_error": None, "passed": [1], "failed": [], "lines": [],
+                 "claims_sha256": r["claims_sha256"]} for _ in range(5)]
+        stab.append({"path": r["path"], "source_sha256": r["source_sha256"], "deps": r["deps"],
+                     "deps_sha256": r["deps_sha256"], "utc": "t", "runs": runs,
+                     **scope.scope_fields(r["path"], r["deps"], r["claims"], "stability", root),
+                     **evidence.aggregate_stability(runs, nbtools.load(root / r["path"]))})
+    conds = []
+    for cid, spec in evidence.ADVERSE_CONDITIONS.items():
+        entries = [{"path": r["path"], "source_sha256": r["source_sha256"], "deps": r["deps"],
+                    "deps_sha256": r["deps_sha256"],
+                    **scope.scope_fields(r["path"], r["deps"], r["claims"], "adverse", root),
+                    "runs": [{"learner": k + 1, "cells": 2, "passed": 2, "failed": 0, "skipped": 0, "not_run": 0,
+                              "seconds": 25.0} for k in range(spec["learners"])]} for r in rows]
+        conds.append({"id": cid, "env": spec["env"], "notebooks": entries})
+    gpu = root / "reports" / "gpu"
+    (gpu / "latest.json").write_text(json.dumps({"notebooks": rows, "unit_tests": {"seconds": 40.0}}))
+    (gpu / "stability.json").write_text(json.dumps({"notebooks": stab}))
+    (gpu / "adverse.json").write_text(json.dumps({"conditions": conds}))
+
+
+def reports(root):
+    gpu = root / "reports" / "gpu"
+    return [json.loads((gpu / f"{k}.json").read_text()) for k in ("latest", "stability", "adverse")]
+
+
+def problems(root):
+    latest, stab, adv = reports(root)
+    check = scope.stale_check(latest, root)
+    out = [p for e in stab["notebooks"] for p in evidence.stability_problems(e, root, stale=check)]
+    paths = nbtools.notebook_paths(("notebooks",), root)
+    return out + evidence.adverse_problems(dict(adv, **{k: "x" for k in ("gpu", "driver", "torch", "cuda",
+                                                                        "flashinfer", "python", "utc")}),
+                                           paths, root, stale=check)
+
+
+def requote(root, rel, claims=None):
+    """The quiet pass on the current tree: a new latest.json row for ``rel`` (with other ``claims`` if given)."""
+    latest = json.loads((root / "reports" / "gpu" / "latest.json").read_text())
+    row = quiet_row(root, rel)
+    if claims is not None:
+        row.update(claims=claims, claims_sha256=evidence.claims_sha256(claims))
+    latest["notebooks"] = [row if r["path"] == rel else r for r in latest["notebooks"]]
+    (root / "reports" / "gpu" / "latest.json").write_text(json.dumps(latest))
+
+
+def test_the_experiment_is_the_lesson_and_what_it_measures(course):
+    assert scope.experiment_files("notebooks/01_one.ipynb", course) == [
+        "lib/pinlab/lessons/l01_one.py", "lib/pinlab/steploop.py"]  # not claims.py, timing.py: plumbing
+    assert scope.experiment_files("notebooks/02_two.ipynb", course) == ["lib/pinlab/lessons/l02_two.py"]
+    assert problems(course) == []
+
+
+def test_a_plumbing_edit_with_the_same_claims_carries_the_runs_forward(course):
+    for rel in ("claims.py", "timing.py"):
+        f = course / "lib" / "pinlab" / rel
+        f.write_text(f.read_text() + "# a comment\n")
+    before = problems(course)
+    assert before and all("quiet pass is stale too" in p for p in before)
+    assert any("lib/pinlab/claims.py, lib/pinlab/timing.py changed" in p for p in before)
+    lines = plan.plan_lines(course)
+    assert lines[-1].startswith("plan: 1 call(s), ")
+    assert not any("--adverse" in ln or "--stability-only" in ln for ln in lines)
+    requote(course, "notebooks/01_one.ipynb")
+    requote(course, "notebooks/02_two.ipynb")
+    assert problems(course) == []
+    assert plan.plan_lines(course)[-1] == "plan: 0 call(s), 0.0 device-minutes"
+
+
+def test_a_changed_claim_or_verdict_fails_the_carried_runs(course):
+    (course / "lib" / "pinlab" / "claims.py").write_text(LIB["claims.py"] + "# reworded\n")
+    claims = evidence.claims_of(nbtools.load(course / "notebooks" / "01_one.ipynb"))
+    requote(course, "notebooks/01_one.ipynb", [[1, "claim", "corrupted steps", "3"]])
+    requote(course, "notebooks/02_two.ipynb")
+    found = problems(course)
+    assert found and all("01_one" in p and "claims otherwise" in p for p in found)
+    requote(course, "notebooks/01_one.ipynb", [[1, "claim", "corrupted steps, reworded", "0"]])  # another key
+    assert problems(course) and all("claims otherwise" in p for p in problems(course))
+    requote(course, "notebooks/01_one.ipynb", claims)
+    assert problems(course) == []
+
+
+def test_an_experiment_edit_asks_for_that_lessons_runs_and_no_other(course):
+    f = course / "lib" / "pinlab" / "steploop.py"
+    f.write_text(f.read_text() + "# the loop changed\n")
+    requote(course, "notebooks/01_one.ipynb")  # the quiet pass claims the same: it does not help
+    requote(course, "notebooks/02_two.ipynb")
+    found = problems(course)
+    assert found and all("01_one" in p for p in found)
+    assert any("an experiment file changed after its runs: lib/pinlab/steploop.py" in p for p in found)
+    text = "\n".join(plan.plan_lines(course))
+    assert "--adverse-all-together --only notebooks/01_one.ipynb" in text
+    assert "02_two" not in text.split("call 1")[1]
+
+
+def test_a_new_import_changes_the_experiment(course):
+    f = course / "lib" / "pinlab" / "lessons" / "l02_two.py"
+    f.write_text("from ..races import detect\n" + f.read_text())
+    assert scope.experiment_files("notebooks/02_two.ipynb", course) == [
+        "lib/pinlab/lessons/l02_two.py", "lib/pinlab/races.py"]
+    assert any("02_two" in p and "it now also uses lib/pinlab/races.py" in p for p in problems(course))
+
+
+def test_the_plan_for_a_plumbing_edit_is_one_call_of_at_most_nine_minutes(course):
+    (course / "lib" / "pinlab" / "timing.py").write_text(LIB["timing.py"] + "# x\n")
+    p = plan.make_plan(course)
+    assert len(p["calls"]) == 1 and p["calls"][0]["seconds"] <= plan.CALL_LIMIT_S
+    (cmd, what, secs), = p["calls"][0]["steps"]
+    assert cmd == "python3 tools/gpu_suite.py --stale" and "gpu unit tests" in what
+    assert secs == plan.FIXED_S + 10.0 + 10.0 + 40.0  # the recorded seconds, and the unit tests'
+
+
+def test_a_renewal_records_its_planned_and_actual_seconds(tmp_path):
+    path = tmp_path / "renewals.json"
+    rec = plan.record_renewal("python3 tools/gpu_suite.py --stale", "quiet", 400.0, 460.0, ["a", "b"], path, "t")
+    assert rec["ratio"] == 1.15 and json.loads(path.read_text())["renewals"][-1] == rec
+
+
+def test_the_quiet_pass_records_the_comparison_that_carries_runs(course, monkeypatch):
+    monkeypatch.setattr(gpu_suite, "REPORTS", course / "reports" / "gpu")
+    old = reports(course)[0]
+    (course / "lib" / "pinlab" / "claims.py").write_text(LIB["claims.py"] + "# x\n")
+    same = quiet_row(course, "notebooks/01_one.ipynb")
+    other = dict(quiet_row(course, "notebooks/02_two.ipynb"), claims=[], claims_sha256=evidence.claims_sha256([]))
+    lines = gpu_suite.record_carried([same, other], old, course)
+    assert same["carried"]["proofs"]["stability"]["holds"] and same["carried"]["differences"] == []
+    assert not other["carried"]["proofs"]["adverse (a)"]["holds"]
+    assert other["carried"]["differences"] == ["cell 1: claim 'the answer is 42' is gone"]
+    assert any("carried forward: adverse (a)" in ln for ln in lines)
+    assert any("to renew" in ln and "02_two" in ln for ln in lines)
+
+
+def test_plan_takes_no_other_option_and_needs_no_gpu(capsys):
+    with pytest.raises(SystemExit):
+        gpu_suite.parse_args(["--plan", "--only", "04"])
+    assert gpu_suite.main(["--plan"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan: ")
+
+
+# ---- the quiet pass itself, end to end, on a copy of the checkout (CUDA and a quiet GPU faked) --------------------
+
+FLIGHT = r'''
+import os, sys
+root = sys.argv[1]
+sys.path[:0] = [os.path.join(root, "tools"), os.path.join(root, "lib")]
+import torch
+torch.cuda.is_available = lambda: True
+import gpu_suite
+quiet = {"other_gpu_processes": [], "load": [0.1, 0.1, 0.1], "cores": 2}
+gpu_suite.suite_facts = lambda: {"gpu": "a faked GPU", "driver": "0", "capability": "9.0", "torch": torch.__version__,
+                                 "cuda_runtime": "0", "flashinfer": None, "uuid": None, "cuda_available": True}
+gpu_suite.sample_conditions = gpu_suite.sample_end = lambda *a, **k: dict(quiet)
+gpu_suite.gpu_test_files = lambda: []
+sys.exit(gpu_suite.main(sys.argv[2:]))
+'''
+
+
+@pytest.mark.slow
+def test_a_plumbing_edit_lands_after_one_quiet_pass_end_to_end(tmp_path):
+    """A comment in claims.py and timing.py, then the one call --plan prints, on a copy of the course (the notebooks
+    replay: no GPU here): the pass records claims and the comparison, the runs carry forward, and the edited
+    notebooks' evidence holds again, in the copy's own evidence tests."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "course"
+    for rel in ("lib", "tools", "notebooks", "solutions", "reports", "examples", "conftest.py", "pyproject.toml",
+                "tests/nbval_sanitize.cfg", "tests/test_evidence.py", "tests/test_scope.py"):
+        src, dst = ROOT / rel, copy / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copyfile)(src, dst)
+    for rel in ("lib/pinlab/claims.py", "lib/pinlab/timing.py"):
+        with open(copy / rel, "a", encoding="utf-8") as f:
+            f.write("# a comment: plumbing only\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PINLAB_")}
+    planned = subprocess.run([sys.executable, "tools/gpu_suite.py", "--plan"], cwd=copy, capture_output=True,
+                             text=True, env=env)
+    assert planned.stdout.strip().splitlines()[-1].startswith("plan: 1 call(s), "), planned.stdout[-2000:]
+    only = ["--stale", "--only", "notebooks/00", "solutions/06"]
+    ran = subprocess.run([sys.executable, "-c", FLIGHT, str(copy), *only], cwd=copy, capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert "notebooks/00_start_here.ipynb: carried forward:" in ran.stdout
+    assert "solutions/06_device_side_indices.ipynb: carried forward: stability" in ran.stdout
+    latest = json.loads((copy / "reports" / "gpu" / "latest.json").read_text())
+    rows = scope.latest_rows(latest)
+    assert rows["solutions/06_device_side_indices.ipynb"]["carried"]["proofs"]["stability"]["holds"]
+    renewal = json.loads((copy / "reports" / "gpu" / "renewals.json").read_text())["renewals"][-1]
+    assert renewal["planned_s"] > 0 and renewal["actual_s"] > 0
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                            "tests/test_evidence.py", "tests/test_scope.py", "-k",
+                            "(covers_notebook or latest_json_records) and (00_start or (06_device and solutions)) or carried"],
+                           cwd=copy, capture_output=True, text=True, env=env, timeout=600)
+    assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-3000:]

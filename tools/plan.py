@@ -1,0 +1,300 @@
+"""``python3 tools/gpu_suite.py --plan``: what the current tree's GPU evidence lacks, and the device calls that renew it.
+
+CPU only (no torch, no kernel): it reads reports/gpu/ and the files, and prints
+
+* per notebook, what is stale and why: which file changed, and which proof that stales (scope.py: the quiet pass
+  follows every dep; stability and the adverse conditions follow the source and the experiment files, and carry
+  forward over a plumbing change when the quiet pass claims the same);
+* the calls that renew it, each a chain of gpu_suite commands whose estimate is at most :data:`CALL_LIMIT_S`
+  (9 minutes), estimated from the recorded seconds (latest.json, adverse.json) plus :data:`FIXED_S` per suite
+  command and :data:`START_S` per call for the machine's start and the transfers;
+* whether the tree passes ``make test`` after each call, and a last line ``plan: N call(s), M device-minutes``.
+
+A call renews whole lessons (notebooks/NN with solutions/NN: quiet pass, then the adverse conditions, then the
+stability runs still missing), so the tree after it passes the evidence tests of every notebook it covers.
+The suite records each command's planned and actual seconds in reports/gpu/renewals.json (:func:`estimate`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import evidence
+import nbtools
+import scope
+
+ROOT = nbtools.ROOT
+REPORTS = ROOT / "reports" / "gpu"
+CALL_LIMIT_S = 540.0   # one device call's command: 9 minutes (a call may run 10; the rest is margin)
+START_S = 90.0         # a machine's start, the tree's transfer and the wheels' install, per call
+FIXED_S = 30.0         # one gpu_suite command: its set-up (the machine's facts in a child), its reports
+UNIT_TESTS_S = 60.0    # the gpu unit tests, where latest.json recorded no time for them
+DEFAULT_S = 60.0       # a notebook never timed on the GPU
+ADVERSE_FACTOR = 2.5   # an adverse pass of all conditions at once against the quiet pass, where none was timed
+MIN_RUNS = evidence.MIN_RUNS
+SUITE = "python3 tools/gpu_suite.py"
+
+
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def quiet_seconds(latest: dict | None) -> dict:
+    """Recorded seconds of one execution per notebook (latest.json)."""
+    return {e.get("path"): e.get("seconds") for e in (latest or {}).get("notebooks", []) if e.get("seconds")}
+
+
+def adverse_seconds(adverse: dict | None) -> dict:
+    """Per notebook, the longest recorded nbval pass under any condition (adverse.json, whatever its vintage)."""
+    out: dict = {}
+    for c in (adverse or {}).get("conditions", []):
+        for e in c.get("notebooks", []):
+            for r in e.get("runs", []):
+                if r.get("seconds"):
+                    out[e["path"]] = max(out.get(e["path"], 0.0), r["seconds"])
+    return out
+
+
+def _lesson(rel: str) -> str:
+    return scope.lesson_id(rel) or Path(rel).stem
+
+
+def _state(entry: dict | None, check, latest_row: dict | None, root: Path) -> tuple[str, str | None]:
+    """("holds" | "carry" | "renew", why) of one stability or adverse entry: "carry" where only plumbing changed
+    and the quiet pass on this tree is still to run (it decides); "renew" where the runs prove nothing for this
+    tree (none, source or experiment changed), or the quiet pass ran and claims otherwise."""
+    if entry is None:
+        return "renew", "none recorded"
+    why = scope.experiment_problem(entry, root)
+    if why:
+        return "renew", why
+    why = check(entry)
+    if why is None:
+        return "holds", None
+    if latest_row is not None and evidence.freshness(latest_row, root) is None:
+        return "renew", why
+    return "carry", why
+
+
+def status(root: Path = ROOT) -> list[dict]:
+    """Per notebook of the suite: what its three proofs need. ``latest``: why the quiet pass is stale (None: it
+    holds); ``stability`` and each adverse condition: {state: "holds" | "carry" | "renew", why}; ``runs``: the
+    stability runs still to add."""
+    reports = root / "reports" / "gpu"
+    latest = _load(reports / "latest.json") or {}
+    stab = {e.get("path"): e for e in (_load(reports / "stability.json") or {}).get("notebooks", [])}
+    adverse = _load(reports / "adverse.json") or {}
+    conds = {c.get("id"): {e.get("path"): e for e in c.get("notebooks", [])} for c in adverse.get("conditions", [])}
+    rows = scope.latest_rows(latest)
+    check = scope.stale_check(latest, root)
+    out = []
+    for p in nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS, root):
+        rel = p.relative_to(root).as_posix()
+        row = rows.get(rel)
+        latest_why = evidence.freshness(row, root) if row else "not in latest.json"
+        if row and not latest_why and row.get("status") != "passed":
+            latest_why = f"{rel} did not pass its last quiet pass ({row.get('status')})"
+        rec = {"path": rel, "lesson": _lesson(rel), "latest": latest_why,
+               "changed": nbtools.changed_files(row["deps_files"], root) if row and row.get("deps_files") else []}
+        e = stab.get(rel)
+        state, why = _state(e, check, row, root)
+        held = 0
+        if state != "renew":
+            counts = evidence.stability_problems(e, root, stale=lambda _: None)  # runs, passes, claims per run
+            if counts:
+                state, why = "renew", counts[0]
+                few = all("runs (at least" in c for c in counts)  # only too few runs: the others still count
+                held = len(e.get("runs") or []) if few else 0
+        rec["stability"] = {"state": state, "why": why, "runs": max(0, MIN_RUNS - held) if state == "renew" else 0}
+        if rel.startswith("notebooks/"):
+            skips = evidence.skip_tagged_cells(nbtools.load(p))
+            adv = {}
+            for cid, spec in evidence.ADVERSE_CONDITIONS.items():
+                ae = conds.get(cid, {}).get(rel)
+                state, why = _state(ae, check, row, root)
+                runs = (ae or {}).get("runs") or []
+                if state != "renew" and (len(runs) != spec["learners"]
+                                         or not all(evidence.adverse_run_passed(r, skips) for r in runs)):
+                    state, why = "renew", "a learner's pass failed or is missing"
+                adv[cid] = {"state": state, "why": why}
+            rec["adverse"] = adv
+        out.append(rec)
+    return out
+
+
+def estimate(paths, kind: str, root: Path = ROOT, repeat: int = 1, unit_tests: bool = False,
+             nbval: bool = False) -> float:
+    """Estimated seconds of one gpu_suite command over ``paths`` (a list, or {path: executions}): ``kind``
+    "quiet" (one execution each; ``nbval``: and a strict nbval pass of each; ``unit_tests``: and the gpu unit
+    tests), "adverse" (every condition at once: the longest learner's passes, one notebook after another) or
+    "stability" (``repeat`` executions each, unless ``paths`` gives the number, one after another)."""
+    reports = root / "reports" / "gpu"
+    latest = _load(reports / "latest.json")
+    quiet = quiet_seconds(latest)
+    counts = dict(paths) if isinstance(paths, dict) else dict.fromkeys(paths, 1 if kind == "quiet" else repeat)
+    total = FIXED_S
+    if kind in ("quiet", "stability"):
+        total += sum(n * (quiet.get(p) or DEFAULT_S) for p, n in counts.items())
+        if nbval:
+            total += sum(quiet.get(p) or DEFAULT_S for p in counts)
+        if unit_tests:
+            total += ((latest or {}).get("unit_tests") or {}).get("seconds") or UNIT_TESTS_S
+    elif kind == "adverse":
+        adv = adverse_seconds(_load(reports / "adverse.json"))
+        total += sum(adv.get(p) or ADVERSE_FACTOR * (quiet.get(p) or DEFAULT_S) for p in counts)
+    else:
+        raise ValueError(f"kind must be quiet, adverse or stability, got {kind!r}")
+    return round(total, 1)
+
+
+def record_renewal(command: str, kind: str, planned_s: float, actual_s: float, notebooks: list[str],
+                   path: Path | None = None, utc: str = "") -> dict:
+    """Add one gpu_suite command's planned and actual seconds to reports/gpu/renewals.json (the plan's estimate
+    held against what the GPU took; ``ratio`` actual / planned). Returns the record."""
+    path = REPORTS / "renewals.json" if path is None else path
+    rec = {"utc": utc, "command": command, "kind": kind, "notebooks": len(notebooks),
+           "planned_s": round(planned_s, 1), "actual_s": round(actual_s, 1),
+           "ratio": round(actual_s / planned_s, 2) if planned_s else None}
+    data = _load(path) or {"about": "each gpu_suite command's seconds as tools/plan.py estimated them before it "
+                                    "ran (planned_s) and as it took them (actual_s); a device call adds about "
+                                    f"{START_S:.0f} s of start and transfers (plan.START_S)", "renewals": []}
+    data["renewals"] = (data.get("renewals") or [])[-99:] + [rec]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return rec
+
+
+def lesson_steps(recs: list[dict], root: Path = ROOT, unit_tests: bool = False) -> list[tuple[str, str, float]]:
+    """The gpu_suite commands that renew one lesson's notebooks (``recs``: their :func:`status`), in order:
+    [(command, what it renews, estimated seconds)]; ``unit_tests``: its quiet pass runs the gpu unit tests too."""
+    steps = []
+    quiet = [r["path"] for r in recs if r["latest"] or r["stability"]["state"] == "renew"
+             or any(a["state"] == "renew" for a in r.get("adverse", {}).values())]
+    if quiet:
+        steps.append((f"{SUITE}{'' if unit_tests else ' --no-unit-tests'} --only {' '.join(quiet)}",
+                      "quiet pass of " + ", ".join(quiet) + (" and the gpu unit tests" if unit_tests else ""),
+                      estimate(quiet, "quiet", root, unit_tests=unit_tests)))
+    adverse = [r["path"] for r in recs if any(a["state"] == "renew" for a in r.get("adverse", {}).values())]
+    if adverse:
+        steps.append((f"{SUITE} --adverse-all-together --only {' '.join(adverse)}",
+                      "the five adverse conditions (and 4 stability runs) of " + ", ".join(adverse),
+                      estimate(adverse, "adverse", root)))
+    more = [r["path"] for r in recs if r["stability"]["state"] == "renew" and r["path"] not in adverse]
+    if more:
+        steps.append((f"{SUITE} --repeat {MIN_RUNS} --stale --stability-only --only {' '.join(more)}",
+                      f"stability runs up to {MIN_RUNS} of " + ", ".join(more),
+                      estimate(more, "stability", root, repeat=MIN_RUNS - 1)))
+    return steps
+
+
+def make_plan(root: Path = ROOT) -> dict:
+    """The plan: {status, calls: [{steps, seconds, covers}], carry: [...], unit_tests}."""
+    recs = status(root)
+    experiment = sorted({r["lesson"] for r in recs if r["stability"]["state"] == "renew"
+                         or any(a["state"] == "renew" for a in r.get("adverse", {}).values())})
+    quiet_only = [r["path"] for r in recs if r["latest"] and r["lesson"] not in experiment]
+    calls: list[dict] = []
+
+    def new_call():
+        calls.append({"steps": [], "seconds": 0.0, "covers": []})
+        return calls[-1]
+    # the plumbing's quiet pass (with the unit tests) first: it decides what carries forward
+    if quiet_only or not experiment:
+        cur = new_call()
+        todo = list(quiet_only)
+        while todo:
+            chunk = []
+            while todo and estimate(chunk + [todo[0]], "quiet", root, unit_tests=not calls[:-1]) <= CALL_LIMIT_S:
+                chunk.append(todo.pop(0))
+            if not chunk:
+                chunk.append(todo.pop(0))  # one notebook alone over the limit: it gets a call of its own
+            secs = estimate(chunk, "quiet", root, unit_tests=len(calls) == 1)
+            every = not experiment and not todo and chunk == quiet_only  # --stale alone selects exactly these
+            cur["steps"].append((f"{SUITE} --stale" + ("" if every else f" --only {' '.join(chunk)}")
+                                 + ("" if len(calls) == 1 else " --no-unit-tests"),
+                                 "quiet pass of " + (f"all {len(chunk)} notebooks" if every else ", ".join(chunk))
+                                 + (" and the gpu unit tests" if len(calls) == 1 else ""), secs))
+            cur["seconds"] += secs
+            cur["covers"] += chunk
+            if todo:
+                cur = new_call()
+        if not quiet_only:
+            calls.pop()
+    for lesson in experiment:
+        steps = lesson_steps([r for r in recs if r["lesson"] == lesson], root, unit_tests=not calls)
+        secs = sum(s for _, _, s in steps)
+        cur = calls[-1] if calls else None
+        if cur is None or cur["seconds"] + secs > CALL_LIMIT_S:
+            cur = new_call()
+        cur["steps"] += steps
+        cur["seconds"] += secs
+        cur["covers"] += [r["path"] for r in recs if r["lesson"] == lesson]
+    carry = [r["path"] for r in recs if r["stability"]["state"] == "carry"
+             or any(a["state"] == "carry" for a in r.get("adverse", {}).values())]
+    return {"status": recs, "calls": calls, "carry": carry}
+
+
+def _join(steps) -> str:
+    return " && ".join(cmd for cmd, _, _ in steps)
+
+
+def _proofs_text(r: dict) -> list[str]:
+    """What one notebook's stability and adverse proofs need, in short phrases."""
+    parts = []
+    proofs = [("stability", r["stability"])] + [(f"({c})", a) for c, a in sorted(r.get("adverse", {}).items())]
+    for state, words in (("carry", "carried forward if the quiet pass claims what the runs claimed"),
+                         ("renew", "renew")):
+        names = [n for n, p in proofs if p["state"] == state]
+        if not names:
+            continue
+        adv = [n for n in names if n.startswith("(")]
+        label = ", ".join([n for n in names if not n.startswith("(")] + (["adverse " + "".join(adv)] if adv else []))
+        if state == "renew":
+            whys = sorted({p["why"] for n, p in proofs if p["state"] == "renew" and p["why"]})
+            runs = r["stability"]["runs"]
+            words = f"renew ({'; '.join(whys[:2])}" + (f"; {runs} stability runs to add" if runs else "") + ")"
+        parts.append(f"{label}: {words}")
+    return parts
+
+
+def plan_lines(root: Path = ROOT) -> list[str]:
+    """The text ``--plan`` prints."""
+    plan = make_plan(root)
+    lines = []
+    stale = [r for r in plan["status"] if r["latest"] or r["stability"]["state"] != "holds"
+             or any(a["state"] != "holds" for a in r.get("adverse", {}).values())]
+    if not stale:
+        lines.append("every notebook's quiet pass, stability runs and adverse conditions hold for this tree")
+    for r in stale:
+        head = r["path"] + ": "
+        if r["latest"]:
+            head += "quiet pass stale (" + (f"changed: {', '.join(r['changed'])}" if r["changed"] else r["latest"]) + ")"
+        else:
+            head += "quiet pass holds"
+        lines.append("; ".join([head] + _proofs_text(r)))
+    total = 0.0
+    everything = {r["path"] for r in plan["status"]}
+    for k, call in enumerate(plan["calls"], 1):
+        minutes = (call["seconds"] + START_S) / 60
+        total += minutes
+        lines.append(f"call {k}: about {call['seconds'] / 60:.1f} min of commands + {START_S / 60:.1f} min start "
+                     f"= {minutes:.1f} device-minutes; renews {len(call['covers'])} notebooks")
+        for cmd, what, secs in call["steps"]:
+            lines.append(f"  {what}: about {secs:.0f} s")
+        lines.append(f"  $ {_join(call['steps'])}")
+        if call["seconds"] > CALL_LIMIT_S:
+            lines.append(f"  over {CALL_LIMIT_S / 60:.0f} minutes: one lesson's renewal alone is longer; run it "
+                         "with --budget and repeat the command")
+    if plan["calls"]:
+        last = len(plan["calls"])
+        lines.append("make test passes after " + ("this call" if last == 1 else
+                     f"call {last} only: until then the notebooks of later calls are stale (land the change in "
+                     "slices, one lesson's experiment at a time, to land after each call)"))
+        if plan["carry"]:
+            lines.append(f"{len(plan['carry'])} notebooks carry their stability and adverse runs forward if the quiet "
+                         "pass claims what those runs claimed; where it does not, run --plan again after the call")
+    lines.append(f"plan: {len(plan['calls'])} call(s), {total:.1f} device-minutes")
+    return lines
