@@ -373,3 +373,17 @@ def test_a_plumbing_edit_lands_after_one_quiet_pass_end_to_end(tmp_path):
                             "(covers_notebook or latest_json_records) and (00_start or (06_device and solutions)) or carried"],
                            cwd=copy, capture_output=True, text=True, env=env, timeout=600)
     assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-3000:]
+
+
+def test_too_few_runs_ask_for_runs_only_not_another_quiet_pass(course):
+    gpu = course / "reports" / "gpu"
+    stab = json.loads((gpu / "stability.json").read_text())
+    for e in stab["notebooks"]:
+        if e["path"] == "notebooks/02_two.ipynb":
+            e["runs"] = e["runs"][:3]
+            e.update(evidence.aggregate_stability(e["runs"], nbtools.load(course / e["path"])))
+    (gpu / "stability.json").write_text(json.dumps(stab))
+    p = plan.make_plan(course)
+    (call,) = p["calls"]
+    (cmd, what, _), = call["steps"]
+    assert cmd == "python3 tools/gpu_suite.py --repeat 5 --stale --stability-only --only notebooks/02_two.ipynb"

@@ -47,15 +47,26 @@ def quiet_seconds(latest: dict | None) -> dict:
     return {e.get("path"): e.get("seconds") for e in (latest or {}).get("notebooks", []) if e.get("seconds")}
 
 
-def adverse_seconds(adverse: dict | None) -> dict:
-    """Per notebook, the longest recorded nbval pass under any condition (adverse.json, whatever its vintage)."""
-    out: dict = {}
+def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path = ROOT) -> dict:
+    """Per notebook, the estimated seconds of its adverse passes, all conditions at once: its quiet seconds times
+    the median slow-down of the notebooks whose adverse runs are of their current source (or
+    :data:`ADVERSE_FACTOR`), or its longest recorded pass under any condition, whichever is longer (an older
+    version's runs still tell how the notebook takes sharing: lesson 04's soak slows down 5x)."""
+    recorded: dict = {}
+    current: set = set()
     for c in (adverse or {}).get("conditions", []):
         for e in c.get("notebooks", []):
+            path = root / e.get("path", "")
+            if path.exists() and e.get("source_sha256") == nbtools.source_sha256(nbtools.load(path)):
+                current.add(e["path"])
             for r in e.get("runs", []):
                 if r.get("seconds"):
-                    out[e["path"]] = max(out.get(e["path"], 0.0), r["seconds"])
-    return out
+                    recorded[e["path"]] = max(recorded.get(e["path"], 0.0), r["seconds"])
+    quiet = quiet_seconds(latest)
+    ratios = sorted(recorded[p] / quiet[p] for p in current & set(recorded) if quiet.get(p))
+    factor = ratios[len(ratios) // 2] if ratios else ADVERSE_FACTOR
+    return {p: max(factor * quiet.get(p, 0.0), recorded.get(p, 0.0))
+            for p in set(recorded) | {q for q in quiet if q.startswith("notebooks/")}}
 
 
 def _lesson(rel: str) -> str:
@@ -143,7 +154,7 @@ def estimate(paths, kind: str, root: Path = ROOT, repeat: int = 1, unit_tests: b
         if unit_tests:
             total += ((latest or {}).get("unit_tests") or {}).get("seconds") or UNIT_TESTS_S
     elif kind == "adverse":
-        adv = adverse_seconds(_load(reports / "adverse.json"))
+        adv = adverse_seconds(_load(reports / "adverse.json"), latest, root)
         total += sum(adv.get(p) or ADVERSE_FACTOR * (quiet.get(p) or DEFAULT_S) for p in counts)
     else:
         raise ValueError(f"kind must be quiet, adverse or stability, got {kind!r}")
@@ -167,71 +178,86 @@ def record_renewal(command: str, kind: str, planned_s: float, actual_s: float, n
     return rec
 
 
-def lesson_steps(recs: list[dict], root: Path = ROOT, unit_tests: bool = False) -> list[tuple[str, str, float]]:
-    """The gpu_suite commands that renew one lesson's notebooks (``recs``: their :func:`status`), in order:
-    [(command, what it renews, estimated seconds)]; ``unit_tests``: its quiet pass runs the gpu unit tests too."""
+def lesson_work(recs: list[dict]) -> dict:
+    """What renews one lesson's notebooks (``recs``: their :func:`status`): {"quiet": [...], "adverse": [...],
+    "stability": [...]}. The quiet pass where it is stale; the adverse conditions of a notebook of notebooks/ where
+    any needs renewing (their (a) and (b) passes add 4 stability runs); stability-only runs where the quiet pass
+    and the adverse passes still leave a notebook under :data:`MIN_RUNS`."""
+    work: dict = {"quiet": [], "adverse": [], "stability": []}
+    for r in recs:
+        if r["latest"]:
+            work["quiet"].append(r["path"])
+        if any(a["state"] == "renew" for a in r.get("adverse", {}).values()):
+            work["adverse"].append(r["path"])
+        if r["stability"]["state"] == "renew":
+            given = (1 if r["path"] in work["quiet"] else 0) + (4 if r["path"] in work["adverse"] else 0)
+            if r["stability"]["runs"] > given:
+                work["stability"].append(r["path"])
+    return work
+
+
+def _steps(work: dict, root: Path, unit_tests: bool, every: bool) -> list[tuple[str, str, float]]:
+    """One call's commands: the quiet pass of its notebooks (``every``: exactly the stale ones, so --stale alone),
+    then their adverse conditions, then the stability runs still missing."""
     steps = []
-    quiet = [r["path"] for r in recs if r["latest"] or r["stability"]["state"] == "renew"
-             or any(a["state"] == "renew" for a in r.get("adverse", {}).values())]
-    if quiet:
-        steps.append((f"{SUITE}{'' if unit_tests else ' --no-unit-tests'} --only {' '.join(quiet)}",
-                      "quiet pass of " + ", ".join(quiet) + (" and the gpu unit tests" if unit_tests else ""),
-                      estimate(quiet, "quiet", root, unit_tests=unit_tests)))
-    adverse = [r["path"] for r in recs if any(a["state"] == "renew" for a in r.get("adverse", {}).values())]
-    if adverse:
-        steps.append((f"{SUITE} --adverse-all-together --only {' '.join(adverse)}",
-                      "the five adverse conditions (and 4 stability runs) of " + ", ".join(adverse),
-                      estimate(adverse, "adverse", root)))
-    more = [r["path"] for r in recs if r["stability"]["state"] == "renew" and r["path"] not in adverse]
-    if more:
-        steps.append((f"{SUITE} --repeat {MIN_RUNS} --stale --stability-only --only {' '.join(more)}",
-                      f"stability runs up to {MIN_RUNS} of " + ", ".join(more),
-                      estimate(more, "stability", root, repeat=MIN_RUNS - 1)))
+    if work["quiet"]:  # (a lib change stales some notebook's quiet pass: the unit tests go with it)
+        q = work["quiet"]
+        sel = " --stale" if every else f" --only {' '.join(q)}"
+        steps.append((f"{SUITE}{sel}{'' if unit_tests else ' --no-unit-tests'}",
+                      "quiet pass of " + (f"all {len(q)} stale notebooks" if every else ", ".join(q))
+                      + (" and the gpu unit tests" if unit_tests else ""),
+                      estimate(q, "quiet", root, unit_tests=unit_tests)))
+    if work["adverse"]:
+        steps.append((f"{SUITE} --adverse-all-together --only {' '.join(work['adverse'])}",
+                      "the five adverse conditions (4 stability runs with them) of " + ", ".join(work["adverse"]),
+                      estimate(work["adverse"], "adverse", root)))
+    if work["stability"]:
+        steps.append((f"{SUITE} --repeat {MIN_RUNS} --stale --stability-only --only {' '.join(work['stability'])}",
+                      f"stability runs up to {MIN_RUNS} of " + ", ".join(work["stability"]),
+                      estimate(work["stability"], "stability", root, repeat=MIN_RUNS - 1)))
     return steps
 
 
 def make_plan(root: Path = ROOT) -> dict:
-    """The plan: {status, calls: [{steps, seconds, covers}], carry: [...], unit_tests}."""
+    """The plan: {status, calls: [{steps, seconds, covers}], carry}. The first call takes the plumbing's quiet pass
+    (every stale notebook of a lesson whose experiment did not change) with the gpu unit tests; lessons whose
+    experiment changed follow, whole, packed into calls of at most :data:`CALL_LIMIT_S`."""
     recs = status(root)
-    experiment = sorted({r["lesson"] for r in recs if r["stability"]["state"] == "renew"
-                         or any(a["state"] == "renew" for a in r.get("adverse", {}).values())})
-    quiet_only = [r["path"] for r in recs if r["latest"] and r["lesson"] not in experiment]
+    by_lesson: dict = {}
+    for r in recs:
+        by_lesson.setdefault(r["lesson"], []).append(r)
+    works = {k: lesson_work(v) for k, v in by_lesson.items()}
+    experiment = [k for k, w in works.items() if w["adverse"] or w["stability"]
+                  or any(r["stability"]["state"] == "renew" for r in by_lesson[k])]
+    plumbing = [p for k, w in works.items() if k not in experiment for p in w["quiet"]]
     calls: list[dict] = []
 
-    def new_call():
-        calls.append({"steps": [], "seconds": 0.0, "covers": []})
-        return calls[-1]
-    # the plumbing's quiet pass (with the unit tests) first: it decides what carries forward
-    if quiet_only or not experiment:
-        cur = new_call()
-        todo = list(quiet_only)
-        while todo:
-            chunk = []
-            while todo and estimate(chunk + [todo[0]], "quiet", root, unit_tests=not calls[:-1]) <= CALL_LIMIT_S:
-                chunk.append(todo.pop(0))
-            if not chunk:
-                chunk.append(todo.pop(0))  # one notebook alone over the limit: it gets a call of its own
-            secs = estimate(chunk, "quiet", root, unit_tests=len(calls) == 1)
-            every = not experiment and not todo and chunk == quiet_only  # --stale alone selects exactly these
-            cur["steps"].append((f"{SUITE} --stale" + ("" if every else f" --only {' '.join(chunk)}")
-                                 + ("" if len(calls) == 1 else " --no-unit-tests"),
-                                 "quiet pass of " + (f"all {len(chunk)} notebooks" if every else ", ".join(chunk))
-                                 + (" and the gpu unit tests" if len(calls) == 1 else ""), secs))
-            cur["seconds"] += secs
-            cur["covers"] += chunk
-            if todo:
-                cur = new_call()
-        if not quiet_only:
-            calls.pop()
-    for lesson in experiment:
-        steps = lesson_steps([r for r in recs if r["lesson"] == lesson], root, unit_tests=not calls)
-        secs = sum(s for _, _, s in steps)
-        cur = calls[-1] if calls else None
-        if cur is None or cur["seconds"] + secs > CALL_LIMIT_S:
-            cur = new_call()
-        cur["steps"] += steps
-        cur["seconds"] += secs
-        cur["covers"] += [r["path"] for r in recs if r["lesson"] == lesson]
+    def cost(work, unit_tests):
+        return sum(s for _, _, s in _steps(work, root, unit_tests, False))
+
+    def merged(a, b):
+        return {k: a[k] + b[k] for k in a}
+    # the plumbing's quiet pass first (it decides what carries forward), split where it is longer than a call
+    todo = list(plumbing)
+    while todo:
+        chunk: list = []
+        while todo and (not chunk or cost({"quiet": chunk + todo[:1], "adverse": [], "stability": []}, not calls)
+                        <= CALL_LIMIT_S):
+            chunk.append(todo.pop(0))
+        calls.append({"work": {"quiet": chunk, "adverse": [], "stability": []}, "covers": list(chunk)})
+    for lesson in experiment:  # first fit: the first call it still fits in, else a new one
+        w = works[lesson]
+        cur = next((c for k, c in enumerate(calls) if cost(merged(c["work"], w), k == 0) <= CALL_LIMIT_S), None)
+        if cur is None:
+            cur = {"work": {"quiet": [], "adverse": [], "stability": []}, "covers": []}
+            calls.append(cur)
+        cur["work"] = merged(cur["work"], w)
+        cur["covers"] += [r["path"] for r in by_lesson[lesson]]
+    stale_quiet = sorted(r["path"] for r in recs if r["latest"])
+    for k, call in enumerate(calls):
+        every = len(calls) == 1 and sorted(call["work"]["quiet"]) == stale_quiet and not experiment
+        call["steps"] = _steps(call["work"], root, k == 0, every)
+        call["seconds"] = sum(s for _, _, s in call["steps"])
     carry = [r["path"] for r in recs if r["stability"]["state"] == "carry"
              or any(a["state"] == "carry" for a in r.get("adverse", {}).values())]
     return {"status": recs, "calls": calls, "carry": carry}
