@@ -25,7 +25,7 @@ WORKERS ?= $(shell $(PY) -c 'import os; print(min(4, len(os.sched_getaffinity(0)
 XDIST := $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadscope)
 NOTEBOOKS := notebooks solutions exercises
 
-.PHONY: help setup run test test-lib test-notebooks check lab gpu-suite notebooks exercises clean docker
+.PHONY: help setup run test test-lib test-notebooks check lab gpu-suite notebooks exercises publish clean docker
 
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
@@ -35,6 +35,7 @@ help:
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 	@echo "make docker     build the course's image (CUDA, torch, FlashInfer's kernel built, JupyterLab on 8888)"
+	@echo "make publish URL=https://github.com/OWNER/pinlab   the course's address in every install cell, outputs kept"
 
 # Reinstalls whenever pyproject.toml (the dependencies) or this Makefile changes.
 $(STAMP): pyproject.toml Makefile
@@ -89,6 +90,12 @@ lab: setup
 # Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".
 gpu-suite:
 	$(PY) tools/gpu_suite.py $(ARGS)
+
+# Publishing: the course's address written once (pyproject.toml) and into the install cell of every source, notebook
+# and exercise (tools/install_cell.py --publish); every output, the GPU evidence and the site stay as they are. URL
+# reaches the tool single-quoted and unexpanded, e.g. make publish URL=https://github.com/OWNER/pinlab
+publish:
+	$(PY) tools/install_cell.py --publish $(call shq,$(value URL))
 
 # Authoring: rebuild .ipynb files from their percent-format sources; regenerate exercises from solutions.
 notebooks: setup

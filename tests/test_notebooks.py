@@ -92,6 +92,13 @@ def test_source_sha256_definition():
 
     nb = {"cells": [{"source": ["a\n", "b"]}, {"source": "c"}]}
     assert nbtools.source_sha256(nb) == hashlib.sha256("a\nb\n\nc".encode()).hexdigest()
+    # the install cell counts as its first line only: publishing (a new address in it) changes no evidence
+    cell = {"cell_type": "code", "source": nbtools.INSTALL_MARK + "\npip install x @ git+https://a.org/p"}
+    other = dict(cell, source=nbtools.INSTALL_MARK + "\nraise ModuleNotFoundError('no address')")
+    assert nbtools.source_sha256({"cells": [cell, {"source": "c"}]}) == nbtools.source_sha256(
+        {"cells": [other, {"source": "c"}]}) == hashlib.sha256((nbtools.INSTALL_MARK + "\n\nc").encode()).hexdigest()
+    edited = dict(cell, source="x = 1\n" + cell["source"])  # a cell that merely contains the mark is code as any
+    assert nbtools.source_sha256({"cells": [edited]}) != nbtools.source_sha256({"cells": [cell]})
 
 
 @pytest.mark.parametrize("stem", sorted(p.stem for p in (ROOT / "solutions" / "src").glob("*.py")))

@@ -239,10 +239,70 @@ def test_the_install_cell_keeps_the_platforms_torch(tmp_path):
     assert not any("jupyterlab" in " ".join(c) or "[" in " ".join(c) for c in calls), "no JupyterLab, no extra"
 
 
-def test_the_placeholder_install_cell_says_what_to_do(tmp_path):
-    out, calls = _run_cell(tmp_path, install_cell.source(install_cell.REPOSITORY_FALLBACK), ["pinlab"])
-    assert calls == [] and out.count("\n") == 1 and "make lab" in out and "[project.urls] Repository" in out
-    assert "REPLACE-ME" not in out
+def test_the_placeholder_install_cell_stops_the_notebook_with_what_to_do(tmp_path):
+    """With the placeholder address the cell raises (the next cell would fail on `import pinlab` otherwise), one
+    sentence naming what to do; where pinlab imports it does nothing (above)."""
+    (tmp_path / "cell.py").write_text(install_cell.source(install_cell.REPOSITORY_FALLBACK))
+    (tmp_path / "run.py").write_text(_RUN_CELL)
+    res = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "cell.py"), json.dumps(["pinlab"])],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "CALLS" not in res.stdout, res.stdout
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: pinlab is not installed here") and "make lab" in last
+    assert "make publish URL=" in last and "REPLACE-ME" not in last
+
+
+@pytest.mark.parametrize("url, ok", [
+    ("https://github.com/someone/pinlab", True), ("https://gitlab.example.org:8443/a/b/pinlab/", True),
+    ("file:///home/me/pinlab", True), ("file://localhost/home/me/pinlab", True),
+    (install_cell.REPOSITORY_FALLBACK, False), ("", False), ("/home/me/pinlab", False), ("http://x.org/p", False),
+    ("https://github.com/a/b c", False), ('https://github.com/a/b"; rm -rf /', False), ("git@github.com:a/b", False)])
+def test_publish_takes_an_address_pip_can_install_and_names_what_to_write_instead(url, ok):
+    if ok:
+        assert install_cell.check_url(url) == url.rstrip("/")
+    else:
+        with pytest.raises(ValueError, match="URL"):
+            install_cell.check_url(url)
+
+
+@pytest.mark.slow
+def test_publishing_keeps_every_output_the_evidence_and_the_site(tmp_path):
+    """The publish step in a scratch clone with a real-looking address: pyproject.toml and every install cell
+    carry it (sources, notebooks, exercises); no output changes, every GPU-evidence test and the notebook and
+    exercise checks still pass, and the site's pages still say their outputs are the GPU suite's."""
+    clone = tmp_path / "clone"
+    _local_clone(clone)
+    before = {p.relative_to(clone): [c.get("outputs") for c in nbtools.load(p)["cells"]]
+              for p in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS, clone)}
+    url = "https://github.com/someone/pinlab"
+    res = subprocess.run([sys.executable, "tools/install_cell.py", "--publish", url], cwd=clone, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f'Repository = "{url}"' in (clone / "pyproject.toml").read_text()
+    for p in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS, clone):
+        nb = nbtools.load(p)
+        assert [c.get("outputs") for c in nb["cells"]] == before[p.relative_to(clone)], p
+        assert sum(f"git+{url}" in "".join(c["source"]) for c in nb["cells"]) == 1, p
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINLAB_")}
+    for cmd in (["tools/install_cell.py", "--check"], ["tools/nbbuild.py", "--check"],
+                ["tools/make_exercises.py", "--check"]):
+        r = subprocess.run([sys.executable, *cmd], cwd=clone, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr[-2000:])
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        "tests/test_evidence.py", "tests/test_adverse.py", "tests/test_scope.py", "-k",
+                        "covers_notebook or committed_outputs or adverse_evidence or latest_json_records or carried"],
+                       cwd=clone, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    sys.path.insert(0, str(clone / "tools"))
+    try:
+        import build_site
+        report = build_site.gpu_report(clone)
+        for p in nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS, clone):
+            kind, sentence = build_site.provenance(p.relative_to(clone).as_posix(), nbtools.load(p), report)
+            assert kind == "gpu" and "edited since" not in sentence, (p, sentence)
+        assert build_site.colab_url(url, "notebooks/01_pinned_memory.ipynb")
+    finally:
+        sys.path.remove(str(clone / "tools"))
 
 
 def _local_clone(dest: Path) -> str:

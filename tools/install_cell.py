@@ -13,8 +13,14 @@ torch; torch too only where none is installed), then the course itself with ``--
 torch and Jupyter stay as they are and no JupyterLab is installed (the ``lab`` extra is not asked for). The wheel
 carries the recorded GPU run (``pinlab._recorded``), so every lesson replays without a GPU there too.
 
-While that address is the placeholder (``REPLACE-ME``), the cell installs nothing and says in one sentence what to
-do instead: clone the course and run ``make lab``, or write the address and run ``make notebooks``.
+While that address is the placeholder (``REPLACE-ME``), the cell installs nothing and stops the notebook with one
+sentence (a ``ModuleNotFoundError``) saying what to do instead: clone the course and run ``make lab``.
+
+Publishing (``make publish URL=https://github.com/OWNER/pinlab``, :func:`publish`) writes the address into
+pyproject.toml and the install cell into every source, notebook and exercise: no output, no GPU evidence (the GPU
+suite's hashes leave the install cell out: ``nbtools.evidence_source``) and no page of the site changes but that
+cell. A local clone's address is ``file:///abs/path`` (pip's form; ``file://localhost/abs/path`` where a pip wants
+a host).
 
 It imports neither torch nor pinlab (the site build, in its light venv, reads the address through it).
 """
@@ -26,12 +32,14 @@ import re
 import sys
 from pathlib import Path
 
+import nbtools
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("notebooks/src", "solutions/src")
 #: where the course lives when pyproject.toml names no [project.urls] Repository (it does: edit it there)
 REPOSITORY_FALLBACK = "https://github.com/REPLACE-ME/pinlab"
 #: the first line of the cell: how the tool (and the tests) find it again
-MARK = "# Install cell: on Colab, or in any Python without the course, run this first."
+MARK = nbtools.INSTALL_MARK
 _CELL = re.compile(r"^# %%(?P<md> \[markdown\])?(?:\s+tags=\[.*\])?\s*$")
 
 
@@ -79,9 +87,9 @@ def source(repo: str | None = None, root: Path = ROOT) -> str:
             'if importlib.util.find_spec("pinlab") is None:']
     if is_placeholder(repo):
         return "\n".join(head + [
-            '    print("pinlab is not installed here, and this copy of the course names no address to install "',
-            '          "it from: clone the course and run `make lab` in it (or write its address in "',
-            '          "pyproject.toml\'s [project.urls] Repository and run `make notebooks`).")'])
+            '    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "',
+            '                              "to install it from: clone the course and run `make lab` in it (whoever "',
+            '                              "publishes the course runs `make publish URL=<its address>`).")'])
     reqs = requirements(root)
     torch = [r for r in reqs if _name(r) == "torch"]
     light = [r for r in reqs if _name(r) != "torch"]
@@ -139,12 +147,81 @@ def write(root: Path = ROOT) -> list[Path]:
     return out
 
 
+_URL = re.compile(r"^(https://[A-Za-z0-9.-]+(:[0-9]+)?/[^\s\"']+|file://(localhost)?/[^\s\"']+)$")
+
+
+def check_url(url) -> str:
+    """``url`` if it can be the course's address: ``https://HOST/PATH`` (pip installs ``git+`` of it) or a local
+    clone's ``file:///abs/path`` / ``file://localhost/abs/path``; anything else (the placeholder, a bare path,
+    ``http://``, ``ssh``, quotes or spaces) is refused with what to write instead."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("URL must be the course's address, e.g. make publish URL=https://github.com/OWNER/pinlab")
+    url = url.strip().rstrip("/")
+    if is_placeholder(url):
+        raise ValueError(f"URL is still the placeholder ({url}): give the course's real address, e.g. "
+                         "https://github.com/OWNER/pinlab")
+    if not _URL.match(url):
+        raise ValueError(f"URL {url!r} is not an address pip can install the course from: write "
+                         "https://HOST/OWNER/pinlab, or file:///abs/path/to/a/clone (file://localhost/abs/path "
+                         "where your pip wants a host)")
+    return url
+
+
+def set_repository(url: str, root: Path = ROOT) -> None:
+    """Write ``url`` as pyproject.toml's ``[project.urls] Repository`` (the one place the address is written)."""
+    path = root / "pyproject.toml"
+    text = path.read_text(encoding="utf-8")
+    new, n = re.subn(r'(^\[project\.urls\]\s*$(?:(?!^\[).)*?^\s*Repository\s*=\s*)"[^"]*"', rf'\1"{url}"', text,
+                     count=1, flags=re.M | re.S)
+    if n != 1:
+        raise ValueError("pyproject.toml has no [project.urls] Repository line to write the address into")
+    path.write_text(new, encoding="utf-8")
+
+
+def write_notebooks(root: Path = ROOT) -> list[Path]:
+    """Write the install cell into every committed notebook (notebooks/, solutions/, exercises/) where it differs,
+    in place: only that cell's source changes, every output and cell id stays. Returns those rewritten."""
+    cell, out = source(root=root), []
+    for path in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS, root):
+        nb = nbtools.load(path)
+        hits = [c for c in nb["cells"] if c["cell_type"] == "code" and nbtools.evidence_source(c) == MARK]
+        if len(hits) != 1:
+            raise ValueError(f"{path.relative_to(root)} has {len(hits)} install cells, not one: run `make notebooks`")
+        lines = nbtools._lines(cell)
+        if hits[0]["source"] != lines:
+            hits[0]["source"] = lines
+            nbtools.save(nb, path)
+            out.append(path)
+    return out
+
+
+def publish(url: str, root: Path = ROOT) -> list[Path]:
+    """The course at ``url``: the address in pyproject.toml, the install cell in every source and every committed
+    notebook (outputs kept; the GPU evidence does not see that cell). Returns the files written."""
+    url = check_url(url)
+    set_repository(url, root)
+    return [root / "pyproject.toml"] + write(root) + write_notebooks(root)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--write", action="store_true", help="write the install cell into every notebook source")
     ap.add_argument("--check", action="store_true", help="exit 1 when one is missing or out of date")
+    ap.add_argument("--publish", metavar="URL", help="publish the course at URL: the address in pyproject.toml and "
+                                                      "the install cell in every source and notebook, outputs kept")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.publish is not None:
+        try:
+            written = publish(args.publish, args.root)
+        except ValueError as exc:
+            print(f"install_cell.py --publish: {exc}", file=sys.stderr)
+            return 2
+        for p in written:
+            print("wrote", p.relative_to(args.root).as_posix())
+        print(f"published at {repository_url(args.root)}: every notebook keeps its outputs and its GPU evidence; "
+              "commit the files above (the site shows the Colab links after `make site`)")
+        return 0
     found = write(args.root) if args.write else stale(args.root)
     verb = "wrote the install cell into" if args.write else "install cell missing or out of date:"
     for p in found:

@@ -80,13 +80,24 @@ def load_definition(path: Path, name: str, namespace: dict):
     return namespace[name]
 
 
+#: the first line of the install cell (tools/install_cell.py writes the cell; the GPU evidence leaves it out)
+INSTALL_MARK = "# Install cell: on Colab, or in any Python without the course, run this first."
+
+
+def evidence_source(cell) -> str:
+    """A cell's source as the GPU evidence sees it: the install cell as its first line only, so that writing the
+    course's address into it (``make publish``) changes no notebook's evidence; every other cell as it is."""
+    src = cell["source"]
+    src = "".join(src) if isinstance(src, list) else src
+    if cell.get("cell_type") == "code" and src.startswith(INSTALL_MARK):
+        return INSTALL_MARK
+    return src
+
+
 def source_sha256(nb: dict) -> str:
-    """sha256 of every cell's source joined with blank lines (the GPU report's source_sha256)."""
-    sources = []
-    for cell in nb["cells"]:
-        src = cell["source"]
-        sources.append("".join(src) if isinstance(src, list) else src)
-    return hashlib.sha256("\n\n".join(sources).encode("utf-8")).hexdigest()
+    """sha256 of every cell's source (:func:`evidence_source`: the install cell as its mark) joined with blank lines
+    (the GPU report's source_sha256)."""
+    return hashlib.sha256("\n\n".join(evidence_source(c) for c in nb["cells"]).encode("utf-8")).hexdigest()
 
 
 def files_sha256(rel_paths, root: Path = ROOT) -> str:
@@ -144,10 +155,10 @@ def _lines(src: str) -> list[str]:
 
 
 def to_notebook(cells: list[dict], old: dict | None = None) -> dict:
-    """Build a notebook from parsed cells. Outputs of ``old`` are kept only if no code cell changed."""
+    """Build a notebook from parsed cells. Outputs of ``old`` are kept only if no code cell changed (the install
+    cell aside: a new address in it changes no output, :func:`evidence_source`)."""
     def key(c):
-        src = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
-        return (c["cell_type"], src, tuple(c.get("tags") or c.get("metadata", {}).get("tags", [])))
+        return (c["cell_type"], evidence_source(c), tuple(c.get("tags") or c.get("metadata", {}).get("tags", [])))
 
     keep = old is not None and [key(c) for c in cells if c["cell_type"] == "code"] == [
         key(c) for c in old["cells"] if c["cell_type"] == "code"]

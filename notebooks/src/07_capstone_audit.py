@@ -26,9 +26,9 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    print("pinlab is not installed here, and this copy of the course names no address to install "
-          "it from: clone the course and run `make lab` in it (or write its address in "
-          "pyproject.toml's [project.urls] Repository and run `make notebooks`).")
+    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
+                              "to install it from: clone the course and run `make lab` in it (whoever "
+                              "publishes the course runs `make publish URL=<its address>`).")
 
 # %% tags=["nbval-ignore-output"]
 import gc
