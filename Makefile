@@ -86,7 +86,7 @@ shq = '$(subst ','\'',$(1))'
 lab: setup
 	$(VPY) tools/lab.py --python $(VPY) --ip $(call shq,$(value LAB_IP)) --port $(call shq,$(value LAB_PORT)) $(if $(and $(filter command line,$(origin ALLOW_ROOT)),$(filter 1,$(ALLOW_ROOT))),--allow-root) --work $(call shq,$(value LAB_WORK)) --lab-args=$(call shq,$(value LAB_ARGS))
 
-# On a GPU host: see README "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
+# On a GPU host: see CONTRIBUTING.md, "Running the GPU suite". Uses the Python on PATH (no venv): the host's torch.
 # Arguments through ARGS, e.g. make gpu-suite ARGS="--only 04" or ARGS="--repeat 5".
 gpu-suite:
 	$(PY) tools/gpu_suite.py $(ARGS)

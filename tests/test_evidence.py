@@ -23,7 +23,7 @@ ROOT = nbtools.ROOT
 GPU_SUITE = nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS)
 REPORT = ROOT / "reports" / "gpu" / "latest.json"
 STABILITY = ROOT / "reports" / "gpu" / "stability.json"
-RUN_SUITE = "run `python3 tools/gpu_suite.py` on a CUDA machine (README: Running the GPU suite) and commit reports/gpu/"
+RUN_SUITE = "run `python3 tools/gpu_suite.py` on a CUDA machine (CONTRIBUTING.md: Running the GPU suite) and commit reports/gpu/"
 
 
 def _id(p):

@@ -370,3 +370,18 @@ def test_notebook_00_runs_in_a_fresh_kernel_after_its_install_cell(tmp_path):
                             "print(r.data_location()[1])"], cwd=run_dir, env=env, capture_output=True, text=True)
     path, location = where.stdout.split()
     assert path.startswith(str(venv)) and location == "package", where.stdout + where.stderr
+
+
+def test_the_readme_first_screen_says_who_it_is_for_and_shows_the_latest_runs_figure():
+    """Issue 49: a learner-first README: who the course is for and a figure, before the commands; the figure is
+    lesson 03's as the committed notebook shows it (tools/readme_figure.py copies it after a new GPU run)."""
+    import readme_figure
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = text.split("## Quickstart", 1)[0]
+    assert "**For engineers who" in first and f"]({readme_figure.FIGURE})" in first
+    assert (ROOT / readme_figure.FIGURE).read_bytes() == readme_figure.figure(), (
+        "docs/img/the_race.png is not the figure of notebooks/03_the_race.ipynb: run "
+        "`python3 tools/readme_figure.py --write`")
+    assert "## Running the GPU suite" not in text and "## Running the GPU suite" in (
+        ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8"), "maintainer material lives in CONTRIBUTING.md"

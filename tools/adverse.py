@@ -1,4 +1,4 @@
-"""The GPU suite's adverse pass (``python3 tools/gpu_suite.py --adverse ...``, whose docstring and the README's
+"""The GPU suite's adverse pass (``python3 tools/gpu_suite.py --adverse ...``, whose docstring and CONTRIBUTING.md's
 "Running the GPU suite" say what it does): strict nbval of notebooks/ under conditions an H200 imitates
 (evidence.ADVERSE_CONDITIONS), each pytest process in its own copy of the course; it writes
 reports/gpu/adverse.json and adverse.log, and counts the passes of (a) and (b) as runs in stability.json.
@@ -346,7 +346,7 @@ def stability_from_adverse(procs: list[dict], deps: dict, meta: dict, root: Path
 
 
 def run_adverse(args, argv, meta: dict, t_start: float) -> int:
-    """--adverse / --adverse-together: see the module doc and README (Running the GPU suite)."""
+    """--adverse / --adverse-together: see the module doc and CONTRIBUTING.md (Running the GPU suite)."""
     paths = select(nbtools.notebook_paths(("notebooks",)), args.only)
     if not paths:
         print(f"gpu_suite: no notebook under notebooks/ has a name containing any of {args.only}")

@@ -638,7 +638,7 @@ def adverse_problems(report: dict | None, paths, root: Path = ROOT, stale=None) 
     command that renews it."""
     stale = (lambda e: freshness(e, root)) if stale is None else stale
     if report is None:
-        return [f"no reports/gpu/adverse.json: run `{ADVERSE_RENEW}` on a CUDA machine (README: Running the GPU "
+        return [f"no reports/gpu/adverse.json: run `{ADVERSE_RENEW}` on a CUDA machine (CONTRIBUTING.md: Running the GPU "
                 "suite) and commit reports/gpu/"]
     problems = [f"reports/gpu/adverse.json lacks {k}: run `{ADVERSE_RENEW}`"
                 for k in ("gpu", "driver", "torch", "cuda", "flashinfer", "python", "utc", "conditions") if k not in report]

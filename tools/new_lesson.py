@@ -18,7 +18,7 @@ It writes, for lesson ``NN`` with file stem ``NN_<name>``:
 It refuses a number or a name already taken, and writes nothing then. Afterwards: replace the example with the
 lesson, give it a place in a ``WORKSHOP`` part of the syllabus, run ``python3 tools/syllabus.py --write``
 (minutes, README and workshop copies) and ``make notebooks exercises`` (the notebooks, their install cells, the
-exercise), then the GPU suite for its evidence (README: Running the GPU suite)."""
+exercise), then the GPU suite for its evidence (CONTRIBUTING.md: Running the GPU suite)."""
 from __future__ import annotations
 
 import argparse
