@@ -86,6 +86,21 @@ def test_provenance_says_where_outputs_come_from():
     assert build_site.provenance("notebooks/01_x.ipynb", nb, failed)[0] == "failed"
 
 
+def test_a_lesson_page_says_its_place_in_the_course_and_its_minutes():
+    rows = build_site.syllabus_rows()
+    assert len(rows) >= 10
+    k = next(i for i, r in enumerate(rows, 1) if r["lesson"] == "03")
+    for folder in ("notebooks", "exercises", "solutions"):
+        line = build_site.lesson_place(f"{folder}/03_the_race.ipynb", rows)
+        assert line == f"Lesson 03 ({k} of {len(rows)}) · {rows[k - 1]['minutes']} minutes, lesson + exercise · core path"
+    line00 = build_site.lesson_place("notebooks/00_start_here.ipynb", rows)
+    assert line00.startswith(f"Lesson 00 (1 of {len(rows)}) · ") and "lesson + exercise" not in line00
+    assert build_site.lesson_place("notebooks/99_none.ipynb", rows) is None
+    page = build_site._page(_nb(True), "notebooks/03_the_race.ipynb", "gpu", "Outputs recorded.", None, line)
+    top = page["cells"][0]["source"]
+    assert top.index('<p class="lesson-place">') < top.index('<p class="provenance gpu">')
+
+
 def test_provenance_of_make_run():
     rows = [build_site.RunRow("notebooks/01_x.ipynb", "CPU replay", 1.0, "ok"),
             build_site.RunRow("notebooks/02_y.ipynb", "CPU replay", 1.0, "FAILED")]
@@ -312,6 +327,9 @@ def test_site_builds_from_committed_notebooks_without_executing_them(site):
         html = (site["out"] / rel).with_suffix(".html").read_text(encoding="utf-8")
         # unescaped: a sentence with an apostrophe ("The page's text has been edited") is &#x27; in the HTML
         assert 'class="provenance' in html and page["provenance"].split(":")[0] in html_lib.unescape(html), rel
+        stem = Path(rel).stem
+        assert ('class="lesson-place"' in html) == any(Path(r["path"]).stem == stem
+                                                       for r in build_site.syllabus_rows()), rel
         # the committed outputs are on the page exactly when the line says there are some
         assert (page["kind"] == "not-executed") == ("cell_output" not in html), rel
 
@@ -421,8 +439,14 @@ Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i
     const wideCode = Array.from(document.querySelectorAll('div.cell_input pre, div.highlight pre'))
       .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 80));
     const article = document.querySelector('article') || document.body;
-    const wideImages = imgs.filter(i => i.getBoundingClientRect().width > article.getBoundingClientRect().width + 1)
+    // a figure wider than the column is one only where no box of its own scrolls it (a phone's figures do)
+    const scrolls = i => { const b = i.closest('a.image-reference');
+      return !!b && getComputedStyle(b).overflowX === 'auto' && b.getBoundingClientRect().width <= article.getBoundingClientRect().width + 1; };
+    const wideImages = imgs.filter(i => i.getBoundingClientRect().width > article.getBoundingClientRect().width + 1 && !scrolls(i))
       .map(i => i.getAttribute('alt') || i.src);
+    // a plot's smallest text: 9 pt, drawn at 100 dpi (12.5 px) at its width attribute (pinlab.plots' style)
+    const figureText = imgs.filter(i => i.closest('div.cell_output') && i.getAttribute('width'))
+      .map(i => ({alt: i.getAttribute('alt'), px: 12.5 * i.getBoundingClientRect().width / Number(i.getAttribute('width'))}));
     const firstCode = document.querySelector('div.cell_input pre');
     const runIt = document.querySelector('.run-it');
     done({
@@ -430,6 +454,7 @@ Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i
       wideOutputs: wide,
       wideCode: wideCode,
       wideImages: wideImages,
+      figureText: figureText,
       codeBlocks: document.querySelectorAll('div.cell_input div.highlight pre').length,
       copyButtons: document.querySelectorAll('div.cell_input button.copybtn').length,
       outputCopyButtons: document.querySelectorAll('div.output button.copybtn').length,
@@ -538,7 +563,9 @@ def _layout(driver, url: str, width: int = 1400) -> dict:
 @pytest.mark.parametrize("width", [1400, 390])
 def test_lesson_pages_wrap_code_and_outputs_and_offer_copy_and_run_it(site, browser, serve, width):
     """At 1400 px and at a phone's 390 px a lesson page has no horizontal scroll (code and outputs wrap; a wide
-    table scrolls inside its own box), no figure is wider than the column, every code cell has a copy button
+    table scrolls inside its own box), no figure is wider than the column but in a box that scrolls it, every
+    figure's smallest text (9 pt) shows at 9 px or more (issue 49: at 390 px a figure keeps 552 px and scrolls in
+    its box), every code cell has a copy button
     (outputs have none), the "run it" row is under the title and the first code cell is the install cell."""
     base = serve(site["out"])
     problems = []
@@ -549,6 +576,10 @@ def test_lesson_pages_wrap_code_and_outputs_and_offer_copy_and_run_it(site, brow
         problems += [f"{rel}: an output scrolls sideways at {width} px: {w!r}" for w in facts["wideOutputs"]]
         problems += [f"{rel}: a code block scrolls sideways at {width} px: {w!r}" for w in facts["wideCode"]]
         problems += [f"{rel}: a figure is wider than the column at {width} px: {w!r}" for w in facts["wideImages"]]
+        problems += [f"{rel}: a figure's 9-pt text shows at {f['px']:.1f} px at {width} px (under 9): {f['alt']!r}"
+                     for f in facts["figureText"] if f["px"] < 9]
+        problems += [f"{rel}: a figure shows larger than drawn ({f['px']:.1f} px for 12.5) at {width} px: {f['alt']!r}"
+                     for f in facts["figureText"] if width < 600 and f["px"] > 12.6]
         if facts["codeBlocks"] and facts["copyButtons"] < facts["codeBlocks"]:
             problems.append(f"{rel}: {facts['copyButtons']} copy buttons for {facts['codeBlocks']} code cells")
         if facts["outputCopyButtons"]:

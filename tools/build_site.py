@@ -330,13 +330,30 @@ def _tidy_outputs(cell: dict) -> None:
     cell["outputs"] = [o for o in merged if o.get("output_type") != "stream" or o["text"].strip()]
 
 
-def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None) -> dict:
-    """The notebook as a page: a title, the provenance line and the "run it" row under it, tidy outputs
-    (progress bars, no host paths), alt texts for its plots."""
+def lesson_place(rel: str, rows: list[dict]) -> str | None:
+    """Where a lesson's page stands in the course, for the line under its title: "Lesson 03 (5 of 11) · 65 + 15
+    minutes, lesson + exercise · core path" (``rows``: :func:`syllabus_rows`); None for a page of no lesson."""
+    stem = Path(rel).stem
+    for k, r in enumerate(rows, 1):
+        if Path(r["path"]).stem == stem:
+            minutes = str(r["minutes"])
+            what = "lesson + exercise" if "+" in minutes else "lesson"
+            path = "core path" if r.get("core") == "core" else ("deep dive" if r.get("core") else "")
+            return (f"Lesson {r['lesson']} ({k} of {len(rows)}) · {minutes} minutes, {what}"
+                    + (f" · {path}" if path else ""))
+    return None
+
+
+def _page(nb: dict, rel: str, kind: str, sentence: str, repo: str | None = None, place: str | None = None) -> dict:
+    """The notebook as a page: a title, the lesson's place in the course (``place``, :func:`lesson_place`), the
+    provenance line and the "run it" row under it, tidy outputs (progress bars, no host paths), alt texts for its
+    plots."""
     nb = json.loads(json.dumps(nb))
     folder = rel.split("/", 1)[0]
     # one line (a blank line in a recorded value would end the HTML block), every recorded value in it escaped
     line = f'<p class="provenance {html.escape(kind)}">{html.escape(" ".join(sentence.split()))}</p>'
+    if place:
+        line = f'<p class="lesson-place">{html.escape(place)}</p>\n\n' + line
     if repo:
         line += "\n\n" + run_it_row(rel, repo)
     cells = nb.setdefault("cells", [])
@@ -508,6 +525,7 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
     repo = repository_url(root)
     pages: dict[str, dict] = {}
     linked: set[str] = set()
+    rows = syllabus_rows(root)
     for folder in SECTIONS:
         for path in sorted((root / folder).glob("*.ipynb")):
             rel = path.relative_to(root).as_posix()
@@ -516,7 +534,7 @@ def stage(dest: Path, *, root: Path = ROOT, run: Run | None = None) -> dict[str,
                 src = run.executed_root / rel
             nb = json.loads(src.read_text(encoding="utf-8"))
             kind, sentence = provenance(rel, nb, report, run)
-            page = _page(nb, rel, kind, sentence, repo)
+            page = _page(nb, rel, kind, sentence, repo, lesson_place(rel, rows))
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_text(json.dumps(page, ensure_ascii=False), encoding="utf-8")
             pages[rel] = {"title": title_of(page), "kind": kind, "provenance": sentence, "source": src}
