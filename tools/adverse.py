@@ -53,11 +53,6 @@ def adverse_plan(ids, together: bool, everything: bool = False) -> list[list[str
     return [[i] for i in sorted(ids)] + ([list(TOGETHER)] if together else [])
 
 
-def plan_groups(args) -> list[list[str]]:
-    """:func:`adverse_plan` of a call's arguments."""
-    return adverse_plan(args.adverse, args.adverse_together, getattr(args, "adverse_all_together", False))
-
-
 def split_cores(cores, group) -> dict:
     """The CPU cores each condition of ``group`` is pinned to (None: not pinned). (b) takes the first two of
     ``cores`` (this process's, sorted); with (b) in a group of several, the others share the remaining cores
@@ -359,13 +354,13 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
         if not d["fresh_latest"]:
             print(f"note: {rel}: its latest.json entry {d['latest_entry']}: its deps may be out of date (run the "
                   "plain suite first, or this notebook's adverse evidence may go stale when it does)", flush=True)
-    groups = plan_groups(args)
+    groups = adverse_plan(args.adverse, args.adverse_together, getattr(args, "adverse_all_together", False))
     out_dir = ROOT / "build" / "gpu-suite" if args.cpu_dry_run else REPORTS
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python3 tools/gpu_suite.py " + " ".join(argv)
     recorded = {e.get("path"): e.get("nbval_seconds") or e.get("seconds") for e in latest.get("notebooks", [])}
     deadline = t_start + args.budget - 5 if args.budget else None
-    planned = plan.estimate(rels, "adverse") * len(plan_groups(args))
+    planned = plan.estimate(rels, "adverse") * len(groups)
     print(f"planned: about {planned:.0f} s (tools/plan.py's estimate from the recorded seconds)", flush=True)
     print(f"adverse conditions on {meta['gpu']} (torch {meta['torch']}, FlashInfer {meta['flashinfer']}): "
           + " then ".join("+".join(f"({c})" for c in g) + (" at once" if len(g) > 1 else "") for g in groups)

@@ -73,23 +73,6 @@ def _lesson(rel: str) -> str:
     return scope.lesson_id(rel) or Path(rel).stem
 
 
-def _state(entry: dict | None, check, latest_row: dict | None, root: Path) -> tuple[str, str | None]:
-    """("holds" | "carry" | "renew", why) of one stability or adverse entry: "carry" where only plumbing changed
-    and the quiet pass on this tree is still to run (it decides); "renew" where the runs prove nothing for this
-    tree (none, source or experiment changed), or the quiet pass ran and claims otherwise."""
-    if entry is None:
-        return "renew", "none recorded"
-    why = scope.experiment_problem(entry, root)
-    if why:
-        return "renew", why
-    why = check(entry)
-    if why is None:
-        return "holds", None
-    if latest_row is not None and evidence.freshness(latest_row, root) is None:
-        return "renew", why
-    return "carry", why
-
-
 def status(root: Path = ROOT) -> list[dict]:
     """Per notebook of the suite: what its three proofs need. ``latest``: why the quiet pass is stale (None: it
     holds); ``stability`` and each adverse condition: {state: "holds" | "carry" | "renew", why}; ``runs``: the
@@ -100,7 +83,6 @@ def status(root: Path = ROOT) -> list[dict]:
     adverse = _load(reports / "adverse.json") or {}
     conds = {c.get("id"): {e.get("path"): e for e in c.get("notebooks", [])} for c in adverse.get("conditions", [])}
     rows = scope.latest_rows(latest)
-    check = scope.stale_check(latest, root)
     out = []
     for p in nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS, root):
         rel = p.relative_to(root).as_posix()
@@ -111,7 +93,7 @@ def status(root: Path = ROOT) -> list[dict]:
         rec = {"path": rel, "lesson": _lesson(rel), "latest": latest_why,
                "changed": nbtools.changed_files(row["deps_files"], root) if row and row.get("deps_files") else []}
         e = stab.get(rel)
-        state, why = _state(e, check, row, root)
+        state, why = scope.entry_state(e, row, root) if e is not None else ("renew", "none recorded")
         held = 0
         if state != "renew":
             counts = evidence.stability_problems(e, root, stale=lambda _: None)  # runs, passes, claims per run
@@ -125,7 +107,7 @@ def status(root: Path = ROOT) -> list[dict]:
             adv = {}
             for cid, spec in evidence.ADVERSE_CONDITIONS.items():
                 ae = conds.get(cid, {}).get(rel)
-                state, why = _state(ae, check, row, root)
+                state, why = scope.entry_state(ae, row, root) if ae is not None else ("renew", "none recorded")
                 runs = (ae or {}).get("runs") or []
                 if state != "renew" and (len(runs) != spec["learners"]
                                          or not all(evidence.adverse_run_passed(r, skips) for r in runs)):

@@ -20,6 +20,7 @@ Pure logic over files: no torch, no kernel (tools/gpu_suite.py, tools/adverse.py
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def lesson_id(path) -> str | None:
 
 def role(rel: str) -> str | None:
     """What a lib file is to the evidence: "measured", "plumbing", "lesson" (lessons/lNN_*.py), "checker"
-    (checks/lNN.py), or None where nobody has classified it yet (tests/test_evidence.py fails on that)."""
+    (checks/lNN.py), or None where nobody has classified it yet (tests/test_scope.py fails on that)."""
     if rel in MEASURED:
         return "measured"
     if rel in PLUMBING:
@@ -239,7 +240,7 @@ def notebook_targets(nb: dict, root: Path = ROOT) -> set[str]:
                 if isinstance(cur, ast.Name) and cur.id == "pinlab":
                     chain.reverse()
                     mod = "pinlab"
-                    for k, part in enumerate(chain):
+                    for part in chain:
                         if _module_file(f"{mod}.{part}", root):
                             mod = f"{mod}.{part}"
                             continue
@@ -343,9 +344,13 @@ def scoped_problem(entry: dict, latest: dict | None, root: Path = ROOT) -> str |
     its latest.json entry, fresh) claims what the entry's runs were taken with (``claims``: the same claims, exact
     values and checker verdicts). An entry recorded before these fields were kept holds only with every dep
     unchanged (:func:`evidence.freshness`)."""
-    why = experiment_problem(entry, root)
-    if why or evidence.freshness(entry, root) is None:
-        return why
+    return experiment_problem(entry, root) or _plumbing_problem(entry, latest, root)
+
+
+def _plumbing_problem(entry: dict, latest: dict | None, root: Path) -> str | None:
+    """:func:`scoped_problem` once :func:`experiment_problem` found nothing: the deps, or the quiet pass's claims."""
+    if evidence.freshness(entry, root) is None:
+        return None
     rel = entry.get("path", "?")
     plumbing = nbtools.changed_files(entry.get("deps_files") or {}, root) or ["one of its deps"]
     if latest is None:
@@ -388,28 +393,39 @@ def latest_rows(latest: dict | None) -> dict:
     return {e.get("path"): e for e in (latest or {}).get("notebooks", []) if isinstance(e, dict)}
 
 
+def entry_state(entry: dict, latest: dict | None, root: Path = ROOT) -> tuple[str, str | None]:
+    """("holds" | "carry" | "renew", why) of a stability.json or adverse.json entry against its notebook's
+    latest.json entry ``latest``: "holds" (:func:`scoped_problem` finds nothing); "carry" where only plumbing
+    changed and the quiet pass on this tree is still to run (it decides); "renew" where the runs prove nothing for
+    this tree: :func:`experiment_problem`, or the quiet pass on this tree ran and claims otherwise."""
+    why = experiment_problem(entry, root)
+    if why:
+        return "renew", why
+    why = _plumbing_problem(entry, latest, root)
+    if why is None:
+        return "holds", None
+    if latest is not None and evidence.freshness(latest, root) is None:
+        return "renew", why
+    return "carry", why
+
+
 def stale_check(latest: dict | None, root: Path = ROOT):
-    """``entry -> why it no longer holds`` (None: it holds) for stability.json and adverse.json entries, scoped by
-    :func:`scoped_problem` against ``latest`` (latest.json as it is now): what evidence.stability_problems,
-    evidence.adverse_problems and evidence.merge_stability take as ``stale``."""
+    """``entry -> why it no longer holds`` (None: it holds) for stability.json and adverse.json entries, scoped
+    against ``latest`` (latest.json as it is now): what evidence.stability_problems, evidence.adverse_problems and
+    evidence.merge_stability take as ``stale``."""
     rows = latest_rows(latest)
-    return lambda entry: scoped_problem(entry, rows.get(entry.get("path")), root)
+    return lambda entry: entry_state(entry, rows.get(entry.get("path")), root)[1]
 
 
 def dead_check(latest: dict | None, root: Path = ROOT):
-    """``entry -> why its runs can never hold again`` (None: they hold, or may once the quiet pass on this tree has
-    run): :func:`experiment_problem`, or the quiet pass on this tree ran and claims otherwise. What
-    evidence.merge_stability drops: a stability entry waiting for its notebook's quiet pass is kept."""
+    """``entry -> why its runs can never hold again`` (:func:`entry_state` "renew"; None: they hold, or may once
+    the quiet pass on this tree has run). What evidence.merge_stability drops: a stability entry waiting for its
+    notebook's quiet pass is kept."""
     rows = latest_rows(latest)
 
     def dead(entry):
-        why = experiment_problem(entry, root)
-        if why or evidence.freshness(entry, root) is None:
-            return why
-        row = rows.get(entry.get("path"))
-        if row is None or evidence.freshness(row, root) is not None:
-            return None  # its quiet pass is still to run: it decides
-        return scoped_problem(entry, row, root)
+        state, why = entry_state(entry, rows.get(entry.get("path")), root)
+        return why if state == "renew" else None
     return dead
 
 
@@ -444,13 +460,13 @@ def record_reports(reports: Path | None = None, root: Path = ROOT) -> list[str]:
     reports = root / "reports" / "gpu" if reports is None else reports
     done = []
     paths = {k: reports / f"{k}.json" for k in ("latest", "stability", "adverse")}
-    data = {k: (evidence.json.loads(p.read_text(encoding="utf-8")) if p.exists() else None) for k, p in paths.items()}
+    data = {k: (json.loads(p.read_text(encoding="utf-8")) if p.exists() else None) for k, p in paths.items()}
     for kind in ("latest", "stability", "adverse"):
         if data[kind] is None:
             continue
         lines = record_missing_scope(data[kind], kind, data["latest"], root)
         if lines:
-            paths[kind].write_text(evidence.json.dumps(data[kind], indent=1) + "\n", encoding="utf-8")
+            paths[kind].write_text(json.dumps(data[kind], indent=1) + "\n", encoding="utf-8")
         done += lines
     return done
 
