@@ -310,8 +310,10 @@ def test_plan_and_cores():
     assert adverse.split_cores(range(16), ["b"]) == {"b": [0, 1]}
     assert adverse.split_cores(range(16), ["a"]) == {"a": None}
     assert adverse.split_cores(range(16), ["c"]) == {"c": None}
-    assert adverse.adverse_factor(["a"], "a") == 2.0 and adverse.adverse_factor(["d"], "d") == 1.0
-    assert adverse.adverse_factor(["b", "c", "d", "e"], "b") == pytest.approx(2.5 * 1.3)
+    assert adverse.adverse_factor(["a"], "a") == pytest.approx(4 / 3) and adverse.adverse_factor(["d"], "d") == 1.0
+    assert adverse.adverse_factor(["b"], "b") == 1.3
+    assert adverse.adverse_factor(["b", "c", "d", "e"], "b") == pytest.approx(1.5)
+    assert adverse.adverse_factor(list("abcde"), "a") == pytest.approx(2.0)
     assert "ran alongside (c), (d), (e)" in adverse.adverse_how(["b", "c", "d", "e"], "b", split)
     assert "each condition pinned to its own CPU cores" in adverse.adverse_how(["b", "c", "d", "e"], "e", split)
     assert "not pinned" in adverse.adverse_how(["b", "c", "d", "e"], "c", {"b": [0, 1], "c": None, "d": None, "e": None})

@@ -70,23 +70,23 @@ def forever_swallowing(*args, **kwargs):
 
 # (checker id, run(fn) -> verdict, the name in its verdict)
 CHECKERS = [
-    ("gbps", checks01.check_gbps, "gbps"),
-    ("n_half", checks01.check_n_half, "n_half"),
-    ("stall_threshold", checks02.check_stall_threshold, "stall_threshold"),
-    ("gpu_idle_share", checks02.check_gpu_idle_share, "gpu_idle_share"),
-    ("step_without_syncs", checks02.check_step_without_syncs, "step_without_syncs"),
-    ("indptr_last_page_len", checks03.check_indptr_last_page_len, "indptr_last_page_len"),
-    ("copies_correct", checks03.check_copies_correct, "copies_correct"),
-    ("race_free_loop", checks03.check_race_free_loop, "race_free_loop"),
-    ("pin_snapshot", _stream_checker(checks04.check_pin_snapshot), "pin_snapshot"),
-    ("ring_stage", _stream_checker(checks04.check_ring_stage), "ring_stage"),
-    ("min_ring_depth", checks04.check_min_ring_depth, "min_ring_depth"),
-    ("restore_weight", checks05.check_restore_weight, "restore_weight"),
-    ("pinned_footprint", checks05.check_pinned_footprint, "pinned_footprint"),
-    ("rot_pos_ids", checks06.check_rot_pos_ids, "rot_pos_ids"),
-    ("d2h_outputs-start", lambda fn: checks06.check_d2h_outputs(fn, lambda h, e: h.tolist()), "d2h_outputs"),
-    ("d2h_outputs-finish", lambda fn: checks06.check_d2h_outputs(_start_d2h, fn), "d2h_outputs"),
-    ("fixed_loop", lambda fn: checks07.check_fixed_loop(fn, steps=40), "fixed_loop"),
+    ("gbps", checks01.check_gbps.verdict, "gbps"),
+    ("n_half", checks01.check_n_half.verdict, "n_half"),
+    ("stall_threshold", checks02.check_stall_threshold.verdict, "stall_threshold"),
+    ("gpu_idle_share", checks02.check_gpu_idle_share.verdict, "gpu_idle_share"),
+    ("step_without_syncs", checks02.check_step_without_syncs.verdict, "step_without_syncs"),
+    ("indptr_last_page_len", checks03.check_indptr_last_page_len.verdict, "indptr_last_page_len"),
+    ("copies_correct", checks03.check_copies_correct.verdict, "copies_correct"),
+    ("race_free_loop", checks03.check_race_free_loop.verdict, "race_free_loop"),
+    ("pin_snapshot", _stream_checker(checks04.check_pin_snapshot.verdict), "pin_snapshot"),
+    ("ring_stage", _stream_checker(checks04.check_ring_stage.verdict), "ring_stage"),
+    ("min_ring_depth", checks04.check_min_ring_depth.verdict, "min_ring_depth"),
+    ("restore_weight", checks05.check_restore_weight.verdict, "restore_weight"),
+    ("pinned_footprint", checks05.check_pinned_footprint.verdict, "pinned_footprint"),
+    ("rot_pos_ids", checks06.check_rot_pos_ids.verdict, "rot_pos_ids"),
+    ("d2h_outputs-start", lambda fn: checks06.check_d2h_outputs.verdict(fn, lambda h, e: h.tolist()), "d2h_outputs"),
+    ("d2h_outputs-finish", lambda fn: checks06.check_d2h_outputs.verdict(_start_d2h, fn), "d2h_outputs"),
+    ("fixed_loop", lambda fn: checks07.check_fixed_loop.verdict(fn, steps=40), "fixed_loop"),
 ]
 
 
@@ -115,7 +115,7 @@ def test_a_function_that_never_returns_is_stopped(check, name, capsys):
 
 
 def test_a_loop_that_swallows_exceptions_is_stopped_too(capsys):
-    assert checks01.check_gbps(forever_swallowing) is False
+    assert checks01.check_gbps.verdict(forever_swallowing) is False
     assert f"❌ gbps: your function did not return within {LIMIT:g} s" in capsys.readouterr().out
 
 
@@ -124,8 +124,8 @@ def test_the_time_limit_puts_back_the_handler_and_timer_it_found(capsys):
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
     try:
         signal.setitimer(signal.ITIMER_REAL, 30.0)
-        assert checks01.check_gbps(gbps) is True
-        assert checks01.check_gbps(forever) is False
+        assert checks01.check_gbps.verdict(gbps) is True
+        assert checks01.check_gbps.verdict(forever) is False
         left, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 25.0 < left <= 30.0  # the enclosing timer runs on, minus the time spent
         assert fired == []
@@ -220,7 +220,7 @@ def test_an_answer_that_equals_everything_is_rejected(check, name, answer, capsy
 
 
 def test_a_container_of_anys_is_rejected_where_lists_are_compared(capsys):
-    assert checks03.check_indptr_last_page_len(lambda lens, p: ([ANY] * (len(lens) + 1), [ANY] * len(lens))) is False
+    assert checks03.check_indptr_last_page_len.verdict(lambda lens, p: ([ANY] * (len(lens) + 1), [ANY] * len(lens))) is False
     assert "returned ([<ANY>" in capsys.readouterr().out  # shown by its own repr, bounded
 
 
@@ -231,7 +231,7 @@ def test_a_tensor_subclass_does_not_decide_equality(capsys):
         n = sum(t * h * w for t, h, w in grid)
         return torch.zeros(n, 2, dtype=torch.int64, device=device).as_subclass(LiarTensor)
 
-    assert checks06.check_rot_pos_ids(liar) is False
+    assert checks06.check_rot_pos_ids.verdict(liar) is False
     assert "❌ rot_pos_ids(grid_thw=[[1, 4, 6]], m=2) token" in capsys.readouterr().out
     assert not core.same_tensor(torch.zeros(3).as_subclass(LiarTensor), torch.ones(3))
     assert core.same_tensor(l06.ids_before([[1, 4, 6]], 2, "cpu"), l06.ids_before([[1, 4, 6]], 2, "cpu"))
@@ -285,12 +285,12 @@ def _state():
 def test_a_leak_of_global_state_is_named_and_restored(kind, capsys):
     change, message = LEAKS[kind]
     before = _state()
-    assert checks01.check_gbps(_leaky_gbps(change)) is False
+    assert checks01.check_gbps.verdict(_leaky_gbps(change)) is False
     out = capsys.readouterr().out
     assert out.startswith("❌ gbps: ") and message in out, out
     assert "the checker restored it" in out
     assert _state() == before
-    assert checks01.check_gbps(gbps) is True  # a correct answer afterwards gets the right verdict
+    assert checks01.check_gbps.verdict(gbps) is True  # a correct answer afterwards gets the right verdict
 
 
 def test_two_leaks_are_both_named(capsys):
@@ -300,7 +300,7 @@ def test_two_leaks_are_both_named(capsys):
         return gbps(nbytes, ms)
 
     before = _state()
-    assert checks01.check_gbps(leaky) is False
+    assert checks01.check_gbps.verdict(leaky) is False
     out = capsys.readouterr().out
     assert "default dtype to float64 and grad mode to off" in out and "did not restore them" in out
     assert _state() == before
@@ -316,10 +316,10 @@ def test_a_leak_in_torch_code_is_named_and_later_answers_are_judged_right(capsys
         return out
 
     before = _state()
-    assert checks04.check_pin_snapshot(leaky, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(leaky, stream=LaggingStream()) is False
     assert "❌ pin_snapshot: your function changed torch's default device to meta" in capsys.readouterr().out
     assert _state() == before
-    assert checks05.check_restore_weight(lambda w, pin=True: torch.set_grad_enabled(False)) is False
+    assert checks05.check_restore_weight.verdict(lambda w, pin=True: torch.set_grad_enabled(False)) is False
     assert "❌ restore_weight: your function changed grad mode to off" in capsys.readouterr().out
     assert _state() == before
 
@@ -330,7 +330,7 @@ def test_state_changed_and_put_back_inside_the_function_is_fine(capsys):
             torch.empty(1)
         return gbps(nbytes, ms)
 
-    assert checks01.check_gbps(tidy) is True
+    assert checks01.check_gbps.verdict(tidy) is True
 
 
 # ---- 4. the stub's NotImplementedError and the others -------------------------------------------
@@ -359,7 +359,7 @@ def unsupported_op(nbytes, ms):
 @pytest.mark.parametrize("fn", [stub, stub_with_words, lambda n, ms: stub(n, ms)],
                          ids=["stub", "stub-with-words", "wrapped-stub"])
 def test_the_stub_reads_as_not_implemented(fn, capsys):
-    assert checks01.check_gbps(fn) is False
+    assert checks01.check_gbps.verdict(fn) is False
     assert capsys.readouterr().out.startswith("⏳ gbps is not implemented yet")
 
 
@@ -368,7 +368,7 @@ def test_the_stub_reads_as_not_implemented(fn, capsys):
     (unsupported_op, "raised NotImplementedError: Could not run 'aten::view'"),
 ], ids=["helper", "torch-op"])
 def test_a_deeper_not_implemented_error_is_an_error(fn, words, capsys):
-    assert checks01.check_gbps(fn) is False
+    assert checks01.check_gbps.verdict(fn) is False
     out = capsys.readouterr().out
     assert out.startswith("❌ gbps(") and words in out and "not by the exercise's stub" in out, out
     assert "not implemented yet" not in out
@@ -378,7 +378,7 @@ def test_a_deeper_not_implemented_error_in_torch_code_is_an_error(capsys):
     def ids(grid, m, device):
         torch.zeros(2, 2).to_sparse().view(4)
 
-    assert checks06.check_rot_pos_ids(ids) is False
+    assert checks06.check_rot_pos_ids.verdict(ids) is False
     out = capsys.readouterr().out
     assert out.startswith("❌ rot_pos_ids(") and "raised NotImplementedError" in out
     assert "called in ids() (line " in out and "not by the exercise's stub" in out, out
@@ -396,26 +396,26 @@ def test_is_stub():
 # ---- 5. the function and its signature in the message --------------------------------------------
 
 SIGNATURES = [
-    (checks01.check_gbps, "gbps must be a function (nbytes, ms) -> float"),
-    (checks01.check_n_half, "n_half must be a function (sizes, rates) -> int"),
-    (checks02.check_stall_threshold, "stall_threshold must be a function (sizes, host_ms, busy_ms) -> int"),
-    (checks02.check_gpu_idle_share, "gpu_idle_share must be a function (spans, start, end) -> float"),
-    (checks02.check_step_without_syncs, "step_without_syncs must be a function (s, x_host, w) -> (scores_host, "
+    (checks01.check_gbps.verdict, "gbps must be a function (nbytes, ms) -> float"),
+    (checks01.check_n_half.verdict, "n_half must be a function (sizes, rates) -> int"),
+    (checks02.check_stall_threshold.verdict, "stall_threshold must be a function (sizes, host_ms, busy_ms) -> int"),
+    (checks02.check_gpu_idle_share.verdict, "gpu_idle_share must be a function (spans, start, end) -> float"),
+    (checks02.check_step_without_syncs.verdict, "step_without_syncs must be a function (s, x_host, w) -> (scores_host, "
                                         "done_event)"),
-    (checks03.check_indptr_last_page_len, "indptr_last_page_len must be a function (seq_lens, page_size) -> "
+    (checks03.check_indptr_last_page_len.verdict, "indptr_last_page_len must be a function (seq_lens, page_size) -> "
                                           "(indptr, last_page_len)"),
-    (checks03.check_copies_correct, "copies_correct must be a function (writes, copies) -> list of bools"),
-    (checks03.check_race_free_loop, "race_free_loop must be a function (s, steps, write_metadata, forward)"),
+    (checks03.check_copies_correct.verdict, "copies_correct must be a function (writes, copies) -> list of bools"),
+    (checks03.check_race_free_loop.verdict, "race_free_loop must be a function (s, steps, write_metadata, forward)"),
     (checks03.run_loop, "fn must be a function (s, steps, write_metadata, forward)"),
-    (checks04.check_pin_snapshot, "pin_snapshot must be a function (t) -> tensor"),
-    (checks04.check_ring_stage, "ring_stage must be a function (n, data, ring, events, dst)"),
-    (checks04.check_min_ring_depth, "min_ring_depth must be a function (writes, copies) -> int"),
-    (checks05.check_restore_weight, "restore_weight must be a function (w, pin=True) -> tensor"),
-    (checks05.check_pinned_footprint, "pinned_footprint must be a function (param_bytes) -> int"),
-    (checks06.check_rot_pos_ids, "rot_pos_ids must be a function (grid_thw, m, device) -> tensor"),
-    (lambda f: checks06.check_d2h_outputs(f, _start_d2h), "start_d2h must be a function (s, out) -> (host, event)"),
-    (lambda f: checks06.check_d2h_outputs(_start_d2h, f), "finish_d2h must be a function (host, event)"),
-    (checks07.check_fixed_loop, "fixed_loop must be a function (m, steps)"),
+    (checks04.check_pin_snapshot.verdict, "pin_snapshot must be a function (t) -> tensor"),
+    (checks04.check_ring_stage.verdict, "ring_stage must be a function (n, data, ring, events, dst)"),
+    (checks04.check_min_ring_depth.verdict, "min_ring_depth must be a function (writes, copies) -> int"),
+    (checks05.check_restore_weight.verdict, "restore_weight must be a function (w, pin=True) -> tensor"),
+    (checks05.check_pinned_footprint.verdict, "pinned_footprint must be a function (param_bytes) -> int"),
+    (checks06.check_rot_pos_ids.verdict, "rot_pos_ids must be a function (grid_thw, m, device) -> tensor"),
+    (lambda f: checks06.check_d2h_outputs.verdict(f, _start_d2h), "start_d2h must be a function (s, out) -> (host, event)"),
+    (lambda f: checks06.check_d2h_outputs.verdict(_start_d2h, f), "finish_d2h must be a function (host, event)"),
+    (checks07.check_fixed_loop.verdict, "fixed_loop must be a function (m, steps)"),
 ]
 
 
@@ -441,7 +441,7 @@ def test_run_cases_names_its_own_arguments():
 def test_fixed_loop_steps_are_bounded(capsys):
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=f"steps must be <= {checks07.MAX_STEPS}, got 1000000"):
-        checks07.check_fixed_loop(l07.fixed_loop, steps=10**6)
+        checks07.check_fixed_loop.verdict(l07.fixed_loop, steps=10**6)
     assert time.monotonic() - t0 < 5 and capsys.readouterr().out == ""  # refused before any work
     assert checks07.MAX_STEPS >= 10 * checks07.STEPS
 

@@ -14,7 +14,7 @@ def sol01():
 
 
 def test_gbps_accepts_solution(sol01, capsys):
-    assert checks.check_gbps(sol01["gbps"]) is True
+    assert checks.check_gbps.verdict(sol01["gbps"]) is True
     assert "✅ gbps is correct" in capsys.readouterr().out
 
 
@@ -28,12 +28,12 @@ def test_gbps_accepts_solution(sol01, capsys):
     lambda n, ms: ms / (n * 1e-3) / 1e9,            # arguments swapped
 ], ids=["GiB/s", "ms-as-s", "MB/s", "rounded", "Gbit/s", "ms*1e3", "swapped"])
 def test_gbps_rejects_wrong(wrong, capsys):
-    assert checks.check_gbps(wrong) is False
+    assert checks.check_gbps.verdict(wrong) is False
     assert "❌ gbps" in capsys.readouterr().out
 
 
 def test_n_half_accepts_solution(sol01):
-    assert checks.check_n_half(sol01["n_half"]) is True
+    assert checks.check_n_half.verdict(sol01["n_half"]) is True
 
 
 def _n_half_sorted(sizes, rates):
@@ -49,12 +49,12 @@ def _n_half_sorted(sizes, rates):
     lambda s, r: int(min(x for x, y in zip(s, r) if y >= max(r) * 0.5)),
 ], ids=["sorted-walk", "fraction", "times-0.5"])
 def test_n_half_accepts_equivalent_answers(right, capsys):
-    assert checks.check_n_half(right) is True
+    assert checks.check_n_half.verdict(right) is True
     assert "✅ n_half is correct" in capsys.readouterr().out
 
 
 def test_gbps_accepts_an_equivalent_answer():
-    assert checks.check_gbps(lambda n, ms: n / ms / 1e6) is True
+    assert checks.check_gbps.verdict(lambda n, ms: n / ms / 1e6) is True
 
 
 N_HALF_WRONG = {
@@ -73,29 +73,29 @@ N_HALF_WRONG = {
 
 @pytest.mark.parametrize("wrong", list(N_HALF_WRONG.values()), ids=list(N_HALF_WRONG))
 def test_n_half_rejects_wrong(wrong, capsys):
-    assert checks.check_n_half(wrong) is False
+    assert checks.check_n_half.verdict(wrong) is False
     assert "❌ n_half" in capsys.readouterr().out
 
 
 def test_floored_threshold_is_caught_by_a_rate_between_floor_and_half_the_peak(capsys):
     floored = N_HALF_WRONG["floored threshold"]
-    assert checks.check_n_half(floored) is False
+    assert checks.check_n_half.verdict(floored) is False
     out = capsys.readouterr().out
     assert "❌ n_half([1024, 2048, 4096], [4.6, 5.0, 9.5]) returned 1024, expected 2048" in out
 
 
 def test_a_second_failure_gets_a_hint(capsys):
     wrong = N_HALF_WRONG["floored threshold"]
-    assert checks.check_n_half(_n_half_sorted) is True   # a pass resets the failure count
-    checks.check_n_half(wrong)
-    checks.check_n_half(wrong)
+    assert checks.check_n_half.verdict(_n_half_sorted) is True   # a pass resets the failure count
+    checks.check_n_half.verdict(wrong)
+    checks.check_n_half.verdict(wrong)
     out = capsys.readouterr().out
     assert out.count("❌ n_half") == 2 and out.count("💡 Hint:") == 1 and "max(rates) / 2" in out
 
 
 def test_n_half_answer_must_be_a_size_not_a_float(capsys):
-    assert checks.check_n_half(lambda s, r: float(min(x for x, y in zip(s, r) if y >= max(r) / 2))) is False
-    assert checks.check_n_half(lambda s, r: __import__("numpy").int64(
+    assert checks.check_n_half.verdict(lambda s, r: float(min(x for x, y in zip(s, r) if y >= max(r) / 2))) is False
+    assert checks.check_n_half.verdict(lambda s, r: __import__("numpy").int64(
         min(x for x, y in zip(s, r) if y >= max(r) / 2))) is True
 
 
@@ -109,10 +109,10 @@ def test_stub_is_reported_as_not_implemented(capsys):
     def stub(*args):
         raise NotImplementedError
 
-    assert checks.check_gbps(stub) is False
+    assert checks.check_gbps.verdict(stub) is False
     assert "⏳ gbps is not implemented yet" in capsys.readouterr().out
 
 
 def test_crash_is_reported_not_raised(capsys):
-    assert checks.check_gbps(lambda n, ms: 1 / 0) is False
+    assert checks.check_gbps.verdict(lambda n, ms: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out

@@ -22,7 +22,7 @@ def sol():
 # ---- stall_threshold ----------------------------------------------------------------------------
 
 def test_stall_threshold_accepts_solution(sol, capsys):
-    assert checks02.check_stall_threshold(sol["stall_threshold"]) is True
+    assert checks02.check_stall_threshold.verdict(sol["stall_threshold"]) is True
     assert "✅ stall_threshold is correct" in capsys.readouterr().out
 
 
@@ -69,7 +69,7 @@ def _top_only(sizes, host_ms, busy_ms):  # only asks whether the largest size wa
 @pytest.mark.parametrize("wrong", [_first_exceeding, _at_least_half, _whole_busy_time, _list_order, _largest_quick,
                                    _top_only], ids=lambda f: f.__name__)
 def test_stall_threshold_rejects_wrong(wrong, capsys):
-    assert checks02.check_stall_threshold(wrong) is False
+    assert checks02.check_stall_threshold.verdict(wrong) is False
     assert "❌ stall_threshold" in capsys.readouterr().out
 
 
@@ -91,7 +91,7 @@ def test_stall_cases_hold_the_decision_boundary():
 # ---- gpu_idle_share -----------------------------------------------------------------------------
 
 def test_gpu_idle_share_accepts_solution(sol, capsys):
-    assert checks02.check_gpu_idle_share(sol["gpu_idle_share"]) is True
+    assert checks02.check_gpu_idle_share.verdict(sol["gpu_idle_share"]) is True
     assert "✅ gpu_idle_share is correct" in capsys.readouterr().out
 
 
@@ -154,7 +154,7 @@ def _touching_double(spans, start, end):  # a span touching the last one restart
 @pytest.mark.parametrize("wrong", [_sum_durations, _no_clip, _busy_share, _extent_window, _clip_sum,
                                    _touching_dropped, _touching_double], ids=lambda f: f.__name__)
 def test_gpu_idle_share_rejects_wrong(wrong, capsys):
-    assert checks02.check_gpu_idle_share(wrong) is False
+    assert checks02.check_gpu_idle_share.verdict(wrong) is False
     assert "❌ gpu_idle_share" in capsys.readouterr().out
 
 
@@ -178,7 +178,7 @@ def test_idle_reference_random_unions():
 
 # ---- the verdicts and the generated exercise ------------------------------------------------------
 
-@pytest.mark.parametrize("check", [checks02.check_stall_threshold, checks02.check_gpu_idle_share])
+@pytest.mark.parametrize("check", [checks02.check_stall_threshold.verdict, checks02.check_gpu_idle_share.verdict])
 def test_stub_is_reported_as_not_implemented(check, capsys):
     def stub(*args):
         raise NotImplementedError
@@ -187,7 +187,7 @@ def test_stub_is_reported_as_not_implemented(check, capsys):
     assert "is not implemented yet" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("check", [checks02.check_stall_threshold, checks02.check_gpu_idle_share])
+@pytest.mark.parametrize("check", [checks02.check_stall_threshold.verdict, checks02.check_gpu_idle_share.verdict])
 def test_crash_is_reported_not_raised(check, capsys):
     assert check(lambda *a: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out
@@ -295,15 +295,15 @@ def step_syncs_its_event(s, x_host, w):  # the same step with done.synchronize()
 
 #: name -> (wrong step, words on the lagging stream, words on CUDA)
 WRONG_STEPS = {
-    "original": (step_original, "non_blocking copy from pageable memory (8.0 MiB)", "pageable memory (8.0 MiB)"),
+    "original": (step_original, "non_blocking copy from pageable memory (8 MiB)", "pageable memory (8 MiB)"),
     "item": (step_item, ".item() reads a GPU value into Python", ".item() reads a GPU value into Python"),
     "python-if": (step_python_if, "Python `if`", "Python `if`"),
     "blocking-cpu": (step_blocking_cpu, "a blocking copy from the GPU to the host", "blocking copy"),
     "pin-above-4mib": (step_pin_above_4mib, "pageable memory (2.5 MiB) waited for the GPU", "pageable memory (2.5 MiB)"),
-    "pin-above-2mib": (step_pin_above_2mib, "pageable memory (1.0 MiB) with the 1.0 MiB input", "pageable memory (1.0 MiB)"),
+    "pin-above-2mib": (step_pin_above_2mib, "pageable memory (1 MiB) with the 1 MiB input", "pageable memory (1 MiB)"),
     "no-event": (step_no_event, "no event", "no event"),
     "event-first": (step_event_first, "recorded before the copy into the result", "recorded before the copy"),
-    "blocking-h2d": (step_blocking_h2d, "a blocking copy to the GPU (8.0 MiB", "blocking copy"),
+    "blocking-h2d": (step_blocking_h2d, "a blocking copy to the GPU (8 MiB", "blocking copy"),
     "no-scale": (step_no_scale, "differs from the reference", "differs from the reference"),
     "result-on-gpu": (step_result_on_gpu, "still on the GPU", "still on the GPU"),
     "polls-its-event": (step_polls_its_event, "(1 wait on the emulated lagging GPU): a loop polling `event.query()`",
@@ -322,30 +322,30 @@ def on_cpu(monkeypatch):
 
 
 def test_step_without_syncs_accepts_solution(sol, on_cpu, capsys):
-    assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
+    assert checks02.check_step_without_syncs.verdict(sol["step_without_syncs"]) is True
     out = capsys.readouterr().out
     assert "✅ step_without_syncs is correct" in out and "emulated lagging stream" in out
 
 
 def test_step_with_syncs_of_the_notebook_is_rejected(sol, on_cpu, capsys):
     """The notebook's own slow step: the checker names its first sync, and counts all three."""
-    assert checks02.check_step_without_syncs(sol["step_with_syncs"]) is False
+    assert checks02.check_step_without_syncs.verdict(sol["step_with_syncs"]) is False
     out = capsys.readouterr().out
-    assert "pageable memory (8.0 MiB)" in out and "(3 waits" in out, out
+    assert "pageable memory (8 MiB)" in out and "(3 waits" in out, out
 
 
 @pytest.mark.parametrize("case", list(WRONG_STEPS))
 def test_step_without_syncs_rejects_wrong(case, on_cpu, capsys):
     wrong, words, _ = WRONG_STEPS[case]
-    assert checks02.check_step_without_syncs(wrong) is False
+    assert checks02.check_step_without_syncs.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌ step_without_syncs" in out and words in out, out
     assert "💡 Hint" not in out
 
 
 def test_step_without_syncs_hints_on_the_second_failure(on_cpu, capsys):
-    assert checks02.check_step_without_syncs(step_item) is False
-    assert checks02.check_step_without_syncs(step_item) is False
+    assert checks02.check_step_without_syncs.verdict(step_item) is False
+    assert checks02.check_step_without_syncs.verdict(step_item) is False
     out = capsys.readouterr().out
     assert out.count("❌") == 2 and out.count("💡 Hint") == 1
     assert "pin_memory()" in out.split("💡 Hint")[1]
@@ -353,7 +353,7 @@ def test_step_without_syncs_hints_on_the_second_failure(on_cpu, capsys):
 
 def test_step_without_syncs_says_where(on_cpu, capsys):
     """The verdict quotes the line of the learner's code that waited."""
-    assert checks02.check_step_without_syncs(step_item) is False
+    assert checks02.check_step_without_syncs.verdict(step_item) is False
     assert "`return _fixed_out(s, (x / x.abs().max().item()) @ w)`" in capsys.readouterr().out
 
 
@@ -361,9 +361,9 @@ def test_step_without_syncs_stub_and_crash(on_cpu, capsys):
     def stub(s, x_host, w):
         raise NotImplementedError
 
-    assert checks02.check_step_without_syncs(stub) is False
+    assert checks02.check_step_without_syncs.verdict(stub) is False
     assert "⏳ step_without_syncs is not implemented yet" in capsys.readouterr().out
-    assert checks02.check_step_without_syncs(lambda s, x, w: 1 / 0) is False
+    assert checks02.check_step_without_syncs.verdict(lambda s, x, w: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out
 
 
@@ -388,7 +388,7 @@ def test_watched_lagging_queues_arithmetic_and_counts_waits():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_step_without_syncs_accepts_solution(sol, capsys):
     l02.reset()
-    assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
+    assert checks02.check_step_without_syncs.verdict(sol["step_without_syncs"]) is True
     assert "CUDA stream" in capsys.readouterr().out
 
 
@@ -398,7 +398,7 @@ def test_gpu_step_without_syncs_accepts_solution(sol, capsys):
 def test_gpu_step_without_syncs_rejects_wrong(case, capsys):
     l02.reset()
     wrong, _, words = WRONG_STEPS[case]
-    assert checks02.check_step_without_syncs(wrong) is False
+    assert checks02.check_step_without_syncs.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌ step_without_syncs" in out and words in out, out
 
@@ -428,16 +428,16 @@ def test_host_tensor_in_device_arithmetic_fails_as_on_cuda(on_cpu, capsys):
         scores = (x_host / x_host.abs().max()) @ w
         return _fixed_out(s, scores)
 
-    assert checks02.check_step_without_syncs(step_on_the_host) is False
+    assert checks02.check_step_without_syncs.verdict(step_on_the_host) is False
     assert "raised RuntimeError: Expected all tensors to be on the same device" in capsys.readouterr().out
 
 
 def test_polling_and_synchronizing_the_event_get_the_same_advice(on_cpu, capsys):
     """Issue 28: `while not done.query(): pass` is a host wait (it was accepted), and it is told what
     `done.synchronize()` is told: return the event instead."""
-    assert checks02.check_step_without_syncs(step_polls_its_event) is False
+    assert checks02.check_step_without_syncs.verdict(step_polls_its_event) is False
     polled = capsys.readouterr().out
-    assert checks02.check_step_without_syncs(step_syncs_its_event) is False
+    assert checks02.check_step_without_syncs.verdict(step_syncs_its_event) is False
     synced = capsys.readouterr().out
     advice = "Return the event instead of waiting on it: the caller waits when it needs the scores"
     assert advice in polled and advice in synced, (polled, synced)
@@ -458,12 +458,12 @@ def test_the_verdict_counts_every_wait_exactly(on_cpu, capsys):
             pass
         return out, done
 
-    assert checks02.check_step_without_syncs(step_polls_twice) is False
+    assert checks02.check_step_without_syncs.verdict(step_polls_twice) is False
     assert "(2 waits on the emulated lagging GPU)" in capsys.readouterr().out
 
 
 def test_the_accepted_verdict_says_what_was_checked_on_the_emulation(sol, on_cpu, capsys):
-    assert checks02.check_step_without_syncs(sol["step_without_syncs"]) is True
+    assert checks02.check_step_without_syncs.verdict(sol["step_without_syncs"]) is True
     out = capsys.readouterr().out
     flat = " ".join(out.split())  # wrapped lines read as one
     assert "[measured] how the host's waits were seen: 0 waits, every one counted on the emulated stream" in flat, out

@@ -30,7 +30,7 @@ def _stub(*args):
 # ---- indptr / last_page_len
 
 def test_indptr_accepts_solution(sol03, capsys):
-    assert checks03.check_indptr_last_page_len(sol03["indptr_last_page_len"]) is True
+    assert checks03.check_indptr_last_page_len.verdict(sol03["indptr_last_page_len"]) is True
     assert "✅ indptr_last_page_len is correct" in capsys.readouterr().out
 
 
@@ -58,27 +58,27 @@ def _cum(xs):
                    [ps if (n % ps == 0 and n) else n % ps for n in s]),
 ])
 def test_indptr_rejects_wrong(wrong, capsys):
-    assert checks03.check_indptr_last_page_len(wrong) is False
+    assert checks03.check_indptr_last_page_len.verdict(wrong) is False
     assert "❌ indptr_last_page_len" in capsys.readouterr().out
 
 
 def test_indptr_accepts_numpy_and_tensor_answers():
     from pinlab.paged_kv import kv_indptr, last_page_len
 
-    assert checks03.check_indptr_last_page_len(lambda s, ps: (kv_indptr(list(s), ps), last_page_len(list(s), ps))) is True
-    assert checks03.check_indptr_last_page_len(
+    assert checks03.check_indptr_last_page_len.verdict(lambda s, ps: (kv_indptr(list(s), ps), last_page_len(list(s), ps))) is True
+    assert checks03.check_indptr_last_page_len.verdict(
         lambda s, ps: (kv_indptr(list(s), ps).numpy(), last_page_len(list(s), ps).numpy())) is True
 
 
 def test_indptr_rejects_bad_shapes():
-    assert checks03.check_indptr_last_page_len(lambda s, ps: [0]) is False
-    assert checks03.check_indptr_last_page_len(lambda s, ps: None) is False
+    assert checks03.check_indptr_last_page_len.verdict(lambda s, ps: [0]) is False
+    assert checks03.check_indptr_last_page_len.verdict(lambda s, ps: None) is False
 
 
 # ---- copies_correct
 
 def test_copies_correct_accepts_solution(sol03):
-    assert checks03.check_copies_correct(sol03["copies_correct"]) is True
+    assert checks03.check_copies_correct.verdict(sol03["copies_correct"]) is True
 
 
 def _cc(cond):
@@ -95,19 +95,19 @@ def _cc(cond):
     lambda w, c: [n < len(c) - 1 for n in range(len(c))][::-1],  # reversed
 ])
 def test_copies_correct_rejects_wrong(wrong, capsys):
-    assert checks03.check_copies_correct(wrong) is False
+    assert checks03.check_copies_correct.verdict(wrong) is False
     assert "❌ copies_correct" in capsys.readouterr().out
 
 
 # ---- min_ring_depth
 
 def test_min_ring_depth_accepts_solution(sol04):
-    assert checks04.check_min_ring_depth(sol04["min_ring_depth"]) is True
+    assert checks04.check_min_ring_depth.verdict(sol04["min_ring_depth"]) is True
 
 
 def test_min_ring_depth_accepts_numpy_integers(sol04, capsys):
-    assert checks04.check_min_ring_depth(lambda w, c: np.int64(sol04["min_ring_depth"](w, c))) is True
-    assert checks04.check_min_ring_depth(lambda w, c: np.int32(sol04["min_ring_depth"](w, c))) is True
+    assert checks04.check_min_ring_depth.verdict(lambda w, c: np.int64(sol04["min_ring_depth"](w, c))) is True
+    assert checks04.check_min_ring_depth.verdict(lambda w, c: np.int32(sol04["min_ring_depth"](w, c))) is True
     assert "✅ min_ring_depth" in capsys.readouterr().out
 
 
@@ -132,14 +132,14 @@ def _depth(cond, start=1):
     lambda w, c: np.float64(_depth(lambda w, c, n, d: w[n + d][0] >= c[n][1])(w, c)),  # a numpy float
 ])
 def test_min_ring_depth_rejects_wrong(wrong, capsys):
-    assert checks04.check_min_ring_depth(wrong) is False
+    assert checks04.check_min_ring_depth.verdict(wrong) is False
     assert "❌ min_ring_depth" in capsys.readouterr().out
 
 
 # ---- stubs
 
-@pytest.mark.parametrize("check", [checks03.check_indptr_last_page_len, checks03.check_copies_correct,
-                                   checks04.check_min_ring_depth])
+@pytest.mark.parametrize("check", [checks03.check_indptr_last_page_len.verdict, checks03.check_copies_correct.verdict,
+                                   checks04.check_min_ring_depth.verdict])
 def test_stub_is_reported_as_not_implemented(check, capsys):
     assert check(_stub) is False
     assert "⏳" in capsys.readouterr().out
@@ -434,25 +434,25 @@ def on_cpu(monkeypatch):
 
 
 def test_race_free_loop_accepts_solution(sol03, on_cpu, capsys):
-    assert checks03.check_race_free_loop(sol03["race_free_loop"]) is True
+    assert checks03.check_race_free_loop.verdict(sol03["race_free_loop"]) is True
     out = capsys.readouterr().out
     assert "✅ race_free_loop is correct (200 steps" in out and "emulated lagging stream" in out
 
 
 @pytest.mark.parametrize("case", list(RIGHT_LOOPS))
 def test_race_free_loop_accepts_other_right_answers(case, on_cpu, capsys):
-    assert checks03.check_race_free_loop(RIGHT_LOOPS[case]) is True, capsys.readouterr().out
+    assert checks03.check_race_free_loop.verdict(RIGHT_LOOPS[case]) is True, capsys.readouterr().out
 
 
 def test_notebook_racy_loop_is_rejected(sol03, on_cpu, capsys):
-    assert checks03.check_race_free_loop(sol03["racy_loop"]) is False
+    assert checks03.check_race_free_loop.verdict(sol03["racy_loop"]) is False
     assert "delivered step 2's data" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case", list(WRONG_LOOPS))
 def test_race_free_loop_rejects_wrong(case, on_cpu, capsys):
     wrong, words, _ = WRONG_LOOPS[case]
-    assert checks03.check_race_free_loop(wrong) is False
+    assert checks03.check_race_free_loop.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌ race_free_loop" in out and words in out, out
     assert "💡 Hint" not in out
@@ -463,8 +463,8 @@ def test_race_free_loop_rejects_wrong(case, on_cpu, capsys):
 def test_race_free_loop_counts_every_wait(on_cpu, capsys):
     """The lagging stream counts waits exactly: a synchronize() in each step waits in every step but
     the first (nothing is queued yet), a ring one too shallow in every step once it has come round."""
-    assert checks03.check_race_free_loop(loop_sync_each_step) is False
-    assert checks03.check_race_free_loop(_ring(checks03.AHEAD, True)) is False
+    assert checks03.check_race_free_loop.verdict(loop_sync_each_step) is False
+    assert checks03.check_race_free_loop.verdict(_ring(checks03.AHEAD, True)) is False
     out = capsys.readouterr().out
     assert "waited for the GPU in 199 of 200 steps" in out
     assert "waited for the GPU in 198 of 200 steps" in out
@@ -476,7 +476,7 @@ def test_a_serial_loop_gets_the_same_diagnosis_however_it_waits(on_cpu, capsys):
     verdicts = []
     for loop in (loop_sync_each_step, loop_event_sync_each_step, loop_polls_each_step):
         checks02.reset()  # each a first failure: no hint
-        assert checks03.check_race_free_loop(loop) is False
+        assert checks03.check_race_free_loop.verdict(loop) is False
         out = capsys.readouterr().out
         verdicts.append(out.split(" — ", 1)[1])
         assert "✅" not in out and "never waited" not in out
@@ -484,7 +484,7 @@ def test_a_serial_loop_gets_the_same_diagnosis_however_it_waits(on_cpu, capsys):
 
 
 def test_the_accepted_verdict_says_what_was_checked(sol03, on_cpu, capsys):
-    assert checks03.check_race_free_loop(sol03["race_free_loop"]) is True
+    assert checks03.check_race_free_loop.verdict(sol03["race_free_loop"]) is True
     out = capsys.readouterr().out
     assert "written before its copy, copied with non_blocking=True from pinned memory" in out, out
     flat = " ".join(out.split())  # wrapped lines read as one
@@ -494,17 +494,17 @@ def test_the_accepted_verdict_says_what_was_checked(sol03, on_cpu, capsys):
 
 
 def test_race_free_loop_hints_on_the_second_failure(on_cpu, capsys):
-    assert checks03.check_race_free_loop(loop_racy) is False
-    assert checks03.check_race_free_loop(loop_snapshot_of_pinned) is False
+    assert checks03.check_race_free_loop.verdict(loop_racy) is False
+    assert checks03.check_race_free_loop.verdict(loop_snapshot_of_pinned) is False
     out = capsys.readouterr().out
     assert out.count("❌") == 2 and out.count("💡 Hint") == 1
     assert "snap = buf.pin_memory()" in out.split("💡 Hint")[1]
 
 
 def test_race_free_loop_stub_and_crash(on_cpu, capsys):
-    assert checks03.check_race_free_loop(_stub) is False
+    assert checks03.check_race_free_loop.verdict(_stub) is False
     assert "⏳ race_free_loop is not implemented yet" in capsys.readouterr().out
-    assert checks03.check_race_free_loop(lambda s, steps, w, f: 1 / 0) is False
+    assert checks03.check_race_free_loop.verdict(lambda s, steps, w, f: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out
 
 
@@ -525,8 +525,8 @@ def test_run_loop_shows_the_race(on_cpu):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_race_free_loop_accepts_solution_and_a_ring(sol03, capsys):
     checks02.reset()
-    assert checks03.check_race_free_loop(sol03["race_free_loop"]) is True
-    assert checks03.check_race_free_loop(RIGHT_LOOPS["ring-ahead+1-events"]) is True
+    assert checks03.check_race_free_loop.verdict(sol03["race_free_loop"]) is True
+    assert checks03.check_race_free_loop.verdict(RIGHT_LOOPS["ring-ahead+1-events"]) is True
     assert "CUDA stream" in capsys.readouterr().out
 
 
@@ -539,7 +539,7 @@ def test_gpu_race_free_loop_accepts_solution_and_a_ring(sol03, capsys):
 def test_gpu_race_free_loop_rejects_wrong(case, capsys):
     checks02.reset()
     wrong, _, words = WRONG_LOOPS[case]
-    assert checks03.check_race_free_loop(wrong) is False
+    assert checks03.check_race_free_loop.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌ race_free_loop" in out and any(w in out for w in words), out
 
@@ -570,8 +570,8 @@ def test_race_free_loop_messages_use_the_run_ahead_definition(case, on_cpu, caps
     from pinlab import steploop
 
     wrong, _, _ = WRONG_LOOPS[case]
-    assert checks03.check_race_free_loop(wrong) is False
-    assert checks03.check_race_free_loop(wrong) is False   # the hint too
+    assert checks03.check_race_free_loop.verdict(wrong) is False
+    assert checks03.check_race_free_loop.verdict(wrong) is False   # the hint too
     out = capsys.readouterr().out
     assert f"run-ahead {checks03.AHEAD}" in out, out
     assert "steps ahead" not in out, out                   # the old, ambiguous wording

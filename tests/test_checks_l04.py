@@ -34,7 +34,7 @@ def _stub(*args):
 # ---- pin_snapshot -------------------------------------------------------------------------------
 
 def test_pin_snapshot_accepts_solution(sol, capsys):
-    assert checks04.check_pin_snapshot(sol["pin_snapshot"], stream=LaggingStream()) is True
+    assert checks04.check_pin_snapshot.verdict(sol["pin_snapshot"], stream=LaggingStream()) is True
     out = capsys.readouterr().out
     assert "✅ pin_snapshot is correct" in out, out
     assert ("200 steps rewriting one pinned buffer, run-ahead 64: no call returned memory whose copy was "
@@ -44,7 +44,7 @@ def test_pin_snapshot_accepts_solution(sol, capsys):
 def test_pin_snapshot_accepts_the_library_reference(capsys):
     from pinlab import pin_snapshot
 
-    assert checks04.check_pin_snapshot(pin_snapshot, stream=LaggingStream()) is True
+    assert checks04.check_pin_snapshot.verdict(pin_snapshot, stream=LaggingStream()) is True
 
 
 def test_pin_snapshot_accepts_a_contiguous_copy(capsys):
@@ -52,11 +52,11 @@ def test_pin_snapshot_accepts_a_contiguous_copy(capsys):
     def contiguous(t):
         return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
-    assert checks04.check_pin_snapshot(contiguous, stream=LaggingStream()) is True
+    assert checks04.check_pin_snapshot.verdict(contiguous, stream=LaggingStream()) is True
 
 
 def test_pin_snapshot_says_not_implemented(capsys):
-    assert checks04.check_pin_snapshot(_stub, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(_stub, stream=LaggingStream()) is False
     assert "⏳ pin_snapshot is not implemented yet" in capsys.readouterr().out
 
 
@@ -91,14 +91,14 @@ WRONG_SNAPSHOTS = {
 @pytest.mark.parametrize("case", list(WRONG_SNAPSHOTS))
 def test_pin_snapshot_rejects_wrong(case, capsys):
     wrong, message = WRONG_SNAPSHOTS[case]
-    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(wrong, stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert "❌ pin_snapshot(<" in out and message in out, out
     assert "💡 Hint" not in out  # the hint comes from the second failure on
 
 
 def test_pin_snapshot_names_the_pinned_input_it_failed_on(capsys):
-    assert checks04.check_pin_snapshot(WRONG_SNAPSHOTS["pin-memory"][0], stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(WRONG_SNAPSHOTS["pin-memory"][0], stream=LaggingStream()) is False
     assert "❌ pin_snapshot(<pinned (64,) float32>): this returns the same storage" in capsys.readouterr().out
 
 
@@ -107,7 +107,7 @@ RECYCLED = ("❌ pin_snapshot(buf) at step {} of the step loop returned the pinn
 
 
 def test_pin_snapshot_reused_buffer_is_caught_in_the_step_loop(capsys):
-    assert checks04.check_pin_snapshot(_reused_snapshot(), stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(_reused_snapshot(), stream=LaggingStream()) is False
     out = capsys.readouterr().out
     # the next call hands back the one snapshot buffer while step 0's copy still waits in the queue
     assert RECYCLED.format(1) in out, out
@@ -134,7 +134,7 @@ def _pool_snapshot(depth):
 def test_pin_snapshot_recycling_a_pool_is_caught(depth, capsys):
     """Issue 28: a pool of 5 passed (the loop kept only 4 steps in flight). The loop keeps more steps in flight
     than such a pool is deep, and a snapshot recycled while its copy is queued is named where it happens."""
-    assert checks04.check_pin_snapshot(_pool_snapshot(depth), stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(_pool_snapshot(depth), stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert RECYCLED.format(depth) in out and "A pool of buffers is safe only while it is deeper than the steps" in out, out
     assert "✅" not in out
@@ -142,8 +142,8 @@ def test_pin_snapshot_recycling_a_pool_is_caught(depth, capsys):
 
 def test_pin_snapshot_hints_on_the_second_failure(capsys):
     wrong = WRONG_SNAPSHOTS["pin-memory"][0]
-    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
-    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(wrong, stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert out.count("❌") == 2 and out.count("💡 Hint") == 1
     assert "empty_like(t, pin_memory=True).copy_(t)" in out.split("💡 Hint")[1]
@@ -151,9 +151,9 @@ def test_pin_snapshot_hints_on_the_second_failure(capsys):
 
 def test_pin_snapshot_passing_forgets_the_failures(sol, capsys):
     wrong = WRONG_SNAPSHOTS["clone"][0]
-    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
-    assert checks04.check_pin_snapshot(sol["pin_snapshot"], stream=LaggingStream()) is True
-    assert checks04.check_pin_snapshot(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(wrong, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(sol["pin_snapshot"], stream=LaggingStream()) is True
+    assert checks04.check_pin_snapshot.verdict(wrong, stream=LaggingStream()) is False
     assert "💡 Hint" not in capsys.readouterr().out
 
 
@@ -161,7 +161,7 @@ def test_pin_snapshot_reports_an_exception(capsys):
     def broken(t):
         raise ValueError("boom")
 
-    assert checks04.check_pin_snapshot(broken, stream=LaggingStream()) is False
+    assert checks04.check_pin_snapshot.verdict(broken, stream=LaggingStream()) is False
     assert "raised ValueError: boom" in capsys.readouterr().out
 
 
@@ -201,7 +201,7 @@ def _ring(wait=True, record_first=False, blocking=False, sync_all=None, one_buff
 
 
 def test_ring_stage_accepts_solution(sol, capsys):
-    assert checks04.check_ring_stage(sol["ring_stage"], stream=LaggingStream()) is True
+    assert checks04.check_ring_stage.verdict(sol["ring_stage"], stream=LaggingStream()) is True
     out = capsys.readouterr().out
     assert ("✅ ring_stage is correct: 200 steps with each ring, run-ahead 4, every buffer written at least 2 times, "
             "0 corrupted") in out, out
@@ -215,8 +215,8 @@ def test_ring_stage_accepts_solution(sol, capsys):
 
 
 def test_ring_stage_accepts_the_planted_default(capsys):
-    assert checks04.check_ring_stage(_ring(), stream=LaggingStream()) is True
-    assert checks04.check_ring_stage(_ring(poll=True), stream=LaggingStream()) is True  # polling its own event
+    assert checks04.check_ring_stage.verdict(_ring(), stream=LaggingStream()) is True
+    assert checks04.check_ring_stage.verdict(_ring(poll=True), stream=LaggingStream()) is True  # polling its own event
 
 
 WAITS_EVERY_STEP = "ring_stage blocks the host: the host waited for the GPU in {} of 200 steps"
@@ -234,7 +234,7 @@ WRONG_EVENT = "at step 0, the host waited on events[1] but rewrote ring[0]: wait
 ], ids=["waits-on-the-next-slots-event", "polls-the-next-slots-event", "polls-the-latest-event",
         "torch-cuda-synchronize", "blocking-copy"])
 def test_ring_stage_rejects_a_ring_that_waits_every_step(kwargs, words, capsys):
-    assert checks04.check_ring_stage(_ring(**kwargs), stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(_ring(**kwargs), stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert "❌ ring_stage" in out and all(w in out for w in words), out
     assert "✅" not in out and "no waiting" not in out
@@ -243,7 +243,7 @@ def test_ring_stage_rejects_a_ring_that_waits_every_step(kwargs, words, capsys):
 def test_ring_stage_rejects_a_copy_enqueued_before_the_write(capsys):
     """The ordering contract (write, then copy), as in exercise 03: the emulated GPU reads ring[k] after the
     late write and delivers the right data; a GPU may run the copy first."""
-    assert checks04.check_ring_stage(_ring(copy_first=True), stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(_ring(copy_first=True), stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert ("at step 0, the copy out of ring[0] was enqueued before data was written into ring[0]" in out
             and "Write data into ring[0] first, then copy it into dst." in out), out
@@ -254,7 +254,7 @@ def test_rings_are_checked_over_more_steps_than_their_depth():
 
 
 def test_ring_stage_says_not_implemented(capsys):
-    assert checks04.check_ring_stage(_stub, stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(_stub, stream=LaggingStream()) is False
     assert "⏳ ring_stage is not implemented yet" in capsys.readouterr().out
 
 
@@ -319,7 +319,7 @@ WRONG_SLOTS = {
 @pytest.mark.parametrize("case", list(WRONG_SLOTS))
 def test_ring_stage_names_the_wrong_slot(case, capsys):
     wrong, words, old_cause = WRONG_SLOTS[case]
-    assert checks04.check_ring_stage(wrong, stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(wrong, stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert "❌ ring_stage" in out and words in out and old_cause not in out, out
 
@@ -327,7 +327,7 @@ def test_ring_stage_names_the_wrong_slot(case, capsys):
 @pytest.mark.parametrize("case", list(WRONG_RINGS))
 def test_ring_stage_rejects_wrong(case, capsys):
     kwargs, messages = WRONG_RINGS[case]
-    assert checks04.check_ring_stage(_ring(**kwargs), stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(_ring(**kwargs), stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert "❌ ring_stage" in out and all(m in out for m in messages), out
     assert "💡 Hint" not in out
@@ -335,7 +335,7 @@ def test_ring_stage_rejects_wrong(case, capsys):
 
 def test_ring_stage_that_synchronizes_the_whole_stream_blocks_the_host(capsys):
     s = LaggingStream()
-    assert checks04.check_ring_stage(_ring(sync_all=s), stream=s) is False
+    assert checks04.check_ring_stage.verdict(_ring(sync_all=s), stream=s) is False
     out = capsys.readouterr().out
     assert "❌ ring_stage blocks the host: the host waited for the GPU in 200 of 200 steps" in out, out
     assert "[measured] ring of 5: steps in which the host waited for the GPU: 200 of 200" in out
@@ -343,8 +343,8 @@ def test_ring_stage_that_synchronizes_the_whole_stream_blocks_the_host(capsys):
 
 def test_ring_stage_hints_on_the_second_failure(capsys):
     wrong = _ring(wait=False)
-    assert checks04.check_ring_stage(wrong, stream=LaggingStream()) is False
-    assert checks04.check_ring_stage(wrong, stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(wrong, stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(wrong, stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert out.count("❌") == 2 and out.count("💡 Hint") == 1
     assert "events[k].synchronize()" in out.split("💡 Hint")[1]
@@ -354,14 +354,14 @@ def test_ring_stage_reports_an_exception(capsys):
     def broken(n, data, ring, events, dst):
         raise ValueError("boom")
 
-    assert checks04.check_ring_stage(broken, stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(broken, stream=LaggingStream()) is False
     assert "raised ValueError: boom" in capsys.readouterr().out
 
 
 def test_ring_stage_verdicts_rest_on_exact_run_ahead(capsys):
     """The emulation is exact: a blocking copy waits for every step in flight, at every step, each counted
     (LaggingStream.host_waits)."""
-    assert checks04.check_ring_stage(_ring(blocking=True), stream=LaggingStream()) is False
+    assert checks04.check_ring_stage.verdict(_ring(blocking=True), stream=LaggingStream()) is False
     out = capsys.readouterr().out
     assert "[measured] ring of 5: steps in which the host waited for the GPU: 200 of 200" in out, out
     assert "200 waits counted on the emulated stream" in out
@@ -369,9 +369,9 @@ def test_ring_stage_verdicts_rest_on_exact_run_ahead(capsys):
 
 def test_checkers_reject_a_non_callable():
     with pytest.raises(TypeError, match=r"pin_snapshot must be a function \(t\) -> tensor .*, got NoneType"):
-        checks04.check_pin_snapshot(None)
+        checks04.check_pin_snapshot.verdict(None)
     with pytest.raises(TypeError, match=r"ring_stage must be a function \(n, data, ring, events, dst\)"):
-        checks04.check_ring_stage("ring_stage")
+        checks04.check_ring_stage.verdict("ring_stage")
 
 
 # ---- on a real GPU ------------------------------------------------------------------------------
@@ -379,42 +379,42 @@ def test_checkers_reject_a_non_callable():
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_pin_snapshot_checker(sol, capsys):
-    assert checks04.check_pin_snapshot(sol["pin_snapshot"]) is True
+    assert checks04.check_pin_snapshot.verdict(sol["pin_snapshot"]) is True
     for case in ("pin-memory", "clone", "empty-like-without-copy"):
         wrong, message = WRONG_SNAPSHOTS[case]
-        assert checks04.check_pin_snapshot(wrong) is False
+        assert checks04.check_pin_snapshot.verdict(wrong) is False
         assert message in capsys.readouterr().out
-    assert checks04.check_pin_snapshot(_reused_snapshot()) is False
+    assert checks04.check_pin_snapshot.verdict(_reused_snapshot()) is False
     assert RECYCLED.format(1) in capsys.readouterr().out
-    assert checks04.check_pin_snapshot(_pool_snapshot(5)) is False   # 64 steps in flight behind the busy GPU
+    assert checks04.check_pin_snapshot.verdict(_pool_snapshot(5)) is False   # 64 steps in flight behind the busy GPU
     assert RECYCLED.format(5) in capsys.readouterr().out
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_ring_stage_checker(sol, capsys):
-    assert checks04.check_ring_stage(sol["ring_stage"]) is True
+    assert checks04.check_ring_stage.verdict(sol["ring_stage"]) is True
     capsys.readouterr()
-    assert checks04.check_ring_stage(_ring(wait=False)) is False  # the shallow ring races behind the busy GPU
+    assert checks04.check_ring_stage.verdict(_ring(wait=False)) is False  # the shallow ring races behind the busy GPU
     out = capsys.readouterr().out
     assert re.search(r"❌ ring_stage: step \d+ of 200 delivered (step \d+'s|a mix of several steps') data", out), out
     assert SHALLOW in out
     # the race of an event recorded before the copy did not show behind the H200's busy GPU (the 16 KiB
     # copy starts and ends before the host rewrites the buffer): the checker sees the order instead
-    assert checks04.check_ring_stage(_ring(record_first=True)) is False
+    assert checks04.check_ring_stage.verdict(_ring(record_first=True)) is False
     assert "ring_stage: at step 0, events[0] was recorded before the copy out of ring[0]" in capsys.readouterr().out
     for kwargs in (dict(blocking=True), dict(sync_all=torch.cuda)):
-        assert checks04.check_ring_stage(_ring(**kwargs)) is False
+        assert checks04.check_ring_stage.verdict(_ring(**kwargs)) is False
         out = capsys.readouterr().out
         assert re.search(r"❌ ring_stage blocks the host: the host waited for the GPU in (1\d\d|200) of 200 steps", out), out
-    assert checks04.check_ring_stage(_ring(wait_next=True)) is False
+    assert checks04.check_ring_stage.verdict(_ring(wait_next=True)) is False
     assert WRONG_EVENT in capsys.readouterr().out
     for kwargs in (dict(wait_latest=True), dict(wait_next=True, poll=True)):
-        assert checks04.check_ring_stage(_ring(**kwargs)) is False
+        assert checks04.check_ring_stage.verdict(_ring(**kwargs)) is False
         assert "the host waited on events[" in capsys.readouterr().out
-    assert checks04.check_ring_stage(_ring(one_buffer=True)) is False
+    assert checks04.check_ring_stage.verdict(_ring(one_buffer=True)) is False
     assert "ring[1] was written in 0 of 200 steps" in capsys.readouterr().out
-    assert checks04.check_ring_stage(_ring(copy_first=True)) is False
+    assert checks04.check_ring_stage.verdict(_ring(copy_first=True)) is False
     assert "the copy out of ring[0] was enqueued before data was written into ring[0]" in capsys.readouterr().out
 
 
@@ -437,7 +437,7 @@ def test_gpu_ring_stage_accepts_the_reference_on_a_slow_host(sol, capsys):
             super().busy(ms)
             time.sleep(0.0025)  # the host's own work between calls, slower than the GPU's step
 
-    assert checks04.check_ring_stage(sol["ring_stage"], stream=SlowHost()) is True, capsys.readouterr().out
+    assert checks04.check_ring_stage.verdict(sol["ring_stage"], stream=SlowHost()) is True, capsys.readouterr().out
 
 
 def test_waited_steps_tells_a_wait_from_a_slow_host():

@@ -25,7 +25,7 @@ def _fresh(monkeypatch, tmp_path):
 # ---- restore_weight ----------------------------------------------------------------------------
 
 def test_restore_weight_accepts_solution(sol, capsys):
-    assert checks05.check_restore_weight(sol["restore_weight"]) is True
+    assert checks05.check_restore_weight.verdict(sol["restore_weight"]) is True
     assert "✅ restore_weight is correct" in capsys.readouterr().out
 
 
@@ -33,7 +33,7 @@ def test_restore_weight_says_not_implemented(capsys):
     def stub(w, pin=True):
         raise NotImplementedError
 
-    assert checks05.check_restore_weight(stub) is False
+    assert checks05.check_restore_weight.verdict(stub) is False
     assert "⏳ restore_weight is not implemented yet" in capsys.readouterr().out
 
 
@@ -81,7 +81,7 @@ WRONG_CAUSES = {
 @pytest.mark.parametrize("case", list(WRONG_RESTORES))
 def test_restore_weight_rejects_wrong(case, capsys):
     wrong, message = WRONG_RESTORES[case]
-    assert checks05.check_restore_weight(wrong) is False
+    assert checks05.check_restore_weight.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌" in out and message in out, out
     assert "💡 Hint" not in out  # the hint comes from the second failure on
@@ -91,7 +91,7 @@ def test_restore_weight_rejects_wrong(case, capsys):
 
 def test_restore_weight_pin_on_gpu_names_what_to_do(capsys):
     wrong = WRONG_RESTORES["pinned-empty-like-on-the-gpu"][0]
-    assert checks05.check_restore_weight(wrong) is False
+    assert checks05.check_restore_weight.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "Only dense CPU tensors can be pinned" in out and 'device="cpu", pin_memory=pin' in out, out
 
@@ -102,7 +102,7 @@ def test_restore_weight_cudas_pin_on_gpu_error_gets_the_same_diagnosis(capsys):
     def refused(w, pin=True):
         raise RuntimeError("Only dense CPU tensors can be pinned")
 
-    assert checks05.check_restore_weight(refused) is False
+    assert checks05.check_restore_weight.verdict(refused) is False
     assert "asked for pinned memory on the GPU" in capsys.readouterr().out
 
 
@@ -121,19 +121,19 @@ def _pinned_zeros_on_the_host(w, pin=True):
 @pytest.mark.parametrize("right", [_non_blocking_then_synchronize, _pinned_zeros_on_the_host],
                          ids=["non-blocking-then-synchronize", "pinned-zeros-on-the-host"])
 def test_restore_weight_accepts_near_boundary_answers(right, capsys):
-    assert checks05.check_restore_weight(right) is True, capsys.readouterr().out
+    assert checks05.check_restore_weight.verdict(right) is True, capsys.readouterr().out
 
 
 def test_restore_weight_leaves_torch_cuda_synchronize_as_it_was():
     before = torch.cuda.synchronize
-    checks05.check_restore_weight(_non_blocking_then_synchronize)
+    checks05.check_restore_weight.verdict(_non_blocking_then_synchronize)
     assert torch.cuda.synchronize is before
 
 
 def test_restore_weight_hints_on_the_second_failure(capsys):
     wrong = WRONG_RESTORES["to-cpu-then-pin"][0]
-    assert checks05.check_restore_weight(wrong) is False
-    assert checks05.check_restore_weight(wrong) is False
+    assert checks05.check_restore_weight.verdict(wrong) is False
+    assert checks05.check_restore_weight.verdict(wrong) is False
     out = capsys.readouterr().out
     assert out.count("❌") == 2 and out.count("💡 Hint") == 1
     assert "empty_like" in out.split("💡 Hint")[1]
@@ -143,14 +143,14 @@ def test_restore_weight_reports_an_exception(capsys):
     def broken(w, pin=True):
         raise ValueError("boom")
 
-    assert checks05.check_restore_weight(broken) is False
+    assert checks05.check_restore_weight.verdict(broken) is False
     assert "raised ValueError: boom" in capsys.readouterr().out
 
 
 # ---- pinned_footprint --------------------------------------------------------------------------
 
 def test_pinned_footprint_accepts_solution(sol, capsys):
-    assert checks05.check_pinned_footprint(sol["pinned_footprint"]) is True
+    assert checks05.check_pinned_footprint.verdict(sol["pinned_footprint"]) is True
     out = capsys.readouterr().out
     assert "✅ pinned_footprint is correct" in out and "No recorded GPU run yet" in out
 
@@ -163,7 +163,7 @@ def test_pinned_footprint_accepts_solution(sol, capsys):
     (lambda sizes: float(sum(1 << (n - 1).bit_length() for n in sizes if n)), "an int"),
 ], ids=["requested", "rounds-the-sum", "zero-pins", "doubles-powers-of-two", "float"])
 def test_pinned_footprint_rejects_wrong(wrong, message, capsys):
-    assert checks05.check_pinned_footprint(wrong) is False
+    assert checks05.check_pinned_footprint.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌ pinned_footprint" in out and message in out, out
 
@@ -177,12 +177,12 @@ def _record(tmp_path, took):
 
 def test_pinned_footprint_is_applied_to_the_recorded_run(sol, tmp_path, capsys):
     _record(tmp_path, 4 * 128 * 2**20)
-    assert checks05.check_pinned_footprint(sol["pinned_footprint"]) is True
+    assert checks05.check_pinned_footprint.verdict(sol["pinned_footprint"]) is True
     out = capsys.readouterr().out
     assert "applied to the recorded GPU run" in out and "[measured] recorded run: NVIDIA H200" in out
 
 
 def test_pinned_footprint_disagreeing_with_the_recorded_run_is_reported(sol, tmp_path, capsys):
     _record(tmp_path, 4 * 86 * 2**20)
-    assert checks05.check_pinned_footprint(sol["pinned_footprint"]) is False
+    assert checks05.check_pinned_footprint.verdict(sol["pinned_footprint"]) is False
     assert "the allocator took" in capsys.readouterr().out

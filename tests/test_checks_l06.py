@@ -28,7 +28,7 @@ def _fresh_hints():
 # ---- exercise 1: rot_pos_ids ------------------------------------------------------------------------
 
 def test_rot_pos_ids_accepts_solution(sol, capsys):
-    assert checks06.check_rot_pos_ids(sol["rot_pos_ids"]) is True
+    assert checks06.check_rot_pos_ids.verdict(sol["rot_pos_ids"]) is True
     out = capsys.readouterr().out
     assert "✅ rot_pos_ids is correct" in out and "emulated lagging stream" in out
 
@@ -178,7 +178,7 @@ def default_device_left_set(grid_thw, m, device):  # ... and never set back: the
     (host_only, "the ids are host memory"),
 ], ids=lambda v: getattr(v, "__name__", "msg"))
 def test_rot_pos_ids_rejects_wrong(wrong, message, capsys):
-    assert checks06.check_rot_pos_ids(wrong) is False
+    assert checks06.check_rot_pos_ids.verdict(wrong) is False
     out = capsys.readouterr().out
     assert "❌" in out and message in out, out
     assert "💡 Hint" not in out
@@ -214,19 +214,19 @@ def explicit_cpu_pinned_buffer(grid_thw, m, device):  # a pinned buffer made wit
 @pytest.mark.parametrize("right", [copy_positional_non_blocking, to_positional_non_blocking, explicit_cpu_table,
                                    explicit_cpu_pinned_buffer], ids=lambda f: f.__name__)
 def test_rot_pos_ids_accepts_near_boundary_answers(right, capsys):
-    assert checks06.check_rot_pos_ids(right) is True, capsys.readouterr().out
+    assert checks06.check_rot_pos_ids.verdict(right) is True, capsys.readouterr().out
 
 
 def test_rot_pos_ids_leaves_the_default_device_as_it_was(capsys):
-    checks06.check_rot_pos_ids(default_device_left_set)
+    checks06.check_rot_pos_ids.verdict(default_device_left_set)
     assert getattr(torch, "_GLOBAL_DEVICE_CONTEXT").device_context is None
     assert torch.empty(1).device.type == "cpu"
 
 
 def test_rot_pos_ids_hint_on_second_failure(capsys):
-    assert checks06.check_rot_pos_ids(per_image_loop) is False
+    assert checks06.check_rot_pos_ids.verdict(per_image_loop) is False
     assert "💡 Hint" not in capsys.readouterr().out
-    assert checks06.check_rot_pos_ids(per_image_loop) is False
+    assert checks06.check_rot_pos_ids.verdict(per_image_loop) is False
     out = capsys.readouterr().out
     assert "💡 Hint" in out and "output_size" in out
 
@@ -241,7 +241,7 @@ def test_rot_pos_cases_cover_videos_and_merge_sizes():
 # ---- exercise 2: start_d2h / finish_d2h -------------------------------------------------------------
 
 def test_d2h_accepts_solution(sol, capsys):
-    assert checks06.check_d2h_outputs(sol["start_d2h"], sol["finish_d2h"]) is True
+    assert checks06.check_d2h_outputs.verdict(sol["start_d2h"], sol["finish_d2h"]) is True
     assert "✅ d2h_outputs is correct" in capsys.readouterr().out
 
 
@@ -342,29 +342,29 @@ def _start_pinned_device_cpu(s, out):  # right: pinned host memory, device="cpu"
 
 
 def test_d2h_pinned_memory_on_the_gpu_is_rejected_and_device_cpu_is_the_host(capsys):
-    assert checks06.check_d2h_outputs(_start_pinned_like, _finish_ok) is False
+    assert checks06.check_d2h_outputs.verdict(_start_pinned_like, _finish_ok) is False
     out = capsys.readouterr().out
     assert "asked for pinned memory on the GPU" in out and "Only dense CPU tensors can be pinned" in out, out
-    assert checks06.check_d2h_outputs(_start_pageable_device_cpu, _finish_ok) is False
+    assert checks06.check_d2h_outputs.verdict(_start_pageable_device_cpu, _finish_ok) is False
     out = capsys.readouterr().out
     assert "host buffer is pageable memory" in out and "on the device" not in out, out
-    assert checks06.check_d2h_outputs(_start_pinned_device_cpu, _finish_ok) is True, capsys.readouterr().out
+    assert checks06.check_d2h_outputs.verdict(_start_pinned_device_cpu, _finish_ok) is True, capsys.readouterr().out
 
 
 def test_d2h_event_recorded_before_the_copy_is_named(capsys):
     """Issue "self-paced path", part 3: finish_d2h waited for the event, so "call event.synchronize()
     first" named the wrong cause."""
-    assert checks06.check_d2h_outputs(_start_event_first, _finish_ok) is False
+    assert checks06.check_d2h_outputs.verdict(_start_event_first, _finish_ok) is False
     out = capsys.readouterr().out
     assert "the event was recorded before the copy was queued" in out, out
     assert "call event.synchronize() first" not in out, out
-    assert checks06.check_d2h_outputs(_start_ok, _finish_early) is False   # no wait at all: the old advice
+    assert checks06.check_d2h_outputs.verdict(_start_ok, _finish_early) is False   # no wait at all: the old advice
     out = capsys.readouterr().out
     assert "call event.synchronize() first" in out and "recorded before the copy" not in out, out
 
 
 def test_d2h_blocking_cpu_copy_is_not_called_a_non_blocking_one(capsys):
-    assert checks06.check_d2h_outputs(_start_cpu, _finish_ok) is False
+    assert checks06.check_d2h_outputs.verdict(_start_cpu, _finish_ok) is False
     out = capsys.readouterr().out
     assert "host buffer is pageable memory (`.cpu()`" in out and "non_blocking or not" in out, out
 
@@ -377,14 +377,14 @@ def test_d2h_blocking_cpu_copy_is_not_called_a_non_blocking_one(capsys):
     (_start_remember_stream, _finish_stream_sync, "waited for the whole stream"),
 ], ids=["early_read", "pageable", "cpu_then_pin", "reused_buffer", "stream_sync"])
 def test_d2h_rejects_wrong(start, finish, message, capsys):
-    assert checks06.check_d2h_outputs(start, finish) is False
+    assert checks06.check_d2h_outputs.verdict(start, finish) is False
     out = capsys.readouterr().out
     assert "❌" in out and message in out, out
 
 
 def test_d2h_hint_on_second_failure(capsys):
-    checks06.check_d2h_outputs(_start_ok, _finish_early)
-    checks06.check_d2h_outputs(_start_ok, _finish_early)
+    checks06.check_d2h_outputs.verdict(_start_ok, _finish_early)
+    checks06.check_d2h_outputs.verdict(_start_ok, _finish_early)
     assert "💡 Hint" in capsys.readouterr().out
 
 
@@ -394,11 +394,11 @@ def test_stubs_are_reported_as_not_implemented(capsys):
     def stub(*args):
         raise NotImplementedError
 
-    assert checks06.check_rot_pos_ids(stub) is False
-    assert checks06.check_d2h_outputs(stub, stub) is False
+    assert checks06.check_rot_pos_ids.verdict(stub) is False
+    assert checks06.check_d2h_outputs.verdict(stub, stub) is False
     assert capsys.readouterr().out.count("is not implemented yet") == 2
 
 
 def test_crash_is_reported_not_raised(capsys):
-    assert checks06.check_rot_pos_ids(lambda *a: 1 / 0) is False
+    assert checks06.check_rot_pos_ids.verdict(lambda *a: 1 / 0) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Lesson 07's checker accepts the master solution (1000 steps) and rejects plausible wrong fixes of the
+"""Lesson 07's checker accepts the master solution (200 steps here; nbval of solutions/07 runs the checker's
+default of 1000) and rejects plausible wrong fixes of the
 capstone's loop, each with the message that names what is still wrong (on the emulated lagging stream
 without a GPU: the emulation is exact about the order of host writes, copies and reads)."""
 import inspect
@@ -98,7 +99,7 @@ WRONG = {
     # the LM head still offloaded to pageable memory
     "pageable-offload": (
         _variant("pageable-offload", (OFFLOAD, '    m.lm_head_host = m.lm_head.to("cpu")')),
-        ["a 8.0 MiB pageable non_blocking copy", "at line 17 of fixed_loop (40 times)", "fake"]),
+        ["a pageable non_blocking copy of 8 MiB", "at line 17 of fixed_loop (40 times)", "fake"]),
     # pinned, but through a pageable intermediate... that is still one pinned source: accepted below;
     # a pinned copy made every step from a pageable offload is a pageable copy per step, though
     "pin-every-step": (
@@ -195,7 +196,7 @@ WRONG = {
     "pageable-offload-device-cpu": (
         _variant("pageable-offload-device-cpu",
                  (OFFLOAD, '    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu").copy_(m.lm_head)')),
-        ["a 8.0 MiB pageable non_blocking copy", "at line 17 of fixed_loop (40 times)"]),
+        ["a pageable non_blocking copy of 8 MiB", "at line 17 of fixed_loop (40 times)"]),
     # the offload asks for pinned memory on the GPU (empty_like keeps the device): CUDA refuses it
     "pinned-offload-on-the-gpu": (
         _variant("pinned-offload-on-the-gpu",
@@ -209,24 +210,26 @@ WRONG = {
 
 
 @pytest.mark.slow
-def test_accepts_the_solution_over_1000_steps(sol, capsys):
-    assert checks07.check_fixed_loop(sol["fixed_loop"]) is True
+def test_accepts_the_solution_over_200_steps(sol, capsys):
+    # 200 steps prove what 1000 do (the races show within the first steps); the 1000-step run is nbval's, of the
+    # solution notebook's own call
+    assert checks07.check_fixed_loop.verdict(sol["fixed_loop"], steps=200) is True
     out = capsys.readouterr().out
-    assert "✅ fixed_loop is correct (1000 steps: 0 corrupted" in out
+    assert "✅ fixed_loop is correct (200 steps: 0 corrupted" in out
 
 
 def test_says_not_implemented(capsys):
     def stub(m, steps):
         raise NotImplementedError
 
-    assert checks07.check_fixed_loop(stub, steps=FEW) is False
+    assert checks07.check_fixed_loop.verdict(stub, steps=FEW) is False
     assert "⏳ fixed_loop is not implemented yet" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case", [k for k, (_, msg) in WRONG.items() if msg])
 def test_rejects_wrong_fixes_with_the_right_message(case, capsys):
     wrong, messages = WRONG[case]
-    assert checks07.check_fixed_loop(wrong, steps=FEW) is False
+    assert checks07.check_fixed_loop.verdict(wrong, steps=FEW) is False
     out = capsys.readouterr().out
     verdict = [line for line in out.splitlines() if line.startswith("❌")]
     assert len(verdict) == 1, out
@@ -272,14 +275,14 @@ RIGHT = {
 
 @pytest.mark.parametrize("case", list(RIGHT))
 def test_accepts_near_boundary_fixes(case, capsys):
-    assert checks07.check_fixed_loop(RIGHT[case], steps=FEW) is True, capsys.readouterr().out
+    assert checks07.check_fixed_loop.verdict(RIGHT[case], steps=FEW) is True, capsys.readouterr().out
 
 
 def test_a_pinned_copy_of_a_pageable_offload_every_step_is_honest_but_accepted(capsys):
     # .pin_memory() of the pageable offload makes a new pinned tensor each step: the copy reads
     # pinned memory (no fake non_blocking) and no step races. Slow (a 4 MiB memcpy per step), not wrong.
     wrong, _ = WRONG["pin-every-step"]
-    assert checks07.check_fixed_loop(wrong, steps=FEW) is True
+    assert checks07.check_fixed_loop.verdict(wrong, steps=FEW) is True
 
 
 def snapshot_fix(m, steps, depth=4):
@@ -319,15 +322,15 @@ def snapshot_fix(m, steps, depth=4):
 
 
 def test_accepts_another_correct_fix(capsys):
-    assert checks07.check_fixed_loop(snapshot_fix, steps=120) is True
+    assert checks07.check_fixed_loop.verdict(snapshot_fix, steps=120) is True
     assert "✅ fixed_loop is correct" in capsys.readouterr().out
 
 
 def test_rejects_the_planted_loop_and_hints_from_the_second_failure(capsys):
-    assert checks07.check_fixed_loop(l07.planted_loop, steps=FEW) is False
+    assert checks07.check_fixed_loop.verdict(l07.planted_loop, steps=FEW) is False
     first = capsys.readouterr().out
     assert "pin_memory() of a pinned tensor returns the same storage" in first and "💡 Hint" not in first
-    assert checks07.check_fixed_loop(l07.planted_loop, steps=FEW) is False
+    assert checks07.check_fixed_loop.verdict(l07.planted_loop, steps=FEW) is False
     second = capsys.readouterr().out
     assert "💡 Hint:" in second and "pin_memory=True" in second and "done[i].synchronize()" in second
 
@@ -336,15 +339,15 @@ def test_reports_a_crash_in_the_loop(capsys):
     def broken(m, steps):
         m.decode(steps + 5)
 
-    assert checks07.check_fixed_loop(broken, steps=FEW) is False
+    assert checks07.check_fixed_loop.verdict(broken, steps=FEW) is False
     assert "❌ broken(m, 40) raised IndexError" in capsys.readouterr().out
 
 
 def test_checker_names_bad_arguments():
     with pytest.raises(TypeError, match=r"fixed_loop must be a function \(m, steps\) .*, got str"):
-        checks07.check_fixed_loop("fixed_loop")
+        checks07.check_fixed_loop.verdict("fixed_loop")
     with pytest.raises(ValueError, match="steps"):
-        checks07.check_fixed_loop(l07.fixed_loop, steps=0)
+        checks07.check_fixed_loop.verdict(l07.fixed_loop, steps=0)
 
 
 def test_the_exercise_is_generated_from_the_solution():

@@ -125,28 +125,28 @@ def cpu_scalar_step(ids, out):                  # a 0-dim host tensor is a numbe
     (stub_step, False, "not implemented"),
 ])
 def test_capturable_step(fn, verdict, words, capsys):
-    assert checks08.check_capturable_step(fn) is verdict
+    assert checks08.check_capturable_step.verdict(fn) is verdict
     assert words in capsys.readouterr().out
 
 
 def test_the_master_solution_passes(capsys):
-    assert checks08.check_capturable_step(_solution("capturable_step")) is True
-    assert checks08.check_graph_stage(_solution("stage")) is True
+    assert checks08.check_capturable_step.verdict(_solution("capturable_step")) is True
+    assert checks08.check_graph_stage.verdict(_solution("stage")) is True
     out = capsys.readouterr().out
     assert "✅ capturable_step is correct" in out and "✅ stage is correct" in out and "❌" not in out
 
 
 def test_a_host_tensor_in_the_capture_is_named_with_torchs_own_words(capsys):
     """The most natural wrong answer of part 1: on a GPU torch refuses it; the verdict quotes torch."""
-    assert checks08.check_capturable_step(eager_step_without_to) is False
+    assert checks08.check_capturable_step.verdict(eager_step_without_to) is False
     out = capsys.readouterr().out
     assert checks08.SAME_DEVICE_ERROR in out and "device=ids.device" in out and "makes the host wait" not in out
 
 
 def test_a_hint_from_the_second_failure(capsys):
-    checks08.check_capturable_step(eager_step)
+    checks08.check_capturable_step.verdict(eager_step)
     assert "Hint" not in capsys.readouterr().out
-    checks08.check_capturable_step(eager_step)
+    checks08.check_capturable_step.verdict(eager_step)
     assert "Hint" in capsys.readouterr().out
 
 
@@ -261,25 +261,25 @@ def keeps_every_snapshot_stage(s, meta, static, state):  # correct, holds every 
     (ring_stage, False, "waits for the GPU"),
 ])
 def test_graph_stage(fn, verdict, words, capsys):
-    assert checks08.check_graph_stage(fn) is verdict
+    assert checks08.check_graph_stage.verdict(fn) is verdict
     assert words in capsys.readouterr().out
 
 
 def test_a_ring_is_checked_over_more_steps_than_its_depth(capsys):
     """A ring of 64 never wraps in 60 steps: the check runs it for 2 x 64 + 4 steps, and it waits there."""
-    assert checks08.check_graph_stage(deep_ring_stage) is False
+    assert checks08.check_graph_stage.verdict(deep_ring_stage) is False
     out = capsys.readouterr().out
     assert "waits for the GPU" in out and "keeps 64 steps' worth of pinned memory" in out
 
 
 def test_a_ring_deeper_than_the_check_runs_around_is_refused_with_its_depth(capsys):
     depth = checks08.MAX_RING + 1
-    assert checks08.check_graph_stage(lambda s, meta, static, state: ring_stage(s, meta, static, state, depth)) is False
+    assert checks08.check_graph_stage.verdict(lambda s, meta, static, state: ring_stage(s, meta, static, state, depth)) is False
     assert f"keeps {depth} steps' worth of pinned memory" in capsys.readouterr().out
 
 
 def test_the_snapshots_a_correct_stage_keeps_run_it_longer_and_pass(capsys):
-    assert checks08.check_graph_stage(keeps_every_snapshot_stage) is True
+    assert checks08.check_graph_stage.verdict(keeps_every_snapshot_stage) is True
     out = capsys.readouterr().out
     assert "124 steps each read all 16 values" in out
 

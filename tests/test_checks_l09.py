@@ -98,21 +98,19 @@ WRONG = {
 
 
 def test_the_solution_passes(sol, capsys):
-    assert sol["ok"] is True
-    capsys.readouterr()
-    assert checks09.check_decode(sol["fixed_decode"]) is True
+    assert checks09.check_decode.verdict(sol["fixed_decode"]) is True
     assert "✅ fixed_decode is correct" in capsys.readouterr().out
 
 
 def test_the_solution_keeping_the_extra_step_passes(sol, capsys):
     keep = _variant(sol, "keeps-extra-step",
                     ("                out.pop()                                      # step n was decoded after the stop\n", ""))
-    assert checks09.check_decode(keep) is True, capsys.readouterr().out
+    assert checks09.check_decode.verdict(keep) is True, capsys.readouterr().out
 
 
 def test_the_planted_loop_fails_on_its_first_sync(sol, capsys):
     capsys.readouterr()
-    assert checks09.check_decode(sol["planted_decode"]) is False
+    assert checks09.check_decode.verdict(sol["planted_decode"]) is False
     out = capsys.readouterr().out
     assert "a host sync inside the loop: `.item()`" in out
 
@@ -122,7 +120,7 @@ def test_a_planted_wrong_answer_is_rejected(sol, capsys, name):
     edits, words = WRONG[name]
     fn = _variant(sol, name, *edits)
     capsys.readouterr()
-    assert checks09.check_decode(fn) is False
+    assert checks09.check_decode.verdict(fn) is False
     out = capsys.readouterr().out
     for w in words:
         assert w in out, f"{name}: {w!r} not in {out!r}"
@@ -147,7 +145,7 @@ def test_the_planted_loops_three_syncs_and_its_race_are_each_found(sol, capsys):
         exec(compile(planted, "<planted>", "exec"), ns)
         checks09.reset()
         capsys.readouterr()
-        assert checks09.check_decode(ns["planted_decode"]) is False
+        assert checks09.check_decode.verdict(ns["planted_decode"]) is False
         assert word in capsys.readouterr().out, word
 
 
@@ -155,15 +153,15 @@ def test_a_stub_is_not_implemented(capsys):
     def fixed_decode(m, max_new):
         raise NotImplementedError
 
-    assert checks09.check_decode(fixed_decode) is False
+    assert checks09.check_decode.verdict(fixed_decode) is False
     assert "⏳ fixed_decode is not implemented yet" in capsys.readouterr().out
 
 
 def test_not_a_tensor_and_not_a_function(sol, capsys):
-    assert checks09.check_decode(lambda m, max_new: [1, 2]) is False
+    assert checks09.check_decode.verdict(lambda m, max_new: [1, 2]) is False
     assert "not a tensor of tokens" in capsys.readouterr().out
     with pytest.raises(TypeError, match="fixed_decode must be a function"):
-        checks09.check_decode(3)
+        checks09.check_decode.verdict(3)
 
 
 def test_the_reference_cases_stop_where_the_cases_say():

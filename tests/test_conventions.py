@@ -4,6 +4,8 @@ files, and a checker test that loads the master solution (issue 31: "a conventio
 
 A lesson found without one of its rooms fails here with the room's path, so that a new lesson cannot land half
 laid out."""
+import json
+import sys
 import re
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from pinlab import syllabus
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = {les.number: les for les in syllabus.LESSONS}
-#: lessons without an exercise of their own: the start page, and 02b, which shares lesson 02's module
+#: lessons without an exercise of their own: the start page, and 02b, whose exercise is lesson 02's
 NO_EXERCISE = {"00", "02b"}
 
 
@@ -63,3 +65,145 @@ def test_a_lesson_module_belongs_to_a_lesson():
     stray = [p.name for p in _one("lib/pinlab/lessons/l*.py") + _one("lib/pinlab/checks/l*.py")
              if re.match(r"l(\d\d)", p.stem) and re.match(r"l(\d\d)", p.stem).group(1) not in numbers]
     assert not stray, f"lesson or checker modules with no lesson in the syllabus: {stray}"
+
+
+def test_no_claim_result_is_swallowed():
+    """Issue 31: claim() and claims() return nothing (a claim ending a cell prints its line and no ``Out:``), so
+    no source line assigns their result (``ok = pinlab.claims(...)`` existed only to swallow a True)."""
+    pattern = re.compile(r"^\s*\w+\s*=\s*pinlab\.claims?\(", re.M)
+    found = [f"{p.relative_to(ROOT).as_posix()}:{text[:m.start()].count(chr(10)) + 1}"
+             for d in ("notebooks/src", "solutions/src") for p in sorted((ROOT / d).glob("*.py"))
+             for text in [p.read_text(encoding="utf-8")] for m in pattern.finditer(text)]
+    assert not found, f"a claim's result assigned (claim/claims return None): {found}"
+
+
+def test_a_lettered_lesson_has_its_own_module():
+    """Issue 31: 02b's experiments live in lessons/l02b_*.py, not in lesson 02's module (one lesson, one room)."""
+    for number in (n for n in LESSONS if not n.isdigit()):
+        assert _one(f"lib/pinlab/lessons/l{number}_*.py"), f"lesson {number} has no lib/pinlab/lessons/l{number}_*.py"
+
+
+#: the pinlab calls that report rather than teach (issue 31's definition of plumbing)
+REPORTING = {"claim", "claims", "observe", "measure", "measure_or_say", "show", "table", "header", "pinned_baseline",
+             "pinned_back_to"}
+#: issue 31's done-when: in every lesson's source the plumbing is at most this share of the non-blank lines
+PLUMBING_TARGET = 0.20
+
+
+def plumbing_share(path: Path) -> float:
+    """Non-blank lines of statements that call a reporting function (or assign its result), over the
+    source's non-blank lines (prose included), as issue 31 counts them."""
+    import ast
+
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    marked = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in REPORTING:
+                marked.update(range(node.lineno, node.end_lineno + 1))
+    return sum(1 for i in marked if lines[i - 1].strip()) / max(1, sum(1 for ln in lines if ln.strip()))
+
+
+@pytest.mark.parametrize("number", LESSONS)
+def test_plumbing_is_at_most_a_fifth(number):
+    (path,) = _one(f"notebooks/src/{number}_*.py")
+    share = plumbing_share(path)
+    assert share <= PLUMBING_TARGET, (f"lesson {number}: {share:.1%} of its non-blank lines are plumbing (claims, "
+                                      f"show, measure, ...), over {PLUMBING_TARGET:.0%}: one line per fact, and the "
+                                      "reasons (WHY), table columns and formatting in the lesson module")
+
+
+def test_the_plumbing_count_sees_a_claim_spread_over_lines(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("# prose\nx = 1\npinlab.claims({'a': x},\n              why='b')\n\nprint(x)\n")
+    assert plumbing_share(src) == 2 / 5
+
+
+def test_no_ok_line_and_checkers_return_nothing():
+    """Issue 31: no ``ok = ...`` line swallows a return value in a lesson or solution source, and every lesson
+    checker returns None (its ``.verdict`` returns the bool), so a checker ending a cell shows no ``Out: True``."""
+    import importlib
+
+    pattern = re.compile(r"^\s*ok\s*=", re.M)
+    found = [f"{p.relative_to(ROOT).as_posix()}:{text[:m.start()].count(chr(10)) + 1}"
+             for d in ("notebooks/src", "solutions/src") for p in sorted((ROOT / d).glob("*.py"))
+             for text in [p.read_text(encoding="utf-8")] for m in pattern.finditer(text)]
+    assert not found, f"`ok =` lines (checkers and claims return None; use check_x.verdict(...) for a bool): {found}"
+    unwrapped = []
+    for path in _one("lib/pinlab/checks/l*.py"):
+        mod = importlib.import_module(f"pinlab.checks.{path.stem}")
+        unwrapped += [f"{path.stem}.{n}" for n in dir(mod) if n.startswith("check_") and callable(getattr(mod, n))
+                      and getattr(getattr(mod, n), "__module__", "") == mod.__name__
+                      and not callable(getattr(getattr(mod, n), "verdict", None))]
+    assert not unwrapped, f"lesson checkers not wrapped by pinlab.checks.checker (they would show Out: True): {unwrapped}"
+
+
+def test_no_committed_output_is_a_bare_bool():
+    """Issue 31: no stray ``Out: True``/``Out: False`` in a committed notebook (a value a cell ended on by accident)."""
+    found = []
+    for d in ("notebooks", "solutions", "exercises"):
+        for p in sorted((ROOT / d).glob("*.ipynb")):
+            nb = json.loads(p.read_text(encoding="utf-8"))
+            for i, cell in enumerate(nb["cells"]):
+                for out in cell.get("outputs", []):
+                    text = "".join(out.get("data", {}).get("text/plain", [])) if out.get("output_type") == "execute_result" else ""
+                    if text.strip() in ("True", "False"):
+                        found.append(f"{p.relative_to(ROOT).as_posix()} cell {i}")
+    assert not found, f"a cell shows a bare Out: True/False: {found}"
+
+
+def test_no_cell_ends_on_a_value():
+    """Issue 31: a code cell of a lesson or solution never ends on a call that returns a value (``observe``
+    returns whether it held): the cell would show it as ``Out: True``, a stray line nbval then compares."""
+    import ast
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import nbtools
+
+    quiet = {"claim", "claims", "show", "table", "print", "header", "report", "display", "plot"}
+    found = []
+    for d in ("notebooks/src", "solutions/src"):
+        for p in sorted((ROOT / d).glob("*.py")):
+            for i, cell in enumerate(nbtools.parse_percent(p.read_text(encoding="utf-8"))):
+                src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+                if cell.get("cell_type") != "code" or not src.strip():
+                    continue
+                last = ast.parse(src).body[-1]
+                if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+                    f = last.value.func
+                    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if name == "observe":
+                        found.append(f"{p.relative_to(ROOT).as_posix()} cell {i}")
+    assert not found, f"cells that end on pinlab.observe(...) (it returns a bool: Out: True): {found}"
+
+
+#: a module over this many lines says why at its top (CONTRIBUTING.md), and how big it is
+SIZE_NOTE_LINES = 500
+_SIZE_NOTE = re.compile(r"(?i)\b(about|over|around)\s+([\d,]+)\s+lines")
+
+
+def test_a_module_over_500_lines_says_why_and_its_size_is_true():
+    """Issue 31: every module of lib/pinlab over 500 lines says why at the top of its docstring, with its size
+    ("about N lines" within a quarter of the truth, or "over N lines" with N at most its length): a stale note
+    (l07's "about 700" on 1,200 lines) fails."""
+    import ast
+
+    problems = []
+    for p in sorted((ROOT / "lib" / "pinlab").rglob("*.py")):
+        text = p.read_text(encoding="utf-8")
+        n = len(text.splitlines())
+        if n <= SIZE_NOTE_LINES:
+            continue
+        rel = p.relative_to(ROOT).as_posix()
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        notes = _SIZE_NOTE.findall(doc)
+        if not notes:
+            problems.append(f"{rel} ({n} lines): its docstring says nothing like 'Why about {round(n, -1)} lines: ...'")
+            continue
+        word, num = notes[0][0].lower(), int(notes[0][1].replace(",", ""))
+        if (word == "over" and num > n) or (word != "over" and not 0.75 * n <= num <= 1.25 * n):
+            problems.append(f"{rel} ({n} lines): its docstring says '{word} {num} lines'")
+    assert not problems, "modules over 500 lines without a true note of why:\n" + "\n".join(problems)

@@ -596,7 +596,7 @@ def test_event_dataclass():
     ev = StallEvent(PAGEABLE_H2D, "Tensor.to", "f.py:3", 2048, "cpu -> cuda, non_blocking=True")
     assert ev.as_dict() == {"kind": PAGEABLE_H2D, "op": "Tensor.to", "where": "f.py:3", "nbytes": 2048,
                             "detail": "cpu -> cuda, non_blocking=True"}
-    assert str(ev) == f"{PAGEABLE_H2D}: Tensor.to at f.py:3 (cpu -> cuda, non_blocking=True, 2.0 KiB)"
+    assert str(ev) == f"{PAGEABLE_H2D}: Tensor.to at f.py:3 (cpu -> cuda, non_blocking=True, 2 KiB)"
 
 
 def test_bad_arguments():

@@ -241,12 +241,12 @@ def test_plot_pin_threads_draws_cold_warm_and_perfect_scaling():
 # ---- issue 22: pinning knobs and failures (the children need a GPU; their parsing does not)
 
 def test_child_result_reads_the_line_or_says_what_went_wrong():
-    from pinlab.lessons import l01_pinned_memory as l01
+    from pinlab.child import child_result
 
-    assert l01.child_result('noise\nPINLAB_CHILD {"ms": 1.5, "pinned": true}\n') == {"ms": 1.5, "pinned": True}
-    bad = l01.child_result("", "Traceback ...\nRuntimeError: unrecognized key pinned_max_round_threshold_mb\n", 1)
+    assert child_result('noise\nPINLAB_CHILD {"ms": 1.5, "pinned": true}\n') == {"ms": 1.5, "pinned": True}
+    bad = child_result("", "Traceback ...\nRuntimeError: unrecognized key pinned_max_round_threshold_mb\n", 1)
     assert bad["error"].startswith("the child exited with 1") and "unrecognized key" in bad["error"]
-    assert l01.child_result("", "", -9)["error"] == "the child exited with -9 and no result"
+    assert child_result("", "", -9)["error"] == "the child exited with -9 and no result"
 
 
 def test_the_knob_settings_name_real_allocator_keys():
@@ -334,6 +334,26 @@ def test_pageable_sentence_adds_the_threaded_copy_where_it_was_measured():
     assert "threaded" not in l01.pageable_sentence({k: v for k, v in row.items() if k != "memcpy_gbps"})
     with pytest.raises(ValueError, match="memcpy_gbps"):
         l01.pageable_sentence({**row, "memcpy_gbps": 0})
+
+
+def test_pageable_summary_counts_by_the_sentences_threshold():
+    def row(share):
+        return {"bytes": 16 * MiB, "h2d_gbps": 10.0 * share, "memcpy_1t_gbps": 10.0}
+
+    # the quiet run's case: faster at two sizes, 82% at the third (the summary used to say "did not bound it here")
+    mixed = l01.pageable_summary([row(1.3), row(1.2), row(0.82)])
+    assert mixed.startswith("pageable H2D ran faster than one thread's memcpy at 2 of 3 sizes: at those sizes")
+    assert "at the other size it ran close to or below it" in mixed
+    assert "at the others it ran" in l01.pageable_summary([row(1.3), row(0.8), row(0.5)])
+    assert l01.pageable_summary([row(1.3), row(1.2)]).endswith("did not bound it at any size")
+    # 1.05x is "close to it" in pageable_sentence, so it is not counted as faster here either
+    assert "close to it" in l01.pageable_sentence(row(1.05))
+    assert l01.pageable_summary([row(1.05), row(0.5)]).endswith(": at every size it ran no faster than one thread's memcpy")
+    assert "at 0 of 2 sizes" in l01.pageable_summary([row(1.05), row(0.5)])
+    with pytest.raises(ValueError, match="at least one row"):
+        l01.pageable_summary([])
+    with pytest.raises(ValueError, match="memcpy_1t_gbps"):
+        l01.pageable_summary([row(1.0), {**row(1.0), "memcpy_1t_gbps": 0}])
 
 
 def test_pageable_and_memcpy_changes_no_thread_pool_in_its_timed_rounds():

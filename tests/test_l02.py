@@ -10,6 +10,7 @@ import nbtools
 import pinlab
 from pinlab.detector import FACTORY_SYNC, ITEM_SYNC, PAGEABLE_H2D, detect_stalls
 from pinlab.lessons import l02_fake_non_blocking as stalls
+from pinlab.lessons import l02b_overlapping_copies as ov
 
 KiB, MiB = stalls.KiB, stalls.MiB
 NOTEBOOK = nbtools.ROOT / "notebooks" / "src" / "02b_overlapping_copies.py"  # demo_step: lesson 02b defines it
@@ -93,18 +94,18 @@ demo_step = nbtools.load_definition(NOTEBOOK, "demo_step", {"torch": torch, "pin
 
 
 def test_source_lines_count_from_the_def_line():
-    assert stalls.source_lines(demo_step) == {PAGEABLE_H2D: 2, FACTORY_SYNC: 3, ITEM_SYNC: 6}
+    assert ov.source_lines(demo_step) == {PAGEABLE_H2D: 2, FACTORY_SYNC: 3, ITEM_SYNC: 6}
 
     def two_copies(a, b):
         a.copy_(b)
         a.copy_(b)
 
     with pytest.raises(ValueError, match="exactly one line"):
-        stalls.source_lines(two_copies, {"a.copy_(": "x"})
+        ov.source_lines(two_copies, {"a.copy_(": "x"})
     with pytest.raises(ValueError, match="exactly one line"):
-        stalls.source_lines(two_copies, {"nowhere": "x"})
+        ov.source_lines(two_copies, {"nowhere": "x"})
     with pytest.raises(TypeError):
-        stalls.source_lines(3)
+        ov.source_lines(3)
 
 
 def test_the_detector_points_into_the_function_whatever_its_file():
@@ -114,7 +115,7 @@ def test_the_detector_points_into_the_function_whatever_its_file():
         with pytest.raises(Exception):
             demo_step(0, w, host, dev, 0.5)  # fails later: torch.tensor(..., device="cuda") needs CUDA
     assert report.counts[PAGEABLE_H2D] == 1
-    assert stalls.stall_lines(report.events, demo_step) == {PAGEABLE_H2D: [2]}
+    assert ov.stall_lines(report.events, demo_step) == {PAGEABLE_H2D: [2]}
     assert report.events[0].where.startswith(demo_step.__code__.co_filename + ":")
 
 
@@ -125,9 +126,9 @@ def test_stall_lines_keeps_only_lines_inside_the_function():
               {"kind": "b", "where": f"/elsewhere.py:{first + 2}"}, {"kind": "a", "where": f"{file}:{first + 5}"},
               {"kind": "c", "where": f"{file}:{first - 1}"}, {"kind": "c", "where": f"{file}:{first + 6}"},
               {"kind": "d", "where": "<unknown>"}]
-    assert stalls.stall_lines(events, demo_step) == {"a": [3, 6]}
+    assert ov.stall_lines(events, demo_step) == {"a": [3, 6]}
     with pytest.raises(TypeError):
-        stalls.stall_lines(events, len)
+        ov.stall_lines(events, len)
 
 
 # ---- the environment CUDA reads ----------------------------------------------------------------------
@@ -192,9 +193,9 @@ def _copy_each(dsts, srcs):
 
 GPU_FUNCTIONS = [(stalls.single_copy_sweep, (_timed_copy,)), (stalls.staging_pool, ()),
                  (stalls.d2h_visibility, (_copy_back,)),
-                 (stalls.hidden_syncs, ()), (stalls.step_loop, (_run_steps,)), (stalls.async_h2d_cost, ()),
-                 (stalls.detector_demo, (demo_step,)), (stalls.overlap_loop, (_one_stream, _copy_stream, _compute)),
-                 (stalls.many_tensors, (_copy_each, _copy_each))]
+                 (stalls.hidden_syncs, ()), (ov.step_loop, (_run_steps,)), (ov.async_h2d_cost, ()),
+                 (ov.detector_demo, (demo_step,)), (ov.overlap_loop, (_one_stream, _copy_stream, _compute)),
+                 (ov.many_tensors, (_copy_each, _copy_each))]
 
 
 @pytest.fixture
@@ -223,38 +224,38 @@ def test_gpu_experiments_need_cuda(fn, args, no_cuda):
     (stalls.d2h_visibility, {"copy_back": "no"}, TypeError, "copy_back"),
     (stalls.hidden_syncs, {"view_bytes": 1000}, ValueError, "multiple of 4096"),
     (stalls.hidden_syncs, {"list_len": 0}, ValueError, "list_len"),
-    (stalls.step_loop, {"step_fn": _run_steps, "trace": "/abs/trace.json"}, ValueError, "relative path"),
-    (stalls.step_loop, {"step_fn": _run_steps, "in_flight": 0}, ValueError, "in_flight"),
-    (stalls.step_loop, {"step_fn": _run_steps, "gpu_bound_factor": 0}, ValueError, "gpu_bound_factor"),
-    (stalls.step_loop, {"step_fn": _run_steps, "gpu_ms": 0}, ValueError, "gpu_ms"),
-    (stalls.step_loop, {"step_fn": None}, TypeError, "step_fn"),
-    (stalls.async_h2d_cost, {"list_len": True}, TypeError, "list_len"),
-    (stalls.detector_demo, {"step_fn": demo_step, "steps": 0}, ValueError, "steps"),
-    (stalls.detector_demo, {"step_fn": demo_step, "gpu_ms": float("inf")}, ValueError, "gpu_ms"),
-    (stalls.detector_demo, {"step_fn": _timed_copy}, ValueError, "exactly one line"),
-    (stalls.overlap_loop, {"one_stream_fn": None, "copy_stream_fn": _copy_stream, "compute_fn": _compute},
+    (ov.step_loop, {"step_fn": _run_steps, "trace": "/abs/trace.json"}, ValueError, "relative path"),
+    (ov.step_loop, {"step_fn": _run_steps, "in_flight": 0}, ValueError, "in_flight"),
+    (ov.step_loop, {"step_fn": _run_steps, "gpu_bound_factor": 0}, ValueError, "gpu_bound_factor"),
+    (ov.step_loop, {"step_fn": _run_steps, "gpu_ms": 0}, ValueError, "gpu_ms"),
+    (ov.step_loop, {"step_fn": None}, TypeError, "step_fn"),
+    (ov.async_h2d_cost, {"list_len": True}, TypeError, "list_len"),
+    (ov.detector_demo, {"step_fn": demo_step, "steps": 0}, ValueError, "steps"),
+    (ov.detector_demo, {"step_fn": demo_step, "gpu_ms": float("inf")}, ValueError, "gpu_ms"),
+    (ov.detector_demo, {"step_fn": _timed_copy}, ValueError, "exactly one line"),
+    (ov.overlap_loop, {"one_stream_fn": None, "copy_stream_fn": _copy_stream, "compute_fn": _compute},
      TypeError, "one_stream_fn"),
-    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": 3},
+    (ov.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": 3},
      TypeError, "compute_fn"),
-    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+    (ov.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
                            "n_inputs": 1}, ValueError, "n_inputs"),
-    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+    (ov.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
                            "input_bytes": 0}, ValueError, "input_bytes"),
-    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+    (ov.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
                            "compute_ms": float("nan")}, ValueError, "compute_ms"),
-    (stalls.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
+    (ov.overlap_loop, {"one_stream_fn": _one_stream, "copy_stream_fn": _copy_stream, "compute_fn": _compute,
                            "trace": "../x.json"}, ValueError, "relative path"),
-    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": "x"}, TypeError,
+    (ov.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": "x"}, TypeError,
      "copy_all_then_sync"),
-    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "cases": []},
+    (ov.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "cases": []},
      ValueError, "cases must not be empty"),
-    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "cases": [[64]]},
+    (ov.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "cases": [[64]]},
      TypeError, r"cases\[0\]"),
-    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each,
+    (ov.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each,
                            "cases": [[4, 0]]}, ValueError, r"cases\[0\] bytes"),
-    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each,
+    (ov.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each,
                            "cases": [[1024, MiB]]}, ValueError, "within 256 MiB"),
-    (stalls.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "repeat": 0},
+    (ov.many_tensors, {"copy_each_blocking": _copy_each, "copy_all_then_sync": _copy_each, "repeat": 0},
      ValueError, "repeat"),
 ])
 def test_gpu_experiments_check_arguments_first(fn, kwargs, err, match, no_cuda):
@@ -264,34 +265,34 @@ def test_gpu_experiments_check_arguments_first(fn, kwargs, err, match, no_cuda):
 
 # ---- the copy stream: overlap read from profiled spans ----------------------------------------------
 
-K, PIN, PAG = stalls.COMPUTE_LABEL, "Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Pageable -> Device)"
+K, PIN, PAG = ov.COMPUTE_LABEL, "Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Pageable -> Device)"
 
 
 def test_copy_overlap_one_stream_touching_spans_do_not_overlap():
     # one stream: copy, compute, copy, compute ... end of one = start of the next (profiler rounding)
     gpu = [[0.0, 0.3, PIN], [0.3, 0.8, K], [0.8, 1.1, PIN], [1.1, 1.6, K], [1.6, 1.9, PIN], [1.9, 2.4, K]]
-    o = stalls.copy_overlap(gpu)
+    o = ov.copy_overlap(gpu)
     assert o == {"copies": 3, "overlapping": 0, "copy_ms": 0.9, "overlapped_ms": 0.0, "share": 0.0}
     # a timestamp skew of 1 µs is not an overlap; 5 µs or more is
     gpu[2] = [0.799, 1.1, PIN]
-    assert stalls.copy_overlap(gpu)["overlapping"] == 0
-    assert stalls.copy_overlap(gpu, min_ms=0)["overlapping"] == 1
+    assert ov.copy_overlap(gpu)["overlapping"] == 0
+    assert ov.copy_overlap(gpu, min_ms=0)["overlapping"] == 1
 
 
 def test_copy_overlap_copy_stream_counts_each_copy_once_over_merged_kernels():
     gpu = [[0.0, 0.3, PIN], [0.3, 0.6, PIN], [0.3, 0.8, K], [0.5, 0.7, K], [0.6, 0.9, PIN], [0.9, 1.4, K],
            [2.0, 2.1, "Memset (Device)"]]
-    o = stalls.copy_overlap(gpu)
+    o = ov.copy_overlap(gpu)
     assert o["copies"] == 3 and o["overlapping"] == 2
     assert o["overlapped_ms"] == pytest.approx(0.3 + 0.2)  # not 0.3 + 0.1 + 0.2: kernels merged first
     assert o["share"] == pytest.approx(0.5 / 0.9)
-    assert stalls.copy_overlap([[0, 1, K]])["share"] is None
+    assert ov.copy_overlap([[0, 1, K]])["share"] is None
 
 
 def test_overlap_lanes_split_compute_and_copies():
     gpu = [[0.0, 0.3, PAG], [0.3, 0.8, K], [0.8, 0.9, "Memset (Device)"]]
-    assert stalls.overlap_lanes(gpu) == {"compute": [[0.3, 0.8, K]], "copies": [[0.0, 0.3, PAG]]}
-    assert stalls.overlap_lanes(gpu, kernel_label="other") == {"compute": [], "copies": [[0.0, 0.3, PAG]]}
+    assert ov.overlap_lanes(gpu) == {"compute": [[0.3, 0.8, K]], "copies": [[0.0, 0.3, PAG]]}
+    assert ov.overlap_lanes(gpu, kernel_label="other") == {"compute": [], "copies": [[0.0, 0.3, PAG]]}
 
 
 @pytest.mark.parametrize("spans, err, match", [
@@ -304,26 +305,26 @@ def test_overlap_lanes_split_compute_and_copies():
 ])
 def test_overlap_functions_reject_bad_spans(spans, err, match):
     with pytest.raises(err, match=match):
-        stalls.copy_overlap(spans)
+        ov.copy_overlap(spans)
     with pytest.raises(err, match=match):
-        stalls.overlap_lanes(spans)
+        ov.overlap_lanes(spans)
 
 
 def test_copy_overlap_rejects_a_bad_min_ms():
     with pytest.raises(ValueError, match="min_ms"):
-        stalls.copy_overlap([[0, 1, K]], min_ms=-1)
+        ov.copy_overlap([[0, 1, K]], min_ms=-1)
 
 
 def test_wrong_steps():
-    assert stalls.wrong_steps([1, 2, 3], [1, 2, 3]) == 0
-    assert stalls.wrong_steps([1, 5, 3, 0], [1, 2, 3, 4]) == 2
-    assert stalls.wrong_steps([], []) == 0
+    assert ov.wrong_steps([1, 2, 3], [1, 2, 3]) == 0
+    assert ov.wrong_steps([1, 5, 3, 0], [1, 2, 3, 4]) == 2
+    assert ov.wrong_steps([], []) == 0
     with pytest.raises(ValueError, match="one entry per step"):
-        stalls.wrong_steps([1, 2], [1])
+        ov.wrong_steps([1, 2], [1])
     with pytest.raises(TypeError, match="values"):
-        stalls.wrong_steps(3, [1])
+        ov.wrong_steps(3, [1])
     with pytest.raises(TypeError, match="expected"):
-        stalls.wrong_steps([1], "1")
+        ov.wrong_steps([1], "1")
 
 
 def test_plots_draw_synthetic_results_and_reject_bad_input():
@@ -333,20 +334,20 @@ def test_plots_draw_synthetic_results_and_reject_bad_input():
     import matplotlib.pyplot as plt
 
     gpu = [[0.0, 0.3, PIN], [0.3, 0.8, K]]
-    fig = stalls.plot_overlap({m: {"gpu": gpu} for m in stalls.OVERLAP_MODES}, title="t")
+    fig = ov.plot_overlap({m: {"gpu": gpu} for m in ov.OVERLAP_MODES}, title="t")
     assert len(fig.axes) == 3
     plt.close(fig)
     with pytest.raises(ValueError, match="keys"):
-        stalls.plot_overlap({"one_stream_pinned": {"gpu": gpu}}, title="t", keys=["copy_stream_pinned"])
+        ov.plot_overlap({"one_stream_pinned": {"gpu": gpu}}, title="t", keys=["copy_stream_pinned"])
     with pytest.raises(TypeError, match="modes"):
-        stalls.plot_overlap({}, title="t")
-    rows = [{"n": 4, "bytes": 4096, **{k: 1.0 + i for i, k in enumerate(stalls.MANY_VARIANTS)}}]
-    fig = stalls.plot_many_tensors(rows, title="t")
+        ov.plot_overlap({}, title="t")
+    rows = [{"n": 4, "bytes": 4096, **{k: 1.0 + i for i, k in enumerate(ov.MANY_VARIANTS)}}]
+    fig = ov.plot_many_tensors(rows, title="t")
     plt.close(fig)
     with pytest.raises(ValueError, match=r"rows\[0\]"):
-        stalls.plot_many_tensors([{"n": 4}], title="t")
+        ov.plot_many_tensors([{"n": 4}], title="t")
     with pytest.raises(TypeError, match="rows"):
-        stalls.plot_many_tensors([], title="t")
+        ov.plot_many_tensors([], title="t")
 
 
 # ---- the tutorial's advice from the lesson's own results -------------------------------------------
@@ -462,9 +463,9 @@ def _gpu_copy_stream(inputs, out, compute, copy_stream, record=True):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_overlap_loop_results_are_exact():
-    r = stalls.overlap_loop(_gpu_one_stream, _gpu_copy_stream, _gpu_compute, steps=8, rounds=1,
+    r = ov.overlap_loop(_gpu_one_stream, _gpu_copy_stream, _gpu_compute, steps=8, rounds=1,
                             input_bytes=MiB, compute_ms=0.2, profile_steps=2, trace="build/test_traces/02_overlap.json")
-    assert set(r["modes"]) == set(stalls.OVERLAP_MODES)
+    assert set(r["modes"]) == set(ov.OVERLAP_MODES)
     assert all(m["wrong_steps"] == 0 for m in r["modes"].values())
     assert r["modes"]["one_stream_pinned"]["overlap"]["overlapping"] == 0
 
@@ -481,26 +482,22 @@ def test_gpu_many_tensors_data_arrives():
             d.copy_(s, non_blocking=True)
         torch.cuda.synchronize()
 
-    r = stalls.many_tensors(each, all_then_sync, cases=[[8, 4 * KiB]], repeat=2)
+    r = ov.many_tensors(each, all_then_sync, cases=[[8, 4 * KiB]], repeat=2)
     assert [row["data_ok"] for row in r["rows"]] == [True]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
-@pytest.mark.parametrize("name", ["copy_engines", "tutorial_matrix"])
-def test_issue22_copy_experiments_need_cuda(name):
-    from pinlab.lessons import l02_fake_non_blocking as l02
-
+@pytest.mark.parametrize("module, name", [(ov, "copy_engines"), (stalls, "tutorial_matrix")])
+def test_issue22_copy_experiments_need_cuda(module, name):
     with pytest.raises(pinlab.CudaUnavailableError, match=name):
-        getattr(l02, name)()
+        getattr(module, name)()
 
 
 @pytest.mark.parametrize("name, kwargs", [("copy_engines", {"nbytes": 0}), ("copy_engines", {"reps": 0}),
                                           ("tutorial_matrix", {"nbytes": -1}), ("tutorial_matrix", {"reps": 1.5})])
 def test_issue22_copy_experiments_check_arguments(name, kwargs):
-    from pinlab.lessons import l02_fake_non_blocking as l02
-
     with pytest.raises((TypeError, ValueError), match=next(iter(kwargs))):
-        getattr(l02, name)(**kwargs)
+        getattr(ov if hasattr(ov, name) else stalls, name)(**kwargs)
 
 
 @pytest.mark.gpu
@@ -508,7 +505,7 @@ def test_issue22_copy_experiments_check_arguments(name, kwargs):
 def test_gpu_copy_engines_and_matrix_shapes():
     from pinlab.lessons import l02_fake_non_blocking as l02
 
-    res = l02.copy_engines(nbytes=16 << 20, reps=2)
+    res = ov.copy_engines(nbytes=16 << 20, reps=2)
     assert [r["case"] for r in res["rows"]] == ["H2D alone", "D2H alone", "H2D and D2H at once", "two H2D at once"]
     assert all(r["gbps"] > 0 for r in res["rows"])
     assert len(l02.tutorial_matrix(nbytes=1 << 20, reps=2)) == 6
@@ -522,19 +519,17 @@ def _engines(both, two, engines=3):
 
 
 def test_engines_sentence_follows_the_rates():
-    from pinlab.lessons import l02_fake_non_blocking as l02
-
-    text = l02.engines_sentence(_engines(95.0, 51.0))
+    text = ov.engines_sentence(_engines(95.0, 51.0))
     assert "3 copy engines" in text and "side by side" in text and "no more than one copy" in text
-    text = l02.engines_sentence(_engines(50.0, 51.0, engines=1))
+    text = ov.engines_sentence(_engines(50.0, 51.0, engines=1))
     assert "1 copy engine " in text and "took turns" in text
-    assert "in part" in l02.engines_sentence(_engines(65.0, 51.0))
-    assert "did not fill the link" in l02.engines_sentence(_engines(95.0, 90.0))
-    assert "unknown number" in l02.engines_sentence(_engines(95.0, 51.0, engines=None))
+    assert "in part" in ov.engines_sentence(_engines(65.0, 51.0))
+    assert "did not fill the link" in ov.engines_sentence(_engines(95.0, 90.0))
+    assert "unknown number" in ov.engines_sentence(_engines(95.0, 51.0, engines=None))
     bad = _engines(95.0, 51.0)
     bad["rows"] = bad["rows"][:3]
     with pytest.raises(ValueError, match="two H2D at once"):
-        l02.engines_sentence(bad)
+        ov.engines_sentence(bad)
 
 
 def _matrix(pageable, pinned, then, nb_factor=1.0):
@@ -617,7 +612,7 @@ def test_issue22_copy_experiments_check_their_function_argument():
     from pinlab.lessons import l02_fake_non_blocking as l02
 
     with pytest.raises(TypeError, match="copy_on"):
-        l02.copy_engines(copy_on=3)
+        ov.copy_engines(copy_on=3)
     with pytest.raises(TypeError, match="to_gpu"):
         l02.tutorial_matrix(to_gpu="x")
 
@@ -632,7 +627,7 @@ def _gpu_lane(copy_ms, gap_ms, forward_ms, name, steps=6):
     spans, t = [], 0.0
     for _ in range(steps):
         spans.append([t, t + copy_ms, name])
-        spans.append([t + gap_ms, t + gap_ms + forward_ms, stalls.FORWARD_LABEL])
+        spans.append([t + gap_ms, t + gap_ms + forward_ms, ov.FORWARD_LABEL])
         t += gap_ms + forward_ms
     return spans
 
@@ -642,7 +637,7 @@ def _loop(forward=2.5, cal=1.05, work=(1.05, 1.05), gaps=(0.86, 0.2), copies=(0.
     """A step_loop() result with made-up timings (shaped after the H200's: an 8 MiB staged copy 0.63-1.0 ms, a
     pinned one 0.16-0.26 ms, reports/gpu/stability.json's 02b entry)."""
     modes = {}
-    for k, m in enumerate(stalls.STEP_MODES):
+    for k, m in enumerate(ov.STEP_MODES):
         name = PAGEABLE_NAME if m == "pageable" else PINNED_NAME
         modes[m] = {"ms_per_step": per_step[k], "steps_per_s": 1e3 / per_step[k], "copy_host_ms": copy_host[k],
                     "round_ms_per_step": list(rounds[k]) if rounds else [per_step[k]] * 2,
@@ -654,16 +649,16 @@ def _loop(forward=2.5, cal=1.05, work=(1.05, 1.05), gaps=(0.86, 0.2), copies=(0.
 
 
 def test_the_forward_is_sized_from_the_hosts_work_so_that_the_gpu_sets_the_pace():
-    assert stalls.gpu_bound_forward_ms(0.4, 2.0) == 2.0, "a quick host: the floor"
-    assert stalls.gpu_bound_forward_ms(1.01, 2.0) == 2.5, "twice the host's work, rounded up to 0.5 ms"
-    assert stalls.gpu_bound_forward_ms(6.62, 2.0) == 13.5, "the shared run's 6.6 ms prepare: a 13.5 ms forward"
-    assert stalls.gpu_bound_forward_ms(60.0, 2.0) == stalls.MAX_FORWARD_MS, "capped"
-    assert stalls.gpu_bound_forward_ms(3.0, 2.0, factor=3.0) == 9.0
+    assert ov.gpu_bound_forward_ms(0.4, 2.0) == 2.0, "a quick host: the floor"
+    assert ov.gpu_bound_forward_ms(1.01, 2.0) == 2.5, "twice the host's work, rounded up to 0.5 ms"
+    assert ov.gpu_bound_forward_ms(6.62, 2.0) == 13.5, "the shared run's 6.6 ms prepare: a 13.5 ms forward"
+    assert ov.gpu_bound_forward_ms(60.0, 2.0) == ov.MAX_FORWARD_MS, "capped"
+    assert ov.gpu_bound_forward_ms(3.0, 2.0, factor=3.0) == 9.0
     for bad, err in ((-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):
         with pytest.raises(err, match="host_work_ms"):
-            stalls.gpu_bound_forward_ms(bad, 2.0)
+            ov.gpu_bound_forward_ms(bad, 2.0)
     with pytest.raises(ValueError, match="floor_ms"):
-        stalls.gpu_bound_forward_ms(1.0, 0)
+        ov.gpu_bound_forward_ms(1.0, 0)
 
 
 def test_the_notebooks_step_marks_the_spans_the_calibration_times():
@@ -686,19 +681,19 @@ def test_the_notebooks_step_marks_the_spans_the_calibration_times():
     run_steps = nbtools.load_definition(NOTEBOOK, "run_steps", {"torch": fake_torch, "pinlab": fake_pinlab,
                                                                 "time": time, "contextlib": contextlib})
     bufs = [torch.zeros(4096, dtype=torch.uint8) for _ in range(3)]
-    spans = stalls.HostSpans()
+    spans = ov.HostSpans()
     copy_ms = run_steps(bufs, torch.empty(4096, dtype=torch.uint8), 5, cpu_ms=0.5, gpu_ms=7.0, in_flight=2, span=spans)
     assert len(copy_ms) == 5 and launched == [7.0] * 5
-    assert set(stalls.HOST_WORK_SPANS) <= set(spans.ms) and all(len(v) == 5 for v in spans.ms.values())
-    work = stalls.host_work_per_step(spans.ms)
+    assert set(ov.HOST_WORK_SPANS) <= set(spans.ms) and all(len(v) == 5 for v in spans.ms.values())
+    work = ov.host_work_per_step(spans.ms)
     assert len(work) == 5 and all(w >= 0.5 for w in work), "prepare busy-waits cpu_ms at least"
-    assert work == [a + b for a, b in zip(*(spans.ms[n] for n in stalls.HOST_WORK_SPANS))]
+    assert work == [a + b for a, b in zip(*(spans.ms[n] for n in ov.HOST_WORK_SPANS))]
     with pytest.raises(ValueError, match="marked no 'launch forward' span"):
-        stalls.host_work_per_step({"prepare inputs (CPU)": [1.0]})
+        ov.host_work_per_step({"prepare inputs (CPU)": [1.0]})
 
 
 def test_a_run_where_the_gpu_set_the_pace_shows_the_staged_copy_in_every_step():
-    f = stalls.step_loop_findings(_loop())
+    f = ov.step_loop_findings(_loop())
     assert f["shown"] and f["gpu_bound"] == {"pageable": True, "pinned": True}
     assert f["extra_ms"] == pytest.approx(0.65) and f["gap_ms"]["pageable"] == pytest.approx(0.86)
     assert f["nearest_model"] == "only the staged copy serialized"
@@ -711,7 +706,7 @@ def test_a_run_where_the_gpu_set_the_pace_shows_the_staged_copy_in_every_step():
 
 def test_a_run_whose_host_set_the_pace_says_it_could_not_show_it():
     # the committed shared run: prepare 6.45 ms against a 2 ms forward, 8.32 vs 8.41 ms per step
-    f = stalls.step_loop_findings(_loop(forward=2.0, cal=1.01, work=(6.45, 6.5), gaps=(5.53, 6.4),
+    f = ov.step_loop_findings(_loop(forward=2.0, cal=1.01, work=(6.45, 6.5), gaps=(5.53, 6.4),
                                         per_step=(8.32, 8.41), slow=(40, 40)))
     assert not f["shown"] and f["gpu_bound"] == {"pageable": False, "pinned": False}
     first = f["sentences"][0]
@@ -720,31 +715,31 @@ def test_a_run_whose_host_set_the_pace_says_it_could_not_show_it():
     assert "sized from the 1.01 ms the host needed before the timed steps: the host got slower after that" in first
     assert "the GPU waited for the host either way" in f["sentences"][1]
     assert f["sentences"][2] == "the timed pageable steps were not slower (8.32 ms against 8.41 ms pinned)"
-    f = stalls.step_loop_findings(_loop(forward=25.0, cal=30.0, work=(30.0, 30.0), gpu_forward=25.0))
+    f = ov.step_loop_findings(_loop(forward=25.0, cal=30.0, work=(30.0, 30.0), gpu_forward=25.0))
     assert not f["shown"] and "this host is too slow for the loop" in f["sentences"][0]
-    f = stalls.step_loop_findings(_loop(work=(1.05, 3.0)))  # only the pinned loop's host fell behind
+    f = ov.step_loop_findings(_loop(work=(1.05, 3.0)))  # only the pinned loop's host fell behind
     assert not f["shown"] and f["sentences"][0].startswith("this run could not show it: in the pinned loop")
-    f = stalls.step_loop_findings(_loop(forward=2.0, work=(6.6, 7.5), gaps=(5.93, 5.99), per_step=(8.04, 7.96)))
+    f = ov.step_loop_findings(_loop(forward=2.0, work=(6.6, 7.5), gaps=(5.93, 5.99), per_step=(8.04, 7.96)))
     assert f["sentences"][2] == ("the timed pageable steps took 80.0 µs longer than pinned ones (1% more), but not by "
                                  "the GPU's wait between forwards (the gaps differ by -60.0 µs)")
 
 
 def test_a_driver_that_stages_the_copy_behind_the_queue_is_named():
-    f = stalls.step_loop_findings(_loop(gaps=(0.2, 0.2), copies=(0.2, 0.2), copy_host=(0.03, 0.03),
+    f = ov.step_loop_findings(_loop(gaps=(0.2, 0.2), copies=(0.2, 0.2), copy_host=(0.03, 0.03),
                                         per_step=(2.7, 2.7)))
     assert not f["shown"]
     assert any("staged it behind the queue" in s and "no longer between two forwards" in s for s in f["sentences"])
-    f = stalls.step_loop_findings(_loop(gaps=(0.18, 0.2)))  # the copy_ held the host, the gaps did not show it
+    f = ov.step_loop_findings(_loop(gaps=(0.18, 0.2)))  # the copy_ held the host, the gaps did not show it
     assert not f["shown"] and any("copy_ held the host, but six profiled steps are few" in s for s in f["sentences"])
 
 
 def test_gaps_that_the_timed_steps_do_not_show_are_said_so():
-    f = stalls.step_loop_findings(_loop(per_step=(2.74, 2.75), rounds=((2.0, 3.48), (2.7, 2.8))))
+    f = ov.step_loop_findings(_loop(per_step=(2.74, 2.75), rounds=((2.0, 3.48), (2.7, 2.8))))
     assert not f["shown"] and f["gpu_bound"]["pageable"]
     assert f["sentences"][-1].startswith("the timed pageable steps were not slower (2.74 ms against 2.75 ms")
     assert ("the 660.0 µs per step the gaps predict is within what a step moved from one timed round to the other "
             "here (1.48 ms)") in f["sentences"][-1]
-    f = stalls.step_loop_findings(_loop(per_step=(2.74, 2.75)))  # rounds alike: the two measurements disagree
+    f = ov.step_loop_findings(_loop(per_step=(2.74, 2.75)))  # rounds alike: the two measurements disagree
     assert "more than a step moved between the timed rounds (0 ns)" in f["sentences"][-1]
 
 
@@ -752,13 +747,13 @@ def test_findings_refuse_a_result_recorded_before_the_calibration():
     old = _loop()
     del old["forward_ms"], old["calibration"]
     with pytest.raises(ValueError, match="before the loop was calibrated"):
-        stalls.step_loop_findings(old)
+        ov.step_loop_findings(old)
     with pytest.raises(TypeError, match="step_loop"):
-        stalls.step_loop_findings([])
+        ov.step_loop_findings([])
     bad = _loop()
     bad["modes"]["pinned"]["gpu"] = bad["modes"]["pinned"]["gpu"][:2]  # one forward: no gap
     with pytest.raises(ValueError, match="fewer than two forwards"):
-        stalls.step_loop_findings(bad)
+        ov.step_loop_findings(bad)
 
 
 @pytest.mark.gpu
@@ -769,10 +764,10 @@ def test_gpu_step_loop_sizes_the_forward_from_the_hosts_work():
 
     run_steps = nbtools.load_definition(NOTEBOOK, "run_steps", {"torch": torch, "pinlab": pinlab, "time": time,
                                                                 "contextlib": contextlib})
-    r = stalls.step_loop(run_steps, steps=8, warm_steps=3, profile_steps=3, input_bytes=MiB, gpu_ms=1.0, cpu_ms=0.5,
+    r = ov.step_loop(run_steps, steps=8, warm_steps=3, profile_steps=3, input_bytes=MiB, gpu_ms=1.0, cpu_ms=0.5,
                          trace="build/test_traces/02_step_loop.json")
     cal = r["calibration"]["host_work_ms"]
-    assert cal >= 0.5 and r["forward_ms"] == stalls.gpu_bound_forward_ms(cal, 1.0)
+    assert cal >= 0.5 and r["forward_ms"] == ov.gpu_bound_forward_ms(cal, 1.0)
     assert all(m["timed_steps"] == 8 and m["host_work_ms"] >= 0.5 for m in r["modes"].values())
-    f = stalls.step_loop_findings(r)
-    assert len(f["sentences"]) == 3 and set(f["gpu_bound"]) == set(stalls.STEP_MODES)
+    f = ov.step_loop_findings(r)
+    assert len(f["sentences"]) == 3 and set(f["gpu_bound"]) == set(ov.STEP_MODES)

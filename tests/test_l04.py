@@ -202,7 +202,7 @@ def test_soak_child_reports_no_cuda_as_data(no_cuda):
 @pytest.mark.slow
 def test_run_children_gives_each_child_its_environment(monkeypatch):
     monkeypatch.setenv("PINLAB_T_GONE", "parent")
-    tag = "PINLAB_RESULT "
+    tag = "PINLAB_CHILD "
     show = ("import json, os, sys\nsys.stdin.readline()\n"
             f"print({tag!r} + json.dumps({{'status': 'correct', 'detail': 'x', "
             "'a': os.environ.get('PINLAB_T_A'), 'gone': os.environ.get('PINLAB_T_GONE')}), flush=True)\n")
@@ -237,7 +237,7 @@ def test_run_children_gives_each_child_its_environment(monkeypatch):
 def test_run_children_starts_the_time_limit_only_after_the_set_up():
     """A child whose set-up (2 s here; importing torch, CUDA and a JIT build in the plan hazard) is
     longer than its time limit still gets the whole limit for its test."""
-    tag = "PINLAB_RESULT "
+    tag = "PINLAB_CHILD "
     slow = ("import json, os, pathlib, sys, time\ntime.sleep(2.0)\n"
             "pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\n"
             "sys.stdin.readline()\ntime.sleep(0.3)\n"
@@ -254,7 +254,7 @@ def test_run_children_starts_the_time_limit_only_after_the_set_up():
 def test_run_children_a_chatty_set_up_cannot_block_on_its_output():
     """A child that writes far more than a pipe holds (a JIT build's log) before it is ready still gets
     ready: its output goes to a file the parent reads at the end."""
-    tag = "PINLAB_RESULT "
+    tag = "PINLAB_CHILD "
     chatty = ("import json, os, pathlib, sys\n"
               "sys.stderr.write('x' * 300_000); sys.stdout.write('y' * 300_000 + '\\n'); sys.stdout.flush()\n"
               "pathlib.Path(os.environ['PINLAB_READY_FILE']).touch()\nsys.stdin.readline()\n"
@@ -356,15 +356,15 @@ def test_history_runs_the_approaches_round_robin(monkeypatch):
 
 
 def test_classify_child():
-    ok = l04.classify_child(0, 'x\nPINLAB_RESULT {"status": "correct", "detail": "fine", "err_a": 0.001}\n', "", False)
+    ok = l04.classify_child(0, 'x\nPINLAB_CHILD {"status": "correct", "detail": "fine", "err_a": 0.001}\n', "", False)
     assert ok == {"outcome": "correct", "detail": "fine", "err_a": 0.001}
     assert l04.classify_child(None, "", "", True)["outcome"] == "hung"
-    hung = l04.classify_child(0, 'PINLAB_RESULT {"status": "hung", "detail": "not finished"}\n', "", False)
+    hung = l04.classify_child(0, 'PINLAB_CHILD {"status": "hung", "detail": "not finished"}\n', "", False)
     assert hung == {"outcome": "hung", "detail": "not finished"}
     dead = l04.classify_child(-6, "", "...\nRuntimeError: CUDA error: an illegal memory access was encountered\n", False)
     assert dead["outcome"] == "crashed" and "illegal memory access" in dead["detail"]
     assert l04.classify_child(1, "", "", False)["detail"].startswith("exit status 1")
-    assert l04.classify_child(0, "PINLAB_RESULT {bad json", "boom", False)["outcome"] == "crashed"
+    assert l04.classify_child(0, "PINLAB_CHILD {bad json", "boom", False)["outcome"] == "crashed"
 
 
 @pytest.mark.slow
@@ -377,7 +377,7 @@ def test_child_process_runs_and_reports(no_cuda):
 
 @pytest.mark.slow
 def test_run_children_one_at_a_time_after_a_shared_set_up():
-    tag = "PINLAB_RESULT "
+    tag = "PINLAB_CHILD "
     waits = ("import json, sys, time\n"
              "t = time.time(); sys.stdin.readline()\n"
              f"print({tag!r} + json.dumps({{'status': 'correct', 'detail': 'ok', 'go': time.time()}}), flush=True)\n")
@@ -398,3 +398,59 @@ def test_plot_history_draws():
     axes = l04.plot_history(hist, title="t")
     assert len(axes) == 3
     plt.close("all")
+
+
+class _FakeWrapper:
+    """FlashInfer's decode wrapper as far as the plan hazard uses it: plan() writes its plan info into ONE
+    pinned workspace (outside torch, as its C++ planner does) and queues the copy on the stream."""
+
+    def __init__(self, stream):
+        self.s = stream
+        self._pin_memory_int_workspace_buffer = torch.zeros(4096, dtype=torch.uint8, pin_memory=True)
+        self.plans = 0
+
+
+class _FakeDecode:
+    def __init__(self, stream, *args):
+        self.wrapper = _FakeWrapper(stream)
+
+    def plan(self, indptr, indices, last_page_len):
+        w = self.wrapper
+        w.plans += 1
+        w._pin_memory_int_workspace_buffer.numpy()[: int(indptr[-1]) + 1] = w.plans
+        w.s.launch(lambda: None)  # the planner's cudaMemcpyAsync of the plan info
+
+    def run(self, q, k, v):
+        return torch.zeros(2, 2)
+
+
+@pytest.mark.parametrize("mode, flagged", [("back_to_back", 1), ("two_wrappers", 0), ("event_wait", 0),
+                                           ("synced", 0)])
+def test_the_plan_hazard_child_declares_the_staging_and_flags_only_the_shared_workspace(monkeypatch, mode, flagged):
+    """The child's own logic on the emulated stream (FlashInfer faked as above; the GPU run is lesson 09's):
+    with races=True each plan()'s copy is declared, and only one wrapper re-planned while its copy is queued
+    is a finding."""
+    s = pinlab.LaggingStream()
+
+    class Event:
+        def record(self):
+            self.e = s.record_event()
+
+        def synchronize(self):
+            self.e.synchronize()
+
+    meta = type("M", (), {"indptr_cpu": torch.tensor([0, 3]), "indices": None, "last_page_len_cpu": None})()
+    batch = type("B", (), {"q": None, "k_cache": None, "v_cache": None, "seq_lens": torch.tensor([3]),
+                           "block_table": None})()
+    monkeypatch.setattr(l04, "FlashInferDecode", lambda *a: _FakeDecode(s, *a))
+    monkeypatch.setattr(l04, "random_batch", lambda *a, **k: batch)
+    monkeypatch.setattr(l04, "build_metadata", lambda *a, **k: meta)
+    monkeypatch.setattr(l04, "reference_decode", lambda *a, **k: torch.zeros(2, 2))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: s.synchronize())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr("pinlab.busy.gpu_busy", lambda ms: s.busy(ms))
+    monkeypatch.delenv("PINLAB_READY_FILE", raising=False)
+    with s:
+        r = l04._plan_hazard_child(mode, 50.0, 0, 0.02, watchdog_s=30.0, races=True)
+    assert r["status"] == "correct", r
+    assert r["races"] - r["races_elsewhere"] == flagged and r["races_elsewhere"] == 0, r

@@ -40,10 +40,10 @@ def test_planted_loop_corrupts_on_the_emulated_stream(model):
 def test_planted_loop_audit_names_each_line(model):
     r = l07.run_loop(model, l07.planted_loop, STEPS)
     assert r["audit_lines"] == [
-        f"pageable non_blocking H2D: .copy_(..., non_blocking=True) at line 9 of planted_loop, 8.0 MiB, {STEPS} time(s)",
+        f"pageable non_blocking H2D: .copy_(..., non_blocking=True) at line 9 of planted_loop, 8 MiB, {STEPS} time(s)",
         f"pin_memory() of a pinned tensor: .pin_memory() at line 11 of planted_loop, 68 B, {STEPS} time(s)",
         f"host sync: .item() at line 18 of planted_loop, 1 B, {STEPS} time(s)",
-        "host sync: .to('cpu') at line 4 of planted_loop, 8.0 MiB, 1 time(s)",
+        "host sync: .to('cpu') at line 4 of planted_loop, 8 MiB, 1 time(s)",
         "host sync: stream.synchronize() at line 21 of planted_loop, 1 time(s)",
     ]
     assert r["counts"] == {l07.PAGEABLE: STEPS, l07.BLOCKING: 0, l07.SYNC: STEPS + 2, l07.PIN_NOOP: STEPS,
@@ -59,7 +59,7 @@ def test_fixed_loop_is_exact_on_the_emulated_stream(model):
     assert r["corrupted"] == 0 and r["stale_reads"] == 0 and r["missing"] == 0 and r["deliveries"] == STEPS
     assert r["stops_ok"] and r["want_stops"], "the workload should finish some requests"
     assert r["lm_head_ok"]
-    assert r["audit_lines"] == ["blocking copy: .copy_() device to host at line 4 of fixed_loop, 8.0 MiB, 1 time(s)",
+    assert r["audit_lines"] == ["blocking copy: .copy_() device to host at line 4 of fixed_loop, 8 MiB, 1 time(s)",
                                 "host sync: stream.synchronize() at line 31 of fixed_loop, 1 time(s)"]
     assert sum(r["in_loop"].values()) == 0
     assert model.stream is not None and not hasattr(model.stream, "_audit")  # the stream is given back
@@ -236,7 +236,7 @@ def test_code_of_lines_names_each_line_by_its_code():
 
 
 def test_fmt_bytes():
-    assert [l07.fmt_bytes(n) for n in (68, 4096, 4 * l07.MiB)] == ["68 B", "4.0 KiB", "4.0 MiB"]
+    assert [l07.fmt_bytes(n) for n in (68, 4096, 4 * l07.MiB)] == ["68 B", "4 KiB", "4 MiB"]
 
 
 # ---- bad input, GPU-only experiments -----------------------------------------------------------------

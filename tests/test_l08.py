@@ -129,10 +129,9 @@ def test_graph_memory_names_a_bad_argument(kwargs, match):
 
 def test_flashinfer_graph_runs_summarises_each_run_and_says_why_flashinfer_did_not(monkeypatch):
     """The summary the notebook records, computed on the CPU from stand-in runs (no CUDA needed)."""
-    import pinlab.args
     from pinlab.paged_kv import FlashInferUnavailableError
 
-    monkeypatch.setattr(pinlab.args, "require_cuda", lambda what: None)
+    monkeypatch.setattr(l08, "require_cuda", lambda what: None)
     errs = {"reused_pinned": [0.001, 0.002, 1.5, float("nan"), 0.9], "snapshot": [0.001] * 5,
             "pinned_ring": [0.003, 0.001, 0.002, 0.001, 0.001]}
 

@@ -86,7 +86,7 @@ def test_deferred_stop_reads_one_step_late_and_undoes_that_step():
 
 
 @pytest.mark.skipif(pinlab.has_cuda(), reason="checks the refusal without CUDA")
-@pytest.mark.parametrize("fn", [l09.audit_generate, l09.stop_checks, l09.audit_dataloader])
+@pytest.mark.parametrize("fn", [l09.audit_generate, l09.stop_checks, l09.audit_dataloader, l09.audit_newer])
 def test_gpu_experiments_refuse_without_cuda(fn):
     with pytest.raises(pinlab.CudaUnavailableError):
         fn()
@@ -97,3 +97,144 @@ def test_a_missing_recording_gives_one_sentence(capsys):
     assert l09.measure_or_say("09_not_recorded_anywhere", lambda: {}) is None
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no recorded GPU run yet" in out[0]
+
+
+class _Pinnable:
+    def __init__(self):
+        self.pinned = False
+
+    def pin_memory(self):
+        out = _Pinnable()
+        out.pinned = True
+        return out
+
+
+def test_the_witness_batch_says_which_thread_pinned_it():
+    """DataLoader calls a custom batch's pin_memory() where it pins: the main thread without workers, its
+    pin_memory thread with them. The witness records which (here: called from the main thread and from a
+    thread of our own)."""
+    import threading
+
+    l09._PINNED_BY.clear()
+    b = l09.PinWitness(_Pinnable(), _Pinnable()).pin_memory()
+    assert b.x.pinned and b.y.pinned
+    for name in ("pin-thread", "Thread-7 (_pin_memory_loop)"):
+        t = threading.Thread(target=lambda: l09.PinWitness(_Pinnable(), _Pinnable()).pin_memory(), name=name)
+        t.start()
+        t.join()
+    assert l09._PINNED_BY == ["main thread", "another thread", "DataLoader's pin_memory thread"]
+
+
+def test_the_strided_collate_hands_out_a_view_that_is_not_dense():
+    from pinlab.detector import host_layout_ok, is_dense
+
+    samples = [(torch.randn(8), torch.tensor(i)) for i in range(4)]
+    plain, strided = l09.collate_witness(samples), l09.collate_strided(samples)
+    assert plain.x.is_contiguous() and plain.x.shape == (4, 8) and plain.y.tolist() == [0, 1, 2, 3]
+    x = strided.x
+    assert x.shape == (4, 4) and not is_dense(x.shape, x.stride()) and torch.equal(x, plain.x[:, ::2])
+    assert host_layout_ok("Tensor.to", x.shape, x.stride(), x.is_contiguous()) is False, \
+        "the detector takes its copy to go through a host temporary (as torch's Copy.cu does)"
+
+
+def test_pageable_copies_adds_the_staged_ones():
+    case = {"detector_pageable": 2, "detector_staged": 8, "memcpy": {l09.PAGEABLE_MEMCPY: 10, l09.PINNED_MEMCPY: 8}}
+    assert l09.pageable_copies(case) == (10, 10)
+    assert l09.pageable_copies({"detector_pageable": 16, "memcpy": {}}) == (16, 0)
+    assert set(l09.LOADERS) >= {"pin_memory=False", "pin_memory=True", "pin_memory=True, 2 workers"}
+
+
+def _audit(version, places, new_tokens=24):
+    return {"transformers": version, "new_tokens": new_tokens,
+            "places": [{"kind": k, "function": f, "code": c, "where": w, "n": n} for k, f, c, w, n in places]}
+
+
+def test_two_audits_are_compared_by_function_and_code_not_line():
+    stop = ("host sync (bool/int/float of a CUDA tensor)", "__call__", "return bool(unfinished_sequences.max() == 0)")
+    mask = ("host sync (bool/int/float of a CUDA tensor)", "_ignore_causal_mask_sdpa", "if ... fast_all(padding_mask)")
+    a = _audit("5.17.0", [(*stop, "utils.py:383", 24), (*mask, "masking_utils.py:269", 24)])
+    same = _audit("5.24.0", [(*stop, "utils.py:396", 24), (*mask, "masking_utils.py:292", 24)])
+    assert [(r["a"], r["b"]) for r in l09.compare_audits(a, same)] == [(24, 24), (24, 24)]
+    assert l09.changes_text(a, same).startswith("transformers 5.24.0 makes the same calls as 5.17.0")
+    assert l09.waits_per_token(a) == 2.0
+    fewer = _audit("5.30.0", [(*stop, "utils.py:400", 24)])
+    assert l09.changes_text(a, fewer) == "transformers 5.30.0 against 5.17.0: 1 place(s) of 5.17.0 gone"
+    assert l09.waits_per_token(fewer) == 1.0
+
+
+def test_the_newer_release_is_a_requirement_that_replays_when_absent(monkeypatch, tmp_path):
+    from pinlab import probe
+
+    monkeypatch.delenv(probe.NEWER_TRANSFORMERS_ENV, raising=False)
+    assert any("no newer transformers" in r for r in probe.unmet({"newer_transformers": True}))
+    monkeypatch.setenv(probe.NEWER_TRANSFORMERS_ENV, str(tmp_path))
+    assert probe.newer_transformers_dir() is None, "a folder without transformers/ in it is not one"
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "__init__.py").write_text("")
+    assert probe.newer_transformers_dir() == str(tmp_path) and probe.unmet({"newer_transformers": True}) == []
+    with pytest.raises(TypeError, match="newer_transformers"):
+        probe.unmet({"newer_transformers": "yes"})
+
+
+def test_plan_staging_needs_cuda_and_its_rows_and_sentence_come_from_the_result():
+    import pinlab
+    from pinlab.lessons import l09_real_code as l09
+
+    if not torch.cuda.is_available():
+        with pytest.raises(pinlab.CudaUnavailableError):
+            l09.plan_staging()
+    r = {"back_to_back": {"outcome": "wrong output", "detail": "max error 3", "races": 2, "races_elsewhere": 1,
+                          "seconds": 0.4},
+         "two_wrappers": {"outcome": "correct", "detail": "ok", "races": 0, "races_elsewhere": 0, "seconds": 0.2},
+         "event_wait": {"outcome": "correct", "detail": "ok", "races": 0, "races_elsewhere": 0, "seconds": 0.3}}
+    rows = l09.staging_rows(r)
+    assert [row["staging"] for row in rows] == [1, 0, 0] and rows[0]["elsewhere"] == 1
+    text = l09.staging_text(r)
+    assert "flagged the staging 1 time(s)" in text and "1 other finding(s)" in text and "wrong output" in text
+    gone = {m: {"outcome": "unavailable", "detail": "no FlashInfer"} for m in l09.STAGING_MODES}
+    assert l09.staging_text(gone) == "FlashInfer could not run the children here (no FlashInfer)."
+
+
+def test_audit_flashinfer_needs_cuda_and_its_lines_come_from_the_result(capsys):
+    import pinlab
+    from pinlab.lessons import l09_real_code as l09
+
+    if not torch.cuda.is_available():
+        with pytest.raises(pinlab.CudaUnavailableError):
+            l09.audit_flashinfer()
+    f = {"places": [{"n": 16, "kind": "pageable non_blocking H2D", "where": "decode.py:1", "function": "plan",
+                     "code": "x.to(d)"}], "reported": 16, "steps": 8, "trace_syncs": 0, "memcpy": {}}
+    l09.show_flashinfer_audit(f)
+    out = capsys.readouterr().out
+    assert "16 x pageable non_blocking H2D" in out and "per decode step: 2.00" in out and "by kind: none" in out
+
+
+def _stop_result(default_tps, deferred_tps, version="5.17.0"):
+    run = {"tokens": [[1, 2, 3]], "wait_us_per_token": 0.0, "gpu_idle": None, "tokens_per_s": 0.0}
+    return {"deferred_is": "transformers' DeferredStopCheck", "transformers": version, "gpu_ms": 0.0,
+            "runs": {"default": dict(run, syncs={"cudaStreamSynchronize": 51}, wait_us_per_token=812.0,
+                                     gpu_idle=0.61, tokens_per_s=default_tps),
+                     "deferred": dict(run, syncs={"cudaStreamSynchronize": 27, "cudaEventSynchronize": 25},
+                                      wait_us_per_token=230.0, tokens_per_s=deferred_tps)},
+            "ratios": [0.98, 1.02]}
+
+
+def test_stop_checks_text_is_computed_from_each_result(capsys):
+    res = {"tiny model": _stop_result(441.0, 434.0), "+4 ms GPU per step, newer": _stop_result(150.0, 180.0, "5.24.0")}
+    assert l09.speedup(res["tiny model"]) == pytest.approx(434 / 441)
+    text = l09.stop_checks_text(res)
+    assert "tiny model (transformers 5.17.0): 0.98x, the host waiting 812 -> 230 us per token" in text
+    assert "+4 ms GPU per step, newer (transformers 5.24.0): 1.20x" in text
+    assert "27 cudaStreamSynchronize left in the deferred run" in text
+    assert "GPU idle" not in text  # a run without kernels in its trace names no idle share
+    l09.show_stop_runs(res["tiny model"], 24)
+    out = capsys.readouterr().out
+    assert "default: host waiting per token, GPU idle share of the call: 812 us, 61%" in out
+    assert "deferred: host waiting per token, GPU idle share of the call: 230 us, no kernel in the trace" in out
+    assert "deferred speed-up per round: 0.98x, 1.02x" in out
+
+
+@pytest.mark.skipif(pinlab.has_cuda(), reason="checks the refusal without CUDA")
+def test_stop_checks_newer_refuses_without_cuda():
+    with pytest.raises(pinlab.CudaUnavailableError):
+        l09.stop_checks_newer(gpu_ms=4.0)

@@ -147,14 +147,14 @@ def _fig_02b_step_loop():
 
 
 def _fig_02b_overlap():
-    from pinlab.lessons import l02_fake_non_blocking as stalls
-    return stalls.plot_overlap(_rec("02_overlap")["modes"], title=f"Six steps from the profiler trace: compute "
+    from pinlab.lessons import l02b_overlapping_copies as ov
+    return ov.plot_overlap(_rec("02_overlap")["modes"], title=f"Six steps from the profiler trace: compute "
                                f"kernels and copies ({TAG})")
 
 
 def _fig_02b_many():
-    from pinlab.lessons import l02_fake_non_blocking as stalls
-    return stalls.plot_many_tensors(_rec("02_many_tensors")["rows"], title=f"N host tensors to the GPU, host time "
+    from pinlab.lessons import l02b_overlapping_copies as ov
+    return ov.plot_many_tensors(_rec("02_many_tensors")["rows"], title=f"N host tensors to the GPU, host time "
                                     f"({TAG})")
 
 

@@ -463,3 +463,24 @@ def test_gpu_setitem_from_pinned_memory_waits_and_is_not_pending():
         pinned.fill_(0)
         torch.cuda.synchronize()
     assert dst.tolist() == list(range(64)) and races.total == 0
+
+
+@pytest.mark.parametrize("wait_first", [False, True])
+def test_copied_again_from_a_buffer_a_pending_copy_reads_is_the_race(wait_first):
+    """FlashInfer's plan() pattern: C++ writes its plan info into one pinned workspace and copies it; the next
+    plan() writes it again. Declared with copied() after each, the second finds the first still pending, even
+    when the host waits for everything before the block ends (the waits that hide it from the final compare)."""
+    det = detect_races()
+    with LaggingStream() as s, det as races:
+        buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+        host = buf.numpy()
+        host[:] = 1                                  # plan 1 writes its plan info (outside torch)
+        s.launch(lambda: None)
+        det.copied(buf)                              # ... and copies it
+        if wait_first:
+            s.synchronize()                          # the fix: wait for copy 1 before the next plan
+        host[:] = 2                                  # plan 2 writes the same workspace
+        s.launch(lambda: None)
+        det.copied(buf)
+        s.synchronize()
+    assert races.counts == ({} if wait_first else {H2D_REWRITE: 1})

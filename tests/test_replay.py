@@ -363,7 +363,7 @@ def test_checker_05_reads_the_recording_through_load_recorded(datadir):
     path.write_text(path.read_text()[:-40])
     l05.reset()
     with pytest.raises(record.ReplayFileError) as info:
-        l05.check_pinned_footprint(solution_namespace("05_pinned_weight_restore")["pinned_footprint"])
+        l05.check_pinned_footprint.verdict(solution_namespace("05_pinned_weight_restore")["pinned_footprint"])
     _assert_one_sentence(info.value, path, "is not valid JSON")
 
 

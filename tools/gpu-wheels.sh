@@ -28,7 +28,7 @@ if [[ -e "$dest" && ! -d "$dest" ]]; then
   exit 2
 fi
 mkdir -p "$dest"
-others=$(find "$dest" -mindepth 1 -maxdepth 1 ! \( -type f \( -name '*.whl' -o -name SHA256SUMS \) \) -print -quit)
+others=$(find "$dest" -mindepth 1 -maxdepth 1 ! \( -type f \( -name '*.whl' -o -name SHA256SUMS -o -name SHA256SUMS.newer \) \) -print -quit)
 if [[ -n "$others" ]]; then
   echo "gpu-wheels.sh: $dest holds more than an earlier run's wheels (e.g. $others): refusing to empty it;" \
        "give an empty or new DEST" >&2
@@ -37,7 +37,7 @@ fi
 old=$(find "$dest" -mindepth 1 -maxdepth 1 -type f | wc -l)
 if (( old > 0 )); then
   echo "emptying $dest: $old files of an earlier run"
-  find "$dest" -mindepth 1 -maxdepth 1 -type f \( -name '*.whl' -o -name SHA256SUMS \) -delete
+  find "$dest" -mindepth 1 -maxdepth 1 -type f \( -name '*.whl' -o -name SHA256SUMS -o -name SHA256SUMS.newer \) -delete
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -94,6 +94,19 @@ for f in "$tmp"/w/*.whl; do
   fi
 done
 (cd "$dest" && sha256sum -- *.whl > SHA256SUMS)
+# A newer transformers for lesson 09's comparison (l09.audit_newer), listed apart in SHA256SUMS.newer: installed
+# into a folder of its own, never on the suite's PYTHONPATH (the lesson hooks the image's 5.17 internals).
+# 5.24.0: the newest release whose requirements the image meets (5.25.0 asks kernels>=0.19.1).
+newer=${NEWER_TRANSFORMERS:-5.24.0}
+"$py" "${download[@]}" -d "$tmp/n" --no-deps "transformers==$newer"
+newer_whl=$(cd "$tmp/n" && ls transformers-*.whl 2>/dev/null | head -1 || true)
+if [[ -n "$newer_whl" ]]; then
+  cp "$tmp/n/$newer_whl" "$dest"/
+  (cd "$dest" && sha256sum -- "$newer_whl" > SHA256SUMS.newer)
+  echo "newer transformers for lesson 09: $newer_whl (in $dest/SHA256SUMS.newer)"
+else
+  echo "gpu-wheels.sh: no transformers==$newer wheel came down: lesson 09 replays its comparison" >&2
+fi
 echo "wheels in $dest: ${kept[*]}"
 echo "left out (the GPU image has them): ${left[*]:-none}"
 kib=$(du -sk "$dest" | cut -f1)
@@ -108,5 +121,7 @@ against SHA256SUMS, install exactly those into a fresh private folder, and put i
 
   SITE=\$(mktemp -d) && (cd $dest && sha256sum --strict -c SHA256SUMS && python3 -m pip install -q --no-index \\
     --no-deps --target "\$SITE" \$(awk '{print \$2}' SHA256SUMS)) && export PYTHONPATH="\$SITE"
+  NEWER=\$(mktemp -d) && (cd $dest && sha256sum --strict -c SHA256SUMS.newer && python3 -m pip install -q \\
+    --no-index --no-deps --target "\$NEWER" \$(awk '{print \$2}' SHA256SUMS.newer)) && export PINLAB_TRANSFORMERS_NEWER="\$NEWER"
   python3 tools/gpu_suite.py
 MSG

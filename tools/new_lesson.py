@@ -132,8 +132,7 @@ pinlab.header("{stem}")
 
 # %%
 t = torch.zeros(1024, dtype=torch.float32)
-pinlab.claim("a 1024-element float32 tensor holds 4096 bytes", l{n}.nbytes(t) == 4096, value=l{n}.nbytes(t),
-             why="float32 is 4 bytes per element")
+pinlab.claim("bytes a 1024-element float32 tensor holds", l{n}.nbytes(t), expect=4096, why=l{n}.WHY.float32)
 
 # %% [markdown]
 # ## What to remember
@@ -145,6 +144,11 @@ from __future__ import annotations
 
 import torch
 
+from ..claims import Reasons
+
+#: why a fact of this lesson may not hold on some machine: the notebook names one (``why=l{n}.WHY.float32``)
+WHY = Reasons(float32="float32 is 4 bytes per element on every machine: another count is a bug in the lesson")
+
 
 def nbytes(t: torch.Tensor) -> int:
     """The bytes ``t``'s elements take (``numel() * element_size()``): an example to replace."""
@@ -153,15 +157,17 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 '''
 
-CHECKS = '''"""Exercise checkers for lesson {n}: the reference answers are the lesson module's own."""
+CHECKS = '''"""Exercise checkers for lesson {n}: the reference answers are the lesson module's own. Each prints its
+verdict and returns None in a notebook; ``check_x.verdict(...)`` returns it as a bool (the tests)."""
 from __future__ import annotations
 
 import torch
 
 from ..lessons.{mod} import nbytes
-from . import run_cases, same_int
+from . import checker, run_cases, same_int
 
 
+@checker
 def check_nbytes(fn) -> bool:
     """``nbytes(t)``: the bytes a tensor's elements take."""
     cases = [(torch.zeros(0),), (torch.zeros(3, dtype=torch.float16),), (torch.zeros(2, 5, dtype=torch.int64),),
@@ -225,12 +231,12 @@ def sol():
 
 
 def test_nbytes_accepts_solution(sol, capsys):
-    assert checks.check_nbytes(sol["nbytes"]) is True
+    assert checks.check_nbytes.verdict(sol["nbytes"]) is True
     assert "✅" in capsys.readouterr().out
 
 
 def test_nbytes_rejects_the_element_count(capsys):
-    assert checks.check_nbytes(lambda t: t.numel()) is False
+    assert checks.check_nbytes.verdict(lambda t: t.numel()) is False
     assert "❌" in capsys.readouterr().out
 '''
 

@@ -35,6 +35,10 @@ PKG = "lib/pinlab"
 MEASURED: dict[str, str] = {
     f"{PKG}/busy.py": "the GPU's lead: the spin kernels that keep the GPU behind the host, which every race, stall "
                       "and overlap experiment needs to show its effect",
+    f"{PKG}/child.py": "experiments run in a fresh process (cold allocators, FlashInfer's crashing plan() staging): "
+                       "the protocol decides what such a run reports",
+    f"{PKG}/copyargs.py": "the one parser of copy calls: what the detectors, the audits, the checkers and the emulated "
+                          "stream take for a copy, its source, its target and non_blocking",
     f"{PKG}/decode_loop.py": "the paged-decode step loop of lessons 03 and 04: real attention fed by raced metadata",
     f"{PKG}/detector.py": "detect_stalls: the syncs and pageable copies whose counts lessons assert",
     f"{PKG}/h2d.py": "async_tensor_h2d and pin_snapshot: the take-home copies the lessons measure",
@@ -46,8 +50,11 @@ MEASURED: dict[str, str] = {
     f"{PKG}/steploop.py": "the step loop of lessons 02-04 and 08: its strategies are the race and its fixes",
     f"{PKG}/streams.py": "the stream a step loop runs on (CUDA, or the emulated lagging stream): the order of host "
                          "and device work that every race shows",
-    f"{PKG}/checks/__init__.py": "the checkers' core: it runs the learner's code, compares its answers and decides the "
-                                 "verdict a solution shows",
+    f"{PKG}/checks/__init__.py": "the checkers' core (with guard, compare and verdict): it runs the learner's code and "
+                                 "decides the verdict a solution shows",
+    f"{PKG}/checks/guard.py": "the checkers' core: the learner's call, its time limit and torch's state around it",
+    f"{PKG}/checks/compare.py": "the checkers' core: how an answer is compared with the reference",
+    f"{PKG}/checks/verdict.py": "the checkers' core: the verdict line a solution shows",
 }
 
 #: Every other module of lib/pinlab: shared plumbing. A change to one renews the quiet pass of every notebook that
@@ -62,6 +69,8 @@ PLUMBING: dict[str, str] = {
     f"{PKG}/probe.py": "the platform probe: what this machine can show, the run's conditions, the imitated limits",
     f"{PKG}/progress.py": "progress bars on stderr (nbval does not compare stderr)",
     f"{PKG}/replay.py": "replay lookup and recording: live on a GPU, the recorded run elsewhere",
+    f"{PKG}/run_header.py": "the header each notebook starts with: the machine, the versions, the run's conditions",
+    f"{PKG}/text.py": "formatting of durations, sizes and wrapped lines",
     f"{PKG}/syllabus.py": "the syllabus table that lesson 00 prints",
     f"{PKG}/timing.py": "timers and the [measured]/[timing] lines, which nbval masks and no claim reads",
     f"{PKG}/lessons/__init__.py": "the lessons package (no code)",

@@ -5,7 +5,8 @@ import time
 
 import torch
 
-from .args import callable_arg, positive_int, positive_number, require_cuda
+from .args import callable_arg, positive_int, positive_number
+from .device import require_cuda
 
 _CYCLES_PER_MS: float | None = None
 #: gpu_busy() keeps the GPU busy for at most this long (a minute): more is a typo, not an experiment.

@@ -61,6 +61,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .args import positive_int
+from .text import fmt_bytes
+from .copyargs import copy_call, cuda_args, parse_to_args
+from .copyargs import device_type as _device_type
 
 # --- kinds -----------------------------------------------------------------------------------
 
@@ -203,44 +206,6 @@ def host_layout_ok(op, host_shape, host_strides, host_contiguous, dev_shape=None
     return bool(host_contiguous) or (same_dtype and is_dense(host_shape, host_strides))
 
 
-def _device_type(device):
-    """'cuda' for 'cuda:1', torch.device('cuda', 1) or 1; None for None."""
-    if device is None:
-        return None
-    if isinstance(device, torch.device):
-        return device.type
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    try:
-        return torch.device(device).type
-    except (TypeError, RuntimeError, ValueError):
-        return None
-
-
-def parse_to_args(args, kwargs):
-    """``(target device type or None, dtype or None, non_blocking)`` from the arguments of
-    ``Tensor.to`` *after* ``self``, for the three forms ``to(device, dtype, non_blocking, copy)``,
-    ``to(dtype, non_blocking, copy)`` and ``to(other_tensor, non_blocking, copy)``."""
-    device = kwargs.get("device")
-    dtype = kwargs.get("dtype")
-    other = kwargs.get("other", kwargs.get("tensor"))
-    rest = ()
-    if args:
-        first = args[0]
-        if isinstance(first, torch.Tensor):
-            other, rest = first, args[1:]
-        elif isinstance(first, torch.dtype):
-            dtype, rest = first, args[1:]
-        else:
-            device, rest = first, args[1:]
-            if rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
-                dtype, rest = rest[0], rest[1:]
-    if other is not None:
-        device, dtype = other.device, other.dtype
-    non_blocking = bool(rest[0]) if rest else bool(kwargs.get("non_blocking", False))
-    return _device_type(device), dtype, non_blocking
-
-
 # --- where: the reader's file:line --------------------------------------------------------------
 
 
@@ -308,17 +273,11 @@ class StallEvent:
         return asdict(self)
 
     def __str__(self) -> str:
-        size = "" if self.nbytes is None else f", {_fmt_bytes(self.nbytes)}"
+        size = "" if self.nbytes is None else f", {fmt_bytes(self.nbytes)}"
         detail = f" ({self.detail}{size})" if self.detail or size else ""
         return f"{self.kind}: {self.op} at {self.where}{detail}"
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 class StallReport:
@@ -438,14 +397,15 @@ def _classify_copy(op, host, dev_shape, dev_strides, src_type, dst_type, non_blo
 
 
 def _h_copy_(args, kwargs, device_type):
-    dst = args[0]
-    src = args[1] if len(args) > 1 else kwargs.get("src")
+    c = copy_call("copy_", args, kwargs)
+    if c is None:
+        return None
+    dst, src, non_blocking = c.dst, c.src, c.non_blocking
     if not isinstance(src, torch.Tensor) or (src.is_cpu and dst.is_cpu):  # fast exit: CPU -> CPU
         return None
     src_type, dst_type = src.device.type, dst.device.type
     if src_type == dst_type:
         return None
-    non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
     host, dev = (src, dst) if src_type == "cpu" else (dst, src)
     return _classify_copy("Tensor.copy_", host, dev.shape, dev.stride(), src_type, dst_type,
                           non_blocking, device_type, same_dtype=src.dtype == dst.dtype)
@@ -475,7 +435,7 @@ def _h_cuda(args, kwargs, device_type):
     src_type = self.device.type
     if src_type == "cuda":
         return None
-    non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+    non_blocking = cuda_args(args[1:], kwargs)[1]
     return _classify_copy("Tensor.cuda", self, None, None, src_type, "cuda", non_blocking, device_type)
 
 

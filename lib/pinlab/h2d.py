@@ -36,8 +36,7 @@ import warnings
 import numpy as np
 import torch
 
-from .args import require_cuda
-from .device import has_cuda
+from .device import has_cuda, require_cuda
 
 #: How :func:`pin_snapshot` makes its copy, by (is_pinned, is_contiguous).
 PIN_MEMORY = "t.pin_memory()"

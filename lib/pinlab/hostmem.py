@@ -51,6 +51,12 @@ def pinned_baseline() -> int:
     return pinned_bytes_held()
 
 
+#: why "pinned memory held is back to its starting level" may not hold, the reason of every lesson's last claim
+PINNED_BACK_WHY = ("every experiment frees what it pinned and empties torch's pinned cache; a tensor still referenced "
+                   "from a cell, an error that stopped an experiment halfway, or another thread or library of this "
+                   "process that pinned memory meanwhile keeps a block")
+
+
 def pinned_back_to(baseline: int) -> bool:
     """Release cached pinned blocks; True when the bytes held are back to ``baseline``.
 

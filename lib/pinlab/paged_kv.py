@@ -29,7 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from .args import INT32_MAX, positive_int, positive_number, require_cuda
+from .args import INT32_MAX, positive_int, positive_number
+from .device import require_cuda
 
 __all__ = [
     "PagedKVMetadata",

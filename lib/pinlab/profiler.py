@@ -24,7 +24,8 @@ import statistics
 import time
 from pathlib import Path, PurePosixPath
 
-from .args import callable_arg, positive_number, require_cuda
+from .args import callable_arg, positive_number
+from .device import require_cuda
 
 # --- spans ----------------------------------------------------------------------------------------
 

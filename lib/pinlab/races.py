@@ -69,7 +69,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .args import positive_int
-from .detector import _caller_codes, _fmt_bytes, find_caller, host_layout_ok, parse_to_args
+from .copyargs import copy_call
+from .detector import _caller_codes, find_caller, host_layout_ok
+from .text import fmt_bytes
 from .streams import _NO_DATA as _STREAM_NO_DATA
 
 # --- kinds ------------------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ class RaceFinding:
 
     def __str__(self) -> str:
         times = "once" if self.count == 1 else f"in {self.count} copies"
-        return (f"{self.kind}: the copy at {self.copy_where} ({_fmt_bytes(self.nbytes)}), first seen at "
+        return (f"{self.kind}: the copy at {self.copy_where} ({fmt_bytes(self.nbytes)}), first seen at "
                 f"{self.seen_where}, {times}")
 
 
@@ -311,7 +313,7 @@ class RaceReport:
                          f"{len(self.findings)} place(s)")]
         for f in self.findings:
             lines.append(f"  {f.kind}: {f.count} x")
-            lines.append(f"      copy at   {f.copy_where} ({_fmt_bytes(f.nbytes)})")
+            lines.append(f"      copy at   {f.copy_where} ({fmt_bytes(f.nbytes)})")
             lines.append(f"      first at  {f.seen_where}")
             lines.append(f"      fix: {FIXES[f.kind]}")
         if self.unchecked:
@@ -643,8 +645,10 @@ class RaceDetector:
         """Declare that an asynchronous H2D copy from pinned ``src`` (its first ``nbytes`` bytes) was queued
         just now on the current stream by code the detector cannot see (a C++ extension's own
         ``cudaMemcpyAsync``, such as FlashInfer's ``plan()`` staging its plan info): it is then followed like
-        any other pending copy. Keep the detector to call it: ``det = detect_races()``, then
-        ``with det as races: ...; det.copied(buf)``."""
+        any other pending copy. Since that code has just written ``src`` (outside torch), the copies still
+        pending from the same memory are compared first: a new copy from a buffer an earlier copy has not
+        finished reading is the reused-buffer race, reported where ``copied()`` is called. Keep the detector
+        to call it: ``det = detect_races()``, then ``with det as races: ...; det.copied(buf)``."""
         if not isinstance(src, torch.Tensor):
             raise TypeError(f"src must be a torch.Tensor (the pinned host buffer the copy reads), got "
                             f"{type(src).__name__}")
@@ -662,6 +666,10 @@ class RaceDetector:
             size = int(nbytes)
         site = where if where is not None else find_caller(sys._getframe(1), callers=self.callers)
         with torch._C.DisableTorchFunction():
+            self._prune()
+            key = _storage_key(src)
+            if key is not None and key in self._by_storage:
+                self._compare(list(self._by_storage[key]))
             self._track(clock, H2D_REWRITE, site, src, size, clock.mark() if not clock.capturing() else None)
 
     # --- bookkeeping -------------------------------------------------------------------------------------
@@ -800,24 +808,17 @@ class RaceDetector:
         self.report.raced.append(p.ordinal)
         self.report._record(kind, p.where, where, p.nbytes)
         if kind in self.raise_on:
-            raise RaceError(f"{kind}: the copy at {p.where} ({_fmt_bytes(p.nbytes)}), seen at {where}. "
+            raise RaceError(f"{kind}: the copy at {p.where} ({fmt_bytes(p.nbytes)}), seen at {where}. "
                             f"Fix: {FIXES[kind]}. (Raised because detect_races(raise_on=...) lists this kind.)")
 
     # --- copies ----------------------------------------------------------------------------------------
     def _after_copy(self, clock, name, args, kwargs, out) -> None:
         """After ``copy_``/``to``/``cuda``: follow the copy if it is queued and reads or fills pinned memory."""
         try:
-            if name == "copy_":
-                if len(args) < 2 and "src" not in kwargs:
-                    return
-                dst, src = args[0], (args[1] if len(args) > 1 else kwargs["src"])
-                non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
-            else:
-                src, dst = args[0], out
-                if name == "to":
-                    non_blocking = parse_to_args(args[1:], kwargs)[2]
-                else:  # cuda(device=None, non_blocking=False)
-                    non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+            c = copy_call(name, args, kwargs)
+            if c is None:
+                return
+            src, dst, non_blocking = c.src, (c.dst if name == "copy_" else out), c.non_blocking
             if not non_blocking or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor):
                 return
             if dst is src:

@@ -40,7 +40,8 @@ import time
 import numpy as np
 import torch
 
-from .args import one_of, positive_int, positive_number, require_cuda
+from .args import one_of, positive_int, positive_number
+from .device import require_cuda
 
 KiB = 1024
 MiB = 1024 * 1024

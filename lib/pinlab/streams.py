@@ -11,6 +11,9 @@ The lessons' loops are plain torch code::
             s.busy(0.5)                                # the rest of step n's forward
         s.synchronize()
 
+(Why about 1,000 lines: the emulation refuses what CUDA refuses, so that a checker's verdict on a laptop
+holds on a GPU; each refusal, event and graph rule is emulated here once, for every lesson and checker.)
+
 * :class:`CudaStream` is the current CUDA stream, nothing added: ``busy`` is
   :func:`pinlab.gpu_busy`, ``Event`` is ``torch.cuda.Event``.
 * :class:`LaggingStream` runs the same code on a machine without a GPU, as if the GPU were far
@@ -103,8 +106,9 @@ from collections import deque
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .args import callable_arg, positive_number, require_cuda
-from .device import has_cuda
+from .args import callable_arg, positive_number
+from .copyargs import copy_call, cuda_args, to_args
+from .device import has_cuda, require_cuda
 
 #: A pageable non_blocking copy larger than this waits for the queue (one copy the driver's
 #: staging cannot take; 2 MiB returned at once on the H200, 2.25 MiB waited).
@@ -450,8 +454,8 @@ class _Mode(TorchFunctionMode):
         if s._makes_memory(name, first, kwargs):
             return s._factory(func, name, args, kwargs)
         if name == "copy_" and len(args) >= 2:
-            non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)  # copy_(src, True)
-            return s._copy(args[0], args[1], bool(non_blocking))
+            c = copy_call(name, args, kwargs)  # copy_(src, True) and copy_(src, non_blocking=True)
+            return s._copy(c.dst, c.src, c.non_blocking)
         if name in ("to", "cuda", "cpu") and first is not None:
             return s._to(func, name, args, kwargs)
         touched = [t for t in _tensors((args, kwargs)) if s.is_device(t)]
@@ -954,13 +958,10 @@ class LaggingStream:
         if name == "cuda":
             if len(rest) > 2:
                 raise TypeError(f"cuda() takes at most 2 positional arguments ({len(rest)} given)")
-            vals = dict(zip(("device", "non_blocking"), rest), **kwargs)
-            return "gpu", None, bool(vals.get("non_blocking", False)), False
+            return "gpu", None, cuda_args(rest, kwargs)[1], False
         form = ("other" if rest and isinstance(rest[0], torch.Tensor)
                 else "dtype" if rest and isinstance(rest[0], torch.dtype) else "device")
         names = _TO_FORMS[form]
-        vals = dict(zip(names, rest))
-        vals.update(kwargs)
         # torch's own check of the arguments (it knows no copy=; an int device is a CUDA index)
         check = list(rest[: len(names) - 1]) if len(rest) == len(names) else list(rest)
         check_kw = {k: v for k, v in kwargs.items() if k != "copy"}
@@ -969,18 +970,17 @@ class LaggingStream:
         if isinstance(check_kw.get("device"), int) and not isinstance(check_kw["device"], bool):
             check_kw["device"] = torch.device("cuda", check_kw["device"])
         torch._C._nn._parse_to(*check, **check_kw)
-        if form == "other":
-            other = vals["other"]
-            device, dtype = (self.device if self.is_device(other) else other.device), other.dtype
-        else:
-            device, dtype = vals.get("device"), vals.get("dtype")
+        device, dtype, non_blocking, copy = to_args(rest, kwargs)
+        other = rest[0] if form == "other" else kwargs.get("other", kwargs.get("tensor"))
+        if isinstance(other, torch.Tensor) and self.is_device(other):
+            device = self.device  # an emulated device tensor lives in host memory
         if device is None:
             target = None
         elif self._names_gpu(device):
             target = "gpu"
         else:
             target = "host" if torch.device(device).type == "cpu" else torch.device(device)
-        return target, dtype, bool(vals.get("non_blocking", False)), bool(vals.get("copy", False))
+        return target, dtype, non_blocking, copy
 
     def _to(self, func, name: str, args: tuple, kwargs: dict):
         t = args[0]

@@ -110,7 +110,7 @@ pinlab.claim("everything the course needs is installed", report["ok"],
 # - **other processes on the GPU** (a GPU shared with other learners) interleave their kernels with
 #   yours: timings vary more, and how often a race shows can change either way;
 # - the **CPU cores** and **WSL2** change how fast and how evenly the host runs (under WSL2 the
-#   profiler often records no GPU activity, so the timelines of lessons 02, 06 and 07 replay; WSL2
+#   profiler often records no GPU activity, so the timelines of lessons 02b, 06 and 07 replay; WSL2
 #   was not measured here: `docs/facts.md` F18).
 #
 # What the lessons *assert* holds on any CUDA GPU, quiet or shared; what depends on these facts is

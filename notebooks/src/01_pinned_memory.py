@@ -109,12 +109,10 @@ with pinlab.stream() as s:
     t = torch.arange(1024)                  # pageable
     snap = t.pin_memory()                   # a pinned copy
     again = snap.pin_memory()               # already pinned: what comes back?
-    pinlab.claims({
-        "pin_memory() of a pageable tensor is a new, pinned tensor":
-            snap.is_pinned() and snap.data_ptr() != t.data_ptr(),
-        "pin_memory() of a pinned tensor returns the same storage, no copy": again.data_ptr() == snap.data_ptr(),
-    }, why="this is torch's documented behaviour of pin_memory(); only a torch build that changed it, or "
-           "pinning that failed (a memlock limit), could make it differ")
+    new_copy = snap.is_pinned() and snap.data_ptr() != t.data_ptr()
+    pinlab.claim("pin_memory() of a pageable tensor is a new, pinned tensor", new_copy, why=bw.WHY.pin_memory)
+    same = again.data_ptr() == snap.data_ptr()
+    pinlab.claim("pin_memory() of a pinned tensor returns the same storage, no copy", same, why=bw.WHY.pin_memory)
     del t, snap, again
 
 # %% [markdown]
@@ -185,10 +183,7 @@ rows = [{"bytes": r["bytes"], **{k[:-3]: bw.gbps(r["bytes"], r[k]) for k in r if
         for r in sweep.result]
 
 # %% tags=["nbval-ignore-output"]
-g = lambda v: f"{v:.2f}"  # noqa: E731
-pinlab.table(rows, [("bytes", "size", fmt_bytes), ("h2d_pinned", "H2D pinned GB/s", g),
-                    ("h2d_pageable", "H2D pageable GB/s", g), ("d2h_pinned", "D2H pinned GB/s", g),
-                    ("d2h_pageable", "D2H pageable GB/s", g)])
+pinlab.table(rows, bw.BANDWIDTH_COLUMNS)
 
 # %%
 sizes = [r["bytes"] for r in rows]
@@ -208,18 +203,13 @@ big, small = rows[-1], rows[0]
 kinds = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 big_ratio = big["h2d_pinned"] / big["h2d_pageable"]
 small_share = max(small[k] for k in kinds) / big["h2d_pinned"]
-pinlab.show("pinned / pageable H2D at " + fmt_bytes(small["bytes"]),
-            f"{small['h2d_pinned'] / small['h2d_pageable']:.2f}x")
-pinned_wins = pinlab.observe(
-    f"at {fmt_bytes(big['bytes'])}, pinned H2D at least 2x faster than pageable", big_ratio >= 2,
-    value=f"{big_ratio:.1f}x",
-    why="over a PCIe Gen3 link the link caps the pinned copy near the staging's rate, and on a GH200 (not measured "
-        "here, docs/facts.md F15) the GPU reads pageable memory through the host's page tables; three learners "
-        "copying at once share the link")
-small_slow = pinlab.observe(
-    f"at {fmt_bytes(small['bytes'])}, every kind of copy under 5% of the largest size's pinned H2D rate",
-    small_share < 0.05, value=f"the fastest at {small_share:.1%}",
-    why="a very fast host launch against a slow link narrows the gap between small and large copies")
+small_ratio = small["h2d_pinned"] / small["h2d_pageable"]
+pinlab.show("pinned / pageable H2D at " + fmt_bytes(small["bytes"]), f"{small_ratio:.2f}x")
+pinned_wins = pinlab.observe(f"at {fmt_bytes(big['bytes'])}, pinned H2D at least 2x faster than pageable",
+                             big_ratio >= 2, value=f"{big_ratio:.1f}x", why=bw.WHY.link)
+small_slow = pinlab.observe(f"at {fmt_bytes(small['bytes'])}, every kind of copy under 5% of the largest size's "
+                            "pinned H2D rate", small_share < 0.05, value=f"the fastest at {small_share:.1%}",
+                            why=bw.WHY.fast_launch)
 pinlab.show("what this run shows",
             f"at {fmt_bytes(big['bytes'])} pinned H2D ran at {big['h2d_pinned']:.1f} GB/s, "
             f"{big_ratio:.1f}x pageable's {big['h2d_pageable']:.1f} GB/s"
@@ -242,13 +232,11 @@ pinlab.show("what this run shows",
 
 # %%
 peak = pinlab.measure("01_copy_loop_peak", bw.copy_loop_peak)
-ratio = big["h2d_pinned"] / peak.result["best_GBps"]
-pinlab.show("copy-loop peak", f"{peak.result['best_GBps']:.1f} GB/s")
-sweep_honest = pinlab.observe(
-    f"the sweep's pinned H2D at {fmt_bytes(big['bytes'])} within 2x of the copy-loop peak", 0.5 <= ratio <= 2.0,
-    value=f"ratio {ratio:.3f}",
-    why="the two were measured at different moments, and other copies on the machine (other users of a shared GPU, "
-        "a neighbour in a virtual machine) share the link")
+peak_gbps = peak.result["best_GBps"]
+ratio = big["h2d_pinned"] / peak_gbps
+pinlab.show("copy-loop peak", f"{peak_gbps:.1f} GB/s")
+sweep_honest = pinlab.observe(f"the sweep's pinned H2D at {fmt_bytes(big['bytes'])} within 2x of the copy-loop peak",
+                              0.5 <= ratio <= 2.0, value=f"ratio {ratio:.3f}", why=bw.WHY.two_moments)
 
 # %% [markdown]
 # ## Small copies: one alone, or back to back
@@ -309,30 +297,25 @@ size_sweep(lsizes, {"one copy timed alone (host launch + copy)": [r["alone_us"] 
 plt.show()
 
 # %%
-queued_ok = pinlab.observe(
-    "most bursts were queued in full before the GPU reached them",
-    all(r["queued_rounds"] > r["rounds"] / 2 for r in lat.result),
-    value=", ".join(f"{fmt_bytes(r['bytes'])} {r['queued_rounds']}/{r['rounds']}" for r in lat.result),
-    why="a slow or busy host (2 cores, other users) can take longer to queue a burst than the GPU stays busy; "
-        "those rounds were dropped")
+most_queued = all(r["queued_rounds"] > r["rounds"] / 2 for r in lat.result)
+per_size = ", ".join(f"{fmt_bytes(r['bytes'])} {r['queued_rounds']}/{r['rounds']}" for r in lat.result)
+queued_ok = pinlab.observe("most bursts were queued in full before the GPU reached them", most_queued,
+                           value=per_size, why=bw.WHY.slow_queue)
 kib1, kib16 = by_size[bw.KiB], by_size[16 * bw.KiB]
 if kib1["burst_us"] is not None and kib16["burst_us"] is not None:
     burst_rates = [bw.gbps(r["bytes"], r["burst_us"] * 1e-3) for r in bursts]
     rate_1kib = bw.gbps(bw.KiB, kib1["burst_us"] * 1e-3)
     pinlab.report("a 1 KiB copy in a burst: interval between copies", kib1["burst_us"] * 1e-3)
     pinlab.report("a 1 KiB copy timed alone: launch + copy", kib1["alone_us"] * 1e-3)
-    pinlab.show("N½ of pinned H2D in a burst (half the best burst rate)",
-                fmt_bytes(bw.n_half([r["bytes"] for r in bursts], burst_rates)))
+    n_half = bw.n_half([r["bytes"] for r in bursts], burst_rates)
+    pinlab.show("N½ of pinned H2D in a burst (half the best burst rate)", fmt_bytes(n_half))
     pinlab.observe("timed alone, a 1 KiB copy took longer than one in a burst", kib1["alone_us"] > kib1["burst_us"],
-                   value=f"a burst saved {1 - kib1['burst_us'] / kib1['alone_us']:.0%} of it",
-                   why="on a GPU shared with other processes, their work can land between the copies of a burst")
+                   value=f"a burst saved {1 - kib1['burst_us'] / kib1['alone_us']:.0%} of it", why=bw.WHY.shared_gpu)
+    x16 = kib16["burst_us"] / kib1["burst_us"]
     pinlab.observe("16 KiB in a burst took less than 4x the time of 1 KiB (16x the bytes)",
-                   kib16["burst_us"] < 4 * kib1["burst_us"], value=f"{kib16['burst_us'] / kib1['burst_us']:.1f}x",
-                   why="on a slow link (PCIe Gen3, x8) the bytes weigh more against the fixed cost of a copy")
+                   kib16["burst_us"] < 4 * kib1["burst_us"], value=f"{x16:.1f}x", why=bw.WHY.slow_link_bytes)
     pinlab.observe("even in a burst, a 1 KiB copy moved under 5% of the copy-loop peak's rate",
-                   rate_1kib < 0.05 * peak.result["best_GBps"],
-                   value=f"{rate_1kib / peak.result['best_GBps']:.1%}",
-                   why="a slow link lowers the peak that the small copies are compared with")
+                   rate_1kib < 0.05 * peak_gbps, value=f"{rate_1kib / peak_gbps:.1%}", why=bw.WHY.slow_link_peak)
     pinlab.show("what this run shows",
                 f"one 16 KiB copy took {kib16['burst_us']:.1f} µs in a burst, sixteen 1 KiB copies "
                 f"{16 * kib1['burst_us']:.1f} µs: batching small copies into one "
@@ -369,24 +352,18 @@ if kib1["burst_us"] is not None and kib16["burst_us"] is not None:
 cost = pinlab.measure("01_pin_cost", bw.pin_cost)
 
 # %% tags=["nbval-ignore-output"]
-ms = pinlab.fmt_ms
-pinlab.table(cost.result, [("bytes", "size", fmt_bytes), ("alloc_cold_ms", "cold alloc", ms),
-                           ("alloc_warm_ms", "warm alloc", ms), ("pin_memory_cold_ms", "pin_memory() cold", ms),
-                           ("h2d_pageable_ms", "pageable H2D", ms), ("h2d_pinned_ms", "pinned H2D", ms)])
+pinlab.table(cost.result, bw.PIN_COST_COLUMNS)
 
 # %%
 largest = max(cost.result, key=lambda r: r["bytes"])
-pinlab.claims({
-    "every cold allocation called cudaHostAlloc": all(r["alloc_cold_host_allocs"] >= 1 for r in cost.result),
-    "no warm allocation called cudaHostAlloc": all(r["alloc_warm_host_allocs"] == 0 for r in cost.result),
-}, why="torch's caching host allocator allocates on a miss and reuses a cached free block on a hit; an "
-       "allocator setting that stops caching large blocks (pinned_max_cached_size_mb in PYTORCH_ALLOC_CONF, "
-       "torch 2.13 and later) would make a warm allocation call cudaHostAlloc again")
-warm_cheap = pinlab.observe(
-    f"at {fmt_bytes(largest['bytes'])}, a warm allocation cost under 1% of a cold one",
-    largest["alloc_warm_ms"] < 0.01 * largest["alloc_cold_ms"],
-    value=f"{pinlab.fmt_ms(largest['alloc_warm_ms'])} vs {pinlab.fmt_ms(largest['alloc_cold_ms'])}",
-    why="host timings: a host busy with other work (other learners, 2 cores) can slow a single warm call")
+cold_allocs = [r["alloc_cold_host_allocs"] for r in cost.result]    # cudaHostAlloc calls per size
+warm_allocs = [r["alloc_warm_host_allocs"] for r in cost.result]
+pinlab.claim("every cold allocation called cudaHostAlloc", all(a >= 1 for a in cold_allocs), why=bw.WHY.cache_hit)
+pinlab.claim("no warm allocation called cudaHostAlloc", all(a == 0 for a in warm_allocs), why=bw.WHY.cache_hit)
+warm_ms, cold_ms = largest["alloc_warm_ms"], largest["alloc_cold_ms"]
+warm_cheap = pinlab.observe(f"at {fmt_bytes(largest['bytes'])}, a warm allocation cost under 1% of a cold one",
+                            warm_ms < 0.01 * cold_ms, value=f"{pinlab.fmt_ms(warm_ms)} vs {pinlab.fmt_ms(cold_ms)}",
+                            why=bw.WHY.host_timing)
 
 # %%
 r = next(r for r in cost.result if r["bytes"] == 256 * bw.MiB)
@@ -445,21 +422,17 @@ rounding = pinlab.measure("01_rounding", bw.pinned_rounding, request_bytes=bw.RO
 rr = rounding.result
 req, got = rr["request_bytes"], rr["pinned_bytes_delta"]
 pinlab.show("requested / pinned", f"{fmt_bytes(req)} / {fmt_bytes(got)}")
-ok = pinlab.claims({
-    "the request was rounded up to the next power of two":
-        got == pinlab.next_pow2(req),
-    "after del, the block is still pinned (kept in the allocator's cache)":
-        rr["held_after_free"] - rr["held_before"] == got,
-    "after emptying the cache, it went back to the driver":
-        rr["held_after_release"] == rr["held_before"],
-}, values={"the request was rounded up to the next power of two": f"{req} bytes asked, {got} pinned"},
-   why="torch's caching host allocator rounds and caches by default; pinned_max_round_threshold_mb or "
-       "pinned_max_cached_size_mb (torch 2.13 and later, in PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF) set "
-       "below the request turn the rounding or the caching off")
+still_pinned = rr["held_after_free"] - rr["held_before"] == got
+released = rr["held_after_release"] == rr["held_before"]
+pinlab.claim("the request was rounded up to the next power of two", got == pinlab.next_pow2(req),
+             value=f"{req} bytes asked, {got} pinned", why=bw.WHY.rounding)
+pinlab.claim("after del, the block is still pinned (in the allocator's cache)", still_pinned, why=bw.WHY.rounding)
+pinlab.claim("after emptying the cache, it went back to the driver", released, why=bw.WHY.rounding)
 
 # %% [markdown]
 # With the default settings, up to 2× the memory you asked for stays locked: vLLM users saw
-# `--cpu-offload-gb` take about 1.9× the host memory requested for this reason (vLLM #56410). And
+# `--cpu-offload-gb` take nearly twice the host memory requested for this reason (vLLM #56410; not
+# measured here: the line above is this run's own). And
 # `del` does not give it back:
 # the caching host allocator keeps a freed block, page-locked, to hand out again (that is what
 # makes warm pinning cheap). It stays locked until the cache is emptied or the process ends.
@@ -540,11 +513,7 @@ loaders = pinlab.measure("01_dataloader_pin", loader_sweep, workers=[0, 2], batc
                          step_ms=2.0)
 
 # %% tags=["nbval-ignore-output"]
-f3 = lambda v: f"{v:.3f}"  # noqa: E731
-pinlab.table(loaders.result, [("num_workers", "num_workers"), ("pin_memory", "pin_memory"),
-                              ("next_ms", "main thread in next() ms", f3),
-                              ("copy_call_ms", "main thread in the copy call ms", f3),
-                              ("per_batch_ms", "wall ms per batch", f3)])
+pinlab.table(loaders.result, bw.LOADER_COLUMNS)
 
 # %%
 by = {(r["num_workers"], r["pin_memory"]): r for r in loaders.result}
@@ -554,28 +523,22 @@ for (w, pin), r in by.items():
 n = loaders.result[0]["batches"]
 pinlab.show(f"pin_memory=True: cudaHostAlloc calls during the {n} batches (num_workers 0, 2)",
             f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']}")
-pinlab.claims({
-    "pin_memory=True: every batch arrived pinned (both num_workers)":
-        all(by[(w, True)]["pinned_batches"] == n for w in (0, 2)),
-    "pin_memory=False: no batch arrived pinned, and nothing was pinned":
-        all(by[(w, False)]["pinned_batches"] == 0 and by[(w, False)]["host_allocs"] == 0 for w in (0, 2)),
-    "pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the batches)":
-        all(by[(w, True)]["host_allocs"] < n / 2 for w in (0, 2)),
-    "a pin-memory thread ran only with num_workers=2 and pin_memory=True":
-        [k for k, r in by.items() if r["pin_thread"]] == [(2, True)],
-}, values={"pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the batches)":
-           f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']} calls for {n} batches"},
-   why="these follow from the code of torch's DataLoader and caching host allocator (a pin-memory thread is "
-       "started only with worker processes; a freed pinned block is reused once its copy has completed); an "
-       "allocator setting that stops caching (pinned_max_cached_size_mb, torch 2.13 and later) would make every "
-       "batch call cudaHostAlloc")
+all_pinned = all(by[(w, True)]["pinned_batches"] == n for w in (0, 2))
+none_pinned = all(by[(w, False)]["pinned_batches"] == 0 and by[(w, False)]["host_allocs"] == 0 for w in (0, 2))
+blocks_reused = all(by[(w, True)]["host_allocs"] < n / 2 for w in (0, 2))
+pin_threads = [k for k, r in by.items() if r["pin_thread"]]     # the runs in which a pin-memory thread ran
+pinlab.claim("pin_memory=True: every batch arrived pinned (both num_workers)", all_pinned, why=bw.WHY.dataloader)
+pinlab.claim("pin_memory=False: no batch arrived pinned, and nothing was pinned", none_pinned, why=bw.WHY.dataloader)
+pinlab.claim("pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the batches)", blocks_reused,
+             value=f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']} calls for {n} batches",
+             why=bw.WHY.dataloader)
+pinlab.claim("a pin-memory thread ran only with num_workers=2 and pin_memory=True", pin_threads == [(2, True)],
+             why=bw.WHY.dataloader)
 nb0 = {pin: by[(0, pin)] for pin in (False, True)}
-copy_gain = pinlab.observe(
-    "num_workers=2: the copy call of a pinned batch took under half that of a pageable one",
-    by[(2, True)]["copy_call_ms"] < 0.5 * by[(2, False)]["copy_call_ms"],
-    value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs {by[(2, False)]['copy_call_ms']:.3f} ms",
-    why="where the GPU reads pageable memory through the host's page tables (GH200, not measured here, "
-        "docs/facts.md F15), or the driver's staging is fast, a pageable copy call costs the host less")
+copy_gain = pinlab.observe("num_workers=2: the copy call of a pinned batch took under half that of a pageable one",
+                           by[(2, True)]["copy_call_ms"] < 0.5 * by[(2, False)]["copy_call_ms"],
+                           value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs {by[(2, False)]['copy_call_ms']:.3f} ms",
+                           why=bw.WHY.cheap_staging)
 pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
             f"next() {nb0[True]['next_ms'] - nb0[False]['next_ms']:+.3f} ms (it now pins the batch), copy call "
             f"{nb0[True]['copy_call_ms'] - nb0[False]['copy_call_ms']:+.3f} ms (it no longer stages it)")
@@ -674,21 +637,17 @@ pool = [t for t in bw.PIN_THREADS if t > 0]
 med = {(r["threads"], k): statistics.median(r[k]) for r in rows_t for k in ("cold_ms", "warm_ms")}
 cold_up = bw.speedups({t: med[(t, "cold_ms")] for t in pool})
 warm_up = bw.speedups({t: med[(t, "warm_ms")] for t in pool})
-pinlab.show(f"cold, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a pool of one",
-            ", ".join(f"{cold_up[t]:.1f}x" for t in pool[1:]))
-pinlab.show(f"warm, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a pool of one",
-            ", ".join(f"{warm_up[t]:.1f}x" for t in pool[1:]))
+for kind, up in (("cold", cold_up), ("warm", warm_up)):
+    pinlab.show(f"{kind}, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a pool of one",
+                ", ".join(f"{up[t]:.1f}x" for t in pool[1:]))
 best = min(pool, key=lambda t: med[(t, "warm_ms")])
 pinlab.show("warm, the main thread alone vs the best pool",
             f"{med[(0, 'warm_ms')]:.1f} ms vs {med[(best, 'warm_ms')]:.1f} ms ({best} threads); torch's intra-op "
             f"threads: {threaded.result['intra_op_threads']}")
-ok = pinlab.claims({
-    "cold: every tensor cost exactly one cudaHostAlloc, whatever the number of threads":
-        all(a == pin_count for r in rows_t for a in r["cold_allocs"]),
-    "warm: no cudaHostAlloc at all": all(a == 0 for r in rows_t for a in r["warm_allocs"]),
-}, why="counts of torch's caching host allocator: one block per tensor from an empty cache, none from a full "
-       "one; an allocator setting that stops caching (pinned_max_cached_size_mb, torch 2.13 and later) changes "
-       "the warm count")
+pinlab.claim("cold: every tensor cost exactly one cudaHostAlloc, whatever the number of threads",
+             all(a == pin_count for r in rows_t for a in r["cold_allocs"]), why=bw.WHY.cache_counts)
+pinlab.claim("warm: no cudaHostAlloc at all", all(a == 0 for r in rows_t for a in r["warm_allocs"]),
+             why=bw.WHY.cache_counts)
 
 # %% [markdown]
 # Read each line against its dotted line (perfect scaling from a pool of one):
@@ -757,11 +716,11 @@ for label, conf in bw.PINNING_CONFIGS.items():
 knobs = pinlab.measure("01_pinning_knobs", bw.pinning_knobs, request_bytes=bw.KNOB_REQUEST)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table([{"setting": r["setting"], "ms": f"{r['ms']:.0f}" if "ms" in r else "-",
-               "held": fmt_bytes(r["held_bytes"]) if "held_bytes" in r else "-",
-               "error": bw.unknown_alloc_key(r.get("error")) and "unknown setting" or r.get("error", "")}
-              for r in knobs["rows"]],
-             [("setting", "setting"), ("ms", "cold pin, host ms"), ("held", "held"), ("error", "error")])
+knob_rows = [{"setting": r["setting"], "ms": f"{r['ms']:.0f}" if "ms" in r else "-",
+              "held": fmt_bytes(r["held_bytes"]) if "held_bytes" in r else "-",
+              "error": bw.unknown_alloc_key(r.get("error")) and "unknown setting" or r.get("error", "")}
+             for r in knobs["rows"]]
+pinlab.table(knob_rows, bw.KNOB_COLUMNS)
 
 # %%
 knob = {r["setting"]: r for r in knobs["rows"]}
@@ -779,17 +738,14 @@ for r in knobs["rows"]:
                 f"({'rounded up to a power of two' if rounded else 'not rounded up to a power of two'})")
     pinlab.show(r["setting"], what)
 default = knob["default (cudaHostAlloc)"]
-ok = pinlab.claim("default setting: pinned, and held as the next power of two",
-                  default.get("pinned") is True and default.get("held_bytes") == pinlab.next_pow2(req),
-                  value=default, why="torch's caching host allocator rounds by default (unset, "
-                  "pinned_max_round_threshold_mb is unlimited); a child that could not pin at all (no pinned "
-                  "memory left on the host) would fail it")
+default_rounded = default.get("pinned") is True and default.get("held_bytes") == pinlab.next_pow2(req)
+pinlab.claim("default setting: pinned, and held as the next power of two", default_rounded, value=default,
+             why=bw.WHY.default_rounds)
 reg1, reg8 = knob["cudaHostRegister, 1 thread"], knob["cudaHostRegister, 8 threads"]
 if "ms" in reg1 and "ms" in reg8:
     reg_up = reg1["ms"] / reg8["ms"]
     pinlab.observe(f"{fmt_bytes(req)} pinned faster with 8 register threads than with 1", reg_up > 1,
-                   value=f"{reg_up:.2f}x", why="the threads only pre-fault the pages, one cudaHostRegister locks "
-                   "them: on a 2-core host, or one busy with other learners, the threads wait for each other")
+                   value=f"{reg_up:.2f}x", why=bw.WHY.register_threads)
     pinlab.show("one block from 8 register threads, against the pool of 8 threads above (32 cold pins)",
                 f"{reg_up:.1f}x over one register thread; the pool: {cold_up[8]:.1f}x over a pool of one")
     if "ms" in default:
@@ -883,13 +839,11 @@ pinlab.show("pinning 1 MiB here", "pinned" if here.is_pinned() else f"fell back:
 print("simulated failure: a buffer came back:", fallback.numel() == bw.MiB)
 print("simulated failure: it is pageable, and the program said so:",
       not fallback.is_pinned() and len(said) == n_real + 1 and "(simulated)" in str(said[-1].message))
-ok = pinlab.claims({
-    "the fallback returned a pageable buffer of the size asked for": fallback.numel() == bw.MiB
-                                                                      and not fallback.is_pinned(),
-    "it warned, naming the error": "(simulated)" in str(said[-1].message),
-    "without the failure, the buffer is pinned exactly where CUDA is available": here.is_pinned() == PIN_MEMORY,
-}, why="the function's own logic, and torch pinning where an accelerator is available; a machine whose pinning "
-       "fails for real (a memlock limit, WSL) would fail the last one: the [measured] line above says why")
+pinlab.claim("the fallback returned a pageable buffer of the size asked for",
+             fallback.numel() == bw.MiB and not fallback.is_pinned(), why=bw.WHY.fallback)
+pinlab.claim("it warned, naming the error", "(simulated)" in str(said[-1].message), why=bw.WHY.fallback)
+pinlab.claim("without the failure, the buffer is pinned exactly where CUDA is available",
+             here.is_pinned() == PIN_MEMORY, why=bw.WHY.fallback)
 del here, fallback
 
 # %% [markdown]
@@ -924,20 +878,13 @@ pm = pinlab.replay.measure_if_recorded("01_pageable_vs_memcpy", bw.pageable_and_
 
 # %% tags=["nbval-ignore-output"]
 if pm is not None:
-    pinlab.table(pm.result, [("bytes", "size", fmt_bytes), ("h2d_gbps", "pageable H2D GB/s", g),
-                             ("d2h_gbps", "pageable D2H GB/s", g),
-                             ("memcpy_gbps", "torch's copy_, its threads GB/s", g),
-                             ("memcpy_1t_gbps", "memmove, one thread GB/s", g)])
+    pinlab.table(pm.result, bw.PAGEABLE_COLUMNS)
 
 # %%
 if pm is not None:
     for r in pm.result:
         pinlab.show("pageable H2D against the host's memcpy", bw.pageable_sentence(r))
-    above = [r for r in pm.result if r["h2d_gbps"] > r["memcpy_1t_gbps"]]
-    pinlab.show("what this run shows",
-                f"pageable H2D ran faster than one thread's memmove at {len(above)} of {len(pm.result)} sizes"
-                + (": one thread's memcpy did not bound it here" if above else
-                   ": at every size it ran no faster than one thread's memmove"))
+    pinlab.show("what this run shows", bw.pageable_summary(pm.result))
     first, last = pm.result[0], pm.result[-1]
     pinlab.show("pageable H2D, largest size against smallest",
                 f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate ({fmt_bytes(last['bytes'])} vs "
@@ -983,9 +930,8 @@ pinlab.show("NUMA", bw.numa_sentence(numa["nodes"], numa["gpu_node"]))
 
 # %%
 del buf
-ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-                  why="every experiment frees what it pinned and empties torch's pinned cache; a tensor still "
-                      "referenced from a cell, or an error that stopped an experiment halfway, keeps its block")
+pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
+             why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember

@@ -120,10 +120,7 @@ busy_ms, rows = sweep["busy_ms"], sweep["rows"]
 sizes = [r["bytes"] for r in rows]
 
 # %% tags=["nbval-ignore-output"]
-ms = pinlab.fmt_ms
-pinlab.table(rows, [("bytes", "size", fmt_bytes), ("copy_pageable_ms", "copy_ pageable", ms),
-                    ("to_pageable_ms", ".to pageable", ms), ("copy_pinned_ms", "copy_ pinned", ms),
-                    ("to_pinned_ms", ".to pinned", ms)])
+pinlab.table(rows, stalls.SWEEP_COLUMNS)
 
 # %% [markdown]
 # Where does a pageable copy start to wait? We take the smallest size from which **every** larger
@@ -151,24 +148,16 @@ pinlab.show("pageable .to: first size from which every call waited", fmt_bytes(f
 # %%
 by_size = {r["bytes"]: r for r in rows}
 slowest_pinned = max(r[k] for r in rows for k in ("copy_pinned_ms", "to_pinned_ms"))
-ok = pinlab.claim("every pinned copy_ and .to returned at once", not stalls.waited(slowest_pinned, busy_ms),
-                  value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} behind {busy_ms:g} ms of GPU work",
-                  why="a copy from pinned memory is only enqueued (the CUDA Runtime API documents it as asynchronous); "
-                      "only a host stalled for half the busy time in most tries of one size (an overloaded machine) "
-                      "could make it look as if it waited")
-big_waited = pinlab.observe(
-    "a 64 MiB pageable copy_ and .to waited for the GPU",
-    stalls.waited(by_size[64 * MiB]["copy_pageable_ms"], busy_ms)
-    and stalls.waited(by_size[64 * MiB]["to_pageable_ms"], busy_ms),
-    value=", ".join(pinlab.fmt_ms(by_size[64 * MiB][k]) for k in ("copy_pageable_ms", "to_pageable_ms")),
-    why="how large a pageable copy the driver stages behind the queue is undocumented driver behaviour; a GPU "
-        "that reads pageable memory through the host's page tables (GH200, not measured here, docs/facts.md F15) "
-        "need not stage it at all")
-small_returned = pinlab.observe(
-    "a 256 B pageable copy_ returned at once", not stalls.waited(by_size[256]["copy_pageable_ms"], busy_ms),
-    value=pinlab.fmt_ms(by_size[256]["copy_pageable_ms"]),
-    why="staging small pageable copies is undocumented driver behaviour; HIP documents every pageable copy as "
-        "synchronous (ROCm, not measured here, docs/facts.md F17)")
+pinlab.claim("every pinned copy_ and .to returned at once", not stalls.waited(slowest_pinned, busy_ms),
+             value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} behind {busy_ms:g} ms of GPU work",
+             why=stalls.WHY.pinned_enqueued)
+big = by_size[64 * MiB]
+big_both = stalls.waited(big["copy_pageable_ms"], busy_ms) and stalls.waited(big["to_pageable_ms"], busy_ms)
+big_waited = pinlab.observe("a 64 MiB pageable copy_ and .to waited for the GPU", big_both, why=stalls.WHY.stage_size,
+                            value=", ".join(pinlab.fmt_ms(big[k]) for k in ("copy_pageable_ms", "to_pageable_ms")))
+small_ms = by_size[256]["copy_pageable_ms"]
+small_returned = pinlab.observe("a 256 B pageable copy_ returned at once", not stalls.waited(small_ms, busy_ms),
+                                value=pinlab.fmt_ms(small_ms), why=stalls.WHY.stage_small)
 
 # %% [markdown]
 # Read the plot from the left: the copies that returned, pageable and pinned, each cost the host
@@ -228,9 +217,7 @@ single_ms = bench["copy_pinned"]["median"]
 pinlab.show(f"pinned copy_ of {size}: a single call after a sync / a call in a loop", f"{single_ms / loop_ms:.2f}x")
 pinned_cheap = pinlab.observe(
     f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times less than a pageable one",
-    pageable_ms >= 100 * loop_ms, value=f"{pageable_ms / loop_ms:.0f}x",
-    why=f"a pageable copy of {size} that the driver stages (another driver; a GH200, not measured here) costs the "
-        "host a staging memcpy, not a wait")
+    pageable_ms >= 100 * loop_ms, value=f"{pageable_ms / loop_ms:.0f}x", why=stalls.WHY.staged_costs)
 
 # %% [markdown]
 # Compare the two pinned copy_ lines above: the same call, issued two ways, need not cost the same
@@ -290,16 +277,11 @@ for chunk, at in pending.items():
 
 # %%
 every = [a for at in pending.values() for a in at]
-ok = pinlab.claim("every queued copy arrived intact", all(t["data_ok"] for run in pool["runs"] for t in run["trials"]),
-                  why="a pageable copy is read into staging at the call, so its data cannot change; a copy that "
-                      "came out wrong would be a driver or hardware fault")
-pool_seen = pinlab.observe(
-    "in every trial, the host blocked after at least 1 MiB had been queued",
-    all(a is not None and a >= MiB for a in every),
-    value=", ".join(fmt_bytes(a) if a is not None else "never" for a in every),
-    why="the staging pool's size is undocumented driver behaviour (another driver, WSL2 or a GH200 may differ), "
-        "and HIP documents every pageable copy as synchronous (WSL2, GH200, ROCm: not measured here, "
-        "docs/facts.md F15, F17, F18)")
+intact = all(t["data_ok"] for run in pool["runs"] for t in run["trials"])
+pinlab.claim("every queued copy arrived intact", intact, why=stalls.WHY.staged_intact)
+pool_seen = pinlab.observe("in every trial, the host blocked after at least 1 MiB had been queued",
+                           all(a is not None and a >= MiB for a in every), why=stalls.WHY.pool_size,
+                           value=", ".join(fmt_bytes(a) if a is not None else "never" for a in every))
 counts = {chunk: [a // chunk for a in at if a is not None] for chunk, at in pending.items()}
 if all(counts.values()) and len(counts) == 2:
     (c1, n1), (c2, n2) = ((c, statistics.median(n)) for c, n in sorted(counts.items()))
@@ -381,27 +363,14 @@ for r in d2h["variants"]:
     pinlab.report(f"{r['variant']}: host time inside the call (median)", statistics.median(r["host_ms"]))
 
 # %%
-ok = pinlab.claims({
-    "copy_ into pageable memory waited for the GPU every time":
-        all(stalls.waited(t, d2h["busy_ms"]) for t in into_pageable["host_ms"]),
-    "... and its data was right without a sync": all(into_pageable["valid_before_sync"]),
-    "copy_ into pinned memory returned at once every time":
-        not any(stalls.waited(t, d2h["busy_ms"]) for t in into_pinned["host_ms"]),
-    "... and read before synchronizing, its data was wrong every time": not any(into_pinned["valid_before_sync"]),
-}, why={
-    "copy_ into pageable memory waited for the GPU every time":
-        "every CUDA driver this course ran returned only once the copy had completed, as the API synchronization "
-        "behavior page promised up to CUDA 11.0; from CUDA 12.2 on the page says only 'might be synchronous' "
-        "(docs/facts.md F7): a driver that returns earlier would fail it",
-    "... and its data was right without a sync": "the call returned after the copy had completed",
-    "copy_ into pinned memory returned at once every time":
-        "a copy into pinned memory is only enqueued (documented); only a host stalled for half the busy time "
-        "could make it look as if it waited",
-    "... and read before synchronizing, its data was wrong every time":
-        "the host reads within microseconds while the copy waits behind 20 ms of GPU work; only a host stalled "
-        "for that long between the call and the read could see the new data",
-}, values={"copy_ into pinned memory returned at once every time":
-           ", ".join(pinlab.fmt_ms(t) for t in into_pinned["host_ms"])})
+pageable_waited = all(stalls.waited(t, d2h["busy_ms"]) for t in into_pageable["host_ms"])
+pinned_returned = not any(stalls.waited(t, d2h["busy_ms"]) for t in into_pinned["host_ms"])
+pinlab.claim("copy_ into pageable memory waited for the GPU every time", pageable_waited, why=stalls.WHY.d2h_pageable)
+pinlab.claim("... and its data was right without a sync", all(into_pageable["valid_before_sync"]), why=stalls.WHY.done)
+pinlab.claim("copy_ into pinned memory returned at once every time", pinned_returned, why=stalls.WHY.d2h_pinned,
+             value=", ".join(pinlab.fmt_ms(t) for t in into_pinned["host_ms"]))
+pinlab.claim("... and read before synchronizing, its data was wrong every time",
+             not any(into_pinned["valid_before_sync"]), why=stalls.WHY.d2h_stale)
 
 # %% [markdown]
 # What did the host read? The first four values of the pinned buffer, right after the call and
@@ -411,8 +380,7 @@ ok = pinlab.claims({
 print("read right after the call:    ", into_pinned["head_before"])
 print("expected:                     ", into_pinned["expected_head"])
 print("read after done.synchronize():", into_pinned["head_after"])
-ok = pinlab.claim("correct after synchronizing, every time", all(into_pinned["valid_after_sync"]),
-                  why="an event recorded after the copy on its stream completes only once the copy has")
+pinlab.claim("correct after synchronizing, every time", all(into_pinned["valid_after_sync"]), why=stalls.WHY.event)
 
 # %% [markdown]
 # The fix is the end of `copy_back`: record an event right after the copy and `synchronize()` the
@@ -421,14 +389,11 @@ ok = pinlab.claim("correct after synchronizing, every time", all(into_pinned["va
 # `gpu_t.to("cpu", non_blocking=True)` allocates the result in pinned memory for you: same rule.
 
 # %%
-ok = pinlab.claims({
-    ".to('cpu', non_blocking=True) returned at once every time":
-        not any(stalls.waited(t, d2h["busy_ms"]) for t in to_cpu["host_ms"]),
-    "... its result is pinned": to_cpu["result_pinned"],
-    "... wrong before synchronizing, right after torch.cuda.synchronize()":
-        not any(to_cpu["valid_before_sync"]) and all(to_cpu["valid_after_sync"]),
-}, why="torch allocates the result of a non_blocking copy to the CPU in pinned memory and only enqueues the copy; "
-       "the host reads within microseconds while the copy waits behind 20 ms of GPU work")
+to_cpu_quick = not any(stalls.waited(t, d2h["busy_ms"]) for t in to_cpu["host_ms"])
+stale_first = not any(to_cpu["valid_before_sync"]) and all(to_cpu["valid_after_sync"])
+pinlab.claim(".to('cpu', non_blocking=True) returned at once every time", to_cpu_quick, why=stalls.WHY.to_cpu)
+pinlab.claim("... its result is pinned", to_cpu["result_pinned"], why=stalls.WHY.to_cpu)
+pinlab.claim("... wrong before synchronizing, right after torch.cuda.synchronize()", stale_first, why=stalls.WHY.to_cpu)
 
 # %% [markdown]
 # ## 4. Other hidden syncs
@@ -436,7 +401,8 @@ ok = pinlab.claims({
 # Some calls block the host behind a busy GPU although nothing in them says "sync". Each one below
 # is timed behind a 20 ms kernel and with the GPU idle; it **blocked** when the difference is more
 # than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
-# float32 tensor of 8 MiB.
+# float32 tensor of 8 MiB; the strided source below is every other column of a pinned tensor twice
+# as wide, so that it too holds 8 MiB.
 #
 # One rule, in torch's CUDA `copy_` (`aten/src/ATen/native/cuda/Copy.cu`), decides the copies among
 # them (`copy_requires_temporaries`: `docs/facts.md` F5). For a copy between host and GPU, PyTorch hands the driver the source's memory as one block,
@@ -475,30 +441,26 @@ hs = pinlab.measure("02_hidden_syncs", stalls.hidden_syncs, busy_ms=20.0, repeat
 row = {r["key"]: r for r in hs["rows"]}
 
 # %% tags=["nbval-ignore-output"]
+ms = pinlab.fmt_ms
 for r in hs["rows"]:  # one operation per two lines (its name is long): host blocked?, host ms GPU busy / idle
     print(f"{r['op']}\n    host blocked: {r['blocked']!s:5}   host, GPU busy: {ms(r['host_ms']):>9}   "
           f"host, GPU idle: {ms(r['idle_ms']):>9}")
 
 # %%
-ok = pinlab.claims({
-    "torch.tensor(list, device='cuda') blocked": row["tensor_list"]["blocked"],
-    "copy_ from the dense view x.t() into a GPU tensor of the same layout did not block":
-        not row["permuted_same_layout"]["blocked"],
-    "copy_ from a contiguous pinned tensor did not block": not row["contig_pinned"]["blocked"],
-    "a warm dtype-converting copy_ from pinned memory did not block": not row["dtype_warm"]["blocked"],
-    ".item() blocked": row["item"]["blocked"],
-    "a second launch of the same kernel did not block": not row["kernel_warm"]["blocked"],
-}, why="torch.tensor(list, device=...) makes a blocking copy and .item() needs the value, so both wait for the "
-       "busy GPU; a copy from pinned memory and a launch are only enqueued. Only a host stalled for half the "
-       "busy time (an overloaded machine) could turn a 'did not block' into 'blocked'")
-gathered_waited = pinlab.observe(
-    "the copies gathered through a pageable temporary (from x[:, ::2], and x.t() into a contiguous tensor) waited",
-    row["nondense_pinned"]["blocked"] and row["permuted_to_contiguous"]["blocked"],
-    value=f"{pinlab.fmt_ms(row['nondense_pinned']['host_ms'])}, "
-          f"{pinlab.fmt_ms(row['permuted_to_contiguous']['host_ms'])} behind {hs['busy_ms']:g} ms",
-    why="the 8 MiB temporary is pageable: whether its copy waits is the driver's staging decision (section 1), "
-        "undocumented; a driver that stages it, or a GH200 that reads it directly (not measured here, "
-        "docs/facts.md F15), returns at once")
+blocked = {key: r["blocked"] for key, r in row.items()}
+pinlab.claim("torch.tensor(list, device='cuda') blocked", blocked["tensor_list"], why=stalls.WHY.hidden)
+pinlab.claim("copy_ from the dense view x.t() into a GPU tensor of the same layout did not block",
+             not blocked["permuted_same_layout"], why=stalls.WHY.hidden)
+pinlab.claim("copy_ from a contiguous pinned tensor did not block", not blocked["contig_pinned"], why=stalls.WHY.hidden)
+pinlab.claim("a warm dtype-converting copy_ from pinned memory did not block", not blocked["dtype_warm"],
+             why=stalls.WHY.hidden)
+pinlab.claim(".item() blocked", blocked["item"], why=stalls.WHY.hidden)
+pinlab.claim("a second launch of the same kernel did not block", not blocked["kernel_warm"], why=stalls.WHY.hidden)
+nondense, to_contig = row["nondense_pinned"], row["permuted_to_contiguous"]
+gathered_ms = f"{pinlab.fmt_ms(nondense['host_ms'])}, {pinlab.fmt_ms(to_contig['host_ms'])} behind {hs['busy_ms']:g} ms"
+gathered_waited = pinlab.observe("the copies gathered through a pageable temporary (from x[:, ::2], and x.t() into a "
+                                 "contiguous tensor) waited", nondense["blocked"] and to_contig["blocked"],
+                                 value=gathered_ms, why=stalls.WHY.gathered)
 
 # %% [markdown]
 # The two *first* calls depend on how CUDA loads kernels, which the environment variable
@@ -585,14 +547,11 @@ with pinlab.stream() as s:
 print("pinned buffer, read right after the call:", pinned_now)
 print("pinned buffer, read after done.synchronize():", pinned_after)
 print("pageable buffer, read right after the call:", pageable_now)
-ok = pinlab.claims({
-    "read before its event, the pinned buffer still held the old value": pinned_now == -1.0,
-    "after the event, it held the new one": pinned_after == 7.0,
-    "the copy into pageable memory was complete when the call returned": pageable_now == 8.0,
-}, why="the host reads within microseconds while the copy waits behind 20 ms of GPU work (only a host stalled "
-       "that long could see the new value early); the event completes only after the copy; a copy into pageable "
-       "host memory returns once it has completed (so on every CUDA driver this course ran, and documented up to "
-       "CUDA 11.0: docs/facts.md F7)")
+pinlab.claim("read before its event, the pinned buffer still held the old value", pinned_now == -1.0,
+             why=stalls.WHY.read_back)
+pinlab.claim("after the event, it held the new one", pinned_after == 7.0, why=stalls.WHY.read_back)
+pinlab.claim("the copy into pageable memory was complete when the call returned", pageable_now == 8.0,
+             why=stalls.WHY.read_back)
 
 # %% [markdown]
 # The exercise of this lesson runs its third part this way: on a GPU your code runs on the CUDA
@@ -617,18 +576,12 @@ for r in advice:  # one case per three lines: the case, its outcome, the evidenc
 expected_outcomes = [stalls.ADVICE_HOLDS, stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_WAITS,
                      stalls.ADVICE_WAITS, stalls.ADVICE_STALE]
 documented = (0, 4, 5)  # pinned H2D, D2H into pinned (documented); D2H into pageable (documented up to CUDA 11.0)
-ok = pinlab.claims({f"{advice[i]['case']}: {expected_outcomes[i]}": advice[i]["outcome"] == expected_outcomes[i]
-                    for i in documented},
-                   why="a copy from or into pinned memory is only enqueued (documented), a copy into pageable host "
-                       "memory returns once it has completed (documented up to CUDA 11.0, docs/facts.md F7, and so on "
-                       "every driver this course ran); only a host stalled for half the busy time could change an "
-                       "outcome")
+for i in documented:
+    r, want = advice[i], expected_outcomes[i]
+    pinlab.claim(f"{r['case']}: {want}", r["outcome"] == want, why=stalls.WHY.advice_documented)
 for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
     if i not in documented:
-        pinlab.observe(f"{r['case']}: {want}", r["outcome"] == want, value=r["evidence"],
-                       why="when a pageable copy waits is undocumented driver behaviour (the staging limits of "
-                           "sections 1 and 2); HIP documents every pageable copy as synchronous (ROCm), on a GH200 it "
-                           "need not wait (not measured here: docs/facts.md F15, F17)")
+        pinlab.observe(f"{r['case']}: {want}", r["outcome"] == want, value=r["evidence"], why=stalls.WHY.advice_staging)
 
 # %% [markdown]
 # Where the advice holds: a copy from pinned memory is queued at any size (documented), and a small
@@ -693,16 +646,13 @@ def to_gpu(source, dst, pageable, pinned, non_blocking):
 matrix = pinlab.measure("02_tutorial_matrix", partial(stalls.tutorial_matrix, to_gpu), nbytes=16 * MiB, reps=10)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(matrix.result, [("source", "16 MiB from"), ("non_blocking", "non_blocking"),
-                             ("ms", "host ms until done", pinlab.fmt_ms)])
+pinlab.table(matrix.result, stalls.MATRIX_COLUMNS)
 
 # %%
 cell = stalls.matrix_ms(matrix.result)
 best = {s: min(cell[(s, False)], cell[(s, True)]) for s in stalls.MATRIX_SOURCES}
 pinlab.observe("pinned and reused at least 2x faster than pageable", best["pageable"] >= 2 * best["pinned"],
-               value=f"{best['pageable'] / best['pinned']:.1f}x",
-               why="over a slow link (PCIe Gen3) the link caps the pinned copy near the staging's rate; on a GH200 "
-                   "(not measured here, docs/facts.md F15) the GPU reads pageable memory directly")
+               value=f"{best['pageable'] / best['pinned']:.1f}x", why=stalls.WHY.slow_link)
 for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
     pinlab.show(f"what this run shows ({i}/3)", sentence)
 
@@ -750,20 +700,15 @@ tut = pinlab.replay.measure_if_recorded("02_tutorial_loop", partial(stalls.tutor
 
 # %% tags=["nbval-ignore-output"]
 if tut is not None:
-    pinlab.table(tut["rows"], [("source", f"{tut['count']} x {fmt_bytes(tut['bytes_each'])} from"),
-                               ("non_blocking", "non_blocking"), ("ms", "host ms until all are done", pinlab.fmt_ms)])
+    pinlab.table(tut["rows"], stalls.loop_columns(tut.result))
 
 # %%
 if tut is not None:
-    ok = pinlab.claim("every tensor arrived intact, every source, both ways", tut["data_ok"],
-                      why="every tensor is compared bitwise after a sync; a wrong one would be a fault, not a timing")
+    pinlab.claim("every tensor arrived intact, every source, both ways", tut["data_ok"], why=stalls.WHY.bitwise)
     loop_ms = stalls.matrix_ms(tut["rows"])
     pinlab.observe("pageable tensors: non_blocking with one sync was faster than a blocking copy each (the "
                    "tutorial's finding)", loop_ms[("pageable", True)] < loop_ms[("pageable", False)],
-                   value=f"{loop_ms[('pageable', False)] / loop_ms[('pageable', True)]:.2f}x",
-                   why="the driver stages each pageable copy on the host either way, and once the staging pool is full "
-                       "(section 2) a non_blocking copy waits too; a fast host and an idle GPU make each blocking "
-                       "round trip short")
+                   value=f"{loop_ms[('pageable', False)] / loop_ms[('pageable', True)]:.2f}x", why=stalls.WHY.tutorial)
     for i, sentence in enumerate(stalls.tutorial_loop_sentences(tut.result, matrix.result), 1):
         pinlab.show(f"what this run shows ({i}/4)", sentence)
 
@@ -792,9 +737,8 @@ if tut is not None:
 # ## Clean up
 
 # %%
-ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-                  why="every experiment frees what it pinned and empties torch's pinned cache; a tensor still "
-                      "referenced from a cell, or an error that stopped an experiment halfway, keeps its block")
+pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
+             why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember

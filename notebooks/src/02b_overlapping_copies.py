@@ -38,11 +38,11 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
-from pinlab.lessons import l02_fake_non_blocking as stalls
+from pinlab.lessons import l02b_overlapping_copies as l02b
 from pinlab.plots import fmt_bytes, timeline
 from pinlab.profiler import span_stats
 
-KiB, MiB = stalls.KiB, stalls.MiB
+KiB, MiB = l02b.KiB, l02b.MiB
 ms = pinlab.fmt_ms
 pinlab.header("02b overlapping copies")
 pinned_at_start = pinlab.pinned_baseline()
@@ -85,15 +85,15 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
 
 
 # %% [markdown]
-# `stalls.step_loop` runs this loop with three host buffers that are pageable, and with three that
+# `l02b.step_loop` runs this loop with three host buffers that are pageable, and with three that
 # are pinned: the only difference. What it shows depends on who sets the pace. If the host needs
 # longer per step than the GPU (a busy machine, few cores, other learners' kernels on the same
 # cores), the host sets it, and a step takes as long as the host's work whatever the copies do:
-# that is what happened in a run of this lesson on a shared machine, where writing the 8 MiB input
-# took over 6 ms instead of 1. So `stalls.step_loop` first measures the host's own work per step
+# that is what happened in an earlier run of this lesson on a shared machine (not this run), where
+# writing the 8 MiB input took over 6 ms instead of 1. So `l02b.step_loop` first measures the host's own work per step
 # on this machine, now (the "prepare inputs" and "launch forward" spans of 5 steps of each kind,
-# timed with `stalls.HostSpans`), and makes the forward `gpu_bound_factor` (2) times that long, and at
-# least `gpu_ms` (`stalls.gpu_bound_forward_ms`): then the GPU sets the pace, on a quiet machine and a
+# timed with `l02b.HostSpans`), and makes the forward `gpu_bound_factor` (2) times that long, and at
+# least `gpu_ms` (`l02b.gpu_bound_forward_ms`): then the GPU sets the pace, on a quiet machine and a
 # busy one.
 # 40 steps of each are timed without the profiler (two rounds, alternating); then 6 steps of each
 # are recorded with `torch.profiler` (CPU and CUDA activity), and the trace is read back into the
@@ -121,7 +121,7 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
 RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"  # the GPU suite keeps a copy of the trace there
 STEP = dict(steps=40, warm_steps=5, profile_steps=6, input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2,
             gpu_bound_factor=2.0)
-loop = pinlab.measure("02_step_loop", partial(stalls.step_loop, run_steps), **STEP, trace=stalls.DEFAULT_TRACE)
+loop = pinlab.measure("02_step_loop", partial(l02b.step_loop, run_steps), **STEP, trace=l02b.DEFAULT_TRACE)
 pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
 pinlab.report("the host's own work per step before the timed steps (median)", loop["calibration"]["host_work_ms"])
 pinlab.report(f"so the forward lasts ({STEP['gpu_bound_factor']:g}x that, rounded up to 0.5 ms, at least "
@@ -133,7 +133,7 @@ print("  (open it in https://ui.perfetto.dev)")
 
 # %%
 fig, axes = pinlab.plots.stacked(2, height=3.0, sharex=True)
-for ax, mode in zip(axes, stalls.STEP_MODES):
+for ax, mode in zip(axes, l02b.STEP_MODES):
     m = loop["modes"][mode]
     timeline({"host": m["host"], "GPU": m["gpu"]}, title=f"{mode} inputs", ax=ax)
     ax.set_ylim(1.5, -1.6)  # room for the legend above the host lane
@@ -151,11 +151,11 @@ pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms
 # the bounded run-ahead ("wait for step i-2"), and the forwards follow each other with only the
 # short copy in between. What the GPU does between two forwards does not depend on how fast the
 # host is, as long as the GPU sets the pace: that is what this section measures. The numbers, two
-# models of the pageable step, and what this run shows (`stalls.step_loop_findings` computes the
+# models of the pageable step, and what this run shows (`l02b.step_loop_findings` computes the
 # sentences from the run):
 
 # %%
-found = stalls.step_loop_findings(loop.result)
+found = l02b.step_loop_findings(loop.result)
 pinlab.report("ms per step, pinned inputs", pin["ms_per_step"])
 pinlab.report("ms per step, pageable inputs", pag["ms_per_step"])
 for name, model_ms in found["models"].items():
@@ -175,7 +175,8 @@ pinlab.show("GPU idle share (no kernel running), six profiled steps, pageable vs
             f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
 faster = pinlab.observe(
     "with the GPU setting the pace, pinned steps were faster, by the GPU's shorter wait between forwards",
-    found["shown"], value=f"{ms(found['extra_ms'])} per step",
+    found["shown"], value=(f"{ms(found['extra_ms'])} per step" if found["extra_ms"] >= 0
+                           else f"no: pinned steps took {ms(-found['extra_ms'])} longer"),
     why="it needs the driver not to stage an 8 MiB pageable copy behind the queue, and a host whose work stays "
         "under the forward; the sentences below say which part failed")
 for i, part in enumerate(found["sentences"], 1):  # one line per clause, to keep each line short
@@ -208,7 +209,7 @@ print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
 print("memcpy names in the pinned run:  ", sorted(pin["memcpy_names"]))
 pinlab.show("memcpys recorded, pageable / pinned run",
             f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}")
-ok = pinlab.claims({
+pinlab.claims({
     "the profiler named every copy of the pageable run 'Pageable -> Device'":
         set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
     "the profiler named every copy of the pinned run 'Pinned -> Device'":
@@ -340,21 +341,21 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 # This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
 # single queue and no side streams, so without CUDA the notebook replays the recorded GPU run.
 #
-# `stalls.overlap_loop` runs the three loops in interleaved rounds (40 steps each, 3 rounds, every
+# `l02b.overlap_loop` runs the three loops in interleaved rounds (40 steps each, 3 rounds, every
 # step's sum checked against the CPU's), then 6 steps of each under the profiler, and last the
 # copy stream once without `record_stream`.
 
 # %%
 OVERLAP = dict(steps=40, rounds=3, input_bytes=16 * MiB, n_inputs=4, compute_ms=0.5, profile_steps=6)
-ov = pinlab.measure("02_overlap", partial(stalls.overlap_loop, one_stream_steps, copy_stream_steps, compute),
-                    **OVERLAP, trace=stalls.OVERLAP_TRACE)
+ov = pinlab.measure("02_overlap", partial(l02b.overlap_loop, one_stream_steps, copy_stream_steps, compute),
+                    **OVERLAP, trace=l02b.OVERLAP_TRACE)
 ovm = ov["modes"]
 
 # %%
-stalls.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})")
+l02b.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})")
 plt.show()
 pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned / pageable",
-            ", ".join(f"{ovm[k]['overlap']['overlapping']} of {ovm[k]['overlap']['copies']}" for k in stalls.OVERLAP_MODES))
+            ", ".join(f"{ovm[k]['overlap']['overlapping']} of {ovm[k]['overlap']['copies']}" for k in l02b.OVERLAP_MODES))
 
 # %% [markdown]
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns,
@@ -369,7 +370,7 @@ pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned /
 # host. The numbers:
 
 # %%
-for key, label in stalls.OVERLAP_MODES.items():
+for key, label in l02b.OVERLAP_MODES.items():
     m = ovm[key]
     o = m["overlap"]
     pinlab.report(f"{label}: ms per step (median of {ov['rounds']} rounds)", m["ms_per_step"])
@@ -377,11 +378,11 @@ for key, label in stalls.OVERLAP_MODES.items():
     pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
     pinlab.show(f"{label}: copies beside a kernel (profiled steps)",
                 f"{o['overlapping']} of {o['copies']} ({o['share']:.1%} of the copy time)")
-    copy = span_stats(stalls.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
+    copy = span_stats(l02b.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
 pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
             f"{ovm['copy_stream_pinned']['steps_per_s'] / ovm['one_stream_pinned']['steps_per_s']:.2f}x")
-copy_ms = {k: span_stats(stalls.overlap_lanes(ovm[k]["gpu"])["copies"], next(iter(ovm[k]["memcpy_names"])))
+copy_ms = {k: span_stats(l02b.overlap_lanes(ovm[k]["gpu"])["copies"], next(iter(ovm[k]["memcpy_names"])))
            ["duration_ms"] for k in ("copy_stream_pinned", "copy_stream_pageable")}
 pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
             f"{copy_ms['copy_stream_pageable'] / copy_ms['copy_stream_pinned']:.1f}x")
@@ -395,8 +396,8 @@ pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
 
 # %%
 one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
-ok = pinlab.claims({
-    "every step's sum was right in all three loops": all(ovm[k]["wrong_steps"] == 0 for k in stalls.OVERLAP_MODES),
+pinlab.claims({
+    "every step's sum was right in all three loops": all(ovm[k]["wrong_steps"] == 0 for k in l02b.OVERLAP_MODES),
     "on one stream, no copy ran beside a kernel": one["overlap"]["overlapping"] == 0,
     "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
         set(ovm["copy_stream_pageable"]["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
@@ -409,7 +410,7 @@ ok = pinlab.claims({
         "CUPTI names a copy by the kind of host memory it reads; another profiler (ROCm's, not measured here) "
         "may name copies differently",
 }, values={"every step's sum was right in all three loops":
-           ", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in stalls.OVERLAP_MODES)})
+           ", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in l02b.OVERLAP_MODES)})
 overlapped = pinlab.observe(
     "with a copy stream and pinned inputs, most copies ran beside a kernel",
     side["overlap"]["overlapping"] >= side["overlap"]["copies"] / 2,
@@ -423,7 +424,7 @@ overlapped = pinlab.observe(
 # %%
 race = ov["no_record_stream"]
 pinlab.show("copy stream without record_stream: steps whose sum was wrong", f"{race['wrong_steps']} of {race['steps']}")
-ok = pinlab.claim("without record_stream, at least one step computed on an input overwritten before it was read",
+pinlab.claim("without record_stream, at least one step computed on an input overwritten before it was read",
                   race["wrong_steps"] > 0, value=f"{race['wrong_steps']} of {race['steps']} steps wrong",
                   why="the race needs the host far ahead of the GPU (it queues 40 steps of 0.5 ms in well under a "
                       "millisecond each) and the caching allocator handing a freed input's block to the next copy; "
@@ -448,7 +449,7 @@ ok = pinlab.claim("without record_stream, at least one step computed on an input
 # and NVLink carry both directions at once). What a second copy engine does *not* give is twice the
 # bandwidth in one direction: one large pinned copy already fills the link that way.
 #
-# The copies below are queued by this function, one per stream; `stalls.copy_engines` times four
+# The copies below are queued by this function, one per stream; `l02b.copy_engines` times four
 # cases of 256 MiB pinned copies (medians of 5 interleaved rounds): H2D alone, D2H alone, H2D and D2H
 # at once (two streams), and two H2D at once (two streams). For a pair, the rate counts both copies'
 # bytes over the pair's time.
@@ -465,22 +466,22 @@ def copy_on(stream, dst, src):
 #
 # <details><summary>Answer</summary>
 #
-# With two or more copy engines, H2D and D2H at once move close to the sum of the two alone: the
-# directions do not share a lane. Two H2D at once move about what one does: they share the link in
+# With two or more copy engines, H2D and D2H at once move well above either alone, if short of the
+# full sum: the directions do not share a lane. Two H2D at once move about what one does: they share the link in
 # one direction, which one copy already fills, so a second H2D stream does not double the
 # bandwidth. With one copy engine, or a link or host that cannot serve both, the pair takes turns
 # and moves about what one copy does. The lines below say which this run was.
 # </details>
 
 # %%
-eng = pinlab.measure("02b_copy_engines", partial(stalls.copy_engines, copy_on), nbytes=256 * MiB, reps=5)
+eng = pinlab.measure("02b_copy_engines", partial(l02b.copy_engines, copy_on), nbytes=256 * MiB, reps=5)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(eng["rows"], [("case", "256 MiB pinned copies"), ("gbps", "GB/s (both copies' bytes)",
                                                                lambda v: f"{v:.1f}")])
 
 # %%
-rate = stalls.engine_rates(eng.result)
+rate = l02b.engine_rates(eng.result)
 pinlab.show("copy engines (asyncEngineCount)", eng["copy_engines"])
 both_up = rate["H2D and D2H at once"] / max(rate["H2D alone"], rate["D2H alone"])
 two_up = rate["two H2D at once"] / rate["H2D alone"]
@@ -490,7 +491,7 @@ pinlab.observe("H2D and D2H at once moved at least 1.5x either alone", both_up >
 pinlab.observe("two H2D at once moved under 1.25x one H2D alone", two_up < 1.25, value=f"{two_up:.2f}x",
                why="one copy fills the link in one direction on a quiet machine; a copy that does not (a slow host, "
                    "a link shared with other learners) leaves room for a second")
-for i, part in enumerate(stalls.engines_sentence(eng.result).split("; "), 1):
+for i, part in enumerate(l02b.engines_sentence(eng.result).split("; "), 1):
     pinlab.show(f"what this run shows ({i}/3)", part)
 
 # %% [markdown]
@@ -535,20 +536,20 @@ def copy_all_then_sync(dsts, srcs):
 # saved grows.
 # </details>
 #
-# `stalls.many_tensors` times both functions (median of 7 interleaved tries) and checks that every
+# `l02b.many_tensors` times both functions (median of 7 interleaved tries) and checks that every
 # byte arrived.
 
 # %%
-many = pinlab.measure("02_many_tensors", partial(stalls.many_tensors, copy_each_blocking, copy_all_then_sync),
+many = pinlab.measure("02_many_tensors", partial(l02b.many_tensors, copy_each_blocking, copy_all_then_sync),
                       cases=[[64, 4 * KiB], [64, 64 * KiB], [64, MiB]], repeat=7)
 
 # %% tags=["nbval-ignore-output"]
 for kind in ("pinned", "pageable"):  # one table per kind of host memory
     pinlab.table(many["rows"], [("n", "tensors"), ("bytes", "each", fmt_bytes),
-                                *[(k, label, ms) for k, label in stalls.MANY_VARIANTS.items() if k.startswith(kind)]])
+                                *[(k, label, ms) for k, label in l02b.MANY_VARIANTS.items() if k.startswith(kind)]])
 
 # %%
-stalls.plot_many_tensors(many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})")
+l02b.plot_many_tensors(many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})")
 plt.show()
 cheaper = sum(r[f"{k}_nb_sync_ms"] < r[f"{k}_blocking_ms"] for r in many["rows"] for k in ("pinned", "pageable"))
 pinlab.show("takeaway", f"one sync cost the host less than a blocking copy each in {cheaper} of "
@@ -562,7 +563,7 @@ for r in many["rows"]:
         saved = blocking - one_sync
         pinlab.show(f"{case}, {kind}: blocking copies / one sync",
                     f"{blocking / one_sync:.1f}x, {ms(abs(saved))} {'saved' if saved >= 0 else 'lost'} by the one sync")
-ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in many["rows"]),
+pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in many["rows"]),
                   why="every copy is checked after a sync, byte for byte; a wrong byte would be a fault, not a timing")
 
 # %% [markdown]
@@ -598,7 +599,7 @@ ok = pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for
 # </details>
 
 # %%
-ah = pinlab.measure("02_async_h2d", stalls.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10)
+ah = pinlab.measure("02_async_h2d", l02b.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10)
 arow = {r["key"]: r for r in ah["rows"]}
 
 # %% tags=["nbval-ignore-output"]
@@ -606,7 +607,7 @@ pinlab.table(ah["rows"], [("op", f"{ah['list_len']} ints to the GPU"), ("blocked
                           ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
 
 # %%
-ok = pinlab.claims({
+pinlab.claims({
     "torch.tensor(list, device='cuda') waited for the GPU": arow["factory"]["blocked"],
     "pinlab.async_tensor_h2d(list) did not": not arow["async"]["blocked"],
     "all three calls gave the same GPU tensor": ah["same_values"],
@@ -659,11 +660,11 @@ def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
 # are only enqueued: no stall.
 # </details>
 #
-# `stalls.detector_demo(demo_step, ...)` runs it: the loop under the detector, the loop's cost with
+# `l02b.detector_demo(demo_step, ...)` runs it: the loop under the detector, the loop's cost with
 # and without it, and each stalling call alone under `set_sync_debug_mode("warn")`.
 
 # %%
-det = pinlab.measure("02_detector", partial(stalls.detector_demo, demo_step), steps=20, gpu_ms=0.5,
+det = pinlab.measure("02_detector", partial(l02b.detector_demo, demo_step), steps=20, gpu_ms=0.5,
                      features=256, repeat=5)
 
 # %% tags=["nbval-ignore-output"]
@@ -674,13 +675,13 @@ print(det["summary"])
 # changes from run to run, so we count lines inside `demo_step` (its `def` is line 1).
 
 # %%
-expected = {kind: det["steps"] for kind in stalls.DEMO_STALLS.values()}
+expected = {kind: det["steps"] for kind in l02b.DEMO_STALLS.values()}
 for kind, n in det["counts"].items():
     print(f"{kind}: {n}")
-lines = {kind: [line] for kind, line in stalls.source_lines(demo_step).items()}
+lines = {kind: [line] for kind, line in l02b.source_lines(demo_step).items()}
 for kind, line in sorted(lines.items(), key=lambda kv: kv[1]):
     print(f"line {line[0]} of demo_step: {kind}")
-ok = pinlab.claims({
+pinlab.claims({
     "one stall of each kind per step, and nothing else": det["counts"] == expected,
     "each stall points at its line of demo_step": det["stall_lines"] == lines,
 }, values={"one stall of each kind per step, and nothing else": det["counts"],
@@ -697,7 +698,7 @@ for c in det["compare"]:
     print(f"{c['op']}\n    set_sync_debug_mode('warn') warned: {c['sync_debug_warnings'] > 0}"
           f"   detect_stalls() reported: {c['detector_events'] > 0}")
 cmp = {c["key"]: c for c in det["compare"]}
-ok = pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking copy, detect_stalls() reported it",
+pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking copy, detect_stalls() reported it",
                   cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]["detector_events"] > 0,
                   value=cmp["pageable_copy"],
                   why="torch's sync debug mode warns only where torch itself synchronizes; a torch release that "
@@ -721,9 +722,8 @@ cheap = pinlab.observe("the detector at most doubled the loop's host time", watc
 # ## Clean up
 
 # %%
-ok = pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-                  why="every experiment frees what it pinned and empties torch's pinned cache; a tensor still "
-                      "referenced from a cell, or an error that stopped an experiment halfway, keeps its block")
+pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
+             why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember

@@ -85,11 +85,9 @@ for r in range(len(lpl)):
     pages = ix[ip[r]:ip[r + 1]]
     print(f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = {pages}, "
           f"{len(pages) - 1} full page(s) + {lpl[r]} token(s) = {(len(pages) - 1) * PAGE_SIZE + lpl[r]} tokens")
-ok = pinlab.claim("every request's pages and token count read back from the three arrays",
-                  all(ix[ip[r]:ip[r + 1]] == block_table[r, :ip[r + 1] - ip[r]].tolist()
-                      and (ip[r + 1] - ip[r] - 1) * PAGE_SIZE + lpl[r] == int(seq_lens[r]) for r in range(len(lpl))),
-                  why="the metadata is computed on the CPU by exact integer arithmetic; only a bug in "
-                      "pinlab.paged_kv could make it differ")
+reads_back = all(ix[ip[r]:ip[r + 1]] == block_table[r, :ip[r + 1] - ip[r]].tolist()
+                 and (ip[r + 1] - ip[r] - 1) * PAGE_SIZE + lpl[r] == int(seq_lens[r]) for r in range(len(lpl)))
+pinlab.claim("every request's pages and token count read back from the three arrays", reads_back, why=l03.WHY.exact)
 
 # %% [markdown]
 # 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 when page 1 is
@@ -225,16 +223,11 @@ wrong = [n for n, r in enumerate(reused) if r != n]
 pinlab.show("stream", s.label)
 pinlab.show("reused pinned buffer: copies that delivered another step's data", f"{len(wrong)} of {len(reused)}")
 pinlab.show("reused pinned buffer: the step whose data copies 0-7 delivered", reused[:8])
-# the GPU is 0.5 ms behind per step, the host needs a few µs: a wide lead, on any GPU, quiet or shared
-ok = pinlab.claims({
-    "the reused pinned buffer delivered another step's data at least once": len(wrong) >= 1,
-    "the pageable buffer delivered every step its own data": pageable_rows == list(range(len(pageable_rows))),
-}, values={"the reused pinned buffer delivered another step's data at least once": f"{len(wrong)} of {len(reused)}"},
-   why={"the reused pinned buffer delivered another step's data at least once":
-        "the race needs the host ahead of the GPU; a host slower than 0.5 ms per step (a CPU shared by many "
-        "processes) would let the GPU keep up",
-        "the pageable buffer delivered every step its own data":
-        "the driver stages a pageable copy during the call; a wrong row here is a bug in the driver or torch"})
+# the GPU is 0.5 ms behind per step, the host needs tens of µs: a wide lead, on any GPU, quiet or shared
+own_data = pageable_rows == list(range(len(pageable_rows)))
+pinlab.claim("the reused pinned buffer delivered another step's data at least once", len(wrong) >= 1,
+             value=f"{len(wrong)} of {len(reused)}", why=l03.WHY.host_ahead)
+pinlab.claim("the pageable buffer delivered every step its own data", own_data, why=l03.WHY.staged)
 
 # %% [markdown]
 # ### Catch it in the act: `detect_races`
@@ -260,20 +253,11 @@ print(races)
 wrong, flagged = {n for n, r in enumerate(rows) if r != n}, set(races.raced)  # one copy per step: ordinal = step
 pinlab.show("stream", s.label)
 pinlab.show("steps whose data arrived wrong / steps the detector flagged", f"{len(wrong)} / {len(flagged)} of 50")
-ok = pinlab.claims({
-    "the detector flagged the reused pinned buffer": len(flagged) >= 1,
-    "steps whose data arrived wrong and were not flagged": len(wrong - flagged),
-    "the pageable buffer: races flagged": races_pageable.total,
-}, expect={"steps whose data arrived wrong and were not flagged": 0, "the pageable buffer: races flagged": 0},
-   values={"the detector flagged the reused pinned buffer": f"{len(flagged)} of 50 steps",
-           "steps whose data arrived wrong and were not flagged": sorted(wrong - flagged)},
-   why={"the detector flagged the reused pinned buffer": "the race needs the host ahead of the GPU (0.5 ms of "
-        "GPU work per step against a host step of microseconds); a host slower than that lets the GPU keep up",
-        "steps whose data arrived wrong and were not flagged": "a copy reads wrong data only if the host rewrote its "
-        "buffer while it was pending, and the detector asks before every call that touches the buffer: a miss is "
-        "a bug in pinlab.races",
-        "the pageable buffer: races flagged": "the driver stages a pageable copy during the call, so nothing is "
-        "pending: a finding here is a false positive (a bug in pinlab.races)"})
+pinlab.claim("the detector flagged the reused pinned buffer", len(flagged) >= 1, value=f"{len(flagged)} of 50 steps",
+             why=l03.WHY.host_ahead)
+pinlab.claim("steps whose data arrived wrong and were not flagged", len(wrong - flagged), expect=0,
+             value=sorted(wrong - flagged), why=l03.WHY.detector_miss)
+pinlab.claim("the pageable buffer: races flagged", races_pageable.total, expect=0, why=l03.WHY.detector_false)
 
 # %% [markdown]
 # It may flag a step whose data arrived right: a copy that was still pending when the host
@@ -308,22 +292,14 @@ pinlab.show("takeaway: steps that got another step's data, reused pinned / pagea
 pinned, pageable = plain.result["runs"]["reused_pinned"], plain.result["runs"]["pageable"]
 pinlab.show("reused pinned buffer: corrupted steps", f"{pinned['corrupted']} of {pinned['steps']} "
             f"({pinned['rate']:.1%}); the first at step {pinned['first_corrupted']}")
-# each step adds 0.5 ms of GPU work and a few µs of host work, so the GPU's lead grows every step: after a
+# each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead grows every step: after a
 # stall of the host (another process, the OS) only the next copy or two can find the GPU caught up
-lead = ("the GPU must be behind the host: a host slower than the GPU's 0.5 ms per step (a CPU shared by "
-        "many processes) lets copies run before the next write")
-ok = pinlab.claims({
-    "the reused pinned buffer corrupted at least one step": pinned["corrupted"] >= 1,
-    "the reused pinned buffer corrupted more than half of the steps": pinned["corrupted"] > pinned["steps"] // 2,
-    "the pageable buffer, corrupted steps": pageable["corrupted"],
-}, expect={"the pageable buffer, corrupted steps": 0},
-   values={"the reused pinned buffer corrupted at least one step": pinned["corrupted"],
-           "the reused pinned buffer corrupted more than half of the steps":
-           f"{pinned['corrupted']} of {pinned['steps']}"},
-   why={"the reused pinned buffer corrupted at least one step": lead,
-        "the reused pinned buffer corrupted more than half of the steps": lead,
-        "the pageable buffer, corrupted steps": "the driver stages a pageable copy during the call: a corrupted "
-                                               "step here is a bug in the driver or torch"})
+pinlab.claim("the reused pinned buffer corrupted at least one step", pinned["corrupted"] >= 1,
+             value=pinned["corrupted"], why=l03.WHY.host_ahead)
+pinlab.claim("the reused pinned buffer corrupted more than half of the steps",
+             pinned["corrupted"] > pinned["steps"] // 2, value=f"{pinned['corrupted']} of {pinned['steps']}",
+             why=l03.WHY.host_ahead)
+pinlab.claim("the pageable buffer, corrupted steps", pageable["corrupted"], expect=0, why=l03.WHY.staged)
 
 # %% [markdown]
 # Read the plot: a point above the diagonal is a copy that delivered the data of a step the host
@@ -405,24 +381,15 @@ pinlab.show("reused pinned: requests that read wrong pages", f"{bad['wrong_input
 pinlab.show("their error against the reference (median, max)",
             f"{bad['median_err_wrong_inputs']}, {bad['max_err_wrong_inputs']}")
 # the GPU is kept 3 ms busy per step behind a host that needs well under 1 ms: a wide lead on any GPU
-behind = ("the GPU is kept 3 ms behind per step; a host that needs more than that per step (a CPU shared by many "
-          "processes, or FlashInfer's plan() far slower than usual) would let every copy run before the next write")
 right_err = max(bad["max_err_right_inputs"], good["max_err_right_inputs"])
-ok = pinlab.claims({
-    "reused pinned buffer: some copy delivered another step's metadata": bad["copies_wrong"] >= 1,
-    "reused pinned buffer: the attention read wrong pages on at least one step": bad["wrong_input_steps"] >= 1,
-    "pageable buffer: steps whose attention read wrong pages": good["wrong_input_steps"],
-    f"every request whose attention read the right inputs matched the reference within {tol}": right_err <= tol,
-}, expect={"pageable buffer: steps whose attention read wrong pages": 0},
-   values={"reused pinned buffer: some copy delivered another step's metadata": bad["copies_wrong"],
-           "reused pinned buffer: the attention read wrong pages on at least one step": bad["wrong_input_steps"],
-           f"every request whose attention read the right inputs matched the reference within {tol}": right_err},
-   why={"reused pinned buffer: some copy delivered another step's metadata": behind,
-        "reused pinned buffer: the attention read wrong pages on at least one step": behind,
-        "pageable buffer: steps whose attention read wrong pages": "the driver stages a pageable copy during the "
-                                                                  "call: a wrong step here is a bug",
-        f"every request whose attention read the right inputs matched the reference within {tol}":
-        "fp16 attention against an fp32 reference; a larger error means a broken attention kernel or build"})
+pinlab.claim("reused pinned buffer: some copy delivered another step's metadata", bad["copies_wrong"] >= 1,
+             value=bad["copies_wrong"], why=l03.WHY.behind)
+pinlab.claim("reused pinned buffer: the attention read wrong pages on at least one step", bad["wrong_input_steps"] >= 1,
+             value=bad["wrong_input_steps"], why=l03.WHY.behind)
+pinlab.claim("pageable buffer: steps whose attention read wrong pages", good["wrong_input_steps"], expect=0,
+             why=l03.WHY.staged)
+pinlab.claim(f"every request whose attention read the right inputs matched the reference within {tol}",
+             right_err <= tol, value=right_err, why=l03.WHY.fp16)
 
 # %% [markdown]
 # Each red dot is a request whose attention read pages that belong to another request, or to
@@ -519,16 +486,10 @@ pc = pinlab.measure("03_pageable_cost", pageable_cost, sizes=[1024, 64 * 1024, 1
 parts = {(r["buffer"], r["nbytes"]): l03.step_parts(r) for r in pc.result["runs"]}
 
 # %% tags=["nbval-ignore-output"]
-f1 = lambda v: f"{v:.1f}"  # noqa: E731
-pinlab.table([{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"], **p["group_ms"],
-               "copy_med": p["median_us"]["copy"], "check_med": p["median_us"]["check"],
-               "fwd_med": p["median_us"]["forward"]}
-              for (b, n), p in parts.items()],
-             [("buffer", "buffer", str), ("bytes", "per step", fmt_bytes), ("loop", "host loop ms", f1),
-              ("share", "loop / run", lambda v: f"{v:.0%}"), ("copy call", "in copy calls ms", f1),
-              ("kernel launches", "in launches ms", f1), ("write + loop", "write + loop ms", f1),
-              ("copy_med", "copy call µs (median)", f1), ("check_med", "check launch µs (median)", f1),
-              ("fwd_med", "forward launch µs (median)", f1)])
+part_rows = [{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"], **p["group_ms"],
+              "copy_med": p["median_us"]["copy"], "check_med": p["median_us"]["check"],
+              "fwd_med": p["median_us"]["forward"]} for (b, n), p in parts.items()]
+pinlab.table(part_rows, l03.PARTS_COLUMNS)
 
 # %%
 l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
@@ -621,37 +582,30 @@ for n in sizes:
 
 # exact, on every machine: the driver stages each pageable copy during the call
 wrong_pageable = sum(runs_of[("pageable", n)]["wrong"] for n in sizes)
-pinlab.claims({"pageable buffer, steps that received another step's data, at every size": wrong_pageable},
-              expect={"pageable buffer, steps that received another step's data, at every size": 0},
-              why="the driver copies pageable memory into its staging buffer during the call; a wrong step "
-                  "here is a bug in the driver or torch, not a property of the machine")
+pinlab.claim("pageable buffer, steps that received another step's data, at every size", wrong_pageable, expect=0,
+             why=l03.WHY.staged)
 
 # observed: when the host waits depends on the driver's staging (undocumented), the link, the host's
 # speed and what else runs on the GPU
-staging_why = ("the driver's staging limits and where a pageable copy blocks are undocumented and differ by "
-               "driver, link and platform (a GH200's NVLink-C2C, WSL2, ROCm: not measured here, docs/facts.md "
-               "F15, F17, F18); a GPU shared with other processes works through the queue more slowly")
 share = {(b, n): parts[(b, n)]["share"] for (b, n) in parts}
 mid_launches = waited[mid]["check"]["steps"] + waited[mid]["forward"]["steps"]
+mid_copies = waited[mid]["copy"]["steps"]
 pinlab.observe(f"{fmt_bytes(small)} pageable: the host finished its loop while most of the GPU work was still queued",
                share[("pageable", small)] < 0.5, value=f"loop / run {share[('pageable', small)]:.0%}",
-               why=staging_why)
+               why=l03.WHY.staging)
 pinlab.observe(f"{fmt_bytes(mid)} and larger, pageable: the host loop lasted at least half of the run",
                all(share[("pageable", n)] >= 0.5 for n in sizes if n >= mid),
-               value=", ".join(f"{share[('pageable', n)]:.0%}" for n in sizes if n >= mid), why=staging_why)
+               value=", ".join(f"{share[('pageable', n)]:.0%}" for n in sizes if n >= mid), why=l03.WHY.staging)
 pinlab.observe(f"{fmt_bytes(mid)} pageable: the copy calls did not wait, a launch after them did",
-               waited[mid]["copy"]["steps"] <= steps // 10 and mid_launches >= steps // 4,
-               value=f"over half a step: {waited[mid]['copy']['steps']} copy calls, {mid_launches} launches "
-                     f"of {steps} steps", why=staging_why)
+               mid_copies <= steps // 10 and mid_launches >= steps // 4, why=l03.WHY.staging,
+               value=f"over half a step: {mid_copies} copy calls, {mid_launches} launches of {steps} steps")
 for n in big:
     pinlab.observe(f"{fmt_bytes(n)} pageable: the copy call itself took over half a GPU step on most steps",
                    waited[n]["copy"]["steps"] > steps // 2, value=f"{waited[n]['copy']['steps']} of {steps}",
-                   why=staging_why + "; or the host was too slow to queue enough (the 'what this run shows' lines "
-                       "say where its time went)")
-pinned_ran_ahead = pinlab.observe(
-    "reused pinned buffer: the host finished its loop first at every size",
-    all(share[("pinned", n)] < 0.5 for n in sizes), value=", ".join(f"{share[('pinned', n)]:.0%}" for n in sizes),
-    why="a host slower than the GPU (a CPU shared by many processes) cannot run ahead even without staging")
+                   why=l03.WHY.staging_or_slow_host)
+pinned_ran_ahead = pinlab.observe("reused pinned buffer: the host finished its loop first at every size",
+                                  all(share[("pinned", n)] < 0.5 for n in sizes), why=l03.WHY.slow_host,
+                                  value=", ".join(f"{share[('pinned', n)]:.0%}" for n in sizes))
 
 # %% [markdown]
 # Read the bars against the dashed line (the GPU's work): a bar far below it is a host that ran
@@ -722,8 +676,7 @@ pinlab.show("takeaway", f"a launch call blocked once {q['full_at']} launches wer
 
 # %%
 pinlab.claim("every queued launch ran once (x read back after the sync)", q["ran"] == q["launches"],
-             value=f"{q['ran']} of {q['launches']}",
-             why="each launch adds 1 on the device; a different count is a bug, not a property of the machine")
+             value=f"{q['ran']} of {q['launches']}", why=l03.WHY.launch_count)
 if q["full_at"] is not None:
     pinlab.show("launches queued behind the busy GPU before a launch call blocked (the queue's depth)", q["full_at"])
     pinlab.show("that launch call waited", f"{q['waited_ms']:.1f} ms")
@@ -742,8 +695,7 @@ if q["full_at"] is not None and fw is not None:
     near = abs(ops - q["full_at"]) <= 0.25 * q["full_at"]
     pinlab.observe(f"the {fmt_bytes(small)} loop's first wait came when about as many operations were queued as the "
                    "launch queue holds", near, value=f"{ops:.0f} operations then, a queue of {q['full_at']}",
-                   why="the two runs are separate measurements; a shared GPU or a busy host shifts the "
-                       "estimate of what was queued")
+                   why=l03.WHY.two_runs)
     if near:
         pinlab.show("what this run shows", f"the {fmt_bytes(small)} loop waited because the launch queue was full, "
                     f"with only {fmt_bytes(fw[2] * small)} of copies staged: not the staging pool")
@@ -770,9 +722,7 @@ else:
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start)
-ok = pinlab.claim("pinned memory held is back to its starting level", back,
-             why="an experiment of this lesson kept pinned blocks alive (a leak), or another thread of this "
-                 "process pinned memory meanwhile")
+pinlab.claim("pinned memory held is back to its starting level", back, why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember

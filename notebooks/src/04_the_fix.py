@@ -82,11 +82,8 @@ def snapshot_loop(s, steps=200, busy_ms=0.5, n_ints=64):
 with pinlab.stream() as s:
     snap_rows = snapshot_loop(s)
 pinlab.show("stream", s.label)
-ok = pinlab.claims({"pin_memory() snapshot: copies that delivered another step's data":
-                    sum(r != n for n, r in enumerate(snap_rows))},
-                   expect={"pin_memory() snapshot: copies that delivered another step's data": 0},
-                   why="each copy reads its own snapshot, which the caching host allocator keeps until the copy has "
-                       "run; a wrong step here is a bug in torch's allocator, not a property of the machine")
+wrong = sum(r != n for n, r in enumerate(snap_rows))     # each copy reads its own snapshot
+pinlab.claim("pin_memory() snapshot: copies that delivered another step's data", wrong, expect=0, why=l04.WHY.torch_bug)
 
 # %% [markdown]
 # Each snapshot is a block from PyTorch's caching host allocator (lesson 01: it keeps freed pinned
@@ -116,25 +113,15 @@ passes, control = soak.result["passes"], soak.result["control"]
 
 # %%
 pinlab.show("control (reused pinned buffer): corrupted steps", f"{control['corrupted']} of {control['steps']}")
-pinlab.show("snapshot, cold: distinct pinned blocks used",
-            passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a")
+pinlab.show("snapshot, cold: distinct pinned blocks used", passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a")
 pinlab.show("runs of the snapshot loop", ", ".join(passes) or "none")  # "reserved" needs a torch that knows the setting
 ran = {"cold", "warmed"} <= set(passes) and all(p["steps"] == 10_000 for p in passes.values())
-ok = pinlab.claims({
-    "the snapshot loop ran cold and warmed, 10,000 steps each": ran,
-    "corrupted steps with the snapshot, all runs": sum(p["corrupted"] for p in passes.values()),
-    "the control corrupted at least one step": control["corrupted"] >= 1,
-}, expect={"corrupted steps with the snapshot, all runs": 0},
-   values={"the snapshot loop ran cold and warmed, 10,000 steps each":
-           "; ".join(f"{k}: {v['outcome']} ({v['detail']})" for k, v in soak.result["children"].items()),
-           "the control corrupted at least one step": f"{control['corrupted']} of {control['steps']}"},
-   why={"the snapshot loop ran cold and warmed, 10,000 steps each":
-        "each run is a child process; one that could not start CUDA, or took over a minute, is missing",
-        "corrupted steps with the snapshot, all runs":
-        "the allocator keeps a snapshot's block until its copy has run: a corrupted step is a bug in torch",
-        "the control corrupted at least one step":
-        "the control needs the GPU behind the host: 0.05 ms of GPU work per step must outlast the host's step "
-        "(a write, a copy, two launches); a much slower host (a CPU shared by many processes) lets the GPU keep up"})
+children = "; ".join(f"{k}: {v['outcome']} ({v['detail']})" for k, v in soak.result["children"].items())
+corrupted = sum(p["corrupted"] for p in passes.values())
+pinlab.claim("the snapshot loop ran cold and warmed, 10,000 steps each", ran, value=children, why=l04.WHY.soak_children)
+pinlab.claim("corrupted steps with the snapshot, all runs", corrupted, expect=0, why=l04.WHY.torch_bug)
+pinlab.claim("the control corrupted at least one step", control["corrupted"] >= 1,
+             value=f"{control['corrupted']} of {control['steps']}", why=l04.WHY.lead_005ms)
 
 # %% [markdown]
 # ## Why it is safe: the caching host allocator
@@ -163,27 +150,18 @@ ok = pinlab.claims({
 # </details>
 
 # %%
-alloc = pinlab.measure("04_allocator_reuse", l04.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200,
-                       run_ahead=3)
+alloc = pinlab.measure("04_allocator_reuse", l04.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200, run_ahead=3)
 a = alloc.result
 
 # %%
-pinlab.show("new cudaHostAlloc calls for snapshots 1, 2, 3", a["new_host_allocs"])
+allocs = a["new_host_allocs"]
+pinlab.show("new cudaHostAlloc calls for snapshots 1, 2, 3", allocs)
 pinlab.show("torch.cuda.host_memory_stats() (a few entries)", a["host_memory_stats"])
-alloc_why = ("PyTorch's caching host allocator behaves the same on every CUDA GPU; a different answer means a torch "
-             "whose allocator works otherwise")
-ok = pinlab.claims({
-    "snapshot 2 was taken while snapshot 1's copy was still pending": a["copy_pending_at_second_snapshot"],
-    "so snapshot 2 got a different block": a["second_block_differs"],
-    "after a sync, snapshot 3 got snapshot 1's block back": a["third_reuses_first"],
-    "snapshot 3 needed no new cudaHostAlloc": a["new_host_allocs"][2] == 0,
-}, values={"snapshot 3 needed no new cudaHostAlloc": a["new_host_allocs"]},
-   why={"snapshot 2 was taken while snapshot 1's copy was still pending":
-        "the copy waits behind 50 ms of GPU work and snapshot 2 is taken microseconds later; only a host stalled "
-        "for that long (a CPU shared by many processes) could miss it",
-        "so snapshot 2 got a different block": alloc_why,
-        "after a sync, snapshot 3 got snapshot 1's block back": alloc_why,
-        "snapshot 3 needed no new cudaHostAlloc": alloc_why})
+pending, differs, returned = a["copy_pending_at_second_snapshot"], a["second_block_differs"], a["third_reuses_first"]
+pinlab.claim("snapshot 2 was taken while snapshot 1's copy was still pending", pending, why=l04.WHY.pending)
+pinlab.claim("so snapshot 2 got a different block", differs, why=l04.WHY.allocator)
+pinlab.claim("after a sync, snapshot 3 got snapshot 1's block back", returned, why=l04.WHY.allocator)
+pinlab.claim("snapshot 3 needed no new cudaHostAlloc", allocs[2] == 0, value=allocs, why=l04.WHY.allocator)
 
 # %% [markdown]
 # The same over a whole step loop: 200 snapshots, the host waiting for step n-4 before writing
@@ -194,23 +172,17 @@ ok = pinlab.claims({
 # %%
 loop = a["loop"]
 pinlab.show("distinct pinned blocks for 200 snapshots", loop["distinct_blocks"])
-ok = pinlab.claims({
-    "blocks were handed out again": loop["blocks_reused"] > 0,
-    "no block was handed out again before its copy had run": loop["reused_before_copy_done"] == 0,
-    "fewer than 16 blocks served all 200 snapshots": loop["distinct_blocks"] < 16,
-}, values={"blocks were handed out again": loop["blocks_reused"],
-           "no block was handed out again before its copy had run": loop["reused_before_copy_done"],
-           "fewer than 16 blocks served all 200 snapshots": loop["distinct_blocks"]},
-   why={"blocks were handed out again": alloc_why,
-        "no block was handed out again before its copy had run": "the allocator waits for the copy's event before "
-                                                                 "reusing a block: a failure here is the race, in torch",
-        "fewer than 16 blocks served all 200 snapshots": "run-ahead 3: at most 4 snapshots are in flight; " + alloc_why})
+reused, early, blocks = loop["blocks_reused"], loop["reused_before_copy_done"], loop["distinct_blocks"]
+pinlab.claim("blocks were handed out again", reused > 0, value=reused, why=l04.WHY.allocator)
+pinlab.claim("no block was handed out again before its copy had run", early == 0, value=early, why=l04.WHY.reused_early)
+pinlab.claim("fewer than 16 blocks served all 200 snapshots", blocks < 16, value=blocks, why=l04.WHY.in_flight)
 
 # %% [markdown]
 # The allocator keeps about as many blocks as there are copies in flight, and recycles them as
 # the GPU catches up: a few KiB of pinned memory, held only while needed. (The soak's loop above
-# has no sync of its own, so it can have up to as many steps in flight as CUDA's launch queue
-# holds, lesson 03's last section: compare its "distinct pinned blocks" line with this one.)
+# has no sync of its own, so it can have up to as many steps in flight as fit in CUDA's launch
+# queue: lesson 03's last section measured its depth in launches, and each step here queues a copy
+# and a kernel. Compare its "distinct pinned blocks" line with this one.)
 #
 # ## The trap: `pin_memory()` of a pinned tensor
 #
@@ -223,20 +195,12 @@ ok = pinlab.claims({
 trap = pinlab.measure("04_pin_trap", l04.pin_trap, nbytes=256, steps=200, busy_ms=0.5)
 t = trap.result
 runs = t["race"]["runs"]
-ok = pinlab.claims({
-    "pin_memory() of a pinned tensor returns the same storage": t["same_storage"],
-    "pin_memory() of a pageable tensor returns new storage": t["pageable_gets_new_storage"],
-    "snapshot of a pinned buffer: at least one corrupted step": runs["snapshot_of_pinned"]["corrupted"] >= 1,
-    "snapshot of a pageable buffer: corrupted steps": runs["snapshot"]["corrupted"],
-}, expect={"snapshot of a pageable buffer: corrupted steps": 0},
-   values={"snapshot of a pinned buffer: at least one corrupted step": runs["snapshot_of_pinned"]["corrupted"]},
-   why={"pin_memory() of a pinned tensor returns the same storage": "torch's documented behaviour of pin_memory()",
-        "pin_memory() of a pageable tensor returns new storage": "torch's documented behaviour of pin_memory()",
-        "snapshot of a pinned buffer: at least one corrupted step":
-        "the race needs the GPU behind the host (0.5 ms of GPU work per step against a host step of microseconds); "
-        "a host slower than that (a CPU shared by many processes) lets the GPU keep up",
-        "snapshot of a pageable buffer: corrupted steps": "the allocator keeps each snapshot until its copy has run: "
-                                                          "a corrupted step is a bug in torch"})
+same, new = t["same_storage"], t["pageable_gets_new_storage"]
+of_pinned, of_pageable = runs["snapshot_of_pinned"]["corrupted"], runs["snapshot"]["corrupted"]
+pinlab.claim("pin_memory() of a pinned tensor returns the same storage", same, why=l04.WHY.pin_memory_doc)
+pinlab.claim("pin_memory() of a pageable tensor returns new storage", new, why=l04.WHY.pin_memory_doc)
+pinlab.claim("snapshot of a pinned buffer: at least one corrupted step", of_pinned >= 1, value=of_pinned, why=l04.WHY.lead_05ms)
+pinlab.claim("snapshot of a pageable buffer: corrupted steps", of_pageable, expect=0, why=l04.WHY.torch_bug)
 
 # %%
 l03.plot_received(runs, title=f"The trap: pin_memory() of a pinned buffer ({trap.tag})")
@@ -263,15 +227,11 @@ plt.show()
 # that moving the metadata costs this way, `copy_()` included.
 
 # %%
-cost = pinlab.measure("04_snapshot_cost", l04.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=300,
-                      busy_ms=0.1, run_ahead=1, rounds=3)
+cost = pinlab.measure("04_snapshot_cost", l04.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=300, busy_ms=0.1,
+                      run_ahead=1, rounds=3)
 
 # %% tags=["nbval-ignore-output"]
-us = lambda v: f"{v:.1f}"  # noqa: E731
-pinlab.table(cost.result["rows"], [("nbytes", "metadata", fmt_bytes), ("no_copy_us", "no copy µs", us),
-                                   ("reused_pinned_us", "reused pinned µs", us), ("snapshot_us", "snapshot µs", us),
-                                   ("snapshot_extra_us", "snapshot adds µs", us),
-                                   ("copy_total_us", "snapshot - no copy µs", us)])
+pinlab.table(cost.result["rows"], l04.COST_COLUMNS)
 
 # %%
 rows = cost.result["rows"]
@@ -286,9 +246,8 @@ pinlab.show("largest host time the snapshot adds per step, up to 64 KiB", f"{wor
 pinlab.show("largest snapshot - no copy (all of the move) per step", f"{max(r['copy_total_us'] for r in rows):.1f} µs")
 pinlab.show("what this run shows", f"the snapshot added at most {worst:.1f} µs of host time per step, "
             f"{worst / 1e3:.1%} of a decode step of 1 ms")
-ok = pinlab.claims({"corrupted steps with the snapshot in these loops": sum(r["snapshot_corrupted"] for r in rows)},
-                   expect={"corrupted steps with the snapshot in these loops": 0},
-                   why="the allocator keeps each snapshot until its copy has run: a corrupted step is a bug in torch")
+corrupted = sum(r["snapshot_corrupted"] for r in rows)
+pinlab.claim("corrupted steps with the snapshot in these loops", corrupted, expect=0, why=l04.WHY.torch_bug)
 
 # %% [markdown]
 # The lines above are this run's measurement of the host time the snapshot adds per step, on top
@@ -344,8 +303,8 @@ ok = pinlab.claims({"corrupted steps with the snapshot in these loops": sum(r["s
 # %%
 r = soak.result
 accepted = r["reserve"]["accepted"]
-pinlab.show("this torch accepted pinned_reserve_segment_size_mb", accepted if accepted else
-            f"no; the reserved child said: {r['reserve']['detail']}")
+pinlab.show("this torch accepted pinned_reserve_segment_size_mb", accepted or f"no; the reserved child said: "
+            f"{r['reserve']['detail']}")
 for name, p in passes.items():
     pinlab.show(f"{name}: host µs per step p50 / p99 / p99.9 / max",
                 f"{p['p50_us']:.1f} / {p['p99_us']:.1f} / {p['p999_us']:.1f} / {p['max_us']:.1f}")
@@ -359,25 +318,19 @@ for label, key in (("largest maximum", "max_us"), ("most steps over 100 µs", "o
     top = max(passes.values(), key=lambda p: p[key])[key]
     pinlab.show(f"tail, {label}", " and ".join(k for k, p in passes.items() if p[key] == top))
 tamed = [k for k in ("warmed", "reserved") if k in passes and "cold" in passes]
-pinlab.observe("warming the cache and reserving a segment both cut the worst step below the cold run's",
-               all(passes[k]["max_us"] < passes["cold"]["max_us"] for k in tamed) and len(tamed) == 2,
-               value=" / ".join(f"{k} {passes[k]['max_us']:.0f} µs" for k in ["cold"] + tamed),
-               why="one slow step is a host timing: the OS, the launch queue, or another process can make any "
-                   "run's worst step")
+cut = all(passes[k]["max_us"] < passes["cold"]["max_us"] for k in tamed) and len(tamed) == 2
+worst_steps = " / ".join(f"{k} {passes[k]['max_us']:.0f} µs" for k in ["cold"] + tamed)
+pinlab.observe("warming the cache and reserving a segment both cut the worst step below the cold run's", cut,
+               value=worst_steps, why=l04.WHY.worst_step)
 # counts, exact by construction: a cold cache must call cudaHostAlloc; a cache warmed with more blocks than the
 # loop has in flight, and a reserved segment, must not
-alloc_count_why = ("torch.cuda.host_memory_stats() of this torch may not count cudaHostAlloc calls "
-                   "(host_alloc_time), or the loop had more snapshots in flight than the 1,024 warmed blocks "
-                   "(a deeper launch queue: lesson 03)")
-ok = pinlab.claims({
-    "cold: the loop called cudaHostAlloc (its cache started empty)": passes["cold"]["slow_allocs"] >= 1,
-    "warmed: calls into cudaHostAlloc inside the loop": passes["warmed"]["slow_allocs"],
-    "reserved, where this torch accepts the setting: calls into cudaHostAlloc inside the loop":
-        passes["reserved"]["slow_allocs"] if accepted else 0,
-}, expect={"warmed: calls into cudaHostAlloc inside the loop": 0,
-           "reserved, where this torch accepts the setting: calls into cudaHostAlloc inside the loop": 0},
-   values={"cold: the loop called cudaHostAlloc (its cache started empty)": passes["cold"]["slow_allocs"]},
-   why=alloc_count_why)
+cold_allocs, warmed_allocs = passes["cold"]["slow_allocs"], passes["warmed"]["slow_allocs"]
+reserved_allocs = passes["reserved"]["slow_allocs"] if accepted else 0
+pinlab.claim("cold: the loop called cudaHostAlloc (its cache started empty)", cold_allocs >= 1, value=cold_allocs,
+             why=l04.WHY.alloc_count)
+pinlab.claim("warmed: calls into cudaHostAlloc inside the loop", warmed_allocs, expect=0, why=l04.WHY.alloc_count)
+pinlab.claim("reserved, where this torch accepts the setting: calls into cudaHostAlloc inside the loop", reserved_allocs,
+             expect=0, why=l04.WHY.alloc_count)
 
 # %%
 l04.plot_soak(r, title=f"10,000 snapshots, three ways ({soak.tag})")
@@ -430,18 +383,12 @@ with pinlab.stream() as s:
     guarded = ring_loop(s)
     unguarded = ring_loop(s, guarded=False)
 pinlab.show("stream", s.label)
-pinlab.show("ring of 3 without events: copies that delivered another step's data",
-            f"{sum(r != n for n, r in enumerate(unguarded))} of {len(unguarded)}")
-ok = pinlab.claims({
-    "ring of 3 with events: copies that delivered another step's data": sum(r != n for n, r in enumerate(guarded)),
-    "the same ring without the events delivered another step's data at least once":
-        any(r != n for n, r in enumerate(unguarded)),
-}, expect={"ring of 3 with events: copies that delivered another step's data": 0},
-   why={"ring of 3 with events: copies that delivered another step's data":
-        "each buffer is rewritten only after the event recorded after its last copy: a wrong step is a bug",
-        "the same ring without the events delivered another step's data at least once":
-        "the race needs the GPU behind the host (0.5 ms of GPU work per step against a host step of microseconds); "
-        "a host slower than that (a CPU shared by many processes) lets the GPU keep up"})
+wrong_guarded = sum(r != n for n, r in enumerate(guarded))
+wrong_unguarded = sum(r != n for n, r in enumerate(unguarded))
+pinlab.show("ring of 3 without events: copies that delivered another step's data", f"{wrong_unguarded} of {len(unguarded)}")
+pinlab.claim("ring of 3 with events: copies that delivered another step's data", wrong_guarded, expect=0, why=l04.WHY.ring_events)
+pinlab.claim("the same ring without the events delivered another step's data at least once", wrong_unguarded >= 1,
+             why=l04.WHY.lead_05ms)
 
 # %% [markdown]
 # Correct, but here the host runs far ahead of the GPU. Once the ring has gone round, a step waits
@@ -470,13 +417,11 @@ ok = pinlab.claims({
 # | event wait | MRV1's `prepare_inputs_event`: wait until the previous step's copies ran before rewriting the one pinned buffer |
 
 # %%
-hist = pinlab.measure("04_history", l04.history, strategies=steploop.HISTORY, steps=500, nbytes=4096,
-                      busy_ms=0.3, run_ahead=1, ring_depth=3, rounds=5)
+hist = pinlab.measure("04_history", l04.history, strategies=steploop.HISTORY, steps=500, nbytes=4096, busy_ms=0.3,
+                      run_ahead=1, ring_depth=3, rounds=5)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(hist.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"),
-                                   ("host_us", "host µs/step", us), ("host_extra_us", "vs no copy µs", us),
-                                   ("pinned_bytes_held", "pinned bytes held")])
+pinlab.table(hist.result["rows"], l04.HISTORY_COLUMNS)
 
 # %%
 l04.plot_history(hist.result, title=f"The fixes compared ({hist.tag})")
@@ -488,39 +433,24 @@ print("steps per approach:", hist.result["steps"])
 for k in h:
     pinlab.show(f"{steploop.LABELS[k]}: round medians, host µs per step",
                 ", ".join(f"{v:.1f}" for v in h[k]["round_medians_us"]))
-pinlab.show("host µs per step: event wait / snapshot", f"{h['event_wait']['host_us']:.1f} / {h['snapshot']['host_us']:.1f}")
+wait_us, snap_us, pageable_us = h["event_wait"]["host_us"], h["snapshot"]["host_us"], h["pageable"]["host_us"]
+pinlab.show("host µs per step: event wait / snapshot", f"{wait_us:.1f} / {snap_us:.1f}")
 by_cost = sorted(h, key=lambda k: h[k]["host_us"])
-pinlab.show("what this run shows, cheapest to dearest host time per step",
-            " < ".join(steploop.LABELS[k] for k in by_cost))
+pinlab.show("what this run shows, cheapest to dearest host time per step", " < ".join(steploop.LABELS[k] for k in by_cost))
 # the event wait waits for the GPU every step (about a GPU step, busy_ms); the snapshot does not: a timing
-pinlab.observe("the event wait costs the host more than twice the snapshot's time per step",
-               h["event_wait"]["host_us"] > 2 * h["snapshot"]["host_us"],
-               value=f"{h['event_wait']['host_us']:.1f} / {h['snapshot']['host_us']:.1f} µs",
-               why="host timings: a slow host (2 CPU cores, WSL2) makes the snapshot dearer, a GPU that keeps up "
-                   "makes the event wait cheaper")
-pageable_cheaper = pinlab.observe(
-    "one 4 KiB pageable copy per step cost the host less than the snapshot",
-    h["pageable"]["host_us"] < h["snapshot"]["host_us"],
-    value=f"{h['pageable']['host_us']:.1f} / {h['snapshot']['host_us']:.1f} µs",
-    why="host timings: the driver's staging and torch's allocator cost differently on other hosts and drivers")
+pinlab.observe("the event wait costs the host more than twice the snapshot's time per step", wait_us > 2 * snap_us,
+               value=f"{wait_us:.1f} / {snap_us:.1f} µs", why=l04.WHY.event_wait)
+pinlab.observe("one 4 KiB pageable copy per step cost the host less than the snapshot", pageable_us < snap_us,
+               value=f"{pageable_us:.1f} / {snap_us:.1f} µs", why=l04.WHY.staging)
 # exact, on every machine: the fixes never corrupt; the racy ones do while the GPU is 0.3 ms per step behind
-racy_why = ("the race needs the GPU behind the host (0.3 ms of GPU work per step against a host step of "
-            "microseconds); a host slower than that (a CPU shared by many processes) lets the GPU keep up")
-ok = pinlab.claims({
-    **{f"{steploop.LABELS[k]}: corrupted steps": h[k]["corrupted"]
-       for k in ("pageable", "snapshot", "ring_events", "event_wait")},
-    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer all corrupted steps":
-        all(h[k]["corrupted"] >= 1 for k in ("reused_pinned", "double_pinned", "snapshot_of_pinned")),
-    "the pageable buffer holds no pinned memory": h["pageable"]["pinned_bytes_held"] == 0,
-}, expect={f"{steploop.LABELS[k]}: corrupted steps": 0 for k in ("pageable", "snapshot", "ring_events", "event_wait")},
-   values={"the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer all corrupted steps":
-           {k: h[k]["corrupted"] for k in ("reused_pinned", "double_pinned", "snapshot_of_pinned")}},
-   why={**{f"{steploop.LABELS[k]}: corrupted steps": "a correct fix by construction: a wrong step is a bug"
-           for k in ("pageable", "snapshot", "ring_events", "event_wait")},
-        "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer all corrupted steps":
-        racy_why,
-        "the pageable buffer holds no pinned memory": "the driver stages pageable copies in its own memory, "
-                                                      "not in torch's pinned blocks"})
+FIXED = ("pageable", "snapshot", "ring_events", "event_wait")
+RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned")
+for k in FIXED:
+    pinlab.claim(f"{steploop.LABELS[k]}: corrupted steps", h[k]["corrupted"], expect=0, why=l04.WHY.correct_fix)
+racy = {k: h[k]["corrupted"] for k in RACY}
+pinlab.claim("the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer all corrupted steps",
+             all(v >= 1 for v in racy.values()), value=racy, why=l04.WHY.lead_03ms)
+pinlab.claim("the pageable buffer holds no pinned memory", h["pageable"]["pinned_bytes_held"] == 0, why=l04.WHY.driver_staging)
 
 # %% [markdown]
 # Reading the table:
@@ -559,31 +489,17 @@ ok = pinlab.claims({
 s = pinlab.stream()                              # the GPU's stream, or the emulated one: the loop enters it
 audit = l03.race_audit(s, steploop.HISTORY, steps=50)
 pinlab.show("stream", s.label)
-pinlab.table([{"approach": steploop.LABELS[k], "wrong": len(a["wrong"]), "flagged": len(a["flagged"]),
-               "missed": len(a["missed"])} for k, a in audit.items()],
-             [("approach", "approach"), ("wrong", "steps wrong"), ("flagged", "steps flagged"),
-              ("missed", "wrong, not flagged")])
+pinlab.table(l04.audit_rows(audit), l04.AUDIT_COLUMNS)
 print(audit["double_pinned"]["summary"])
 
 # %%
-FIXED = ("pageable", "snapshot", "ring_events", "event_wait")
-RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned")
-ok = pinlab.claims({
-    **{f"{steploop.LABELS[k]}: races flagged": audit[k]["findings"] for k in FIXED},
-    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged":
-        all(audit[k]["flagged"] for k in RACY),
-    "steps whose data arrived wrong and were not flagged, all approaches":
-        sum(len(a["missed"]) for a in audit.values()),
-}, expect={**{f"{steploop.LABELS[k]}: races flagged": 0 for k in FIXED},
-           "steps whose data arrived wrong and were not flagged, all approaches": 0},
-   values={"the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged":
-           {k: len(audit[k]["flagged"]) for k in RACY}},
-   why={**{f"{steploop.LABELS[k]}: races flagged": "a correct fix never rewrites memory a pending copy reads: a "
-           "finding is a false positive (a bug in pinlab.races)" for k in FIXED},
-        "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged":
-        "the race needs the GPU behind the host (0.5 ms of GPU work per step against a host step of microseconds)",
-        "steps whose data arrived wrong and were not flagged, all approaches":
-        "the detector asks each copy's event before every call that touches its source: a miss is a bug"})
+for k in FIXED:
+    pinlab.claim(f"{steploop.LABELS[k]}: races flagged", audit[k]["findings"], expect=0, why=l04.WHY.false_positive)
+flagged = {k: len(audit[k]["flagged"]) for k in RACY}
+pinlab.claim("the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged",
+             all(flagged.values()), value=flagged, why=l04.WHY.lead_05ms)
+missed = sum(len(a["missed"]) for a in audit.values())
+pinlab.claim("steps whose data arrived wrong and were not flagged, all approaches", missed, expect=0, why=l04.WHY.detector_miss)
 
 # %% [markdown]
 # The double buffer's report says why #23737 did not fix MRV2: its copy into the *second* pinned
@@ -611,15 +527,12 @@ ok = pinlab.claims({
 # for step n-2 before writing step n (interleaved rounds, medians).
 
 # %%
-pool = pinlab.measure("04_shared_pool", l04.shared_pool, totals=[24 * 1024, 192 * 1024, 768 * 1024, 3 * 1024 * 1024,
-                                                                 6 * 1024 * 1024],
+KiB = 1024
+pool = pinlab.measure("04_shared_pool", l04.shared_pool, totals=[24 * KiB, 192 * KiB, 768 * KiB, 3 * KiB**2, 6 * KiB**2],
                       tensors=6, steps=50, busy_ms=0.5, run_ahead=1, rounds=3)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(pool.result["rows"], [("total_bytes", "per step", fmt_bytes), ("tensor_bytes", "per tensor", fmt_bytes),
-                                   ("pageable_us", "pageable µs", us), ("snapshot_us", "snapshot µs", us),
-                                   ("pageable_p90_us", "pageable p90 µs", us),
-                                   ("snapshot_p90_us", "snapshot p90 µs", us), ("corrupted", "corrupted")])
+pinlab.table(pool.result["rows"], l04.POOL_COLUMNS)
 
 # %%
 l04.plot_shared_pool(pool.result, title=f"6 tensors per step: pageable vs snapshot ({pool.tag})")
@@ -628,28 +541,22 @@ plt.show()
 # %%
 prow = pool.result["rows"]
 half_step_us = pool.result["busy_ms"] * 1e3 / 2
-ok = pinlab.claims({"corrupted steps, both ways, every size": sum(r["corrupted"] for r in prow)},
-                   expect={"corrupted steps, both ways, every size": 0},
-                   why="pageable copies are staged during the call and each snapshot is kept until its copy has run: "
-                       "a corrupted step is a bug in the driver or torch")
+corrupted = sum(r["corrupted"] for r in prow)
+pinlab.claim("corrupted steps, both ways, every size", corrupted, expect=0, why=l04.WHY.pool_bug)
 for r in prow:
     pinlab.show(f"{fmt_bytes(r['total_bytes'])} per step: host µs pageable / snapshot",
                 f"{r['pageable_us']:.1f} / {r['snapshot_us']:.1f}")
 dearer = [r["total_bytes"] for r in prow if r["pageable_us"] > r["snapshot_us"]]
 pinlab.show("smallest step at which the pageable copies cost the host more than the snapshots",
             fmt_bytes(min(dearer)) if dearer else "none measured")
-waited = [r["total_bytes"] for r in prow if r["pageable_us"] > half_step_us]
-pinlab.show("smallest step at which the pageable copies took over half a GPU step (waiting for the GPU, or "
-            "staging alone took that long)",
-            fmt_bytes(min(waited)) if waited else "none measured")
 # a timing, and undocumented driver behaviour (the staging pool): observed, never asserted
-big_dearer = pinlab.observe(
-    f"at {fmt_bytes(prow[-1]['total_bytes'])} per step the pageable copies cost the host more than the snapshots",
-    prow[-1]["pageable_us"] > prow[-1]["snapshot_us"],
-    value=f"{prow[-1]['pageable_us']:.1f} / {prow[-1]['snapshot_us']:.1f} µs",
-    why="when pageable copies wait is the driver's staging, undocumented; a shared GPU, a slow host or a link "
-        "where pageable copies are cheap (a GH200, not measured here, docs/facts.md F15) moves or removes the "
-        "crossing")
+big = prow[-1]
+big_us = f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f} µs"
+pinlab.observe(f"at {fmt_bytes(big['total_bytes'])} per step the pageable copies cost the host more than the snapshots",
+               big["pageable_us"] > big["snapshot_us"], value=big_us, why=l04.WHY.crossing)
+waited = [r["total_bytes"] for r in prow if r["pageable_us"] > half_step_us]
+pinlab.show("smallest step at which the pageable copies took over half a GPU step (waiting for the GPU, or staging "
+            "alone took that long)", fmt_bytes(min(waited)) if waited else "none measured")
 
 # %% [markdown]
 # What the lines show: for small steps the driver stages the pageable copies at the call, a
@@ -662,8 +569,9 @@ big_dearer = pinlab.observe(
 # where pageable copies are cheap (a GH200's NVLink-C2C, not measured here: `docs/facts.md` F15) it
 # may not come at all in this range. The
 # snapshot's copies need no staging, so no staging limit makes them wait. Their cost is host work
-# (the allocator, a `memcpy`, a `cudaHostAlloc` for each new block), and on a host or GPU shared
-# with other processes that work can cost more than the pageable copies. vLLM took the snapshot
+# (the allocator, a `memcpy`, a `cudaHostAlloc` for each new block): below the crossing size printed
+# above it can cost more than the pageable copies even on a quiet host, and a host or GPU shared with
+# other processes makes it dearer still. vLLM took the snapshot
 # for what it does not depend on, the driver's staging, and because a sync checker cannot tell a
 # pageable copy that waits from one that does not. Which way costs the host more at a given size
 # is a timing of this run (observed above), not a law.
@@ -753,15 +661,11 @@ pinlab.show("stream", s.label)
 pinlab.show("reused pinned buffers: corrupted steps", f"{demo['reused_pinned']['corrupted']} of 200")
 pinlab.show("host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
             f"{demo['slab_ring']['host']['median_us']:.1f} / {shallow['host']['median_us']:.1f}")
-fix_why = ("a correct fix by construction (its own memory per step in flight, or staged at the call): "
-           "a wrong step is a bug")
-ok = pinlab.claims({
-    **{f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)": demo[k]["corrupted"]
-       for k in ("pageable", "snapshot", "slab_ring")},
-    "a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps (of 200)": shallow["corrupted"],
-}, expect={**{f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)": 0 for k in ("pageable", "snapshot", "slab_ring")},
-           "a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps (of 200)": 0},
-   why=fix_why)
+FIXES = ("pageable", "snapshot", "slab_ring")
+for k in FIXES:
+    pinlab.claim(f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)", demo[k]["corrupted"], expect=0, why=l04.WHY.correct_fix)
+pinlab.claim("a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps (of 200)",
+             shallow["corrupted"], expect=0, why=l04.WHY.correct_fix)
 
 # %% [markdown]
 # Now the measurement: 10,000 steps of each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`,
@@ -775,13 +679,11 @@ ok = pinlab.claims({
 # engine bounds it anyway (vLLM's batch queue), so this is the loop that matters.
 
 # %%
-fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000, sizes=SIZES, busy_ms=0.25, run_ahead=1,
-                    depth=3, rounds=8)
+fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000, sizes=SIZES, busy_ms=0.25,
+                    run_ahead=1, depth=3, rounds=8)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(fr.result["rows"], [("label", "approach"), ("corrupted", "corrupted steps"),
-                                 ("p50_us", "host µs median", us), ("p10_us", "p10", us), ("p90_us", "p90", us),
-                                 ("p99_us", "p99", us), ("max_us", "max", us)])
+pinlab.table(fr.result["rows"], l04.FIX_COLUMNS)
 
 # %%
 l04.plot_host_times(fr.result, title=f"A step's 6 metadata tensors, 10,000 steps each ({fr.tag})")
@@ -789,18 +691,13 @@ plt.show()
 
 # %%
 f = {r["strategy"]: r for r in fr.result["rows"]}
-FIXES = ("pageable", "snapshot", "slab_ring")
-pinlab.show("reused pinned buffers (the race): corrupted steps", f["reused_pinned"]["corrupted"])
-ok = pinlab.claims({
-    "steps per approach, every approach": sorted({r["steps"] for r in fr.result["rows"]}) == [10_000],
-    **{f"{l04.FIX_LABELS[k]}: corrupted steps": f[k]["corrupted"] for k in FIXES},
-    "the reused pinned buffers (the race) corrupted at least one step": f["reused_pinned"]["corrupted"] >= 1,
-}, expect={f"{l04.FIX_LABELS[k]}: corrupted steps": 0 for k in FIXES},
-   why={"steps per approach, every approach": "the harness runs 10,000 steps of each: a different count is a bug",
-        **{f"{l04.FIX_LABELS[k]}: corrupted steps": fix_why for k in FIXES},
-        "the reused pinned buffers (the race) corrupted at least one step":
-        "the race needs the GPU behind the host (0.25 ms of GPU work per step against a host step of tens of µs); "
-        "a host slower than that (a CPU shared by many processes) lets the GPU keep up"})
+racy_corrupted = f["reused_pinned"]["corrupted"]
+pinlab.show("reused pinned buffers (the race): corrupted steps", racy_corrupted)
+counts = sorted({r["steps"] for r in fr.result["rows"]})
+pinlab.claim("steps per approach, every approach", counts == [10_000], value=counts, why=l04.WHY.step_count)
+for k in FIXES:
+    pinlab.claim(f"{l04.FIX_LABELS[k]}: corrupted steps", f[k]["corrupted"], expect=0, why=l04.WHY.correct_fix)
+pinlab.claim("the reused pinned buffers (the race) corrupted at least one step", racy_corrupted >= 1, why=l04.WHY.lead_025ms)
 for k in l04.FIX_LABELS:
     pinlab.show(f"{l04.FIX_LABELS[k]}: host µs per step, median (round medians)",
                 f"{f[k]['p50_us']:.1f} ({', '.join(f'{v:.1f}' for v in f[k]['round_medians_us'])})")
@@ -815,15 +712,13 @@ ratio = lambda a, b: f"{best[a] / best[b]:.2f}"  # noqa: E731
 pinlab.show("slab ring / per-tensor snapshots (best rounds)", ratio("slab_ring", "snapshot"))
 pinlab.show("slab ring / racy reused buffers (best rounds)", ratio("slab_ring", "reused_pinned"))
 cheapest = min(FIXES, key=best.get)
+pinlab.observe("slab ring: at most half the host time of the per-tensor snapshots (best rounds)",
+               best["slab_ring"] <= 0.5 * best["snapshot"], value=ratio("slab_ring", "snapshot"), why=l04.WHY.host_timing)
+pinlab.observe("slab ring: no more host time than the racy buffers (best rounds)", best["slab_ring"] <= best["reused_pinned"],
+               value=ratio("slab_ring", "reused_pinned"), why=l04.WHY.host_timing)
 pinlab.show("what this run shows", f"the cheapest correct fix for the host, in this configuration on this run, was "
             f"the {l04.FIX_LABELS[cheapest]}; the rounds of one approach differed by up to {spread[noisiest]:.2f}x "
             f"({l04.FIX_LABELS[noisiest]})")
-timing_why = "host timings: a slower host, another process on the CPU or the GPU, or another driver changes them"
-pinlab.observe("slab ring: at most half the host time of the per-tensor snapshots (best rounds)",
-               best["slab_ring"] <= 0.5 * best["snapshot"], value=ratio("slab_ring", "snapshot"), why=timing_why)
-ring_vs_bug = pinlab.observe("slab ring: no more host time than the racy buffers (best rounds)",
-                             best["slab_ring"] <= best["reused_pinned"], value=ratio("slab_ring", "reused_pinned"),
-                             why=timing_why)
 
 # %% [markdown]
 # Read the round medians first: the same approach can cost the host more in one round than in
@@ -854,8 +749,8 @@ ring_vs_bug = pinlab.observe("slab ring: no more host time than the racy buffers
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
-dec = pinlab.measure("04_decode_snapshot", l03.decode_race, strategies=["reused_pinned", "snapshot"],
-                     steps=64, busy_ms=3.0, ring=3, run_ahead=1, seed=0)
+dec = pinlab.measure("04_decode_snapshot", l03.decode_race, strategies=["reused_pinned", "snapshot"], steps=64,
+                     busy_ms=3.0, ring=3, run_ahead=1, seed=0)
 
 # %%
 d = dec.result
@@ -863,24 +758,12 @@ bad, good = d["runs"]["reused_pinned"], d["runs"]["snapshot"]
 pinlab.show("attention backend", d["backend"])
 pinlab.show("reused pinned: steps whose attention read wrong pages", f"{bad['wrong_input_steps']} of {d['steps']}")
 right_err = max(bad["max_err_right_inputs"], good["max_err_right_inputs"])
-ok = pinlab.claims({
-    "snapshot: steps whose attention read wrong pages": good["wrong_input_steps"],
-    "snapshot: copies that delivered another step's metadata": good["copies_wrong"],
-    "the reused pinned buffer in the same run read wrong pages on at least one step": bad["wrong_input_steps"] >= 1,
-    f"every request whose attention read the right inputs matched the reference within {d['tol']}": right_err <= d["tol"],
-}, expect={"snapshot: steps whose attention read wrong pages": 0,
-           "snapshot: copies that delivered another step's metadata": 0},
-   values={"the reused pinned buffer in the same run read wrong pages on at least one step": bad["wrong_input_steps"],
-           f"every request whose attention read the right inputs matched the reference within {d['tol']}": right_err},
-   why={"snapshot: steps whose attention read wrong pages": "each snapshot is kept until its copy has run: a wrong "
-                                                            "step is a bug in torch",
-        "snapshot: copies that delivered another step's metadata": "each snapshot is kept until its copy has run: "
-                                                                   "a wrong copy is a bug in torch",
-        "the reused pinned buffer in the same run read wrong pages on at least one step":
-        "the GPU is kept 3 ms behind per step; a host that needs more than that per step (a CPU shared by many "
-        "processes, or FlashInfer's plan() far slower than usual) would let every copy run before the next write",
-        f"every request whose attention read the right inputs matched the reference within {d['tol']}":
-        "fp16 attention against an fp32 reference; a larger error means a broken attention kernel or build"})
+pinlab.claim("snapshot: steps whose attention read wrong pages", good["wrong_input_steps"], expect=0, why=l04.WHY.torch_bug)
+pinlab.claim("snapshot: copies that delivered another step's metadata", good["copies_wrong"], expect=0, why=l04.WHY.torch_bug)
+pinlab.claim("the reused pinned buffer in the same run read wrong pages on at least one step",
+             bad["wrong_input_steps"] >= 1, value=bad["wrong_input_steps"], why=l04.WHY.lead_3ms)
+pinlab.claim(f"every request whose attention read the right inputs matched the reference within {d['tol']}",
+             right_err <= d["tol"], value=right_err, why=l04.WHY.fp16_tol)
 
 # %% [markdown]
 # The control's count of wrong steps need not match lesson 03's run of the same loop: it depends
@@ -921,18 +804,10 @@ for mode in ("synced", "back_to_back"):
     pinlab.show(f"{mode}: outcome", f"{hz[mode]['outcome']} ({hz[mode]['detail']}; {hz[mode]['seconds']} s)")
 tested = hz["synced"]["outcome"] != "unavailable"
 pinlab.show("FlashInfer ran the hazard's children", "yes" if tested else f"no: {hz['synced']['detail']}")
-ok = pinlab.claims({
-    "this notebook's own CUDA context is unharmed": hz["parent_context_ok"],
-    "the control (a sync between the two plans) matched the reference, wherever FlashInfer could run it":
-        not tested or hz["synced"]["outcome"] == "correct",
-}, values={"the control (a sync between the two plans) matched the reference, wherever FlashInfer could run it":
-           f"{hz['synced']['outcome']} ({hz['synced']['detail']})"},
-   why={"this notebook's own CUDA context is unharmed": "the hazard runs in child processes, which have their own "
-                                                        "CUDA contexts; a failure here is a broken driver",
-        "the control (a sync between the two plans) matched the reference, wherever FlashInfer could run it":
-        "with a sync between the two plans nothing is pending when the second plan is written; a wrong or crashed "
-        "control means a broken FlashInfer build or driver, or a child that ran out of GPU memory beside other "
-        "processes"})
+control_ok = not tested or hz["synced"]["outcome"] == "correct"
+pinlab.claim("this notebook's own CUDA context is unharmed", hz["parent_context_ok"], why=l04.WHY.own_context)
+pinlab.claim("the control (a sync between the two plans) matched the reference, wherever FlashInfer could run it",
+             control_ok, value=f"{hz['synced']['outcome']} ({hz['synced']['detail']})", why=l04.WHY.synced_control)
 
 # %% [markdown]
 # Whatever the back-to-back outcome above (a crash, a hang, wrong output, or, with some batch
@@ -955,10 +830,7 @@ pinlab.show("soak, cold / warmed / reserved: max host µs of a step",
             " / ".join(f"{passes[k]['max_us']:.0f}" if k in passes else "n/a" for k in ("cold", "warmed", "reserved")))
 
 # %%
-back = pinlab.pinned_back_to(pinned_at_start)
-ok = pinlab.claim("pinned memory held is back to its starting level", back,
-                  why="an experiment of this lesson kept pinned blocks alive (a leak), or another thread of this "
-                      "process pinned memory meanwhile")
+pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start), why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember

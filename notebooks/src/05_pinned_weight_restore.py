@@ -130,8 +130,6 @@ EMU = dict(hidden=1024, inter=2752, blocks=2)                 # 4 bf16 matrices 
 host_model = wr.make_model(**EMU)
 reference = [p.detach().clone() for p in host_model.parameters()]
 
-COPY_OPS_WHY = ("count_copies counts the aten ops that copy data; another torch version may route .to('cpu') or "
-                "pin_memory() through other ops")
 with pinlab.LaggingStream() as s:
     gpu_model = wr.make_model(**EMU)
     for p in gpu_model.parameters():
@@ -144,7 +142,7 @@ with pinlab.LaggingStream() as s:
         print(f"{name:18s} copies: {len(ops)}, pinned: {host.is_pinned()}, bitwise equal: {found[name][2]}")
 pinlab.claim("copies 1, 2 and 1; pinned: no, yes, yes; every result bitwise equal",
              list(found.values()) == [(1, False, True), (2, True, True), (1, True, True)], value=found,
-             why=COPY_OPS_WHY)
+             why=wr.WHY.copy_ops)
 
 # %% [markdown]
 # `count_copies` counts the aten ops that copy data (`_to_copy`, `copy_`, `_pin_memory`, ...) while the
@@ -167,8 +165,7 @@ with pinlab.LaggingStream() as s:
               f"{all(b.is_pinned() for b in back)}; bitwise equal: {exact}")
         pinlab.claim(f"pin={pin}: on the GPU inside, back bitwise equal, pinned exactly when pin=True",
                      on_gpu and exact and all(b.is_pinned() == pin for b in back), shown=False,
-                     why="the emulated stream is exact about where each weight lives: only a changed "
-                         "device_loading_context makes this fail")
+                     why=wr.WHY.emulated)
 
 # %% [markdown]
 # ### Why pinned matters for the *next* trip: reloading behind a busy GPU
@@ -205,13 +202,11 @@ with pinlab.LaggingStream() as s:
         reloaded[name] = all(torch.equal(g.cpu(), r) for g, r in zip(gpu, reference))
         print(f"from {name:18s}: {queued[name]} queued items after the reload "
               f"({'the host did not wait' if queued[name] > len(gpu) else 'the host waited for the GPU'})")
-pinlab.claims({"from pinned memory the busy work and all four copies are still queued": queued["empty_pinned_copy"] == 5,
-               "from pageable memory nothing is left queued": queued["to_cpu"] == 0,
-               "every reloaded weight is bitwise equal": all(reloaded.values())},
-              values={"from pinned memory the busy work and all four copies are still queued": queued["empty_pinned_copy"],
-                      "from pageable memory nothing is left queued": queued["to_cpu"]},
-              why="the emulated stream waits at a pageable copy as the course's model of the driver does (a "
-                  "copy this large waits), and queues a pinned one: only a changed emulation makes this fail")
+pinlab.claim("from pinned memory the busy work and all four copies are still queued",
+             queued["empty_pinned_copy"] == 5, value=queued["empty_pinned_copy"], why=wr.WHY.emulated_staging)
+pinlab.claim("from pageable memory nothing is left queued", queued["to_cpu"] == 0, value=queued["to_cpu"],
+             why=wr.WHY.emulated_staging)
+pinlab.claim("every reloaded weight is bitwise equal", all(reloaded.values()), why=wr.WHY.emulated_staging)
 
 # %% [markdown]
 # From pinned memory all four copies are queued behind the busy work (5 items: the work and the
@@ -271,10 +266,9 @@ with pinlab.LaggingStream() as s:
         print(f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned bytes held: "
               f"{fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}")
         pinlab.claim(f"cycle {cycle}: asleep in pinned memory, awake bitwise equal", asleep_pinned and exact,
-                     shown=False, why="the emulated stream is exact: only a changed sleep() or wake() makes this fail")
+                     shown=False, why=wr.WHY.emulated)
     pinlab.claim("emulated pinned bytes equal the weights' bytes (no rounding in the emulation)",
-                 pinned_held == sum(wr.param_bytes(model)), value=pinned_held,
-                 why="the emulation counts the bytes of live pinned tensors, without the allocator's rounding")
+                 pinned_held == sum(wr.param_bytes(model)), value=pinned_held, why=wr.WHY.emulated_bytes)
 
 # %% [markdown]
 # On a GPU, `torch.cuda.memory_allocated()` must drop back to where it was before the model existed
@@ -327,11 +321,7 @@ methods = res["methods"]
 print("model:", len(res["param_bytes"]), "weights,", fmt_bytes(res["bytes"]))
 
 # %% tags=["nbval-ignore-output"]
-ms = pinlab.fmt_ms
-pinlab.table([{"method": k, **v} for k, v in methods.items()],
-             [("method", "restore"), ("cold_ms", "cold", ms), ("warm_ms", "warm", ms),
-              ("copies_per_weight", "copies/weight"), ("pinned", "pinned"),
-              ("pinned_bytes_delta", "pinned bytes", fmt_bytes), ("reload_host_ms", "reload: host held", ms)])
+pinlab.table([{"method": k, **v} for k, v in methods.items()], wr.RESTORE_COLUMNS)
 
 # %%
 bars(list(methods), [v["warm_ms"] for v in methods.values()], ylabel="host ms per restore (warm)", logy=True,
@@ -347,14 +337,10 @@ for name, v in methods.items():
     print(pinlab.timing.wrapped(f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: {v['pinned']}, "
                                 f"on the host: {v['on_host']}, reloaded bitwise equal: {v['bitwise_equal']}",
                                 indent=19))
-pinlab.claims({"copies per weight 1, 2 and 1": [v["copies_per_weight"] for v in methods.values()] == [1, 2, 1],
-               "every restore on the host, every reload bitwise equal":
-                   all(v["bitwise_equal"] and v["on_host"] for v in methods.values())},
-              values={"copies per weight 1, 2 and 1": [v["copies_per_weight"] for v in methods.values()]},
-              why={"copies per weight 1, 2 and 1": COPY_OPS_WHY,
-                   "every restore on the host, every reload bitwise equal":
-                       "a blocking D2H copy returns with its data on the host, on any GPU: only a restore that "
-                       "copied with non_blocking=True and was read before it ran fails"})
+copies = [v["copies_per_weight"] for v in methods.values()]
+pinlab.claim("copies per weight 1, 2 and 1", copies == [1, 2, 1], value=copies, why=wr.WHY.copy_ops)
+pinlab.claim("every restore on the host, every reload bitwise equal",
+             all(v["bitwise_equal"] and v["on_host"] for v in methods.values()), why=wr.WHY.blocking_d2h)
 
 # %% [markdown]
 # ### Restore bandwidth against the link's peak, and the speed-up
@@ -375,23 +361,18 @@ median = lambda v: sorted(v["restore_ms"])[len(v["restore_ms"]) // 2]  # noqa: E
 restore_gbps = res["bytes"] / (after["warm_ms"] * 1e-3) / 1e9
 pinlab.show("pinned restore (warm)", f"{restore_gbps:.1f} GB/s")
 pinlab.observe("the warm pinned restore reaches 90% of the D2H copy-loop peak", restore_gbps >= 0.9 * peak["best_GBps"],
-               value=f"{restore_gbps / peak['best_GBps']:.3f} of it",
-               why="its four blocking copies each pay a launch and a host synchronization the copy loop does not; "
-                   "a slower host, or a GPU shared with others, loses more of the peak to them")
+               value=f"{restore_gbps / peak['best_GBps']:.3f} of it", why=wr.WHY.per_weight)
 cold_gbps = res["bytes"] / (after["cold_ms"] * 1e-3) / 1e9
 pinlab.show("pinned restore, cold / D2H copy-loop peak", f"{cold_gbps / peak['best_GBps']:.3f}")
 pinlab.show("speed-up of the pinned restore over .to('cpu'), median of rounds", f"{median(before) / median(after):.1f}x")
 pinlab.show("speed-up over .to('cpu').pin_memory(), median of rounds", f"{median(uva) / median(after):.1f}x")
 pinlab.report("pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"])
 pinlab.report("pinned restore, warm (cached pinned blocks)", after["warm_ms"])
+pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 2 * after["warm_ms"] < before["warm_ms"],
+               value=f"{before['warm_ms'] / after['warm_ms']:.1f}x", why=wr.WHY.pageable_gap)
 pinlab.show("what this run shows", f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} ms of "
             f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copies plus their per-weight "
             "overhead")
-pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 2 * after["warm_ms"] < before["warm_ms"],
-               value=f"{before['warm_ms'] / after['warm_ms']:.1f}x",
-               why="the gap is the link's pinned rate against the host's pageable path: a slow link (PCIe Gen3) "
-                   "or a GPU that reads pageable memory through the host's page tables (GH200, not measured here) "
-                   "narrows it")
 
 # %% [markdown]
 # The 90% goal is about the warm path: the copies and their per-weight overhead, no page-locking.
@@ -418,11 +399,9 @@ for name, v in methods.items():
     pinlab.show(f"{name}: pinned bytes taken", fmt_bytes(v["pinned_bytes_delta"]))
 print("requested:", fmt_bytes(requested), "-> rounded up per weight:", fmt_bytes(expected),
       f"({expected / requested:.2f}x)")
-pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') none",
-             [v["pinned_bytes_delta"] for v in methods.values()] == [0, expected, expected],
-             value=[v["pinned_bytes_delta"] for v in methods.values()],
-             why="PyTorch's caching host allocator rounds every pinned request up to a power of two; another "
-                 "torch version, or pinned-memory options in PYTORCH_CUDA_ALLOC_CONF, may round differently")
+taken = [v["pinned_bytes_delta"] for v in methods.values()]
+pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') none", taken == [0, expected, expected],
+             value=taken, why=wr.WHY.rounding)
 
 # %% [markdown]
 # Every 86 MiB weight occupies a 128 MiB pinned block: 1.49× the memory asked for, locked in RAM
@@ -444,16 +423,13 @@ pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') no
 # %%
 for name, v in methods.items():
     pinlab.report(f"reload from {name}: host held", v["reload_host_ms"])
-pinlab.claim("from pinned memory (empty_like + copy_) the host did not wait for the busy GPU (held less than "
-             "half the busy time)", after["reload_host_ms"] < res["busy_ms"] / 2,
-             value=pinlab.fmt_ms(after["reload_host_ms"]),
-             why="a non_blocking copy from pinned memory is queued on any CUDA GPU; only a host stalled for "
-                 "milliseconds by something else (the OS, too few CPU cores) shows more")
 pinlab.observe("from pageable memory (.to('cpu')) the host was held over half the busy time (it waited for the "
                "busy GPU, or staging the copies took that long by itself)",
                before["reload_host_ms"] > res["busy_ms"] / 2, value=pinlab.fmt_ms(before["reload_host_ms"]),
-               why="when a pageable copy waits is the driver's choice (undocumented); a GPU that reads pageable "
-                   "memory through the host's page tables (GH200, not measured here) may not stage it at all")
+               why=wr.WHY.pageable_waits)
+pinlab.claim("from pinned memory (empty_like + copy_) the host did not wait for the busy GPU (held less than "
+             "half the busy time)", after["reload_host_ms"] < res["busy_ms"] / 2,
+             value=pinlab.fmt_ms(after["reload_host_ms"]), why=wr.WHY.pinned_queued)
 
 # %% [markdown]
 # ## Sleep and wake, from 64 MiB to a few GiB
@@ -469,10 +445,7 @@ sweep = pinlab.measure("05_sleep_wake", lambda **kw: wr.sleep_wake_sweep(sleep, 
 rows = sweep.result
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(rows, [("bytes", "model", fmt_bytes), ("pinned_cold_sleep_ms", "sleep pinned cold", ms),
-                    ("pinned_warm_sleep_ms", "sleep pinned warm", ms), ("pageable_sleep_ms", "sleep pageable", ms),
-                    ("pinned_warm_wake_ms", "wake pinned", ms), ("pageable_wake_ms", "wake pageable", ms),
-                    ("pinned_cold_new_pinned_bytes", "pinned held", fmt_bytes)])
+pinlab.table(rows, wr.SLEEP_WAKE_COLUMNS)
 
 # %%
 wr.plot_sleep_wake(rows, tag=sweep.tag)  # sleep and wake times per size; the pinned memory held while asleep
@@ -488,37 +461,21 @@ for r in rows:
         sleep_gbps = r["bytes"] / (r["pinned_warm_sleep_ms"] * 1e-3) / 1e9
         pinlab.observe(f"{fmt_bytes(r['bytes'])}: the warm pinned sleep reaches 90% of the D2H copy-loop peak",
                        sleep_gbps >= 0.9 * peak["best_GBps"], value=f"{sleep_gbps / peak['best_GBps']:.3f} of it",
-                       why="a sleep also drops the GPU copies and runs torch.cuda.empty_cache(), which count "
-                           "against it, the more the smaller the model")
-pinlab.claims({
-    "every sleep freed the model's GPU memory (memory_allocated back to the baseline)":
-        all(r["gpu_freed_every_sleep"] for r in rows),
-    "every wake brought every weight back bitwise identical":
-        all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows),
-    "pinned bytes held while asleep = the weights rounded up to powers of two, at every size":
-        all(r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"]) for r in rows),
-    "asleep in pinned memory with pin=True, pageable with pin=False":
-        all(r["pinned_cold_host_pinned"] and r["pinned_warm_host_pinned"] and not r["pageable_host_pinned"]
-            for r in rows),
-}, why={
-    "every sleep freed the model's GPU memory (memory_allocated back to the baseline)":
-        "memory_allocated() counts this process's tensors only (other processes on the GPU do not change it): "
-        "only a GPU weight still referenced after sleep() keeps it up",
-    "every wake brought every weight back bitwise identical":
-        "copies are exact on any GPU: only a weight read before its copy ran differs",
-    "pinned bytes held while asleep = the weights rounded up to powers of two, at every size":
-        "PyTorch's caching host allocator rounds every pinned request up to a power of two; another torch "
-        "version, or pinned-memory options in PYTORCH_CUDA_ALLOC_CONF, may round differently",
-    "asleep in pinned memory with pin=True, pageable with pin=False":
-        "sleep(model, pin) allocates pinned memory exactly when pin=True",
-})
+                       why=wr.WHY.empty_cache)
+rounded = all(r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"]) for r in rows)
+as_switched = all(r["pinned_cold_host_pinned"] and r["pinned_warm_host_pinned"] and not r["pageable_host_pinned"]
+                  for r in rows)
 big = rows[-1]
 pinlab.observe("at the largest size, a pinned wake is at least 2x faster than a pageable one",
                2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"],
-               value=f"{big['pageable_wake_ms'] / big['pinned_warm_wake_ms']:.1f}x",
-               why="the gap is the link's pinned rate against the driver's staging of pageable memory: a GPU that "
-                   "reads pageable memory through the host's page tables (GH200, not measured here) or a slow host "
-                   "narrows it")
+               value=f"{big['pageable_wake_ms'] / big['pinned_warm_wake_ms']:.1f}x", why=wr.WHY.pageable_gap)
+pinlab.claim("every sleep freed the model's GPU memory (memory_allocated back to the baseline)",
+             all(r["gpu_freed_every_sleep"] for r in rows), why=wr.WHY.gpu_freed)
+pinlab.claim("every wake brought every weight back bitwise identical",
+             all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows), why=wr.WHY.exact_copies)
+pinlab.claim("pinned bytes held while asleep = the weights rounded up to powers of two, at every size", rounded,
+             why=wr.WHY.rounding)
+pinlab.claim("asleep in pinned memory with pin=True, pageable with pin=False", as_switched, why=wr.WHY.pin_switch)
 
 # %% [markdown]
 # Read the left plot: a warm pinned sleep and every pinned wake grow roughly in proportion to the
@@ -592,13 +549,11 @@ zc = pinlab.measure("05_zero_copy", lambda **kw: wr.zero_copy_matmul(uva_view, *
 ways = zc["ways"]
 z = ways["zero_copy"]
 pinlab.show("zero-copy view with this torch", "available" if z["available"] else f"not available: {z['error']}")
-pinlab.claims({
-    "copied per use gives the resident output": ways["copied_per_use"]["same_output"],
-    "where the zero-copy view exists, it has the host buffer's address, sees a host write at the next GPU read, "
-    "and gives the resident output": not z["available"] or (z["same_pointer_as_host"] and z["host_write_seen_by_gpu"]
-                                                          and z["same_output"] and z["view_equals_weight"]),
-}, why="the same kernels read the same bytes, resident, copied or in place: only a view of other memory than "
-       "the pinned buffer (a platform without unified virtual addressing) differs")
+in_place = not z["available"] or (z["same_pointer_as_host"] and z["host_write_seen_by_gpu"] and z["same_output"]
+                                  and z["view_equals_weight"])
+pinlab.claim("copied per use gives the resident output", ways["copied_per_use"]["same_output"], why=wr.WHY.same_bytes)
+pinlab.claim("where the zero-copy view exists, it has the host buffer's address, sees a host write at the next GPU "
+             "read, and gives the resident output", in_place, why=wr.WHY.same_bytes)
 for name, v in ways.items():
     if "ms" in v:
         pinlab.report(f"{name}: GPU time per use", v["ms"])
@@ -625,9 +580,7 @@ for name, v in ways.items():
 
 # %%
 pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(),
-             why="a pinned tensor of this notebook is still referenced (a restored weight kept alive), or another "
-                 "library in this process took pinned memory")
+             value=pinlab.pinned_bytes_held(), why=wr.WHY.pinned_back)
 
 # %% [markdown]
 # ## What to remember

@@ -54,12 +54,13 @@ GPU = pinlab.has_cuda()
 
 # %%
 ids = l06.ids_before([[1, 4, 6]], 2, "cpu")
+first12 = [tuple(p) for p in ids[:12].tolist()]
 print("first 12 (row, col) of a 4x6 image, m=2:")
-print(" ", [tuple(p) for p in ids[:12].tolist()])
-pinlab.claim("block by block, row-major inside each 2x2 block",
-             [tuple(p) for p in ids[:12].tolist()] == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3),
-                                                      (1, 2), (1, 3), (0, 4), (0, 5), (1, 4), (1, 5)],
-             why="integer arithmetic on the CPU: only a changed ids_before gives other positions")
+print(" ", first12)
+BLOCK_ORDER = [(0, 0), (0, 1), (1, 0), (1, 1),   # merge block (0, 0), row-major inside it
+               (0, 2), (0, 3), (1, 2), (1, 3),   # block (0, 1)
+               (0, 4), (0, 5), (1, 4), (1, 5)]   # block (0, 2)
+pinlab.claim("block by block, row-major inside each 2x2 block", first12 == BLOCK_ORDER, why=l06.WHY.cpu_ints)
 
 # %% [markdown]
 # ## Three ways to build them
@@ -130,11 +131,9 @@ batches = [(l06.random_grid(rng, m, max_images=32, max_side=64), m) for m in (1,
 devices = ["cpu"] + (["cuda"] if GPU else [])
 results = [l06.equivalent(grid, m, l06.VisionRotary(80, device=d)) for d in devices for grid, m in batches]
 print(f"(a), (b), (c) and the recommended builder on {len(batches)} random batches:")
-pinlab.claims({"equal ids": all(r["ids_equal"] for r in results),
-               "equal embeddings": all(r["emb_equal"] for r in results),
-               "int64 ids": all(r["dtype_int64"] for r in results)},
-              why="integer ids and a gather of the same table are exact on any device: only a builder that "
-                  "computes other positions differs")
+pinlab.claim("equal ids", all(r["ids_equal"] for r in results), why=l06.WHY.exact)
+pinlab.claim("equal embeddings", all(r["emb_equal"] for r in results), why=l06.WHY.exact)
+pinlab.claim("int64 ids", all(r["dtype_int64"] for r in results), why=l06.WHY.exact)
 
 # %% [markdown]
 # Bad input gets an error that names the argument:
@@ -158,30 +157,30 @@ except TypeError as exc:
 #
 # <details><summary>Answer</summary>
 #
-# For 32 small images (c), by a wide margin: (a) and (b) run one chain of about a dozen torch
-# calls *per image*, and on a GPU most calls of (b) launch a kernel (views such as `expand`,
-# `reshape` or `permute` launch none), each launch costing the host a fixed price whatever the
-# kernel's size. For one large image (b) usually wins: its single chain
+# For 32 small images (c), by a wide margin: (a) and (b) run one chain of about fourteen torch
+# calls *per image*, and on a GPU a third or so of (b)'s calls launch a kernel (views such as
+# `expand`, `reshape` or `permute` launch none), each launch costing the host a fixed price whatever
+# the kernel's size. For one large image (b) usually wins: its single chain
 # is short, and (c) pays a fixed cost (the table, its copy, `repeat_interleave`). (a) pays for
 # its per-image chain on the CPU and for its pageable copy. Measure it below.
 # </details>
 #
 # First, without any GPU: count the torch calls each builder makes (a `TorchFunctionMode` sees
 # every call; on a GPU, not every call on device tensors launches a kernel: a view such as
-# `expand`, `reshape`, `permute` or `flatten` of a contiguous tensor launches none, so the profiler
-# below counts fewer kernels than torch calls).
+# `expand`, `reshape`, `permute` or `flatten` of a contiguous tensor launches none, so for (a) and (b)
+# the profiler below counts far fewer kernels than torch calls; its counts also include the cos/sin
+# gather, which the count of calls leaves out, so (c) shows about as many kernels as calls).
 
 # %%
 calls = {n: {k: l06.count_calls(f, [[1, 16, 16]] * n, 2, "cpu").calls for k, f in l06.BUILDERS.items()}
          for n in (1, 8, 32)}
 for n, row in calls.items():
-    pinlab.show(f"torch calls for {n:2d} small images", ", ".join(f"({k}) {v}" for k, v in row.items()))
-pinlab.claims({
-    "(c) makes the same number of torch calls for 1, 8 and 32 images": calls[1]["c"] == calls[8]["c"] == calls[32]["c"],
-    "(a) and (b) make at least 3x as many calls for 32 images as for 8":
-        calls[32]["a"] >= 3 * calls[8]["a"] and calls[32]["b"] >= 3 * calls[8]["b"],
-}, values={"(c) makes the same number of torch calls for 1, 8 and 32 images": [calls[n]["c"] for n in calls]},
-    why="counted calls, not time: only a changed builder (or a torch that dispatches them differently) changes them")
+    pinlab.show(f"torch calls for {n:2d} small images", l06.per_builder(row, "{}"))
+c_flat = calls[1]["c"] == calls[8]["c"] == calls[32]["c"]
+ab_grow = calls[32]["a"] >= 3 * calls[8]["a"] and calls[32]["b"] >= 3 * calls[8]["b"]
+pinlab.claim("(c) makes the same number of torch calls for 1, 8 and 32 images", c_flat,
+             value=[calls[n]["c"] for n in calls], why=l06.WHY.counted)
+pinlab.claim("(a) and (b) make at least 3x as many calls for 32 images as for 8", ab_grow, why=l06.WHY.counted)
 
 # %% [markdown]
 # On the GPU, `torch.profiler` counts what really happened in one call of each builder (ids and
@@ -201,24 +200,24 @@ lc = launches.result["mixes"]
 # %% tags=["nbval-ignore-output"]
 rows = [{"mix": mix, "builder": l06.LABELS[k], **lc[mix][k], "h2d": ", ".join(lc[mix][k]["h2d"]) or "none"}
         for mix in lc for k in l06.BUILDERS]
-pinlab.table(rows, [("mix", "mix"), ("builder", "builder"), ("kernels", "kernels"),
-                    ("launches", "launch calls"), ("syncs", "sync calls"), ("h2d", "H2D copies")])
+pinlab.table(rows, l06.LAUNCH_COLUMNS)
 
 # %%
 small8, small32 = lc["8 small images"], lc["32 small images"]
-pinlab.claims({
-    "(b) makes no H2D copy on any mix": all(not lc[m]["b"]["h2d"] for m in lc),
-    "(c) makes at most one H2D copy, from pinned memory":
-        all(len(lc[m]["c"]["h2d"]) <= 1 and all("Pinned" in h for h in lc[m]["c"]["h2d"]) for m in lc),
-    "(a) copies its ids from pageable memory": all(any("Pageable" in h for h in lc[m]["a"]["h2d"]) for m in lc),
-    "from 8 to 32 small images, (b) runs at least 3x as many kernels, (c) at most 2 more":
-        small32["b"]["kernels"] >= 3 * small8["b"]["kernels"] and small32["c"]["kernels"] <= small8["c"]["kernels"] + 2,
-}, why="the profiler counts this process's kernels and copies, whoever else shares the GPU; only another torch "
-       "version (other kernels per op) or a profiler that misses GPU activity changes the counts")
+b_none = all(not lc[m]["b"]["h2d"] for m in lc)
+c_one_pinned = all(len(lc[m]["c"]["h2d"]) <= 1 and all("Pinned" in h for h in lc[m]["c"]["h2d"]) for m in lc)
+a_pageable = all(any("Pageable" in h for h in lc[m]["a"]["h2d"]) for m in lc)
+kernels_grow = (small32["b"]["kernels"] >= 3 * small8["b"]["kernels"]
+                and small32["c"]["kernels"] <= small8["c"]["kernels"] + 2)
+pinlab.claim("(b) makes no H2D copy on any mix", b_none, why=l06.WHY.profiler)
+pinlab.claim("(c) makes at most one H2D copy, from pinned memory", c_one_pinned, why=l06.WHY.profiler)
+pinlab.claim("(a) copies its ids from pageable memory", a_pageable, why=l06.WHY.profiler)
+pinlab.claim("from 8 to 32 small images, (b) runs at least 3x as many kernels, (c) at most 2 more", kernels_grow,
+             why=l06.WHY.profiler)
 
 # %%
-pinlab.show("kernels at 32 small images", ", ".join(f"({k}) {small32[k]['kernels']}" for k in l06.BUILDERS))
-pinlab.show("kernels at one large image", ", ".join(f"({k}) {lc['one large image'][k]['kernels']}" for k in l06.BUILDERS))
+for mix in ("32 small images", "one large image"):
+    pinlab.show(f"kernels at {mix}", l06.per_builder({k: lc[mix][k]["kernels"] for k in l06.BUILDERS}, "{}"))
 
 # %% [markdown]
 # ## What it costs the host, and end to end
@@ -238,12 +237,9 @@ times = pinlab.measure("06_builder_times", l06.builder_times, mixes=mixes, merge
 bt = times.result["mixes"]
 
 # %% tags=["nbval-ignore-output"]
-us = lambda v: f"{v:.0f}"  # noqa: E731
-pinlab.table([{"mix": m, "tokens": bt[m]["tokens"], **{f"{k}_{f}": bt[m][k][f] for k in l06.BUILDERS
-                                                      for f in ("host_us", "e2e_us")}} for m in bt],
-             [("mix", "mix"), ("tokens", "tokens")]
-             + [(f"{k}_host_us", f"({k}) host µs", us) for k in l06.BUILDERS]
-             + [(f"{k}_e2e_us", f"({k}) e2e µs", us) for k in l06.BUILDERS])
+rows = [{"mix": m, "tokens": bt[m]["tokens"], **{f"{k}_{f}": bt[m][k][f] for k in l06.BUILDERS
+                                                 for f in ("host_us", "e2e_us")}} for m in bt]
+pinlab.table(rows, l06.TIME_COLUMNS)
 
 # %%
 fig, axes = pinlab.plots.stacked(2, height=3.4)
@@ -257,17 +253,15 @@ plt.show()
 # %%
 for m in bt:
     r = l06.ratios_to_best(bt[m])
-    pinlab.show(f"{m}: host time / best of (a), (b), (c)", ", ".join(f"({k}) {v:.2f}" for k, v in r.items()))
-s32 = bt["32 small images"]
+    pinlab.show(f"{m}: host time / best of (a), (b), (c)", l06.per_builder(r))
+s32 = {k: v["host_us"] for k, v in bt["32 small images"].items() if k in l06.BUILDERS}
 pinlab.show("32 small images: (a) / (c) and (b) / (c) host time",
-            f"{s32['a']['host_us'] / s32['c']['host_us']:.1f}x and {s32['b']['host_us'] / s32['c']['host_us']:.1f}x")
+            f"{s32['a'] / s32['c']:.1f}x and {s32['b'] / s32['c']:.1f}x")
 s8 = bt["8 small images"]
 pinlab.show("8 small images: (b) / (a) host time", f"{s8['b']['host_us'] / s8['a']['host_us']:.2f}")
 worst = max(l06.ratios_to_best(bt[m])["rec"] for m in bt)
 pinlab.observe("the recommended builder came within 10% of the best of the three on every mix", worst <= 1.10,
-               value=f"worst ratio {worst:.2f}",
-               why="it runs the code of the builder it chose, timed separately, so host-timing noise (a shared GPU, "
-                   "few CPU cores) moves its ratio; and where (b) and (c) cross depends on this host's launch cost")
+               value=f"worst ratio {worst:.2f}", why=l06.WHY.rec_noise)
 cheapest = {m: min("abc", key=lambda k: bt[m][k]["host_us"]) for m in bt}
 pinlab.show("what this run shows", "cheapest on the host: " + ", ".join(f"{m} ({k})" for m, k in cheapest.items()))
 
@@ -275,7 +269,7 @@ pinlab.show("what this run shows", "cheapest on the host: " + ", ".join(f"{m} ({
 # Read the ratios above (1.00 is the best of the three on that mix):
 #
 # - **Why (b) can be slower than (a) for many small images.** (a) runs its per-image chain on the
-#   CPU: a dozen tiny tensor operations on a few hundred elements each, then one copy. (b) runs
+#   CPU: about fourteen tiny tensor operations on a few hundred elements each, then one copy. (b) runs
 #   the same chain on the GPU: every operation that is not a view launches a kernel, and each
 #   launch costs the host its fixed price (argument checks, the dispatcher, the driver call)
 #   whatever the size of the kernel. Eight 16 × 16 images are one launch chain each; the GPU does almost nothing in them,
@@ -326,21 +320,19 @@ plt.show()
 
 # %%
 for m in ("8 small images", "32 small images", "one large image"):
-    pinlab.show(f"{m}: ms per step", ", ".join(f"({k}) {sl[m][k]['ms_per_step']:.2f}" for k in l06.BUILDERS))
-    pinlab.show(f"{m}: host ms to build", ", ".join(f"({k}) {sl[m][k]['build_ms']:.2f}" for k in l06.BUILDERS))
-    if sl[m]["a"]["idle_ms"] is not None:
-        pinlab.show(f"{m}: GPU idle ms between encoders",
-                    ", ".join(f"({k}) {sl[m][k]['idle_ms']:.2f}" for k in l06.BUILDERS))
+    for field, what in (("ms_per_step", "ms per step"), ("build_ms", "host ms to build"),
+                        ("idle_ms", "GPU idle ms between encoders")):
+        if sl[m]["a"][field] is not None:
+            pinlab.show(f"{m}: {what}", l06.per_builder({k: sl[m][k][field] for k in l06.BUILDERS}))
 slow = [(m, k) for m in sl for k in l06.BUILDERS if sl[m][k]["build_ms"] > enc and sl[m][k]["idle_ms"] is not None]
 if slow:
     gaps = {f"{m} ({k})": (sl[m][k]["idle_ms"], sl[m][k]["build_ms"] - enc) for m, k in slow}
+    idled_the_difference = all(abs(idle - diff) <= max(0.3, 0.3 * diff) for idle, diff in gaps.values())
+    detail = "; ".join(f"{name}: idle {idle:.2f} ms, build - encoder {diff:.2f} ms"
+                       for name, (idle, diff) in gaps.items())
     pinlab.observe(f"where the build took the host longer than the {enc:g} ms encoder, the GPU idled about the "
-                   "difference every step (within 0.3 ms or 30%)",
-                   all(abs(idle - diff) <= max(0.3, 0.3 * diff) for idle, diff in gaps.values()),
-                   value="; ".join(f"{name}: idle {idle:.2f} ms, build - encoder {diff:.2f} ms"
-                                   for name, (idle, diff) in gaps.items()),
-                   why="the host's step also holds the encoder's launch and the wait on an event, and a host that "
-                       "other processes slow down adds gaps of its own")
+                   "difference every step (within 0.3 ms or 30%)", idled_the_difference, value=detail,
+                   why=l06.WHY.host_gaps)
 else:
     pinlab.show("what this run shows", f"no builder took the host longer than the {enc:g} ms encoder on any mix: "
                 "the GPU did not wait for the builders")
@@ -371,13 +363,12 @@ rng = random.Random(60)
 cases = [(rng.randint(1, 200), rng.choice([1, 4, 16, 25]), rng.randint(0, 4), rng.randint(0, 2)) for _ in range(40)]
 same = all(torch.equal(l06.adaptive_enc_mask(*c), l06.streaming_mask_device(*c, "cpu")) for c in cases)
 pinlab.claim(f"the device-built mask equals Phi-4-MM's on {len(cases)} random shapes", same,
-             why="comparisons of integers: only a changed mask builder differs")
+             why=l06.WHY.mask_ints)
 
 # %%
 mask = pinlab.measure("06_mask_times", l06.mask_times, x_len=750, chunk_size=16, left_window=3,
                       right_window=0, rounds=12, busy_ms=6.0)
-pinlab.claim("the three masks are equal", mask.result["equal"],
-             why="the same booleans built three ways: only a changed builder, or a copy read before it ran, differs")
+pinlab.claim("the three masks are equal", mask.result["equal"], why=l06.WHY.mask_copy)
 forms = mask.result["forms"]
 bars([l06.MASK_FORMS[k] for k in forms], [forms[k]["host_us"] for k in forms], ylabel="host µs per call",
      title=f"A {mask.result['bytes'] // 1024} KiB streaming mask onto the GPU ({mask.tag})", annotate="{:.0f}")
@@ -428,22 +419,14 @@ with pinlab.stream() as s:
     pinlab.show("stream", s.label)
     early = per_step_results(s, read_early=True)
     after_event = per_step_results(s)
-pinlab.claims({"read right after the copy call: some steps read wrong data": early > 0,
-               "read after the step's event: every step read its own data": after_event == 0},
-              values={"read right after the copy call: some steps read wrong data": early,
-                      "read after the step's event: every step read its own data": after_event},
-              why={"read right after the copy call: some steps read wrong data":
-                       "each step puts 2 ms of GPU work before its copy, so the GPU falls further behind every "
-                       "step; only a host slower than the GPU's 2 ms per step could read after the copy ran",
-                   "read after the step's event: every step read its own data":
-                       "the event completes only after the step's copy has run, on any GPU"})
+pinlab.claim("read right after the copy call: some steps read wrong data", early > 0, value=early, why=l06.WHY.gpu_lead)
+pinlab.claim("read after the step's event: every step read its own data", after_event == 0, value=after_event,
+             why=l06.WHY.event)
 
 # %%
 del ids, results
 pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(),
-             why="a pinned tensor of this notebook is still referenced, or another library in this process "
-                 "took pinned memory")
+             value=pinlab.pinned_bytes_held(), why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember

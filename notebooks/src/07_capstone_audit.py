@@ -126,16 +126,14 @@ with pinlab.LaggingStream() as es:
     em = l07.CapstoneModel(es, steps=STEPS)
 pinlab.show("stream", es.label)
 planted = l07.run_loop(em, planted_loop, STEPS)
-EMULATED_WHY = "the emulated stream is exact about the order of host writes, copies and reads, on every machine"
-pinlab.claims({f"planted loop, emulated: corrupted steps (of {STEPS})": planted["corrupted"],
-               "metadata copies that delivered the next step's data": planted["wrong_meta"],
-               "steps whose tokens were read before their copy ran": planted["stale_reads"] - planted["overwritten"],
-               "every step's tokens handed to the detokenizer once":
-                   planted["deliveries"] == STEPS and planted["missing"] == 0},
-              expect={f"planted loop, emulated: corrupted steps (of {STEPS})": STEPS,
-                      "metadata copies that delivered the next step's data": STEPS - 1,
-                      "steps whose tokens were read before their copy ran": STEPS},
-              why=EMULATED_WHY)
+stale = planted["stale_reads"] - planted["overwritten"]
+delivered_once = planted["deliveries"] == STEPS and planted["missing"] == 0
+pinlab.claim(f"planted loop, emulated: corrupted steps (of {STEPS})", planted["corrupted"], expect=STEPS,
+             why=l07.WHY.emulated)
+pinlab.claim("metadata copies that delivered the next step's data", planted["wrong_meta"], expect=STEPS - 1,
+             why=l07.WHY.emulated)
+pinlab.claim("steps whose tokens were read before their copy ran", stale, expect=STEPS, why=l07.WHY.emulated)
+pinlab.claim("every step's tokens handed to the detokenizer once", delivered_once, why=l07.WHY.emulated)
 
 # %% [markdown]
 # The loop "works": it runs to the end and every step hands tokens to the detokenizer. But the GPU
@@ -182,9 +180,9 @@ stalls = pinlab.measure("07_detect_stalls", lambda **kw: detect_loop(planted_loo
 for line in l07.code_of_lines(stalls.result["lines"], planted_loop):  # each line number shown as its code
     print(pinlab.timing.wrapped(line, indent=6))
 kinds = " ".join(stalls.result["lines"])
-pinlab.claim("the detector names the LM head restore's pageable copy and the stop check's .item()",
-             "pageable H2D" in kinds and "host sync (.item())" in kinds, value=stalls.result["lines"],
-             why="the detector classifies calls, not timings: it names them on any CUDA GPU")
+named_both = "pageable H2D" in kinds and "host sync (.item())" in kinds
+pinlab.claim("the detector names the LM head restore's pageable copy and the stop check's .item()", named_both,
+             value=stalls.result["lines"], why=l07.WHY.detector)
 pinlab.show("attention backend", stalls.result["backend"])
 pinlab.show("detector events outside planted_loop's own lines, per step",
             f"{stalls.result['events_elsewhere'] / stalls.result['steps']:g}")
@@ -236,11 +234,10 @@ with detect_races(callers=[planted_loop]) as races:
 print(races)
 
 # %%
-ok = pinlab.claims({"planted loop, emulated, 20 steps: metadata copies whose source the host rewrote": races.count(H2D_REWRITE),
-                    "planted loop, emulated, 20 steps: token copies read before they had run": races.count(D2H_READ)},
-                   expect={"planted loop, emulated, 20 steps: metadata copies whose source the host rewrote": 19,
-                           "planted loop, emulated, 20 steps: token copies read before they had run": 20},
-                   why=EMULATED_WHY)
+pinlab.claim("planted loop, emulated, 20 steps: metadata copies whose source the host rewrote",
+             races.count(H2D_REWRITE), expect=19, why=l07.WHY.emulated)
+pinlab.claim("planted loop, emulated, 20 steps: token copies read before they had run", races.count(D2H_READ),
+             expect=20, why=l07.WHY.emulated)
 
 # %% [markdown]
 # Both races, with their lines: the metadata copy (line 12) whose source the scheduler rewrote (the
@@ -252,7 +249,8 @@ ok = pinlab.claims({"planted loop, emulated, 20 steps: metadata copies whose sou
 # suite: `pytest --pinlab-races` fails every test whose code races, with this report (and
 # `--pinlab-stalls` every test that stalls; `docs/race_gate.md` shows how a team adopts it). The
 # sample suite `examples/race_gate` writes one step loop three ways: racy, with a snapshot, with an
-# event-guarded ring. Plain `pytest` passes all three.
+# event-guarded ring. Plain `pytest` passes all three (read `test_step_loop.py`: the racy test asserts
+# nothing, since what a race delivers changes from run to run); the gate is what fails it.
 
 # %% tags=["nbval-ignore-output"]
 gate = l07.run_gate()                     # pytest -q --pinlab-races examples/race_gate, in a fresh process
@@ -260,13 +258,10 @@ print(gate["tail"])
 
 # %%
 RACY = "test_step_loop.py::test_racy_loop"
-ok = pinlab.claims({f"the gate failed {RACY} and no other test": gate["failed_tests"] == [RACY],
-                    "the gate: passed tests": gate["passed"]},
-                   expect={"the gate: passed tests": 2},
-                   values={f"the gate failed {RACY} and no other test": gate["failed_tests"]},
-                   why="the racy loop rewrites its pinned buffer while the GPU (1 ms behind per step) has not copied "
-                       "it; the fixes never do. A different count is a bug in the gate, or a host slower than 1 ms "
-                       "per step (stderr: " + (gate["stderr_tail"] or "empty") + ")")
+gate_why = f"{l07.WHY.gate} (stderr: {gate['stderr_tail'] or 'empty'})"
+pinlab.claim(f"the gate failed {RACY} and no other test", gate["failed_tests"] == [RACY], value=gate["failed_tests"],
+             why=gate_why)
+pinlab.claim("the gate: passed tests", gate["passed"], expect=2, why=gate_why)
 
 # %% [markdown]
 # ## 3. Audit every copy: `l07.LoopAudit`
@@ -281,11 +276,10 @@ ok = pinlab.claims({f"the gate failed {RACY} and no other test": gate["failed_te
 # %%
 for line in l07.code_of_lines(planted["audit_lines"], planted_loop):
     print(pinlab.timing.wrapped(line, indent=6))
-pinlab.claims({"planted loop: pin_memory() of a pinned tensor": planted["counts"][l07.PIN_NOOP],
-               "planted loop: pageable non_blocking copies in its lines": planted["counts"][l07.PAGEABLE]},
-              expect={"planted loop: pin_memory() of a pinned tensor": STEPS,
-                      "planted loop: pageable non_blocking copies in its lines": STEPS},
-              why="the audit counts calls, not time: the same on the emulated stream and on any GPU")
+pinlab.claim("planted loop: pin_memory() of a pinned tensor", planted["counts"][l07.PIN_NOOP], expect=STEPS,
+             why=l07.WHY.audit)
+pinlab.claim("planted loop: pageable non_blocking copies in its lines", planted["counts"][l07.PAGEABLE], expect=STEPS,
+             why=l07.WHY.audit)
 
 # %% [markdown]
 # The third problem: **the snapshot** `snap = meta.pin_memory()`. `meta` is already pinned, and
@@ -387,22 +381,18 @@ plt.show()
 # %%
 fixed_loop = l07.fixed_loop  # the reference answer (spoiler: read it after the exercise)
 fixed = l07.run_loop(em, fixed_loop, STEPS)
-pinlab.claims({f"fixed loop, emulated: corrupted steps (of {STEPS})": fixed["corrupted"],
-               "fixed loop: pageable copies in its lines": fixed["counts"][l07.PAGEABLE],
-               "fixed loop: pin_memory() of a pinned tensor": fixed["counts"][l07.PIN_NOOP],
-               "fixed loop: syncs or blocking copies inside the loop": sum(fixed["in_loop"].values()),
-               "fixed loop: waits on the newest step's event": fixed["counts"][l07.FULL_WAIT],
-               "fixed loop: syncs and blocking copies in all (the offload before the loop, the final synchronize)":
-                   fixed["counts"][l07.SYNC] + fixed["counts"][l07.BLOCKING],
-               "fixed loop: the LM head restored before every step, every finished step noted, the LM head intact":
-                   fixed["unrestored"] == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]},
-              expect={f"fixed loop, emulated: corrupted steps (of {STEPS})": 0,
-                      "fixed loop: pageable copies in its lines": 0,
-                      "fixed loop: pin_memory() of a pinned tensor": 0,
-                      "fixed loop: syncs or blocking copies inside the loop": 0,
-                      "fixed loop: waits on the newest step's event": 0,
-                      "fixed loop: syncs and blocking copies in all (the offload before the loop, the final synchronize)": 2},
-              why=EMULATED_WHY)
+fc, in_loop = fixed["counts"], sum(fixed["in_loop"].values())
+in_all = fc[l07.SYNC] + fc[l07.BLOCKING]
+lm_head_ok = fixed["unrestored"] == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]
+pinlab.claim(f"fixed loop, emulated: corrupted steps (of {STEPS})", fixed["corrupted"], expect=0, why=l07.WHY.emulated)
+pinlab.claim("fixed loop: pageable copies in its lines", fc[l07.PAGEABLE], expect=0, why=l07.WHY.emulated)
+pinlab.claim("fixed loop: pin_memory() of a pinned tensor", fc[l07.PIN_NOOP], expect=0, why=l07.WHY.emulated)
+pinlab.claim("fixed loop: syncs or blocking copies inside the loop", in_loop, expect=0, why=l07.WHY.emulated)
+pinlab.claim("fixed loop: waits on the newest step's event", fc[l07.FULL_WAIT], expect=0, why=l07.WHY.emulated)
+pinlab.claim("fixed loop: syncs and blocking copies in all (the offload before the loop, the final synchronize)", in_all,
+             expect=2, why=l07.WHY.emulated)
+pinlab.claim("fixed loop: the LM head restored before every step, every finished step noted, the LM head intact",
+             lm_head_ok, why=l07.WHY.emulated)
 
 # %% [markdown]
 # What is left runs once: the blocking copy of the offload before the loop and the final
@@ -425,11 +415,9 @@ fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_
                               pin_plan_inputs=True)
 for line in l07.code_of_lines(fixed_stalls.result["lines"], fixed_loop):  # each line number shown as its code
     print(pinlab.timing.wrapped(line, indent=6))
-text = "fixed loop, the whole process: pageable non_blocking H2D copies the detector saw"
-pinlab.claims({text: fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)}, expect={text: 0},
-              values={text: fixed_stalls.result["elsewhere"] or fixed_stalls.result["counts"]},
-              why="a FlashInfer version whose plan() copies host tensors of its own that pinlab does not hand it "
-                  "pinned (the value names where)")
+pageable_seen = fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)
+pinlab.claim("fixed loop, the whole process: pageable non_blocking H2D copies the detector saw", pageable_seen,
+             expect=0, value=fixed_stalls.result["elsewhere"] or fixed_stalls.result["counts"], why=l07.WHY.plan_copies)
 for line in fixed_stalls.result["elsewhere"]:
     pinlab.show("  elsewhere", line)
 
@@ -444,9 +432,8 @@ for line in fixed_stalls.result["elsewhere"]:
 # and intact at the end. A progress bar (on stderr) counts the steps as they are decoded.
 
 # %%
-pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop(fixed_loop), shown=False,
-             why="the ring's events make every copy run before its buffer is rewritten or read, on any GPU "
-                 "(the checker's line above says what it found)")
+pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop.verdict(fixed_loop), shown=False,
+             why=l07.WHY.checker)
 
 # %% [markdown]
 # ## 7. Before and after: timeline and steps per second
@@ -467,25 +454,21 @@ ba = pinlab.measure("07_before_after", both_loops, timeline_steps=TL_STEPS, step
                     decoder_ms=1.0, host_ms=0.6, pinned_plan=["fixed"])
 thr, tl = ba.result["throughput"]["loops"], ba.result["timeline"]["loops"]
 speedup = thr["fixed"]["steps_per_s"] / thr["planted"]["steps_per_s"]
-pinlab.show("planted loop: steps per second", f"{thr['planted']['steps_per_s']:.0f}")
-pinlab.show("fixed loop: steps per second", f"{thr['fixed']['steps_per_s']:.0f}")
+for name in ("planted", "fixed"):
+    pinlab.show(f"{name} loop: steps per second", f"{thr[name]['steps_per_s']:.0f}")
 pinlab.observe("the fixed loop ran more steps per second than the planted one", speedup > 1, value=f"{speedup:.2f}x",
-               why="the fixed loop gains by overlapping host and GPU work: a host so slow that its work alone sets "
-                   "the pace (few CPU cores shared with others) leaves it little to gain")
-text = "fixed loop on the timeline: pageable H2D copies, FlashInfer's included"
-pinlab.claims({text: tl["fixed"]["memcpy_names"].get(PAGEABLE_MEMCPY, 0)}, expect={text: 0},
-              values={text: tl["fixed"]["memcpy_names"]},
-              why="the profiler names every copy of this process; only a library copying from pageable memory of "
-                  "its own shows one")
+               why=l07.WHY.overlap)
+pageable_on_timeline = tl["fixed"]["memcpy_names"].get(PAGEABLE_MEMCPY, 0)
+pinlab.claim("fixed loop on the timeline: pageable H2D copies, FlashInfer's included", pageable_on_timeline, expect=0,
+             value=tl["fixed"]["memcpy_names"], why=l07.WHY.profiler)
 share = {}
 for name in ("planted", "fixed"):
     gpu = l07.span_union_ms(tl[name]["gpu"]) / TL_STEPS if tl[name]["gpu"] else None
     share[name] = (thr[name]["ms_per_step"], thr[name]["host_ms_per_step"], gpu)
-    pinlab.show(f"{name}: GPU idle share on the timeline",
-                NO_TRACE if tl[name]["gpu_idle_share"] is None else f"{tl[name]['gpu_idle_share']:.0%}")
-    pinlab.show(f"{name}: per step", f"{share[name][0]:.2f} ms; host time in the engine's calls {share[name][1]:.2f} ms "
-                f"without the profiler, {l07.span_union_ms(tl[name]['host']) / TL_STEPS:.2f} ms under it; GPU busy "
-                + ("not measured" if gpu is None else f"{gpu:.2f} ms (kernels or copies, timeline)"))
+    idle = tl[name]["gpu_idle_share"]
+    pinlab.show(f"{name}: GPU idle share on the timeline", NO_TRACE if idle is None else f"{idle:.0%}")
+    host_profiled = l07.span_union_ms(tl[name]["host"]) / TL_STEPS
+    pinlab.show(f"{name}: per step", l07.per_step_line(*share[name][:2], host_profiled, gpu))
 step, host, gpu = share["fixed"]
 if gpu is not None:
     larger, who = max((host, "the host's"), (gpu, "the GPU's"))
@@ -493,9 +476,7 @@ if gpu is not None:
                 f"{who} ({larger:.2f} ms); a planted step took {share['planted'][0]:.2f} ms against host + GPU "
                 f"{share['planted'][1] + (share['planted'][2] or 0):.2f} ms")
     pinlab.observe("a fixed step costs about the larger of the host's share and the GPU's (within 25%)",
-                   step <= 1.25 * larger, value=f"{step:.2f} ms against {larger:.2f} ms",
-                   why="the host's share counts the engine's calls only: the loop's own calls (copies, events, the "
-                       "ring's waits) and a host slowed down by other processes add to it")
+                   step <= 1.25 * larger, value=f"{step:.2f} ms against {larger:.2f} ms", why=l07.WHY.shares)
 
 # %%
 l07.plot_timelines(ba.result["timeline"], title=f"host vs GPU ({ba.tag})")
@@ -520,9 +501,7 @@ plt.show()
 del em, planted, fixed
 gc.collect()
 pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(),
-             why="a pinned tensor of this notebook is still referenced (a loop's ring, a model not yet collected), "
-                 "or another library in this process took pinned memory")
+             value=pinlab.pinned_bytes_held(), why=l07.WHY.pinned)
 
 # %% [markdown]
 # ## What to remember

@@ -68,8 +68,7 @@ pinned_at_start = pinlab.pinned_baseline()
 # %% tags=["nbval-ignore-output"]
 cost = pinlab.measure("08_host_cost", l08.host_cost, kernels=[1, 5, 10, 20, 40], repeat=200)
 rows = cost.result["rows"]
-pinlab.table(rows, [("kernels", "kernels"), ("eager_us", "eager µs", lambda v: f"{v:.1f}"),
-                    ("replay_us", "replay µs", lambda v: f"{v:.1f}")])
+pinlab.table(rows, l08.HOST_COST_COLUMNS)
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -81,16 +80,15 @@ plt.show()
 
 # %%
 at20 = next(r for r in rows if r["kernels"] == 20)
-pinlab.observe("at 20 kernels one replay costs the host at most a tenth of eager launches",
-               at20["replay_us"] <= at20["eager_us"] / 10,
-               value=f"{at20['replay_us']:.1f} µs against {at20['eager_us']:.1f} µs",
-               why="host timings: a slow or shared CPU makes both dearer, and a replay's fixed cost weighs more "
-                   "against few kernels")
-pinlab.show("what this run shows", f"at 20 kernels a replay cost the host {at20['replay_us']:.1f} µs, eager "
-            f"launches {at20['eager_us']:.1f} µs ({at20['eager_us'] / max(at20['replay_us'], 1e-9):.0f}x)")
+replay20, eager20 = at20["replay_us"], at20["eager_us"]
+pinlab.observe("at 20 kernels one replay costs the host at most a tenth of eager launches", replay20 <= eager20 / 10,
+               value=f"{replay20:.1f} µs against {eager20:.1f} µs", why=l08.WHY.host_times)
+pinlab.show("what this run shows", f"at 20 kernels a replay cost the host {replay20:.1f} µs, eager "
+            f"launches {eager20:.1f} µs ({eager20 / max(replay20, 1e-9):.0f}x)")
 
 # %% [markdown]
-# The eager line climbs with every kernel; the replay line stays flat. That is the whole reason an
+# The eager line climbs with every kernel; the replay line stays nearly flat (a microsecond or two
+# from 1 to 40 kernels). That is the whole reason an
 # engine captures its decode step, and why everything the step needs must sit in static tensors.
 #
 # ## What a capture refuses
@@ -129,21 +127,17 @@ for what, said in outcome.items():
         pinlab.show(f"  {what}: torch said", said)
 
 # %%
-ok = pinlab.claims({
-    "a capture refused the copy from pageable memory": outcome["H2D copy from pageable memory"] != "captured",
-    "a capture took the copy from pinned memory": outcome["H2D copy from pinned memory"] == "captured",
-    "a capture refused .item() (the host would wait for the GPU)": outcome["static.sum().item()"] != "captured",
-}, why="torch checks that a copy's CPU side is pinned before a capture records it (Copy.cu, pytorch PR #172156), "
-       "and CUDA refuses a wait while a stream captures; a different outcome means a different torch or CUDA "
-       "version: see its release notes")
+captured = {what: said == "captured" for what, said in outcome.items()}
+pinlab.claim("a capture refused the copy from pageable memory", not captured["H2D copy from pageable memory"],
+             why=l08.WHY.capture_rules)
+pinlab.claim("a capture took the copy from pinned memory", captured["H2D copy from pinned memory"],
+             why=l08.WHY.capture_rules)
+pinlab.claim("a capture refused .item() (the host would wait for the GPU)", not captured["static.sum().item()"],
+             why=l08.WHY.capture_rules)
 del pinned                      # the experiment's own pinned tensor: what is still pinned now, the refusals left
 left_by_refusals = pinlab.pinned_baseline() - pinned_at_start
 pinlab.show("pinned bytes the capture experiments left in use", left_by_refusals)
-pinlab.show("what that is", (
-    f"{left_by_refusals} bytes, the size of the value `.item()` copies to the host: torch stages that copy in "
-    "pinned memory, and the aborted capture did not release that block: this process can no longer free "
-    "it (the last cell of this lesson allows for it)") if left_by_refusals else
-    "nothing: the refused captures left no pinned memory in use")
+pinlab.show("what that is", l08.refusals_left_text(left_by_refusals))
 
 # %% [markdown]
 # Read `.item()`'s message with care. On a GPU, CUDA refuses the wait ("operation not permitted when
@@ -207,10 +201,8 @@ wrong = sum(v != n for n, v in enumerate(seen))
 pinlab.show("stream", s.label)
 pinlab.show("steps whose replay read another step's data", f"{wrong} of {len(seen)}")
 pinlab.show("the step whose data steps 0-7 read", seen[:8])
-ok = pinlab.claim("the captured copy from the reused pinned buffer delivered another step's data at least "
-                  "once", wrong >= 1, value=f"{wrong} of {len(seen)}",
-                  why="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step "
-                      "of microseconds; a host slower than that (a CPU shared by many processes) lets it keep up")
+pinlab.claim("the captured copy from the reused pinned buffer delivered another step's data at least once",
+             wrong >= 1, value=f"{wrong} of {len(seen)}", why=l08.WHY.lead)
 
 # %% [markdown]
 # Lesson 03's race detector follows graphs too: a graph captured while it is active has its
@@ -225,17 +217,13 @@ with pinlab.stream() as s, detect_races() as races:
 print(races)
 
 # %%
-wrong = sum(v != n for n, v in enumerate(seen))
+wrong, flagged = sum(v != n for n, v in enumerate(seen)), races.count(GRAPH_REWRITE)
 pinlab.show("steps whose replay read another step's data / replayed copies the detector flagged",
-            f"{wrong} / {races.count(GRAPH_REWRITE)} of {len(seen)}")
-ok = pinlab.claims({"the detector flagged the rewrite of the captured copy's source": races.count(GRAPH_REWRITE) >= 1,
-                    "it flagged at least as many replays as read another step's data":
-                        races.count(GRAPH_REWRITE) >= wrong},
-                   values={"the detector flagged the rewrite of the captured copy's source": races.count(GRAPH_REWRITE),
-                           "it flagged at least as many replays as read another step's data":
-                               f"{races.count(GRAPH_REWRITE)} flagged, {wrong} wrong"},
-                   why="the race needs the GPU behind the host (0.5 ms per step); a replay reads wrong data only if "
-                       "the host rewrote its source while it was pending, which the detector asks before every write")
+            f"{wrong} / {flagged} of {len(seen)}")
+pinlab.claim("the detector flagged the rewrite of the captured copy's source", flagged >= 1, value=flagged,
+             why=l08.WHY.detector)
+pinlab.claim("it flagged at least as many replays as read another step's data", flagged >= wrong,
+             value=f"{flagged} flagged, {wrong} wrong", why=l08.WHY.detector)
 
 # %% [markdown]
 # The graph is not a snapshot of the data: it is a recording of *where* to read. Under async
@@ -263,15 +251,11 @@ pinlab.table(var.result["rows"], [("variant", "variant"), ("corrupted", "corrupt
 by = {r["variant"]: r for r in var.result["rows"]}
 steps = var.result["steps"]
 FIXES = ("snapshot_outside", "ring_graphs", "ring_outside")
-ok = pinlab.claims({f"{v}: corrupted steps": by[v]["corrupted"] for v in FIXES},
-                   expect={f"{v}: corrupted steps": 0 for v in FIXES},
-                   why="each fix gives every step its own pinned memory until its copy has run; a corrupted step "
-                       "is a bug")
+for v in FIXES:
+    pinlab.claim(f"{v}: corrupted steps", by[v]["corrupted"], expect=0, why=l08.WHY.own_memory)
 for v in l08.RACY:
     pinlab.observe(f"{v}: at least 99% of steps read another step's data", by[v]["corrupted"] >= 0.99 * steps,
-                   value=f"{by[v]['corrupted']} of {steps}",
-                   why="the GPU's lead: 0.1 ms per step against the host's µs; a shared GPU or a slow host "
-                       "lets a few copies run before the next write")
+                   value=f"{by[v]['corrupted']} of {steps}", why=l08.WHY.lead_01)
 
 # %% [markdown]
 # Both racy variants are races: how many steps each lost depends on how far behind the GPU was when
@@ -303,7 +287,7 @@ for v in l08.RACY:
 # %% tags=["nbval-ignore-output"]
 cost6 = pinlab.measure("08_staging_cost", l08.staging_cost, tensors=6, n_ints=256, rounds=10, steps=50,
                        busy_ms=0.0)
-pinlab.table(cost6.result["rows"], [("variant", "variant"), ("host_us", "host µs per step", lambda v: f"{v:.1f}")])
+pinlab.table(cost6.result["rows"], l08.STAGING_COLUMNS)
 
 # %%
 hc = {r["variant"]: r["host_us"] for r in cost6.result["rows"]}
@@ -313,10 +297,7 @@ rings = min(("ring_graphs", "ring_outside"), key=lambda v: hc[v])
 held = pinlab.observe("the cheapest ring costs at most half the per-tensor snapshots",
                       hc[rings] <= hc["snapshot_outside"] / 2,
                       value=f"{rings} {hc[rings]:.1f} µs against snapshot_outside {hc['snapshot_outside']:.1f} µs",
-                      why="a ring waits for the event of its slot's last copy: on a GPU busy with other "
-                          "processes' work those events come late and the ring pays the GPU's pace; and host "
-                          "timings (the allocator's cost per snapshot, the launch cost of the copies) differ "
-                          "between hosts")
+                      why=l08.WHY.ring_cost)
 
 # %% [markdown]
 # The snapshot's cost is a pinned allocation per tensor per step; the rings pay with memory and
@@ -405,22 +386,17 @@ for v, r in fb.items():
     pinlab.show(f"{v}: steps whose attention was wrong (max error; seconds, the first with the JIT)",
                 f"{r['wrong_steps']} of {fr['steps']} ({r['max_err']:.3f}; {r['seconds']} s)")
 FI_FIXES = ("snapshot", "pinned_ring")
-ok = pinlab.claims({f"{v}: steps whose attention was wrong, wherever FlashInfer ran": fb[v]["wrong_steps"]
-                    if fi_ran else 0 for v in FI_FIXES},
-                   expect={f"{v}: steps whose attention was wrong, wherever FlashInfer ran": 0 for v in FI_FIXES},
-                   why="each plan() reads memory nobody rewrites before its copies have run, and every wrapper "
-                       "waits for its previous step; a wrong step is a bug (or a broken FlashInfer build)")
+for v in FI_FIXES:
+    wrong_steps = fb[v]["wrong_steps"] if fi_ran else 0
+    pinlab.claim(f"{v}: steps whose attention was wrong, wherever FlashInfer ran", wrong_steps, expect=0,
+                 why=l08.WHY.fi_fixes)
 racy_wrong = fb["reused_pinned"]["wrong_steps"] if fi_ran else None
-ok = pinlab.claim("reused pinned pair: the replayed run() attended with another step's metadata on at least one "
-                  "step, wherever FlashInfer ran", not fi_ran or racy_wrong >= 1,
-                  value=f"{racy_wrong} of {fr['steps']}",
-                  why="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step "
-                      "(metadata, plan(), replay) well under that; a host slower than the GPU (a CPU shared by "
-                      "many processes) lets every copy run before the next write")
+pinlab.claim("reused pinned pair: the replayed run() attended with another step's metadata on at least one "
+             "step, wherever FlashInfer ran", not fi_ran or racy_wrong >= 1, value=f"{racy_wrong} of {fr['steps']}",
+             why=l08.WHY.fi_race)
 held = pinlab.observe("reused pinned pair: at least 99% of steps wrong", fi_ran and racy_wrong >= 0.99 * fr["steps"],
                       value=f"{racy_wrong} of {fr['steps']}" if fi_ran else "FlashInfer did not run",
-                      why="a race: the first steps run before the GPU falls behind, and a slow or shared host lets "
-                          "more copies run before the next write")
+                      why=l08.WHY.fi_most)
 
 # %% [markdown]
 # Where FlashInfer ran, the lines above count the steps whose attention differed from the
@@ -490,12 +466,8 @@ def outcomes(stage, runs=10):
 
 
 racy_failed, fixed_failed = outcomes(racy_stage), outcomes(fixed_stage)
-ok = pinlab.claims({"the test failed the racy staging, runs of 10": racy_failed,
-                    "the test failed the fixed staging, runs of 10": fixed_failed},
-                   expect={"the test failed the racy staging, runs of 10": 10,
-                           "the test failed the fixed staging, runs of 10": 0},
-                   why="the test keeps the GPU 50 ms behind a host that needs microseconds per step; a host "
-                       "slower than that would let a racy copy run in time")
+pinlab.claim("the test failed the racy staging, runs of 10", racy_failed, expect=10, why=l08.WHY.test_lead)
+pinlab.claim("the test failed the fixed staging, runs of 10", fixed_failed, expect=0, why=l08.WHY.test_lead)
 
 # %% [markdown]
 # ## When graphs help less, and what they cost
@@ -506,11 +478,9 @@ ok = pinlab.claims({"the test failed the racy staging, runs of 10": racy_failed,
 # %%
 at1 = next(r for r in rows if r["kernels"] == 1)
 pinlab.show("one kernel per step: eager / one replay, host µs", f"{at1['eager_us']:.1f} / {at1['replay_us']:.1f}")
-held = pinlab.observe("a replay saves the host less at 1 kernel than at 20",
-                      at1["eager_us"] - at1["replay_us"] < at20["eager_us"] - at20["replay_us"],
-                      value=f"{at1['eager_us'] - at1['replay_us']:.1f} µs against "
-                            f"{at20['eager_us'] - at20['replay_us']:.1f} µs saved",
-                      why="host timings of a few µs: a shared or slow CPU adds noise of that size")
+saved1, saved20 = at1["eager_us"] - at1["replay_us"], eager20 - replay20
+held = pinlab.observe("a replay saves the host less at 1 kernel than at 20", saved1 < saved20,
+                      value=f"{saved1:.1f} µs against {saved20:.1f} µs saved", why=l08.WHY.few_us)
 
 # %% [markdown]
 # A step of a few large kernels saves a few µs against milliseconds of GPU work; a decode step of
@@ -531,11 +501,7 @@ held = pinlab.observe("a replay saves the host less at 1 kernel than at 20",
 # %% tags=["nbval-ignore-output"]
 mem = pinlab.measure("08_graph_memory", l08.graph_memory, batch_sizes=[1, 8, 64, 256], hidden=4096, layers=4,
                      ring_depth=3, tensors=6, n_ints=256)
-kib = lambda v: f"{v / 1024:.0f}"  # noqa: E731
-pinlab.table(mem.result["rows"], [("batch", "batch"), ("activation_bytes", "one activation KiB", kib),
-                                  ("static_bytes", "static input KiB", kib),
-                                  ("graph_allocated_bytes", "graph keeps allocated KiB", kib),
-                                  ("graph_reserved_bytes", "capture reserved KiB", kib)])
+pinlab.table(mem.result["rows"], l08.MEMORY_COLUMNS)
 
 # %%
 gm = mem.result
@@ -547,9 +513,7 @@ pinlab.show(f"pinned ring of {gm['ring_depth']} slabs: requested / held KiB",
 held = pinlab.observe(f"at batch {b1['batch']} the capture reserved at least 10x one activation",
                       b1["graph_reserved_bytes"] >= 10 * b1["activation_bytes"],
                       value=f"{b1['graph_reserved_bytes'] / 1024:.0f} KiB for {b1['activation_bytes'] / 1024:.0f} KiB",
-                      why="the caching allocator's segment sizes (2 MiB for small blocks by default) and "
-                          "PYTORCH_CUDA_ALLOC_CONF settings such as expandable_segments decide how much a pool "
-                          "reserves")
+                      why=l08.WHY.pool)
 
 # %% [markdown]
 # A graph's pool reserves whole segments of the caching allocator, so a graph of small tensors can
@@ -563,9 +527,8 @@ held = pinlab.observe(f"at batch {b1['batch']} the capture reserved at least 10x
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start + left_by_refusals) or pinlab.pinned_back_to(pinned_at_start)
-ok = pinlab.claim("pinned memory held is back to its starting level, but for what the refused captures left", back,
-                  why="an experiment of this lesson kept pinned blocks alive (a leak), or another thread of this "
-                      "process pinned memory meanwhile")
+pinlab.claim("pinned memory held is back to its starting level, but for what the refused captures left", back,
+             why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # **What to remember**

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 09 · Audit real code: HF transformers `generate()`, a DataLoader
+# # 09 · Audit real code: HF transformers `generate()`, a DataLoader, FlashInfer
 #
 # **What you will learn**
 # - to audit code you did not write with the course's tools: `pinlab.detect_stalls` names every host
@@ -8,8 +8,12 @@
 # - how exact the detector is on real code (precision and recall against the trace), and the one kind
 #   of call that copies nothing: `torch.tensor([], device=...)`;
 # - a deferred stop check (modelled on transformers' `DeferredStopCheck`: two pinned slots, an event,
-#   the other slot read one step late): the same tokens, fewer syncs per token, and why one slot races;
-# - a DataLoader's `pin_memory`: what the detector and the trace say about its copies, exactly.
+#   the other slot read one step late): the same tokens, the stop check's waits on everything queued
+#   traded for waits on the previous step's event, when that buys tokens per second, and why one slot races;
+# - a DataLoader's `pin_memory`: who pins (your thread, or a thread of its own with workers), when a
+#   pinned batch is copied from pageable memory anyway, and that the detector and the trace agree exactly;
+# - FlashInfer's own staging through one pinned workspace per wrapper: what `detect_races` sees of it,
+#   how to declare the copy it cannot see, and the two fixes (a wrapper per step in flight, or a wait).
 #
 # Everything here uses lessons 02 to 04 and 07. The model is a tiny random `LlamaForCausalLM` built
 # from a config: nothing is downloaded.
@@ -46,13 +50,15 @@ pinlab.show("transformers here", l09.transformers_version())
 
 # %%
 NEW_TOKENS, BATCH = 24, 2
+GPU_TRACE = {"gpu_trace": True}  # what the GPU experiments below require of a run (or of its recording)
+NEWER = dict(GPU_TRACE, newer_transformers=True)  # ... and those run with the newer transformers
 device = "cuda" if pinlab.has_cuda() else "cpu"
 model = l09.tiny_llama(device)
 ids, mask = l09.prompt(BATCH, device=device)
 default_tokens = l09.greedy(model, ids, mask, NEW_TOKENS)
+shape = tuple(default_tokens.shape)
 pinlab.claim(f"generate() made {NEW_TOKENS} new tokens for each of {BATCH} prompts",
-             tuple(default_tokens.shape) == (BATCH, ids.shape[1] + NEW_TOKENS), value=tuple(default_tokens.shape),
-             why="end-of-sequence is switched off: the length is set by max_new_tokens alone")
+             shape == (BATCH, ids.shape[1] + NEW_TOKENS), value=shape, why=l09.WHY.no_eos)
 
 # %% [markdown]
 # 🔮 **Predict.** A greedy decode loop needs the new token on the GPU only (it feeds the next step).
@@ -74,24 +80,13 @@ pinlab.claim(f"generate() made {NEW_TOKENS} new tokens for each of {BATCH} promp
 # missed. Each place is shown with the code at that line, read from the installed transformers.
 
 # %%
-audit = l09.measure_or_say("09_generate_audit", l09.audit_generate, requires={"gpu_trace": True},
-                           new_tokens=NEW_TOKENS, batch=BATCH)
+audit = l09.measure_or_say("09_generate_audit", l09.audit_generate, requires=GPU_TRACE, new_tokens=NEW_TOKENS,
+                           batch=BATCH)
 if audit is not None:
     a = audit.result
-    pinlab.show("transformers audited", f"{a['transformers']} (torch {a['torch']})")
-    for p in a["places"]:
-        pinlab.show(f"{p['n']:3d} x {p['kind']}", f"{p['where']} in {p['function']}(): {p['code']}")
-    waits = sum(p["n"] for p in a["places"] if p["kind"] in l09.WAITING_KINDS)
-    pinlab.show("host waits the detector reports, per new token", f"{waits / a['new_tokens']:.2f}")
-    pinlab.show("cudaStreamSynchronize and other syncs in the trace", a["trace_syncs"])
-    pinlab.show("H2D copies in the trace, by kind", a["memcpy"])
-    every = [p for p in a["places"] if p["n"] == a["new_tokens"]]
-    pinlab.show("places that make the host wait once per token",
-                "; ".join(f"{p['where']} ({p['function']})" for p in every) or "none")
+    l09.show_audit(a)  # every place (count, kind, file:line, code), waits per token, the trace's syncs and copies
     pinlab.claim("every event the detector reported has a sync or a copy in the trace at that call",
-                 a["false_positives"] == 0, value=f"{a['true_positives']} of {a['reported']}",
-                 why="each reported kind (a sync, a blocking copy, a factory of data with elements) makes torch "
-                     "call cudaStreamSynchronize or cudaMemcpyAsync: the value names how many did not")
+                 a["false_positives"] == 0, value=f"{a['true_positives']} of {a['reported']}", why=l09.WHY.reported)
 
 # %% [markdown]
 # What each place is for (read in transformers 5.17's source; the lines above are this run's):
@@ -106,6 +101,26 @@ if audit is not None:
 # - What the table shows besides these depends on the version audited: the lines are computed, so a
 #   transformers that removes a sync shows one place fewer.
 #
+# ### The same audit on a newer release
+#
+# Upstream is working on these syncs (transformers#43089 reports "3.25 GPU syncs per token" for its own
+# model and settings). `l09.audit_newer` runs the audit above in a fresh process whose `transformers` is a
+# newer release, installed beside this one (`$PINLAB_TRANSFORMERS_NEWER`; the GPU suite's recipe installs
+# it). The places are matched by function and source line, since line numbers move between versions:
+
+# %%
+newer = l09.measure_or_say("09_generate_newer", l09.audit_newer, requires=NEWER,
+                           new_tokens=NEW_TOKENS, batch=BATCH)
+if audit is not None and newer is not None:
+    l09.show_comparison(audit.result, newer.result)  # the places of both, waits per token, what changed
+
+# %% [markdown]
+# How 5.24.0 removes the mask builder's sync, read in its `generation/utils.py` (`generate()`, lines
+# 2892-2907): it checks **once**, up front, whether the attention mask is all ones
+# (`(model_kwargs["attention_mask"] == 1).all()`, the new place in `generate` above) and then drops it, so
+# `_ignore_causal_mask_sdpa` gets `padding_mask=None` and asks the GPU nothing. One sync per call instead
+# of one per token; a batch with padding keeps its mask, and the per-token `fast_all` with it.
+#
 # ## 2. How exact is the detector?
 #
 # Precision: of the events reported, how many have a sync or a copy in the trace. Recall: of the
@@ -117,17 +132,17 @@ if audit is not None:
 # %%
 if audit is not None:
     a = audit.result
-    precision = a["true_positives"] / a["reported"] if a["reported"] else 1.0
-    recall = a["syncs_in_reported_windows"] / a["trace_syncs"] if a["trace_syncs"] else 1.0
+    true_pos, reported = a["true_positives"], a["reported"]
+    in_windows, syncs = a["syncs_in_reported_windows"], a["trace_syncs"]
+    precision = true_pos / reported if reported else 1.0
+    recall = in_windows / syncs if syncs else 1.0
     pinlab.show("precision (reported events with a sync or copy in the trace)",
-                f"{a['true_positives']} of {a['reported']} ({precision:.0%})")
-    pinlab.show("recall (trace syncs inside a reported call)",
-                f"{a['syncs_in_reported_windows']} of {a['trace_syncs']} ({recall:.0%})")
+                f"{true_pos} of {reported} ({precision:.0%})")
+    pinlab.show("recall (trace syncs inside a reported call)", f"{in_windows} of {syncs} ({recall:.0%})")
     pinlab.show("syncs the detector did not name", a["missed"] or "none")
     pinlab.show("empty torch.tensor([], device=cuda) calls skipped", a["empty_factories"] or "none")
     pinlab.observe("the detector named every sync of the trace", recall == 1.0, value=f"{recall:.0%}",
-                   why="ops whose kernel syncs (nonzero, boolean-mask indexing) and torch's own internal calls "
-                       "are outside what the detector watches; the line above names them")
+                   why=l09.WHY.unwatched)
 
 # %% [markdown]
 # ## 3. Defer the stop check
@@ -160,40 +175,59 @@ print(inspect.getsource(l09.DeferredStop.__call__))
 with pinlab.stream() as s:
     deferred_tokens = l09.greedy(model, ids, mask, NEW_TOKENS, deferred="course", stream=s)
 pinlab.show("stream", s.label)
-pinlab.claim("the deferred stop check gives the same tokens as the default one",
-             torch.equal(deferred_tokens.cpu(), default_tokens.cpu()),
-             why="the stop decision changes when the host reads it, never what is decoded")
+same = torch.equal(deferred_tokens.cpu(), default_tokens.cpu())
+pinlab.claim("the deferred stop check gives the same tokens as the default one", same, why=l09.WHY.same_tokens)
 
 # %% [markdown]
 # On the GPU: the default stop check against transformers' own `DeferredStopCheck` turned on for CUDA
-# (`l09.stop_checks`: the course's where the installed transformers lacks it), the trace's syncs per
-# token for both, and tokens per second (median of 5 interleaved rounds, after a warm-up):
+# (`l09.stop_checks`: the course's where the installed transformers lacks it): the trace's syncs per
+# token for both, the host's time inside them, the GPU's idle share of the call, and tokens per second
+# (median of 5 interleaved rounds, after a warm-up). Three workloads: the tiny model as it is; the same
+# with 4 ms of GPU work added to every forward (`gpu_ms`, a kernel that spins: a stand-in for a model
+# whose step keeps the GPU busy about as long as the host's own work takes); and that, with the newer
+# transformers, whose mask builder no longer syncs.
+#
+# 🔮 **Predict.** In which of the three does deferring the stop check buy tokens per second?
+#
+# <details><summary>Answer</summary>
+#
+# It can pay only where no other sync is left in the step and the GPU's work is long enough for the
+# host's to hide behind it, and only by more than the deferred check's own host work per step (a copy,
+# an event, a wait on the previous one). The tiny model's GPU finishes each step long before the host
+# has queued the next: nothing to overlap. With 4 ms of GPU work in transformers 5.17, the mask
+# builder's `fast_all` still waits for each forward inside the step, so one wait per token is left
+# either way. Only the third meets both conditions; the lines below say what each bought here.
+# </details>
 
 # %%
-stops = l09.measure_or_say("09_stop_checks", l09.stop_checks, requires={"gpu_trace": True},
-                           new_tokens=NEW_TOKENS, batch=BATCH, rounds=5)
-if stops is not None:
-    r = stops.result["runs"]
-    pinlab.show("deferred check used", stops.result["deferred_is"])
-    pinlab.claim("on the GPU, the deferred stop check gives the same tokens as the default one",
-                 r["default"]["tokens"] == r["deferred"]["tokens"],
-                 why="the stop decision changes when the host reads it, never what is decoded")
-    for name in ("default", "deferred"):
-        pinlab.show(f"{name}: syncs per token in the trace",
-                    f"{sum(r[name]['syncs'].values()) / NEW_TOKENS:.2f} ({r[name]['syncs']})")
-        pinlab.show(f"{name}: tokens per second", f"{r[name]['tokens_per_s']:.0f}")
-    ratios = stops.result["ratios"]
-    pinlab.show("deferred speed-up per round", ", ".join(f"{x:.2f}x" for x in ratios))
-    pinlab.observe("the deferred stop check made more tokens per second",
-                   r["deferred"]["tokens_per_s"] > r["default"]["tokens_per_s"],
-                   value=f"{r['deferred']['tokens_per_s'] / r['default']['tokens_per_s']:.2f}x",
-                   why="a model this small is bound by the host's launches: the GPU finishes each step before "
-                       "the host has queued the next, so a wait saved is a short one")
+STEP_GPU_MS = 4.0  # GPU work added to every forward: about the host's own time per step
+run = dict(new_tokens=NEW_TOKENS, batch=BATCH, rounds=5)  # every workload's generate() and timed rounds
+stops = {
+    "tiny model": l09.measure_or_say("09_stop_checks", l09.stop_checks, requires=GPU_TRACE, **run),
+    f"+{STEP_GPU_MS:g} ms GPU per step": l09.measure_or_say("09_stop_checks_gpu_heavy", l09.stop_checks,
+                                                            requires=GPU_TRACE, gpu_ms=STEP_GPU_MS, **run),
+    f"+{STEP_GPU_MS:g} ms GPU per step, newer": l09.measure_or_say("09_stop_checks_newer", l09.stop_checks_newer,
+                                                                   requires=NEWER, gpu_ms=STEP_GPU_MS, **run),
+}
+stops = {label: m.result for label, m in stops.items() if m is not None}
+for label, res in stops.items():
+    same = res["runs"]["default"]["tokens"] == res["runs"]["deferred"]["tokens"]
+    pinlab.claim(f"{label}: the deferred check ({res['deferred_is']}) gives the default's tokens", same,
+                 why=l09.WHY.same_tokens)
+    l09.show_stop_runs(res, NEW_TOKENS)  # syncs per token, host waiting, GPU idle, tokens per second, per round
+if stops:
+    pinlab.show("what deferring the stop check bought", l09.stop_checks_text(stops))
+    best = max(stops, key=lambda label: l09.speedup(stops[label]))
+    pinlab.observe("the deferred stop check made more tokens per second in one of the workloads",
+                   l09.speedup(stops[best]) > 1.0, value=f"{best}: {l09.speedup(stops[best]):.2f}x",
+                   why=l09.WHY.host_bound)
 
 # %% [markdown]
 # The event syncs the deferred check adds are waits on a step the GPU has already queued work behind;
-# the `bool()` syncs it removes were waits on everything queued. Whether that buys tokens per second
-# depends on who is slower: the speed-up line says what it bought in this run.
+# the `bool()` syncs it removes were waits on everything queued. The host-waiting and idle lines show
+# what it removed; the tokens per second show whether that outweighed what it adds. Upstream left it
+# off for CUDA until a gain is measured ("we should enable it for cuda if we observe perf gains", in
+# `DeferredStopCheck.is_supported`): the lines above are such a measurement, on this machine.
 #
 # ## 4. Why two slots: the race detector on the ring
 #
@@ -207,46 +241,146 @@ with pinlab.stream() as s:
     two = l09.race_ring(s, slots=2, steps=STEPS)
     one = l09.race_ring(s, slots=1, steps=STEPS)
 pinlab.show("stream", s.label)
-pinlab.claims({"2 slots: races found": two["total"],
-               "2 slots: the check saw the stop one step after it happened": two["stopped_at"] == STEPS // 2 + 1,
-               "1 slot: reads of a pending D2H copy found": one["findings"].get(l09.D2H_READ, 0) > 0},
-              expect={"2 slots: races found": 0},
-              why="the copy waits behind 1 ms of GPU work while the host reads within microseconds: a wide lead; "
-                  "the 2-slot ring reads only a slot whose event has completed")
+one_slot_reads = one["findings"].get(l09.D2H_READ, 0)
+pinlab.claim("2 slots: races found", two["total"], expect=0, why=l09.WHY.ring)
+pinlab.claim("2 slots: the check saw the stop one step after it happened", two["stopped_at"] == STEPS // 2 + 1,
+             value=two["stopped_at"], why=l09.WHY.ring)
+pinlab.claim("1 slot: reads of a pending D2H copy found", one_slot_reads > 0, value=one_slot_reads, why=l09.WHY.ring)
 
 # %% [markdown]
 # ## 5. A DataLoader: who pins, and what the trace says
 #
-# `l09.audit_dataloader`: a `DataLoader` (`num_workers=0`) of 8 batches of two tensors, each moved with
-# `.to("cuda", non_blocking=True)`, once with `pin_memory=False` and once with `pin_memory=True` (the
-# loader pins each batch in this process before handing it over), under the detector and the profiler:
+# `l09.audit_dataloader` runs five `DataLoader`s over 8 batches of two tensors, each moved with
+# `.to("cuda", non_blocking=True)`, under the detector and the profiler. The batches are of a custom type
+# (`l09.PinWitness`, the pattern of DataLoader's "Memory Pinning" docs: a type with a `pin_memory()`
+# method), so each batch records which thread pinned it. What torch does, read in its source
+# (`torch/utils/data/dataloader.py`, `_utils/pin_memory.py`, torch 2.13; the run below is this torch's):
+# - `num_workers=0`: `_SingleProcessDataLoaderIter._next_data` pins each batch **in your loop's thread**,
+#   inside `next()`;
+# - `num_workers>0`: a `pin_memory` thread of your process (`_pin_memory_loop`) pins the batches the
+#   workers send, while your loop runs;
+# - a collate that returns a strided view: `pin_memory()` keeps the view's strides, and a CPU-to-GPU copy
+#   of a tensor that is not dense goes through a contiguous host temporary (`copy_requires_temporaries`
+#   in `aten/src/ATen/native/cuda/Copy.cu`): pageable memory again;
+# - `pin_memory_device`: the warning below says what this torch does with it.
+#
+# 🔮 **Predict.** In which of the five does `non_blocking=True` copy from pageable memory?
+#
+# <details><summary>Answer</summary>
+#
+# In two: with `pin_memory=False` (every copy), and with the strided collate (the strided `x` of each
+# batch: its pinned copy is not dense, so torch stages it through a pageable temporary; `y` stays pinned).
+# Workers and `pin_memory_device` change who pins and what is warned, not where the copies come from.
+# </details>
 
 # %%
-loader = l09.measure_or_say("09_dataloader", l09.audit_dataloader, requires={"gpu_trace": True}, batches=8)
-if loader is not None:
-    pg, pn = loader.result["pageable"], loader.result["pinned"]
-    pinlab.show("pin_memory=False: H2D copies in the trace", pg["memcpy"])
-    pinlab.show("pin_memory=True: H2D copies in the trace", pn["memcpy"])
-    pinlab.claims({"pin_memory=False: pageable H2D copies the detector reported": pg["detector_pageable"],
-                   "pin_memory=False: Pageable -> Device copies in the trace": pg["memcpy"].get(l09.PAGEABLE_MEMCPY, 0),
-                   "pin_memory=True: pageable H2D copies the detector reported": pn["detector_pageable"],
-                   "pin_memory=True: Pinned -> Device copies in the trace": pn["memcpy"].get(l09.PINNED_MEMCPY, 0)},
-                  expect={"pin_memory=False: pageable H2D copies the detector reported": 16,
-                          "pin_memory=False: Pageable -> Device copies in the trace": 16,
-                          "pin_memory=True: pageable H2D copies the detector reported": 0,
-                          "pin_memory=True: Pinned -> Device copies in the trace": 16},
-                  why="8 batches x 2 tensors, each one copy: the profiler names every copy by its host memory")
+loaders = l09.measure_or_say("09_dataloader", l09.audit_dataloader, requires=GPU_TRACE, batches=8)
+if loaders is not None:
+    cases = loaders.result
+    pinlab.table(l09.loader_rows(cases), l09.LOADER_COLUMNS)
+    for name, c in cases.items():
+        for w in c["warnings"]:
+            pinlab.show(f"{name}: warning", w)
+    for name, c in cases.items():
+        detector, trace = l09.pageable_copies(c)
+        pinlab.claim(f"{name}: the detector's pageable copies equal the trace's", detector == trace,
+                     value=(detector, trace), why=l09.WHY.copy_names)
+    pageable = {k: c["memcpy"].get(l09.PAGEABLE_MEMCPY, 0) for k, c in cases.items()}   # the trace's copies
+    pinned_copies = {k: c["memcpy"].get(l09.PINNED_MEMCPY, 0) for k, c in cases.items()}
+    in_main = {k: c["pinned_by"].get("main thread", 0) for k, c in cases.items()}     # batches it pinned
+    plain, pinned, workers, strided = list(l09.LOADERS)[:4]                             # the loaders' names
+    pinlab.claim("pin_memory=False: Pageable -> Device copies", pageable[plain], expect=16, why=l09.WHY.loaders)
+    pinlab.claim("pin_memory=True: Pinned -> Device copies", pinned_copies[pinned], expect=16, why=l09.WHY.loaders)
+    pinlab.claim("num_workers=0: batches pinned in the main thread", in_main[pinned], expect=8, why=l09.WHY.loaders)
+    pinlab.claim("num_workers=2: batches pinned in the main thread", in_main[workers], expect=0, why=l09.WHY.loaders)
+    pinlab.claim("strided collate: Pageable -> Device copies (the strided x)", pageable[strided], expect=8,
+                 why=l09.WHY.loaders)
 
 # %% [markdown]
-# Exact: the detector and the trace agree copy for copy. With `pin_memory=False` each
-# `non_blocking=True` copy is the fake one of lesson 02; with `pin_memory=True` the loader pays one
-# host copy per tensor into pinned memory and every H2D copy is a true asynchronous DMA.
+# Exact, loader by loader: the detector and the trace agree copy for copy. With `pin_memory=False` each
+# `non_blocking=True` copy is the fake one of lesson 02. With `pin_memory=True` every copy is a true
+# asynchronous DMA, and who pays for pinning depends on `num_workers`: your loop's thread without
+# workers, a thread of its own with them. A collate that hands out strided views undoes the pinning for
+# those tensors: make them contiguous in the collate (`.contiguous()`), where the workers pay for it.
+
+# ## 6. FlashInfer's own staging: what `detect_races` sees, and how to tell it
+#
+# FlashInfer's decode wrapper plans on the host: `plan()` writes its plan info into **one pinned
+# workspace per wrapper** (`_pin_memory_int_workspace_buffer`), and the C++ planner it calls copies it
+# to the GPU asynchronously (`flashinfer/decode.py`, `_plan_impl`; `docs/facts.md` F19). Lesson 04
+# showed that a second `plan()` on the same wrapper, with the host ahead, can overwrite the first plan
+# before its copy has run. That copy is made below torch's Python API, so `detect_races` does not see it by itself; the
+# library says so, and `RaceDetector.copied(buf)` declares such a copy after the call that queued it
+# (it then compares the earlier pending copies from the same memory first).
+#
+# 🔮 **Predict.** Two decode steps, the GPU 50 ms behind: (a) one wrapper, the second `plan()` right
+# after the first; (b) one wrapper per step in flight; (c) one wrapper, the host waits for an event
+# recorded after the first step before it re-plans. Which does the detector flag?
+#
+# <details><summary>Answer</summary>
+#
+# Only (a): the second `plan()` writes the workspace while the first copy is still queued. (b) writes
+# another wrapper's workspace; in (c) the first copy has run before the workspace is written again.
+# (b) is the ring of wrappers of lesson 04's decode loops; (c) is the wait vLLM's MRV1 runner makes
+# before it reuses its host buffers (`prepare_inputs_event`, lesson 04).
+# </details>
+#
+# First, the stall detector on FlashInfer itself, as on `generate()`: 8 decode steps (`plan()`, then
+# `run()`) with `indptr` and `last_page_len` in pageable host memory, as vLLM 0.29 passes them (the PR
+# this course follows left `plan()`'s inputs pageable; later vLLM pins them), every event matched with
+# the trace:
+
+# %%
+fia = l09.measure_or_say("09_flashinfer_audit", l09.audit_flashinfer, requires=GPU_TRACE, steps=8, batch=16)
+if fia is not None and "places" in fia.result:
+    f = fia.result
+    pinlab.show("FlashInfer", f["flashinfer"])
+    l09.show_flashinfer_audit(f)
+    pinlab.show("precision (reported events with a sync or copy in the trace)", f"{f['true_positives']} of {f['reported']}")
+    pinlab.show("recall (trace syncs inside a reported call)", f"{f['syncs_in_reported_windows']} of {f['trace_syncs']}")
+    pinlab.claim("every event the detector reported in plan() and run() has a sync or a copy in the trace at that call",
+                 f["false_positives"] == 0, value=f"{f['true_positives']} of {f['reported']}", why=l09.WHY.reported)
+    pinlab.observe("the detector named every sync of FlashInfer's steps in the trace",
+                   f["syncs_in_reported_windows"] == f["trace_syncs"], value=f["missed"] or "none", why=l09.WHY.unwatched)
+elif fia is not None:
+    pinlab.show("FlashInfer", fia.result["flashinfer"])
+
+# %% [markdown]
+# Each case runs in a child process (a race here can kill a CUDA context), with the detector on and
+# the staging declared after each `plan()`: the lines that matter are in `l04._plan_hazard_child`:
+#
+# ```python
+# dec.plan(...)                                  # writes the plan info into the pinned workspace
+# det.copied(dec.wrapper._pin_memory_int_workspace_buffer, nbytes=64 * 1024)   # and FlashInfer copies it
+# ```
+
+# %%
+stg = l09.measure_or_say("09_plan_staging", l09.plan_staging, busy_ms=50.0, timeout_s=12.0)
+if stg is not None:
+    r = stg.result
+    pinlab.show("FlashInfer", r["flashinfer"])
+    pinlab.table(l09.staging_rows(r), l09.STAGING_COLUMNS)
+    pinlab.show("what this run shows", l09.staging_text(r))
+    tested = r["back_to_back"]["outcome"] != "unavailable"
+    flagged = r["back_to_back"].get("races", 0) - r["back_to_back"].get("races_elsewhere", 0)
+    pinlab.claim("this notebook's own CUDA context is unharmed", r["parent_context_ok"], why=l09.WHY.own_context)
+    pinlab.claim("one wrapper, host ahead: the declared staging was flagged, wherever FlashInfer ran",
+                 not tested or flagged >= 1, value=r["back_to_back"], why=l09.WHY.staging_declared)
+    for fix in ("two_wrappers", "event_wait"):
+        clean = not tested or (r[fix]["outcome"] == "correct" and r[fix].get("races", 0) == 0)
+        pinlab.claim(f"{fix}: the right output and no race found, wherever FlashInfer ran", clean,
+                     value=r[fix], why=l09.WHY.staging_fixed)
+
+# %% [markdown]
+# The detector finds FlashInfer's race once it is told about the copy it cannot see; the table's last
+# column says what it found in FlashInfer's own torch calls. Both fixes are race-free and correct. For
+# your own code: declare every copy a C++ extension makes from a buffer you reuse, and run the gate
+# (`pytest --pinlab-races`, lesson 03) on a loop that plans with the host ahead.
 
 # %%
 del model
 pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(),
-             why="a pinned tensor of this notebook is still referenced, or another library took pinned memory")
+             value=pinlab.pinned_bytes_held(), why=pinlab.PINNED_BACK_WHY)
 
 # %% [markdown]
 # ## What to remember
@@ -258,4 +392,8 @@ pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_b
 #   trace before you trust a count.
 # - A deferred check reads a flag one step late from a ring of two pinned slots guarded by events:
 #   the same tokens; one slot reads a copy still in flight (the race detector says so).
-# - A DataLoader's `pin_memory=True` makes `non_blocking=True` honest; without it every copy is pageable.
+# - A DataLoader's `pin_memory=True` makes `non_blocking=True` honest, for contiguous batches: without it,
+#   or for a strided view in a batch, the copy is pageable. Without workers your loop pays for the pinning.
+# - A library's own C++ copies are invisible to a torch-level detector: declare them
+#   (`RaceDetector.copied`). FlashInfer's `plan()` reuses one pinned workspace per wrapper: give each
+#   step in flight its own wrapper, or wait for the previous step before re-planning.

@@ -31,7 +31,7 @@ def gbps(nbytes, ms):
     ### END SOLUTION
 
 
-ok_gbps = checks.check_gbps(gbps)
+ok_gbps = checks.check_gbps.verdict(gbps)
 
 # %% [markdown]
 # ## 2. Where latency stops dominating: N½
@@ -48,7 +48,7 @@ def n_half(sizes, rates):
     ### END SOLUTION
 
 
-ok_n_half = checks.check_n_half(n_half)
+ok_n_half = checks.check_n_half.verdict(n_half)
 
 
 # %% [markdown]

@@ -53,7 +53,7 @@ def stall_threshold(sizes, host_ms, busy_ms):
     ### END SOLUTION
 
 
-ok = checks02.check_stall_threshold(stall_threshold)
+checks02.check_stall_threshold(stall_threshold)
 
 # %% [markdown]
 # ## 2. How idle was the GPU?
@@ -86,7 +86,7 @@ def gpu_idle_share(spans, start, end):
     ### END SOLUTION
 
 
-ok = checks02.check_gpu_idle_share(gpu_idle_share)
+checks02.check_gpu_idle_share(gpu_idle_share)
 
 
 # %% [markdown]
@@ -136,7 +136,7 @@ def step_without_syncs(s, x_host, w):
     ### END SOLUTION
 
 
-ok = checks02.check_step_without_syncs(step_without_syncs)
+checks02.check_step_without_syncs(step_without_syncs)
 
 # %% [markdown]
 # ## What to remember

@@ -53,7 +53,7 @@ def pin_snapshot(t):
     ### END SOLUTION
 
 
-ok = checks04.check_pin_snapshot(pin_snapshot)
+checks04.check_pin_snapshot(pin_snapshot)
 
 # %% [markdown]
 # ## 2. A ring of pinned buffers, guarded by events
@@ -82,7 +82,7 @@ def ring_stage(n, data, ring, events, dst):
     ### END SOLUTION
 
 
-ok = checks04.check_ring_stage(ring_stage)
+checks04.check_ring_stage(ring_stage)
 
 # %% [markdown]
 # ## 3. How deep must the ring be?
@@ -107,7 +107,7 @@ def min_ring_depth(writes, copies):
     ### END SOLUTION
 
 
-ok = checks04.check_min_ring_depth(min_ring_depth)
+checks04.check_min_ring_depth(min_ring_depth)
 
 # %% [markdown]
 # Check it against the model: find the depth for the model with `run_ahead=1` (before writing step n

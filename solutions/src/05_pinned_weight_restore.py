@@ -41,7 +41,7 @@ def restore_weight(w, pin=True):
     ### END SOLUTION
 
 
-ok = checks05.check_restore_weight(restore_weight)
+checks05.check_restore_weight(restore_weight)
 
 # %% [markdown]
 # ## 2. How much pinned memory does it cost?
@@ -61,7 +61,7 @@ def pinned_footprint(param_bytes):
     ### END SOLUTION
 
 
-ok = checks05.check_pinned_footprint(pinned_footprint)
+checks05.check_pinned_footprint(pinned_footprint)
 
 # %% [markdown]
 # ## What to remember

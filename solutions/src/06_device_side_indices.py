@@ -63,7 +63,7 @@ def rot_pos_ids(grid_thw, m, device):
     ### END SOLUTION
 
 
-ok = checks06.check_rot_pos_ids(rot_pos_ids)
+checks06.check_rot_pos_ids(rot_pos_ids)
 
 # %% [markdown]
 # ## 2. Per-step results back to the host, read only after their event
@@ -100,7 +100,7 @@ def finish_d2h(host, event):
     ### END SOLUTION
 
 
-ok = checks06.check_d2h_outputs(start_d2h, finish_d2h)
+checks06.check_d2h_outputs(start_d2h, finish_d2h)
 
 # %% [markdown]
 # ## What to remember

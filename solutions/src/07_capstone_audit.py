@@ -114,7 +114,7 @@ def fixed_loop(m, steps, depth=4):
     ### END SOLUTION
 
 
-ok = checks07.check_fixed_loop(fixed_loop)
+checks07.check_fixed_loop(fixed_loop)
 
 # %% [markdown]
 # ## What to remember

@@ -48,7 +48,7 @@ def capturable_step(ids, out):
     ### END SOLUTION
 
 
-ok = checks08.check_capturable_step(capturable_step)
+checks08.check_capturable_step(capturable_step)
 
 # %% [markdown]
 # ## 2. Stage a captured step's inputs safely
@@ -70,7 +70,7 @@ def stage(s, meta, static, state):
     ### END SOLUTION
 
 
-ok = checks08.check_graph_stage(stage)
+checks08.check_graph_stage(stage)
 
 # %% [markdown]
 # ## What to remember

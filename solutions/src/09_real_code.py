@@ -131,7 +131,7 @@ def fixed_decode(m, max_new):
     ### END SOLUTION
 
 
-ok = checks09.check_decode(fixed_decode)
+checks09.check_decode(fixed_decode)
 
 # %% [markdown]
 # ## What to remember

@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 
 from ..lessons.l01_pinned_memory import gbps, n_half
-from . import run_cases, same_int
+from . import checker, run_cases, same_int
 
 
+@checker
 def check_gbps(fn) -> bool:
     """``gbps(nbytes, ms)``: bandwidth in GB/s (10**9 bytes per second)."""
     rng = random.Random(1)
@@ -20,6 +21,7 @@ def check_gbps(fn) -> bool:
                           "second: convert ms to seconds before you divide.")
 
 
+@checker
 def check_n_half(fn) -> bool:
     """``n_half(sizes, rates)``: the smallest size whose rate reaches half the peak rate."""
     rng = random.Random(2)

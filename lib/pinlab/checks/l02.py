@@ -26,7 +26,8 @@ from collections import Counter
 
 from ..lessons.l02_fake_non_blocking import first_waiting_size
 from ..profiler import idle_share
-from . import say, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_tensor
+from . import (LearnerStop, checker, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases,
+              same_tensor, say)
 
 MiB = 1 << 20
 
@@ -71,6 +72,7 @@ def stall_cases():
     return cases
 
 
+@checker
 def check_stall_threshold(fn) -> bool:
     """``stall_threshold(sizes, host_ms, busy_ms)``: the smallest size from which on every larger size
     waited (host time more than half the busy time); ``None`` when the largest size did not wait."""
@@ -109,6 +111,7 @@ def idle_cases():
     return cases
 
 
+@checker
 def check_gpu_idle_share(fn) -> bool:
     """``gpu_idle_share(spans, start, end)``: the share of the window ``[start, end]`` in which no
     kernel span is running (spans may overlap, come unsorted and stick out of the window)."""
@@ -134,10 +137,12 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..copyargs import copy_call
 from ..detector import (BLOCKING_COPY, ITEM_SYNC, PAGEABLE_D2H, PAGEABLE_H2D, SCALAR_SYNC, TOLIST_SYNC,
                         detect_stalls, find_caller)
 from ..device import has_cuda
 from ..streams import STAGING_LIMIT, CudaStream, LaggingStream
+from ..text import fmt_bytes
 from ..timing import show
 from ..streams import _tensors  # one walker over nested args (streams.py)
 
@@ -170,9 +175,6 @@ def _name(func) -> str:
 
 
 
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= (1 << 19) else f"{nbytes / 1024:.1f} KiB"
 
 
 def _source_line(where: str) -> str:
@@ -362,34 +364,21 @@ class Watch(TorchFunctionMode):
         return self.seq
 
 
-def _to_target(args, kwargs):
-    """(target device or None, non_blocking) of ``Tensor.to(*args, **kwargs)`` (self excluded)."""
-    target = kwargs.get("device")
-    rest = list(args)
-    if rest and isinstance(rest[0], torch.Tensor):
-        target, rest = rest[0].device, rest[1:]
-    elif target is None and rest and isinstance(rest[0], (str, int, torch.device)):
-        target, rest = rest[0], rest[1:]
-    if rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
-        rest = rest[1:]
-    non_blocking = bool(rest[0]) if rest else bool(kwargs.get("non_blocking", False))
-    return target, non_blocking
-
-
 def _h2d_of(name, args, kwargs, is_device, is_device_target):
     """(host source, non_blocking) when this call copies host memory to the device, else None."""
     if not args or not isinstance(args[0], torch.Tensor) or is_device(args[0]) and name != "copy_":
         return None
+    c = copy_call(name, args, kwargs) if name in ("copy_", "cuda", "to") else None
+    if c is None:
+        return None
     if name == "copy_":
-        if len(args) >= 2 and isinstance(args[1], torch.Tensor) and is_device(args[0]) and not is_device(args[1]):
-            return args[1], bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+        if isinstance(c.src, torch.Tensor) and is_device(c.dst) and not is_device(c.src):
+            return c.src, c.non_blocking
         return None
     if name == "cuda":
-        return args[0], bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
-    if name == "to":
-        target, nb = _to_target(args[1:], kwargs)
-        if target is not None and is_device_target(target):
-            return args[0], nb
+        return c.src, c.non_blocking
+    if c.device is not None and is_device_target(c.device):
+        return c.src, c.non_blocking
     return None
 
 
@@ -400,14 +389,12 @@ def describe_op(op, is_device, is_pinned) -> str:
         return (f"{SYNC_NAMES[name]} reads a GPU value into Python: the host waits for every kernel queued "
                 "before it (keep the value on the GPU: a 0-dim tensor works in arithmetic)")
     if name in ("copy_", "to", "cuda", "cpu", "__setitem__") and args and isinstance(args[0], torch.Tensor):
-        if name == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
-            dst, src = args[0], args[1]
-            nb = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
-        elif name == "__setitem__" and len(args) > 2 and isinstance(args[2], torch.Tensor):
-            dst, src, nb = args[0], args[2], False
+        c = copy_call(name, args, kwargs)
+        if name in ("copy_", "__setitem__") and c is not None and isinstance(c.src, torch.Tensor):
+            dst, src, nb = c.dst, c.src, c.non_blocking
         else:
             src = args[0]
-            target, nb = _to_target(args[1:], kwargs) if name == "to" else (None, False)
+            target, nb = (c.device, c.non_blocking) if name == "to" else (None, False)
             to_host = name == "cpu" or (target is not None and str(target).startswith("cpu"))
             dst = None
             if is_device(src) and to_host:
@@ -418,10 +405,10 @@ def describe_op(op, is_device, is_pinned) -> str:
             if not nb:
                 return "a blocking copy from the GPU to the host waits for the GPU"
             if not is_pinned(dst):
-                return (f"a copy from the GPU into pageable memory ({_mib(dst.numel() * dst.element_size())}) "
+                return (f"a copy from the GPU into pageable memory ({fmt_bytes(dst.numel() * dst.element_size())}) "
                         "waits for the GPU: copy into pinned memory with non_blocking=True and read it after an event")
         host = src
-        size = _mib(host.numel() * host.element_size())
+        size = fmt_bytes(host.numel() * host.element_size())
         if not nb:
             return f"a blocking copy to the GPU ({size}, no non_blocking=True) waits for the GPU"
         if not is_pinned(host):
@@ -514,7 +501,7 @@ KIND_REASONS = {
 
 
 def _event_reason(event) -> str:
-    size = f" ({_mib(event.nbytes)})" if event.nbytes else ""
+    size = f" ({fmt_bytes(event.nbytes)})" if event.nbytes else ""
     text = KIND_REASONS.get(event.kind, event.kind)
     return text.format(size=size)
 
@@ -563,6 +550,7 @@ def _first_sync(report):
     return None
 
 
+@checker
 def check_step_without_syncs(fn) -> bool:
     """``step_without_syncs(s, x_host, w)`` -> ``(scores_host, done_event)``: the step of the exercise
     with its three hidden syncs removed. Runs it behind a busy GPU (CUDA) or on the watched
@@ -578,7 +566,7 @@ def check_step_without_syncs(fn) -> bool:
             x_host = torch.randn(shape, generator=gen)
             w_host = torch.randn(shape[1], N_OUT, generator=gen)
             expected = sync_reference(x_host, w_host)
-            what = f"with the {_mib(x_host.numel() * 4)} input"
+            what = f"with the {fmt_bytes(x_host.numel() * 4)} input"
             call = f"{name}(s, x_host, w) {what}"
             w = w_host.to(s.device)
             s.synchronize()
@@ -677,7 +665,7 @@ def _sync_problem(s, report, watch, res, expected, host_ms, what, waited: int = 
     pageable = [c for c in watch.h2d if not c["pinned"]]
     if pageable:
         c = pageable[0]
-        return (f"a non_blocking copy from pageable memory ({_mib(c['nbytes'])}) {what}, at {_source_line(c['where'])}: "
+        return (f"a non_blocking copy from pageable memory ({fmt_bytes(c['nbytes'])}) {what}, at {_source_line(c['where'])}: "
                 "it did not wait this time (the driver staged it), but non_blocking from pageable memory is fake "
                 "(lesson 02): a larger one waits for the GPU. Copy from pinned memory.")
     blocking = [c for c in watch.h2d if not c["non_blocking"]]

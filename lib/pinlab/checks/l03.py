@@ -18,7 +18,8 @@ import random
 
 from .. import steploop
 from ..paged_kv import kv_indptr, last_page_len
-from . import say, LearnerStop, _seq, int_list, is_stub, learner_arg, learner_call, raised, run_cases
+from . import (LearnerStop, _seq, checker, int_list, is_stub, learner_arg, learner_call, raised, run_cases,
+              say)
 
 # ---- lesson 03, exercise 1: indptr and last_page_len --------------------------------------------
 
@@ -47,6 +48,7 @@ def _same_pair_of_int_lists(got, expected) -> bool:
         return False
 
 
+@checker
 def check_indptr_last_page_len(fn) -> bool:
     """``indptr_last_page_len(seq_lens, page_size)`` -> ``(indptr, last_page_len)`` as lists."""
     rng = random.Random(3)
@@ -126,6 +128,7 @@ def timeline_cases(seed: int) -> list:
     return cases
 
 
+@checker
 def check_copies_correct(fn) -> bool:
     """``copies_correct(writes, copies)`` -> list of bools: did copy n deliver step n's data?"""
     return run_cases(fn, "copies_correct", timeline_cases(5), steploop.copies_correct, compare=_same_bool_list,
@@ -367,6 +370,7 @@ def run_loop(fn, steps: int = STEPS) -> dict:
             "label": s.label}
 
 
+@checker
 def check_race_free_loop(fn) -> bool:
     """``race_free_loop(s, steps, write_metadata, forward)``: every step's forward must read its own
     metadata (copied with non_blocking=True from pinned memory), and the host must not wait for the

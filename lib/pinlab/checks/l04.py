@@ -3,7 +3,8 @@
 Each checker prints one verdict line (⏳ not implemented, ❌ what is wrong, in the lesson's terms,
 ✅ correct), adds a hint from the second failure on, and returns True or False.
 ``tests/test_checks_l04.py`` proves each accepts the master solution and rejects planted wrong
-answers with the right message.
+answers with the right message. (Why about 600 lines: three checkers, each with the step loop that
+shows its race on the GPU and on the emulated stream, and a message for every planted wrong answer.)
 
 * :func:`check_pin_snapshot` runs the learner's ``pin_snapshot(t)`` on pageable and pinned tensors
   (reference: :func:`pinlab.h2d.pin_snapshot`), then in a step loop that rewrites one reused pinned
@@ -30,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from .. import steploop
 from ..streams import stream as _default_stream
 from ..timing import show
-from . import (say, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_int,
+from . import (checker, say, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_int,
                same_tensor)
 from .l03 import timeline_cases
 
@@ -196,6 +197,7 @@ def _snapshot_problem(s, t, desc, expected, out) -> str | None:
     return None
 
 
+@checker
 def check_pin_snapshot(fn, stream=None) -> bool:
     """``pin_snapshot(t)``: a pinned copy of the host tensor ``t`` with its own storage (the caller
     may rewrite ``t`` right after), equal to ``t``, for pageable and already pinned ``t``. Then used
@@ -468,6 +470,7 @@ def waited_steps(before, in_flight, run_ahead: int = AHEAD) -> int:
     return sum(h <= run_ahead - 2 and b > h for b, h in zip(before, in_flight))
 
 
+@checker
 def check_ring_stage(fn, stream=None) -> bool:
     """``ring_stage(n, data, ring, events, dst)``: stage step n's ``data`` through the ring of pinned
     buffers ``ring`` into device memory ``dst`` without a race and without blocking the host more than
@@ -573,6 +576,7 @@ def check_ring_stage(fn, stream=None) -> bool:
 # ---- 3. how deep must the ring be? --------------------------------------------------------------
 
 
+@checker
 def check_min_ring_depth(fn) -> bool:
     """``min_ring_depth(writes, copies)`` -> the fewest buffers that keep every copy correct."""
     cases = timeline_cases(7)

@@ -24,7 +24,7 @@ from ..replay import data_dir
 from ..streams import PIN_DEVICE_ERROR
 from ..streams import stream
 from ..timing import show
-from . import (say, LearnerStop, _fmt_args, _number, is_stub, learner_arg, learner_call, not_implemented, raised,
+from . import (checker, say, LearnerStop, _fmt_args, _number, is_stub, learner_arg, learner_call, not_implemented, raised,
                same_int, same_tensor, summary)
 
 _failures: Counter = Counter()
@@ -113,6 +113,7 @@ def _pin_on_gpu(call: str) -> str:
             "destination with `device=\"cpu\", pin_memory=pin`, then copy into it once.")
 
 
+@checker
 def check_restore_weight(fn) -> bool:
     """``restore_weight(w, pin=True)``: a host copy of the GPU weight ``w``, made with one copy straight
     into pinned memory (pageable with ``pin=False``), complete when it returns, aliasing nothing."""
@@ -181,6 +182,7 @@ def _recorded(name: str):
     return load_recorded(path)
 
 
+@checker
 def check_pinned_footprint(fn) -> bool:
     """``pinned_footprint(param_bytes)``: bytes the caching host allocator page-locks when each weight
     gets its own pinned tensor (each request rounded up to a power of two; 0 bytes pin nothing).

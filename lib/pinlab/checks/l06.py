@@ -18,7 +18,7 @@ import random
 
 import torch
 
-from . import (say, LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
+from . import (checker, say, LearnerStop, int_list, is_stub, learner_arg, learner_call, not_implemented, raised, same_tensor,
                summary)
 from ..lessons import l06_device_side_indices as l06
 from ..streams import PIN_DEVICE_ERROR, LaggingStream
@@ -131,6 +131,7 @@ def _run_emulated(fn, grid, m):
     return out, on_device, calls
 
 
+@checker
 def check_rot_pos_ids(fn) -> bool:
     """``rot_pos_ids(grid_thw, m, device)`` -> int64 ``[Σ t·h·w, 2]`` on ``device``, no Python loop
     of per-image launches, at most one (pinned, ``non_blocking``) H2D copy, no host sync."""
@@ -246,6 +247,7 @@ def _steps_cases():
     return [(6, 4), (9, 16), (5, 1)]
 
 
+@checker
 def check_d2h_outputs(start_d2h, finish_d2h) -> bool:
     """``start_d2h(s, out)`` -> ``(host, event)``: a fresh pinned host tensor with ``out``'s copy
     queued (``non_blocking``) and an event recorded after it; ``finish_d2h(host, event)`` -> the

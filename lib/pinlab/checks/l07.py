@@ -37,7 +37,7 @@ from ..args import positive_int
 from ..lessons import l07_capstone_audit as l07
 from ..streams import stream
 from ..timing import show
-from . import say, TIMEOUT_S, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised
+from . import LearnerStop, TIMEOUT_S, checker, is_stub, learner_arg, learner_call, not_implemented, raised, say
 
 _failures: Counter = Counter()
 
@@ -104,7 +104,7 @@ def problem(r: dict, name: str = "fixed_loop") -> str | None:
     pageable = _events(r, l07.PAGEABLE)
     if pageable:
         e = pageable[0]
-        return (f"a {l07.fmt_bytes(e['nbytes'])} pageable non_blocking copy: {_at(e, name)}. From pageable memory "
+        return (f"a pageable non_blocking copy of {l07.fmt_bytes(e['nbytes'])}: {_at(e, name)}. From pageable memory "
                 "`non_blocking=True` is fake: the host waits while the driver stages it (lesson 02). Keep the "
                 "source in pinned memory (offload the LM head with `pin_memory=True`, lesson 05).")
     syncs = _events(r, l07.SYNC, in_loop=True)
@@ -166,6 +166,7 @@ def _short(tokens) -> str:
     return str(tokens if tokens is None or len(tokens) <= 8 else tokens[:8] + ["..."])
 
 
+@checker
 def check_fixed_loop(fn, steps: int = STEPS) -> bool:
     """``fixed_loop(m, steps)``: the capstone's loop, fixed. Run for ``steps`` steps (1000) and judged
     exactly: 0 corrupted steps, 0 pageable copies, no sync inside the loop, no early D2H read."""

@@ -39,7 +39,7 @@ from .. import steploop
 from ..args import callable_arg, positive_int, positive_number
 from ..streams import CAPTURE_PAGEABLE_ERROR, _tensors, stream  # one walker over nested args
 from ..timing import show
-from . import LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised
+from . import LearnerStop, checker, is_stub, learner_arg, learner_call, not_implemented, raised
 from .l02 import _h2d_of
 
 _failures: Counter = Counter()
@@ -263,6 +263,7 @@ def _explain(name: str, exc: BaseException) -> str | None:
 STEP_CASES = [[3, 1, 4, 1, 5, 9, 2, 6], [0] * 8, [400, 500, 600, 700, 1, 2, 3, 4], [7, 7, 7, 7, 7, 7, 7, 7]]
 
 
+@checker
 def check_capturable_step(fn) -> bool:
     """``step(ids, out)``: writes ``min(ids * 2 + position, LIMIT)`` into ``out`` using only device work, so that
     it can be captured in a CUDA graph and replayed for new ``ids``, and leaves ``ids`` as it was."""
@@ -414,6 +415,7 @@ def _wrong_row(n: int, row: list[int]) -> str:
             "the replay. Copy into `static` (the graph's own input), in place, before the replay.")
 
 
+@checker
 def check_graph_stage(fn) -> bool:
     """``stage(s, meta, static, state)``: gets all of ``meta``'s current contents into the graph's static input
     for the replay that follows, while the host rewrites ``meta`` right after; no pageable copy, no wait for the

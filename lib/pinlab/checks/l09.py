@@ -40,7 +40,7 @@ from ..lessons import l07_capstone_audit as l07
 from ..races import detect_races
 from ..streams import CudaStream
 from ..timing import show
-from . import _FAILURES, LearnerStop, _failed, is_stub, learner_arg, learner_call, not_implemented, raised, say
+from . import LearnerStop, _FAILURES, _failed, checker, is_stub, learner_arg, learner_call, not_implemented, raised, say
 from .l02 import Watch, WatchedLagging
 
 VOCAB, BATCH, EOS, PAD = 32, 3, 1, 0
@@ -278,6 +278,7 @@ def problem(r: dict, case: str, max_new: int, want: torch.Tensor, stopped, full:
     return None
 
 
+@checker
 def check_decode(fn, cases=CASES) -> bool:
     """``fixed_decode(m, max_new) -> tokens``: the lesson's decode loop without host syncs or races,
     judged exactly on every case (tokens, stop at most one step late, syncs, waits, races)."""

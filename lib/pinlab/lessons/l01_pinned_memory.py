@@ -7,6 +7,10 @@ interval between back-to-back small copies, is defined in ``notebooks/src/01_pin
 the allocator's rounding and caching, and for "who pins" the data set the DataLoader loop reads
 (:class:`PageableBatches`), the speed-up of pinning from several threads (:func:`speedups`) and
 its plot (the loops themselves are the notebook's).
+
+Why about 590 lines, above the course's ~500: besides those, lesson 01's pinning knobs, pinning that fails and
+the pageable copy's host cost (issue 22), and the notebook's reasons (:data:`WHY`) and table columns (issue 31:
+the notebook keeps one line per fact, this module the excuse and the formatting).
 """
 from __future__ import annotations
 
@@ -17,10 +21,14 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from ..args import positive_int, positive_number, require_cuda, size_list
+from ..args import positive_int, positive_number, size_list
+from ..child import run_child
+from ..claims import Reasons
+from ..device import require_cuda
 from ..hostmem import host_stats, release_cached_host_blocks
 from ..progress import progress
-from ..timing import cuda_time
+from ..text import fmt_bytes
+from ..timing import cuda_time, fmt_ms
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [KiB << (2 * i) for i in range(11)]  # the bandwidth sweep: 1 KiB, 4 KiB, ... 1 GiB
@@ -296,38 +304,19 @@ try:
     out["held_bytes"] = torch.cuda.host_memory_stats().get(key, 0) - before
 except Exception as exc:  # the error a program must handle: recorded as it is
     out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-print("PINLAB_CHILD " + json.dumps(out))
+print("PINLAB_CHILD " + json.dumps(out))  # pinlab.child.MARK
 """
-
-
-def child_result(stdout: str, stderr: str = "", returncode: int = 0) -> dict:
-    """The JSON a pinning child printed (its ``PINLAB_CHILD`` line), or what went wrong with the child."""
-    for line in reversed(str(stdout).splitlines()):
-        if line.startswith("PINLAB_CHILD "):
-            import json
-
-            return json.loads(line[len("PINLAB_CHILD "):])
-    tail = [ln for ln in str(stderr).strip().splitlines() if ln.strip()]
-    return {"error": f"the child exited with {returncode} and no result"
-                     + (f": {tail[-1][:300]}" if tail else "")}
 
 
 def _pin_in_child(conf: str, request_bytes: int, memlock_limit: int = 0, timeout_s: float = 120.0) -> dict:
     import os
-    import subprocess
-    import sys
 
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)  # torch >= 2.9 reads this name too: the child gets only `conf`
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    try:
-        res = subprocess.run([sys.executable, "-c", _CHILD_PIN, str(memlock_limit), str(request_bytes)],
-                             capture_output=True, text=True, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the child took more than {timeout_s:.0f} s"}
-    return child_result(res.stdout, res.stderr, res.returncode)
+    return run_child(_CHILD_PIN, (memlock_limit, request_bytes), env=env, timeout_s=timeout_s)
 
 
 def pinning_knobs(request_bytes: int = KNOB_REQUEST, configs=None, timeout_s: float = 120.0) -> dict:
@@ -472,16 +461,41 @@ def memlock_sentence(row: dict, limit_bytes: int) -> str:
             "the pinned memory against ulimit -l")
 
 
+#: a pageable H2D copy counts as faster than one thread's memcpy above this share of its rate
+FASTER = 1.1
+
+
+def pageable_summary(rows) -> str:
+    """What the rows of :func:`pageable_and_memcpy` show together, in words: at how many sizes pageable H2D ran
+    faster than one thread's memcpy (by :data:`FASTER`, as :func:`pageable_sentence` says it per size)."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rows must hold at least one row of pageable_and_memcpy()")
+    above = sum(_memcpy_share(r) > FASTER for r in rows)
+    head = f"pageable H2D ran faster than one thread's memcpy at {above} of {len(rows)} sizes"
+    if above == len(rows):
+        return head + ": one thread's memcpy did not bound it at any size"
+    if above:
+        others = "at the other size" if len(rows) - above == 1 else "at the others"
+        return (head + f": at those sizes one thread's memcpy did not bound it; {others} it ran close to or "
+                "below it (the lines above say which)")
+    return head + ": at every size it ran no faster than one thread's memcpy"
+
+
+def _memcpy_share(row: dict) -> float:
+    """A row's pageable H2D rate over the host's one-thread memcpy rate (both checked)."""
+    if not isinstance(row, dict):
+        raise TypeError("row must be a dict from pageable_and_memcpy()")
+    return (positive_number("row['h2d_gbps']", row["h2d_gbps"])
+            / positive_number("row['memcpy_1t_gbps']", row["memcpy_1t_gbps"]))
+
+
 def pageable_sentence(row: dict) -> str:
     """How a pageable H2D copy compared with the host's one-thread memcpy of the same bytes, and with torch's
     threaded copy (a row of :func:`pageable_and_memcpy`), in words."""
-    if not isinstance(row, dict):
-        raise TypeError("row must be a dict from pageable_and_memcpy()")
+    share = _memcpy_share(row)
     size = f"{row['bytes'] / MiB:g} MiB"
-    h2d = positive_number("row['h2d_gbps']", row["h2d_gbps"])
-    one = positive_number("row['memcpy_1t_gbps']", row["memcpy_1t_gbps"])
-    share = h2d / one
-    if share > 1.1:
+    if share > FASTER:
         how = ("faster than it: the driver's staging copied faster than one thread's memcpy (how it copies, and "
                "on how many threads, is undocumented), so one thread's memcpy does not bound it here")
     elif share >= 0.6:
@@ -491,7 +505,7 @@ def pageable_sentence(row: dict) -> str:
                "staging in chunks and moving each by DMA, undocumented)")
     text = f"at {size} pageable H2D ran at {share:.0%} of the host's one-thread memcpy, {how}"
     if row.get("memcpy_gbps") is not None:
-        threaded = h2d / positive_number("row['memcpy_gbps']", row["memcpy_gbps"])
+        threaded = row["h2d_gbps"] / positive_number("row['memcpy_gbps']", row["memcpy_gbps"])
         text += f"; and at {threaded:.0%} of torch's threaded host copy"
     return text
 
@@ -508,3 +522,71 @@ def numa_sentence(nodes, gpu_node) -> str:
              else f"the GPU hangs off node {gpu_node}")
     return (f"{nodes} NUMA nodes, and {where}: pinned buffers and the threads that fill them belong on the GPU's "
             "node (numactl --cpunodebind=N --membind=N); this course does not measure the difference")
+
+
+# ---- issue 31: the notebook's reasons (why a fact may not hold on some machine) and table columns ----------
+
+#: why a claim or an observation of the notebook may not hold on some machine: ``why=bw.WHY.link``
+WHY = Reasons(
+    pin_memory="this is torch's documented behaviour of pin_memory(); only a torch build that changed it, or "
+               "pinning that failed (a memlock limit), could make it differ",
+    link="over a PCIe Gen3 link the link caps the pinned copy near the staging's rate, and on a GH200 (not measured "
+         "here, docs/facts.md F15) the GPU reads pageable memory through the host's page tables; three learners "
+         "copying at once share the link",
+    fast_launch="a very fast host launch against a slow link narrows the gap between small and large copies",
+    two_moments="the two were measured at different moments, and other copies on the machine (other users of a "
+                "shared GPU, a neighbour in a virtual machine) share the link",
+    slow_queue="a slow or busy host (2 cores, other users) can take longer to queue a burst than the GPU stays busy; "
+               "those rounds were dropped",
+    shared_gpu="on a GPU shared with other processes, their work can land between the copies of a burst",
+    slow_link_bytes="on a slow link (PCIe Gen3, x8) the bytes weigh more against the fixed cost of a copy",
+    slow_link_peak="a slow link lowers the peak that the small copies are compared with",
+    cache_hit="torch's caching host allocator allocates on a miss and reuses a cached free block on a hit; an "
+              "allocator setting that stops caching large blocks (pinned_max_cached_size_mb in PYTORCH_ALLOC_CONF, "
+              "torch 2.13 and later) would make a warm allocation call cudaHostAlloc again",
+    host_timing="host timings: a host busy with other work (other learners, 2 cores) can slow a single warm call",
+    rounding="torch's caching host allocator rounds and caches by default; pinned_max_round_threshold_mb or "
+             "pinned_max_cached_size_mb (torch 2.13 and later, in PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF) set "
+             "below the request turn the rounding or the caching off",
+    dataloader="these follow from the code of torch's DataLoader and caching host allocator (a pin-memory thread is "
+               "started only with worker processes; a freed pinned block is reused once its copy has completed); an "
+               "allocator setting that stops caching (pinned_max_cached_size_mb, torch 2.13 and later) would make "
+               "every batch call cudaHostAlloc",
+    cheap_staging="where the GPU reads pageable memory through the host's page tables (GH200, not measured here, "
+                  "docs/facts.md F15), or the driver's staging is fast, a pageable copy call costs the host less",
+    cache_counts="counts of torch's caching host allocator: one block per tensor from an empty cache, none from a "
+                 "full one; an allocator setting that stops caching (pinned_max_cached_size_mb, torch 2.13 and "
+                 "later) changes the warm count",
+    default_rounds="torch's caching host allocator rounds by default (unset, pinned_max_round_threshold_mb is "
+                   "unlimited); a child that could not pin at all (no pinned memory left on the host) would fail it",
+    register_threads="the threads only pre-fault the pages, one cudaHostRegister locks them: on a 2-core host, or "
+                     "one busy with other learners, the threads wait for each other",
+    fallback="the function's own logic, and torch pinning where an accelerator is available; a machine whose "
+             "pinning fails for real (a memlock limit, WSL) would fail the last one: the [measured] line above "
+             "says why",
+)
+
+
+def _f2(v) -> str:
+    return f"{v:.2f}"
+
+
+def _f3(v) -> str:
+    return f"{v:.3f}"
+
+
+#: the columns of the notebook's tables (``pinlab.table(rows, bw.BANDWIDTH_COLUMNS)``)
+BANDWIDTH_COLUMNS = [("bytes", "size", fmt_bytes), ("h2d_pinned", "H2D pinned GB/s", _f2),
+                     ("h2d_pageable", "H2D pageable GB/s", _f2), ("d2h_pinned", "D2H pinned GB/s", _f2),
+                     ("d2h_pageable", "D2H pageable GB/s", _f2)]
+PIN_COST_COLUMNS = [("bytes", "size", fmt_bytes), ("alloc_cold_ms", "cold alloc", fmt_ms),
+                    ("alloc_warm_ms", "warm alloc", fmt_ms), ("pin_memory_cold_ms", "pin_memory() cold", fmt_ms),
+                    ("h2d_pageable_ms", "pageable H2D", fmt_ms), ("h2d_pinned_ms", "pinned H2D", fmt_ms)]
+LOADER_COLUMNS = [("num_workers", "num_workers"), ("pin_memory", "pin_memory"),
+                  ("next_ms", "main thread in next() ms", _f3),
+                  ("copy_call_ms", "main thread in the copy call ms", _f3),
+                  ("per_batch_ms", "wall ms per batch", _f3)]
+KNOB_COLUMNS = [("setting", "setting"), ("ms", "cold pin, host ms"), ("held", "held"), ("error", "error")]
+PAGEABLE_COLUMNS = [("bytes", "size", fmt_bytes), ("h2d_gbps", "pageable H2D GB/s", _f2),
+                    ("d2h_gbps", "pageable D2H GB/s", _f2), ("memcpy_gbps", "torch's copy_, its threads GB/s", _f2),
+                    ("memcpy_1t_gbps", "memmove, one thread GB/s", _f2)]

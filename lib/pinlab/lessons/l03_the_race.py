@@ -17,6 +17,9 @@ draws where the host's time went, per size.
 * :func:`launch_queue`: how many tiny kernels the host can launch behind a busy GPU before a launch
   call blocks (CUDA's launch queue is full); :func:`queue_full_at` finds that call in the host times,
   :func:`plot_launch_queue` draws them.
+
+Why about 570 lines, above the course's ~500: four experiments with their plots, and the notebook's reasons
+(:data:`WHY`) and table columns (issue 31: the notebook keeps one line per fact, this module the excuse).
 """
 from __future__ import annotations
 
@@ -29,12 +32,13 @@ import torch
 
 from .. import decode_loop, steploop
 from ..args import positive_int, positive_number
-from ..plots import MAX_WIDTH_IN, PALETTE, color_for, legend_outside, subplots
+from ..claims import Reasons
+from ..plots import MAX_WIDTH_IN, PALETTE, color_for, fmt_bytes, legend_outside, subplots
 from ..steploop import LABELS
 
 __all__ = ["plain_race", "race_audit", "decode_race", "STEP_PARTS", "PART_GROUPS", "step_parts", "waits", "plot_received",
            "plot_errors", "plot_step_parts", "LAUNCH_WAIT_US", "QUEUE_DONE_WITHIN", "launch_queue", "queue_full_at",
-           "plot_launch_queue", "plot_paged_kv"]
+           "plot_launch_queue", "plot_paged_kv", "WHY", "PARTS_COLUMNS"]
 
 #: The calls of one step that the notebook's timed step loop clocks, in order: the host writes the
 #: step's data, the copy call, the launch of the kernel that reads the copy, the launch of the rest
@@ -277,8 +281,6 @@ def plot_step_parts(result: dict, *, title: str, ax=None):
     and size, beside the GPU's work (steps x busy_ms, dashed). ``result`` is the timed sweep:
     ``{"steps", "busy_ms", "runs": [{"nbytes", "buffer", "us", "loop_ms", "drain_ms", ...}]}``. Each part has
     its course colour, each buffer kind its hatching; the legend is under the axes, over no bar."""
-    from ..plots import fmt_bytes
-
     if not isinstance(result, dict) or not isinstance(result.get("runs"), list) or not result["runs"]:
         raise TypeError("result must be a dict with a non-empty list 'runs' (the timed step-loop sweep)")
     steps = positive_int("result['steps']", result.get("steps"))
@@ -524,3 +526,46 @@ def plot_paged_kv(indptr, indices, last_page_len, page_size: int, cache_pages: i
     ax.set_title(title)
     legend_outside(ax, ncols=min(4, len(lpl)) if lpl else None)
     return ax
+
+
+# ---- issue 31: the notebook's reasons (why a fact may not hold on some machine) and table columns ----------
+
+_STAGING = ("the driver's staging limits and where a pageable copy blocks are undocumented and differ by driver, "
+            "link and platform (a GH200's NVLink-C2C, WSL2, ROCm: not measured here, docs/facts.md F15, F17, F18); "
+            "a GPU shared with other processes works through the queue more slowly")
+#: why a claim or an observation of the notebook may not hold on some machine: ``why=l03.WHY.staged``
+WHY = Reasons(
+    exact="the metadata is computed on the CPU by exact integer arithmetic; only a bug in pinlab.paged_kv could "
+          "make it differ",
+    host_ahead="the race needs the host ahead of the GPU (0.5 ms of GPU work per step against a host step of "
+               "microseconds): a host slower than that (a CPU shared by many processes) lets the GPU keep up, and "
+               "copies run before the next write",
+    staged="the driver copies a pageable source into its staging buffer during the call: a step that received "
+           "another step's data here is a bug in the driver or torch, not a property of the machine",
+    detector_miss="a copy reads wrong data only if the host rewrote its buffer while it was pending, and the "
+                  "detector asks before every call that touches the buffer: a miss is a bug in pinlab.races",
+    detector_false="the driver stages a pageable copy during the call, so nothing is pending: a finding here is a "
+                   "false positive (a bug in pinlab.races)",
+    behind="the GPU is kept 3 ms behind per step; a host that needs more than that per step (a CPU shared by many "
+           "processes, or FlashInfer's plan() far slower than usual) would let every copy run before the next write",
+    fp16="fp16 attention against an fp32 reference; a larger error means a broken attention kernel or build",
+    staging=_STAGING,
+    staging_or_slow_host=_STAGING + "; or the host was too slow to queue enough (the 'what this run shows' lines "
+                                    "say where its time went)",
+    slow_host="a host slower than the GPU (a CPU shared by many processes) cannot run ahead even without staging",
+    launch_count="each launch adds 1 on the device; a different count is a bug, not a property of the machine",
+    two_runs="the two runs are separate measurements; a shared GPU or a busy host shifts the estimate of what was "
+             "queued",
+)
+
+
+def _f1(v) -> str:
+    return f"{v:.1f}"
+
+
+#: the columns of the notebook's table of the timed step loop, one row per (buffer, size) of :func:`step_parts`
+PARTS_COLUMNS = [("buffer", "buffer", str), ("bytes", "per step", fmt_bytes), ("loop", "host loop ms", _f1),
+                 ("share", "loop / run", lambda v: f"{v:.0%}"), ("copy call", "in copy calls ms", _f1),
+                 ("kernel launches", "in launches ms", _f1), ("write + loop", "write + loop ms", _f1),
+                 ("copy_med", "copy call µs (median)", _f1), ("check_med", "check launch µs (median)", _f1),
+                 ("fwd_med", "forward launch µs (median)", _f1)]

@@ -15,6 +15,9 @@ GPU with the step loop of :mod:`pinlab.steploop`:
 * :func:`snapshot_soak`: ten thousand snapshots cold, with the cache warmed, and with
   ``pinned_reserve_segment_size_mb``, each in a fresh child process.
 
+The notebook's reasons why a claim may not hold on some machine (:data:`WHY`) and its table columns
+(``*_COLUMNS``) live here too, so that each of its claims is one line.
+
 Why over 500 lines: the lesson measures six things, three of them (the plan hazard, the soak with
 its allocator settings, the several-tensor loops) with their own child-process or harness code,
 and the children import this module by name; split, each part would need the others' runner.
@@ -25,14 +28,10 @@ with the snapshot is :func:`pinlab.lessons.l03_the_race.decode_race`.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,15 +39,107 @@ from pathlib import Path
 import torch
 
 from .. import steploop
-from ..args import callable_arg, one_of, positive_int, positive_number, require_cuda
+from ..args import callable_arg, one_of, positive_int, positive_number
+from ..child import classify_child, report_and_exit, run_children  # noqa: F401 - as l04.run_children etc. too
+from ..claims import Reasons
+from ..device import require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, random_batch, reference_decode
-from ..plots import MAX_WIDTH_IN, color_for, headroom, label_line, legend_outside, stacked, subplots
+from ..plots import MAX_WIDTH_IN, color_for, fmt_bytes, headroom, label_line, legend_outside, stacked, subplots
 from ..steploop import HISTORY, KiB, LABELS
+from ..timing import interleaved, split_steps
 
 __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "history", "plan_hazard",
            "classify_child", "child_code", "run_children", "plot_history", "METADATA", "PER_TENSOR", "PerTensor",
            "metadata_loop", "fix_race", "shared_pool", "log_histogram", "soak_child_code", "plot_host_times",
-           "plot_shared_pool", "plot_soak"]
+           "plot_shared_pool", "plot_soak", "WHY", "COST_COLUMNS", "HISTORY_COLUMNS", "AUDIT_COLUMNS", "audit_rows",
+           "POOL_COLUMNS", "FIX_COLUMNS"]
+
+# =============================================================================================
+# The notebook's reasons and table columns
+# =============================================================================================
+
+_ALLOCATOR = ("PyTorch's caching host allocator behaves the same on every CUDA GPU; a different answer means a torch "
+              "whose allocator works otherwise")
+_SLOW_HOST = "a host slower than that (a CPU shared by many processes) lets the GPU keep up"
+
+#: Why a claim of the notebook may not hold on some machine (``why=l04.WHY.torch_bug``).
+WHY = Reasons(
+    torch_bug="the caching host allocator keeps each snapshot until its copy has run: a corrupted step is a bug in "
+              "torch's allocator, not a property of the machine",
+    soak_children="each run is a child process; one that could not start CUDA, or took over a minute, is missing",
+    lead_005ms="the control needs the GPU behind the host: 0.05 ms of GPU work per step must outlast the host's step "
+               "(a write, a copy, two launches); a much slower host (a CPU shared by many processes) lets the GPU "
+               "keep up",
+    pending="the copy waits behind 50 ms of GPU work and snapshot 2 is taken microseconds later; only a host stalled "
+            "for that long (a CPU shared by many processes) could miss it",
+    allocator=_ALLOCATOR,
+    reused_early="the allocator waits for the copy's event before reusing a block: a failure here is the race, in "
+                 "torch",
+    in_flight="run-ahead 3: at most 4 snapshots are in flight; " + _ALLOCATOR,
+    pin_memory_doc="torch's documented behaviour of pin_memory()",
+    lead_05ms="the race needs the GPU behind the host (0.5 ms of GPU work per step against a host step of "
+              "microseconds); " + _SLOW_HOST,
+    lead_03ms="the race needs the GPU behind the host (0.3 ms of GPU work per step against a host step of "
+              "microseconds); " + _SLOW_HOST,
+    lead_025ms="the race needs the GPU behind the host (0.25 ms of GPU work per step against a host step of tens of "
+               "µs); " + _SLOW_HOST,
+    lead_3ms="the GPU is kept 3 ms behind per step; a host that needs more than that per step (a CPU shared by many "
+             "processes, or FlashInfer's plan() far slower than usual) would let every copy run before the next write",
+    alloc_count="torch.cuda.host_memory_stats() of this torch may not count cudaHostAlloc calls (host_alloc_time), or "
+                "the loop had more snapshots in flight than the 1,024 warmed blocks (a deeper launch queue: lesson 03)",
+    worst_step="one slow step is a host timing: the OS, the launch queue, or another process can make any run's worst "
+               "step",
+    ring_events="each buffer is rewritten only after the event recorded after its last copy: a wrong step is a bug",
+    event_wait="host timings: a slow host (2 CPU cores, WSL2) makes the snapshot dearer, a GPU that keeps up makes "
+               "the event wait cheaper",
+    staging="host timings: the driver's staging and torch's allocator cost differently on other hosts and drivers",
+    correct_fix="a correct fix by construction (its own memory per step in flight, or staged at the call): a wrong "
+                "step is a bug",
+    driver_staging="the driver stages pageable copies in its own memory, not in torch's pinned blocks",
+    false_positive="a correct fix never rewrites memory a pending copy reads: a finding is a false positive (a bug in "
+                   "pinlab.races)",
+    detector_miss="the detector asks each copy's event before every call that touches its source: a miss is a bug",
+    pool_bug="pageable copies are staged during the call and each snapshot is kept until its copy has run: a "
+             "corrupted step is a bug in the driver or torch",
+    crossing="when pageable copies wait is the driver's staging, undocumented; a shared GPU, a slow host or a link "
+             "where pageable copies are cheap (a GH200, not measured here, docs/facts.md F15) moves or removes the "
+             "crossing",
+    step_count="the harness runs 10,000 steps of each: a different count is a bug",
+    host_timing="host timings: a slower host, another process on the CPU or the GPU, or another driver changes them",
+    fp16_tol="fp16 attention against an fp32 reference; a larger error means a broken attention kernel or build",
+    own_context="the hazard runs in child processes, which have their own CUDA contexts; a failure here is a broken "
+                "driver",
+    synced_control="with a sync between the two plans nothing is pending when the second plan is written; a wrong or "
+                   "crashed control means a broken FlashInfer build or driver, or a child that ran out of GPU memory "
+                   "beside other processes",
+)
+
+
+def _us(v) -> str:
+    return f"{v:.1f}"
+
+
+#: The columns of the notebook's tables (``pinlab.table(rows, l04.COST_COLUMNS)``).
+COST_COLUMNS = [("nbytes", "metadata", fmt_bytes), ("no_copy_us", "no copy µs", _us),
+                ("reused_pinned_us", "reused pinned µs", _us), ("snapshot_us", "snapshot µs", _us),
+                ("snapshot_extra_us", "snapshot adds µs", _us), ("copy_total_us", "snapshot - no copy µs", _us)]
+HISTORY_COLUMNS = [("label", "approach"), ("corrupted", "corrupted steps"), ("host_us", "host µs/step", _us),
+                   ("host_extra_us", "vs no copy µs", _us), ("pinned_bytes_held", "pinned bytes held")]
+AUDIT_COLUMNS = [("approach", "approach"), ("wrong", "steps wrong"), ("flagged", "steps flagged"),
+                 ("missed", "wrong, not flagged")]
+POOL_COLUMNS = [("total_bytes", "per step", fmt_bytes), ("tensor_bytes", "per tensor", fmt_bytes),
+                ("pageable_us", "pageable µs", _us), ("snapshot_us", "snapshot µs", _us),
+                ("pageable_p90_us", "pageable p90 µs", _us), ("snapshot_p90_us", "snapshot p90 µs", _us),
+                ("corrupted", "corrupted")]
+FIX_COLUMNS = [("label", "approach"), ("corrupted", "corrupted steps"), ("p50_us", "host µs median", _us),
+               ("p10_us", "p10", _us), ("p90_us", "p90", _us), ("p99_us", "p99", _us), ("max_us", "max", _us)]
+
+
+def audit_rows(audit: dict) -> list[dict]:
+    """:func:`pinlab.lessons.l03_the_race.race_audit`'s result as rows of :data:`AUDIT_COLUMNS`: per approach,
+    how many steps arrived wrong, how many the detector flagged, and how many wrong ones it did not flag."""
+    return [{"approach": LABELS[k], "wrong": len(a["wrong"]), "flagged": len(a["flagged"]), "missed": len(a["missed"])}
+            for k, a in audit.items()]
 
 
 def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, busy_ms: float = 0.1,
@@ -74,18 +165,11 @@ def snapshot_cost(sizes=(KiB, 4 * KiB, 16 * KiB, 64 * KiB), steps: int = 500, bu
     for s in sizes:
         n_ints = s // 4
         steploop.warm(stream, names, n_ints, busy_ms, run_ahead, 1)
-        # interleaved rounds, each strategy's median per round; then the median over rounds, so
-        # that a slow spell of the machine does not land on one strategy only
-        meds = {k: [] for k in names}
-        corrupted = 0
-        for r in range(rounds):
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                run = steploop.plain_loop(stream, k, steps=steps, n_ints=n_ints, busy_ms=busy_ms,
-                                          run_ahead=run_ahead, per_step=False)
-                meds[k].append(run["host"]["median_us"])
-                if k == "snapshot":
-                    corrupted += run["corrupted"]
-        med = {k: statistics.median(v) for k, v in meds.items()}
+        # interleaved rounds, each strategy's median per round; then the median over rounds
+        runs = interleaved(names, rounds, lambda k, r: steploop.plain_loop(
+            stream, k, steps=steps, n_ints=n_ints, busy_ms=busy_ms, run_ahead=run_ahead, per_step=False))
+        med = {k: statistics.median(x["host"]["median_us"] for x in v) for k, v in runs.items()}
+        corrupted = sum(x["corrupted"] for x in runs["snapshot"])
         rows.append({
             "nbytes": s,
             "no_copy_us": med["no_copy"],
@@ -210,19 +294,14 @@ def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB,
     stream = steploop.cuda_or(stream, "history()")
     names = ["no_copy"] + strategies
     steploop.warm(stream, names, n_ints, busy_ms, run_ahead, ring_depth)
-    per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
-    meds = {k: [] for k in names}
-    p90s = {k: [] for k in names}
-    corrupted = {k: 0 for k in names}
-    held = {k: 0 for k in names}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            run = steploop.plain_loop(stream, k, steps=per_round[r], n_ints=n_ints, busy_ms=busy_ms,
-                                      run_ahead=run_ahead, ring_depth=ring_depth, per_step=False)
-            meds[k].append(run["host"]["median_us"])
-            p90s[k].append(run["host"]["p90_us"])
-            corrupted[k] += run["corrupted"]
-            held[k] = max(held[k], run["pinned_bytes_held"])
+    per_round = split_steps(steps, rounds)
+    runs = interleaved(names, rounds, lambda k, r: steploop.plain_loop(
+        stream, k, steps=per_round[r], n_ints=n_ints, busy_ms=busy_ms, run_ahead=run_ahead,
+        ring_depth=ring_depth, per_step=False))
+    meds = {k: [x["host"]["median_us"] for x in v] for k, v in runs.items()}
+    p90s = {k: [x["host"]["p90_us"] for x in v] for k, v in runs.items()}
+    corrupted = {k: sum(x["corrupted"] for x in v) for k, v in runs.items()}
+    held = {k: max(x["pinned_bytes_held"] for x in v) for k, v in runs.items()}
     med = {k: round(statistics.median(v), 2) for k, v in meds.items()}
     rows = []
     for s in strategies:
@@ -246,31 +325,42 @@ def history(strategies=tuple(HISTORY), steps: int = 1000, nbytes: int = 4 * KiB,
 # FlashInfer's own plan(): two back-to-back plans on one wrapper, in a child process
 # =============================================================================================
 
-_CHILD_TAG = "PINLAB_RESULT "
+#: the plan-hazard children's modes: what the host does between two plans (lesson 09 adds the two fixes)
+PLAN_MODES = {
+    "synced": "one wrapper, torch.cuda.synchronize() between the two plans (the control)",
+    "back_to_back": "one wrapper, the second plan right after the first (the host ahead: the race)",
+    "two_wrappers": "one wrapper per step in flight: the second plan on a second wrapper",
+    "event_wait": "one wrapper; the host waits for an event recorded after the first step before re-planning",
+}
 
-
-def _report_and_exit(result: dict) -> None:
-    print(_CHILD_TAG + json.dumps(result), flush=True)
-    sys.stderr.flush()
-    os._exit(0)
+#: the bytes of FlashInfer's pinned int workspace a declared plan() copy covers (its plan info is written
+#: from the start of the buffer; a decode plan of a few dozen requests takes a few KiB)
+PLAN_INFO_BYTES = 64 * 1024
 
 
 def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: float = 3.0,
-                       wait_for_go: bool = False) -> dict:
-    """Runs in a child process: two plans on ONE wrapper, with (``synced``) or without
-    (``back_to_back``) a sync between them. May crash or hang the CUDA context: never call it in a
-    process you care about. With ``wait_for_go`` the set-up (CUDA, FlashInfer's first plan+run
+                       wait_for_go: bool = False, races: bool = False) -> dict:
+    """Runs in a child process: two plans, as :data:`PLAN_MODES` says (``synced``, ``back_to_back``,
+    ``two_wrappers``, ``event_wait``). With ``races`` the two steps run under :func:`pinlab.detect_races`,
+    and FlashInfer's own staging (its C++ ``cudaMemcpyAsync`` of the plan info from the wrapper's pinned
+    ``_pin_memory_int_workspace_buffer``, which no torch call shows) is declared after each ``plan()``
+    with ``RaceDetector.copied``; the result then holds ``races`` (findings), ``race_kinds`` and
+    ``races_elsewhere`` (findings not at the declared staging). May crash or hang the CUDA context: never
+    call it in a process you care about. With ``wait_for_go`` the set-up (CUDA, FlashInfer's first plan+run
     included) is done first, then the child says it is ready (it creates the file named by
     ``PINLAB_READY_FILE``, when set: :func:`run_children` starts its time limit only then) and
     waits for a line on its stdin before the hazard. Once it starts, a watchdog thread reports
     "hung" and ends the process if the two plans' work has not finished within ``watchdog_s``
     seconds."""
-    one_of("mode", mode, {"synced", "back_to_back"})
+    one_of("mode", mode, set(PLAN_MODES))
     watchdog_s = positive_number("watchdog_s", watchdog_s)
+    from contextlib import nullcontext
+
     from ..busy import gpu_busy
 
     try:
         dec = FlashInferDecode(8, 2, 128, 16)
+        dec2 = FlashInferDecode(8, 2, 128, 16) if mode == "two_wrappers" else dec
     except FlashInferUnavailableError as exc:
         return {"status": "unavailable", "detail": str(exc)}
     batches = {}
@@ -282,167 +372,79 @@ def _plan_hazard_child(mode: str, busy_ms: float, seed: int, tol: float, watchdo
         batches[name] = (meta, rb, ref)
     (ma, ba, ra), (mb, bb, rb_ref) = batches["a"], batches["b"]
     try:
-        dec.plan(mb.indptr_cpu, mb.indices, mb.last_page_len_cpu)  # JIT build or cache load, then warm
-        dec.run(bb.q, bb.k_cache, bb.v_cache)
+        for d in {id(dec): dec, id(dec2): dec2}.values():
+            d.plan(mb.indptr_cpu, mb.indices, mb.last_page_len_cpu)  # JIT build or cache load, then warm
+            d.run(bb.q, bb.k_cache, bb.v_cache)
         torch.cuda.synchronize()
     except FlashInferUnavailableError as exc:
         return {"status": "unavailable", "detail": str(exc)}
+    det, site = None, "plan(): FlashInfer's own copy of its plan info"
+    if races:
+        from ..races import detect_races
+
+        if getattr(dec.wrapper, "_pin_memory_int_workspace_buffer", None) is None:
+            return {"status": "unavailable", "detail": "this FlashInfer's decode wrapper has no "
+                    "_pin_memory_int_workspace_buffer (the pinned workspace its plan() stages through)"}
+        det = detect_races()
+
+    def declare(d):  # plan() just wrote its plan info into d's pinned workspace and queued its copy
+        if det is not None:
+            ws = d.wrapper._pin_memory_int_workspace_buffer
+            det.copied(ws, nbytes=min(PLAN_INFO_BYTES, ws.numel() * ws.element_size()), where=site)
+
+    def found() -> dict:
+        if det is None:
+            return {}
+        counts = dict(det.report.counts)
+        elsewhere = sum(1 for f in det.report.findings if f.copy_where != site)
+        return {"races": det.report.total, "race_kinds": counts, "races_elsewhere": elsewhere}
     if os.environ.get("PINLAB_READY_FILE"):
         Path(os.environ["PINLAB_READY_FILE"]).touch()  # set-up done: the parent's time limit starts now
     if wait_for_go:
         sys.stdin.readline()  # the parent says when: never two hazards on the GPU at once
-    watchdog = threading.Timer(watchdog_s, _report_and_exit, args=(
-        {"status": "hung", "detail": f"the two plans' work had not finished {watchdog_s:g} s after it was queued"},))
+    watchdog = threading.Timer(watchdog_s, lambda: report_and_exit(
+        {"status": "hung", "detail": f"the two plans' work had not finished {watchdog_s:g} s after it was queued",
+         **found()}))
     watchdog.daemon = True
     watchdog.start()
+    step_done = torch.cuda.Event()
     try:
-        gpu_busy(busy_ms)  # both plans' copies of their plan info wait behind this
-        dec.plan(ma.indptr_cpu, ma.indices, ma.last_page_len_cpu)
-        oa = dec.run(ba.q, ba.k_cache, ba.v_cache)
-        if mode == "synced":
+        with det if det is not None else nullcontext():
+            gpu_busy(busy_ms)  # both plans' copies of their plan info wait behind this
+            dec.plan(ma.indptr_cpu, ma.indices, ma.last_page_len_cpu)
+            declare(dec)
+            oa = dec.run(ba.q, ba.k_cache, ba.v_cache)
+            if mode == "synced":
+                torch.cuda.synchronize()
+            elif mode == "event_wait":
+                step_done.record()
+                step_done.synchronize()  # the first step (its plan's copy included) has run
+            dec2.plan(mb.indptr_cpu, mb.indices, mb.last_page_len_cpu)
+            declare(dec2)
+            ob = dec2.run(bb.q, bb.k_cache, bb.v_cache)
             torch.cuda.synchronize()
-        dec.plan(mb.indptr_cpu, mb.indices, mb.last_page_len_cpu)
-        ob = dec.run(bb.q, bb.k_cache, bb.v_cache)
-        torch.cuda.synchronize()
         err_a = float((oa.float() - ra).abs().max())
         err_b = float((ob.float() - rb_ref).abs().max())
     except Exception as exc:  # an illegal memory access surfaces here
-        return {"status": "crashed", "detail": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+        return {"status": "crashed", "detail": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}",
+                **found()}
     finally:
         watchdog.cancel()
     wrong = err_a > tol or err_b > tol or not (math.isfinite(err_a) and math.isfinite(err_b))
     return {"status": "wrong output" if wrong else "correct", "err_a": err_a, "err_b": err_b,
-            "detail": f"max error {err_a:.3g} (first batch), {err_b:.3g} (second)"}
+            "detail": f"max error {err_a:.3g} (first batch), {err_b:.3g} (second)", **found()}
 
 
-def classify_child(returncode, stdout: str, stderr: str, timed_out: bool) -> dict:
-    """The outcome of a child run as data: ``{"outcome", "detail", ...}``.
-
-    ``outcome`` is "hung" (killed at the timeout), the child's own status ("correct", "wrong
-    output", "crashed", "hung", "unavailable") when it printed one, else "crashed" (it died: the
-    last line of its stderr is the detail).
-    """
-    if timed_out:
-        return {"outcome": "hung", "detail": "killed at the timeout"}
-    for line in reversed((stdout or "").splitlines()):
-        if line.startswith(_CHILD_TAG):
-            try:
-                data = json.loads(line[len(_CHILD_TAG):])
-            except ValueError:
-                break
-            out = {"outcome": data.pop("status", "crashed"), "detail": data.pop("detail", "")}
-            out.update(data)
-            return out
-    tail = [ln for ln in (stderr or "").strip().splitlines() if ln.strip()]
-    detail = tail[-1][:200] if tail else f"exit status {returncode}, no output"
-    return {"outcome": "crashed", "detail": detail}
-
-
-def child_code(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: float = 3.0) -> str:
+def child_code(mode: str, busy_ms: float, seed: int, tol: float, watchdog_s: float = 3.0,
+               races: bool = False) -> str:
     """The ``python -c`` program of one plan-hazard child: it sets up, waits for a line on stdin,
-    runs :func:`_plan_hazard_child` and prints its result on a ``PINLAB_RESULT`` line."""
+    runs :func:`_plan_hazard_child` and prints its result on a ``PINLAB_CHILD`` line (:func:`pinlab.child.report_and_exit`)."""
     return (
         "from pinlab.lessons import l04_the_fix as fix\n"
-        f"r = fix._plan_hazard_child({mode!r}, {busy_ms!r}, {seed!r}, {tol!r}, {watchdog_s!r}, wait_for_go=True)\n"
-        "fix._report_and_exit(r)\n"
+        f"r = fix._plan_hazard_child({mode!r}, {busy_ms!r}, {seed!r}, {tol!r}, {watchdog_s!r}, wait_for_go=True, "
+        f"races={bool(races)!r})\n"
+        "fix.report_and_exit(r)\n"
     )
-
-
-def run_children(codes: dict, timeout_s: float, envs: dict | None = None, ready_timeout_s: float | None = None) -> dict:
-    """Run ``python -c`` children: all start at once (their set-up overlaps), then one at a time,
-    in the order given, each is told to go (a line on its stdin) and waited for, at most
-    ``timeout_s`` (then it is killed). ``envs`` may give a child extra environment variables
-    (``{name: {VAR: value}}``; a value of None removes VAR). With ``ready_timeout_s``, no child is
-    told to go before every child has finished its set-up (it creates the file named by its
-    ``PINLAB_READY_FILE``) or has ended, waiting at most ``ready_timeout_s`` from the start: then
-    no set-up runs beside a timed child, and ``timeout_s`` measures the child's test alone, never
-    its start-up (importing torch, CUDA, a JIT build). A child still in its set-up at that deadline
-    is killed without being told to go: outcome "unavailable" (its set-up did not finish), never
-    "hung". A child's output goes to a file, not a pipe, so a chatty set-up (a JIT build's log)
-    can never block on a full pipe while it waits. Returns ``{name: outcome}``, each from
-    :func:`classify_child` plus ``returncode`` and ``seconds`` (from its go to its end)."""
-    timeout_s = positive_number("timeout_s", timeout_s)
-    if not isinstance(codes, dict) or not codes:
-        raise TypeError(f"codes must be a non-empty dict {{name: python code}}, got {type(codes).__name__}")
-    envs = {} if envs is None else envs
-    if not isinstance(envs, dict) or any(k not in codes or not isinstance(v, dict) for k, v in envs.items()):
-        raise ValueError("envs must map names of codes to dicts of environment variables")
-    if ready_timeout_s is not None:
-        ready_timeout_s = positive_number("ready_timeout_s", ready_timeout_s)
-    work = tempfile.mkdtemp(prefix="pinlab_children_")  # the children's output files, and their ready files
-    ready_dir = work if ready_timeout_s is not None else None
-    lib = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("PINLAB_RECORD", None)
-
-    def env_of(name):
-        e = dict(env)
-        if ready_dir is not None:
-            e["PINLAB_READY_FILE"] = os.path.join(ready_dir, f"child{list(codes).index(name)}")
-        for k, v in envs.get(name, {}).items():
-            if v is None:
-                e.pop(k, None)
-            else:
-                e[k] = str(v)
-        return e
-
-    files = {name: (open(os.path.join(work, f"child{i}.out"), "w+", encoding="utf-8", errors="replace"),
-                    open(os.path.join(work, f"child{i}.err"), "w+", encoding="utf-8", errors="replace"))
-             for i, name in enumerate(codes)}
-
-    def output(name):
-        texts = []
-        for f in files[name]:
-            f.flush()
-            f.seek(0)
-            texts.append(f.read())
-        return texts
-
-    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=files[name][0],
-                                    stderr=files[name][1], text=True, env=env_of(name))
-             for name, code in codes.items()}
-    out = {}
-    try:
-        not_ready = set()
-        if ready_dir is not None:
-            deadline = time.perf_counter() + ready_timeout_s
-            for i, (name, p) in enumerate(procs.items()):
-                ready = os.path.join(ready_dir, f"child{i}")
-                while not os.path.exists(ready) and p.poll() is None and time.perf_counter() < deadline:
-                    time.sleep(0.01)
-                if not os.path.exists(ready) and p.poll() is None:
-                    not_ready.add(name)
-        for name, p in procs.items():
-            if name in not_ready:  # still setting up at the deadline: not tested, and not "hung"
-                p.kill()
-                p.communicate()
-                out[name] = {"outcome": "unavailable", "returncode": None, "seconds": 0.0,
-                             "detail": f"its set-up (starting Python, torch, CUDA, any JIT build) did not finish "
-                                       f"within {ready_timeout_s:g} s; killed before its test"}
-                continue
-            t0 = time.perf_counter()
-            try:
-                p.communicate(input="go\n", timeout=timeout_s)
-                res = classify_child(p.returncode, *output(name), False)
-                res["returncode"] = p.returncode
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-                res = classify_child(None, "", "", True)
-                res["returncode"] = None
-            res["seconds"] = round(time.perf_counter() - t0, 1)
-            out[name] = res
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        for fo, fe in files.values():
-            fo.close()
-            fe.close()
-        shutil.rmtree(work, ignore_errors=True)
-    return out
 
 
 def _context_ok() -> bool:
@@ -662,18 +664,13 @@ def fix_race(make_slab, steps: int = 10_000, sizes=tuple(METADATA.values()), bus
     for k in names:  # warm-up: kernels, pinned blocks, events
         metadata_loop(stream, makers[k], steps=2 * run_ahead + 6, sizes=sizes, busy_ms=min(busy_ms, 0.05),
                       run_ahead=run_ahead)
-    per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
-    host = {k: [] for k in names}
-    meds = {k: [] for k in names}
-    bad = {k: 0 for k in names}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            run = metadata_loop(stream, makers[k], steps=per_round[r], sizes=sizes, busy_ms=busy_ms,
-                                run_ahead=run_ahead, per_step=True)
-            us = [v / 1e3 for v in run["host_ns"]]
-            host[k] += us
-            meds[k].append(round(statistics.median(us), 2))
-            bad[k] += run["corrupted"]
+    per_round = split_steps(steps, rounds)
+    runs = interleaved(names, rounds, lambda k, r: metadata_loop(
+        stream, makers[k], steps=per_round[r], sizes=sizes, busy_ms=busy_ms, run_ahead=run_ahead, per_step=True))
+    rounds_us = {k: [[v / 1e3 for v in x["host_ns"]] for x in v] for k, v in runs.items()}
+    host = {k: [u for us in v for u in us] for k, v in rounds_us.items()}
+    meds = {k: [round(statistics.median(us), 2) for us in v] for k, v in rounds_us.items()}
+    bad = {k: sum(x["corrupted"] for x in v) for k, v in runs.items()}
     rows = []
     for k in names:
         rows.append({"strategy": k, "label": FIX_LABELS[k], "steps": len(host[k]), "corrupted": bad[k],
@@ -712,16 +709,12 @@ def shared_pool(totals=(24 * KiB, 192 * KiB, 768 * KiB, 3 * 1024 * KiB, 6 * 1024
         for k in names:
             metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=2 * run_ahead + 4, sizes=sizes,
                           busy_ms=min(busy_ms, 0.05), run_ahead=run_ahead)
-        meds = {k: [] for k in names}
-        p90 = {k: [] for k in names}
-        corrupted = 0
-        for r in range(rounds):
-            for k in names[r % 2:] + names[:r % 2]:
-                run = metadata_loop(stream, lambda st, sz, k=k: PerTensor(st, sz, k), steps=steps, sizes=sizes,
-                                    busy_ms=busy_ms, run_ahead=run_ahead)
-                meds[k].append(run["host"]["median_us"])
-                p90[k].append(run["host"]["p90_us"])
-                corrupted += run["corrupted"]
+        runs = interleaved(names, rounds, lambda k, r: metadata_loop(
+            stream, lambda st, sz: PerTensor(st, sz, k), steps=steps, sizes=sizes, busy_ms=busy_ms,
+            run_ahead=run_ahead))
+        meds = {k: [x["host"]["median_us"] for x in v] for k, v in runs.items()}
+        p90 = {k: [x["host"]["p90_us"] for x in v] for k, v in runs.items()}
+        corrupted = sum(x["corrupted"] for v in runs.values() for x in v)
         med = lambda v: round(statistics.median(v), 2)  # noqa: E731
         rows.append({"total_bytes": t, "tensor_bytes": t // tensors,
                      "pageable_us": med(meds["pageable"]), "snapshot_us": med(meds["snapshot"]),
@@ -817,7 +810,7 @@ def soak_child_code(passes, steps: int, nbytes: int, busy_ms: float, warm_blocks
         "from pinlab.lessons import l04_the_fix as fix\n"
         f"r = fix._soak_child({list(passes)!r}, {steps!r}, {nbytes!r}, {busy_ms!r}, {warm_blocks!r},"
         " wait_for_go=True)\n"
-        "fix._report_and_exit(r)\n"
+        "fix.report_and_exit(r)\n"
     )
 
 

@@ -23,11 +23,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..args import bool_arg, callable_arg, positive_int, positive_number, require_cuda, size_list
+from ..args import bool_arg, callable_arg, positive_int, positive_number, size_list
 from ..busy import gpu_busy, warmup
+from ..claims import Reasons
+from ..device import require_cuda
 from ..hostmem import host_stats, next_pow2, pinned_bytes_held, release_cached_host_blocks
 from ..progress import progress
-from ..timing import cuda_time
+from ..timing import cuda_time, fmt_ms
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: The restore benchmark's model: two Llama-2-7B-shaped MLP blocks (hidden 4096, intermediate
@@ -441,3 +443,57 @@ def plot_sleep_wake(rows, *, tag: str):
                ylabel="bytes", title="The price: pinned host memory", ax=ax2)
     ax2.set_xlabel("model size")
     return fig
+
+
+# ---- issue 31: the notebook's reasons (why a fact may not hold on some machine) and table columns ----------
+
+#: why a claim or an observation of the notebook may not hold on some machine: ``why=wr.WHY.rounding``
+WHY = Reasons(
+    copy_ops="count_copies counts the aten ops that copy data; another torch version may route .to('cpu') or "
+             "pin_memory() through other ops",
+    emulated="the emulated stream is exact about where each weight lives and what it holds: only a changed "
+             "device_loading_context, sleep() or wake() makes this fail",
+    emulated_staging="the emulated stream waits at a pageable copy as the course's model of the driver does (a copy "
+                     "this large waits), and queues a pinned one: only a changed emulation makes this fail",
+    emulated_bytes="the emulation counts the bytes of live pinned tensors, without the allocator's rounding",
+    blocking_d2h="a blocking D2H copy returns with its data on the host, on any GPU: only a restore that copied with "
+                 "non_blocking=True and was read before it ran fails",
+    per_weight="its four blocking copies each pay a launch and a host synchronization the copy loop does not; a "
+               "slower host, or a GPU shared with others, loses more of the peak to them",
+    pageable_gap="the gap is the link's pinned rate against the host's pageable path (the driver's staging): a slow "
+                 "link (PCIe Gen3), a slow host, or a GPU that reads pageable memory through the host's page tables "
+                 "(GH200, not measured here) narrows it",
+    rounding="PyTorch's caching host allocator rounds every pinned request up to a power of two; another torch "
+             "version, or pinned-memory options in PYTORCH_CUDA_ALLOC_CONF, may round differently",
+    pinned_queued="a non_blocking copy from pinned memory is queued on any CUDA GPU; only a host stalled for "
+                  "milliseconds by something else (the OS, too few CPU cores) shows more",
+    pageable_waits="when a pageable copy waits is the driver's choice (undocumented); a GPU that reads pageable "
+                   "memory through the host's page tables (GH200, not measured here) may not stage it at all",
+    empty_cache="a sleep also drops the GPU copies and runs torch.cuda.empty_cache(), which count against it, the "
+                "more the smaller the model",
+    gpu_freed="memory_allocated() counts this process's tensors only (other processes on the GPU do not change it): "
+              "only a GPU weight still referenced after sleep() keeps it up",
+    exact_copies="copies are exact on any GPU: only a weight read before its copy ran differs",
+    pin_switch="sleep(model, pin) allocates pinned memory exactly when pin=True",
+    same_bytes="the same kernels read the same bytes, resident, copied or in place: only a view of other memory "
+               "than the pinned buffer (a platform without unified virtual addressing) differs",
+    pinned_back="a pinned tensor of this notebook is still referenced (a restored weight kept alive), or another "
+                "library in this process took pinned memory",
+)
+
+
+def _size(n) -> str:
+    from ..plots import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+#: the columns of the notebook's tables: the restores (one row per method), the sleep/wake sweep (one per size)
+RESTORE_COLUMNS = [("method", "restore"), ("cold_ms", "cold", fmt_ms), ("warm_ms", "warm", fmt_ms),
+                   ("copies_per_weight", "copies/weight"), ("pinned", "pinned"),
+                   ("pinned_bytes_delta", "pinned bytes", _size), ("reload_host_ms", "reload: host held", fmt_ms)]
+SLEEP_WAKE_COLUMNS = [("bytes", "model", _size), ("pinned_cold_sleep_ms", "sleep pinned cold", fmt_ms),
+                      ("pinned_warm_sleep_ms", "sleep pinned warm", fmt_ms),
+                      ("pageable_sleep_ms", "sleep pageable", fmt_ms),
+                      ("pinned_warm_wake_ms", "wake pinned", fmt_ms), ("pageable_wake_ms", "wake pageable", fmt_ms),
+                      ("pinned_cold_new_pinned_bytes", "pinned held", _size)]

@@ -42,12 +42,15 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..args import positive_int, positive_number, require_cuda
+from ..args import positive_int, positive_number
 from ..busy import MAX_BUSY_MS
-from ..detector import parse_to_args
+from ..claims import Reasons
+from ..copyargs import copy_call
+from ..device import require_cuda
 from ..h2d import async_tensor_h2d
 from ..plots import MAX_WIDTH_IN, color_for, legend_outside
 from ..streams import _tensors  # one walker over nested args (streams.py)
+from ..timing import interleaved
 
 #: Upper bounds on what the lesson's functions are given; each is far above the lesson's own sizes
 #: (beyond them is a typo that would allocate gigabytes or run for hours, not a lesson):
@@ -339,7 +342,7 @@ class TorchCalls(TorchFunctionMode):
 
     - the H2D copies (``c.h2d``: dicts with ``kind`` "pinned" / "pageable" / "blocking", ``call`` and
       ``nbytes``), told by where the stream put the result (``t.to(...)`` that gave device memory from
-      host memory) and with ``non_blocking`` read by :func:`pinlab.detector.parse_to_args` in every form
+      host memory) and with ``non_blocking`` read by :func:`pinlab.copyargs.copy_call` in every form
       torch accepts (``copy_(src, True)``, ``to(device, dtype, True)``, ``cuda(device, True)``);
     - the host syncs (``c.syncs``: call names);
     - the factory calls that made device memory (``c.device_factories``);
@@ -406,7 +409,7 @@ class TorchCalls(TorchFunctionMode):
     def _after(self, name, args, kwargs, out):
         first = args[0] if args else None
         if name in ("to", "cuda") and isinstance(first, torch.Tensor):
-            non_blocking = parse_to_args(args[1:], kwargs)[2]  # cuda(device, non_blocking): the same places
+            non_blocking = copy_call(name, args, kwargs).non_blocking  # every form (pinlab.copyargs)
             if not self._dev(first) and self._dev(out):
                 self._note_copy(first, non_blocking, f".{name}()")
             elif self._dev(first) and isinstance(out, torch.Tensor) and not self._dev(out) and not non_blocking:
@@ -414,8 +417,7 @@ class TorchCalls(TorchFunctionMode):
             return
         if name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             if self._dev(first) and not self._dev(args[1]):
-                # copy_(src, non_blocking) has the positions of to(other, non_blocking): the one parser reads both
-                self._note_copy(args[1], parse_to_args(args[1:], kwargs)[2], ".copy_()")
+                self._note_copy(args[1], copy_call(name, args, kwargs).non_blocking, ".copy_()")
             return
         if name == "__setitem__" and len(args) >= 3 and self._dev(first):
             value = args[2]
@@ -559,20 +561,21 @@ def builder_times(mixes=None, merge_size: int = 2, rounds: int = 15, busy_ms: fl
     _sync(s)
     out = {"builders": keys, "mixes": {}}
     for name, grid in mixes.items():
-        host = {k: [] for k in keys}
-        e2e = {k: [] for k in keys}
-        for r in range(rounds):
-            order = keys[r % len(keys):] + keys[:r % len(keys)]
-            for k in order:
-                t0 = time.perf_counter()
-                _call(BUILDERS[k], grid, merge_size, rope, s)
-                _sync(s)
-                e2e[k].append((time.perf_counter() - t0) * 1e6)
-                s.busy(busy_ms)  # the host call right after the same builder's call, as in an engine
-                t0 = time.perf_counter()
-                _call(BUILDERS[k], grid, merge_size, rope, s)
-                host[k].append((time.perf_counter() - t0) * 1e6)
-                _sync(s)
+        def one(k, _r, grid=grid):
+            t0 = time.perf_counter()
+            _call(BUILDERS[k], grid, merge_size, rope, s)
+            _sync(s)
+            e2e_us = (time.perf_counter() - t0) * 1e6
+            s.busy(busy_ms)  # the host call right after the same builder's call, as in an engine
+            t0 = time.perf_counter()
+            _call(BUILDERS[k], grid, merge_size, rope, s)
+            host_us = (time.perf_counter() - t0) * 1e6
+            _sync(s)
+            return host_us, e2e_us
+
+        runs = interleaved(keys, rounds, one)
+        host = {k: [h for h, _ in v] for k, v in runs.items()}
+        e2e = {k: [e for _, e in v] for k, v in runs.items()}
         out["mixes"][name] = {"tokens": num_tokens(grid), "images": len(grid),
                               **{k: {"host_us": statistics.median(host[k]), "e2e_us": statistics.median(e2e[k])}
                                  for k in keys}}
@@ -788,15 +791,15 @@ def mask_times(x_len: int = 750, chunk_size: int = 16, left_window: int = 3, rig
     results = {k: f() for k, f in forms.items()}
     _sync(s)
     equal = all(torch.equal(v.cpu(), results["device"].cpu()) for v in results.values())
-    samples = {k: [] for k in forms}
-    keys = list(forms)
-    for r in range(rounds):
-        for k in keys[r % 3:] + keys[:r % 3]:
-            s.busy(busy_ms)
-            t0 = time.perf_counter()
-            forms[k]()
-            samples[k].append((time.perf_counter() - t0) * 1e6)
-            _sync(s)
+    def one(k, _r):
+        s.busy(busy_ms)
+        t0 = time.perf_counter()
+        forms[k]()
+        us = (time.perf_counter() - t0) * 1e6
+        _sync(s)
+        return us
+
+    samples = interleaved(forms, rounds, one)
     return {"bytes": args[0] * args[0], "equal": equal,
             "forms": {k: {"host_us": statistics.median(v)} for k, v in samples.items()}}
 
@@ -812,6 +815,40 @@ def ratios_to_best(row: dict, keys=("a", "b", "c", "rec"), field: str = "host_us
     if not best > 0 or not math.isfinite(best):
         raise ValueError(f"the best {field} must be a positive time, got {best}")
     return {k: row[k][field] / best for k in keys}
+
+
+#: the notebook's tables: :func:`launch_counts` per mix and builder, :func:`builder_times` per mix
+LAUNCH_COLUMNS = [("mix", "mix"), ("builder", "builder"), ("kernels", "kernels"), ("launches", "launch calls"),
+                  ("syncs", "sync calls"), ("h2d", "H2D copies")]
+TIME_COLUMNS = ([("mix", "mix"), ("tokens", "tokens")]
+                + [(f"{k}_host_us", f"({k}) host µs", lambda v: f"{v:.0f}") for k in BUILDERS]
+                + [(f"{k}_e2e_us", f"({k}) e2e µs", lambda v: f"{v:.0f}") for k in BUILDERS])
+
+
+def per_builder(values: dict, fmt: str = "{:.2f}") -> str:
+    """``"(a) 1.00, (b) 2.31, ..."``: one value per builder, for a printed line of the notebook."""
+    return ", ".join(f"({k}) {fmt.format(v)}" for k, v in values.items())
+
+
+#: why a claim of the notebook may not hold on some machine (``why=l06.WHY.name``)
+WHY = Reasons(
+    cpu_ints="integer arithmetic on the CPU: only a changed ids_before gives other positions",
+    exact="integer ids and a gather of the same table are exact on any device: only a builder that computes "
+          "other positions differs",
+    counted="counted calls, not time: only a changed builder (or a torch that dispatches them differently) "
+            "changes them",
+    profiler="the profiler counts this process's kernels and copies, whoever else shares the GPU; only another "
+             "torch version (other kernels per op) or a profiler that misses GPU activity changes the counts",
+    rec_noise="it runs the code of the builder it chose, timed separately, so host-timing noise (a shared GPU, "
+              "few CPU cores) moves its ratio; and where (b) and (c) cross depends on this host's launch cost",
+    host_gaps="the host's step also holds the encoder's launch and the wait on an event, and a host that other "
+              "processes slow down adds gaps of its own",
+    mask_ints="comparisons of integers: only a changed mask builder differs",
+    mask_copy="the same booleans built three ways: only a changed builder, or a copy read before it ran, differs",
+    gpu_lead="each step puts 2 ms of GPU work before its copy, so the GPU falls further behind every step; only a "
+             "host slower than the GPU's 2 ms per step could read after the copy ran",
+    event="the event completes only after the step's copy has run, on any GPU",
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,8 +35,10 @@ one too: ``streams.py``); then it judges every step exactly
 GPU computed, were the stops noted, is the LM head intact. GPU experiments: :func:`audit`,
 :func:`throughput`, :func:`timeline`, :func:`detect`.
 
-Why about 700 lines: the engine, the audit and the judge exist only for this capstone and are read
-together; the two loops are the lesson's reference code, which the checker and the tests import.
+Why about 1,200 lines: the engine, the audit and the judge exist only for this capstone and are read
+together; the two loops are the lesson's reference code, which the checker and the tests import; the
+experiments (throughput, timelines, the stall detector's lines, the pytest gate's run) measure those same
+loops, so they live beside them.
 """
 from __future__ import annotations
 
@@ -51,12 +53,15 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..args import bool_arg, callable_arg, positive_int, positive_number, require_cuda
+from . import l06_device_side_indices as l06
+from ..args import bool_arg, callable_arg, positive_int, positive_number
+from ..claims import Reasons
+from ..copyargs import copy_call
 from ..decode_loop import DecodeSetup, match_received, safe_indptr, torch_paged_decode
-from ..detector import parse_to_args
+from ..device import require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, page_indices
 from ..steploop import cuda_or
-from . import l06_device_side_indices as l06
+from ..text import fmt_bytes  # noqa: F401 - the audit's sizes; notebook 07 calls l07.fmt_bytes
 
 MiB = 1024 * 1024
 
@@ -385,11 +390,6 @@ def _codes(code):
             yield from _codes(c)
 
 
-def fmt_bytes(n: int) -> str:
-    for unit, size in (("MiB", MiB), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 class LoopAudit(TorchFunctionMode):
@@ -518,7 +518,7 @@ class LoopAudit(TorchFunctionMode):
             return
         if name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             dst, src = first, args[1]
-            nb = parse_to_args(args[1:], kwargs)[2]  # copy_(src, non_blocking): the places of to(other, non_blocking)
+            nb = copy_call(name, args, kwargs).non_blocking
             if self._dev(dst) and not self._dev(src):
                 size = src.numel() * src.element_size()
                 lm = self.model.lm_head if self.model is not None else None
@@ -557,12 +557,12 @@ class LoopAudit(TorchFunctionMode):
 
     def _inspect_to(self, name, args, kwargs, out):
         """``t.to(...)`` / ``t.cuda(...)``, judged by where the stream put the result (host memory made device
-        memory: an H2D copy; the reverse: a D2H one), ``non_blocking`` read by :func:`pinlab.detector.parse_to_args`
+        memory: an H2D copy; the reverse: a D2H one), ``non_blocking`` read by :func:`pinlab.copyargs.copy_call`
         in every form torch accepts (``to(device, dtype, True)``, ``to(other, True)``, ``cuda(device, True)``)."""
         first = args[0] if args else None
         if not isinstance(first, torch.Tensor) or not isinstance(out, torch.Tensor):
             return
-        nb = parse_to_args(args[1:], kwargs)[2]
+        nb = copy_call(name, args, kwargs).non_blocking
         nbytes = first.numel() * first.element_size()
         if self._dev(out) and not self._dev(first):
             if not nb:
@@ -1190,3 +1190,33 @@ def run_gate(suite: str | None = None, *, timeout_s: float = 300) -> dict:
     return {"command": "pytest -q --pinlab-races examples/race_gate", "returncode": done.returncode,
             "passed": counts.get("passed", 0), "failed": counts.get("failed", 0), "failed_tests": failed,
             "tail": "\n".join(out.splitlines()[-25:]), "stderr_tail": "\n".join(done.stderr.splitlines()[-5:])}
+
+
+def per_step_line(step_ms: float, host_ms: float, host_profiled_ms: float, gpu_ms: float | None) -> str:
+    """The notebook's ``per step`` line of one loop: its step time, the host's time in the engine's calls
+    without and under the profiler, and the GPU's busy time on the timeline (None: not measured)."""
+    return (f"{step_ms:.2f} ms; host time in the engine's calls {host_ms:.2f} ms without the profiler, "
+            f"{host_profiled_ms:.2f} ms under it; GPU busy "
+            + ("not measured" if gpu_ms is None else f"{gpu_ms:.2f} ms (kernels or copies, timeline)"))
+
+
+#: why a claim (or an observed line) of the notebook may not hold on some machine (``why=l07.WHY.name``)
+WHY = Reasons(
+    emulated="the emulated stream is exact about the order of host writes, copies and reads, on every machine",
+    detector="the detector classifies calls, not timings: it names them on any CUDA GPU",
+    gate="the racy loop rewrites its pinned buffer while the GPU (1 ms behind per step) has not copied it; the "
+         "fixes never do. A different count is a bug in the gate, or a host slower than 1 ms per step",
+    audit="the audit counts calls, not time: the same on the emulated stream and on any GPU",
+    plan_copies="a FlashInfer version whose plan() copies host tensors of its own that pinlab does not hand it "
+                "pinned (the value names where)",
+    checker="the ring's events make every copy run before its buffer is rewritten or read, on any GPU (the "
+            "checker's line above says what it found)",
+    overlap="the fixed loop gains by overlapping host and GPU work: a host so slow that its work alone sets the "
+            "pace (few CPU cores shared with others) leaves it little to gain",
+    profiler="the profiler names every copy of this process; only a library copying from pageable memory of its "
+             "own shows one",
+    shares="the host's share counts the engine's calls only: the loop's own calls (copies, events, the ring's "
+           "waits) and a host slowed down by other processes add to it",
+    pinned="a pinned tensor of this notebook is still referenced (a loop's ring, a model not yet collected), or "
+           "another library in this process took pinned memory",
+)

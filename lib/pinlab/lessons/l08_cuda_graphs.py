@@ -33,9 +33,12 @@ import torch
 
 from .. import steploop
 from ..args import INT32_MAX, positive_int, positive_number
+from ..claims import Reasons
+from ..device import require_cuda
 
 __all__ = ["VARIANTS", "RACY", "RINGS", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost",
-           "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory"]
+           "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory",
+           "HOST_COST_COLUMNS", "STAGING_COLUMNS", "MEMORY_COLUMNS", "refusals_left_text", "WHY"]
 
 #: How step n's host metadata gets to the graph's static device input, and what the graph captured.
 VARIANTS = {
@@ -201,7 +204,6 @@ def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: 
     events, and their time is then the GPU's pace (on the H200, 0.05 ms made both rings cost 50 µs, the busy
     time, against 12 µs for the racy captured copy). Returns rows {variant, host_us (median of the rounds'
     medians), round_medians_us}."""
-    from ..args import require_cuda
 
     names = _names("variants", variants, VARIANTS)
     tensors = positive_int("tensors", tensors, maximum=64)
@@ -249,7 +251,6 @@ def every_variant(variants=None, *, steps: int = 200, tensors: int = 1, n_ints: 
 def host_cost(kernels=(1, 5, 10, 20, 40), *, repeat: int = 200, numel: int = 256) -> dict:
     """Host µs per step: ``k`` small kernels launched eagerly against one ``g.replay()`` of the same ``k``
     kernels captured in a graph (CUDA only). Returns rows {kernels, eager_us, replay_us} (medians)."""
-    from ..args import require_cuda
 
     counts = _counts("kernels", kernels, 1000, "kernels per step")
     repeat = positive_int("repeat", repeat, maximum=100_000)
@@ -338,7 +339,6 @@ def flashinfer_graph_decode(variant: str, *, steps: int = 200, batch: int = 8, m
     the graph, keep the GPU ``busy_ms`` behind, replay, keep the output. Every step's output is compared with
     :func:`pinlab.paged_kv.reference_decode` fed with step n's correct metadata. Returns ``wrong_steps``
     (steps with a request more than ``tol`` off), ``steps`` and ``max_err`` per step."""
-    from ..args import require_cuda
     from ..paged_kv import FlashInferDecode, reference_decode
 
     variant = _name_of("variant", variant, FLASHINFER_VARIANTS)
@@ -428,7 +428,6 @@ def flashinfer_graph_runs(variants=None, *, steps: int = 200, ring: int = 3, bus
     all steps), max_err_right (over the steps within ``tol``, -1 where none was), seconds (the first run
     includes FlashInfer's JIT build or cache load)}. Where FlashInfer cannot run here (not installed, its
     build failed), ``flashinfer`` is False, ``reason`` says why in one sentence and ``rows`` is empty."""
-    from ..args import require_cuda
     from ..paged_kv import FlashInferUnavailableError
 
     names = _names("variants", variants, FLASHINFER_VARIANTS)
@@ -465,7 +464,6 @@ def graph_memory(batch_sizes=(1, 8, 64, 256), *, hidden: int = 4096, layers: int
     activation_bytes (one intermediate's size)}. Then the pinned bytes a staging ring of ``ring_depth``
     slabs of ``tensors`` x ``n_ints`` int32 holds (``ring_pinned_bytes``, from the caching host allocator's
     statistics, against ``ring_requested_bytes``). Everything is freed before it returns."""
-    from ..args import require_cuda
     from ..hostmem import pinned_bytes_held, release_cached_host_blocks
 
     sizes = _counts("batch_sizes", batch_sizes, 65536, "sequences per batch")
@@ -521,3 +519,65 @@ def graph_memory(batch_sizes=(1, 8, 64, 256), *, hidden: int = 4096, layers: int
     return {"hidden": hidden, "layers": layers, "rows": rows, "held_allocated_bytes": held_allocated,
             "held_reserved_bytes": held_reserved, "ring_depth": ring_depth,
             "ring_requested_bytes": ring_depth * tensors * n_ints * 4, "ring_pinned_bytes": ring_pinned}
+
+
+# ---------------------------------------------------------------------------------------------
+# the notebook's tables, a printed sentence, and its reasons
+# ---------------------------------------------------------------------------------------------
+
+def _us(v):
+    return f"{v:.1f}"
+
+
+def _kib(v):
+    return f"{v / 1024:.0f}"
+
+
+#: columns of the notebook's tables: :func:`host_cost`, :func:`staging_cost` and :func:`graph_memory` rows
+HOST_COST_COLUMNS = [("kernels", "kernels"), ("eager_us", "eager µs", _us), ("replay_us", "replay µs", _us)]
+STAGING_COLUMNS = [("variant", "variant"), ("host_us", "host µs per step", _us)]
+MEMORY_COLUMNS = [("batch", "batch"), ("activation_bytes", "one activation KiB", _kib),
+                  ("static_bytes", "static input KiB", _kib),
+                  ("graph_allocated_bytes", "graph keeps allocated KiB", _kib),
+                  ("graph_reserved_bytes", "capture reserved KiB", _kib)]
+
+
+def refusals_left_text(left: int) -> str:
+    """What the pinned bytes the refused captures left in use are (the notebook's ``what that is`` line)."""
+    if not left:
+        return "nothing: the refused captures left no pinned memory in use"
+    return (f"{left} bytes, the size of the value `.item()` copies to the host: torch stages that copy in pinned "
+            "memory, and the aborted capture did not release that block: this process can no longer free it (the "
+            "last cell of this lesson allows for it)")
+
+
+#: why a claim (or an observed line) of the notebook may not hold on some machine (``why=l08.WHY.name``)
+WHY = Reasons(
+    host_times="host timings: a slow or shared CPU makes both dearer, and a replay's fixed cost weighs more against "
+               "few kernels",
+    capture_rules="torch checks that a copy's CPU side is pinned before a capture records it (Copy.cu, pytorch PR "
+                  "#172156), and CUDA refuses a wait while a stream captures; a different outcome means a different "
+                  "torch or CUDA version: see its release notes",
+    lead="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step of microseconds; "
+         "a host slower than that (a CPU shared by many processes) lets it keep up",
+    detector="the race needs the GPU behind the host (0.5 ms per step); a replay reads wrong data only if the host "
+             "rewrote its source while it was pending, which the detector asks before every write",
+    own_memory="each fix gives every step its own pinned memory until its copy has run; a corrupted step is a bug",
+    lead_01="the GPU's lead: 0.1 ms per step against the host's µs; a shared GPU or a slow host lets a few copies "
+            "run before the next write",
+    ring_cost="a ring waits for the event of its slot's last copy: on a GPU busy with other processes' work those "
+              "events come late and the ring pays the GPU's pace; and host timings (the allocator's cost per "
+              "snapshot, the launch cost of the copies) differ between hosts",
+    fi_fixes="each plan() reads memory nobody rewrites before its copies have run, and every wrapper waits for its "
+             "previous step; a wrong step is a bug (or a broken FlashInfer build)",
+    fi_race="the race needs the GPU behind the host: 0.5 ms of GPU work per step against a host step (metadata, "
+            "plan(), replay) well under that; a host slower than the GPU (a CPU shared by many processes) lets "
+            "every copy run before the next write",
+    fi_most="a race: the first steps run before the GPU falls behind, and a slow or shared host lets more copies "
+            "run before the next write",
+    test_lead="the test keeps the GPU 50 ms behind a host that needs microseconds per step; a host slower than that "
+              "would let a racy copy run in time",
+    few_us="host timings of a few µs: a shared or slow CPU adds noise of that size",
+    pool="the caching allocator's segment sizes (2 MiB for small blocks by default) and PYTORCH_CUDA_ALLOC_CONF "
+         "settings such as expandable_segments decide how much a pool reserves",
+)

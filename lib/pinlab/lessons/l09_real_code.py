@@ -1,7 +1,9 @@
-"""Lesson 09: audit real code: HF transformers ``generate()``, a DataLoader.
+"""Lesson 09: audit real code: HF transformers ``generate()``, a DataLoader, FlashInfer's ``plan()``.
 
 The experiments and their plumbing; the key code (the deferred stop check, the loops audited) is in the
 notebook (``notebooks/src/09_real_code.py``) and in :class:`DeferredStop` here, which the notebook shows.
+Why about 730 lines: four workloads of three libraries, each measured against the profiler's trace or
+in child processes, with the sentences the notebook computes from them.
 
 * :func:`tiny_llama`: a random ``LlamaForCausalLM`` built from a config (hidden 64, 2 layers): nothing to
   download; :func:`greedy` runs ``generate()`` on it with the default stop check or a deferred one;
@@ -10,10 +12,19 @@ notebook (``notebooks/src/09_real_code.py``) and in :class:`DeferredStop` here, 
   every event the detector reports is matched with the runtime calls (``cudaStreamSynchronize``,
   ``cudaMemcpyAsync``) the trace shows inside its window: precision and recall against the trace;
 * :func:`stop_checks` (GPU): the default stop check against the deferred one: tokens, syncs per token
-  in the trace, tokens per second over interleaved rounds;
+  in the trace, the host's time waiting in them and the GPU's idle share, tokens per second over
+  interleaved rounds; ``gpu_ms`` adds GPU work to every forward (a step as long as a larger model's);
+  :func:`stop_checks_newer` runs it with the newer transformers, whose ``generate()`` drops an all-ones
+  attention mask once up front (5.24.0 ``generation/utils.py``: "We can drop the mask altogether if it's
+  all 1s"), so that its mask builder no longer syncs every token;
 * :func:`audit_dataloader` (GPU): a DataLoader's batches moved with ``.to("cuda", non_blocking=True)``,
   ``pin_memory`` False and True: the detector's count against the trace's ``Pageable -> Device`` /
   ``Pinned -> Device`` copies.
+* :func:`audit_flashinfer` (GPU): FlashInfer decode steps with pageable plan inputs under detect_stalls and
+  the profiler, matched as for ``generate()``;
+* :func:`plan_staging` (GPU, child processes): two FlashInfer decode steps under :func:`pinlab.detect_races`,
+  each ``plan()``'s own C++ copy of its plan info declared with ``RaceDetector.copied``: one wrapper with the
+  host ahead, one wrapper per step in flight, and an event wait before re-planning.
 
 What transformers does is read from its source (the installed wheel, 5.17.0, and the repository):
 ``generation/utils.py`` ``StopCheck.__call__`` (``bool(unfinished_sequences.max() == 0)``, every step),
@@ -31,15 +42,24 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import detector as _det
-from ..args import positive_int, require_cuda
+from ..args import positive_int, positive_number
+from ..busy import gpu_busy
+from ..child import run_child
+from ..claims import Reasons
+from ..copyargs import device_type
+from ..device import require_cuda
+from ..profiler import idle_share
 from ..races import D2H_READ  # noqa: F401  (the notebook names the 1-slot ring's finding by it)
+from ..timing import show, table
 
 PAGEABLE_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
 PINNED_MEMCPY = "Memcpy HtoD (Pinned -> Device)"
@@ -203,7 +223,7 @@ class _Windows(TorchFunctionMode):
         before = self.report.total
         if func in (torch.tensor, torch.as_tensor) and args and _det.copies_nothing(args[0]):
             device = kwargs.get("device")
-            if device is not None and _det._device_type(device) == "cuda":
+            if device is not None and device_type(device) == "cuda":
                 self.empty[_det.find_caller(sys._getframe(1))] += 1
         with record_function(f"pinlab09:{k}"):
             out = func(*args, **kwargs)
@@ -334,7 +354,79 @@ def audit_generate(new_tokens: int = 24, batch: int = 2, seed: int = 0) -> dict:
             "gpu_trace": bool(memcpy) or any(str(e.get("cat", "")).lower() == "kernel" for e in events)}
 
 
+def _in_newer(fn: str, args, what: str) -> dict:
+    """Run ``l09.<fn>(*args)`` in a fresh Python process whose ``transformers`` is the newer release installed in
+    the folder ``$PINLAB_TRANSFORMERS_NEWER`` names (:func:`pinlab.probe.newer_transformers_dir`); its result."""
+    require_cuda(what)
+    from ..probe import NEWER_TRANSFORMERS_ENV, newer_transformers_dir
+
+    folder = newer_transformers_dir()
+    if folder is None:
+        raise RuntimeError(f"{what} needs a newer transformers installed in a folder named by "
+                           f"${NEWER_TRANSFORMERS_ENV} (the README's GPU recipe installs the carried wheel there)")
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = ("import json, sys; from pinlab.child import MARK; from pinlab.lessons import l09_real_code as l09; "
+            f"print(MARK + json.dumps(l09.{fn}(*json.loads(sys.argv[1]))))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [folder, lib] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    res = run_child(code, (json.dumps(list(args)),), env=env, timeout_s=900.0)
+    if set(res) == {"error"}:
+        raise RuntimeError(f"{what} with the newer transformers failed: {res['error']}")
+    return res
+
+
+def audit_newer(new_tokens: int = 24, batch: int = 2, seed: int = 0) -> dict:
+    """GPU: :func:`audit_generate` in a fresh process with the newer transformers (:func:`_in_newer`), so that
+    the syncs of two versions can be compared."""
+    return _in_newer("audit_generate", (new_tokens, batch, seed), "audit_newer()")
+
+
+def stop_checks_newer(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int = 0,
+                      gpu_ms: float = 0.0) -> dict:
+    """GPU: :func:`stop_checks` in a fresh process with the newer transformers (:func:`_in_newer`)."""
+    return _in_newer("stop_checks", (new_tokens, batch, rounds, seed, gpu_ms), "stop_checks_newer()")
+
+
+def _place_key(p: dict) -> tuple:
+    return p["kind"], p["function"], p["code"]
+
+
+def compare_audits(a: dict, b: dict) -> list[dict]:
+    """Rows of the places two :func:`audit_generate` results report (matched by kind, function and source
+    line, since line numbers move between versions): the count in each, 0 where a version has none."""
+    rows = {}
+    for which, res in (("a", a), ("b", b)):
+        for p in res["places"]:
+            row = rows.setdefault(_place_key(p), {"kind": p["kind"], "function": p["function"], "code": p["code"],
+                                                  "a": 0, "b": 0, "where_a": "", "where_b": ""})
+            row[which] += p["n"]
+            row[f"where_{which}"] = p["where"]
+    return sorted(rows.values(), key=lambda r: (-max(r["a"], r["b"]), r["function"]))
+
+
+def waits_per_token(res: dict) -> float:
+    """Host waits per new token in one :func:`audit_generate` result (the kinds that make the host wait)."""
+    return sum(p["n"] for p in res["places"] if p["kind"] in WAITING_KINDS) / res["new_tokens"]
+
+
+def changes_text(a: dict, b: dict) -> str:
+    """One sentence on what differs between two audits, computed from them."""
+    rows = compare_audits(a, b)
+    gone = [r for r in rows if r["a"] and not r["b"]]
+    new = [r for r in rows if r["b"] and not r["a"]]
+    moved = [r for r in rows if r["a"] and r["b"] and r["a"] != r["b"]]
+    va, vb = a["transformers"], b["transformers"]
+    if not (gone or new or moved):
+        return (f"transformers {vb} makes the same calls as {va}, as often: {len(rows)} places, the same counts "
+                f"(only their line numbers may differ)")
+    parts = [f"{len(gone)} place(s) of {va} gone" if gone else "", f"{len(new)} new in {vb}" if new else "",
+             f"{len(moved)} with another count" if moved else ""]
+    return f"transformers {vb} against {va}: " + ", ".join(x for x in parts if x)
+
+
 def _syncs_per_run(model, ids, mask, new_tokens, deferred) -> dict:
+    """One profiled ``generate()``: its tokens, the trace's syncs by name, the host's time inside them per new
+    token, and the GPU's idle share (no kernel running) over the call."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -344,27 +436,36 @@ def _syncs_per_run(model, ids, mask, new_tokens, deferred) -> dict:
     events = _trace(prof)
     r0, r1 = next((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
                   if e.get("name") == "09_stop" and str(e.get("cat", "")).lower() == "user_annotation")
-    names = Counter(str(e["name"]) for e in events if str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver")
-                    and r0 <= float(e["ts"]) <= r1 and _is_sync(str(e["name"])))
-    return {"tokens": out.tolist(), "syncs": dict(names)}
+    syncs = [e for e in events if str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver")
+             and r0 <= float(e["ts"]) <= r1 and _is_sync(str(e["name"]))]
+    kernels = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+               if str(e.get("cat", "")).lower() == "kernel"]
+    return {"tokens": out.tolist(), "syncs": dict(Counter(str(e["name"]) for e in syncs)),
+            "wait_us_per_token": sum(float(e["dur"]) for e in syncs) / new_tokens,
+            "gpu_idle": idle_share(kernels, r0, r1) if kernels else None}
 
 
-def stop_checks(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int = 0) -> dict:
+def stop_checks(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int = 0, gpu_ms: float = 0.0) -> dict:
     """GPU: transformers' default stop check against the deferred one (transformers' own
     ``DeferredStopCheck`` turned on for CUDA where the installed version has it, else the course's):
-    the tokens, the trace's syncs by name, and tokens per second (median of ``rounds`` interleaved
-    rounds, and each round's ratio)."""
+    the tokens, the trace's syncs by name, the host's time waiting in them and the GPU's idle share, and
+    tokens per second (median of ``rounds`` interleaved rounds, and each round's ratio). ``gpu_ms`` > 0
+    adds that much GPU work at the start of every forward (:func:`pinlab.gpu_busy` in a forward pre-hook):
+    a stand-in for a model whose step keeps the GPU busy about as long as the host's own work."""
     require_cuda("stop_checks()")
     from transformers.generation import utils as gu
 
-    rounds = positive_int("rounds", rounds)
+    new_tokens, rounds = positive_int("new_tokens", new_tokens), positive_int("rounds", rounds)
+    gpu_ms = positive_number("gpu_ms", gpu_ms, allow_zero=True, maximum=100.0)
     use = "transformers" if hasattr(gu, "DeferredStopCheck") and hasattr(gu.DeferredStopCheck, "is_supported") \
         else "course"
     model = tiny_llama("cuda", seed)
+    if gpu_ms:
+        model.register_forward_pre_hook(lambda module, args: gpu_busy(gpu_ms))
     ids, mask = prompt(batch, seed=seed, device="cuda")
     modes = {"default": None, "deferred": use}
     out = {"deferred_is": f"transformers' DeferredStopCheck" if use == "transformers" else "the course's DeferredStop",
-           "transformers": require_transformers("stop_checks()").__version__, "runs": {}}
+           "transformers": require_transformers("stop_checks()").__version__, "gpu_ms": gpu_ms, "runs": {}}
     for name, d in modes.items():  # warm-up
         greedy(model, ids, mask, new_tokens, deferred=d)
     torch.cuda.synchronize()
@@ -383,6 +484,28 @@ def stop_checks(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int
         out["runs"][name]["tokens_per_s"] = tokens / statistics.median(times[name])
     out["ratios"] = [a / b for a, b in zip(times["default"], times["deferred"])]  # deferred's speed-up per round
     return out
+
+
+def speedup(result: dict) -> float:
+    """The deferred check's tokens per second over the default's, in one :func:`stop_checks` result."""
+    r = result["runs"]
+    return r["deferred"]["tokens_per_s"] / r["default"]["tokens_per_s"]
+
+
+def stop_checks_text(results: dict) -> str:
+    """One sentence on what deferring the stop check bought, computed from :func:`stop_checks` results named by
+    what they ran (``{label: result}``): its speed-up, the host's waits and the GPU's idle share in each, and the
+    cudaStreamSynchronize calls the deferred run still made (the mask builder's, where it syncs every token)."""
+    parts = []
+    for label, res in results.items():
+        d, n = res["runs"]["default"], res["runs"]["deferred"]
+        idle = ("" if d["gpu_idle"] is None or n["gpu_idle"] is None
+                else f", the GPU idle {d['gpu_idle']:.0%} -> {n['gpu_idle']:.0%} of the call")
+        still = n["syncs"].get("cudaStreamSynchronize", 0)
+        parts.append(f"{label} (transformers {res['transformers']}): {speedup(res):.2f}x, the host waiting "
+                     f"{d['wait_us_per_token']:.0f} -> {n['wait_us_per_token']:.0f} us per token{idle}, "
+                     f"{still} cudaStreamSynchronize left in the deferred run")
+    return "; ".join(parts)
 
 
 def race_ring(stream, slots: int, steps: int = 16, busy_ms: float = 1.0) -> dict:
@@ -408,6 +531,117 @@ def race_ring(stream, slots: int, steps: int = 16, busy_ms: float = 1.0) -> dict
     return {"findings": dict(races.counts), "stopped_at": stopped_at, "total": races.total}
 
 
+def audit_flashinfer(steps: int = 8, batch: int = 16, seed: int = 0) -> dict:
+    """GPU: ``steps`` decode steps of FlashInfer's wrapper (``plan()`` then ``run()``, through
+    :class:`pinlab.paged_kv.FlashInferDecode`) under detect_stalls and torch.profiler, every detector event
+    matched with the trace as in :func:`audit_generate`. The plan inputs ``indptr`` and ``last_page_len`` are
+    pageable host tensors, as vLLM 0.29 passes them (the PR left ``plan()``'s inputs pageable); ``indices`` is
+    on the GPU. Returns ``flashinfer`` (its version, or why it is missing), the detector's counts, the places,
+    precision and recall, and the trace's H2D copies by name."""
+    require_cuda("audit_flashinfer()")
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, flashinfer_available, \
+        random_batch
+
+    steps, batch = positive_int("steps", steps), positive_int("batch", batch, maximum=256)
+    ok, reason = flashinfer_available()
+    if not ok:
+        return {"flashinfer": f"not available: {reason}"}
+    import flashinfer
+
+    try:
+        dec = FlashInferDecode(8, 2, 128, 16)
+        rb = random_batch(batch, 256, 16, 2, 128, 8, seed=seed, device="cuda")
+        meta = build_metadata(rb.block_table, rb.seq_lens.clamp(min=1), 16)
+        indptr = torch.tensor(meta.indptr_cpu.tolist(), dtype=torch.int32)  # pageable, as vLLM 0.29 passes them
+        last = torch.tensor(meta.last_page_len_cpu.tolist(), dtype=torch.int32)
+        dec.plan(indptr, meta.indices, last)  # warm-up: JIT build or cache load, every kernel once
+        dec.run(rb.q, rb.k_cache, rb.v_cache)
+        torch.cuda.synchronize()
+    except FlashInferUnavailableError as exc:
+        return {"flashinfer": f"not available: {exc}"}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with _det.detect_stalls(max_events=None) as report, _Windows(report) as win:
+            with record_function("09_flashinfer"):
+                for _ in range(steps):
+                    dec.plan(indptr, meta.indices, last)
+                    dec.run(rb.q, rb.k_cache, rb.v_cache)
+        torch.cuda.synchronize()
+    events = _trace(prof)
+    m = match(events, win.windows, report.events, "09_flashinfer")
+    memcpy = Counter(str(e["name"]) for e in events if str(e.get("cat", "")).lower() == "gpu_memcpy"
+                     and "HtoD" in str(e["name"]))
+    return {"flashinfer": getattr(flashinfer, "__version__", "unknown"), "steps": steps, "batch": batch,
+            "counts": dict(report.counts), "places": _places(m.pop("per_event")),
+            **{k: (dict(v) if isinstance(v, Counter) else v) for k, v in m.items()}, "memcpy": dict(memcpy)}
+
+
+#: the three ways two plan() steps meet one pinned workspace in :func:`plan_staging` (lesson 04's children)
+STAGING_MODES = ("back_to_back", "two_wrappers", "event_wait")
+
+
+def plan_staging(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeout_s: float = 12.0,
+                 watchdog_s: float = 3.0, startup_s: float = 600.0) -> dict:
+    """FlashInfer's own staging under :func:`pinlab.detect_races`: two decode steps (``plan()`` + ``run()``)
+    while the GPU is 50 ms behind, in a child process each (a race here can kill a CUDA context), for
+    :data:`STAGING_MODES`: one wrapper with the host ahead, one wrapper per step in flight, and one wrapper
+    with the host waiting for the previous step's event before re-planning (lesson 04's children,
+    ``l04._plan_hazard_child(..., races=True)``: each ``plan()``'s C++ copy from the wrapper's pinned
+    workspace is declared with ``RaceDetector.copied``). Returns ``{mode: outcome}`` (from
+    :func:`pinlab.child.classify_child`: ``outcome``, ``detail``, ``races``, ``race_kinds``,
+    ``races_elsewhere``, ``seconds``), ``parent_context_ok`` and ``flashinfer`` (its version, or why it
+    is missing). CUDA only."""
+    from ..paged_kv import flashinfer_available
+    from . import l04_the_fix as l04
+
+    require_cuda("plan_staging()")
+    ok, reason = flashinfer_available()
+    if ok:
+        import flashinfer
+
+        print("plan_staging: three child processes (one per way of meeting the workspace)...", file=sys.stderr,
+              flush=True)
+        out = l04.run_children({m: l04.child_code(m, busy_ms, seed, tol, watchdog_s, races=True)
+                                for m in STAGING_MODES}, timeout_s, ready_timeout_s=startup_s)
+        out["flashinfer"] = getattr(flashinfer, "__version__", "unknown")
+    else:
+        out = {m: {"outcome": "unavailable", "detail": reason, "seconds": 0.0, "returncode": None}
+               for m in STAGING_MODES}
+        out["flashinfer"] = f"not available: {reason}"
+    out["parent_context_ok"] = l04._context_ok()
+    out["busy_ms"] = busy_ms
+    return out
+
+
+def staging_text(r: dict) -> str:
+    """What :func:`plan_staging`'s run says, in one sentence computed from it."""
+    b = r["back_to_back"]
+    if b["outcome"] == "unavailable":
+        return f"FlashInfer could not run the children here ({b['detail']})."
+    seen = b.get("races", 0) - b.get("races_elsewhere", 0)
+    return (f"With one wrapper and the host ahead, detect_races flagged the staging {seen} time(s) once it was "
+            f"declared, and {b.get('races_elsewhere', 0)} other finding(s) in FlashInfer's torch calls; the "
+            f"output was {b['outcome']} ({b['detail']}). One wrapper per step: "
+            f"{r['two_wrappers']['outcome']}, {r['two_wrappers'].get('races', 0)} finding(s); waiting on the "
+            f"previous step's event: {r['event_wait']['outcome']}, {r['event_wait'].get('races', 0)} finding(s).")
+
+
+#: the columns of the notebook's table of :func:`plan_staging` (``pinlab.table(l09.staging_rows(r), ...)``)
+STAGING_COLUMNS = [("mode", "two steps"), ("outcome", "output"), ("staging", "staging flagged"),
+                   ("elsewhere", "other findings"), ("seconds", "s")]
+
+
+def staging_rows(r: dict) -> list[dict]:
+    """One row per mode of a :func:`plan_staging` result."""
+    from .l04_the_fix import PLAN_MODES
+
+    return [{"mode": PLAN_MODES[m], "outcome": r[m]["outcome"],
+             "staging": r[m].get("races", 0) - r[m].get("races_elsewhere", 0),
+             "elsewhere": r[m].get("races_elsewhere", 0), "seconds": r[m].get("seconds", 0.0)}
+            for m in STAGING_MODES]
+
+
 def measure_or_say(name: str, fn, requires=None, **params):
     """:func:`pinlab.measure`, or None after one sentence where there is no CUDA and no recording yet."""
     from ..replay import ReplayMissingError, measure
@@ -420,33 +654,194 @@ def measure_or_say(name: str, fn, requires=None, **params):
         return None
 
 
+class PinWitness:
+    """A batch ``(x, y)`` of the custom type DataLoader's docs describe ("Memory Pinning": a type with a
+    ``pin_memory()`` method): DataLoader calls that method where it pins, so the batch can say which thread
+    pinned it. The loop moves ``batch.x`` and ``batch.y``."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def pin_memory(self):
+        _PINNED_BY.append(pinning_thread(threading.current_thread()))
+        return PinWitness(self.x.pin_memory(), self.y.pin_memory())
+
+
+def pinning_thread(thread) -> str:
+    """"main thread", "DataLoader's pin_memory thread" (the thread running torch's ``_pin_memory_loop``: its
+    Python name is ``Thread-N (_pin_memory_loop)``, N counting the threads made so far) or "another thread"."""
+    if thread is threading.main_thread():
+        return "main thread"
+    return "DataLoader's pin_memory thread" if "_pin_memory_loop" in thread.name else "another thread"
+
+
+_PINNED_BY: list[str] = []
+
+
+def collate_witness(samples):
+    """Stack the samples into a :class:`PinWitness` (what ``default_collate`` does for a tuple)."""
+    xs, ys = zip(*samples)
+    return PinWitness(torch.stack(xs), torch.stack(ys))
+
+
+def collate_strided(samples):
+    """The same, keeping every other feature: ``x`` is a strided view (not dense). Its pinned copy keeps
+    those strides (``pin_memory`` copies the layout), and torch copies a tensor that is not dense to the
+    GPU through a contiguous host temporary: pageable memory (``Copy.cu``, ``copy_requires_temporaries``)."""
+    xs, ys = zip(*samples)
+    return PinWitness(torch.stack(xs)[:, ::2], torch.stack(ys))
+
+
+#: the loaders audited: name -> DataLoader options (``collate_fn`` by name)
+LOADERS = {
+    "pin_memory=False": {"pin_memory": False, "num_workers": 0, "collate_fn": "witness"},
+    "pin_memory=True": {"pin_memory": True, "num_workers": 0, "collate_fn": "witness"},
+    "pin_memory=True, 2 workers": {"pin_memory": True, "num_workers": 2, "collate_fn": "witness"},
+    "pin_memory=True, a strided collate": {"pin_memory": True, "num_workers": 0, "collate_fn": "strided"},
+    "pin_memory=True, pin_memory_device='cuda'": {"pin_memory": True, "num_workers": 0, "collate_fn": "witness",
+                                                  "pin_memory_device": "cuda"},
+}
+
+
 def audit_dataloader(batches: int = 8, batch_size: int = 4, features: int = 1024) -> dict:
-    """GPU: a DataLoader (num_workers 0) of ``batches`` batches of two tensors, each moved with
-    ``.to("cuda", non_blocking=True)``, with ``pin_memory`` False and True, under detect_stalls and
-    torch.profiler: the detector's pageable H2D count and the trace's H2D copies by name."""
+    """GPU: each loader of :data:`LOADERS` over ``batches`` batches of two tensors, each moved with
+    ``.to("cuda", non_blocking=True)`` under detect_stalls and torch.profiler: per loader, the detector's
+    counts by kind, the trace's H2D copies by name, which thread pinned each batch (:func:`pinning_thread`), and
+    the warnings torch's DataLoader gave (those of other code, such as Python's own on ``fork()`` in a process
+    with threads, whose text holds a pid, are left out)."""
     require_cuda("audit_dataloader()")
     from torch.profiler import ProfilerActivity, profile, record_function
     from torch.utils.data import DataLoader, TensorDataset
 
     n = positive_int("batches", batches) * positive_int("batch_size", batch_size)
     data = TensorDataset(torch.randn(n, positive_int("features", features)), torch.arange(n))
+    collates = {"witness": collate_witness, "strided": collate_strided}
     out = {}
-    for pin in (False, True):
-        loader = DataLoader(data, batch_size=batch_size, pin_memory=pin, num_workers=0)
-        for x, y in loader:  # warm-up
-            x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            with _det.detect_stalls(max_events=None) as report, record_function("09_loader"):
-                moved = 0
-                for x, y in loader:
-                    x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
-                    moved += 2
+    for name, opts in LOADERS.items():
+        opts = dict(opts, collate_fn=collates[opts["collate_fn"]])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = DataLoader(data, batch_size=batch_size, **opts)
+            for b in loader:  # warm-up (and the workers' start)
+                b.x.to("cuda", non_blocking=True), b.y.to("cuda", non_blocking=True)
             torch.cuda.synchronize()
+            _PINNED_BY.clear()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                with _det.detect_stalls(max_events=None) as report, record_function("09_loader"):
+                    moved = 0
+                    for b in loader:
+                        b.x.to("cuda", non_blocking=True), b.y.to("cuda", non_blocking=True)
+                        moved += 2
+                torch.cuda.synchronize()
         events = _trace(prof)
         memcpy = Counter(str(e["name"]) for e in events if str(e.get("cat", "")).lower() == "gpu_memcpy"
                          and "HtoD" in str(e["name"]))
-        out["pinned" if pin else "pageable"] = {
-            "moved": moved, "detector": dict(report.counts),
-            "detector_pageable": report.counts.get(_det.PAGEABLE_H2D, 0), "memcpy": dict(memcpy)}
+        out[name] = {"moved": moved, "detector": dict(report.counts),
+                     "detector_pageable": report.counts.get(_det.PAGEABLE_H2D, 0),
+                     "detector_staged": report.counts.get(_det.NONCONTIG_H2D, 0),
+                     "memcpy": dict(memcpy), "pinned_by": dict(Counter(_PINNED_BY)),
+                     "warnings": sorted({str(w.message).splitlines()[0][:200] for w in caught
+                                         if f"{os.sep}torch{os.sep}" in str(w.filename)})}
     return out
+
+
+def pageable_copies(case: dict) -> tuple[int, int]:
+    """(copies the detector says go through pageable memory, ``Pageable -> Device`` copies in the trace) of
+    one loader of :func:`audit_dataloader`: a pageable source, or a pinned one staged through a pageable
+    temporary (not dense)."""
+    return (case["detector_pageable"] + case.get("detector_staged", 0),
+            case["memcpy"].get(PAGEABLE_MEMCPY, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# the notebook's printed lines (formatting of the results only) and its reasons
+# ---------------------------------------------------------------------------------------------
+
+
+def show_audit(a: dict) -> None:
+    """Print one :func:`audit_generate` result: every place (count, kind, file:line, function, code), the host
+    waits per new token, the trace's syncs and copies, and the places that wait once per token."""
+    show("transformers audited", f"{a['transformers']} (torch {a['torch']})")
+    for p in a["places"]:
+        show(f"{p['n']:3d} x {p['kind']}", f"{p['where']} in {p['function']}(): {p['code']}")
+    show("host waits the detector reports, per new token", f"{waits_per_token(a):.2f}")
+    show("cudaStreamSynchronize and other syncs in the trace", a["trace_syncs"])
+    show("copies in the trace, by kind", a["memcpy"])
+    every = [p for p in a["places"] if p["n"] == a["new_tokens"]]
+    show("places that make the host wait once per token",
+         "; ".join(f"{p['where']} ({p['function']})" for p in every) or "none")
+
+
+def show_flashinfer_audit(f: dict) -> None:
+    """Print one :func:`audit_flashinfer` result: every place the detector named, per step, and the trace's
+    syncs and H2D copies."""
+    for p in f["places"]:
+        show(f"{p['n']:3d} x {p['kind']}", f"{p['where']} in {p['function']}(): {p['code']}")
+    show("events the detector reports, per decode step", f"{f['reported'] / f['steps']:.2f}")
+    show("cudaStreamSynchronize and other syncs in the trace", f["trace_syncs"])
+    show("H2D copies in the trace, by kind", f["memcpy"] or "none")
+
+
+def show_comparison(a: dict, b: dict) -> None:
+    """Print two audits side by side (:func:`compare_audits`), their host waits per token and what changed."""
+    table(compare_audits(a, b), [("a", a["transformers"]), ("b", b["transformers"]), ("kind", "kind"),
+                                 ("function", "function"), ("code", "code")])
+    show(f"host waits per new token, {a['transformers']} / {b['transformers']}",
+         f"{waits_per_token(a):.2f} / {waits_per_token(b):.2f}")
+    show("what changed", changes_text(a, b))
+
+
+def show_stop_runs(result: dict, new_tokens: int) -> None:
+    """Print each run of :func:`stop_checks`: its syncs per token in the trace (by name), the host's time in
+    them per token, the GPU's idle share and tokens per second, then the deferred check's speed-up in every
+    round."""
+    for name in ("default", "deferred"):
+        run = result["runs"][name]
+        show(f"{name}: syncs per token in the trace", f"{sum(run['syncs'].values()) / new_tokens:.2f} ({run['syncs']})")
+        idle = "no kernel in the trace" if run["gpu_idle"] is None else f"{run['gpu_idle']:.0%}"
+        show(f"{name}: host waiting per token, GPU idle share of the call",
+             f"{run['wait_us_per_token']:.0f} us, {idle}")
+        show(f"{name}: tokens per second", f"{run['tokens_per_s']:.0f}")
+    show("deferred speed-up per round", ", ".join(f"{x:.2f}x" for x in result["ratios"]))
+
+
+#: the columns of the notebook's DataLoader table (rows: :func:`loader_rows`)
+LOADER_COLUMNS = [("loader", "loader"), ("copies", "copies"), ("detector", "detector: via pageable"),
+                  ("pageable", "trace: Pageable -> Device"), ("pinned", "trace: Pinned -> Device"),
+                  ("by", "pinned by")]
+
+
+def loader_rows(cases: dict) -> list[dict]:
+    """One table row per loader of :func:`audit_dataloader`: copies made, the detector's and the trace's
+    pageable copies, the trace's pinned ones, and who pinned the batches."""
+    return [{"loader": name, "copies": c["moved"], "detector": pageable_copies(c)[0],
+             "pageable": c["memcpy"].get(PAGEABLE_MEMCPY, 0), "pinned": c["memcpy"].get(PINNED_MEMCPY, 0),
+             "by": ", ".join(f"{k} x{v}" for k, v in c["pinned_by"].items()) or "nobody"}
+            for name, c in cases.items()]
+
+
+#: why a claim (or an observed line) of the notebook may not hold on some machine (``why=l09.WHY.name``)
+WHY = Reasons(
+    no_eos="end-of-sequence is switched off: the length is set by max_new_tokens alone",
+    reported="each reported kind (a sync, a blocking copy, a factory of data with elements) makes torch call "
+             "cudaStreamSynchronize or cudaMemcpyAsync: the value names how many did not",
+    unwatched="ops whose kernel syncs (nonzero, boolean-mask indexing) and torch's own internal calls are outside "
+              "what the detector watches; the line above names them",
+    same_tokens="the stop decision changes when the host reads it, never what is decoded",
+    host_bound="deferring only moves a wait: it pays where no other sync is left in the step and the GPU's work "
+               "hides the host's, and by more than the deferred check's own host work per step (a copy, an event, "
+               "a wait); the lines above say which part was missing",
+    ring="the copy waits behind 1 ms of GPU work while the host reads within microseconds: a wide lead; the 2-slot "
+         "ring reads only a slot whose event has completed",
+    copy_names="the profiler names every copy by its host memory; the detector reads the source's memory and "
+               "layout (a strided pinned tensor goes through a pageable temporary)",
+    loaders="8 batches x 2 tensors, each one copy; DataLoader pins in next() without workers and in its pin_memory "
+            "thread with them",
+    staging_declared="the first plan's copy waits behind 50 ms of GPU work and the second plan() writes the same "
+                     "pinned workspace microseconds later: a wide lead; a flag missed means the workspace or its "
+                     "plan info moved in this FlashInfer (PLAN_INFO_BYTES in lessons/l04_the_fix.py)",
+    staging_fixed="a second wrapper has its own pinned workspace, and after the event wait the first copy has run: "
+                  "a wrong output or a finding is a bug in FlashInfer or the driver, or a child that ran out of "
+                  "GPU memory beside other processes",
+    own_context="the children have their own CUDA contexts; a failure here is a broken driver",
+)
