@@ -72,7 +72,8 @@ check: setup
 # JupyterLab on your copy of the course in LAB_WORK (tools/lab.py; default work/, made on first use): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
 # arguments, split like a shell's words by lab.py, e.g. LAB_ARGS="--no-browser --ServerApp.base_url=/x/"). It prints
 # the URL with its token, warns when LAB_IP is not a loopback address (plain HTTP: whoever has the URL gets a shell),
-# refuses an empty token or password in any spelling, and refuses to run as root unless ALLOW_ROOT=1 is given on the
+# refuses an empty token or password in any spelling, the XSRF check turned off and another config file (read as
+# traitlets reads them: any class, =value or the next word, aliases), and refuses to run as root unless ALLOW_ROOT=1 is given on the
 # command line. The three reach lab.py single-quoted and unexpanded (shq, $(value ...)): nothing in them is run by
 # the shell or by make (LAB_ARGS="; echo INJECTED" gives JupyterLab the words ";", "echo" and "INJECTED").
 LAB_IP ?= localhost

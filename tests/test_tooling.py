@@ -234,6 +234,25 @@ REFUSED = {**{t: "empty token turns authentication off" for t in EMPTY_TOKENS},
            "--ServerApp.token abc123": "give the token in JUPYTER_TOKEN",
            "--ServerApp.disable_check_xsrf=True": "XSRF", "--ServerApp.disable_check_xsrf": "XSRF",
            "--config=/tmp/x.py": "its own config folder", "--JupyterApp.config_file=/tmp/x.py": "its own config folder"}
+# issue 48: the XSRF check turned off through the web application's settings (a dict trait, read as key=value or
+# as a Python literal), in any class, case, dash count, `=` or the next word; the config file switched or skipped
+XSRF_OFF = ["--ServerApp.tornado_settings=disable_check_xsrf=True", "--ServerApp.tornado_settings disable_check_xsrf=1",
+            "--NotebookApp.tornado_settings=disable_check_xsrf=True", "-ServerApp.tornado_settings=xsrf_cookies=False",
+            "--ServerApp.tornado_settings={'disable_check_xsrf': True}",
+            "--ServerApp.tornado_settings \"{'disable_check_\\x78srf': True}\"",  # \x78 is x, once literal_eval'd
+            "--ServerApp.tornado_settings headers={} --ServerApp.tornado_settings disable_check_xsrf=yes",
+            "--LabApp.settings=disable_check_xsrf=True", "--ExtensionApp.settings disable_check_xsrf=1",
+            "--ServerApp.disable_check_xsrf 1", "--NotebookApp.disable_check_xsrf=yes", "-ServerApp.disable_check_xsrf=True",
+            "--serverapp.DISABLE_CHECK_XSRF=true", "--ServerApp.disable-check-xsrf=True",
+            "--ServerApp.disable_check_xsrf='True'", "--ServerApp.disable_check_xsrf=' true '",
+            "--JupyterApp.disable_check_xsrf=True", "--ServerApp.base_url=/x/ --ServerApp.disable_check_xsrf=True"]
+CONFIG_SWITCHED = ["--JupyterApp.config_file_name=x", "--JupyterApp.config_file_name x", "--JupyterApp.config_file_name=",
+                   "--ServerApp.config_file_name=my_config", "--ServerApp.config_file=/tmp/c.py", "--config /tmp/c.py",
+                   "-JupyterApp.config_file=/tmp/c.py", "--Application.config_file=c.py", "--CONFIG=/tmp/c.py",
+                   "--conf=/tmp/c.py", "--confi /tmp/c.py", "--LabApp.config_file_name=lab", "--JupyterApp.Config_File=x",
+                   "--JupyterApp.config-file-name=x", "--JupyterApp.config_dir=/tmp", "--no-browser --config=/tmp/c.py"]
+REFUSED.update({t: "XSRF check off" for t in XSRF_OFF})
+REFUSED.update({t: "another config file" for t in CONFIG_SWITCHED})
 
 
 @pytest.mark.parametrize("planted", sorted(REFUSED))
@@ -244,6 +263,19 @@ def test_lab_refuses_a_disabled_token_in_any_spelling(lab_tool, monkeypatch, cap
     assert err.startswith("make lab: refusing") and REFUSED[planted] in err, err
     assert lab_tool.main(["--dry-run", "--", *shlex.split(planted)]) == 2  # after --, as words
     assert REFUSED[planted] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("planted", XSRF_OFF + CONFIG_SWITCHED)
+def test_lab_names_the_refused_argument_and_what_to_do(lab_tool, monkeypatch, capsys, planted):
+    """The refusal quotes the argument as given (the option and its value) and says what to do instead."""
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    assert lab_tool.main(["--dry-run", f"--lab-args={planted}"]) == 2
+    err = capsys.readouterr().err
+    words = shlex.split(planted)   # the argument as the learner gave it: the option word, with its value if apart
+    shown = [w for i, w in enumerate(words) if w.startswith("-")] + [
+        f"{w} {shlex.quote(words[i + 1])}" for i, w in enumerate(words[:-1]) if w.startswith("-")]
+    assert any(err.startswith(f"make lab: refusing {a!r}: ") for a in shown), err
+    assert "leave it out" in err and ("~/.jupyter/jupyter_server_config.py" in err or "XSRF" in err), err
 
 
 def test_lab_passes_other_arguments_and_says_how_to_quote(lab_tool, monkeypatch, capsys):
