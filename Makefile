@@ -35,7 +35,7 @@ help:
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 	@echo "make docker     build the course's image (CUDA, torch, FlashInfer's kernel built, JupyterLab on 8888)"
-	@echo "make publish URL=https://github.com/OWNER/pinlab   the course's address in every install cell, outputs kept"
+	@echo "make publish URL=https://github.com/OWNER/pinlab [REF=tag-or-commit]   the address and pinned version in every install cell, outputs kept"
 
 # Reinstalls whenever pyproject.toml (the dependencies) or this Makefile changes.
 $(STAMP): pyproject.toml Makefile
@@ -72,7 +72,8 @@ check: setup
 # JupyterLab on your copy of the course in LAB_WORK (tools/lab.py; default work/, made on first use): LAB_IP (default localhost), LAB_PORT (8888), LAB_ARGS (more jupyter lab
 # arguments, split like a shell's words by lab.py, e.g. LAB_ARGS="--no-browser --ServerApp.base_url=/x/"). It prints
 # the URL with its token, warns when LAB_IP is not a loopback address (plain HTTP: whoever has the URL gets a shell),
-# refuses an empty token or password in any spelling, and refuses to run as root unless ALLOW_ROOT=1 is given on the
+# refuses an empty token or password in any spelling, the XSRF check turned off and another config file (read as
+# traitlets reads them: any class, =value or the next word, aliases), and refuses to run as root unless ALLOW_ROOT=1 is given on the
 # command line. The three reach lab.py single-quoted and unexpanded (shq, $(value ...)): nothing in them is run by
 # the shell or by make (LAB_ARGS="; echo INJECTED" gives JupyterLab the words ";", "echo" and "INJECTED").
 LAB_IP ?= localhost
@@ -91,11 +92,13 @@ lab: setup
 gpu-suite:
 	$(PY) tools/gpu_suite.py $(ARGS)
 
-# Publishing: the course's address written once (pyproject.toml) and into the install cell of every source, notebook
-# and exercise (tools/install_cell.py --publish); every output, the GPU evidence and the site stay as they are. URL
-# reaches the tool single-quoted and unexpanded, e.g. make publish URL=https://github.com/OWNER/pinlab
+# Publishing: the course's address and the tag or commit to install written once (pyproject.toml) and into the
+# install cell of every source, notebook and exercise (tools/install_cell.py --publish); every output, the GPU evidence
+# and the site stay as they are. REF: a tag or a 40-hex commit (default: git rev-parse HEAD; a branch is refused).
+# URL and REF reach the tool single-quoted and unexpanded, e.g. make publish URL=https://github.com/OWNER/pinlab REF=v1.0
+REF ?=
 publish:
-	$(PY) tools/install_cell.py --publish $(call shq,$(value URL))
+	$(PY) tools/install_cell.py --publish $(call shq,$(value URL)) --ref=$(call shq,$(value REF))
 
 # Authoring: rebuild .ipynb files from their percent-format sources; regenerate exercises from solutions.
 notebooks: setup

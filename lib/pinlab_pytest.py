@@ -1,13 +1,19 @@
-"""A pytest gate: fail a test whose code races (:func:`pinlab.races.detect_races`) or stalls
+"""A pytest gate: fail a test whose code can race (:func:`pinlab.order.detect_races`, by order) or stalls
 (:func:`pinlab.detect_stalls`).
 
 Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing until asked:
 
-* ``pytest --pinlab-races`` / ``pytest --pinlab-stalls``: every test runs under the detector(s);
+* ``pytest --pinlab-races`` / ``pytest --pinlab-stalls``: every test runs under the detector(s), ``unittest``
+  test cases too;
 * ``@pytest.mark.pinlab_races`` / ``@pytest.mark.pinlab_stalls`` on a test (or a class or module, through
   ``pytestmark``): that test does;
 * the fixtures ``pinlab_races`` / ``pinlab_stalls``: the test runs under the detector and gets its report
   (to look at what was found; the gate still fails the test on a finding that is not allowed).
+
+The race gate judges by order (a latent race fails the test in every run, whether or not this run's timing
+made it happen); ``pinlab_races_verdict = timing`` in the ini file gives the timing verdict of
+:func:`pinlab.races.detect_races` instead. Copies too large for the detector to keep a shadow of are named in
+a warning (writes through torch calls are still judged; writes through numpy are not).
 
 A test fails with the detector's report when a finding is not allowed. Allow known ones with
 ``allow=[...]`` on the marker, or in the ini file (one entry per line)::
@@ -38,11 +44,14 @@ def pytest_addoption(parser):
                     help="run every test under pinlab.detect_stalls() and fail those that stall")
     parser.addini("pinlab_allow", type="linelist", default=[],
                   help="findings the pinlab gate allows: a kind, or a file:line (path suffix) of the copy or call")
+    parser.addini("pinlab_races_verdict", default="order",
+                  help="how the race gate decides: order (the default: what the program's order allows, in every "
+                       "run) or timing (only races this run's timing made happen)")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "pinlab_races(allow=()): fail this test if its code races "
-                            "(pinlab.races.detect_races); allow: kinds or file:line places to accept")
+    config.addinivalue_line("markers", "pinlab_races(allow=()): fail this test if its code can race "
+                            "(pinlab.order.detect_races); allow: kinds or file:line places to accept")
     config.addinivalue_line("markers", "pinlab_stalls(allow=()): fail this test if its code stalls "
                             "(pinlab.detect_stalls); allow: kinds or file:line places to accept")
 
@@ -82,9 +91,13 @@ class _Gate:
         self.detectors = {}
         self.reports = {}
         if "races" in which:
-            from pinlab.races import detect_races
+            from pinlab.order import VERDICTS, detect_races
 
-            self.detectors["races"] = detect_races()
+            verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "order"
+            if verdict not in VERDICTS:
+                raise pytest.UsageError(f"pinlab_races_verdict must be one of {list(VERDICTS)}, got {verdict!r} "
+                                        f"(in the ini file)")
+            self.detectors["races"] = detect_races(verdict=verdict)
             self.reports["races"] = self.detectors["races"].report
         if "stalls" in which:
             from pinlab.detector import detect_stalls
@@ -108,6 +121,15 @@ class _Gate:
         for det in reversed(list(self.detectors.values())):
             det.__exit__(*exc)
         return False
+
+    def unchecked(self) -> str | None:
+        rep = self.reports.get("races")
+        if rep is None or not rep.unchecked:
+            return None
+        n = sum(rep.unchecked.values())
+        where = ", ".join(f"{w} ({c})" for w, c in rep.unchecked.most_common(3))
+        return (f"{self.item.nodeid}: the race gate kept no shadow of {n} cop{'y' if n == 1 else 'ies'} over "
+                f"max_shadow_bytes ({where}): writes through torch calls were judged, writes through numpy were not")
 
     def problems(self) -> list:
         out = []
@@ -152,13 +174,24 @@ def _gate(item):
 _GATE_KEY = pytest.StashKey()
 
 
+class PinlabGateWarning(UserWarning):
+    """What the gate could not judge (copies it kept no shadow of)."""
+
+
 @pytest.hookimpl(wrapper=True)
-def pytest_pyfunc_call(pyfuncitem):
-    gate = _gate(pyfuncitem)
+def pytest_runtest_call(item):
+    # the call phase of every kind of test item (functions, unittest.TestCase methods): fixtures are set up
+    # before it and torn down after it, outside the detectors
+    gate = _gate(item)
     if gate is None:
         return (yield)
     with gate:
         result = yield
+    note = gate.unchecked()
+    if note:
+        import warnings
+
+        warnings.warn(PinlabGateWarning(note), stacklevel=1)
     problems = gate.problems()
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
@@ -167,7 +200,7 @@ def pytest_pyfunc_call(pyfuncitem):
 
 @pytest.fixture
 def pinlab_races(request):
-    """The :class:`pinlab.races.RaceReport` of this test (the test runs under the race detector)."""
+    """The :class:`pinlab.order.OrderReport` of this test (the test runs under the race detector)."""
     return _gate(request.node).reports["races"]
 
 

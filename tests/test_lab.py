@@ -13,6 +13,7 @@ is checked without JupyterLab.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -27,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -340,3 +342,255 @@ def test_make_lab_opens_the_work_copy():
     assert (ROOT / "work").exists() == had_work, "--dry-run copies nothing"
     text = (ROOT / ".gitignore").read_text(encoding="utf-8")
     assert "/work/" in text.splitlines(), "work/ must be git-ignored"
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 48: the XSRF check and the course's config file, against JupyterLab's own command-line parser and a real
+# server
+
+
+def _jupyterlab_parser():
+    """A parser of `jupyter lab`'s command line as JupyterLab builds it (ExtensionApp.initialize_server: a
+    ServerApp with LabApp's aliases added; flags and aliases flattened as traitlets does before parsing):
+    ``parse(argv)`` is the config that argv gives, or None where JupyterLab would refuse to start."""
+    pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (make setup installs it)")
+    import contextlib
+    import io
+
+    from jupyter_server.serverapp import ServerApp
+    from jupyterlab.labapp import LabApp
+
+    app = ServerApp()
+    app.aliases = {**app.aliases, **LabApp.aliases}
+    flags, aliases = app.flatten_flags()
+    classes = list(app._classes_with_config_traits())
+
+    def parse(argv):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # traitlets' DeprecationWarning for a dict given as {...}
+                return app._create_loader(list(argv), aliases, flags, classes=classes).load_config()
+        except (SystemExit, Exception):  # argparse's error, or a value traitlets cannot read: no server starts
+            return None
+
+    return parse, flags, aliases
+
+
+#: dict traits whose items become the web application's settings (``settings.update(...)``), read as they are
+_SETTINGS = ("tornado_settings", "settings")
+
+
+def _leaves(config, depth=0):
+    """(trait, value) of every setting of a traitlets Config, at any nesting (``ServerApp.IdentityProvider.token``);
+    a top-level name (``--conf=x``: an unknown alias, which JupyterLab ignores) sets nothing."""
+    for key, value in config.items():
+        if isinstance(value, dict) and key not in _SETTINGS:
+            yield from _leaves(value, depth + 1)
+        elif depth:
+            yield key, value
+
+
+def _dangerous(config) -> list[str]:
+    """What in ``config`` (the server's command-line config) turns the XSRF check off, switches the config file
+    or sets the token or an empty password: traitlets' own reading of each value (Bool, Dict, Unicode)."""
+    from traitlets import Bool, Dict
+    from traitlets.config.loader import DeferredConfigList
+
+    found = []
+    for key, value in _leaves(config or {}):
+        raw = list(value) if isinstance(value, (DeferredConfigList, list)) else value
+        if key == "disable_check_xsrf":
+            try:
+                on = Bool().from_string(str(raw)) if isinstance(raw, str) else bool(raw)
+            except Exception:
+                on = False  # traitlets cannot read it: the server does not start
+            if on:
+                found.append(key)
+        elif key in _SETTINGS:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    parsed = raw if isinstance(raw, dict) else Dict().from_string_list(
+                        raw if isinstance(raw, list) else [raw])
+            except Exception:
+                parsed = {}
+            if parsed.get("disable_check_xsrf"):  # as the handlers read it: any true value ("False" too)
+                found.append(f"{key}: disable_check_xsrf")
+        elif key in ("config_file", "config_file_name"):
+            found.append(key)
+        elif key == "token" or key in ("password", "hashed_password") and not str(raw).strip("'\" "):
+            found.append(key)
+    return found
+
+
+_CLASSES = ["ServerApp", "NotebookApp", "JupyterApp", "Application", "LabApp", "ExtensionApp", "IdentityProvider",
+            "ServerApp.IdentityProvider", "serverapp"]
+_TRAITS = ["disable_check_xsrf", "tornado_settings", "settings", "config_file", "config_file_name", "token",
+           "password", "base_url", "DISABLE_CHECK_XSRF", "Config_File_Name"]
+_VALUES = ["True", "1", "true", "yes", "False", "0", "", "x.py", "disable_check_xsrf=True", "disable_check_xsrf=False",
+           "xsrf_cookies=False", "{'disable_check_xsrf': True}", "{'disable_check_\\x78srf': 1}",
+           "{'headers': {'X-Frame-Options': 'DENY'}}", "headers={}"]
+
+
+def _spellings(flags, aliases):
+    """Command lines for JupyterLab: every refused trait (and a harmless one) in many spellings: class names,
+    case, one or two dashes, `=` or the next word, values; every alias and flag JupyterLab has and every
+    abbreviation of one (argparse takes an unambiguous prefix of a name with a dash in it)."""
+    names = [f"{c}.{t}" for c in _CLASSES for t in _TRAITS] + ["config", "conf", "Config"]
+    for name in names:
+        for value in _VALUES:
+            for dash in ("--", "-"):
+                yield [f"{dash}{name}={value}"]
+            yield [f"--{name}", value]
+        yield ["--no-browser", f"--{name}=True", "--ServerApp.base_url=/x/"]
+    for name in sorted(set(flags) | set(aliases)):
+        for end in range(2, len(name) + 1):
+            yield [f"--{name[:end]}"]
+            yield [f"--{name[:end]}=/tmp/c.py"]
+            yield [f"--{name[:end]}", "x=True"]
+
+
+@pytest.mark.slow  # about 5,000 command lines through JupyterLab's parser: 10 s
+def test_lab_refuses_every_command_line_jupyterlab_reads_as_xsrf_off_or_another_config():
+    """Planted: about 5,000 command lines (the refused traits in every spelling traitlets accepts, and every alias
+    and flag of the JupyterLab installed, abbreviated too). JupyterLab's own parser reads each; wherever the
+    config it gets turns the XSRF check off, switches the config file or sets a token or an empty password,
+    tools/lab.py refuses that command line (its rule may refuse more, never less)."""
+    parse, flags, aliases = _jupyterlab_parser()
+    dangerous, missed = 0, []
+    for argv in _spellings(flags, aliases):
+        found = _dangerous(parse(argv))
+        if found:
+            dangerous += 1
+            if lab_tool.auth_problem(argv) is None:
+                missed.append((argv, found))
+    assert not missed, f"tools/lab.py lets through what JupyterLab reads as dangerous: {missed[:10]}"
+    assert dangerous > 1000, dangerous  # the parser does read these as dangerous: the check checks something
+    for argv in (["--ServerApp.tornado_settings=disable_check_xsrf=True"], ["--JupyterApp.config_file_name=x"],
+                 ["--config", "/tmp/c.py"], ["-NotebookApp.disable_check_xsrf=1"]):
+        assert _dangerous(parse(argv)) and lab_tool.auth_problem(argv), argv
+    for argv in (["--ServerApp.disable_check_xsrf=False"], ["--ServerApp.tornado_settings=headers={}"],
+                 ["--no-browser", "--ServerApp.base_url=/x/"], ["--conf=/tmp/c.py"]):  # --conf: an unknown alias
+        assert not _dangerous(parse(argv)), argv
+    for argv in (["--ServerApp.disable_check_xsrf=False"], ["--ServerApp.tornado_settings=headers={}"],
+                 ["--no-browser", "--ServerApp.base_url=/x/"]):
+        assert lab_tool.auth_problem(argv) is None, argv  # what is harmless passes
+
+
+def test_lab_knows_every_alias_and_flag_of_jupyterlab_that_would_be_refused():
+    """Planted: each alias and flag of the JupyterLab installed. One that sets a refused trait (today `--config`,
+    JupyterApp.config_file) must be in tools/lab.py's ALIASES, or be refused by its name; a JupyterLab that adds
+    such an alias or flag fails this test instead of slipping past make lab."""
+    parse, flags, aliases = _jupyterlab_parser()
+    refused_traits = lab_tool.CONFIG_TRAITS | {"token", "password", "hashed_password", "disable_check_xsrf"}
+    for alias, target in aliases.items():
+        if target.rsplit(".", 1)[1] in refused_traits:
+            assert alias in lab_tool.ALIASES and lab_tool.ALIASES[alias].rsplit(".", 1)[1] == target.rsplit(".", 1)[1]
+            assert lab_tool.auth_problem([f"--{alias}=x"]) and lab_tool.auth_problem([f"--{alias}", "x"])
+    for flag in flags:
+        if _dangerous(parse([f"--{flag}"])):
+            assert lab_tool.auth_problem([f"--{flag}"]), flag
+    assert set(lab_tool.ALIASES) <= set(aliases), "ALIASES names an alias this JupyterLab does not have"
+
+
+def _cookie_session(base: str, token: str):
+    """A browser's session: it opened the URL make lab printed (``/lab?token=...``), which logged it in (the
+    login cookie) and gave it the ``_xsrf`` cookie; it sends no token of its own afterwards."""
+    import http.cookiejar
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with opener.open(f"{base}/lab?token={token}", timeout=60) as resp:
+        assert resp.status == 200
+    cookies = {c.name: c.value for c in jar}
+    assert "_xsrf" in cookies and any(n.startswith("username-") for n in cookies), sorted(cookies)
+
+    def post(path: str, body: dict, xsrf: bool) -> int:
+        headers = {"Content-Type": "application/json", **({"X-XSRFToken": cookies["_xsrf"]} if xsrf else {})}
+        req = urllib.request.Request(base + path, method="POST", data=json.dumps(body).encode(), headers=headers)
+        try:
+            with opener.open(req, timeout=60) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    return post
+
+
+@pytest.mark.slow
+def test_a_logged_in_browser_cannot_change_a_file_without_the_xsrf_token(lab):
+    """Planted: a POST that creates a file (what a page on another site could make the learner's browser send),
+    carrying the login cookie only. `make lab`'s JupyterLab refuses it (403); the same POST with the XSRF token
+    (what JupyterLab's own page sends) creates the file."""
+    post = _cookie_session(lab.base, lab.token)
+    before = {p.name for p in lab.work.iterdir()}
+    assert post("/api/contents", {"type": "file", "ext": ".txt"}, xsrf=False) == 403
+    assert {p.name for p in lab.work.iterdir()} == before, "a POST without the XSRF token made a file"
+    assert "'_xsrf' argument missing from POST" in lab.log_tail()
+    assert post("/api/contents", {"type": "file", "ext": ".txt"}, xsrf=True) == 201
+    assert len({p.name for p in lab.work.iterdir()} - before) == 1
+
+
+@contextlib.contextmanager
+def _server_with(extra: list[str], tmp_path: Path):
+    """JupyterLab started the way tools/lab.py execs it (its command, environment and token, headless on a free
+    port of 127.0.0.1, the copy in a folder under tmp_path) with ``extra`` among its arguments, which lab.py
+    itself would refuse: what that argument does. Yields (base URL, token, log); ends every process of it."""
+    pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (make setup installs it)")
+    port, token = _free_port(), secrets.token_hex(24)
+    runtime, work, log = tmp_path / "runtime", tmp_path / "work", tmp_path / "lab.log"
+    work.mkdir()
+    cmd = lab_tool.command(sys.executable, "127.0.0.1", port, os.geteuid() == 0, ["--no-browser", *extra], str(work))
+    env = lab_tool.lab_env(dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1"), token)
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd[:-1], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:  # up: it answers /api/status, with any status (a server with another token answers 403)
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab {extra} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{base}/api/status", timeout=5)
+                break
+            except urllib.error.HTTPError:
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield base, token, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        for line in _procs_naming(str(runtime)):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["--ServerApp.tornado_settings=disable_check_xsrf=True",
+                                     "--JupyterApp.config_file_name=x"])
+def test_what_make_lab_refuses_really_opens_jupyterlab(planted, tmp_path, monkeypatch, capsys):
+    """Planted, one at a time, in the command tools/lab.py execs (past its refusal): the tornado_settings spelling
+    of the XSRF switch turns the check off (the cookie-only POST that `make lab`'s server refuses creates a
+    file), and another config file name skips tools/lab_config (the token make lab printed no longer logs in).
+    make lab refuses both, naming the argument."""
+    with _server_with([planted], tmp_path) as (base, token, log):
+        if "xsrf" in planted:
+            post = _cookie_session(base, token)
+            assert post("/api/contents", {"type": "file", "ext": ".txt"}, xsrf=False) == 201
+        else:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=30)
+            assert refused.value.code == 403
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(lab_tool.os, "execve", lambda *a: pytest.fail(f"exec'd {a[1]}"))
+    assert lab_tool.main(["--dry-run", f"--lab-args={planted}"]) == 2
+    assert capsys.readouterr().err.startswith(f"make lab: refusing {planted!r}: ")

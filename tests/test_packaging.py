@@ -143,6 +143,10 @@ def test_readme_says_how_pip_gets_the_cpu_torch():
 # the install cell
 
 
+#: a commit the install cell pins (any 40 hex digits: the cell's text does not check it)
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
 def _sources():
     return install_cell.sources()
 
@@ -191,8 +195,16 @@ def test_the_address_is_read_once_from_pyproject(tmp_path):
         "project"]["urls"]["Repository"]
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text().replace(
         install_cell.repository_url(), "https://github.com/someone/pinlab"))
+    with pytest.raises(ValueError, match="no tag or commit to install.*make publish URL=<its address> REF="):
+        install_cell.source(root=tmp_path)  # an address without a tag or commit: never a branch's head
+    install_cell.set_install_ref("v1.2.0", tmp_path)
+    assert install_cell.install_ref(tmp_path) == "v1.2.0" and tomllib.loads((tmp_path / "pyproject.toml").read_text())[
+        "tool"]["pinlab"]["install-ref"] == "v1.2.0"
     cell = install_cell.source(root=tmp_path)
-    assert '"pinlab @ git+https://github.com/someone/pinlab"' in cell and "--no-deps" in cell
+    assert '"pinlab @ git+https://github.com/someone/pinlab@v1.2.0"' in cell and "--no-deps" in cell
+    install_cell.set_install_ref(SHA, tmp_path)  # written again: replaced, one table, one line
+    text = (tmp_path / "pyproject.toml").read_text()
+    assert text.count("[tool.pinlab]") == 1 and text.count("install-ref") == 1 and install_cell.install_ref(tmp_path) == SHA
     assert install_cell.is_placeholder(install_cell.REPOSITORY_FALLBACK)
     assert "git+" not in install_cell.source(install_cell.REPOSITORY_FALLBACK)
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -224,16 +236,17 @@ def _run_cell(tmp_path, cell: str, hide: list[str]) -> tuple[str, list]:
 
 def test_the_install_cell_does_nothing_where_pinlab_imports(tmp_path):
     for repo in (install_cell.REPOSITORY_FALLBACK, "https://github.com/someone/pinlab"):
-        assert _run_cell(tmp_path, install_cell.source(repo), []) == ("", [])
+        assert _run_cell(tmp_path, install_cell.source(repo, ref=SHA), []) == ("", [])
 
 
 def test_the_install_cell_keeps_the_platforms_torch(tmp_path):
-    cell = install_cell.source("https://github.com/someone/pinlab")
+    cell = install_cell.source("https://github.com/someone/pinlab", ref=SHA)
     light = [r for r in install_cell.requirements() if not r.startswith("torch")]
     torch = [r for r in install_cell.requirements() if r.startswith("torch")]
     out, calls = _run_cell(tmp_path, cell, ["pinlab"])  # Colab: torch there, pinlab not
     assert out == "" and calls == [["-m", "pip", "install", "-q", *light],
-                                   ["-m", "pip", "install", "-q", "--no-deps", "pinlab @ git+https://github.com/someone/pinlab"]]
+                                   ["-m", "pip", "install", "-q", "--no-deps",
+                                    f"pinlab @ git+https://github.com/someone/pinlab@{SHA}"]]  # one commit, pinned
     _, calls = _run_cell(tmp_path, cell, ["pinlab", "torch"])  # a bare Python: torch too
     assert calls[0] == ["-m", "pip", "install", "-q", *light, *torch] and "--no-deps" in calls[1]
     assert not any("jupyterlab" in " ".join(c) or "[" in " ".join(c) for c in calls), "no JupyterLab, no extra"
@@ -275,14 +288,21 @@ def test_publishing_keeps_every_output_the_evidence_and_the_site(tmp_path):
     before = {p.relative_to(clone): [c.get("outputs") for c in nbtools.load(p)["cells"]]
               for p in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS, clone)}
     url = "https://github.com/someone/pinlab"
+    head = _git_head(clone)
+    branch = subprocess.run(["git", "branch", "--show-current"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    res = subprocess.run([sys.executable, "tools/install_cell.py", "--publish", url, f"--ref={branch}"], cwd=clone,
+                         capture_output=True, text=True, timeout=300)  # a branch: refused, nothing written
+    assert res.returncode == 2 and f"REF {branch} is a branch" in res.stderr, res.stderr
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout == ""
     res = subprocess.run([sys.executable, "tools/install_cell.py", "--publish", url], cwd=clone, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=300)  # no REF: the commit checked out
     assert res.returncode == 0, res.stdout + res.stderr
     assert f'Repository = "{url}"' in (clone / "pyproject.toml").read_text()
+    assert install_cell.install_ref(clone) == head and f"installing {head}" in res.stdout
     for p in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS, clone):
         nb = nbtools.load(p)
         assert [c.get("outputs") for c in nb["cells"]] == before[p.relative_to(clone)], p
-        assert sum(f"git+{url}" in "".join(c["source"]) for c in nb["cells"]) == 1, p
+        assert sum(f'"pinlab @ git+{url}@{head}"' in "".join(c["source"]) for c in nb["cells"]) == 1, p
     env = {k: v for k, v in os.environ.items() if not k.startswith("PINLAB_")}
     for cmd in (["tools/install_cell.py", "--check"], ["tools/nbbuild.py", "--check"],
                 ["tools/make_exercises.py", "--check"]):
@@ -303,6 +323,34 @@ def test_publishing_keeps_every_output_the_evidence_and_the_site(tmp_path):
         assert build_site.colab_url(url, "notebooks/01_pinned_memory.ipynb")
     finally:
         sys.path.remove(str(clone / "tools"))
+
+
+def _git_head(repo: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _git_repo(root: Path) -> dict[str, str]:
+    """A git repository at ``root`` (made if needed) with two commits: the first tagged v1.0 and v1.0-rc, the
+    second on the branch checked out, plus a branch `feature`, a remote-tracking `origin/dev`, and `both`, a
+    name that is a tag and a branch. Returns the names of its commits and refs."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"]
+    root.mkdir(parents=True, exist_ok=True)
+    run = lambda *a: subprocess.run(git + list(a), cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+    run("init", "-q")
+    (root / "a.txt").write_text("1")
+    run("add", "-A")
+    run("commit", "-q", "-m", "one")
+    first = _git_head(root)
+    run("tag", "v1.0")
+    run("tag", "-a", "-m", "annotated", "v1.0-rc")
+    run("branch", "both")
+    run("tag", "both")
+    (root / "a.txt").write_text("2")
+    run("commit", "-q", "-am", "two")
+    run("branch", "feature")
+    run("update-ref", "refs/remotes/origin/dev", "HEAD")
+    return {"first": first, "head": _git_head(root), "branch": run("branch", "--show-current")}
 
 
 def _local_clone(dest: Path) -> str:
@@ -348,7 +396,7 @@ def test_notebook_00_runs_in_a_fresh_kernel_after_its_install_cell(tmp_path):
         "argv": [str(py), "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "fresh",
         "language": "python", "env": env}))
     cells = nbtools.parse_percent((ROOT / "notebooks/src/00_start_here.py").read_text(encoding="utf-8"))
-    cells[1]["source"] = install_cell.source(url)
+    cells[1]["source"] = install_cell.source(url, ref=_git_head(clone))  # pip installs that one commit
     nb = nbformat.reads(json.dumps(nbtools.to_notebook(cells)), as_version=4)
     run_dir = tmp_path / "elsewhere"  # no checkout around: the recorded run must come from the installed wheel
     run_dir.mkdir()
@@ -385,3 +433,109 @@ def test_the_readme_first_screen_says_who_it_is_for_and_shows_the_latest_runs_fi
         "`python3 tools/readme_figure.py --write`")
     assert "## Running the GPU suite" not in text and "## Running the GPU suite" in (
         ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8"), "maintainer material lives in CONTRIBUTING.md"
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 48: the install cell installs one tag or commit, never a branch's head
+
+
+def test_publish_pins_a_tag_or_a_full_commit_and_refuses_the_rest(tmp_path):
+    """Planted REFs in a git repository: a tag (lightweight, annotated), a full commit (any case), nothing (HEAD's
+    commit) are taken; a branch (local or remote-tracking), HEAD, a name both tag and branch, an abbreviated
+    commit, a commit or tag the repository lacks and text pip or git cannot take after "@" are refused, each
+    with a ValueError naming REF and what to write instead."""
+    if not shutil.which("git"):
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    refs = _git_repo(repo)
+    ok = {None: refs["head"], "": refs["head"], "  ": refs["head"], "v1.0": "v1.0", "v1.0-rc": "v1.0-rc",
+          refs["first"]: refs["first"], refs["first"].upper(): refs["first"], f" {refs['head']} ": refs["head"]}
+    for ref, want in ok.items():
+        assert install_cell.check_ref(ref, repo) == want, ref
+    refused = {refs["branch"]: "is a branch", "feature": "is a branch", "dev": "is a branch", "HEAD": "is a branch or HEAD",
+               "both": "both a tag and a branch", refs["first"][:7]: "abbreviated commit", refs["head"][:12]: "abbreviated",
+               "v9.9": "no tag of this repository", "f" * 40: "no commit of this repository",
+               "v1.0 x": "not a tag name", "v1@x": "not a tag name", "v1#x": "not a tag name", "'v1.0'": "not a tag name",
+               "a..b": "not a tag name", "-v1": "not a tag name", "v1/": "not a tag name", "HEAD~1": "not a tag name",
+               "v1.0\nx": "not a tag name", "٣": "not a tag name"}
+    for ref, message in refused.items():
+        with pytest.raises(ValueError) as err:
+            install_cell.check_ref(ref, repo)
+        assert str(err.value).startswith("REF ") and message in str(err.value), (ref, str(err.value))
+        assert "tag" in str(err.value) and ("commit" in str(err.value) or "40 hex" in str(err.value)), str(err.value)
+    (tmp_path / "no-git").mkdir()
+    with pytest.raises(ValueError, match="REF not given, and .* has no commit checked out"):
+        install_cell.check_ref(None, tmp_path / "no-git")
+
+
+def _small_published_course(tmp_path: Path) -> Path:
+    """A repository holding pyproject.toml and one notebook source with the placeholder install cell."""
+    root = tmp_path / "course"
+    refs = _git_repo(root)
+    shutil.copyfile(ROOT / "pyproject.toml", root / "pyproject.toml")
+    (root / "notebooks" / "src").mkdir(parents=True)
+    (root / "notebooks" / "src" / "01_t.py").write_text(install_cell.with_cell(
+        "# %% [markdown]\n# # 01 · T\n\n# %%\nprint(1)\n", install_cell.source(install_cell.REPOSITORY_FALLBACK)))
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "commit", "-q",
+                    "-m", "course"], cwd=root, check=True)
+    return root
+
+
+@pytest.mark.parametrize("ref", [None, "v1.0", "first"])
+def test_publish_writes_the_pinned_ref_into_pyproject_and_every_install_cell(tmp_path, capsys, ref):
+    """make publish URL=... [REF=...] in a small course: the cell installs `pinlab @ git+URL@REF` (no REF: HEAD's
+    commit), pyproject.toml keeps the ref for make notebooks (--check passes afterwards)."""
+    if not shutil.which("git"):
+        pytest.skip("needs git")
+    root = _small_published_course(tmp_path)
+    if ref == "first":
+        ref = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    want = ref or _git_head(root)
+    url = "https://github.com/someone/pinlab"
+    argv = ["--publish", url, "--root", str(root)] + ([f"--ref={ref}"] if ref else [])
+    assert install_cell.main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"installing {want}" in out and "push" in out, out
+    text = (root / "notebooks" / "src" / "01_t.py").read_text()
+    assert f'"pinlab @ git+{url}@{want}"' in text and f"git+{url}\"" not in text
+    assert install_cell.install_ref(root) == want
+    assert install_cell.main(["--check", "--root", str(root)]) == 0
+
+
+@pytest.mark.parametrize("ref, message", [("feature", "is a branch"), ("v1", "no tag of this repository"),
+                                          ("abc1234", "abbreviated commit"), ("x y", "not a tag name")])
+def test_publish_refuses_a_bad_ref_before_writing_anything(tmp_path, capsys, ref, message):
+    """Planted: a REF that is a branch, no tag, abbreviated or malformed. --publish exits 2 naming REF; neither
+    pyproject.toml nor any source changes (the URL is fine: the REF alone stops it)."""
+    if not shutil.which("git"):
+        pytest.skip("needs git")
+    root = _small_published_course(tmp_path)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".git" not in p.parts}
+    assert install_cell.main(["--publish", "https://github.com/someone/pinlab", f"--ref={ref}", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("install_cell.py --publish: REF ") and message in err, err
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".git" not in p.parts} == before
+
+
+def test_make_publish_hands_ref_over_quoted():
+    """`make publish URL=... REF=...` gives the tool both words single-quoted and unexpanded; no REF: an empty one
+    (the tool then pins HEAD's commit)."""
+    if not shutil.which("make"):
+        pytest.skip("needs make")
+    for extra, want in ((["REF=v1.0"], "--ref='v1.0'"), ([], "--ref=''"), (["REF=$(touch x)"], "--ref='$(touch x)'")):
+        res = subprocess.run(["make", "-s", "-n", "publish", "URL=https://github.com/a/b", *extra], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "tools/install_cell.py --publish 'https://github.com/a/b' " + want in res.stdout, (
+            res.stdout + res.stderr)
+
+
+def test_the_committed_notebooks_keep_the_placeholder_install_cell():
+    """Nothing of this pins the committed course: pyproject.toml names no install-ref, the address is the
+    placeholder, and every committed notebook's install cell is the placeholder's (make publish writes the pin)."""
+    assert install_cell.install_ref() is None and install_cell.is_placeholder(install_cell.repository_url())
+    want = nbtools._lines(install_cell.source())
+    for path in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS):
+        cells = [c for c in nbtools.load(path)["cells"] if nbtools.evidence_source(c) == install_cell.MARK]
+        assert len(cells) == 1 and cells[0]["source"] == want, path

@@ -120,3 +120,14 @@ def test_gpu_the_gate_on_cuda(tmp_path):
     suite = _copy_sample(tmp_path)
     gated = _pytest(["--pinlab-races"], suite)
     assert "1 failed, 2 passed" in gated.stdout and "test_racy_loop" in gated.stdout, gated.stdout[-2000:]
+
+
+def test_an_allowlist_place_matches_at_a_folder_boundary_only():
+    import pinlab_pytest
+
+    kind = "host rewrote the source of a pending H2D copy"
+    assert pinlab_pytest._allowed(["loader.py:42"], kind, ["/src/loader.py:42"])
+    assert pinlab_pytest._allowed(["src/loader.py:42"], kind, ["/home/me/src/loader.py:42"])
+    assert not pinlab_pytest._allowed(["loader.py:42"], kind, ["/src/myloader.py:42"])
+    assert not pinlab_pytest._allowed(["loader.py:4"], kind, ["/src/loader.py:42"])
+    assert pinlab_pytest._allowed([kind], kind, ["/x.py:1"]) and not pinlab_pytest._allowed(["  "], kind, ["/x.py:1"])

@@ -3,8 +3,10 @@
 tools/mutation_check.py are safe to run."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -234,6 +236,25 @@ REFUSED = {**{t: "empty token turns authentication off" for t in EMPTY_TOKENS},
            "--ServerApp.token abc123": "give the token in JUPYTER_TOKEN",
            "--ServerApp.disable_check_xsrf=True": "XSRF", "--ServerApp.disable_check_xsrf": "XSRF",
            "--config=/tmp/x.py": "its own config folder", "--JupyterApp.config_file=/tmp/x.py": "its own config folder"}
+# issue 48: the XSRF check turned off through the web application's settings (a dict trait, read as key=value or
+# as a Python literal), in any class, case, dash count, `=` or the next word; the config file switched or skipped
+XSRF_OFF = ["--ServerApp.tornado_settings=disable_check_xsrf=True", "--ServerApp.tornado_settings disable_check_xsrf=1",
+            "--NotebookApp.tornado_settings=disable_check_xsrf=True", "-ServerApp.tornado_settings=xsrf_cookies=False",
+            "--ServerApp.tornado_settings={'disable_check_xsrf': True}",
+            "--ServerApp.tornado_settings \"{'disable_check_\\x78srf': True}\"",  # \x78 is x, once literal_eval'd
+            "--ServerApp.tornado_settings headers={} --ServerApp.tornado_settings disable_check_xsrf=yes",
+            "--LabApp.settings=disable_check_xsrf=True", "--ExtensionApp.settings disable_check_xsrf=1",
+            "--ServerApp.disable_check_xsrf 1", "--NotebookApp.disable_check_xsrf=yes", "-ServerApp.disable_check_xsrf=True",
+            "--serverapp.DISABLE_CHECK_XSRF=true", "--ServerApp.disable-check-xsrf=True",
+            "--ServerApp.disable_check_xsrf='True'", "--ServerApp.disable_check_xsrf=' true '",
+            "--JupyterApp.disable_check_xsrf=True", "--ServerApp.base_url=/x/ --ServerApp.disable_check_xsrf=True"]
+CONFIG_SWITCHED = ["--JupyterApp.config_file_name=x", "--JupyterApp.config_file_name x", "--JupyterApp.config_file_name=",
+                   "--ServerApp.config_file_name=my_config", "--ServerApp.config_file=/tmp/c.py", "--config /tmp/c.py",
+                   "-JupyterApp.config_file=/tmp/c.py", "--Application.config_file=c.py", "--CONFIG=/tmp/c.py",
+                   "--conf=/tmp/c.py", "--confi /tmp/c.py", "--LabApp.config_file_name=lab", "--JupyterApp.Config_File=x",
+                   "--JupyterApp.config-file-name=x", "--JupyterApp.config_dir=/tmp", "--no-browser --config=/tmp/c.py"]
+REFUSED.update({t: "XSRF check off" for t in XSRF_OFF})
+REFUSED.update({t: "another config file" for t in CONFIG_SWITCHED})
 
 
 @pytest.mark.parametrize("planted", sorted(REFUSED))
@@ -244,6 +265,19 @@ def test_lab_refuses_a_disabled_token_in_any_spelling(lab_tool, monkeypatch, cap
     assert err.startswith("make lab: refusing") and REFUSED[planted] in err, err
     assert lab_tool.main(["--dry-run", "--", *shlex.split(planted)]) == 2  # after --, as words
     assert REFUSED[planted] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("planted", XSRF_OFF + CONFIG_SWITCHED)
+def test_lab_names_the_refused_argument_and_what_to_do(lab_tool, monkeypatch, capsys, planted):
+    """The refusal quotes the argument as given (the option and its value) and says what to do instead."""
+    monkeypatch.setattr(lab_tool.os, "geteuid", lambda: 1000)
+    assert lab_tool.main(["--dry-run", f"--lab-args={planted}"]) == 2
+    err = capsys.readouterr().err
+    words = shlex.split(planted)   # the argument as the learner gave it: the option word, with its value if apart
+    shown = [w for i, w in enumerate(words) if w.startswith("-")] + [
+        f"{w} {shlex.quote(words[i + 1])}" for i, w in enumerate(words[:-1]) if w.startswith("-")]
+    assert any(err.startswith(f"make lab: refusing {a!r}: ") for a in shown), err
+    assert "leave it out" in err and ("~/.jupyter/jupyter_server_config.py" in err or "XSRF" in err), err
 
 
 def test_lab_passes_other_arguments_and_says_how_to_quote(lab_tool, monkeypatch, capsys):
@@ -287,13 +321,35 @@ def test_lab_kernels_do_not_inherit_the_token(lab_tool, monkeypatch, tmp_path):
 # ---- tools/gpu-wheels.sh ----------------------------------------------------------------------------------------
 
 _FAKE_PIP = """#!/usr/bin/env python3
-# stands in for `python3 -m pip download ... -d DIR ...`: writes two wheels there, one the GPU image has
-import sys
+# stands in for `python3 -m pip download ... -d DIR ...` (and logs its arguments to $FAKE_PIP_LOG). With `-r LOCK`
+# (the pinned download) it writes the wheel of every pin, its bytes made from name and version (FAKE_PIP_TAMPER=NAME:
+# other bytes for that one; FAKE_PIP_EXTRA=FILE: one more wheel); without (--relock) two wheels, one the image has.
+import json, os, re, sys
 from pathlib import Path
+if os.environ.get("FAKE_PIP_LOG"):
+    with open(os.environ["FAKE_PIP_LOG"], "a") as fh:
+        fh.write(json.dumps(sys.argv[1:]) + "\\n")
 d = Path(sys.argv[sys.argv.index("-d") + 1]); d.mkdir(parents=True, exist_ok=True)
-for name in ("nbval-0.11.0-py2.py3-none-any.whl", "numpy-2.2.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
-    (d / name).write_bytes(name.encode() * 100)
+if "-r" in sys.argv:
+    for line in Path(sys.argv[sys.argv.index("-r") + 1]).read_text().splitlines():
+        m = re.match(r"([a-z0-9-]+)==(\\S+)", line)
+        if m:
+            name, version = m.groups()
+            data = b"tampered" if os.environ.get("FAKE_PIP_TAMPER") == name else f"{name}=={version}".encode() * 100
+            (d / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(data)
+    if os.environ.get("FAKE_PIP_EXTRA"):
+        (d / os.environ["FAKE_PIP_EXTRA"]).write_bytes(b"not pinned")
+else:
+    for name in ("nbval-0.11.0-py2.py3-none-any.whl", "numpy-2.2.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
+        (d / name).write_bytes(name.encode() * 100)
 """
+#: what the pinned download of the test's lock writes
+PINNED = ["jupyter_client-8.10.0-py3-none-any.whl", "nbval-0.11.0-py3-none-any.whl"]
+
+
+def _pin(name: str, version: str) -> str:
+    """A lock line for the wheel _FAKE_PIP writes for name==version."""
+    return f"{name}=={version} --hash=sha256:{hashlib.sha256(f'{name}=={version}'.encode() * 100).hexdigest()}"
 
 
 @pytest.fixture
@@ -303,21 +359,35 @@ def wheels_env(tmp_path):
     fake = tmp_path / "fakepy"
     fake.write_text(_FAKE_PIP)
     fake.chmod(0o755)
-    return dict(os.environ, PYTHON=str(fake))
+    lock = tmp_path / "pins.txt"
+    lock.write_text("# pins\n" + _pin("jupyter-client", "8.10.0") + "\n" + _pin("nbval", "0.11.0") + "\n")
+    return dict(os.environ, PYTHON=str(fake), LOCK=str(lock), FAKE_PIP_LOG=str(tmp_path / "pip.log"),
+                NEWER_TRANSFORMERS="none")
 
 
-def _wheels(dest, env):
-    return subprocess.run(["bash", str(ROOT / "tools" / "gpu-wheels.sh"), str(dest)], cwd=ROOT, env=env,
+def _wheels(dest, env, *options):
+    return subprocess.run(["bash", str(ROOT / "tools" / "gpu-wheels.sh"), *options, str(dest)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
-def test_gpu_wheels_writes_sha256sums_and_prints_a_private_install(tmp_path, wheels_env):
+def _printed_recipe(stdout: str) -> str:
+    """The install line gpu-wheels.sh prints, its continuation lines joined."""
+    text = stdout.split("into a fresh private folder, and put it on PYTHONPATH:", 1)[1]
+    return re.sub(r"\\\n\s*", "", text).strip().splitlines()[0].strip()
+
+
+def test_gpu_wheels_downloads_exactly_the_pinned_wheels_and_prints_a_private_install(tmp_path, wheels_env):
     dest = tmp_path / "whl"
     res = _wheels(dest, wheels_env)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(p.name for p in dest.iterdir()) == ["SHA256SUMS", "nbval-0.11.0-py2.py3-none-any.whl"]
+    assert sorted(p.name for p in dest.iterdir()) == ["SHA256SUMS", *PINNED]
     assert subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=dest, capture_output=True).returncode == 0
-    assert "/tmp/site" not in res.stdout and 'SITE=$(mktemp -d)' in res.stdout and "sha256sum --strict -c" in res.stdout
+    (call,) = [json.loads(line) for line in (tmp_path / "pip.log").read_text().splitlines()]
+    assert call[:2] == ["-m", "pip"] and "download" in call and "--require-hashes" in call and "--no-deps" in call
+    assert call[call.index("-r") + 1] == wheels_env["LOCK"]  # pip checks each file against the pins as it downloads
+    assert "/tmp/site" not in res.stdout and 'SITE=$(mktemp -d)' in res.stdout
+    assert "--require-hashes" in res.stdout and "-r tools/gpu-wheels.txt" in res.stdout
+    assert _printed_recipe(res.stdout) == _recipe().replace("--find-links .whl", f"--find-links {dest}")
     # an earlier run's output is emptied first; anything else is refused and left alone
     (dest / "stale-1.0-py3-none-any.whl").write_bytes(b"old")
     res = _wheels(dest, wheels_env)
@@ -326,6 +396,69 @@ def test_gpu_wheels_writes_sha256sums_and_prints_a_private_install(tmp_path, whe
     res = _wheels(dest, wheels_env)
     assert res.returncode == 2 and "refusing to empty it" in res.stderr and (dest / "notes.txt").read_text() == "mine"
     assert _wheels(dest / "notes.txt", wheels_env).returncode == 2
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_gpu_wheels_fetches_the_pinned_newer_transformers_apart(tmp_path, wheels_env, tamper):
+    """Lesson 09's newer transformers is pinned apart (gpu-wheels-newer.txt beside the lock) and listed apart
+    (SHA256SUMS.newer, not SHA256SUMS); a wheel other than the pinned one is left out, named."""
+    (tmp_path / "gpu-wheels-newer.txt").write_text("# newer\n" + _pin("transformers", "5.24.0") + "\n")
+    env = {k: v for k, v in wheels_env.items() if k != "NEWER_TRANSFORMERS"}
+    if tamper:
+        env["FAKE_PIP_TAMPER"] = "transformers"
+    dest = tmp_path / "whl"
+    res = _wheels(dest, env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    names = sorted(p.name for p in dest.iterdir())
+    if tamper:
+        assert names == ["SHA256SUMS", *PINNED] and "is not the wheel" in res.stderr
+        return
+    assert names == sorted(["SHA256SUMS", "SHA256SUMS.newer", "transformers-5.24.0-py3-none-any.whl", *PINNED])
+    assert "transformers" not in (dest / "SHA256SUMS").read_text()
+    assert subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS.newer"], cwd=dest).returncode == 0
+    assert "-r tools/gpu-wheels-newer.txt" in res.stdout and "PINLAB_TRANSFORMERS_NEWER" in res.stdout
+
+
+@pytest.mark.parametrize("planted", ["tampered nbval", "an extra wheel", "a pin without its wheel"])
+def test_gpu_wheels_refuses_a_download_that_is_not_what_the_lock_pins(tmp_path, wheels_env, planted):
+    """Planted in what pip hands over: a wheel with other bytes than the pinned ones, a wheel the lock does not
+    pin, a pin whose wheel is missing. The script refuses (exit 1), names the file, and copies nothing."""
+    env = dict(wheels_env)
+    if planted == "tampered nbval":
+        env["FAKE_PIP_TAMPER"] = "nbval"
+    elif planted == "an extra wheel":
+        env["FAKE_PIP_EXTRA"] = "evil-1.0-py3-none-any.whl"
+    else:
+        Path(env["LOCK"]).write_text(Path(env["LOCK"]).read_text() + _pin("ghost", "1.0").replace(
+            hashlib.sha256(b"ghost==1.0" * 100).hexdigest(), "0" * 64) + "\n")
+    dest = tmp_path / "whl"
+    res = _wheels(dest, env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "refusing the download, nothing copied" in res.stderr, res.stderr
+    if planted != "a pin without its wheel":
+        assert ("nbval-0.11.0" if "tampered" in planted else "evil-1.0") in res.stderr
+    assert not dest.exists() or not list(dest.iterdir())
+
+
+def test_gpu_wheels_relock_writes_the_pins_of_the_wheels_it_keeps(tmp_path, wheels_env):
+    """--relock resolves afresh (no -r, no --require-hashes), leaves out what the image has (numpy) and writes the
+    lock: one pinned line per kept wheel, its version and the SHA-256 of the file, under a header saying so."""
+    lock = tmp_path / "new-pins.txt"
+    env = dict(wheels_env, LOCK=str(lock))
+    dest = tmp_path / "whl"
+    res = _wheels(dest, env, "--relock")
+    assert res.returncode == 0, res.stdout + res.stderr
+    wheel = dest / "nbval-0.11.0-py2.py3-none-any.whl"
+    assert sorted(p.name for p in dest.iterdir()) == ["SHA256SUMS", wheel.name]
+    lines = [ln for ln in lock.read_text().splitlines() if not ln.startswith("#")]
+    assert lines == [f"nbval==0.11.0 --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"]
+    assert "--require-hashes" in lock.read_text() and "numpy" not in lock.read_text()
+    assert "left out (the GPU image has them): numpy" in res.stdout and "review" in res.stdout
+    calls = [json.loads(line) for line in (tmp_path / "pip.log").read_text().splitlines()]
+    assert calls and not any("--require-hashes" in c or "-r" in c for c in calls)
+    res = _wheels(tmp_path / "again", env)  # the pinned download of the new lock takes what it pins
+    assert res.returncode == 1 and "nbval-0.11.0" in res.stderr  # (the fake writes other bytes when pinned)
+    assert _wheels(tmp_path / "x", dict(wheels_env, LOCK=str(tmp_path / "missing.txt"))).returncode == 2
 
 
 def test_gpu_wheels_refuses_a_dest_that_is_a_symlink(tmp_path, wheels_env):
@@ -343,8 +476,7 @@ def test_gpu_wheels_refuses_a_dest_that_is_a_symlink(tmp_path, wheels_env):
     res = _wheels(real, wheels_env)
     assert res.returncode == 0, res.stdout + res.stderr
     sums = (real / "SHA256SUMS").read_text()
-    assert "foreign" not in sums and sorted(p.name for p in real.iterdir()) == [
-        "SHA256SUMS", "nbval-0.11.0-py2.py3-none-any.whl"]
+    assert "foreign" not in sums and sorted(p.name for p in real.iterdir()) == ["SHA256SUMS", *PINNED]
     (real / "sneaky.whl").symlink_to(tmp_path / "elsewhere.whl")   # a link inside DEST: not an earlier run's file
     res = _wheels(real, wheels_env)
     assert res.returncode == 2 and "refusing to empty it" in res.stderr
@@ -357,28 +489,93 @@ def _recipe() -> str:
     return line
 
 
-def test_the_readme_recipe_checks_the_sums_and_installs_into_a_fresh_private_folder(tmp_path, wheels_env):
+def _dummy_wheel(folder: Path, name: str, version: str, body: str = "VALUE = 1\n") -> Path:
+    """A real, installable pure-Python wheel (one module), made here: no network."""
+    import base64
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": body.encode(),
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+                     for n, d in files.items()) + f"{dist}/RECORD,,\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+        z.writestr(f"{dist}/RECORD", record)
+    return path
+
+
+def _run_recipe(work: Path, bin_dir: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONPATH", None)
+    script = _recipe() + '\nrc=$?; echo "SITE=$SITE"; stat -c %a "$SITE"; exit $rc'
+    res = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    return res, Path(res.stdout.split("SITE=", 1)[1].split()[0])
+
+
+def test_the_recipe_installs_only_wheels_whose_hashes_the_repository_pins(tmp_path):
+    """CONTRIBUTING.md's install line, run by a real pip (this Python's, as python3) in a scratch project: its .whl/
+    holds two wheels made here and its tools/gpu-wheels.txt pins them. They install into a fresh private folder.
+    Planted: a wheel with other contents under the same file name (tampered), the pinned version swapped for
+    another; each is refused (pip: the hashes do not match / no such version) and nothing is installed. A wheel
+    in .whl/ that the file does not pin is never installed."""
+    if not shutil.which("bash"):
+        pytest.skip("needs bash")
     work = tmp_path / "project"
-    work.mkdir()
-    assert _wheels(work / ".whl", wheels_env).returncode == 0
-    bin_dir = tmp_path / "bin"   # a python3 that records how pip was called
+    (work / ".whl").mkdir(parents=True)
+    (work / "tools").mkdir()
+    a = _dummy_wheel(work / ".whl", "pinlab_dummy_a", "1.0")
+    b = _dummy_wheel(work / ".whl", "pinlab_dummy_b", "2.0")
+    _dummy_wheel(work / ".whl", "pinlab_dummy_extra", "1.0")   # in the transfer, not pinned
+    (work / "tools" / "gpu-wheels.txt").write_text("# pins\n" + "".join(
+        f"{w.name.split('-')[0].replace('_', '-')}=={w.name.split('-')[1]} "
+        f"--hash=sha256:{hashlib.sha256(w.read_bytes()).hexdigest()}\n" for w in (a, b)))
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    log = tmp_path / "pip.log"
-    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$@" > {log}\n')
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "python3").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    script = _recipe() + '\necho "PYTHONPATH=$PYTHONPATH"; stat -c %a "$PYTHONPATH"'
-    res = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    res, site = _run_recipe(work, bin_dir)
     assert res.returncode == 0, res.stdout + res.stderr
-    site = res.stdout.split("PYTHONPATH=", 1)[1].split()[0]
-    assert site != "/tmp/site" and Path(site).is_dir() and res.stdout.strip().endswith("700")
-    assert log.read_text().split() == ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", site,
-                                       "nbval-0.11.0-py2.py3-none-any.whl"]
+    assert site != Path("/tmp/site") and site.is_dir() and res.stdout.strip().endswith("700")
+    installed = sorted(p.name for p in site.iterdir())
+    assert "pinlab_dummy_a" in installed and "pinlab_dummy_b" in installed and "pinlab_dummy_extra" not in installed
     shutil.rmtree(site)
-    log.unlink()
-    (work / ".whl" / "nbval-0.11.0-py2.py3-none-any.whl").write_bytes(b"tampered")  # a changed wheel: no install
-    res = subprocess.run(["bash", "-c", _recipe()], cwd=work, env=env, capture_output=True, text=True, timeout=60)
-    assert res.returncode != 0 and "FAILED" in res.stdout + res.stderr and not log.exists()
+
+    good = a.read_bytes()
+    _dummy_wheel(work / ".whl", "pinlab_dummy_a", "1.0", body="import os\nVALUE = 1\n")  # tampered: same name
+    res, site = _run_recipe(work, bin_dir)
+    assert res.returncode != 0 and "DO NOT MATCH THE HASHES" in res.stderr, res.stdout + res.stderr
+    assert not list(site.iterdir()), "a tampered wheel: nothing may be installed"
+    shutil.rmtree(site)
+    a.write_bytes(good)
+
+    b.unlink()
+    _dummy_wheel(work / ".whl", "pinlab_dummy_b", "2.1")   # another version of it
+    res, site = _run_recipe(work, bin_dir)
+    assert res.returncode != 0 and "pinlab-dummy-b==2.0" in res.stderr.replace("_", "-"), res.stdout + res.stderr
+    assert not list(site.iterdir())
+    shutil.rmtree(site)
+
+
+def test_the_committed_pins_are_wheels_of_the_suite_with_their_sha256():
+    """tools/gpu-wheels.txt: one `name==version --hash=sha256:<64 hex>` line per wheel, names unique, none that
+    the GPU image has (gpu-wheels.sh's list), and the ones the suite needs among them."""
+    text = (ROOT / "tools" / "gpu-wheels.txt").read_text()
+    script = (ROOT / "tools" / "gpu-wheels.sh").read_text()
+    image = set(script.split('image="', 1)[1].split('"', 1)[0].split())
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    pins = {}
+    for ln in lines:
+        m = re.fullmatch(r"([a-z0-9][a-z0-9-]*)==([0-9][0-9a-z.+]*) --hash=sha256:([0-9a-f]{64})", ln)
+        assert m, f"tools/gpu-wheels.txt: not a pinned line: {ln!r}"
+        assert m.group(1) not in pins, f"{m.group(1)} pinned twice"
+        pins[m.group(1)] = m.group(2)
+    assert not set(pins) & image, f"pinned, yet the GPU image has them: {sorted(set(pins) & image)}"
+    assert pins["flashinfer-python"] == "0.6.18.post1" and {"apache-tvm-ffi", "nbval", "nbclient", "ipykernel"} <= set(pins)
+    assert len({ln.rsplit(':', 1)[1] for ln in lines}) == len(lines), "two pins with one hash"
 
 
 def test_gpu_wheels_needs_nothing_from_shared():

@@ -1,7 +1,10 @@
-"""Benchmark of pinlab.races.detect_races: recall, false positives and overhead, on CUDA (or the emulated stream).
+"""Benchmark of the race detector, both verdicts (``pinlab.order.detect_races(verdict="order")``, the default, and
+``"timing"``, ``pinlab.races.detect_races``): recall, false positives and overhead, on CUDA (or the emulated
+stream).
 
     python3 tools/bench_races.py --out build/bench_races.json          # on a GPU: 10^4 steps per loop
     python3 tools/bench_races.py --steps 400                           # on a CPU: the emulated stream
+    python3 tools/bench_races.py --verdict order                       # one verdict only
 
 * Recall and false positives: the course's own step loop (``pinlab.steploop.plain_loop``, lessons 03-04) for
   every strategy, with the host unbounded and with the host waiting for step n-2 (``run_ahead=1``), each step's
@@ -9,9 +12,12 @@
   strategy whose data is right by construction must have no finding (false positives). Lesson 08's race
   under graph replay (a captured copy from a reused pinned buffer) and its fix. The D2H 2-slot pinned ring of
   HF transformers' DeferredStopCheck, and its 1-slot variant read without its event.
+  By order, a racy strategy is flagged at every step that reuses a buffer unordered, whether or not its data
+  arrived wrong in this run (``latent``: flagged steps whose data arrived right).
 * Overhead: host time of the same loops with and without the detector, in interleaved rounds (medians), and a
   loop that makes no pending pinned copy (HF ``generate()`` on a tiny random Llama where transformers is
-  installed, else small GPU ops); µs per torch call and per followed copy.
+  installed, else small GPU ops); µs per torch call and per followed copy; and (``unit_costs``) µs per followed
+  copy and per ordering operation (an event recorded and synchronized) measured alone.
 * FlashInfer (where installed): one shared decode wrapper re-planned ahead of a busy GPU, in a subprocess
   (it can kill the CUDA context): does the detector flag it before the process dies?
 
@@ -37,32 +43,53 @@ import torch  # noqa: E402
 
 import pinlab  # noqa: E402
 from pinlab import steploop  # noqa: E402
-from pinlab.races import detect_races  # noqa: E402
+from pinlab import order  # noqa: E402
 
 FIXES = ("pageable", "snapshot", "ring_events", "event_wait")   # right by construction, whatever the lead
 RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned", "ring")
+VERDICT = "order"  # which detect_races() the measurements use (main() runs each verdict asked for)
+
+
+def detect_races():
+    return order.detect_races(verdict=VERDICT)
 
 
 def _stream():
     return pinlab.CudaStream() if torch.cuda.is_available() else pinlab.LaggingStream()
 
 
+#: rings whose depth is one short of their run-ahead (steploop.RING_RULE: run-ahead k needs k + 1 buffers): they
+#: rely on a bound on the steps in flight that is one step too loose. ("ring/run_ahead=1" at the default depth 3
+#: is ordered: RunAheadGate waits for step n-2's event, recorded after its copy, and the slot step n rewrites was
+#: last read at step n-3.)
+SHORT_RINGS = ((1, 1), (2, 2))
+
+
+def _recall_row(strategy, run_ahead, steps, busy_ms, ring_depth=3, racy=None):
+    with detect_races() as races:
+        run = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms, run_ahead=run_ahead,
+                                  ring_depth=ring_depth)
+    wrong = [n for n, r in enumerate(run["received"]) if r != n]
+    raced = set(races.raced)
+    missed = [n for n in wrong if n not in raced]
+    return {
+        "strategy": strategy, "run_ahead": run_ahead, "ring_depth": ring_depth, "steps": steps, "wrong": len(wrong),
+        "flagged": len(raced), "latent": len(raced - set(wrong)),
+        "raced_in_run": sum(getattr(races, "in_run", {}).values()),
+        "missed": len(missed), "first_missed": missed[:5], "copies_followed": races.copies,
+        "recall": 1.0 if not wrong else round(1 - len(missed) / len(wrong), 6),
+        "false_positive": (strategy in FIXES if racy is None else not racy) and races.total > 0,
+    }
+
+
 def recall(steps: int, busy_ms: float) -> dict:
     out = {}
     for run_ahead in (None, 1):
         for strategy in RACY + FIXES:
-            with detect_races() as races:
-                run = steploop.plain_loop(_stream(), strategy, steps=steps, n_ints=64, busy_ms=busy_ms,
-                                          run_ahead=run_ahead)
-            wrong = [n for n, r in enumerate(run["received"]) if r != n]
-            raced = set(races.raced)
-            missed = [n for n in wrong if n not in raced]
-            out[f"{strategy}/run_ahead={run_ahead}"] = {
-                "strategy": strategy, "run_ahead": run_ahead, "steps": steps, "wrong": len(wrong), "flagged": len(raced),
-                "missed": len(missed), "first_missed": missed[:5], "copies_followed": races.copies,
-                "recall": 1.0 if not wrong else round(1 - len(missed) / len(wrong), 6),
-                "false_positive": strategy in FIXES and races.total > 0,
-            }
+            out[f"{strategy}/run_ahead={run_ahead}"] = _recall_row(strategy, run_ahead, steps, busy_ms)
+    for run_ahead, depth in SHORT_RINGS:
+        out[f"ring/run_ahead={run_ahead}/depth={depth}"] = _recall_row("ring", run_ahead, steps, busy_ms, depth,
+                                                                      racy=True)
     return out
 
 
@@ -197,7 +224,43 @@ def overhead(steps: int, busy_ms: float, rounds: int) -> dict:
                          "us_per_followed_copy": round((d - p) * 1e3 / copies, 3),
                          "copies_followed": loop["races"].copies, "checks": loop["races"].checks}
     out["no_pending_copies"] = _no_pending(rounds)
+    out["unit_costs"] = unit_costs(rounds)
     return out
+
+
+def unit_costs(rounds: int, n: int = 2000) -> dict:
+    """µs of host time per followed copy (``n`` non_blocking H2D copies from one pinned buffer, nothing else) and
+    per ordering operation (``n`` events recorded and synchronized, one copy pending), detector against none."""
+    s = _stream()
+    with s:
+        buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+        dst = torch.zeros(64, dtype=torch.int32, device=s.device)
+        ev = s.Event()
+
+        def copies():
+            for _ in range(n):
+                dst.copy_(buf, non_blocking=True)
+            s.synchronize()
+
+        def syncs():
+            dst.copy_(buf, non_blocking=True)
+            for _ in range(n):
+                ev.record()
+                ev.synchronize()
+
+        def under(fn):
+            def run():
+                with detect_races():
+                    fn()
+            return run
+
+        copies(), syncs(), under(copies)(), under(syncs)()  # warm
+        t = _interleaved({"copies": copies, "copies_detected": under(copies), "syncs": syncs,
+                          "syncs_detected": under(syncs)}, rounds)
+    return {"n": n, "us_per_copy": round((t["copies_detected"] - t["copies"]) * 1e6 / n, 3),
+            "us_per_ordering_op": round((t["syncs_detected"] - t["syncs"]) * 1e6 / n, 3),
+            "copy_ratio": round(t["copies_detected"] / t["copies"], 3),
+            "ordering_op_ratio": round(t["syncs_detected"] / t["syncs"], 3)}
 
 
 def _no_pending(rounds: int) -> dict:
@@ -250,7 +313,7 @@ FLASHINFER_CHILD = textwrap.dedent('''
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
     import flashinfer, pinlab
-    from pinlab.races import detect_races
+    from pinlab.order import detect_races
     from pinlab.paged_kv import build_metadata, random_batch
     torch.manual_seed(0)
     b = random_batch(8, 256, 16, 4, 128, 32, seed=1, device="cuda")
@@ -308,6 +371,8 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead-steps", type=int, default=2_000 if cuda else 200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--verdict", choices=("both",) + order.VERDICTS, default="both",
+                    help="the detector's verdict to measure (both: order, then timing)")
     ap.add_argument("--profile", action="store_true", help="also profile one detected loop (cProfile, top 25)")
     a = ap.parse_args(argv)
     if a.profile:
@@ -326,23 +391,28 @@ def main(argv=None) -> int:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(0) if cuda else "emulated lagging stream (CPU)",
-           "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "") == "1"}
     if cuda:
         pinlab.warmup(lambda: pinlab.gpu_busy(0.1))
-    res["recall"] = recall(a.steps, a.busy_ms)
-    res["graph"] = graph_race(min(a.steps, 2000), a.busy_ms)
-    res["deferred_stop"] = deferred_stop(min(a.steps, 2000), a.busy_ms)
-    res["overhead"] = overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds)
-    res["flashinfer_shared_wrapper"] = flashinfer_shared_wrapper()
+    global VERDICT
+    verdicts = order.VERDICTS if a.verdict == "both" else (a.verdict,)
+    for VERDICT in verdicts:
+        part = res.setdefault("verdicts", {})[VERDICT] = {}
+        part["recall"] = recall(a.steps, a.busy_ms)
+        part["graph"] = graph_race(min(a.steps, 2000), a.busy_ms)
+        part["deferred_stop"] = deferred_stop(min(a.steps, 2000), a.busy_ms)
+        part["overhead"] = overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds)
+        part["flashinfer_shared_wrapper"] = flashinfer_shared_wrapper()
+        for k, v in part["recall"].items():
+            print(f"{VERDICT:6s} recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} latent "
+                  f"{v['latent']:6d} missed {v['missed']:4d}{'  FALSE POSITIVE' if v['false_positive'] else ''}")
+        for k, v in {**part["graph"], **part["deferred_stop"]}.items():
+            print(f"{VERDICT:6s} {k:20s} {v}")
+        for k, v in part["overhead"].items():
+            print(f"{VERDICT:6s} overhead {k:18s} {v}")
+        print(VERDICT, "flashinfer", {k: v for k, v in part["flashinfer_shared_wrapper"].items() if k != "stderr_tail"})
     res["seconds"] = round(time.time() - t0, 1)
-    for k, v in res["recall"].items():
-        print(f"recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} missed {v['missed']:4d}"
-              f"{'  FALSE POSITIVE' if v['false_positive'] else ''}")
-    for k, v in {**res["graph"], **res["deferred_stop"]}.items():
-        print(f"{k:20s} {v}")
-    for k, v in res["overhead"].items():
-        print(f"overhead {k:18s} {v}")
-    print("flashinfer", {k: v for k, v in res["flashinfer_shared_wrapper"].items() if k != "stderr_tail"})
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=1))

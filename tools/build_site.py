@@ -200,9 +200,10 @@ def colab_url(repo: str, rel: str, branch: str = "main") -> str | None:
     return f"https://colab.research.google.com/github/{m.group(1)}/{m.group(2)}/blob/{branch}/{rel}" if m else None
 
 
-def install_cell(repo: str) -> str:
-    """The install cell at the top of every notebook (tools/install_cell.py) for the course at ``repo``."""
-    return _install.source(repo)
+def install_cell(repo: str, ref: str | None = None) -> str:
+    """The install cell at the top of every notebook (tools/install_cell.py) for the course at ``repo``, installing
+    its tag or commit ``ref`` (default: pyproject.toml's)."""
+    return _install.source(repo, ref=ref)
 
 
 def run_it_row(rel: str, repo: str) -> str:

@@ -4,19 +4,46 @@
 # LESS every package such a host's image already has (two versions of one package break the install there,
 # and a second copy of torch's own dependencies would shadow the image's).
 #
-# Usage (on a machine with network, from the project root):  bash tools/gpu-wheels.sh [DEST]   (default .whl)
-# DEST must be empty or hold only what an earlier run wrote there (*.whl and SHA256SUMS: emptied first);
-# anything else in it is refused, and so is a DEST that is a symbolic link (give the folder it leads to). The script installs nothing; it writes DEST/SHA256SUMS of the wheels it
-# kept and prints the install recipe for the GPU host, which checks them and installs exactly those into a
-# fresh private folder (mktemp -d; never a fixed world-writable path such as /tmp/site, which anyone on the
-# host could have created and filled first):
-#   SITE=$(mktemp -d) && (cd DEST && sha256sum --strict -c SHA256SUMS && python3 -m pip install -q --no-index \
-#     --no-deps --target "$SITE" $(awk '{print $2}' SHA256SUMS)) && export PYTHONPATH="$SITE"
-# Environment: PYTHON (default python3) runs pip; MAX_MIB (default 60) is the size the set must stay under.
+# The wheels are pinned in the repository: tools/gpu-wheels.txt names each one (name==version) with the SHA-256 of
+# its file (--hash=sha256:...). The GPU host installs with pip's --require-hashes from that committed file, so a
+# wheel that is not the one pinned (tampered with, or another build or version of it) is refused there, whatever
+# came with it in the same transfer.
+#
+# Usage (on a machine with network, from the project root):
+#   bash tools/gpu-wheels.sh [DEST]            # download exactly the pinned wheels into DEST (default .whl)
+#   bash tools/gpu-wheels.sh --relock [DEST]   # resolve afresh (newer versions), write tools/gpu-wheels.txt anew
+# The first downloads with pip's --require-hashes from tools/gpu-wheels.txt and checks every file against it again
+# (a wheel pip wrote that the file does not pin, or a pin without its wheel, is refused: exit 1, nothing copied to
+# DEST). --relock is the deliberate step that changes the pins: review `git diff tools/gpu-wheels.txt` (versions and
+# hashes; PyPI shows each file's SHA-256) and commit it. DEST must be empty or hold only what an earlier run wrote
+# there (*.whl and SHA256SUMS: emptied first); anything else in it is refused, and so is a DEST that is a symbolic
+# link (give the folder it leads to). The script installs nothing; it writes DEST/SHA256SUMS of the wheels it kept
+# and prints the install recipe for the GPU host, which installs exactly the pinned wheels, each checked against
+# tools/gpu-wheels.txt by pip, into a fresh private folder (mktemp -d; never a fixed world-writable path
+# such as /tmp/site, which anyone on the host could have created and filled first):
+#   SITE=$(mktemp -d) && python3 -m pip install -q --no-index --find-links DEST --only-binary=:all: --no-deps \
+#     --require-hashes --target "$SITE" -r tools/gpu-wheels.txt && export PYTHONPATH="$SITE"
+# Environment: PYTHON (default python3) runs pip; MAX_MIB (default 60) is the size the set must stay under; LOCK
+# (default tools/gpu-wheels.txt beside this script) is the file of pins.
 set -euo pipefail
+relock=0
+if [[ "${1:-}" == --relock ]]; then
+  relock=1
+  shift
+fi
+if [[ "${1:-}" == -* ]]; then
+  echo "gpu-wheels.sh: unknown option $1 (usage: bash tools/gpu-wheels.sh [--relock] [DEST])" >&2
+  exit 2
+fi
 dest=${1:-.whl}
 py=${PYTHON:-python3}
 max_mib=${MAX_MIB:-60}
+lock=${LOCK:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/gpu-wheels.txt}
+if (( ! relock )) && [[ ! -f "$lock" ]]; then
+  echo "gpu-wheels.sh: $lock is missing: it pins the wheels (name==version --hash=sha256:...); restore it" \
+       "(git checkout -- tools/gpu-wheels.txt) or write it anew with bash tools/gpu-wheels.sh --relock" >&2
+  exit 2
+fi
 if [[ -L "$dest" ]]; then
   # a link would be followed by cp and sha256sum but not by the checks below (find does not enter it): refused
   echo "gpu-wheels.sh: $dest is a symbolic link (to $(readlink -- "$dest")): give the folder itself" \
@@ -74,54 +101,125 @@ done
 download=(-m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12
           --implementation cp "${plat[@]}")
 
-# FlashInfer 0.6.18.post1: the newest release whose wheel fits one transfer (0.7.x is 60-100 MB). It imports with
-# apache-tvm-ffi beside what the image has (its other requirements, CUTLASS DSL and cuDNN frontend, are only
-# needed by kernels the course does not use).
-"$py" "${download[@]}" -d "$tmp/w" --no-deps flashinfer-python==0.6.18.post1 \
-  'apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0'
-# nbval (strict notebook tests), nbclient (the suite executes notebooks with it) and a Jupyter kernel, with deps
-"$py" "${download[@]}" -d "$tmp/w" nbval nbclient ipykernel
-
 kept=() left=()
-for f in "$tmp"/w/*.whl; do
-  base=$(basename "$f")
-  name=$(echo "${base%%-*}" | tr 'A-Z_.' 'a-z--')
-  if [[ " $(echo $image) " == *" $name "* ]]; then
-    left+=("$name")
-  else
-    cp "$f" "$dest"/
-    kept+=("$name")
-  fi
-done
-(cd "$dest" && sha256sum -- *.whl > SHA256SUMS)
-# A newer transformers for lesson 09's comparison (l09.audit_newer), listed apart in SHA256SUMS.newer: installed
-# into a folder of its own, never on the suite's PYTHONPATH (the lesson hooks the image's 5.17 internals).
-# 5.24.0: the newest release whose requirements the image meets (5.25.0 asks kernels>=0.19.1).
-newer=${NEWER_TRANSFORMERS:-5.24.0}
-"$py" "${download[@]}" -d "$tmp/n" --no-deps "transformers==$newer"
-newer_whl=$(cd "$tmp/n" && ls transformers-*.whl 2>/dev/null | head -1 || true)
-if [[ -n "$newer_whl" ]]; then
-  cp "$tmp/n/$newer_whl" "$dest"/
-  (cd "$dest" && sha256sum -- "$newer_whl" > SHA256SUMS.newer)
-  echo "newer transformers for lesson 09: $newer_whl (in $dest/SHA256SUMS.newer)"
+mkdir -p "$tmp/w" "$tmp/keep"
+if (( relock )); then
+  # FlashInfer 0.6.18.post1: the newest release whose wheel fits one transfer (0.7.x is 60-100 MB). It imports with
+  # apache-tvm-ffi beside what the image has (its other requirements, CUTLASS DSL and cuDNN frontend, are only
+  # needed by kernels the course does not use).
+  "$py" "${download[@]}" -d "$tmp/w" --no-deps flashinfer-python==0.6.18.post1 \
+    'apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0'
+  # nbval (strict notebook tests), nbclient (the suite executes notebooks with it) and a Jupyter kernel, with deps
+  "$py" "${download[@]}" -d "$tmp/w" nbval nbclient ipykernel
+  for f in "$tmp"/w/*.whl; do
+    base=$(basename "$f")
+    name=$(echo "${base%%-*}" | tr 'A-Z_.' 'a-z--')
+    if [[ " $(echo $image) " == *" $name "* ]]; then
+      left+=("$name")
+    else
+      cp "$f" "$tmp/keep"/
+      kept+=("$name")
+    fi
+  done
+  {
+    echo "# The wheels tools/gpu-wheels.sh fetches for a GPU host without network (CONTRIBUTING.md, \"Running the GPU"
+    echo "# suite\"), pinned: each name==version with the SHA-256 of its one file (Python 3.12, x86-64 manylinux)."
+    echo "# The GPU host installs them with pip --require-hashes -r tools/gpu-wheels.txt: any other file is refused."
+    echo "# Written by \`bash tools/gpu-wheels.sh --relock\`; review the diff (versions, hashes) before committing it."
+    for f in "$tmp"/keep/*.whl; do
+      base=$(basename "$f")
+      rest=${base#*-}
+      name=$(echo "${base%%-*}" | tr 'A-Z_.' 'a-z--')
+      echo "$name==${rest%%-*} --hash=sha256:$(sha256sum -- "$f" | cut -d' ' -f1)"
+    done
+  } > "$tmp/lock"
 else
-  echo "gpu-wheels.sh: no transformers==$newer wheel came down: lesson 09 replays its comparison" >&2
+  # exactly the pinned wheels: pip checks each file's hash against the lock as it downloads it
+  "$py" "${download[@]}" -d "$tmp/w" --no-deps --require-hashes -r "$lock"
+  # and again here, file by file: every wheel pip wrote is one the lock pins, and every pin has its wheel
+  pins=$(grep -c -E '^[A-Za-z0-9]' "$lock" || true)
+  for f in "$tmp"/w/*; do
+    [[ -e "$f" ]] || continue
+    base=$(basename "$f")
+    sum=$(sha256sum -- "$f" | cut -d' ' -f1)
+    if ! grep -q -E "^[A-Za-z0-9][^#]*--hash=sha256:${sum}([^0-9a-f]|\$)" "$lock"; then
+      echo "gpu-wheels.sh: $base (sha256 $sum) is not a wheel $lock pins: refusing the download, nothing copied" \
+           "to $dest. If a new version is meant, run bash tools/gpu-wheels.sh --relock and review the diff" >&2
+      exit 1
+    fi
+    cp "$f" "$tmp/keep"/
+    kept+=("$(echo "${base%%-*}" | tr 'A-Z_.' 'a-z--')")
+  done
+  if (( ${#kept[@]} != pins )); then
+    echo "gpu-wheels.sh: pip wrote ${#kept[@]} wheels, $lock pins $pins: refusing the download, nothing copied" \
+         "to $dest" >&2
+    exit 1
+  fi
+fi
+cp "$tmp"/keep/*.whl "$dest"/
+(cd "$dest" && sha256sum -- *.whl > SHA256SUMS)
+# A newer transformers for lesson 09's comparison, pinned apart (tools/gpu-wheels-newer.txt) and listed apart
+# (DEST/SHA256SUMS.newer): the GPU host installs it into a folder of its own. NEWER_TRANSFORMERS=none leaves it out.
+newer=${NEWER_TRANSFORMERS:-5.24.0}
+newer_lock=$(dirname "$lock")/gpu-wheels-newer.txt
+if [[ "$newer" != none ]] && (( ! relock )) && [[ ! -f "$newer_lock" ]]; then
+  echo "gpu-wheels.sh: $newer_lock is missing: no newer transformers for lesson 09 (it replays its comparison)" >&2
+  newer=none
+fi
+if [[ "$newer" != none ]]; then
+  mkdir -p "$tmp/n"
+  if (( relock )); then
+    "$py" "${download[@]}" -d "$tmp/n" --no-deps "transformers==$newer"
+  else
+    "$py" "${download[@]}" -d "$tmp/n" --no-deps --require-hashes -r "$newer_lock"
+  fi
+  newer_whl=$(cd "$tmp/n" && ls transformers-*.whl 2>/dev/null | head -1 || true)
+  if [[ -z "$newer_whl" ]]; then
+    echo "gpu-wheels.sh: no transformers wheel came down for lesson 09: it replays its comparison" >&2
+  else
+    sum=$(sha256sum -- "$tmp/n/$newer_whl" | cut -d' ' -f1)
+    if (( relock )); then
+      v=${newer_whl#transformers-}
+      grep '^#' "$newer_lock" > "$tmp/newer_lock" 2>/dev/null || true
+      echo "transformers==${v%%-*} --hash=sha256:$sum" >> "$tmp/newer_lock"
+    elif ! grep -q -E -e "--hash=sha256:${sum}([^0-9a-f]|\$)" "$newer_lock"; then
+      echo "gpu-wheels.sh: $newer_whl (sha256 $sum) is not the wheel $newer_lock pins: left out" >&2
+      newer_whl=
+    fi
+    if [[ -n "$newer_whl" ]]; then
+      cp "$tmp/n/$newer_whl" "$dest"/
+      (cd "$dest" && sha256sum -- "$newer_whl" > SHA256SUMS.newer)
+      echo "newer transformers for lesson 09: $newer_whl (in $dest/SHA256SUMS.newer; leave it out of .whl for calls that"\
+           "do not run lesson 09: a device call carries 64 MiB)"
+    fi
+  fi
 fi
 echo "wheels in $dest: ${kept[*]}"
-echo "left out (the GPU image has them): ${left[*]:-none}"
+if (( relock )); then
+  echo "left out (the GPU image has them): ${left[*]:-none}"
+fi
 kib=$(du -sk "$dest" | cut -f1)
 echo "total: $((kib / 1024)) MiB in $(ls "$dest"/*.whl | wc -l) wheels; their SHA-256 sums in $dest/SHA256SUMS"
 if (( kib > max_mib * 1024 )); then
   echo "gpu-wheels.sh: $dest holds over $max_mib MiB (a device call carries at most 64 MiB): leave something out" >&2
   exit 1
 fi
+if (( relock )); then
+  cp "$tmp/lock" "$lock"
+  if [[ -f "$tmp/newer_lock" ]]; then
+    cp "$tmp/newer_lock" "$newer_lock"
+  fi
+  echo "wrote $lock: review the change (git diff -- $lock: versions and SHA-256 sums) and commit it; the GPU host" \
+       "installs only what it pins"
+fi
 cat <<MSG
-Copy $dest/ to the GPU host (into the project root), then there, from the project root: check the wheels
-against SHA256SUMS, install exactly those into a fresh private folder, and put it on PYTHONPATH:
+Copy $dest/ to the GPU host (into the project root, whose tools/gpu-wheels.txt pins these wheels), then there, from
+the project root: install exactly the pinned wheels, each checked by pip against the SHA-256 in
+tools/gpu-wheels.txt (a wheel that differs is refused), into a fresh private folder, and put it on PYTHONPATH:
 
-  SITE=\$(mktemp -d) && (cd $dest && sha256sum --strict -c SHA256SUMS && python3 -m pip install -q --no-index \\
-    --no-deps --target "\$SITE" \$(awk '{print \$2}' SHA256SUMS)) && export PYTHONPATH="\$SITE"
-  NEWER=\$(mktemp -d) && (cd $dest && sha256sum --strict -c SHA256SUMS.newer && python3 -m pip install -q \\
-    --no-index --no-deps --target "\$NEWER" \$(awk '{print \$2}' SHA256SUMS.newer)) && export PINLAB_TRANSFORMERS_NEWER="\$NEWER"
+  SITE=\$(mktemp -d) && python3 -m pip install -q --no-index --find-links $dest --only-binary=:all: --no-deps \\
+    --require-hashes --target "\$SITE" -r tools/gpu-wheels.txt && export PYTHONPATH="\$SITE"
+  NEWER=\$(mktemp -d) && python3 -m pip install -q --no-index --find-links $dest --only-binary=:all: --no-deps \\
+    --require-hashes --target "\$NEWER" -r tools/gpu-wheels-newer.txt && export PINLAB_TRANSFORMERS_NEWER="\$NEWER"
   python3 tools/gpu_suite.py
 MSG

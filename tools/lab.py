@@ -23,9 +23,12 @@ Before it starts JupyterLab (``jupyter lab --ServerApp.root_dir=work work/notebo
   environment (not the command line, which other users of the machine can read in ``ps``): in
   ``PINLAB_LAB_TOKEN``, which ``tools/lab_config/jupyter_server_config.py`` (first on ``JUPYTER_CONFIG_PATH``)
   takes out of the server's environment, so that kernels and terminals, which copy it, never hold the token;
-* refuses what would turn authentication off or around (``auth_problem``): an empty ``JUPYTER_TOKEN``, a token
-  or an empty password among the JupyterLab arguments in any spelling (``--IdentityProvider.token=``,
-  ``--ServerApp.token ""``, ``-NotebookApp.token=''``...), ``disable_check_xsrf`` and another config file;
+* refuses what would turn authentication off or around (``auth_problem``, which reads the arguments as
+  traitlets does: any class name, ``=`` or the next word, aliases): an empty ``JUPYTER_TOKEN``, a token or an
+  empty password among the JupyterLab arguments in any spelling (``--IdentityProvider.token=``,
+  ``--ServerApp.token ""``, ``-NotebookApp.token=''``...), the XSRF check turned off (``disable_check_xsrf``,
+  or ``xsrf`` in the web application's settings: ``--ServerApp.tornado_settings=disable_check_xsrf=True``) and
+  another config file (``--config``, ``--JupyterApp.config_file_name=...``);
 * takes more JupyterLab arguments as one string (``--lab-args``, which ``make lab`` gives ``LAB_ARGS`` quoted,
   so that nothing in it reaches the shell) split like a shell's words (``shlex``), or after ``--``;
 * prints the URL with the token, and, when the address is not a loopback one, a warning: JupyterLab serves
@@ -37,6 +40,7 @@ Before it starts JupyterLab (``jupyter lab --ServerApp.root_dir=work work/notebo
 from __future__ import annotations
 
 import argparse
+import ast
 import ipaddress
 import os
 import re
@@ -61,10 +65,19 @@ LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 LAB_CONFIG = ROOT / "tools" / "lab_config"
 #: the variable that carries the token to that config (JUPYTER_TOKEN would stay in every kernel's environment)
 TOKEN_VAR = "PINLAB_LAB_TOKEN"
-#: a `--Class.trait` option as traitlets reads it (one or two dashes; the value after `=` or in the next word)
-_TRAIT_OPT = re.compile(r"^--?([A-Za-z]\w*(?:\.\w+)+)(?:=(.*))?$", re.S)
-#: options that choose the server's config file instead of the usual ones (and so skip tools/lab_config)
-_CONFIG_FILE_OPTS = {"--config", "-config"}
+#: an option as traitlets reads it: one or two dashes, then ``Class.trait`` (any class, nested ``A.B.trait`` too)
+#: or an alias or flag (``config``, ``no-browser``); its value after ``=`` or in the next word. Wider than
+#: traitlets' own pattern (``-`` inside a name is taken too): whatever it passes over, traitlets refuses.
+_OPTION = re.compile(r"^--?([A-Za-z][\w-]*(?:\.[\w-]+)*)(?:=(.*))?$", re.S)
+#: a word argparse takes as a value, not an option, although it starts with "-": a negative number
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+#: JupyterLab's aliases (jupyter_core, jupyter_server, jupyterlab) that set a trait refused here, as traitlets
+#: expands them (``--config=x`` is ``--JupyterApp.config_file=x``); tests/test_lab.py checks this table against
+#: the aliases and flags of the JupyterLab installed
+ALIASES = {"config": "JupyterApp.config_file"}
+#: traits that choose which config files the server reads: any of them would skip tools/lab_config
+CONFIG_TRAITS = frozenset({"config_file", "config_file_name", "config_dir"})
+_BOOL_FALSE = ("false", "0")
 
 
 def is_loopback(ip: str) -> bool:
@@ -117,36 +130,98 @@ def _trait_value(text: str) -> str:
     return text.strip()
 
 
+def _norm(name: str) -> str:
+    """A trait or alias name compared with the refused ones: any case, ``-`` as ``_`` (conservative: traitlets
+    itself knows only the exact spelling, so this refuses more spellings than it honours, never fewer)."""
+    return name.replace("-", "_").casefold()
+
+
+def _mentions_xsrf(value: str) -> bool:
+    """Whether a value names the XSRF protection: as written, or once traitlets has read it as a Python literal
+    (``{'disable_check_\\x78srf': True}`` is ``{'disable_check_xsrf': True}`` to a dict trait)."""
+    if "xsrf" in value.casefold():
+        return True
+    try:
+        parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    stack = [parsed]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, (str, bytes)):
+            text = item.decode("latin-1") if isinstance(item, bytes) else item
+            if "xsrf" in text.casefold():
+                return True
+    return False
+
+
+def _takes_value(word: str) -> bool:
+    """Whether argparse (traitlets' parser) gives ``word`` to the option before it as its value: not an option
+    itself (a word starting with "-", but for "-" alone and a negative number)."""
+    return not word.startswith("-") or word == "-" or bool(_NEGATIVE_NUMBER.match(word))
+
+
+def _config_message(shown: str) -> str:
+    return (f"refusing {shown!r}: it makes JupyterLab read another config file than the course's, and make lab "
+            "hands JupyterLab its token through its own config folder (tools/lab_config), which that would skip; "
+            "leave it out, and put your own settings in ~/.jupyter/jupyter_server_config.py instead")
+
+
+def _xsrf_message(shown: str) -> str:
+    return (f"refusing {shown!r}: it turns JupyterLab's XSRF check off, and then any web page this browser visits "
+            "can run code in JupyterLab through its logged-in session; leave it out (nothing in the course needs it)")
+
+
 def auth_problem(extra: list[str]) -> str | None:
     """Why the JupyterLab arguments ``extra`` would turn its authentication off or around, or None.
 
-    traitlets takes ``--Class.trait=value``, ``--Class.trait value`` and ``-Class.trait=value`` alike, for any
-    class (``IdentityProvider``, ``PasswordIdentityProvider``, the deprecated ``ServerApp`` and ``NotebookApp``);
-    so every ``.token`` option is refused (an empty one turns authentication off; any other would make the URL
-    printed here a wrong one: give it in JUPYTER_TOKEN), an empty ``.password``/``.hashed_password``,
-    ``disable_check_xsrf`` set true (any web page the browser visits could then run code through its logged-in
-    session), and a config file of its own (``--config``, ``.config_file``: JupyterLab would skip the config
-    that hands it the token)."""
+    The words are read the way traitlets reads them (``KVArgParseConfigLoader``): ``--Class.trait=value``,
+    ``--Class.trait value`` and ``-Class.trait=value`` alike, for any class name and any nesting
+    (``--ServerApp.IdentityProvider.token``: the trait is the last name), aliases expanded (:data:`ALIASES`:
+    ``--config`` is ``--JupyterApp.config_file``), and nothing after ``--`` (traitlets passes that on as file
+    names). Trait names are compared in any case and with ``-`` as ``_``, and an abbreviation of a refused alias
+    is refused too (traitlets would read ``--conf`` as an unknown alias; another parser might not). Refused:
+
+    * every ``.token`` (an empty one turns authentication off; any other would make the URL printed here a
+      wrong one: give it in JUPYTER_TOKEN), an empty ``.password``/``.hashed_password``;
+    * the XSRF check turned off (any web page the browser visits could run code through its logged-in session):
+      ``disable_check_xsrf`` set to anything but false, and any other value that names ``xsrf``, as written or
+      read as a Python literal: the web application's settings (``--ServerApp.tornado_settings=
+      disable_check_xsrf=True``, ``--NotebookApp.tornado_settings={'xsrf_cookies': False}``, an extension's
+      ``--LabApp.settings ...``) would override it;
+    * another config file (:data:`CONFIG_TRAITS`, ``--config``): JupyterLab would skip the config that hands
+      it the token."""
     i = 0
     while i < len(extra):
         arg = extra[i]
         if arg == "--":
             break
-        name, _, inline = arg.partition("=")
-        if name in _CONFIG_FILE_OPTS:
-            return (f"refusing {arg!r}: make lab hands JupyterLab its token through its own config folder "
-                    "(tools/lab_config), which another config file would replace; put your settings in "
-                    "~/.jupyter/jupyter_server_config.py instead")
-        m = _TRAIT_OPT.match(arg)
+        m = _OPTION.match(arg)
+        i += 1
         if not m:
-            i += 1
             continue
-        trait = m.group(1).rsplit(".", 1)[1].lower()
-        if m.group(2) is not None:
-            value, shown, i = m.group(2), arg, i + 1
-        else:  # the value is the next word, as traitlets (argparse) reads it
-            value = extra[i + 1] if i + 1 < len(extra) else ""
-            shown, i = f"{arg} {shlex.quote(value)}" if i + 1 < len(extra) else arg, i + 2
+        name, inline = m.group(1), m.group(2)
+        if inline is not None:
+            value, shown = inline, arg
+        elif i < len(extra) and extra[i] != "--" and _takes_value(extra[i]):  # the value is the next word
+            value, shown = extra[i], f"{arg} {shlex.quote(extra[i])}"
+            i += 1
+        else:
+            value, shown = "", arg
+        if "." not in name:  # an alias or a flag, or an abbreviation of one
+            refused = [alias for alias in ALIASES if _norm(alias) == _norm(name)
+                       or (len(name) >= 2 and _norm(alias).startswith(_norm(name)))]
+            if not refused:
+                if "xsrf" in _norm(name):  # no such flag today; tests/test_lab.py checks the installed ones
+                    return _xsrf_message(shown)
+                continue
+            name = ALIASES[refused[0]]
+        trait = _norm(name.rsplit(".", 1)[1])
         value = _trait_value(value)
         if trait == "token":
             if not value:
@@ -158,13 +233,13 @@ def auth_problem(extra: list[str]) -> str | None:
         if trait in ("password", "hashed_password") and not value:
             return (f"refusing {shown!r}: an empty password turns authentication off where there is no token; "
                     "make lab authenticates with its token (JUPYTER_TOKEN, or a random one): leave it out")
-        if trait == "disable_check_xsrf" and value.lower() not in ("false", "0"):
-            return (f"refusing {shown!r}: without the XSRF check any web page this browser visits can run code "
-                    "in JupyterLab through its logged-in session; leave it out")
-        if trait == "config_file":
-            return (f"refusing {shown!r}: make lab hands JupyterLab its token through its own config folder "
-                    "(tools/lab_config), which another config file would replace; put your settings in "
-                    "~/.jupyter/jupyter_server_config.py instead")
+        if trait in CONFIG_TRAITS:
+            return _config_message(shown)
+        if "xsrf" in trait:
+            if value.casefold() not in _BOOL_FALSE:
+                return _xsrf_message(shown)
+        elif _mentions_xsrf(value):
+            return _xsrf_message(shown)
     return None
 
 

@@ -16,12 +16,16 @@ import nbtools
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
-    if check:
-        stale += [f"{p.relative_to(nbtools.ROOT).as_posix()} (its install cell: run `make notebooks`)"
-                  for p in install_cell.stale(nbtools.ROOT)]
-    else:
-        for p in install_cell.write(nbtools.ROOT):
-            print(f"install cell written: {p.relative_to(nbtools.ROOT).as_posix()}")
+    try:
+        if check:
+            stale += [f"{p.relative_to(nbtools.ROOT).as_posix()} (its install cell: run `make notebooks`)"
+                      for p in install_cell.stale(nbtools.ROOT)]
+        else:
+            for p in install_cell.write(nbtools.ROOT):
+                print(f"install cell written: {p.relative_to(nbtools.ROOT).as_posix()}")
+    except ValueError as exc:  # a real address in pyproject.toml without the tag or commit to install
+        print(f"nbbuild: {exc}", file=sys.stderr)
+        return 2
     for d in nbtools.NOTEBOOK_DIRS:
         for src in sorted((nbtools.ROOT / d / "src").glob("*.py")):
             target = nbtools.ROOT / d / (src.stem + ".ipynb")

@@ -15,15 +15,20 @@ It writes, for lesson ``NN`` with file stem ``NN_<name>``:
   the master solution and rejects a planted wrong answer);
 - its syllabus row in ``lib/pinlab/syllabus.py`` (``LESSONS``), with ``minutes`` to be estimated.
 
-It refuses a number or a name already taken, and writes nothing then. Afterwards: replace the example with the
+It refuses a number or a name already taken, or a number that is not two ASCII digits (not '٠٣', '０３' or
+'³'), and writes nothing then. It writes every file or none (``write_all``): an error midway (a full disk, a
+folder it may not write) leaves nothing behind, so the same command can simply be run again. Afterwards: replace the example with the
 lesson, give it a place in a ``WORKSHOP`` part of the syllabus, run ``python3 tools/syllabus.py --write``
 (minutes, README and workshop copies) and ``make notebooks exercises`` (the notebooks, their install cells, the
 exercise), then the GPU suite for its evidence (CONTRIBUTING.md: Running the GPU suite)."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import sys
+import unicodedata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +68,17 @@ def add_row(syllabus: str, row: str) -> str:
     return syllabus[:end + 1] + row + syllabus[end + 1:]
 
 
+def _digit_note(number: str) -> str:
+    """What in ``number`` only looks like a digit (Arabic-Indic, full-width, superscript...), for the error."""
+    odd = [f"{ch!r} is {unicodedata.name(ch, 'a non-ASCII digit').lower()}" for ch in number
+           if not ch.isascii() and unicodedata.numeric(ch, None) is not None]
+    return f" ({'; '.join(odd)}): type the number with the digits 0-9" if odd else ""
+
+
 def plan(number: str, name: str, title: str, root: Path = ROOT) -> dict[Path, str]:
     """Every file to write (path -> text), the syllabus included; ValueError naming what is taken or wrong."""
-    if not re.fullmatch(r"\d\d", number):
-        raise ValueError(f"number must be two digits, such as 10, got {number!r}")
+    if not re.fullmatch(r"[0-9]{2}", number):  # not \d, which takes '٠٣' and '０３' too
+        raise ValueError(f"number must be two ASCII digits 0-9, such as 10, got {number!r}{_digit_note(number)}")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name.endswith("_"):
         raise ValueError(f"name must be lower-case words joined by '_', such as kv_offload, got {name!r}")
     if not title.strip():
@@ -85,6 +97,52 @@ def plan(number: str, name: str, title: str, root: Path = ROOT) -> dict[Path, st
     return out
 
 
+def write_all(files: dict[Path, str]) -> None:
+    """Write every file of ``files`` (path -> text) or none: each text goes to a temporary file beside its path
+    first (``.NAME.new_lesson-PID.tmp``); once all are written they are renamed into place (``os.replace``),
+    new files first and a file that exists (the syllabus) last. On an OSError at any point the temporary files,
+    the files already renamed into place (a replaced file gets its old text back) and the folders made for them
+    are removed, and the error is raised again: a second run finds nothing of the first."""
+    made_dirs: list[Path] = []
+    temps: dict[Path, Path] = {}
+    placed: list[Path] = []
+    old: dict[Path, bytes] = {}
+    try:
+        for path in files:
+            missing = []
+            d = path.parent
+            while not d.exists():
+                missing.append(d)
+                d = d.parent
+            for d in reversed(missing):
+                d.mkdir()
+                made_dirs.append(d)
+        old = {path: path.read_bytes() for path in files if path.exists()}
+        for path, text in files.items():
+            tmp = path.with_name(f".{path.name}.new_lesson-{os.getpid()}.tmp")
+            temps[path] = tmp
+            tmp.write_text(text, encoding="utf-8")
+            if path in old:
+                shutil.copymode(path, tmp)
+        for path in sorted(files, key=lambda p: p in old):  # the new files first, then the one replaced
+            os.replace(temps[path], path)
+            placed.append(path)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        for path in reversed(placed):
+            if path in old:
+                path.write_bytes(old[path])
+            else:
+                path.unlink(missing_ok=True)
+        for d in reversed(made_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("number", help="two digits, the next free lesson number (e.g. 10)")
@@ -98,18 +156,24 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"new_lesson: {exc}", file=sys.stderr)
         return 2
-    for path, text in files.items():
-        rel = path.relative_to(a.root).as_posix()
-        if a.dry_run:
+    rels = [path.relative_to(a.root).as_posix() for path in files]
+    if a.dry_run:
+        for rel in rels:
             print(f"would write {rel}")
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        return 0
+    try:
+        write_all(files)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"new_lesson: could not write lesson {a.number}: {exc.strerror or exc}{where}. Nothing was written "
+              "(every file of it removed, the syllabus as it was); fix that and run the same command again",
+              file=sys.stderr)
+        return 1
+    for rel in rels:
         print(f"wrote {rel}")
-    if not a.dry_run:
-        print("next: write the lesson; give it a place in a WORKSHOP part of lib/pinlab/syllabus.py; run "
-              "`python3 tools/syllabus.py --write` and `make notebooks exercises`; "
-              "`python3 -m pytest tests/test_conventions.py` checks the layout")
+    print("next: write the lesson; give it a place in a WORKSHOP part of lib/pinlab/syllabus.py; run "
+          "`python3 tools/syllabus.py --write` and `make notebooks exercises`; "
+          "`python3 -m pytest tests/test_conventions.py` checks the layout")
     return 0
 
 
