@@ -94,6 +94,16 @@ WRONG = {
     "synchronize-every-step": ((
         (WAIT, WAIT + "\n            s.synchronize()"),),
         ["a wait on the newest step's work inside the loop"]),
+    # issue 48 (l09.one_step_early_accepted): the step before the stop dropped too
+    "stops-one-step-early": ((
+        ("                out.pop()                                      # step n was decoded after the stop\n",
+         "                out.pop()                                      # step n was decoded after the stop\n"
+         "                out.pop()\n"),),
+        ["stopped after", "before the criterion was met"]),
+    # issue 48 (l09.float_tokens_accepted): the right token ids, as floats
+    "float-tokens": ((
+        ("    return torch.stack(out, dim=1)", "    return torch.stack(out, dim=1).float()"),),
+        ["(float32)", "expected (3, steps) int64 tokens"]),
 }
 
 
@@ -125,6 +135,20 @@ def test_a_planted_wrong_answer_is_rejected(sol, capsys, name):
     for w in words:
         assert w in out, f"{name}: {w!r} not in {out!r}"
 
+
+
+def test_every_case_is_run_a_loop_wrong_only_on_the_second_case_is_rejected(sol, capsys):
+    """l09.first_case_only: a loop that stops only when every sequence has finished (no stop by repetition) is
+    right on the first case and decodes to max_new on the second: the checker runs every case and names it."""
+    no_repeat = _variant(sol, "no-stop-by-repetition",
+                         (STOP, "        stop = finished.all()                                  # no repetition check"))
+    first = checks09.CASES[:1]
+    assert checks09.check_decode(no_repeat, cases=first) is True, "right on the first case alone"
+    checks09.reset()
+    capsys.readouterr()
+    assert checks09.check_decode(no_repeat) is False
+    out = capsys.readouterr().out
+    assert "steps late (stop by repetition" in out, out
 
 def test_the_planted_loops_three_syncs_and_its_race_are_each_found(sol, capsys):
     """The planted loop with each sync taken out in turn: the next one is named, then the race."""

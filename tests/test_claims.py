@@ -43,6 +43,22 @@ def test_claims_that_all_hold_return_true(capsys):
     assert capsys.readouterr().out == "a: True\nb: True\nc: 3\n"
 
 
+
+# ----------------------------------------------------------------- claim: shown=False prints nothing
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_claim_shown_false_prints_nothing_and_still_judges(holds, capsys):
+    """claims.shown_false_prints: shown=False (a claim the cell already printed) prints nothing, holding or not;
+    shown=True prints ``text: True``."""
+    if holds:
+        assert pinlab.claim("the same storage", True, shown=False) is True
+    else:
+        with pytest.raises(pinlab.ClaimError, match="Claim did not hold in this run: the same storage"):
+            pinlab.claim("the same storage", False, value=2, shown=False)
+    assert capsys.readouterr().out == ""
+    assert pinlab.claim("the same storage", True) is True
+    assert capsys.readouterr().out == "the same storage: True\n"
+
 # ----------------------------------------------------------------- observe: says what happened, never fails
 
 @pytest.mark.parametrize("holds", [True, False])

@@ -121,18 +121,7 @@ def lab(tmp_path):
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     server = Lab(port, token, proc, log, work)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {proc.returncode} before answering:\n{server.log_tail()}")
-            try:
-                if server.api("GET", "/api/status", timeout=5)[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{server.log_tail()}")
-            time.sleep(0.5)
+        _wait_until_up(proc, lambda: server.api("GET", "/api/status", timeout=5)[0] == 200, server.log_tail)
         head = log.read_text(errors="replace")[:3000]
         assert f"JupyterLab on the course: http://127.0.0.1:{port}/lab?token={token}" in head, head
         assert "plain HTTP" not in head and token not in " ".join(cmd)  # loopback: no warning; token not in argv
@@ -140,16 +129,47 @@ def lab(tmp_path):
         assert "To start a notebook over, delete it from" in head and "run make lab again" in head, head
         yield server
     finally:
-        if proc.poll() is None:  # the test failed before its own shutdown: end the server's group
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        for line in _procs_naming(str(runtime)):  # after a failure: end what the server left behind
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        _end_server(proc, runtime)  # the test failed before its own shutdown, or left processes behind
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _answers(url: str) -> bool:
+    """Does a server answer ``url`` at all (any status: a server with another token answers 403)?"""
+    try:
+        urllib.request.urlopen(url, timeout=5)
+    except urllib.error.HTTPError:
+        pass
+    return True
+
+
+def _wait_until_up(proc, answers, log_tail, what: str = "jupyter lab") -> None:
+    """Poll ``answers()`` (True once the server is up; a connection error: not yet) until it is; fail with the
+    log's tail when the process exits first or START_TIMEOUT_S passes."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode} before answering:\n{log_tail()}")
+        try:
+            if answers():
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not answer within {START_TIMEOUT_S} s:\n{log_tail()}")
+        time.sleep(0.3)
+
+
+def _end_server(proc, runtime: Path) -> None:
+    """End a server's process group if it still runs, then whatever it left naming its runtime folder."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    for line in _procs_naming(str(runtime)):
+        os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
 
 
 def _execute(ws, session: str, code: str, timeout: float) -> str:
@@ -547,31 +567,11 @@ def _server_with(extra: list[str], tmp_path: Path):
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:  # up: it answers /api/status, with any status (a server with another token answers 403)
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab {extra} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{base}/api/status", timeout=5)
-                break
-            except urllib.error.HTTPError:
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
+        _wait_until_up(proc, lambda: _answers(f"{base}/api/status"), lambda: log.read_text()[-3000:],
+                       f"jupyter lab {extra}")
         yield base, token, log
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        for line in _procs_naming(str(runtime)):
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        _end_server(proc, runtime)
 
 
 @pytest.mark.slow

@@ -42,20 +42,21 @@ when the block ends. Memory is matched by **byte range** within a storage: two s
 
 **Memory the program frees.** A pending copy's source is held *weakly*: when the program drops it, PyTorch's
 caching host allocator keeps the block until the copies that used it have completed (it records an event on
-the copy's stream, ``CachingHostAllocator`` ``record_event``), so the block coming back from a later
+the copy's stream, ``CachingHostAllocator`` ``record_event``: docs/facts.md F4), so the block coming back from a later
 ``pin_memory()`` (the snapshot fix) is ordered by the allocator, not a race. Storage set or resized under a
 pending copy is handled without touching freed memory (a resize while unordered is a rewrite).
 
 **Where the order comes from.** On CUDA: torch's GPU trace (``torch._C._activate_gpu_trace``; the callbacks
 of ``torch.cuda._gpu_trace``: event record, event wait, event, stream and device synchronization), which torch
-fires from C++ for every one of those operations, the syncs inside ``.item()`` and blocking copies included
+fires from C++ for every one of those operations (docs/facts.md F21), the syncs inside ``.item()`` and blocking
+copies included
 (``c10::cuda::stream_synchronize`` and ``memcpy_and_sync`` in c10/cuda/CUDAFunctions.h, ``CUDAEvent`` in
 c10/cuda/CUDAEvent.h, ``synchronizeDevice`` in c10/cuda/impl/CUDAGuardImpl.h: read in torch 2.13's headers;
 the ``gpu`` tests check it on the device's torch), plus ``Event.query()`` / ``Stream.query()`` that returned
 True, which torch does not trace. The vector clocks are torch's own:
 ``torch.cuda._sanitizer.StreamSynchronizations``, the book-keeping of PyTorch's CUDA sanitizer (CSAN), which
 uses the same callbacks for device tensors. Torch cannot turn its GPU trace off once on
-(c10/core/impl/GPUTrace.h: "only flipped once"): after the first order detector on CUDA, every CUDA event,
+(c10/core/impl/GPUTrace.h: "only flipped once"; docs/facts.md F22): after the first order detector on CUDA, every CUDA event,
 synchronization and allocation of the process calls into Python (a few µs). On the emulated stream
 (:class:`pinlab.LaggingStream`, one queue per stream): its ``synchronize()``, its events' ``record()``,
 ``synchronize()`` and ``query()`` (and everything that calls them: ``.item()`` of device memory, blocking
