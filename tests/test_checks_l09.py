@@ -143,10 +143,10 @@ def test_every_case_is_run_a_loop_wrong_only_on_the_second_case_is_rejected(sol,
     no_repeat = _variant(sol, "no-stop-by-repetition",
                          (STOP, "        stop = finished.all()                                  # no repetition check"))
     first = checks09.CASES[:1]
-    assert checks09.check_decode(no_repeat, cases=first) is True, "right on the first case alone"
+    assert checks09.check_decode.verdict(no_repeat, cases=first) is True, "right on the first case alone"
     checks09.reset()
     capsys.readouterr()
-    assert checks09.check_decode(no_repeat) is False
+    assert checks09.check_decode.verdict(no_repeat) is False
     out = capsys.readouterr().out
     assert "steps late (stop by repetition" in out, out
 

@@ -51,12 +51,12 @@ def test_claim_shown_false_prints_nothing_and_still_judges(holds, capsys):
     """claims.shown_false_prints: shown=False (a claim the cell already printed) prints nothing, holding or not;
     shown=True prints ``text: True``."""
     if holds:
-        assert pinlab.claim("the same storage", True, shown=False) is True
+        assert pinlab.claim("the same storage", True, shown=False) is None  # (claim returns nothing: no stray Out)
     else:
         with pytest.raises(pinlab.ClaimError, match="Claim did not hold in this run: the same storage"):
             pinlab.claim("the same storage", False, value=2, shown=False)
     assert capsys.readouterr().out == ""
-    assert pinlab.claim("the same storage", True) is True
+    assert pinlab.claim("the same storage", True) is None
     assert capsys.readouterr().out == "the same storage: True\n"
 
 # ----------------------------------------------------------------- observe: says what happened, never fails

@@ -77,7 +77,8 @@ from unittest import mock
 import torch
 
 from .args import positive_int
-from .detector import _fmt_bytes, find_caller
+from .detector import find_caller
+from .text import fmt_bytes
 from .races import (
     D2H_READ,
     D2H_WRITE,
@@ -160,7 +161,7 @@ class OrderReport(RaceReport):
                             f"{len(self.findings)} place(s), {sum(self.in_run.values())} raced in this run"]
         for f in self.findings:
             lines.append(f"  {f.kind}: can race {f.count} x, raced in this run {f.in_run} x")
-            lines.append(f"      copy at   {f.copy_where} ({_fmt_bytes(f.nbytes)})")
+            lines.append(f"      copy at   {f.copy_where} ({fmt_bytes(f.nbytes)})")
             lines.append(f"      first at  {f.seen_where}")
             lines.append(f"      fix: {FIXES[f.kind]}")
         if self.total and not sum(self.in_run.values()):
@@ -730,7 +731,7 @@ class OrderDetector(RaceDetector):
         self._retire(p)
         self.report._record(kind, p.where, where, p.nbytes, max(n, 1), in_run)
         if kind in self.raise_on:
-            raise RaceError(f"{kind}: the copy at {p.where} ({_fmt_bytes(p.nbytes)}), seen at {where}: it can race "
+            raise RaceError(f"{kind}: the copy at {p.where} ({fmt_bytes(p.nbytes)}), seen at {where}: it can race "
                             f"(nothing the host did ordered it after the copy; raced in this run: {in_run} of "
                             f"{max(n, 1)}). Fix: {FIXES[kind]}. (Raised because detect_races(raise_on=...) lists "
                             f"this kind.)")
