@@ -1,5 +1,5 @@
-"""A pytest gate: fail a test whose code can race (:func:`pinlab.order.detect_races`, by order) or stalls
-(:func:`pinlab.detect_stalls`).
+"""A pytest gate: fail a test whose code races (:func:`pinlab.races.detect_races`; by order with
+``pinlab_races_verdict = order``, :func:`pinlab.order.detect_races`) or stalls (:func:`pinlab.detect_stalls`).
 
 Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing until asked:
 
@@ -10,9 +10,10 @@ Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing
 * the fixtures ``pinlab_races`` / ``pinlab_stalls``: the test runs under the detector and gets its report
   (to look at what was found; the gate still fails the test on a finding that is not allowed).
 
-The race gate judges by order (a latent race fails the test in every run, whether or not this run's timing
-made it happen); ``pinlab_races_verdict = timing`` in the ini file gives the timing verdict of
-:func:`pinlab.races.detect_races` instead. Copies too large for the detector to keep a shadow of are named in
+The race gate judges by timing by default (a race fails the test when this run's timing made it happen), as
+lesson 07's recorded run of the gate did; ``pinlab_races_verdict = order`` in the ini file judges by order (a
+latent race fails the test in every run, whether or not the GPU kept up): the default becomes ``order`` with
+lesson 07's next GPU recording. Copies too large for the detector to keep a shadow of are named in
 a warning (writes through torch calls are still judged; writes through numpy are not).
 
 A test fails with the detector's report when a finding is not allowed. Allow known ones with
@@ -34,6 +35,8 @@ from __future__ import annotations
 import pytest
 
 _OPTIONS = {"races": "--pinlab-races", "stalls": "--pinlab-stalls"}
+#: pinlab.order.VERDICTS (not imported: a session that asks for no gate imports neither torch nor pinlab)
+_VERDICTS = ("order", "timing")
 
 
 def pytest_addoption(parser):
@@ -44,14 +47,15 @@ def pytest_addoption(parser):
                     help="run every test under pinlab.detect_stalls() and fail those that stall")
     parser.addini("pinlab_allow", type="linelist", default=[],
                   help="findings the pinlab gate allows: a kind, or a file:line (path suffix) of the copy or call")
-    parser.addini("pinlab_races_verdict", default="order",
-                  help="how the race gate decides: order (the default: what the program's order allows, in every "
-                       "run) or timing (only races this run's timing made happen)")
+    parser.addini("pinlab_races_verdict", default="timing",
+                  help="how the race gate decides: timing (the default: races this run's timing made happen) or "
+                       "order (what the program's order allows, in every run)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "pinlab_races(allow=()): fail this test if its code can race "
-                            "(pinlab.order.detect_races); allow: kinds or file:line places to accept")
+                            "(pinlab.races.detect_races, or by order: pinlab_races_verdict); allow: kinds or file:line "
+                            "places to accept")
     config.addinivalue_line("markers", "pinlab_stalls(allow=()): fail this test if its code stalls "
                             "(pinlab.detect_stalls); allow: kinds or file:line places to accept")
 
@@ -91,13 +95,15 @@ class _Gate:
         self.detectors = {}
         self.reports = {}
         if "races" in which:
-            from pinlab.order import VERDICTS, detect_races
-
-            verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "order"
-            if verdict not in VERDICTS:
-                raise pytest.UsageError(f"pinlab_races_verdict must be one of {list(VERDICTS)}, got {verdict!r} "
+            verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "timing"
+            if verdict not in _VERDICTS:
+                raise pytest.UsageError(f"pinlab_races_verdict must be one of {list(_VERDICTS)}, got {verdict!r} "
                                         f"(in the ini file)")
-            self.detectors["races"] = detect_races(verdict=verdict)
+            if verdict == "order":
+                from pinlab.order import detect_races
+            else:
+                from pinlab.races import detect_races
+            self.detectors["races"] = detect_races()
             self.reports["races"] = self.detectors["races"].report
         if "stalls" in which:
             from pinlab.detector import detect_stalls
@@ -200,7 +206,8 @@ def pytest_runtest_call(item):
 
 @pytest.fixture
 def pinlab_races(request):
-    """The :class:`pinlab.order.OrderReport` of this test (the test runs under the race detector)."""
+    """The :class:`pinlab.races.RaceReport` (by order: :class:`pinlab.order.OrderReport`) of this test (the test runs
+    under the race detector)."""
     return _gate(request.node).reports["races"]
 
 

@@ -38,17 +38,13 @@ def test_the_plugin_is_registered_as_an_entry_point():
 def test_the_gate_fails_the_racy_loop_and_passes_the_fixes(tmp_path):
     suite = _copy_sample(tmp_path)
     plain = _pytest([], suite)
-    assert plain.returncode == 0 and "4 passed" in plain.stdout, "without the gate the race goes unnoticed"
+    assert plain.returncode == 0 and "3 passed" in plain.stdout, "without the gate the race goes unnoticed"
     gated = _pytest(["--pinlab-races"], suite)
     assert gated.returncode == 1, gated.stdout[-2000:]
-    assert "2 failed, 2 passed" in gated.stdout
-    assert "FAILED test_step_loop.py::test_racy_loop " in gated.stdout
-    assert "FAILED test_step_loop.py::test_racy_loop_on_a_gpu_that_keeps_up" in gated.stdout
-    assert "raced in this run 0 x" in gated.stdout, "on the emulated GPU that keeps up, nothing raced in the run"
-    timing = _pytest(["--pinlab-races"], suite, extra_ini="pinlab_races_verdict = timing\n")
-    assert "1 failed, 3 passed" in timing.stdout, "the timing verdict misses the race the run's timing hid"
+    assert "1 failed, 2 passed" in gated.stdout
+    assert "FAILED test_step_loop.py::test_racy_loop" in gated.stdout
     assert "host rewrote the source of a pending H2D copy" in gated.stdout
-    assert "test_step_loop.py:29" in gated.stdout, "the copy's file:line"
+    assert "test_step_loop.py:24" in gated.stdout, "the copy's file:line"
     assert "fix: copy from a fresh pinned snapshot" in gated.stdout
 
 
@@ -162,8 +158,7 @@ def test_gpu_the_gate_on_cuda(tmp_path):
         pytest.skip("needs CUDA")
     suite = _copy_sample(tmp_path)
     gated = _pytest(["--pinlab-races"], suite)
-    assert "2 failed, 2 passed" in gated.stdout and "test_racy_loop_on_a_gpu_that_keeps_up" in gated.stdout, \
-        gated.stdout[-2000:]
+    assert "1 failed, 2 passed" in gated.stdout and "test_racy_loop" in gated.stdout, gated.stdout[-2000:]
 
 
 def test_an_allowlist_place_matches_at_a_folder_boundary_only():
