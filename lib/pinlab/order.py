@@ -1,6 +1,8 @@
 """Races found by order, not by luck: :func:`detect_races` with a happens-before verdict.
 
-(Why a module of its own: :mod:`pinlab.races` decides "pending" by asking a copy's event whether the GPU has
+(Why about 800 lines, and a module of its own: the happens-before book, the hooks on every operation that orders
+the host, the byte-range matching and the emulated stream at any lag belong to one rule and read side by side.
+:mod:`pinlab.races` decides "pending" by asking a copy's event whether the GPU has
 run it yet, so it sees a race only when this run's timing makes it happen; a GPU that keeps up, or
 ``CUDA_LAUNCH_BLOCKING=1``, hides it. This module keeps that detector's torch function mode, hooks, copy
 parser and report, and replaces its one rule: when a copy stops being a hazard. The lessons still show the
