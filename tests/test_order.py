@@ -21,6 +21,7 @@ from pinlab import order
 from pinlab.order import OrderReport, detect_races, lagging_stream
 from pinlab.races import D2H_READ, D2H_WRITE, GRAPH_REWRITE, H2D_REWRITE, RaceError
 from pinlab.races import detect_races as detect_by_timing
+from test_pytest_plugin import _pytest  # pytest in a fresh process on a folder of its own
 
 LAGS = [None, 0, 1, 5]  # None: the course's emulated stream (lags without bound)
 STEPS = 12
@@ -546,17 +547,11 @@ def test_big_copy_is_named_unchecked():
 '''
 
 
-def _pytest(args, cwd, ini=""):
-    (cwd / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n" + ini)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_the_gate_fails_a_latent_race_in_every_run_unittest_too(tmp_path):
     (tmp_path / "test_gate_suite.py").write_text(textwrap.dedent(GATE_SUITE))
     for _ in range(2):
-        r = _pytest(["--pinlab-races"], tmp_path, ini="pinlab_races_verdict = order\n")
+        r = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_verdict = order\n")
         out = r.stdout
         assert "FAILED test_gate_suite.py::test_latent_race_on_a_gpu_that_keeps_up" in out, out[-3000:]
         assert "FAILED test_gate_suite.py::TestCaseStyle::test_latent_race" in out, out[-3000:]
@@ -565,7 +560,7 @@ def test_the_gate_fails_a_latent_race_in_every_run_unittest_too(tmp_path):
         assert "PinlabGateWarning" in out and "kept no shadow of 1 copy" in out
     timing = _pytest(["--pinlab-races"], tmp_path)
     assert "3 passed" in timing.stdout, "the timing verdict (the default until lesson 07's next GPU recording) misses it"
-    bad = _pytest(["--pinlab-races"], tmp_path, ini="pinlab_races_verdict = luck\n")
+    bad = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_verdict = luck\n")
     assert bad.returncode != 0 and "pinlab_races_verdict must be one of" in bad.stdout + bad.stderr
 
 

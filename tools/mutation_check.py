@@ -336,7 +336,7 @@ MUTATIONS: list[Mutation] = [
       "            self.sync.all_streams_wait_for_event(event)",
       ["tests/test_order.py"], "a device-side wait_event is taken for a host wait: the race behind it is missed"),
     M("order.storage_not_range", "lib/pinlab/order.py",
-      "    if ext[2] <= lo or ext[1] >= hi:\n        return False",
+      "    if ext[1] <= lo or ext[0] >= hi:\n        return False",
       "    if False:\n        return False",
       ["tests/test_order.py"], "pending copies matched by storage, not byte range: two slots of one tensor race"),
     M("order.writes_judged_by_bytes", "lib/pinlab/order.py",

@@ -204,11 +204,12 @@ class _Book:
         self.sync.update_seq_num(stream, seq)
         return seq
 
-    def ordered(self, stream, seq) -> bool:
-        return seq <= self.sync.host_sync_state.get(stream, 0)
-
     def host(self, stream) -> int:
+        """The last sequence number of ``stream`` the host is ordered after (0: none)."""
         return self.sync.host_sync_state.get(stream, 0)
+
+    def ordered(self, stream, seq) -> bool:
+        return seq <= self.host(stream)
 
     def record(self, event, stream) -> None:
         self._stream(stream)
@@ -272,10 +273,9 @@ class _Pending:
 
 
 def _extent(t: torch.Tensor):
-    """(storage key, first byte, one past the last byte) of the memory a CPU tensor's elements cover, offsets
-    within its storage; None for a tensor without storage or with no element."""
-    key = _storage_key(t)
-    if key is None or not t.numel():
+    """(first byte, one past the last byte) of the memory a tensor's elements cover, offsets within its storage
+    (the caller has matched the storage); None for a tensor with no element."""
+    if not t.numel():
         return None
     size = t.element_size()
     lo = t.storage_offset() * size
@@ -286,7 +286,7 @@ def _extent(t: torch.Tensor):
                 span_hi += (n - 1) * s
             else:
                 span_lo += (n - 1) * s
-    return key, lo + span_lo * size, lo + (span_hi + 1) * size
+    return lo + span_lo * size, lo + (span_hi + 1) * size
 
 
 def _indexed(t: torch.Tensor, index) -> torch.Tensor:
@@ -301,7 +301,7 @@ def _indexed(t: torch.Tensor, index) -> torch.Tensor:
 
 def _covers(t: torch.Tensor, ext, lo: int, hi: int) -> bool:
     """Does one of ``t``'s elements lie in bytes [lo, hi) of its storage? ``ext``: :func:`_extent` of ``t``."""
-    if ext[2] <= lo or ext[1] >= hi:
+    if ext[1] <= lo or ext[0] >= hi:
         return False
     if t.is_contiguous() or t.numel() > 1 << 16:
         return True  # dense (or too many elements to list): its extent is what it covers
