@@ -223,6 +223,6 @@ def _unwrapped_output(request, monkeypatch):
     """Unit tests match printed messages as whole sentences: pinlab's 100-column wrapping is off for them (a
     test marked ``wrapping`` keeps it; tests/test_evidence.py tests the wrapping itself). Notebooks (nbval)
     run in their own kernels: they wrap as a learner sees it."""
-    if request.node.get_closest_marker("wrapping") is None and "pinlab.timing" in sys.modules:
-        monkeypatch.setattr(sys.modules["pinlab.timing"], "WIDTH", 10**6)
+    if request.node.get_closest_marker("wrapping") is None and "pinlab.text" in sys.modules:
+        monkeypatch.setattr(sys.modules["pinlab.text"], "WIDTH", 10**6)
     yield

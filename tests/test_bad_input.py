@@ -675,12 +675,31 @@ COVERED = {
     # no arguments: nothing to get wrong (called below)
     "facts", "flashinfer_status", "has_cuda", "host_stats", "pinned_baseline", "pinned_bytes_held",
     "pinned_memory_available", "release_cached_host_blocks", "platform_facts", "machine_summary",
-    "ClaimError", "claim", "claims", "observe",
+    "ClaimError", "Reasons", "claim", "claims", "observe",
 }
 SHARED = {"args", "busy", "claims", "device", "doctor", "h2d", "hostmem", "probe", "progress", "replay", "timing"}
 
 
 # ----------------------------------------------------------------- claims and the platform probe
+
+@PROFILE
+@given(name=st.text(min_size=1, max_size=12).filter(lambda s: s.isidentifier() and not s.startswith("_")),
+       bad=st.one_of(st.none(), st.integers(), st.just(""), st.just("  "), st.lists(st.text(), max_size=2)))
+def test_reasons_refuse_a_reason_without_words_and_name_a_missing_one(name, bad):
+    clear_error(lambda: pinlab.Reasons(**{name: bad}), name)
+    why = pinlab.Reasons(known="a sentence")
+    if name != "known":
+        with pytest.raises(AttributeError, match=f"no reason {name!r}.*known"):
+            getattr(why, name)
+
+
+@PROFILE
+@given(count=st.one_of(st.none(), st.text(max_size=3), st.floats(allow_nan=True).filter(lambda x: x != x),
+                       st.lists(st.integers(), max_size=2)))
+def test_a_claim_with_expect_refuses_what_is_not_a_count(count):
+    clear_error(lambda: pinlab.claim("a count", count, expect=0), "holds")
+    clear_error(lambda: pinlab.claim("a count", 0, expect=count), "expect")
+
 
 @PROFILE
 @given(text=st.one_of(st.none(), st.integers(), st.just(""), st.just("   ")), holds=st.booleans())
@@ -700,7 +719,7 @@ def test_claim_refuses_a_truth_that_is_not_a_bool(holds):
 def test_claim_fails_with_its_words_its_value_and_this_machine(holds, value, capsys):
     capsys.readouterr()
     if holds:
-        assert pinlab.claim("the fact", holds, value=value) is True
+        assert pinlab.claim("the fact", holds, value=value) is None
         assert capsys.readouterr().out == "the fact: True\n"
         return
     with pytest.raises(pinlab.ClaimError) as err:

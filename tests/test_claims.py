@@ -32,14 +32,14 @@ def test_claims_fails_on_whichever_entry_does_not_hold(bad, capsys):
 def test_claims_compares_a_later_count_with_its_exact_expected_value(count, holds):
     mapping = {"the race showed": True, "corrupted steps": count}
     if holds:
-        assert pinlab.claims(mapping, expect={"corrupted steps": 0}) is True
+        assert pinlab.claims(mapping, expect={"corrupted steps": 0}) is None
     else:
         with pytest.raises(pinlab.ClaimError, match=r"corrupted steps.*expected exactly 0"):
             pinlab.claims(mapping, expect={"corrupted steps": 0})
 
 
 def test_claims_that_all_hold_return_true(capsys):
-    assert pinlab.claims({"a": True, "b": True, "c": 3}, expect={"c": 3}) is True
+    assert pinlab.claims({"a": True, "b": True, "c": 3}, expect={"c": 3}) is None
     assert capsys.readouterr().out == "a: True\nb: True\nc: 3\n"
 
 
@@ -51,12 +51,12 @@ def test_claim_shown_false_prints_nothing_and_still_judges(holds, capsys):
     """claims.shown_false_prints: shown=False (a claim the cell already printed) prints nothing, holding or not;
     shown=True prints ``text: True``."""
     if holds:
-        assert pinlab.claim("the same storage", True, shown=False) is True
+        assert pinlab.claim("the same storage", True, shown=False) is None  # (claim returns nothing: no stray Out)
     else:
         with pytest.raises(pinlab.ClaimError, match="Claim did not hold in this run: the same storage"):
             pinlab.claim("the same storage", False, value=2, shown=False)
     assert capsys.readouterr().out == ""
-    assert pinlab.claim("the same storage", True) is True
+    assert pinlab.claim("the same storage", True) is None
     assert capsys.readouterr().out == "the same storage: True\n"
 
 # ----------------------------------------------------------------- observe: says what happened, never fails
@@ -135,3 +135,33 @@ def test_a_failed_claim_carries_the_summary_of_a_shared_gpu(monkeypatch):
     monkeypatch.setattr(probe, "platform_facts", lambda: _gpu_facts(other_gpu_processes=2))
     with pytest.raises(pinlab.ClaimError, match="2 other process"):
         pinlab.claim("a fact", False)
+
+
+# --- one line per fact (issue 31): a count with its exact expected value, and a lesson's table of reasons
+
+
+@pytest.mark.parametrize("count, holds", [(0, True), (1, False), (0.0, True)])
+def test_claim_compares_a_count_with_expect_and_prints_the_count(count, holds, capsys):
+    if holds:
+        pinlab.claim("corrupted steps", count, expect=0, why="a bug")
+        assert capsys.readouterr().out.strip() == f"corrupted steps: {count}"
+    else:
+        with pytest.raises(pinlab.ClaimError, match=r"1 \(expected exactly 0\).*a bug"):
+            pinlab.claim("corrupted steps", count, expect=0, why="a bug")
+
+
+@pytest.mark.parametrize("bad", [True, None, "0", float("nan"), [0]])
+def test_claim_with_expect_refuses_what_is_not_a_count(bad):
+    with pytest.raises((TypeError, ValueError), match="holds"):
+        pinlab.claim("corrupted steps", bad if bad is not True else object(), expect=0)
+
+
+def test_a_reasons_table_gives_its_sentences_and_names_what_it_lacks():
+    why = pinlab.Reasons(torch_bug="a bug in torch", gpu_behind="the GPU must be behind")
+    assert why.torch_bug == "a bug in torch"
+    with pytest.raises(AttributeError, match="no reason 'torch_bgu'.*gpu_behind, torch_bug"):
+        _ = why.torch_bgu
+    with pytest.raises(TypeError, match="reason 'empty'"):
+        pinlab.Reasons(empty="  ")
+    with pytest.raises(TypeError):
+        pinlab.Reasons()

@@ -513,3 +513,21 @@ def test_gpu_processes_leave_out_this_process_and_its_parents(monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+def test_interleaved_rotates_the_order_and_keeps_each_names_results():
+    calls = []
+    out = timing.interleaved(["a", "b", "c"], 4, lambda k, r: calls.append((r, k)) or f"{k}{r}")
+    assert out == {"a": ["a0", "a1", "a2", "a3"], "b": ["b0", "b1", "b2", "b3"], "c": ["c0", "c1", "c2", "c3"]}
+    assert [k for r, k in calls] == list("abc" "bca" "cab" "abc")
+    assert timing.split_steps(10, 3) == [4, 3, 3] and sum(timing.split_steps(7, 7)) == 7
+
+
+@pytest.mark.parametrize("names, rounds, run, word", [
+    ("ab", 2, lambda k, r: 0, "names"), ([], 2, lambda k, r: 0, "names"), (["a", "a"], 2, lambda k, r: 0, "names"),
+    (["a"], 0, lambda k, r: 0, "rounds"), (["a"], 2.0, lambda k, r: 0, "rounds"), (["a"], 2, None, "run")])
+def test_interleaved_names_a_bad_argument(names, rounds, run, word):
+    with pytest.raises((TypeError, ValueError), match=word):
+        timing.interleaved(names, rounds, run)
+    with pytest.raises(ValueError, match="rounds"):
+        timing.split_steps(3, 4)

@@ -846,7 +846,8 @@ def test_compute_apps_rows_are_read_and_other_gpus_left_out(monkeypatch):
 
 def test_the_header_prints_the_conditions_live_and_replayed(monkeypatch, capsys):
     import pinlab
-    from pinlab import device, probe
+    from pinlab import probe
+    from pinlab import run_header as device
 
     alone = {"other_gpu_processes": [], "load_avg": [0.42, 0.3, 0.2], "cores_usable": 16}
     line = device.live_conditions_text("NVIDIA H200", alone, "quiet-reference")

@@ -1,17 +1,18 @@
 """pinlab: the helper library of the course on honest host-to-device copies in PyTorch."""
 from .args import CudaUnavailableError
-from .claims import ClaimError, claim, claims, observe
 from .busy import cycles_per_ms, gpu_busy, wall_ms, warmup
+from .claims import ClaimError, Reasons, claim, claims, observe
 from .detector import StallError, detect_stalls
-from .device import facts, flashinfer_status, has_cuda, header, pinned_memory_available
+from .device import facts, flashinfer_status, has_cuda, pinned_memory_available
 from .doctor import doctor
 from .h2d import async_tensor_h2d, pin_snapshot
 from .hostmem import (host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .probe import apply_limits, machine_summary, platform_facts
 from .progress import progress
-from .streams import CudaStream, LaggingStream, stream
 from .replay import ReplayMissingError, Run, measure
+from .run_header import header
+from .streams import CudaStream, LaggingStream, stream
 from .timing import Stats, cuda_time, fmt_ms, host_time, report, show, table
 
 __all__ = [
@@ -22,7 +23,7 @@ __all__ = [
     "has_cuda", "header", "host_stats", "host_time", "measure", "next_pow2", "pinned_bytes_held",
     "pinned_back_to", "pinned_baseline", "pinned_memory_available", "progress", "release_cached_host_blocks", "report", "show", "table",
     "wall_ms", "warmup",
-    "ClaimError", "claim", "claims", "observe", "machine_summary", "platform_facts",
+    "ClaimError", "Reasons", "claim", "claims", "observe", "machine_summary", "platform_facts",
 ]
 
 apply_limits()  # $PINLAB_VRAM_LIMIT_GIB: a smaller GPU, imitated (tools/gpu_suite.py --adverse)

@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import numbers
 
-
-class CudaUnavailableError(RuntimeError):
-    """Raised by a GPU-only pinlab call on a machine where CUDA is not available."""
-
+from .device import CudaUnavailableError, require_cuda  # noqa: F401 - re-exported: where modules import them from
 
 #: The largest value an int32 holds: FlashInfer's metadata arrays are int32.
 INT32_MAX = 2**31 - 1
@@ -104,14 +101,3 @@ def callable_arg(name: str, value, *, no_args: bool = False):
         what = "a function of no arguments" if no_args else "a function"
         raise TypeError(f"{name} must be callable ({what}), got {type(value).__name__}")
     return value
-
-
-def require_cuda(what: str) -> None:
-    """Raise a one-sentence CudaUnavailableError unless CUDA can be used."""
-    from .device import has_cuda
-
-    if not has_cuda():
-        raise CudaUnavailableError(
-            f"{what} needs a CUDA GPU, and none is available here "
-            "(on a CPU-only machine the notebooks replay the recorded GPU run instead)."
-        )

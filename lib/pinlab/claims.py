@@ -12,12 +12,15 @@ Two kinds of statement, one helper each:
   ``[measured]`` line (masked under nbval) saying whether it held **in this run**, with the value, and
   where it did not, why a machine may differ. It never fails.
 
-::
+One line per fact: its text, its value, its threshold and a reason. The reasons ("why it may not hold
+on this machine") live in a :class:`Reasons` table in the lesson module, so that the notebook keeps the
+fact and the lesson module keeps the excuse::
 
-    pinlab.claim("corrupted steps with the snapshot", corrupted == 0, value=corrupted,
-                 why="the snapshot must be taken before the buffer is rewritten")
+    WHY = pinlab.Reasons(torch_bug="the allocator keeps each snapshot until its copy has run: a corrupted "
+                                   "step is a bug in torch")                      # in lessons/l04_*.py
+    pinlab.claim("corrupted steps with the snapshot", corrupted, expect=0, why=l04.WHY.torch_bug)
     pinlab.observe("pinned H2D at least 2x pageable at 1 GiB", ratio >= 2, value=f"{ratio:.1f}x",
-                   why="a PCIe Gen3 link or a GH200 (NVLink-C2C) brings pageable close to pinned")
+                   why=l01.WHY.link)
 """
 from __future__ import annotations
 
@@ -26,12 +29,35 @@ import numbers
 
 from .timing import show, wrapped
 
-__all__ = ["ClaimError", "claim", "claims", "observe"]
+__all__ = ["ClaimError", "Reasons", "claim", "claims", "observe"]
+
+_UNSET = object()
 
 
 class ClaimError(AssertionError):
     """A claim a lesson asserts did not hold in this run; the message says which, with what value, and why
     this machine may differ."""
+
+
+class Reasons(dict):
+    """A lesson's table of reasons why a fact may not hold on some machine: ``WHY.torch_bug`` is the
+    sentence stored under ``torch_bug``. Every reason is a non-empty str; an unknown name is an error that
+    lists the names the table has (a typo in a notebook never passes as "no reason")."""
+
+    def __init__(self, **reasons: str):
+        if not reasons:
+            raise TypeError("Reasons needs at least one name=sentence")
+        for name, text in reasons.items():
+            _text(f"reason {name!r}", text)
+        super().__init__(reasons)
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no reason {name!r} in this table; it has: {', '.join(sorted(self))}") from None
 
 
 def _text(name: str, text) -> str:
@@ -99,33 +125,40 @@ def failure_message(text: str, value=None, why: str | None = None) -> str:
     return " ".join(parts)
 
 
-def claim(text: str, holds, *, value=None, why: str | None = None, shown=True) -> bool:
-    """Assert a fact that holds on any CUDA GPU, quiet or shared; print ``text: True``.
+def claim(text: str, holds, *, expect=_UNSET, value=None, why: str | None = None, shown=True) -> None:
+    """Assert a fact that holds on any CUDA GPU, quiet or shared, in one line; print ``text: True``.
 
-    ``holds``: whether it held; ``value``: what this run measured (shown in the failure message);
-    ``why``: what may make it fail on some machine (a shared GPU, the link, the OS), in the lesson's
-    words. ``shown=False`` prints nothing (for a claim the cell already printed). Raises
-    :class:`ClaimError` with all of that, never a bare ``AssertionError``. Returns True.
+    ``holds``: whether it held, or with ``expect`` a count that must equal ``expect`` exactly (then the
+    line reads ``text: <count>``); ``value``: what this run measured (shown in the failure message);
+    ``why``: what may make it fail on some machine (a shared GPU, the link, the OS), usually a name of
+    the lesson's :class:`Reasons` table. ``shown=False`` prints nothing (for a claim the cell already
+    printed). Raises :class:`ClaimError` with all of that, never a bare ``AssertionError``. Returns
+    nothing, so that a claim ending a cell prints its one line and no ``Out: True``.
     """
     text = _text("text", text)
-    ok = _truth("holds", holds)
+    if expect is _UNSET:
+        ok, line = _truth("holds", holds), None
+    else:
+        count = _count("holds (a count, since expect is given)", holds)
+        ok = count == _count("expect", expect)
+        line = count
+        value = f"{holds if value is None else value} (expected exactly {expect})"
     why = _why(why)
     if not isinstance(shown, bool):
         raise TypeError(f"shown must be True or False, got {type(shown).__name__} ({_short(shown)})")
     if shown:
-        print(wrapped(f"{text}: {ok}"))
+        print(wrapped(f"{text}: {ok if line is None else line}"))
     if not ok:
         raise ClaimError(failure_message(text, value, why))
-    return True
 
 
-def claims(mapping: dict, *, why=None, values: dict | None = None, expect=None) -> bool:
+def claims(mapping: dict, *, why=None, values: dict | None = None, expect=None) -> None:
     """Print ``claim: value`` for every entry of ``mapping`` (claim text -> bool, or a count with
     ``expect``), then fail, like :func:`claim`, on the first that does not hold (every entry is judged).
 
     ``why``: one sentence for all, or a dict claim text -> sentence; ``values``: claim text -> the value
     behind it (for the message); ``expect``: claim text -> the exact value a count must have (e.g. 0).
-    Every argument is checked before anything is printed.
+    Every argument is checked before anything is printed. Returns nothing, as :func:`claim`.
     """
     if not isinstance(mapping, dict) or not mapping:
         raise TypeError("mapping must be a non-empty dict of claim text -> whether it held, got "
@@ -159,7 +192,6 @@ def claims(mapping: dict, *, why=None, values: dict | None = None, expect=None) 
             if key in expect:
                 shown = f"{shown} (expected exactly {expect[key]})"
             raise ClaimError(failure_message(key.strip(), shown, reasons[key]))
-    return True
 
 
 def observe(text: str, holds, *, value=None, why: str | None = None) -> bool:

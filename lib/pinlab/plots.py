@@ -27,8 +27,7 @@ from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.ticker import FuncFormatter
 
 from .args import finite_number, positive_int, positive_number, text_arg
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+from .text import fmt_bytes  # noqa: F401 - re-exported (lessons import it from plots)
 
 #: the widest figure, in inches: 740 px at the inline backend's 100 dpi, a lesson page's column
 MAX_WIDTH_IN = 7.4
@@ -165,15 +164,6 @@ def use_course_style() -> None:
 use_course_style()
 
 
-def fmt_bytes(n: float) -> str:
-    """1024 -> '1 KiB', 3 * 2**20 -> '3 MiB'. ``n`` is a finite byte count >= 0."""
-    n = positive_number("n", n, allow_zero=True)
-    for unit in _UNITS:
-        text = f"{n:.0f}" if n == int(n) else f"{n:.1f}"
-        if float(text) < 1024 or unit == _UNITS[-1]:  # 1023.96 KiB reads as 1.0 MiB, not 1024.0 KiB
-            return f"{text} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _tick_bytes(x, _pos=None) -> str:

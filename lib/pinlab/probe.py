@@ -18,6 +18,9 @@ notebook (tools/gpu_suite.py, the quiet reference pass) and :func:`pinlab.header
 which of those this machine lacks, in words, and :func:`pinlab.measure` replays the recorded run where
 one is unmet (labelled with the reason) instead of failing mid-lesson.
 
+(Why about 520 lines: each fact comes from its own source, nvidia-smi, NVML, /proc, torch's device
+properties, with the one sentence a learner reads when that source is missing.)
+
 Adverse conditions can be imitated on a large GPU (``tools/gpu_suite.py --adverse``) through:
 
 * ``PINLAB_VRAM_LIMIT_GIB=16``: the process may use at most that much VRAM
@@ -59,7 +62,19 @@ REQUIREMENTS: dict[str, dict] = {
     "07_before_after": {"gpu_trace": True},
 }
 
-_KNOWN = {"gpu_trace", "vram_gib", "pinned_gib", "host_ram_gib"}
+_KNOWN = {"gpu_trace", "vram_gib", "pinned_gib", "host_ram_gib", "newer_transformers"}
+
+#: where a newer transformers release is installed beside the one in use (lesson 09 audits both): the GPU
+#: recipe in the README installs the carried wheel (tools/gpu-wheels.sh) into a folder and names it here
+NEWER_TRANSFORMERS_ENV = "PINLAB_TRANSFORMERS_NEWER"
+
+
+def newer_transformers_dir():
+    """The folder $PINLAB_TRANSFORMERS_NEWER names, if it holds a transformers package; else None."""
+    raw = os.environ.get(NEWER_TRANSFORMERS_ENV, "").strip()
+    if raw and os.path.isfile(os.path.join(raw, "transformers", "__init__.py")):
+        return raw
+    return None
 
 
 def _env_gib(name: str) -> float | None:
@@ -451,9 +466,10 @@ def unmet(requires: dict | None) -> list[str]:
     unknown = sorted((str(k) for k in requires if k not in _KNOWN), key=str)
     if unknown:
         raise ValueError(f"requires has unknown keys {unknown}; known: {sorted(_KNOWN)}")
-    if "gpu_trace" in requires and not isinstance(requires["gpu_trace"], bool):
-        raise TypeError(f"requires['gpu_trace'] must be True or False, got {type(requires['gpu_trace']).__name__} "
-                        f"({requires['gpu_trace']!r})")
+    for key in ("gpu_trace", "newer_transformers"):
+        if key in requires and not isinstance(requires[key], bool):
+            raise TypeError(f"requires[{key!r}] must be True or False, got {type(requires[key]).__name__} "
+                            f"({requires[key]!r})")
     for key in ("vram_gib", "pinned_gib", "host_ram_gib"):
         if key in requires:
             positive_number(f"requires[{key!r}]", requires[key], allow_zero=True, maximum=MAX_REQUIRED_GIB)
@@ -462,6 +478,9 @@ def unmet(requires: dict | None) -> list[str]:
         why = ("$PINLAB_SIMULATE_NO_GPU_TRACE is set" if os.environ.get("PINLAB_SIMULATE_NO_GPU_TRACE")
                not in (None, "", "0") else "as often under WSL2")
         reasons.append(f"the profiler records no GPU activity on this machine ({why})")
+    if requires.get("newer_transformers") and newer_transformers_dir() is None:
+        reasons.append(f"no newer transformers is installed beside this one (${NEWER_TRANSFORMERS_ENV} names no "
+                       "folder holding one; the README's GPU recipe installs it)")
     p = platform_facts() if any(k in requires for k in ("vram_gib", "host_ram_gib", "pinned_gib")) else {}
     need = requires.get("vram_gib")
     if need and p.get("vram_free_gib") is not None and p["vram_free_gib"] < need:

@@ -13,6 +13,9 @@ naming the file, what is wrong and ``git checkout -- <file>``. :func:`data_dir` 
 ``PINLAB_DATA_DIR``, the source checkout pinlab is imported from, the git checkout around the current
 directory, or the copy a wheel ships (``pinlab/_recorded``); recordings are never written into an
 installed package (:func:`record_dir`).
+
+(Why about 540 lines: measuring, recording and replaying share one file format, and every way a recording
+can be missing, stale or broken gets its own sentence, each tested.)
 """
 from __future__ import annotations
 

@@ -13,25 +13,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .args import bool_arg, callable_arg, positive_int, positive_number, require_cuda, text_arg
+from .text import WIDTH, fmt_ms, wrapped  # noqa: F401 - re-exported: the names modules imported first
 
 TIMING_PREFIX = "[timing]"
 MEASURED_PREFIX = "[measured]"
-#: Printed lines are wrapped to this many columns (a notebook output, a site page, a terminal); a wrapped
-#: ``[timing]``/``[measured]`` line goes on indented by :data:`MACHINE_INDENT` spaces (tests/nbval_sanitize.cfg).
-WIDTH = 100
+#: A wrapped ``[timing]``/``[measured]`` line goes on indented by this many spaces (tests/nbval_sanitize.cfg).
 MACHINE_INDENT = len(MEASURED_PREFIX) + 1
 
 
-def wrapped(text: str, indent: int = 4, width: int | None = None) -> str:
-    """``text`` (one line) wrapped at spaces to ``width`` columns, the lines after the first indented by
-    ``indent`` spaces; words longer than a line are kept whole. Joining the lines with single spaces
-    (after the indent) gives ``text`` back where it had single spaces."""
-    import textwrap
-
-    width = WIDTH if width is None else width
-    lines = textwrap.wrap(text, width=width, subsequent_indent=" " * indent, break_long_words=False,
-                          break_on_hyphens=False, replace_whitespace=False, drop_whitespace=True)
-    return "\n".join(lines) if lines else text
 
 
 def _print_machine_line(prefix: str, label: str, text) -> None:
@@ -73,19 +62,6 @@ class Stats:
         return f"median {fmt_ms(self.median)} (min {fmt_ms(self.min)}, max {fmt_ms(self.max)}, n={self.n})"
 
 
-def fmt_ms(ms: float) -> str:
-    """A duration in the unit a reader takes in at a glance: 0.0125 -> '12.5 µs'.
-
-    ``ms`` is a finite number of milliseconds >= 0 (a duration cannot be negative).
-    """
-    ms = positive_number("ms", ms, allow_zero=True)
-    if ms < 1e-3:
-        return f"{ms * 1e6:.0f} ns"
-    if ms < 1.0:
-        return f"{ms * 1e3:.1f} µs"
-    if ms < 1000.0:
-        return f"{ms:.2f} ms"
-    return f"{ms / 1e3:.2f} s"
 
 
 def host_time(fn, *, repeat: int = 10, warmup: int = 1, setup=None, sync_after: bool = True) -> Stats:
@@ -134,6 +110,32 @@ def cuda_time(fn, *, repeat: int = 10, warmup: int = 1) -> Stats:
         end.synchronize()
         samples.append(start.elapsed_time(end))
     return Stats.of(samples)
+
+
+def interleaved(names, rounds: int, run) -> dict:
+    """``run(name, r)`` for every name in each of ``rounds`` rounds, the order rotating by one each round
+    (round ``r`` starts at ``names[r % len(names)]``), so that a slow spell of the machine falls on every
+    name, not on one. Returns ``{name: [run's result in round 0, 1, ...]}``: the rounds loop of lessons 04
+    and 06's comparisons."""
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"names must be a list of what to compare, got {type(names).__name__}")
+    names = list(names)
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"names must be at least one name, each once, got {names!r}")
+    rounds = positive_int("rounds", rounds)
+    callable_arg("run", run)
+    out = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            out[k].append(run(k, r))
+    return out
+
+
+def split_steps(steps: int, rounds: int) -> list:
+    """``steps`` split over ``rounds`` as evenly as ints allow (the first rounds take one more); every round
+    gets at least one step."""
+    steps, rounds = positive_int("steps", steps), positive_int("rounds", rounds, maximum=steps)
+    return [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
 
 
 def _label(label) -> str:
