@@ -1,5 +1,5 @@
 """A pytest gate: fail a test whose code races (:func:`pinlab.races.detect_races`; by order with
-``pinlab_races_verdict = order``, :func:`pinlab.order.detect_races`) or stalls (:func:`pinlab.detect_stalls`).
+by order, :func:`pinlab.order.detect_races`; by timing with ``pinlab_races_verdict = timing``) or stalls (:func:`pinlab.detect_stalls`).
 
 Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing until asked:
 
@@ -10,10 +10,9 @@ Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing
 * the fixtures ``pinlab_races`` / ``pinlab_stalls``: the test runs under the detector and gets its report
   (to look at what was found; the gate still fails the test on a finding that is not allowed).
 
-The race gate judges by timing by default (a race fails the test when this run's timing made it happen), as
-lesson 07's recorded run of the gate did; ``pinlab_races_verdict = order`` in the ini file judges by order (a
-latent race fails the test in every run, whether or not the GPU kept up): the default becomes ``order`` with
-lesson 07's next GPU recording. Copies too large for the detector to keep a shadow of are named in
+The race gate judges by order (a latent race fails the test in every run, whether or not the GPU kept up:
+:mod:`pinlab.order`); ``pinlab_races_verdict = timing`` in the ini file judges by timing instead (a race fails
+the test only when this run's timing made it happen). Copies too large for the detector to keep a shadow of are named in
 a warning (writes through torch calls are still judged; writes through numpy are not).
 
 A test fails with the detector's report when a finding is not allowed. Allow known ones with
@@ -47,14 +46,14 @@ def pytest_addoption(parser):
                     help="run every test under pinlab.detect_stalls() and fail those that stall")
     parser.addini("pinlab_allow", type="linelist", default=[],
                   help="findings the pinlab gate allows: a kind, or a file:line (path suffix) of the copy or call")
-    parser.addini("pinlab_races_verdict", default="timing",
-                  help="how the race gate decides: timing (the default: races this run's timing made happen) or "
-                       "order (what the program's order allows, in every run)")
+    parser.addini("pinlab_races_verdict", default="order",
+                  help="how the race gate decides: order (the default: what the program's order allows, in every "
+                       "run) or timing (races this run's timing made happen)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "pinlab_races(allow=()): fail this test if its code can race "
-                            "(pinlab.races.detect_races, or by order: pinlab_races_verdict); allow: kinds or file:line "
+                            "(by order: pinlab.order.detect_races; by timing: pinlab_races_verdict = timing); allow: kinds or file:line "
                             "places to accept")
     config.addinivalue_line("markers", "pinlab_stalls(allow=()): fail this test if its code stalls "
                             "(pinlab.detect_stalls); allow: kinds or file:line places to accept")
@@ -95,7 +94,7 @@ class _Gate:
         self.detectors = {}
         self.reports = {}
         if "races" in which:
-            verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "timing"
+            verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "order"
             if verdict not in _VERDICTS:
                 raise pytest.UsageError(f"pinlab_races_verdict must be one of {list(_VERDICTS)}, got {verdict!r} "
                                         f"(in the ini file)")

@@ -186,6 +186,31 @@ def test_freshness_follows_the_source_and_only_the_deps(tree):
     assert "no longer exists" in evidence.freshness({"path": "notebooks/gone.ipynb"}, tree)
 
 
+def test_inputs_of_a_process_a_notebook_runs_are_deps_of_its_quiet_pass(tree, monkeypatch):
+    """Lesson 07 runs the pytest gate on the sample suite in a process of its own: the kernel never imports the
+    gate, so its recorded deps must name it (and the suite's files): an edit there stales the quiet pass."""
+    (tree / "lib" / "gate.py").write_text("V = 1\n")
+    (tree / "examples" / "suite").mkdir(parents=True)
+    (tree / "examples" / "suite" / "test_s.py").write_text("def test_s(): pass\n")
+    monkeypatch.setitem(evidence.SUBPROCESS_INPUTS, "notebooks/00_x.ipynb", ("lib/gate.py", "examples/suite"))
+    inputs = evidence.subprocess_inputs("notebooks/00_x.ipynb", tree)
+    assert inputs == ["examples/suite/test_s.py", "lib/gate.py"]
+    assert "recorded without examples/suite/test_s.py, lib/gate.py" in evidence.freshness(entry(tree), tree)
+    e = entry(tree, deps=["lib/pkg/__init__.py", "lib/pkg/a.py", *inputs])
+    assert evidence.freshness(e, tree) is None
+    (tree / "examples" / "suite" / "test_s.py").write_text("def test_s(): assert 1\n")
+    assert "examples/suite/test_s.py" in evidence.freshness(e, tree)
+    e = entry(tree, deps=["lib/pkg/__init__.py", "lib/pkg/a.py", *inputs])
+    (tree / "examples" / "suite" / "test_t.py").write_text("def test_t(): pass\n")
+    assert "recorded without examples/suite/test_t.py" in evidence.freshness(e, tree), "a new file of the suite too"
+    assert evidence.subprocess_inputs("notebooks/01_y.ipynb", tree) == []
+
+
+def test_lesson_07s_gate_run_is_in_its_scope():
+    assert set(evidence.subprocess_inputs("notebooks/07_capstone_audit.ipynb")) >= {
+        "lib/pinlab_pytest.py", "examples/race_gate/test_step_loop.py"}
+
+
 def test_merge_keeps_fresh_entries_and_drops_stale_ones(tree):
     nbtools.save(notebook([code("import pkg")]), tree / "notebooks" / "01_y.ipynb")
     nbtools.save(notebook([code("import pkg.b")]), tree / "notebooks" / "02_z.ipynb")

@@ -551,15 +551,15 @@ def test_big_copy_is_named_unchecked():
 def test_the_gate_fails_a_latent_race_in_every_run_unittest_too(tmp_path):
     (tmp_path / "test_gate_suite.py").write_text(textwrap.dedent(GATE_SUITE))
     for _ in range(2):
-        r = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_verdict = order\n")
+        r = _pytest(["--pinlab-races"], tmp_path)  # the default verdict: order
         out = r.stdout
         assert "FAILED test_gate_suite.py::test_latent_race_on_a_gpu_that_keeps_up" in out, out[-3000:]
         assert "FAILED test_gate_suite.py::TestCaseStyle::test_latent_race" in out, out[-3000:]
         assert "can race 7 x, raced in this run 0 x" in out
         assert "PASSED test_gate_suite.py::test_big_copy_is_named_unchecked" in out
         assert "PinlabGateWarning" in out and "kept no shadow of 1 copy" in out
-    timing = _pytest(["--pinlab-races"], tmp_path)
-    assert "3 passed" in timing.stdout, "the timing verdict (the default until lesson 07's next GPU recording) misses it"
+    timing = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_verdict = timing\n")
+    assert "3 passed" in timing.stdout, "the timing verdict misses it (nothing raced in this run)"
     bad = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_verdict = luck\n")
     assert bad.returncode != 0 and "pinlab_races_verdict must be one of" in bad.stdout + bad.stderr
 

@@ -1,6 +1,7 @@
 """The pytest gate (lib/pinlab_pytest.py, a pytest11 entry point): it fails the racy test of a sample suite and
 passes the fixed ones (examples/race_gate, on the emulated stream here; on CUDA in the GPU run), markers,
 fixtures and the allowlist work, and a session that asks for no gate imports neither torch nor pinlab."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,15 @@ SAMPLE = ROOT / "examples" / "race_gate"
 def _pytest(args, cwd, extra_ini=""):
     """pytest in a fresh process on ``cwd`` (its own rootdir and ini: the course's conftest stays out). Where
     pinlab is not installed (the GPU host runs the checkout), PYTEST_PLUGINS=pinlab_pytest loads the gate."""
+    from importlib.metadata import entry_points
+
     (Path(cwd) / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n" + extra_ini)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "lib")] + [p for p in [os.environ.get("PYTHONPATH")]
+                                                                             if p]))
+    if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
+        env["PYTEST_PLUGINS"] = "pinlab_pytest"  # the GPU host runs the checkout: no entry point there
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
 
 
 def _copy_sample(tmp_path):

@@ -37,6 +37,28 @@ _NUMBER = re.compile(r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]
 
 # ---- freshness and merging ------------------------------------------------------------------------------
 
+#: Inputs of a process a notebook's code starts (the kernel's imports, which the suite records as ``deps``, do
+#: not see them), per notebook: folders stand for every file under them. They are deps of its quiet pass like
+#: the lib files it imports (plumbing: its stability and adverse runs carry forward where the quiet pass claims
+#: what they claimed). Lesson 07 runs the pytest gate on the sample suite in a fresh pytest process.
+SUBPROCESS_INPUTS: dict[str, tuple[str, ...]] = {
+    "notebooks/07_capstone_audit.ipynb": ("lib/pinlab_pytest.py", "examples/race_gate"),
+}
+
+
+def subprocess_inputs(rel: str, root: Path = ROOT) -> list[str]:
+    """The files (relative to ``root``, sorted) of :data:`SUBPROCESS_INPUTS` for the notebook ``rel``."""
+    out = set()
+    for item in SUBPROCESS_INPUTS.get(rel, ()):
+        path = root / item
+        if path.is_dir():
+            out |= {f.relative_to(root).as_posix() for f in path.rglob("*")
+                    if f.is_file() and "__pycache__" not in f.parts and ".pytest_cache" not in f.parts}
+        else:
+            out.add(item)
+    return sorted(out)
+
+
 def freshness(entry: dict, root: Path = ROOT) -> str | None:
     """None if ``entry`` (a notebook's entry in a GPU report) holds for the current files, else why not."""
     rel = entry.get("path", "?")
@@ -51,6 +73,10 @@ def freshness(entry: dict, root: Path = ROOT) -> str | None:
     missing = [d for d in deps if not (root / d).exists()]
     if missing:
         return f"{rel}: lib files it imported are gone: {', '.join(missing)}"
+    unrecorded = [f for f in subprocess_inputs(rel, root) if f not in deps]
+    if unrecorded:
+        return (f"{rel}: recorded without {', '.join(unrecorded)}, input(s) of a process it runs "
+                "(evidence.SUBPROCESS_INPUTS)")
     if entry["deps_sha256"] != nbtools.deps_sha256(deps, root):
         changed = nbtools.changed_files(entry["deps_files"], root) if entry.get("deps_files") else []
         if changed:

@@ -539,7 +539,7 @@ def execute_notebook(p, n: int, args, meta, query=None) -> tuple[dict, dict]:
                   f"kept (the executed notebook is {copy.relative_to(ROOT)})", flush=True)
     if which == QUIET:
         shutil.rmtree(staging, ignore_errors=True)
-    deps_list = sorted(deps)
+    deps_list = sorted(deps | set(evidence.subprocess_inputs(rel))) if deps else []
     now = utc_now()
     src_sha = nbtools.source_sha256(nbtools.load(p))
     row = {

@@ -72,8 +72,8 @@ PLUMBING: dict[str, str] = {
     f"{PKG}/progress.py": "progress bars on stderr (nbval does not compare stderr)",
     f"{PKG}/replay.py": "replay lookup and recording: live on a GPU, the recorded run elsewhere",
     f"{PKG}/run_header.py": "the header each notebook starts with: the machine, the versions, the run's conditions",
-    f"{PKG}/text.py": "formatting of durations, sizes and wrapped lines",
     f"{PKG}/syllabus.py": "the syllabus table that lesson 00 prints",
+    f"{PKG}/text.py": "formatting of durations, sizes and wrapped lines",
     f"{PKG}/timing.py": "timers and the [measured]/[timing] lines, which nbval masks and no claim reads",
     f"{PKG}/lessons/__init__.py": "the lessons package (no code)",
 }
