@@ -4,7 +4,7 @@ Every correct pattern is silent and every latent race is named, at every lag of 
 GPU that keeps up, where the timing verdict of pinlab.races sees nothing); memory is matched by byte range;
 storage freed, re-set or resized under a pending copy is handled without touching freed memory; the cost per
 copy does not grow with the copies pending. The CUDA half (torch's GPU trace as the source of order, side
-streams, CUDA_LAUNCH_BLOCKING=1, 10^4 steps) is marked ``gpu``.
+streams, CUDA_LAUNCH_BLOCKING=1, 10^3 steps of each fix) is marked ``gpu``.
 """
 import subprocess
 import sys
