@@ -21,7 +21,9 @@ stream).
 * FlashInfer (where installed): one shared decode wrapper re-planned ahead of a busy GPU, in a subprocess
   (it can kill the CUDA context): does the detector flag it before the process dies?
 
-Prints a summary and writes JSON. Not a unit test: its figures depend on the machine.
+Prints each section as it ends and writes the JSON after each (``complete``: false and ``left``: the sections not
+run, until the last one ends): a run stopped by a timeout keeps what it measured. ``--budget S`` starts no section
+after S seconds. Not a unit test: its figures depend on the machine.
 """
 from __future__ import annotations
 
@@ -374,7 +376,14 @@ def main(argv=None) -> int:
     ap.add_argument("--verdict", choices=("both",) + order.VERDICTS, default="both",
                     help="the detector's verdict to measure (both: order, then timing)")
     ap.add_argument("--profile", action="store_true", help="also profile one detected loop (cProfile, top 25)")
+    ap.add_argument("--budget", type=float, default=None, metavar="S",
+                    help="start no section after S seconds; what was left is named in the JSON (\"left\")")
     a = ap.parse_args(argv)
+    for name in ("steps", "overhead_steps", "rounds"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if a.budget is not None and a.budget <= 0:
+        ap.error(f"--budget must be a positive number of seconds, got {a.budget}")
     if a.profile:
         import cProfile
         import pstats
@@ -397,25 +406,51 @@ def main(argv=None) -> int:
         pinlab.warmup(lambda: pinlab.gpu_busy(0.1))
     global VERDICT
     verdicts = order.VERDICTS if a.verdict == "both" else (a.verdict,)
+    sections = {
+        "recall": lambda: recall(a.steps, a.busy_ms),
+        "graph": lambda: graph_race(min(a.steps, 2000), a.busy_ms),
+        "deferred_stop": lambda: deferred_stop(min(a.steps, 2000), a.busy_ms),
+        "overhead": lambda: overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds),
+        "flashinfer_shared_wrapper": flashinfer_shared_wrapper,
+    }
+    res["complete"], res["left"] = False, [f"{v}/{k}" for v in verdicts for k in sections]
     for VERDICT in verdicts:
         part = res.setdefault("verdicts", {})[VERDICT] = {}
-        part["recall"] = recall(a.steps, a.busy_ms)
-        part["graph"] = graph_race(min(a.steps, 2000), a.busy_ms)
-        part["deferred_stop"] = deferred_stop(min(a.steps, 2000), a.busy_ms)
-        part["overhead"] = overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds)
-        part["flashinfer_shared_wrapper"] = flashinfer_shared_wrapper()
-        for k, v in part["recall"].items():
+        for name, run in sections.items():
+            if a.budget is not None and time.time() - t0 > a.budget:
+                print(f"--budget {a.budget:.0f} s spent: not started {', '.join(res['left'])}", flush=True)
+                return _write(res, a.out, t0)
+            print(f"{VERDICT:6s} {name} ...", flush=True)
+            t1 = time.time()
+            part[name] = run()
+            part.setdefault("seconds", {})[name] = round(time.time() - t1, 1)
+            res["left"].remove(f"{VERDICT}/{name}")
+            _print_section(name, part[name])
+            _write(res, a.out, t0)  # what is done survives a timeout
+    res["complete"] = True
+    return _write(res, a.out, t0)
+
+
+def _print_section(name: str, out: dict) -> None:
+    if name == "recall":
+        for k, v in out.items():
             print(f"{VERDICT:6s} recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} latent "
                   f"{v['latent']:6d} missed {v['missed']:4d}{'  FALSE POSITIVE' if v['false_positive'] else ''}")
-        for k, v in {**part["graph"], **part["deferred_stop"]}.items():
-            print(f"{VERDICT:6s} {k:20s} {v}")
-        for k, v in part["overhead"].items():
-            print(f"{VERDICT:6s} overhead {k:18s} {v}")
-        print(VERDICT, "flashinfer", {k: v for k, v in part["flashinfer_shared_wrapper"].items() if k != "stderr_tail"})
+    elif name == "flashinfer_shared_wrapper":
+        print(VERDICT, "flashinfer", {k: v for k, v in out.items() if k != "stderr_tail"})
+    else:
+        for k, v in out.items():
+            print(f"{VERDICT:6s} {name} {k:20s} {v}")
+    sys.stdout.flush()
+
+
+def _write(res: dict, out: Path | None, t0: float) -> int:
     res["seconds"] = round(time.time() - t0, 1)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(res, indent=1))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.replace(out)
     return 0
 
 

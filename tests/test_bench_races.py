@@ -1,0 +1,33 @@
+"""tools/bench_races.py on the emulated stream: each section is written as it ends, so a run stopped by a timeout
+(as on the H200 in December, where a run that printed nothing until its end lost everything) keeps what it
+measured; --budget starts no section late; bad sizes are refused by name."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = [sys.executable, str(ROOT / "tools" / "bench_races.py")]
+
+
+@pytest.mark.slow
+def test_a_budget_keeps_the_sections_done_and_names_the_rest(tmp_path):
+    out = tmp_path / "b.json"
+    r = subprocess.run(BENCH + ["--steps", "20", "--overhead-steps", "10", "--rounds", "1", "--verdict", "order",
+                                "--budget", "0.001", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["complete"] is False and list(res["verdicts"]["order"]) == ["recall", "seconds"], res.get("left")
+    assert res["left"] == ["order/graph", "order/deferred_stop", "order/overhead",
+                           "order/flashinfer_shared_wrapper"]
+    assert "order  recall ..." in r.stdout and "--budget 0 s spent: not started order/graph" in r.stdout
+    assert not out.with_name(out.name + ".tmp").exists()
+
+
+@pytest.mark.parametrize("arg,value", [("--steps", "0"), ("--overhead-steps", "-1"), ("--rounds", "0"),
+                                       ("--budget", "0")])
+def test_bad_sizes_are_refused_by_name(arg, value):
+    r = subprocess.run(BENCH + [arg, value], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and arg in r.stderr, r.stderr[-1000:]
