@@ -40,9 +40,11 @@ _NUMBER = re.compile(r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]
 #: Inputs of a process a notebook's code starts (the kernel's imports, which the suite records as ``deps``, do
 #: not see them), per notebook: folders stand for every file under them. They are deps of its quiet pass like
 #: the lib files it imports (plumbing: its stability and adverse runs carry forward where the quiet pass claims
-#: what they claimed). Lesson 07 runs the pytest gate on the sample suite in a fresh pytest process.
+#: what they claimed). Lesson 07 runs the pytest gate on the sample suite in a fresh pytest process, which imports
+#: the gate and the detectors its kernel does not (tests/test_evidence.py checks the list against that process).
 SUBPROCESS_INPUTS: dict[str, tuple[str, ...]] = {
-    "notebooks/07_capstone_audit.ipynb": ("lib/pinlab_pytest.py", "examples/race_gate"),
+    "notebooks/07_capstone_audit.ipynb": ("lib/pinlab_pytest.py", "lib/pinlab/order.py", "lib/pinlab/races.py",
+                                          "examples/race_gate"),
 }
 
 
