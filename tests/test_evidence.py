@@ -207,9 +207,55 @@ def test_inputs_of_a_process_a_notebook_runs_are_deps_of_its_quiet_pass(tree, mo
     assert evidence.subprocess_inputs("notebooks/01_y.ipynb", tree) == []
 
 
-def test_lesson_07s_gate_run_is_in_its_scope():
-    assert set(evidence.subprocess_inputs("notebooks/07_capstone_audit.ipynb")) >= {
-        "lib/pinlab_pytest.py", "examples/race_gate/test_step_loop.py"}
+_LIB_FILES = """
+import json, os, sys
+lib = os.path.realpath(sys.argv[1])
+def dump():
+    files = {os.path.realpath(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+             if isinstance(f, str)}
+    print("@@files@@" + json.dumps(sorted(os.path.relpath(f, os.path.dirname(lib)) for f in files
+                                          if f.startswith(lib + os.sep))))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a known gap: the gate's process imports lib/pinlab/order.py and races.py, which lesson 07's "
+                   "kernel does not, and adding it to SUBPROCESS_INPUTS stales lesson 07: it is added with lesson 07's "
+                   "next recording (branch i31m)")
+def test_lesson_07s_gate_run_is_in_its_scope(tmp_path):
+    """Every lib file the gate's own pytest process imports (lesson 07 runs it on the sample suite) is one the
+    kernel imports too, or one of evidence.SUBPROCESS_INPUTS: an edit there stales lesson 07's quiet pass."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    inputs = set(evidence.subprocess_inputs("notebooks/07_capstone_audit.ipynb"))
+    assert {"lib/pinlab_pytest.py", "examples/race_gate/test_step_loop.py"} <= inputs
+    lib = str(ROOT / "lib")
+    from importlib.metadata import entry_points
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
+        env["PYTEST_PLUGINS"] = "pinlab_pytest"  # as lesson 07's run_gate does where pinlab is not installed
+    kernel = subprocess.run([sys.executable, "-c", _LIB_FILES + "import pinlab\n"
+                             "from pinlab.lessons import l07_capstone_audit\ndump()", lib],
+                            capture_output=True, text=True, env=env, timeout=300)
+    suite = tmp_path / "suite"
+    shutil.copytree(ROOT / "examples" / "race_gate", suite, ignore=shutil.ignore_patterns("__pycache__"))
+    (suite / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    gate = subprocess.run([sys.executable, "-c", _LIB_FILES + "import pytest\n"
+                           "pytest.main(['-q', '--pinlab-races', '.'])\ndump()", lib],
+                          cwd=suite, capture_output=True, text=True, env=env, timeout=300)
+
+    def files(r):
+        line = next((x for x in r.stdout.splitlines() if x.startswith("@@files@@")), None)
+        assert line, r.stdout[-2000:] + r.stderr[-2000:]
+        return set(json.loads(line[len("@@files@@"):]))
+
+    missing = files(gate) - files(kernel) - inputs
+    assert not missing, (f"lesson 07's gate process imports {sorted(missing)}, which its kernel does not: add them to "
+                         "evidence.SUBPROCESS_INPUTS")
 
 
 def test_merge_keeps_fresh_entries_and_drops_stale_ones(tree):
