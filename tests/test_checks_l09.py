@@ -192,3 +192,41 @@ def test_the_reference_cases_stop_where_the_cases_say():
     stops = [checks09.reference(checks09.table(succ), start, max_new)[1] for _, succ, start, max_new in checks09.CASES]
     assert stops[0] is not None and stops[1] is not None and stops[2] is None
     assert all(s is None or s + 3 <= mx for s, (_, _, _, mx) in zip(stops, checks09.CASES))  # 2 late can show
+
+
+# Issue 48's holes, found by a new learner on the emulated stream and on the H200: each wrong answer below is
+# accepted today ("✅ ... no host sync or busy-wait inside the loop, 0 races"). Strict xfails: the checker fix
+# (lib/pinlab/checks/l09.py: watch torch.cuda.synchronize and torch.cuda.Event as lesson 07's checker does, put
+# single-argument torch.where on the sync list, count the forwards) turns each into a pass, and the xfail must go.
+HOLES = {
+    "torch-cuda-synchronize-every-step": (
+        (WAIT, WAIT + "\n            torch.cuda.synchronize()"),),
+    "waits-on-this-steps-torch-cuda-event": (
+        ("        done[n % 2] = s.Event()", "        done[n % 2] = torch.cuda.Event()"),
+        (WAIT, "            done[n % 2].synchronize()")),
+    "polls-this-steps-torch-cuda-event": (
+        ("        done[n % 2] = s.Event()", "        done[n % 2] = torch.cuda.Event()"),
+        (WAIT, "            while not done[n % 2].query():\n                pass")),
+    "runs-every-forward": (
+        ("                break\n", "                pass\n"),),
+    "single-argument-torch-where": (
+        (STOP, STOP + "\n        if len(torch.where(finished)[0]) == m.batch:\n            pass"),),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="issue 48: exercise 09's checker accepts it (a hole on CPU and on the H200)")
+@pytest.mark.parametrize("name", sorted(HOLES))
+def test_a_known_hole_is_rejected(sol, capsys, name):
+    fn = _variant(sol, name, *HOLES[name])
+    capsys.readouterr()
+    assert checks09.check_decode(fn) is False, capsys.readouterr().out
+
+
+@pytest.mark.xfail(strict=True, reason="issue 48: races.py matches a pending copy by storage, not byte range, so "
+                                       "the two slots of one pinned tensor look like one (a false race)")
+def test_two_slots_of_one_pinned_tensor_are_correct(sol, capsys):
+    fn = _variant(sol, "one-tensor-two-slots",
+                  ("flags = [torch.zeros((), dtype=torch.bool, pin_memory=True) for _ in range(2)]",
+                   "flags = torch.zeros(2, dtype=torch.bool, pin_memory=True)"))
+    capsys.readouterr()
+    assert checks09.check_decode(fn) is True, capsys.readouterr().out
