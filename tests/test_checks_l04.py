@@ -457,3 +457,9 @@ def test_waited_steps_tells_a_wait_from_a_slow_host():
     assert checks04.waited_steps([ahead - 2], [ahead - 2]) == 0
     with pytest.raises(ValueError, match="one count per step"):
         checks04.waited_steps([1, 2], [1])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 48: the recycling check looks back only SNAPSHOT_AHEAD (64) steps, so a "
+                                       "pool deeper than that passes")
+def test_pin_snapshot_recycling_a_pool_of_128_is_caught(capsys):
+    assert checks04.check_pin_snapshot(_pool_snapshot(128), stream=LaggingStream()) is False, capsys.readouterr().out
