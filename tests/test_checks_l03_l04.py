@@ -178,7 +178,9 @@ def loop_snapshot_of_pinned(s, steps, write_metadata, forward):  # pin_memory() 
         forward(n, meta)
 
 
-def _ring(depth, events):
+def _ring(depth, events, record_before_copy=False):
+    """A ring of ``depth`` pinned buffers, each guarded by an event (``events``) waited on before it is rewritten;
+    ``record_before_copy``: lesson 04's mistake, the event recorded before the slot's copy (it guards nothing)."""
     def loop(s, steps, write_metadata, forward):
         bufs = [torch.zeros(N, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
         done = [None] * depth
@@ -187,9 +189,12 @@ def _ring(depth, events):
             if events and done[k] is not None:
                 done[k].synchronize()          # the copy that last read bufs[k] has run
             write_metadata(bufs[k], n)
+            if events and record_before_copy:
+                done[k] = s.Event()
+                done[k].record()
             meta = torch.empty(N, dtype=torch.int32, device=s.device)
             meta.copy_(bufs[k], non_blocking=True)
-            if events:
+            if events and not record_before_copy:
                 done[k] = s.Event()
                 done[k].record()
             forward(n, meta)
@@ -579,27 +584,9 @@ def test_race_free_loop_messages_use_the_run_ahead_definition(case, on_cpu, caps
         assert steploop.RING_RULE in out, out
 
 
-def _ring_event_before_copy(depth):
-    """A deep enough ring whose event is recorded before the slot's copy (lesson 04's mistake): the wait orders
-    nothing about the copy it is meant to guard."""
-    def loop(s, steps, write_metadata, forward):
-        bufs = [torch.zeros(N, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
-        done = [None] * depth
-        for n in range(steps):
-            k = n % depth
-            if done[k] is not None:
-                done[k].synchronize()
-            write_metadata(bufs[k], n)
-            done[k] = s.Event()
-            done[k].record()                  # before the copy: it guards nothing
-            meta = torch.empty(N, dtype=torch.int32, device=s.device)
-            meta.copy_(bufs[k], non_blocking=True)
-            forward(n, meta)
-    return loop
-
 
 @pytest.mark.xfail(strict=True, reason="issue 48: exercise 03's checker accepts a ring whose event is recorded before "
                                        "the copy (04's checker catches the same mistake)")
 def test_race_free_loop_rejects_a_ring_whose_event_comes_before_the_copy(on_cpu, capsys):
-    assert checks03.check_race_free_loop(_ring_event_before_copy(checks03.AHEAD + 1)) is False, \
+    assert checks03.check_race_free_loop(_ring(checks03.AHEAD + 1, True, record_before_copy=True)) is False, \
         capsys.readouterr().out

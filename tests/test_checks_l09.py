@@ -232,12 +232,16 @@ def test_two_slots_of_one_pinned_tensor_are_correct(sol, capsys):
     assert checks09.check_decode(fn) is True, capsys.readouterr().out
 
 
+def _rejected_output(sol, capsys, name) -> str:
+    """What the checker prints for the planted wrong answer ``name`` of WRONG (it must be rejected)."""
+    capsys.readouterr()
+    assert checks09.check_decode(_variant(sol, name, *WRONG[name][0])) is False
+    return capsys.readouterr().out
+
+
 @pytest.mark.xfail(strict=True, reason="issue 48: every race message advises two slots, also to a loop that has two")
 def test_a_two_slot_loop_that_reads_early_is_not_told_to_use_two_slots(sol, capsys):
-    edits, _ = WRONG["reads-slot-before-its-event"]
-    capsys.readouterr()
-    assert checks09.check_decode(_variant(sol, "reads-slot-before-its-event", *edits)) is False
-    out = capsys.readouterr().out
+    out = _rejected_output(sol, capsys, "reads-slot-before-its-event")
     assert "a race" in out and "two slots" not in out, out
 
 
@@ -245,8 +249,5 @@ def test_a_two_slot_loop_that_reads_early_is_not_told_to_use_two_slots(sol, caps
                                        "ipykernel_<pid>/<hash>.py:135) where the sync messages say 'line 13 of "
                                        "fixed_decode'")
 def test_a_race_is_named_by_the_line_of_the_learners_function(sol, capsys):
-    edits, _ = WRONG["reads-slot-before-its-event"]
-    capsys.readouterr()
-    assert checks09.check_decode(_variant(sol, "reads-slot-before-its-event", *edits)) is False
-    out = capsys.readouterr().out
+    out = _rejected_output(sol, capsys, "reads-slot-before-its-event")
     assert "of fixed_decode" in out and "<reads-slot-before-its-event>:" not in out, out
