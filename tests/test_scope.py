@@ -241,6 +241,14 @@ def test_a_plumbing_edit_with_the_same_claims_carries_the_runs_forward(course):
     lines = plan.plan_lines(course)
     assert lines[-1].startswith("plan: 1 call(s), ")
     assert not any("--adverse" in ln or "--stability-only" in ln for ln in lines)
+    minutes = float(lines[-1].split()[3])
+    assert lines[-2] == (f"a session has 30 device-minutes: {30 - minutes:.1f} left for starts that fail (each "
+                         "costs about 1.5 min)"), lines[-2]
+    old, plan.SESSION_MIN = plan.SESSION_MIN, 1.0
+    try:
+        assert "more than that: land it over several sessions" in plan.plan_lines(course)[-2]
+    finally:
+        plan.SESSION_MIN = old
     requote(course, "notebooks/01_one.ipynb")
     requote(course, "notebooks/02_two.ipynb")
     assert problems(course) == []
@@ -387,3 +395,4 @@ def test_too_few_runs_ask_for_runs_only_not_another_quiet_pass(course):
     (call,) = p["calls"]
     (cmd, what, _), = call["steps"]
     assert cmd == "python3 tools/gpu_suite.py --repeat 5 --stale --stability-only --only notebooks/02_two.ipynb"
+

@@ -27,6 +27,8 @@ ROOT = nbtools.ROOT
 REPORTS = ROOT / "reports" / "gpu"
 CALL_LIMIT_S = 540.0   # one device call's command: 9 minutes (a call may run 10; the rest is margin)
 START_S = 90.0         # a machine's start, the tree's transfer and the wheels' install, per call
+SESSION_MIN = 30.0     # device-minutes a session has, earlier tries at the same work included
+FAILED_START_S = 90.0  # what a call that got no machine cost (measured: 91 s and 90 s on 2026-12-05)
 FIXED_S = 30.0         # one gpu_suite command: its set-up (the machine's facts in a child), its reports
 UNIT_TESTS_S = 60.0    # the gpu unit tests, where latest.json recorded no time for them
 DEFAULT_S = 60.0       # a notebook never timed on the GPU
@@ -304,5 +306,12 @@ def plan_lines(root: Path = ROOT) -> list[str]:
         if plan["carry"]:
             lines.append(f"{len(plan['carry'])} notebooks carry their stability and adverse runs forward if the quiet "
                          "pass claims what those runs claimed; where it does not, run --plan again after the call")
+    if plan["calls"]:
+        left = SESSION_MIN - total
+        lines.append(f"a session has {SESSION_MIN:.0f} device-minutes: "
+                     + (f"{left:.1f} left for starts that fail (each costs about {FAILED_START_S / 60:.1f} min)"
+                        if left >= 0 else
+                        f"{-left:.1f} more than that: land it over several sessions, in slices that each leave "
+                        "`make test` passing"))
     lines.append(f"plan: {len(plan['calls'])} call(s), {total:.1f} device-minutes")
     return lines
