@@ -348,10 +348,16 @@ def test_run_notebook_records_deps_and_errors_in_a_real_kernel(tree):
     """One kernel: the deps cell sees what the notebook imported; with allow_errors the cells after a failure
     run, and run_outcome still counts the later asserting cell as not passed."""
     path = tree / "notebooks" / "01_err.ipynb"
-    nbtools.save(notebook([code("import pkg", count=7, outputs=[out("stale\n")]), code("raise ValueError('boom')"),
+    nbtools.save(notebook([code("import pkg, os\nassert 'PINLAB_TEST_DROPPED' not in os.environ", count=7,
+                                outputs=[out("stale\n")]), code("raise ValueError('boom')"),
                            code("assert pkg.a.X == 1\nprint('[measured] x: 3 ms')")]), path)
-    res = nbtools.run_notebook(path, tree / "ran.ipynb", env={"PYTHONPATH": str(tree / "lib")}, allow_errors=True,
-                               record_deps=True, root=tree, timeout=120)
+    os.environ["PINLAB_TEST_DROPPED"] = "inherited"
+    try:
+        res = nbtools.run_notebook(path, tree / "ran.ipynb", env={"PYTHONPATH": str(tree / "lib"),
+                                                                   "PINLAB_TEST_DROPPED": None},
+                                   allow_errors=True, record_deps=True, root=tree, timeout=120)
+    finally:
+        assert os.environ.pop("PINLAB_TEST_DROPPED") == "inherited", "the caller's environment is restored"
     assert res["error"] is None
     assert res["deps"] == ["lib/pkg/__init__.py", "lib/pkg/a.py"]
     ran = nbtools.load(tree / "ran.ipynb")
@@ -359,7 +365,7 @@ def test_run_notebook_records_deps_and_errors_in_a_real_kernel(tree):
     assert [c["execution_count"] for c in ran["cells"]] == [1, 2, 3]
     assert nbtools.cell_errors(ran) == [{"cell": 1, "ename": "ValueError", "evalue": "boom"}]
     o = evidence.run_outcome(ran)
-    assert (o["passed"], o["failed"]) == ([], [2]) and o["first_error"]["cell"] == 1
+    assert (o["passed"], o["failed"]) == ([0], [2]) and o["first_error"]["cell"] == 1  # 0: the variable was dropped
     assert [ln["label"] for ln in o["lines"]] == ["x"]
     assert set(res["cell_seconds"]) == {0, 1, 2}
     assert nbtools.load(path)["cells"][0]["outputs"] == [out("stale\n")], "the source notebook is left alone"

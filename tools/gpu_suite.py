@@ -484,7 +484,9 @@ def execute_notebook(p, n: int, args, meta, query=None) -> tuple[dict, dict]:
     which = suite_pass(args)
     allow_errors = args.keep_going or n > 1
     staging = staging_dir()
-    env = {"PINLAB_SUITE_PASS": which}
+    # PYTEST_ADDOPTS (set for the unit tests' pytest, e.g. --durations) must not reach a pytest a notebook starts
+    # (lesson 07's gate): on 2026-12-05 it put a durations table into lesson 07's recorded output
+    env = {"PINLAB_SUITE_PASS": which, "PYTEST_ADDOPTS": None}
     if which == QUIET:
         env.update(PINLAB_RECORD="1", PINLAB_DATA_DIR=str(staging / "data"))
     runs, deps, secs, cell_secs, failed_runs, problem = [], set(), [], {}, 0, ""

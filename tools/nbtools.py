@@ -278,7 +278,8 @@ def run_notebook(path: Path, out_path: Path | None = None, *, timeout: int = 180
                  allow_errors: bool = False, record_deps: bool = False, write: bool = True,
                  root: Path = ROOT) -> dict:
     """Execute a notebook (cwd = its folder) and write it to ``out_path`` (default: in place; not if not
-    ``write``). Returns {seconds, cell_seconds: {index: s}, nb, deps, error}:
+    ``write``); ``env``: variables for its kernel, a None value removes one. Returns {seconds, cell_seconds:
+    {index: s}, nb, deps, error}:
 
     * ``deps``: with ``record_deps``, the lib/ files the kernel had imported at the end (an extra last cell
       prints them; it is removed again before writing), None if that cell did not run;
@@ -297,8 +298,11 @@ def run_notebook(path: Path, out_path: Path | None = None, *, timeout: int = 180
     if record_deps:
         nb.cells.append(nbformat.v4.new_code_cell(deps_cell_source(root)))
     old_env = dict(os.environ)
-    if env:
-        os.environ.update(env)
+    for key, value in (env or {}).items():  # None: the kernel does not inherit it
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     t0 = time.perf_counter()
     error = None
     try:
