@@ -222,19 +222,16 @@ def dump():
 def test_lesson_07s_gate_run_is_in_its_scope(tmp_path):
     """Every lib file the gate's own pytest process imports (lesson 07 runs it on the sample suite) is one the
     kernel imports too, or one of evidence.SUBPROCESS_INPUTS: an edit there stales lesson 07's quiet pass."""
-    import os
     import shutil
     import subprocess
     import sys
 
+    from test_pytest_plugin import gate_env  # the gate's process, as lesson 07's run_gate starts it
+
     inputs = set(evidence.subprocess_inputs("notebooks/07_capstone_audit.ipynb"))
     assert {"lib/pinlab_pytest.py", "examples/race_gate/test_step_loop.py"} <= inputs
     lib = str(ROOT / "lib")
-    from importlib.metadata import entry_points
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
-        env["PYTEST_PLUGINS"] = "pinlab_pytest"  # as lesson 07's run_gate does where pinlab is not installed
+    env = gate_env()
     kernel = subprocess.run([sys.executable, "-c", _LIB_FILES + "import pinlab\n"
                              "from pinlab.lessons import l07_capstone_audit\ndump()", lib],
                             capture_output=True, text=True, env=env, timeout=300)

@@ -13,18 +13,24 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "race_gate"
 
 
-def _pytest(args, cwd, extra_ini=""):
-    """pytest in a fresh process on ``cwd`` (its own rootdir and ini: the course's conftest stays out). Where
-    pinlab is not installed (the GPU host runs the checkout), PYTEST_PLUGINS=pinlab_pytest loads the gate."""
+def gate_env() -> dict:
+    """The environment of a fresh pytest process with the gate: lib/ on PYTHONPATH and, where pinlab is not
+    installed (the GPU host runs the checkout: no entry point), PYTEST_PLUGINS=pinlab_pytest."""
     from importlib.metadata import entry_points
 
-    (Path(cwd) / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n" + extra_ini)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "lib")] + [p for p in [os.environ.get("PYTHONPATH")]
                                                                              if p]))
     if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
-        env["PYTEST_PLUGINS"] = "pinlab_pytest"  # the GPU host runs the checkout: no entry point there
+        env["PYTEST_PLUGINS"] = "pinlab_pytest"
+    return env
+
+
+def _pytest(args, cwd, extra_ini=""):
+    """pytest in a fresh process on ``cwd`` (its own rootdir and ini: the course's conftest stays out), with the
+    gate (:func:`gate_env`)."""
+    (Path(cwd) / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n" + extra_ini)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=env)
+                          text=True, timeout=300, env=gate_env())
 
 
 def _copy_sample(tmp_path):
