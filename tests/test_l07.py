@@ -439,9 +439,6 @@ def test_run_gate_refuses_a_missing_suite(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="l07.run_gate passes the caller's PYTEST_ADDOPTS to the gate's pytest: on "
-                                       "2026-12-05 the GPU suite's --durations put a durations table into lesson 07's "
-                                       "recorded output (fixed with lesson 07's next recording, on i31m)")
 def test_the_gate_run_ignores_the_callers_pytest_options(monkeypatch):
     monkeypatch.setenv("PYTEST_ADDOPTS", "--durations=3")
     gate = l07.run_gate()

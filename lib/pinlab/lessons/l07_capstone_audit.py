@@ -1175,6 +1175,7 @@ def run_gate(suite: str | None = None, *, timeout_s: float = 300) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                PY_COLORS="0")  # plain text to parse, also where the environment forces colour (FORCE_COLOR)
     env.pop("FORCE_COLOR", None)
+    env.pop("PYTEST_ADDOPTS", None)  # the caller's pytest options (e.g. --durations) would change the gate's report
     if not any(ep.name == "pinlab" for ep in entry_points(group="pytest11")):
         env["PYTEST_PLUGINS"] = "pinlab_pytest"
     with tempfile.TemporaryDirectory(prefix="pinlab-gate-") as tmp:
