@@ -240,10 +240,6 @@ def test_stop_checks_newer_refuses_without_cuda():
         l09.stop_checks_newer(gpu_ms=4.0)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: l09.measure_or_say catches ReplayFileError as its parent "
-                                       "ReplayMissingError, so a broken recording reads 'no recorded GPU run yet' "
-                                       "and the git checkout that restores it is never named (replay."
-                                       "measure_if_recorded re-raises it: one piece of code should serve)")
 def test_a_broken_recording_is_named_broken_in_lesson_09(tmp_path, monkeypatch, capsys):
     from pinlab.lessons import l09_real_code as l09
     from pinlab.replay import ReplayFileError

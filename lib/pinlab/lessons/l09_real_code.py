@@ -643,15 +643,11 @@ def staging_rows(r: dict) -> list[dict]:
 
 
 def measure_or_say(name: str, fn, requires=None, **params):
-    """:func:`pinlab.measure`, or None after one sentence where there is no CUDA and no recording yet."""
-    from ..replay import ReplayMissingError, measure
+    """:func:`pinlab.replay.measure_if_recorded`: :func:`pinlab.measure`, or None after one sentence where there is
+    no CUDA and no recording yet; a broken recording raises :class:`pinlab.replay.ReplayFileError`, naming it."""
+    from ..replay import measure_if_recorded
 
-    try:
-        return measure(name, fn, requires=requires, **params)
-    except ReplayMissingError:
-        print(f"{name}: no GPU here and no recorded GPU run yet (reports/gpu/data/{name}.json): "
-              "the GPU suite records it; this section is skipped.")
-        return None
+    return measure_if_recorded(name, fn, requires=requires, **params)
 
 
 class PinWitness:
