@@ -113,8 +113,11 @@ pinlab.claim("everything the course needs is installed", report["ok"],
 #   profiler often records no GPU activity, so the timelines of lessons 02b, 06 and 07 replay; WSL2
 #   was not measured here: `docs/facts.md` F18).
 #
-# What the lessons *assert* holds on any CUDA GPU, quiet or shared; what depends on these facts is
-# printed as a `[measured]` line that says whether it held in this run.
+# The lessons *assert* only what should hold on any CUDA GPU, quiet or shared (exact results,
+# counts, 0 corrupted steps). It held on every GPU this course has run on (so far one NVIDIA H200,
+# quiet and under five adverse conditions: `reports/gpu/`), and each assert's message names what
+# would break it. What depends on these facts is printed as a `[measured]` line that says whether
+# it held in this run.
 
 # %%
 from pinlab.doctor import platform_lines

@@ -148,10 +148,11 @@ def time_copy_ms(dst, src, repeat=5):
 # <details><summary>Answer</summary>
 #
 # On a GPU attached over a fast PCIe link, pinned is much faster at 1 GiB: the staging `memcpy`
-# and the second hop cost a lot. How much depends on the machine: over a slower link (PCIe Gen3,
-# as on many cloud T4s) the link itself caps the pinned copy, closer to the rate of the driver's
-# staging, so the gap shrinks; where the GPU reads pageable memory through the host's page tables
-# (GH200, not measured here: `docs/facts.md` F15) pageable can come close to pinned. The cell after
+# and the second hop cost a lot. How much depends on the machine, and this course measured one: an
+# H200 on PCIe Gen5. Over a slower link (PCIe Gen3, as on many cloud T4s; not measured here) the
+# link itself would cap the pinned copy, closer to the rate of the driver's staging, so the gap
+# should shrink; where the GPU reads pageable memory through the host's page tables (GH200, not
+# measured here: `docs/facts.md` F15) pageable can come close to pinned. The cell after
 # the plot prints this run's ratio. At
 # 1 KiB the gap closes, and pinned can even come out the slower of the two (the `pinned / pageable
 # H2D at 1 KiB` line says which it was here): both are slow, as a tiny copy is nearly all fixed cost,
@@ -540,8 +541,10 @@ copy_gain = pinlab.observe("num_workers=2: the copy call of a pinned batch took 
                            value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs {by[(2, False)]['copy_call_ms']:.3f} ms",
                            why=bw.WHY.cheap_staging)
 pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
-            f"next() {nb0[True]['next_ms'] - nb0[False]['next_ms']:+.3f} ms (it now pins the batch), copy call "
-            f"{nb0[True]['copy_call_ms'] - nb0[False]['copy_call_ms']:+.3f} ms (it no longer stages it)")
+            f"next() {nb0[True]['next_ms'] - nb0[False]['next_ms']:+.3f} ms (it now copies the batch into pinned "
+            f"memory: {nb0[True]['host_allocs']} cudaHostAlloc calls for {n} batches, the rest reused cached "
+            f"blocks), copy call {nb0[True]['copy_call_ms'] - nb0[False]['copy_call_ms']:+.3f} ms (it no longer "
+            "stages it)")
 
 # %% [markdown]
 # Read the table column by column:

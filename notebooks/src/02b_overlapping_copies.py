@@ -435,7 +435,9 @@ pinlab.claim("without record_stream, at least one step computed on an input over
 # makes the reuse fatal, for many steps of the run (the count above says how many in yours). Some steps still come out right, and
 # nothing here shows why: the compute may have read its block before the next copy overwrote it, or
 # the input written over it may have had the same contents (the loop cycles through 4 inputs). In a
-# real loop the lead is smaller and the same bug corrupts a step now and then: the worst kind. Note
+# real loop the lead can be smaller; then the same bug would corrupt only some steps, which a test
+# that checks a few steps can miss (not measured here: lesson 03 shows how the host's lead decides
+# it). Note
 # the cost of the fix too: with `record_stream` and a host far ahead, the allocator cannot reuse an
 # input's memory until its compute has run, so it holds one input per step in flight (an engine
 # bounds the run-ahead, section 1, and with it this memory).

@@ -265,7 +265,7 @@ pinlab.claim("corrupted steps with the snapshot in these loops", corrupted, expe
 # on one loop only; they do not make it a constant. So the notebook shows it and asserts only what
 # holds on every run: not one corrupted step.
 #
-# So the review's worry ("one extra small pinned copy per step") is real, and its size is the line
+# So one risk that a review of the vLLM change named, "one extra small pinned copy per step", is real, and its size is the line
 # above; its `memcpy` part grows with the bytes and its bookkeeping with the number of tensors, though
 # for a few KiB the bookkeeping and the run's noise dominate (compare the rows):
 # snapshot what is small and changes every step, not big tensors.
@@ -511,8 +511,8 @@ pinlab.claim("steps whose data arrived wrong and were not flagged, all approache
 #
 # One small pageable copy per step can cost the host less than a snapshot (the observation under
 # the table says whether it did in this run). So why did vLLM take the snapshot? A decode step
-# copies **several** tensors (indptr, indices, last page lengths, sequence lengths, slot mapping,
-# positions), and every pageable copy goes through the driver's staging buffers: lesson 02 measured
+# copies **several** tensors (indptr, last page lengths, sequence lengths, slot mapping, positions;
+# vLLM builds the page indices on the GPU from the indptr, as lesson 06 teaches), and every pageable copy goes through the driver's staging buffers: lesson 02 measured
 # that one pageable copy larger than the driver will stage waits for the GPU, and that pending
 # pageable copies share a staging pool. Once a step's tensors together fill it, the host waits for
 # the GPU. Neither limit is documented: the CUDA Runtime API's

@@ -484,8 +484,9 @@ plt.show()
 
 # %% [markdown]
 # In the planted loop a step costs the pageable copy, plus the host's launches, plus the GPU's work,
-# plus the host's own work, mostly in turn: the `.item()` makes them take turns (the `what this run
-# shows` line compares a planted step with host + GPU). In the fixed loop the host prepares step n+1
+# plus the host's own work: each `.item()` makes the host wait for the GPU's step before it starts
+# the next, so much of the work runs in turn, not all of it (the timelines below show what overlapped
+# in this run; the `what this run shows` line compares a planted step with host + GPU). In the fixed loop the host prepares step n+1
 # while the GPU runs step n, and the LM head's restore is a pinned copy the GPU does on its own: a
 # step costs at least about the larger of the host's share and the GPU's, and more by what neither
 # share counts (the loop's own calls, the hand-offs between host and GPU). The `per step` and `what
