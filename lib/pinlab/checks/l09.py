@@ -16,13 +16,19 @@ when, in every case:
   tokens meet the criterion (one step late is what a deferred check costs; the extra step's tokens
   must be the ones the model makes there);
 * no host sync made by the loop (its own lines, or the helpers it calls) runs more than once: ``.item()``, ``.tolist()``, ``bool()``,
-  ``x in t``, ``torch.equal`` of a device tensor, a blocking copy (lesson 07's
+  ``x in t``, ``torch.equal`` of a device tensor, single-argument ``torch.where(cond)`` (a ``.nonzero()``), a
+  blocking copy, ``s.synchronize()`` and ``torch.cuda.synchronize()`` (lesson 07's
   :class:`~pinlab.lessons.l07_capstone_audit.LoopAudit` names each by its line);
-* no busy-wait (``while not ev.query(): pass``), and no more than one wait on the newest step's work
-  (``ev.synchronize()`` on an event recorded after the last ``m.forward()``, or ``s.synchronize()``):
-  a wait inside the loop is on an event with a later step queued behind it;
-* :func:`pinlab.races.detect_races` finds no race (a pinned flag read before its copy ran, or while a
-  later copy writes it).
+* no busy-wait (``while not ev.query(): pass``), and no line waits more than once on the newest step's work
+  (``ev.synchronize()`` on an event recorded after the last ``m.forward()``): a wait inside the loop is on an
+  event with a later step queued behind it. Every event is watched, ``s.Event()`` and ``torch.cuda.Event()``
+  alike (lesson 07's ``LoopAudit.event_class``, as its ``run_loop`` watches them);
+* the loop calls ``m.forward()`` at most once more than the reference's steps (it leaves the loop one step
+  after the criterion is met, not only drops the extra tokens);
+* :func:`pinlab.order.detect_races` finds no race (a pinned flag read before its copy ran, or while a later
+  copy writes it): the verdict by order (happens-before), the same on the GPU and on the emulated stream,
+  matched by byte range (two slots of one pinned tensor are two slots). A race is named by the lines of the
+  learner's function, as a sync is.
 
 It prints one verdict (⏳ / ❌ what is wrong, in the lesson's terms / ✅), with a hint from the second
 failure on. ``tests/test_checks_l09.py`` proves it accepts the master solution and rejects planted
@@ -30,14 +36,14 @@ wrong answers with the right message.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from ..args import positive_int
 from ..device import has_cuda
 from ..lessons import l07_capstone_audit as l07
-from ..races import detect_races
+from ..order import detect_races
 from ..streams import CudaStream
 from ..timing import show
 from . import LearnerStop, _FAILURES, _failed, checker, is_stub, learner_arg, learner_call, not_implemented, raised, say
@@ -46,7 +52,8 @@ from .l02 import Watch, WatchedLagging
 VOCAB, BATCH, EOS, PAD = 32, 3, 1, 0
 TEMPERATURE = 0.7
 BUSY_MS = 0.5  #: the GPU work of one forward: on CUDA it keeps the GPU behind a host that does not wait
-IN_LOOP = 1    #: a sync or a full wait made more often than this is inside the loop
+IN_LOOP = 1    #: a sync or a full wait made more often than this (at one line) is inside the loop
+BUSY_WAIT = "busy-wait"  #: an event queried again, still False, with no m.forward() in between
 
 #: (name, {token: next token}, the start tokens, max_new): every token not named maps to itself
 CASES = (
@@ -87,6 +94,8 @@ class DecodeEngine:
     token of each sequence, on the GPU), ``m.stream``, ``m.batch``, ``m.vocab``, ``m.eos``, ``m.pad``,
     ``m.temperature``. Make it inside ``with s:``. ``m.forwards`` counts the forwards made."""
 
+    lm_head = None  #: no LM head to restore (lesson 07's LoopAudit asks its model for one)
+
     def __init__(self, s, succ: dict, start):
         self.stream = s
         self.batch, self.vocab, self.eos, self.pad, self.temperature = len(start), VOCAB, EOS, PAD, TEMPERATURE
@@ -101,6 +110,12 @@ class DecodeEngine:
         self.forwards += 1
         self.stream.busy(BUSY_MS)
         return self.logits[tokens]
+
+    @property
+    def decoded(self) -> int:
+        """The newest step whose forward is queued (-1 before the first): lesson 07's LoopAudit records an
+        event's step and tells a poll (no step queued in between) by it."""
+        return self.forwards - 1
 
 
 def reference(logits: torch.Tensor, start, max_new: int, stop: bool = True):
@@ -121,64 +136,61 @@ def reference(logits: torch.Tensor, start, max_new: int, stop: bool = True):
     return torch.stack(out, dim=1), stopped
 
 
-class _Waits:
-    """What the loop's waits were: busy-waits (an event queried again, still False, with no
-    ``m.forward()`` in between) and waits on the newest step's work (``synchronize()`` of an event
-    recorded after the last ``m.forward()``, or of the whole stream)."""
-
-    def __init__(self, m):
-        self.m, self.polls, self.full = m, 0, 0
-
-
-class _Event:
-    def __init__(self, ev, waits: _Waits):
-        self._ev, self._w = ev, waits
-        self._at = None       # m.forwards when recorded
-        self._polled = None   # m.forwards at the last query that said False
-
-    def record(self, stream=None):
-        self._at, self._polled = self._w.m.forwards, None
-        return self._ev.record() if stream is None else self._ev.record(stream)
-
-    def query(self) -> bool:
-        done = self._ev.query()
-        if not done:
-            if self._polled == self._w.m.forwards:
-                self._w.polls += 1
-            self._polled = self._w.m.forwards
-        return done
-
-    def synchronize(self) -> None:
-        if self._at is not None and self._at == self._w.m.forwards:
-            self._w.full += 1
-        self._ev.synchronize()
-
-    def wait(self, stream=None):
-        return self._ev.wait() if stream is None else self._ev.wait(stream)
-
-
-class _Stream:
-    """The stream handed to the learner (``m.stream``): the real one, with its events watched."""
-
-    def __init__(self, s, waits: _Waits):
-        self._s, self._w = s, waits
-
-    def __getattr__(self, name):
-        return getattr(self._s, name)
-
-    def Event(self, *args, **kwargs):  # noqa: N802 - mirrors torch.cuda.Event
-        return _Event(self._s.Event(*args, **kwargs), self._w)
-
-    def synchronize(self) -> None:
-        self._w.full += 1
-        self._s.synchronize()
-
-
 class _Audit(l07.LoopAudit):
-    """Lesson 07's LoopAudit, each call counted at the line of the loop it came from, directly or through
-    the learner's own helpers (a stopping criterion written as a class outside the loop, say)."""
+    """Lesson 07's LoopAudit on the decode loop: each call counted at the line of the loop it came from,
+    directly or through the learner's own helpers (a stopping criterion written as a class outside the loop,
+    say); its events (``s.Event()`` and ``torch.cuda.Event()``) note a :data:`BUSY_WAIT` for every poll and a
+    :data:`~pinlab.lessons.l07_capstone_audit.FULL_WAIT` for a wait on the newest step's event; single-argument
+    ``torch.where`` is a host sync; ``slots``: the host memory the loop's device-to-host copies write."""
 
     _where = l07.LoopAudit._caller_line
+
+    def __init__(self, s, fn, m: DecodeEngine):
+        super().__init__(s, fn)
+        self.model = m  # the events' steps (m.decoded); no steps of its own: nothing is "inside" in lesson 07's sense
+        self.slots: set = set()
+
+    def _wait(self, recorded, call: str) -> None:
+        """A wait on an event recorded when step ``recorded`` was the newest: lesson 07's rule without its set-up
+        and draining windows (this loop's end is not known in advance: :data:`IN_LOOP` judges the count)."""
+        if recorded is None:
+            return
+        poll = call.endswith("polled")
+        if poll or recorded == self.model.decoded:
+            line = self._caller_line()
+            if line is not None:
+                self._note(BUSY_WAIT if poll else l07.FULL_WAIT, call, 0, line)
+
+    def _inspect(self, name, args, kwargs):
+        """Lesson 07's audit of a torch call, plus ``torch.where(cond)`` and the destinations of D2H copies."""
+        super()._inspect(name, args, kwargs)
+        first = args[0] if args else None
+        if name == "where" and len(args) == 1 and not kwargs and self._dev(first):
+            nbytes = first.numel() * first.element_size()
+            self._note(l07.SYNC, "torch.where(cond) with one argument (a .nonzero())", nbytes)
+        elif name == "copy_" and len(args) >= 2 and self._dev(args[1]) and isinstance(first, torch.Tensor) \
+                and not self._dev(first):
+            size = first.element_size()
+            self.slots.add((first.untyped_storage().data_ptr(), first.storage_offset() * size, first.numel() * size))
+
+    @contextmanager
+    def watching_cuda(self):
+        """``torch.cuda.Event`` makes watched events and ``torch.cuda.synchronize()`` is a host sync of the loop's
+        line while the block runs, as in lesson 07's ``run_loop``; both restored after it."""
+        event, sync = torch.cuda.Event, torch.cuda.synchronize
+        torch.cuda.Event, torch.cuda.synchronize = self.event_class(event), self.cuda_synchronize
+        self._saved_cuda_sync = sync
+        try:
+            yield
+        finally:
+            torch.cuda.Event, torch.cuda.synchronize, self._saved_cuda_sync = event, sync, None
+
+    def line_of(self, where: str):
+        """The line of the loop (from ``def``, line 1) of a detector's ``"file:line"``; None outside the loop."""
+        file, _, line = where.rpartition(":")
+        if file == self.file and line.isdigit() and self.first <= int(line) <= self.last:
+            return int(line) - self.first + 1
+        return None
 
 
 def new_stream():
@@ -187,9 +199,11 @@ def new_stream():
 
 
 def run_decode(s, fn, succ: dict, start, max_new: int) -> dict:
-    """Run ``fn(m, max_new)`` once on ``s`` under lesson 07's LoopAudit and :func:`detect_races`.
-    Returns ``tokens`` (a host tensor, or None), ``error`` (an exception, or None), ``audit`` (LoopAudit
-    events), ``races`` (findings by kind), ``first_race``, ``polls``, ``full_waits``."""
+    """Run ``fn(m, max_new)`` once on ``s`` under lesson 07's LoopAudit (:class:`_Audit`) and
+    :func:`pinlab.order.detect_races`. Returns ``tokens`` (a host tensor, or None), ``error`` (an exception, or
+    None), ``audit`` (LoopAudit events, each with the ``code`` of its line where the source can be read),
+    ``races`` (findings by kind), ``race`` (the first finding: ``kind``, ``copy`` and ``seen`` sites, or None),
+    ``slots`` (how many host places the loop's D2H copies write), ``forwards``."""
     max_new = positive_int("max_new", max_new)
     threads = torch.get_num_threads()
     if s.emulated:
@@ -198,14 +212,14 @@ def run_decode(s, fn, succ: dict, start, max_new: int) -> dict:
         with s:
             m = DecodeEngine(s, succ, start)
             s.synchronize()
-            waits = _Waits(m)
-            real, m.stream = m.stream, _Stream(s, waits)
-            audit = _Audit(s, fn)
+            audit = _Audit(s, fn, m)
+            real, m.stream = m.stream, l07._WatchedStream(s, audit)
             out, error = None, None
             with detect_races() as races:
                 watch = Watch(s) if s.emulated else nullcontext()
                 try:
-                    with watch, audit, learner_call(f"{getattr(fn, '__name__', 'fixed_decode')}(m, {max_new})"):
+                    with watch, audit, audit.watching_cuda(), \
+                            learner_call(f"{getattr(fn, '__name__', 'fixed_decode')}(m, {max_new})"):
                         out = fn(m, max_new)
                 except LearnerStop:
                     raise
@@ -218,9 +232,30 @@ def run_decode(s, fn, succ: dict, start, max_new: int) -> dict:
                 tokens = out.to("cpu").clone()
     finally:
         torch.set_num_threads(threads)
-    first = races.findings[0] if races.findings else None
-    return {"tokens": tokens, "returned": out, "error": error, "audit": audit.as_list(),
-            "races": dict(races.counts), "first_race": first, "polls": waits.polls, "full_waits": waits.full}
+    events = audit.as_list()
+    for e in events:
+        e["code"] = l07.line_code(fn, e["line"])
+    race = None
+    if races.findings:
+        f = races.findings[0]
+        race = {"kind": f.kind, "count": sum(races.counts.values()),
+                **{k: _site(audit, fn, where) for k, where in (("copy", f.copy_where), ("seen", f.seen_where))}}
+    return {"tokens": tokens, "returned": out, "error": error, "audit": events, "races": dict(races.counts),
+            "race": race, "slots": len(audit.slots), "forwards": m.forwards}
+
+
+def _site(audit: _Audit, fn, where: str) -> dict:
+    """A detector's ``"file:line"`` as the audit names a line: ``line`` of the loop (None outside it), ``code``."""
+    line = audit.line_of(where)
+    return {"where": where, "line": line, "code": l07.line_code(fn, line) if line else None}
+
+
+def _place(site: dict, name: str) -> str:
+    """A :func:`_site` in words: ``line N of fixed_decode (`code`)``, or the detector's ``file:line`` outside it."""
+    if site["line"] is None:
+        return site["where"]
+    code = f" (`{site['code']}`)" if site.get("code") else ""
+    return f"line {site['line']} of {name}{code}"
 
 
 def _at(e: dict, name: str) -> str:
@@ -236,22 +271,26 @@ def problem(r: dict, case: str, max_new: int, want: torch.Tensor, stopped, full:
         kind = type(r["returned"]).__name__
         return (f"{name}(m, {max_new}) returned {kind}, not a tensor of tokens ({case}): return "
                 "`torch.stack(out, dim=1)`, the (batch, steps) tokens on the GPU.")
-    syncs = [e for e in r["audit"] if e["count"] > IN_LOOP]
+    waits = (BUSY_WAIT, l07.FULL_WAIT)
+    syncs = [e for e in r["audit"] if e["count"] > IN_LOOP and e["kind"] not in waits]
     if syncs:
         e = syncs[0]
         return (f"a host sync inside the loop: {_at(e, name)}. Each one waits for every kernel queued so far: "
                 "the GPU runs dry before the host queues the next step. `x in t` and `torch.equal` of a GPU "
                 "tensor sync like `.item()`: compute the criterion on the GPU and read it late.")
-    if r["polls"]:
-        return (f"a busy-wait: an event was queried again and again ({r['polls']} polls) with no step queued in "
+    polls = [e for e in r["audit"] if e["kind"] == BUSY_WAIT]
+    if polls:
+        return (f"a busy-wait: {_at(polls[0], name)}, an event queried again and again with no step queued in "
                 "between (`while not ev.query(): pass`). It waits like `ev.synchronize()` and spins a CPU core "
                 "doing it: call `ev.synchronize()` on the previous step's event.")
-    if r["first_race"] is not None:
-        f = r["first_race"]
-        n = sum(r["races"].values())
-        return (f"a race ({n} finding(s), {case}): {f}. A pinned slot is read before its copy has run, or "
-                "while a later step's copy writes it: read only the slot whose event you waited for, and give "
-                "the step in flight its own slot (two slots).")
+    race = r["race"]
+    if race is not None:
+        fix = ("Read a slot only after `synchronize()` of the event recorded after its copy: the previous step's "
+               "event, then the previous step's slot." if r["slots"] > 1 else
+               "With one slot the copy of the step in flight writes the slot the host reads: give each step its "
+               "own slot (two slots, `flags[n % 2]`) and read the previous step's after its event.")
+        return (f"a race ({case}): {race['kind']}, the copy at {_place(race['copy'], name)}, touched by the host "
+                f"at {_place(race['seen'], name)} ({race['count']} copies can race). {fix}")
     shape = tuple(want.shape)
     if got.dim() != 2 or got.shape[0] != shape[0] or got.dtype != torch.int64:
         return (f"{name} returned a tensor of shape {tuple(got.shape)} ({str(got.dtype).replace('torch.', '')}) "
@@ -270,11 +309,17 @@ def problem(r: dict, case: str, max_new: int, want: torch.Tensor, stopped, full:
         return (f"{name} made different tokens ({case}): sequence {diff[0]}, step {diff[1]}: got "
                 f"{int(got[diff[0], diff[1]])}, the model makes {int(full[diff[0], diff[1]])}. The check "
                 "changes when the host reads the flag, never what is decoded (finished sequences emit m.pad).")
-    if r["full_waits"] > IN_LOOP:
-        return (f"a wait on the newest step's work inside the loop ({r['full_waits']} times): "
-                "`ev.synchronize()` on the event recorded after the last `m.forward()` (or `s.synchronize()`) "
-                "leaves the GPU nothing queued, as serial as `bool()`. Wait for the previous step's event, "
-                "after this step's forward is queued.")
+    allowed = min(shape[1] + 1, max_new)  # one step late at most, never past max_new
+    if r["forwards"] > allowed:
+        why = f"the criterion was met at step {stopped}" if stopped is not None else f"max_new is {max_new}"
+        return (f"{name} called m.forward() {r['forwards']} times ({case}) where {why}: a deferred check "
+                f"decodes at most {allowed} steps. Leave the loop with `break` once the previous step's flag "
+                "says stop: dropping the extra tokens does not give the GPU its time back.")
+    full = [e for e in r["audit"] if e["kind"] == l07.FULL_WAIT and e["count"] > IN_LOOP]
+    if full:
+        return (f"a wait on the newest step's work inside the loop: {_at(full[0], name)}. `ev.synchronize()` on "
+                "the event recorded after the last `m.forward()` leaves the GPU nothing queued, as serial as "
+                "`bool()`. Wait for the previous step's event, after this step's forward is queued.")
     return None
 
 
@@ -300,8 +345,6 @@ def check_decode(fn, cases=CASES) -> bool:
             if is_stub(r["error"], fn):
                 return not_implemented("fixed_decode")
             return _fail(f"{name}(m, {max_new}) raised {raised(r['error'])} ({case})")
-        for e in r["audit"]:
-            e["code"] = l07.line_code(fn, e["line"])
         found = problem(r, case, max_new, want, stopped, full, name)
         if found:
             return _fail(found)
