@@ -1,5 +1,5 @@
 """A pytest gate: fail a test whose code races (:func:`pinlab.races.detect_races`; by order with
-by order, :func:`pinlab.order.detect_races`; by timing with ``pinlab_races_verdict = timing``) or stalls (:func:`pinlab.detect_stalls`).
+by order, :func:`pinlab.detect_races` (``pinlab.order``); by timing with ``pinlab_races_verdict = timing``) or stalls (:func:`pinlab.detect_stalls`).
 
 Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing until asked:
 
@@ -53,7 +53,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "pinlab_races(allow=()): fail this test if its code can race "
-                            "(by order: pinlab.order.detect_races; by timing: pinlab_races_verdict = timing); allow: kinds or file:line "
+                            "(by order: pinlab.detect_races; by timing: pinlab_races_verdict = timing); allow: kinds or file:line "
                             "places to accept")
     config.addinivalue_line("markers", "pinlab_stalls(allow=()): fail this test if its code stalls "
                             "(pinlab.detect_stalls); allow: kinds or file:line places to accept")

@@ -672,3 +672,13 @@ def test_copied_refuses_what_cannot_be_pending(make, match):
         with det:
             with pytest.raises(ValueError, match=match):
                 det.copied(make(s))
+
+
+def test_detect_races_is_top_level_and_judges_by_order():
+    """Issue 45: ``pinlab.detect_races`` beside ``pinlab.detect_stalls``, the order verdict; the timing one stays
+    ``pinlab.races.detect_races``."""
+    import pinlab
+    from pinlab import order, races
+
+    assert pinlab.detect_races is order.detect_races and pinlab.RaceError is races.RaceError
+    assert "detect_races" in pinlab.__all__ and pinlab.detect_races is not races.detect_races

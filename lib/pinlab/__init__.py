@@ -6,6 +6,7 @@ from .detector import StallError, detect_stalls
 from .device import facts, flashinfer_status, has_cuda, pinned_memory_available
 from .doctor import doctor
 from .h2d import async_tensor_h2d, pin_snapshot
+from .order import RaceError, detect_races
 from .hostmem import (PINNED_BACK_WHY, host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .probe import apply_limits, machine_summary, platform_facts
@@ -16,7 +17,7 @@ from .streams import CudaStream, LaggingStream, stream
 from .timing import Stats, cuda_time, fmt_ms, host_time, report, show, table
 
 __all__ = [
-    "StallError", "async_tensor_h2d", "detect_stalls", "pin_snapshot",
+    "StallError", "async_tensor_h2d", "detect_stalls", "pin_snapshot", "RaceError", "detect_races",
     "CudaStream", "LaggingStream", "stream",
     "CudaUnavailableError", "ReplayMissingError", "Run", "Stats",
     "cuda_time", "cycles_per_ms", "doctor", "facts", "flashinfer_status", "fmt_ms", "gpu_busy",
