@@ -137,6 +137,33 @@ def test_a_failed_claim_carries_the_summary_of_a_shared_gpu(monkeypatch):
         pinlab.claim("a fact", False)
 
 
+@pytest.mark.parametrize("value, on", [("1", True), (" 1 ", True), ("0", False), ("", False)])
+def test_launch_blocking_is_named_as_the_cause_not_the_cpu(value, on, monkeypatch, capsys):
+    """Issue 45: under CUDA_LAUNCH_BLOCKING=1 a race lesson's failures blamed a slow or shared CPU. The machine line
+    names the variable, a failed claim names it as the likely cause before the lesson's reasons, and an
+    observation that did not hold gives it as the reason."""
+    monkeypatch.setattr(probe, "platform_facts", lambda: _gpu_facts())
+    monkeypatch.setattr(probe, "has_cuda", lambda: True)
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", value)
+    assert ("CUDA_LAUNCH_BLOCKING=1" in probe.machine_summary()) is on
+    with pytest.raises(pinlab.ClaimError) as err:
+        pinlab.claim("the race showed", False, why="a host slower than the GPU (a CPU shared by many processes)")
+    msg = str(err.value)
+    assert ("The likely cause: CUDA_LAUNCH_BLOCKING=1 is set" in msg) is on
+    assert msg.index("a CPU shared") > (msg.index("likely cause") if on else -1)
+    assert ("Other reasons it may not hold" in msg) is on and ("Why it may not hold here" in msg) is not on
+    capsys.readouterr()
+    pinlab.observe("the GPU ran behind", False, why="a host slower than the GPU")
+    out = capsys.readouterr().out
+    assert ("CUDA_LAUNCH_BLOCKING=1" in out) is on and ("host slower" in out) is not on
+
+
+def test_launch_blocking_without_cuda_changes_nothing(monkeypatch):
+    monkeypatch.setattr(probe, "has_cuda", lambda: False)
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    assert not probe.launch_blocking()
+
+
 # --- one line per fact (issue 31): a count with its exact expected value, and a lesson's table of reasons
 
 

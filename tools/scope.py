@@ -47,8 +47,8 @@ MEASURED: dict[str, str] = {
     f"{PKG}/paged_kv.py": "the paged KV metadata and the torch reference that FlashInfer's output is compared with",
     f"{PKG}/profiler.py": "reading the profiler's trace: the copies, launches and waits lessons count in it",
     f"{PKG}/races.py": "detect_races: the races whose counts lessons assert",
-    f"{PKG}/order.py": "detect_races by order (the happens-before verdict, the pytest gate's): the latent races "
-                       "lessons 03, 04 and 08 are to show; no notebook imports it yet",
+    f"{PKG}/order.py": "detect_races by order (pinlab.detect_races, the happens-before verdict of the pytest gate "
+                       "and of exercise 09's checker): the latent races lessons 03, 04 and 08 are to show",
     f"{PKG}/steploop.py": "the step loop of lessons 02-04 and 08: its strategies are the race and its fixes",
     f"{PKG}/streams.py": "the stream a step loop runs on (CUDA, or the emulated lagging stream): the order of host "
                          "and device work that every race shows",

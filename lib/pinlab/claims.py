@@ -113,13 +113,17 @@ def _why(why) -> str:
 
 def failure_message(text: str, value=None, why: str | None = None) -> str:
     """The message of a failed claim: the claim, this run's value, why it may not hold, and this machine."""
-    from .probe import machine_summary
+    from .probe import LAUNCH_BLOCKING_WHY, launch_blocking, machine_summary
 
     text, why = _text("text", text), (_why(why) if why not in (None, "") else "")
     parts = [f"Claim did not hold in this run: {text}."]
     if value is not None:
         parts.append(f"This run's value: {value}.")
-    if why:
+    if launch_blocking():
+        parts.append(f"The likely cause: {LAUNCH_BLOCKING_WHY}.")
+        if why:
+            parts.append(f"Other reasons it may not hold: {why.rstrip('.')}.")
+    elif why:
         parts.append(f"Why it may not hold here: {why.rstrip('.')}.")
     parts.append(f"This machine: {machine_summary()}.")
     return " ".join(parts)
@@ -207,5 +211,8 @@ def observe(text: str, holds, *, value=None, why: str | None = None) -> bool:
     if ok:
         show(text, f"yes{shown}")
     else:
+        from .probe import LAUNCH_BLOCKING_WHY, launch_blocking
+
+        why = LAUNCH_BLOCKING_WHY if launch_blocking() else why
         show(text, f"not in this run{shown}" + (f"; {why.rstrip('.')}" if why else ""))
     return ok

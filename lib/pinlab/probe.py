@@ -498,6 +498,18 @@ def unmet(requires: dict | None) -> list[str]:
     return reasons
 
 
+#: what CUDA_LAUNCH_BLOCKING=1 does to a lesson's effects (issue 45: under it, failures blamed the CPU)
+LAUNCH_BLOCKING_WHY = ("CUDA_LAUNCH_BLOCKING=1 is set: every launch and copy waits until the GPU has run it, so the "
+                       "host never runs ahead of the GPU and nothing is pending; a race, an overlap or a stall of a "
+                       "host ahead of the GPU cannot happen in this run (unset it to measure them)")
+
+
+def launch_blocking() -> bool:
+    """Whether CUDA serializes every launch with the host here: ``CUDA_LAUNCH_BLOCKING=1`` and a CUDA GPU (the
+    emulated stream and a replay do not read the variable)."""
+    return os.environ.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1" and has_cuda()
+
+
 def machine_summary() -> str:
     """One line on what about this machine may explain a result: GPU, link, sharing, cores, OS."""
     p = platform_facts()
@@ -506,6 +518,8 @@ def machine_summary() -> str:
         parts.append("no CUDA GPU (this is the recorded GPU run, replayed: a failure here means the recorded "
                      "file does not say what the lesson claims; restore it with `git checkout -- reports/gpu`)")
     else:
+        if launch_blocking():
+            parts.append("CUDA_LAUNCH_BLOCKING=1 (every launch waits for the GPU: the host never runs ahead)")
         link = (f"PCIe Gen{p['pcie_gen']} x{p['pcie_width']}" if p["pcie_gen"] and p["pcie_width"]
                 else "link not reported")
         parts.append(f"{p['gpu']} ({link}, {p['vram_free_gib']} of {p['vram_total_gib']} GiB VRAM free)")
