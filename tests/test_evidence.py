@@ -948,3 +948,21 @@ def test_the_header_prints_the_conditions_live_and_replayed(monkeypatch, capsys)
     pinlab.header("02b overlapping copies")
     out = capsys.readouterr().out
     assert "\n  recorded conditions: " in out, "a replay shows the recorded run's conditions"
+
+
+def test_a_live_header_says_which_run_it_is(monkeypatch, capsys):
+    """Issue 49: a saved notebook opened before it runs showed "mode: measuring live on this GPU"; the live line
+    now names the run (UTC, to the minute), so a stored header reads as that run's."""
+    import re
+
+    from pinlab import run_header
+
+    gpu = {"python": "3.12", "torch": "2.11", "flashinfer": None, "cuda_available": True, "gpu": "NVIDIA H200",
+           "capability": "9.0", "cuda_runtime": "13.0", "driver": "580", "pinned_memory": True}
+    monkeypatch.setattr(run_header, "facts", lambda: gpu)
+    monkeypatch.setattr(run_header, "live_conditions_text", lambda name, *a, **k: f"{name}, quiet")
+    run_header.header("04 the fix")
+    out = capsys.readouterr().out
+    assert re.search(r"\n  mode: measured live on this GPU, in the run of 20\d\d-\d\d-\d\d \d\d:\d\d UTC \(a saved",
+                     out), out
+    assert "measuring live" not in out

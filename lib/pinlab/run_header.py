@@ -31,7 +31,8 @@ def header(lesson: str | None = None) -> dict:
     if f["cuda_available"]:
         lines += [f"  GPU: {f['gpu']} (compute capability {f['capability']}), CUDA {f['cuda_runtime']}, "
                   f"driver {f['driver'] or 'unknown'}, pinned memory: {'yes' if f['pinned_memory'] else 'NO'}",
-                  "  mode: measuring live on this GPU",
+                  f"  mode: measured live on this GPU, in the run of {_now_utc()} (a saved notebook shows that "
+                  "run until its cells run again)",
                   f"  now: {live_conditions_text(f['gpu'])}"]
     else:
         lines += ["  GPU: none (no CUDA device visible to torch)",
@@ -50,6 +51,14 @@ def live_conditions_text(gpu: str | None, conditions: dict | None = None, which:
     which = probe.suite_pass() if which is None else which
     ref = probe.SUITE_PASSES.get(which, "your live run, not the GPU suite's quiet reference pass")
     return f"{gpu or 'the GPU'}, {probe.processes_text(c.get('other_gpu_processes'))}; {probe.load_text(c)}; {ref}"
+
+
+def _now_utc() -> str:
+    """This run's date and time, UTC, to the minute: a saved notebook's header then reads as that run's (issue 49:
+    "measuring live" read as if it were measuring now, in a notebook opened before it runs)."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def recorded_conditions_text(lesson: str | None, report: dict | None = None) -> str:
