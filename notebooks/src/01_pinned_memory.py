@@ -447,7 +447,9 @@ pinlab.claim("after emptying the cache, it went back to the driver", released, w
 # ### The DataLoader's `pin_memory=True`
 #
 # With `pin_memory=True` every batch the loader yields is in pinned memory, so the
-# `.to("cuda", non_blocking=True)` that follows is a true asynchronous copy. *Who* pins it depends
+# `.to("cuda", non_blocking=True)` that follows is a true asynchronous copy (one exception, not
+# measured here: under NVIDIA Confidential Computing a copy from pinned memory blocks the host too,
+# `docs/facts.md` F23). *Who* pins it depends
 # on `num_workers`: with worker processes, a **pin-memory thread** in the main process pins each
 # batch as it arrives from the workers, while the main thread is busy with the training step;
 # with `num_workers=0` there is no such thread, and the main thread pins inside `next()`.

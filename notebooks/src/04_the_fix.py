@@ -288,8 +288,9 @@ pinlab.claim("corrupted steps with the snapshot in these loops", corrupted, expe
 # when another thread holds the lock (a data loader's pin thread, another request's copy). With
 # the host far ahead, as many snapshots are in flight as there are steps queued, so the cache grows
 # block by block until it holds that many. vLLM #37006 removed a `pin_memory()` from
-# `async_copy_to_gpu` because it caused "sporadic stalls of up to ~12ms" with 24+ concurrent
-# requests, attributed to that lock.
+# `async_copy_to_gpu` (a helper of vLLM 0.29; PR #56888 later folded it into `async_tensor_h2d`)
+# because it caused "sporadic stalls of up to ~12ms" with 24+ concurrent requests, attributed to
+# that lock.
 # </details>
 #
 # Two ways to keep the slow path out of the loop:
@@ -778,7 +779,7 @@ pinlab.claim(f"every request whose attention read the right inputs matched the r
 # pinned buffer and an asynchronous copy, the pattern of lesson 03. Two `plan()` calls on one
 # wrapper while the GPU is behind, and the second may overwrite the first plan before its copy has
 # run; the first `run()` then works from the second plan. mini-sglang #103 describes exactly this
-# under overlap scheduling, and vLLM #40756 reports it for speculative-decoding re-plans. This is
+# under overlap scheduling. This is
 # why the decode loops above use a ring of three wrappers and never re-plan one whose last plan
 # might still be queued.
 #
