@@ -32,7 +32,6 @@ import torch
 
 import pinlab
 from pinlab.checks import l09 as checks09
-from pinlab.races import detect_races
 
 # %% [markdown]
 # ## The loop as written
@@ -82,7 +81,7 @@ def planted_decode(m, max_new):
 
 # %% tags=["nbval-ignore-output"]
 checks09.check_decode(planted_decode)
-with pinlab.stream() as s, detect_races() as races:
+with pinlab.stream() as s, pinlab.detect_races() as races:
     m = checks09.DecodeEngine(s, *checks09.CASES[0][1:3])
     planted_decode(m, checks09.CASES[0][3])
     s.synchronize()
