@@ -162,9 +162,9 @@ print(inspect.getsource(l09.DeferredStop.__call__))
 # <details><summary>Answer</summary>
 #
 # It waits for the *previous* step's event: by then the host has queued this step's forward behind
-# it, so the GPU never runs dry while the host waits, and on a GPU slower than the host the host is
-# one step ahead. `bool()` of the current step's flag waits for everything queued, the last kernel
-# included.
+# it, so the GPU has that forward to run while the host waits (whether it ever idled is not measured
+# here), and on a GPU slower than the host the host stays one step ahead. `bool()` of the current
+# step's flag waits for everything queued, the last kernel included.
 # </details>
 #
 # It must give the same tokens (it stops one step later at most, and `generate()` undoes that step:
@@ -297,7 +297,8 @@ if loaders is not None:
                  why=l09.WHY.loaders)
 
 # %% [markdown]
-# Exact, loader by loader: the detector and the trace agree copy for copy. With `pin_memory=False` each
+# Exact, loader by loader: the detector's counts and the trace's agree, kind by kind (counts, not a
+# match of each copy). With `pin_memory=False` each
 # `non_blocking=True` copy is the fake one of lesson 02. With `pin_memory=True` every copy is a true
 # asynchronous DMA, and who pays for pinning depends on `num_workers`: your loop's thread without
 # workers, a thread of its own with them. A collate that hands out strided views undoes the pinning for

@@ -775,7 +775,7 @@ def show_flashinfer_audit(f: dict) -> None:
         show(f"{p['n']:3d} x {p['kind']}", f"{p['where']} in {p['function']}(): {p['code']}")
     show("events the detector reports, per decode step", f"{f['reported'] / f['steps']:.2f}")
     show("cudaStreamSynchronize and other syncs in the trace", f["trace_syncs"])
-    show("H2D copies in the trace, by kind", f["memcpy"] or "none")
+    show("copies in the trace, by kind", f["memcpy"] or "none")
 
 
 def show_comparison(a: dict, b: dict) -> None:
