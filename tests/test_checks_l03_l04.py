@@ -178,16 +178,21 @@ def loop_snapshot_of_pinned(s, steps, write_metadata, forward):  # pin_memory() 
         forward(n, meta)
 
 
-def _ring(depth, events, record_before_copy=False):
+def _ring(depth, events, record_before_copy=False, poll=False, record=True):
     """A ring of ``depth`` pinned buffers, each guarded by an event (``events``) waited on before it is rewritten;
-    ``record_before_copy``: lesson 04's mistake, the event recorded before the slot's copy (it guards nothing)."""
+    ``record_before_copy``: lesson 04's mistake, the event recorded before the slot's copy (it guards nothing);
+    ``poll``: the wait is a loop polling ``query()``; ``record=False``: the events are made but never recorded."""
     def loop(s, steps, write_metadata, forward):
         bufs = [torch.zeros(N, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
         done = [None] * depth
         for n in range(steps):
             k = n % depth
             if events and done[k] is not None:
-                done[k].synchronize()          # the copy that last read bufs[k] has run
+                if poll:
+                    while not done[k].query():
+                        pass
+                else:
+                    done[k].synchronize()          # the copy that last read bufs[k] has run
             write_metadata(bufs[k], n)
             if events and record_before_copy:
                 done[k] = s.Event()
@@ -196,7 +201,8 @@ def _ring(depth, events, record_before_copy=False):
             meta.copy_(bufs[k], non_blocking=True)
             if events and not record_before_copy:
                 done[k] = s.Event()
-                done[k].record()
+                if record:
+                    done[k].record()
             forward(n, meta)
     return loop
 
@@ -376,6 +382,7 @@ RIGHT_LOOPS = {
     "ring-ahead+1-events": _ring(checks03.AHEAD + 1, True),
     "ring-ahead+2-events": _ring(checks03.AHEAD + 2, True),
     "ring-ahead+1-no-events": _ring(checks03.AHEAD + 1, False),  # safe: forward keeps the host AHEAD steps ahead
+    "ring-ahead+1-polls-its-events": _ring(checks03.AHEAD + 1, True, poll=True),  # issue 48: a query() that said True
     "snapshot-sync-after-the-loop": loop_snapshot_sync_after_the_loop,
 }
 
@@ -585,8 +592,78 @@ def test_race_free_loop_messages_use_the_run_ahead_definition(case, on_cpu, caps
 
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: exercise 03's checker accepts a ring whose event is recorded before "
-                                       "the copy (04's checker catches the same mistake)")
 def test_race_free_loop_rejects_a_ring_whose_event_comes_before_the_copy(on_cpu, capsys):
-    assert checks03.check_race_free_loop(_ring(checks03.AHEAD + 1, True, record_before_copy=True)) is False, \
-        capsys.readouterr().out
+    """Issue 48: 04's checker caught this mistake, 03's accepted it. forward's run-ahead limit keeps a ring of
+    AHEAD + 1 safe here, so no data and no race by order shows it: the loop's own events are followed."""
+    # (the xfail called check_race_free_loop itself, which returns None: it could never pass; .verdict is the bool)
+    assert checks03.check_race_free_loop.verdict(_ring(checks03.AHEAD + 1, True, record_before_copy=True)) is False
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert ("❌ race_free_loop: step 3 rewrote the pinned buffer that step 0's copy at line 17 of loop "
+            "(`meta.copy_(bufs[k], non_blocking=True)`) reads after waiting, at line 11 of loop "
+            "(`done[k].synchronize()`), only on an event recorded at line 15 of loop (`done[k].record()`), before "
+            "that copy, so the wait orders nothing about that copy") in flat, out
+    assert "record the event right after the copy out of the buffer it guards." in flat, out
+
+
+def test_race_free_loop_rejects_a_ring_that_waits_on_events_it_never_records(on_cpu, capsys):
+    """The same mistake as the event recorded before the copy: a wait on an event never recorded returns at once."""
+    assert checks03.check_race_free_loop.verdict(_ring(checks03.AHEAD + 1, True, record=False)) is False
+    flat = " ".join(capsys.readouterr().out.split())
+    assert ("❌ race_free_loop: step 3 rewrote the pinned buffer that step 0's copy at line 17 of loop "
+            "(`meta.copy_(bufs[k], non_blocking=True)`) reads after waiting, at line 11 of loop "
+            "(`done[k].synchronize()`), only on an event never recorded, so the wait orders nothing") in flat, flat
+
+
+# ---- issue 48: the same verdict on a GPU that keeps up as on a laptop ---------------------------
+
+@pytest.fixture
+def keeping_up(monkeypatch, on_cpu):
+    """The checker's stream is an emulated GPU that runs every copy before the host's next call (as a GPU that
+    keeps up does): no step ever reads another step's data, whatever the loop does."""
+    from pinlab.order import _BoundedQueue
+
+    def stream():
+        s = checks02.WatchedLagging()
+        s._queue = _BoundedQueue(s, 0)
+        return s
+
+    monkeypatch.setattr(checks03, "watched_stream", stream)
+
+
+@pytest.mark.parametrize("case", ["solution", *RIGHT_LOOPS])
+def test_race_free_loop_right_answers_stay_accepted_on_a_gpu_that_keeps_up(case, sol03, keeping_up, capsys):
+    right = sol03["race_free_loop"] if case == "solution" else RIGHT_LOOPS[case]
+    assert checks03.check_race_free_loop.verdict(right) is True, capsys.readouterr().out
+
+
+#: what the order verdict says of each racy loop behind a GPU that keeps up (line numbers from ``def``)
+BY_ORDER = {
+    "racy": ("the copy at line 6 of loop_racy (`meta.copy_(buf, non_blocking=True)`) can race with the host's "
+             "write into its pinned source at line 4 of loop_racy (`write_metadata(buf, n)`), which nothing the "
+             "loop waits on orders after that copy (199 of 200 copies can race by the loop's order, 0 raced in "
+             "this run; a GPU further behind reads the new data): your copies read from 1 host buffer"),
+    "snapshot-of-pinned": ("at line 4 of loop_snapshot_of_pinned (`write_metadata(buf, n)`)",
+                           "`pin_memory()` of a pinned tensor returns the same storage"),
+    "ring-one-too-shallow-no-events": ("the copy at line 17 of loop (`meta.copy_(bufs[k], non_blocking=True)`) can "
+                                       "race", "198 of 200 copies can race", "your copies read from 2 host buffers"),
+    "sync-every-other-step": ("100 of 200 copies can race by the loop's order",),
+}
+
+
+@pytest.mark.parametrize("case", list(BY_ORDER))
+def test_race_free_loop_races_are_caught_on_a_gpu_that_keeps_up(case, keeping_up, capsys):
+    """Behind the lagging GPU these loops deliver other steps' data (test_race_free_loop_rejects_wrong); behind
+    one that keeps up every step reads its own data and they passed. The order verdict names the race."""
+    wrong, _, _ = WRONG_LOOPS[case]
+    assert checks03.check_race_free_loop.verdict(wrong) is False
+    flat = " ".join(capsys.readouterr().out.split())
+    words = BY_ORDER[case]
+    for w in (words,) if isinstance(words, str) else words:
+        assert w in flat, flat
+    assert "❌ race_free_loop: the copy at line" in flat, flat
+
+
+def test_race_free_loop_event_before_the_copy_is_caught_on_a_gpu_that_keeps_up(keeping_up, capsys):
+    assert checks03.check_race_free_loop.verdict(_ring(checks03.AHEAD + 1, True, record_before_copy=True)) is False
+    assert "only on an event recorded at line 15 of loop (`done[k].record()`)" in " ".join(capsys.readouterr().out.split())

@@ -459,7 +459,117 @@ def test_waited_steps_tells_a_wait_from_a_slow_host():
         checks04.waited_steps([1, 2], [1])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: the recycling check looks back only SNAPSHOT_AHEAD (64) steps, so a "
-                                       "pool deeper than that passes")
+HELD = ("❌ pin_snapshot(buf) at step 128 of the step loop returned the pinned memory it returned at step 0, which it "
+        "still holds (a pool of 128 buffers, or a cache)")
+
+
 def test_pin_snapshot_recycling_a_pool_of_128_is_caught(capsys):
-    assert checks04.check_pin_snapshot(_pool_snapshot(128), stream=LaggingStream()) is False, capsys.readouterr().out
+    """Issue 48: the recycling check looked back only SNAPSHOT_AHEAD (64) steps, so a deeper pool passed. Every
+    snapshot handed out is followed while its memory lives: the pool comes round at step 128, its copy long
+    waited for (no race by order in this loop), and is named as memory returned again while still held. (The
+    xfail called check_pin_snapshot itself, which returns None: it could never pass; .verdict is the bool.)"""
+    assert checks04.check_pin_snapshot.verdict(_pool_snapshot(128), stream=LaggingStream()) is False
+    out = capsys.readouterr().out
+    assert HELD in out and "allocate new pinned memory at every call" in out, out
+    assert "whose copy to the GPU had not run yet" not in out and "✅" not in out, out
+
+
+# ---- issue 48: the same verdict on a GPU that keeps up as on a laptop ---------------------------
+#
+# pinlab.order.lagging_stream(0) is an emulated GPU that runs every copy before the host's next call: no data
+# is ever corrupted there, as behind a fast GPU. The checkers judge races by order (pinlab.order.detect_races)
+# and follow every snapshot handed out, so each wrong answer is rejected there with the laptop's verdict.
+
+def _keeping_up():
+    from pinlab.order import lagging_stream
+
+    return lagging_stream(0)
+
+
+def _keeps_its_last_128():
+    """Right: new pinned memory at every call; it keeps references to its last 128 snapshots (never hands one
+    out again, never writes one again)."""
+    from collections import deque
+
+    kept = deque(maxlen=128)
+
+    def keeping(t):
+        out = torch.empty_like(t, pin_memory=True).copy_(t)
+        kept.append(out)
+        return out
+
+    return keeping
+
+
+def _scrubs_its_last_snapshot():
+    """Wrong: new pinned memory at every call, but it clears the snapshot it returned before (to 'free' it)
+    while the caller's copy of it may still be queued."""
+    last = []
+
+    def scrubbing(t):
+        if last:
+            last[0].zero_()
+        out = torch.empty_like(t, pin_memory=True).copy_(t)
+        last[:] = [out]
+        return out
+
+    return scrubbing
+
+
+@pytest.mark.parametrize("make_stream", [LaggingStream, _keeping_up], ids=["lagging", "keeping-up"])
+def test_pin_snapshot_right_answers_stay_accepted(make_stream, sol, capsys):
+    from pinlab import pin_snapshot
+
+    for right in (sol["pin_snapshot"], pin_snapshot, _keeps_its_last_128()):
+        assert checks04.check_pin_snapshot.verdict(right, stream=make_stream()) is True, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make_stream", [LaggingStream, _keeping_up], ids=["lagging", "keeping-up"])
+@pytest.mark.parametrize("wrong, message", [
+    (_reused_snapshot, RECYCLED.format(1)),
+    (lambda: _pool_snapshot(5), RECYCLED.format(5)),
+    (lambda: _pool_snapshot(16), RECYCLED.format(16)),
+    (lambda: _pool_snapshot(128), HELD),
+], ids=["cache", "pool-of-5", "pool-of-16", "pool-of-128"])
+def test_pin_snapshot_recycling_gets_one_verdict_whatever_the_gpus_speed(make_stream, wrong, message, capsys):
+    """A pool shallower than the loop's 64 steps in flight races by order (on a GPU that keeps up too, where its
+    copies have run: the timing check let it pass there); a deeper one is memory handed out again while held."""
+    assert checks04.check_pin_snapshot.verdict(wrong(), stream=make_stream()) is False
+    out = capsys.readouterr().out
+    assert message in out and "✅" not in out, out
+
+
+def test_pin_snapshot_race_by_order_names_the_line(capsys):
+    """Behind a GPU that keeps up no step is corrupted; the order verdict names the write of pin_snapshot's."""
+    assert checks04.check_pin_snapshot.verdict(_scrubs_its_last_snapshot(), stream=_keeping_up()) is False
+    flat = " ".join(capsys.readouterr().out.split())
+    assert ("❌ pin_snapshot in the step loop: a snapshot it returned earlier can race: host rewrote the source of a "
+            "pending H2D copy at line 3 of scrubbing (`last[0].zero_()`), while the step loop's copy from it could "
+            "still be queued (199 of 200 copies can race by the loop's order, 0 raced in this run") in flat, flat
+    assert "pin_snapshot must not touch it again" in flat, flat
+    # behind the lagging GPU the same answer corrupts the data, and that is what is said
+    assert checks04.check_pin_snapshot.verdict(_scrubs_its_last_snapshot(), stream=LaggingStream()) is False
+    assert "pin_snapshot in the step loop: step 0 of 200 delivered no data" in capsys.readouterr().out
+
+
+def test_ring_stage_right_answers_stay_accepted_on_a_gpu_that_keeps_up(sol, capsys):
+    for right in (sol["ring_stage"], _ring(), _ring(poll=True)):
+        assert checks04.check_ring_stage.verdict(right, stream=_keeping_up()) is True, capsys.readouterr().out
+
+
+RING_RACE = ("ring_stage: with a ring of 2 buffers, run-ahead 4 (the host may write step n+4's data while the GPU "
+             "has not yet run step n's copy), the copy at line 22 of stage (`dst.copy_(ring[k].view(-1) if copy_view "
+             "else ring[k], non_blocking=not blocking)`) can race with the host's write into its ring buffer at line "
+             "21 of stage (`ring[k].copy_(data)`), which nothing the host waited on orders after that copy (198 of "
+             "200 copies can race by the loop's order, 0 raced in this run")
+
+
+@pytest.mark.parametrize("case", ["no-event-wait", "event-recorded-before-a-copy-from-a-view", "event-never-recorded",
+                                  "stream-wait-instead-of-host-wait"])
+def test_ring_stage_races_are_caught_on_a_gpu_that_keeps_up(case, capsys):
+    """These rings corrupt data behind the lagging GPU (test_ring_stage_rejects_wrong); behind one that keeps up
+    nothing is corrupted and the shallow ring never falls behind: they passed. The order verdict names them."""
+    kwargs, _ = WRONG_RINGS[case]
+    assert checks04.check_ring_stage.verdict(_ring(**kwargs), stream=_keeping_up()) is False
+    flat = " ".join(capsys.readouterr().out.split())
+    assert f"❌ {RING_RACE}" in flat and "wait on the host (`events[k].synchronize()`)" in flat, flat

@@ -8,8 +8,14 @@ The references are the library's own: :func:`pinlab.paged_kv.kv_indptr` and
 :func:`check_race_free_loop` (torch code) runs the learner's step loop for 200 steps through a
 harness (``write_metadata``, ``forward``; the host at most ``AHEAD`` steps ahead): on CUDA with the
 GPU kept busy, without a GPU on the watched lagging stream of ``checks/l02.py``. It says which step
-read whose data, or in how many steps the host waited for the GPU and why.
+read whose data, or in how many steps the host waited for the GPU and why. The run is also judged by
+order (:func:`pinlab.order.detect_races`: a copy the loop's order lets the host rewrite is a race whether or
+not this run's GPU was behind enough to show it), and the events the loop makes with ``s.Event()`` are
+followed: a buffer rewritten after waiting only on events recorded before its copy is named (lesson 04's
+mistake; forward's run-ahead limit hides it here). Both verdicts are the same on a GPU and on the emulation.
 ``tests/test_checks_l03_l04.py`` proves each accepts the solution and rejects planted wrong answers.
+(Why about 630 lines: three checkers, the race-free loop's harness, and its verdicts by data, by order and by
+the loop's own events, each with a message that names the cause in the lesson's terms.)
 """
 from __future__ import annotations
 
@@ -145,13 +151,19 @@ def check_copies_correct(fn) -> bool:
 # BUSY_MS per step, so the host runs ahead; without a GPU the loop runs on the watched lagging
 # stream (checks/l02.py), which counts every wait exactly.
 
+import bisect
 import gc
+import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 
 from ..args import positive_int
+from ..detector import find_caller
+from ..order import detect_races
+from ..races import H2D_REWRITE
 from ..timing import show
 from .l02 import Watch, _source_line, fail, not_implemented, watched_stream
 
@@ -348,6 +360,122 @@ def _copy_before_write(watch) -> tuple[dict, dict] | None:
     return None
 
 
+# ---- the verdict by order, and the loop's own events: the same on a GPU as on the emulation -------
+
+def learner_place(fn, where: str, name: str) -> str:
+    """A race detector's ``"file:line"`` named as lesson 09's checker names a line: ``line N of name (`code`)``
+    where it lies in ``fn``, else the ``file:line`` as it is (lesson 04's checker names its races with it too)."""
+    from . import l09  # lesson 09's checker owns the naming (it loads lesson 07's audit): imported only to name a race
+    return l09._place(l09._site(l09._Audit(None, fn, None), fn, where), name)
+
+
+def learner_name(fn, default: str) -> str:
+    """The name of the learner's function, as its lines are named (``default`` for a lambda or a callable object)."""
+    name = getattr(fn, "__name__", default)
+    return name if isinstance(name, str) and name.isidentifier() else default
+
+
+def race_counts(races) -> str:
+    """How many copies an order verdict (:func:`pinlab.order.detect_races`) says can race, and how many did."""
+    raced = sum(races.in_run.values())
+    return (f"{races.total} of {races.copies} copies can race by the loop's order, {raced} raced in this run; a GPU "
+            "further behind reads the new data")
+
+
+class _LearnerEvent:
+    """An event the learner's loop made with ``s.Event()``, followed: where its last ``record()`` was made (its
+    place in the :class:`Watch`'s order, ``seq``), and each wait on it (``synchronize()``, or a ``query()`` that
+    returned True) with the record it waited for; everything else is the event's own."""
+
+    def __init__(self, s, ev, waits: list, watch):
+        self._s, self._ev, self._waits, self._watch = s, ev, waits, watch
+        self._record = None  # (seq, where) of the last record()
+
+    def record(self, stream=None):
+        out = self._ev.record() if stream is None else self._ev.record(stream)
+        self._record = (self._ev.seq if self._ev.seq is not None else self._watch.next_seq(),
+                        find_caller(sys._getframe(1)))
+        return out
+
+    def synchronize(self) -> None:
+        self._ev.synchronize()
+        self._waited(sys._getframe(1))
+
+    def query(self) -> bool:
+        done = self._ev.query()
+        if done:
+            self._waited(sys._getframe(1))
+        return done
+
+    def wait(self, stream=None):
+        return self._ev.wait() if stream is None else self._ev.wait(stream)
+
+    def _waited(self, frame) -> None:
+        self._waits.append({"seq": self._watch.next_seq(), "step": getattr(self._s, "step", 0),
+                            "record": self._record, "where": find_caller(frame)})
+
+    def __getattr__(self, name):
+        return getattr(self._ev, name)
+
+
+@contextmanager
+def _following_events(s, watch):
+    """While the block runs, ``s.Event()`` makes :class:`_LearnerEvent`s; yields the list of their waits."""
+    waits: list = []
+    make = s.Event
+    s.Event = lambda *args, **kwargs: _LearnerEvent(s, make(*args, **kwargs), waits, watch)
+    try:
+        yield waits
+    finally:
+        del s.Event
+
+
+def _event_before_copy(watch, waits) -> tuple[dict, dict, dict] | None:
+    """``(write, copy, wait)``: a step wrote into pinned memory that an earlier step's copy reads after the host
+    had waited, since that copy, only on events recorded before it (or never recorded): an event is reached once
+    the work queued before its ``record()`` has run, so those waits order nothing about the copy. None when no
+    step did; a loop that waits on no event of its own is judged by the order verdict alone."""
+    if not waits:
+        return None
+    copies = sorted((c for c in watch.h2d if c["pinned"]), key=lambda c: c["seq"])
+    copy_seqs = [c["seq"] for c in copies]
+    wait_seqs = [w["seq"] for w in waits]  # noted in order
+    for w in sorted(watch.pinned_writes, key=lambda w: w["seq"]):
+        wa, wb = w["span"]
+        c = next((copies[i] for i in range(bisect.bisect_left(copy_seqs, w["seq"]) - 1, -1, -1)
+                  if copies[i]["span"][0] < wb and wa < copies[i]["span"][1]), None)
+        if c is None or c["step"] >= w["step"]:
+            continue  # nothing copied these bytes before, or this step's own copy (write, then copy: judged apart)
+        between = waits[bisect.bisect_right(wait_seqs, c["seq"]):bisect.bisect_left(wait_seqs, w["seq"])]
+        if between and all(x["record"] is None or x["record"][0] < c["seq"] for x in between):
+            return w, c, between[-1]
+    return None
+
+
+def _order_problem(fn, name, races, watch, written) -> str | None:
+    """The first race the loop's order allows (:func:`pinlab.order.detect_races`), in the lesson's terms; None."""
+    if not races.findings:
+        return None
+    f = races.findings[0]
+    copy, seen = learner_place(fn, f.copy_where, name), learner_place(fn, f.seen_where, name)
+    if f.kind == H2D_REWRITE:
+        return (f"the copy at {copy} can race with the host's write into its pinned source at {seen}, which nothing "
+                f"the loop waits on orders after that copy ({race_counts(races)}): {_race_cause(watch, written)}")
+    return f"the copy at {copy} can race: {f.kind} at {seen} ({race_counts(races)})."
+
+
+def _event_problem(fn, name, early) -> str:
+    w, c, x = early
+    rec = x["record"]
+    event = (f"recorded at {learner_place(fn, rec[1], name)}, before that copy," if rec is not None
+             else "never recorded,")
+    return (f"step {w['step']} rewrote the pinned buffer that step {c['step']}'s copy at "
+            f"{learner_place(fn, c['where'], name)} reads after waiting, at {learner_place(fn, x['where'], name)}, "
+            f"only on an event {event} so the wait orders nothing about that copy (an event is reached once the "
+            "work queued before its record() has run; here forward's run-ahead limit kept the buffer safe, not "
+            "the event): record the event right after the copy out of the buffer it guards.")
+
+
 def run_loop(fn, steps: int = STEPS) -> dict:
     """Run ``fn(s, steps, write_metadata, forward)`` through the exercise's harness once, unchecked:
     ``{"steps", "wrong_steps" (steps that read another step's data), "first_wrong" (its message or None),
@@ -384,9 +512,11 @@ def check_race_free_loop(fn) -> bool:
             if not s.emulated:  # first launches, calibration, pinned blocks: a short run, not checked
                 with Watch(s):
                     _Harness(s, WARM_STEPS).run(fn)
-            with Watch(s) as watch:
+            # judged by order too: the races this loop's order allows, whatever this GPU's speed
+            with detect_races() as races, Watch(s) as watch:
                 h = _Harness(s, STEPS)
-                got = h.run(fn)
+                with _following_events(s, watch) as waits:
+                    got = h.run(fn)
         except LearnerStop as stop:  # it ran past its time, or left torch's state changed
             return fail(name, str(stop), HINTS)
         except _HarnessError as exc:
@@ -395,7 +525,7 @@ def check_race_free_loop(fn) -> bool:
             if is_stub(exc, fn):
                 return not_implemented(name)
             return fail(name, f"{name}(s, {STEPS}, write_metadata, forward) raised {raised(exc)}", HINTS)
-        problem = _loop_problem(s, h, watch, got)
+        problem = _loop_problem(s, h, watch, got, races, waits, fn)
     if problem:
         return fail(name, problem, HINTS)
     show(f"{name} checked on", s.label)
@@ -415,7 +545,10 @@ def check_race_free_loop(fn) -> bool:
     return True
 
 
-def _loop_problem(s, h, watch, got) -> str | None:
+def _loop_problem(s, h, watch, got, races=None, waits=(), fn=None) -> str | None:
+    """What is wrong with one checked run (None: nothing): the order of write and copy, the data each step
+    read, then the races the loop's order allows (``races``: what this run's timing hid), the loop's own
+    events (``waits``), the kind of copy, and the host's waits."""
     steps = STEPS
     if h.next != steps:
         return f"forward was called for {h.next} of {steps} steps: call forward(n, meta) once for every step."
@@ -434,6 +567,16 @@ def _loop_problem(s, h, watch, got) -> str | None:
         what, bad = race
         return (f"{what} ({bad} of {steps} steps read another step's data): "
                 f"{_race_cause(watch, h.written, _stale(got, steps))}")
+    name = learner_name(fn, "race_free_loop")
+    if races is not None:
+        # the data above shows the races this run's timing made happen; the order shows those a GPU further
+        # behind would make happen (on a GPU that keeps up, the data shows none)
+        by_order = _order_problem(fn, name, races, watch, h.written)
+        if by_order is not None:
+            return by_order
+    early = _event_before_copy(watch, waits)
+    if early is not None:
+        return _event_problem(fn, name, early)
     pageable = [c for c in watch.h2d if not c["pinned"]]
     if pageable:
         c = pageable[0]

@@ -3,12 +3,14 @@
 Each checker prints one verdict line (⏳ not implemented, ❌ what is wrong, in the lesson's terms,
 ✅ correct), adds a hint from the second failure on, and returns True or False.
 ``tests/test_checks_l04.py`` proves each accepts the master solution and rejects planted wrong
-answers with the right message. (Why about 600 lines: three checkers, each with the step loop that
-shows its race on the GPU and on the emulated stream, and a message for every planted wrong answer.)
+answers with the right message. (Why about 670 lines: three checkers, each with the step loop that
+shows its race on the GPU and on the emulated stream, judged by data and by order, and a message for every
+planted wrong answer.)
 
 * :func:`check_pin_snapshot` runs the learner's ``pin_snapshot(t)`` on pageable and pinned tensors
   (reference: :func:`pinlab.h2d.pin_snapshot`), then in a step loop that rewrites one reused pinned
-  buffer every step while the GPU lags behind.
+  buffer every step while the GPU lags behind: no call may return memory an earlier call returned while
+  that memory lives (a pool of any depth), and no race its order allows may remain.
 * :func:`check_ring_stage` runs the learner's staging step of an event-guarded ring of pinned
   buffers for 200 steps, the host up to :data:`AHEAD` steps ahead of the GPU: with a ring deep
   enough (it must never make the host wait) and with a shallower one (it must wait, not race).
@@ -19,29 +21,36 @@ shows its race on the GPU and on the emulated stream, and a message for every pl
 
 The two torch checkers run on the CUDA stream on a GPU (a busy GPU, :data:`BUSY_MS` per step) and
 on the emulated :class:`pinlab.LaggingStream` without one, where device work waits in a queue
-until the host waits for it: what a lagging GPU would read is then exact.
+until the host waits for it: what a lagging GPU would read is then exact. Their step loops also run
+under :func:`pinlab.order.detect_races`: a race the loop's order allows is named (by the line of the
+learner's function) even where this run's GPU kept up and no data was corrupted.
 """
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import steploop
+from ..order import detect_races
+from ..races import H2D_REWRITE
 from ..streams import stream as _default_stream
 from ..timing import show
 from . import (checker, say, LearnerStop, is_stub, learner_arg, learner_call, not_implemented, raised, run_cases, same_int,
                same_tensor)
-from .l03 import timeline_cases
+from .l02 import _span
+from .l03 import learner_name, learner_place, race_counts, timeline_cases
 
 STEPS = 200        #: steps of each step loop
 AHEAD = 4          #: the step loop's run-ahead (steploop.RUN_AHEAD): a ring needs AHEAD + 1 buffers
 BUSY_MS = 1.0      #: GPU work per step (CUDA): the host needs well under this per step
 N_INTS = 4096      #: int32 values per step's data (16 KiB)
 SHALLOW = 2        #: the ring that must make the host wait (shallower than AHEAD + 1)
-#: pin_snapshot's step loop keeps more steps in flight than a plausible pool of buffers is deep: a
-#: "snapshot" recycled from a pool shallower than this is caught (its copy is still queued)
+#: pin_snapshot's step loop keeps this many steps in flight: a "snapshot" recycled from a pool shallower than
+#: this is caught racing (its copy is still queued); one from a deeper pool (fewer than STEPS buffers) is caught
+#: too, as memory returned again while it is still held (every snapshot handed out is followed, no window)
 SNAPSHOT_AHEAD = 64
 #: every ring buffer comes round at least this many times in a run: rings are checked over more steps than
 #: their depth
@@ -93,6 +102,19 @@ def _marked(s, busy_ms: float):
     return e
 
 
+def _queued(mark) -> bool:
+    """Whether the checker's own ``mark`` has not run yet, looked at without ordering the host: a ``query()`` that
+    returns True orders the host after the mark (:mod:`pinlab.order`), so on a GPU that keeps up the checker's
+    own counting would order every copy of the learner's before its next step, and hide its races."""
+    lagging = getattr(mark, "_mark", False)
+    if lagging is not False:  # an emulated event: its mark in the queue (None: never recorded)
+        return lagging is not None and not lagging.done
+    cuda_event = getattr(torch._C, "_CudaEventBase", None)
+    if cuda_event is not None and isinstance(mark, cuda_event):
+        return not cuda_event.query(mark)  # torch's own query, beneath the Python method the order detector wraps
+    return not mark.query()
+
+
 def _step_loop(s, stage, *, steps: int = STEPS, run_ahead: int = AHEAD, busy_ms: float = BUSY_MS,
                n_ints: int = N_INTS, before: list | None = None, host_waits: list | None = None):
     """Run ``stage(n, data, dst[n])`` for ``steps`` steps, the host at most ``run_ahead`` steps ahead of
@@ -117,12 +139,12 @@ def _step_loop(s, stage, *, steps: int = STEPS, run_ahead: int = AHEAD, busy_ms:
             marks[n - 1].synchronize()  # step n - run_ahead - 1 has run: the host is at most `run_ahead` ahead
         data = torch.full((n_ints,), n + 1, dtype=torch.int32)
         if before is not None:
-            before.append(sum(not m.query() for m in marks[-run_ahead:]))
+            before.append(sum(_queued(m) for m in marks[-run_ahead:]))
         waits_before = s.host_waits if s.emulated else 0
         stage(n, data, dst[n])
         if host_waits is not None and s.emulated:
             host_waits.append(s.host_waits - waits_before)
-        in_flight.append(sum(not m.query() for m in marks[-run_ahead:]))
+        in_flight.append(sum(_queued(m) for m in marks[-run_ahead:]))
         marks.append(_marked(s, busy_ms))
     s.synchronize()
     rows = dst.cpu()
@@ -228,36 +250,47 @@ def check_pin_snapshot(fn, stream=None) -> bool:
                 return _fail(name, problem)
 
         buf = torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True)   # the reused pinned buffer
-        # the snapshot each step returned, by address: (step, an event recorded right after its copy). A
-        # correct pin_snapshot never returns memory whose copy is still queued: the caching host allocator
-        # reuses a freed pinned block only once the events recorded for its copies have completed (PyTorch,
-        # aten/src/ATen/core/CachingHostAllocator.h; lesson 04's allocator_reuse shows it on the GPU), and the
-        # emulated stream keeps a snapshot alive until its queued copy has run
-        returned: dict[int, tuple] = {}
+        # every snapshot handed out, for as long as its memory lives: a correct pin_snapshot never returns memory
+        # it returned before while that memory is still alive (held by a pool, or by the copy still queued): a
+        # new block cannot lie there, and the caching host allocator hands a freed pinned block out again only
+        # once the events recorded for its copies have completed (PyTorch, aten/src/ATen/core/
+        # CachingHostAllocator.h; lesson 04's allocator_reuse shows it on the GPU). No window of steps: a pool
+        # of any depth that comes round within the loop is caught, whether or not its copy has run
+        handed = _Handed()
 
         def stage(n, data, dst):
             buf.copy_(data)                                     # the host writes step n into buf
+            races_before = races.total
             with learner_call(f"pin_snapshot(buf) at step {n} of the step loop"):
                 snap = fn(buf)
             if isinstance(snap, torch.Tensor) and snap.numel():
-                earlier = returned.get(snap.data_ptr())
-                if earlier is not None and not earlier[1].query():
-                    raise _Recycled(n, earlier[0])
+                m = handed.earlier(snap)
+                if m is not None:
+                    # by order: did pin_snapshot write into memory whose copy nothing had ordered yet?
+                    raise _Recycled(n, m, races.total > races_before)
+                handed.add(n, snap)
             dst.copy_(snap, non_blocking=True)                  # and copies a snapshot of it
-            if isinstance(snap, torch.Tensor) and snap.numel():
-                copied = s.Event()
-                copied.record()
-                returned[snap.data_ptr()] = (n, copied)
 
         setting = (f"run-ahead {SNAPSHOT_AHEAD} (the host may write step n+{SNAPSHOT_AHEAD}'s data while the GPU "
                    "has not yet run step n's copy)")
         try:
-            delivered, _ = _step_loop(s, stage, run_ahead=SNAPSHOT_AHEAD)
+            # judged by order too (pinlab.order.detect_races): the races the loop's order allows, whatever the
+            # GPU's speed
+            with detect_races() as races:
+                delivered, _ = _step_loop(s, stage, run_ahead=SNAPSHOT_AHEAD)
         except LearnerStop as stop:
             return _fail(name, f"{name}: {stop}")
         except _Recycled as e:
-            n, m = e.args
+            n, m, pending = e.args
             s.synchronize()
+            if not pending:
+                return _fail(name, f"pin_snapshot(buf) at step {n} of the step loop returned the pinned memory it "
+                                   f"returned at step {m}, which it still holds (a pool of {n - m} buffers, or a "
+                                   f"cache): a caller with {n - m} or more steps in flight is still copying from "
+                                   f"it then (this loop: {setting}), and pin_snapshot cannot know how far ahead of "
+                                   "the GPU its caller runs: allocate new pinned memory at every call "
+                                   "(`torch.empty_like(t, pin_memory=True).copy_(t)`); the caching host allocator "
+                                   "reuses a block only once its copy has run.")
             return _fail(name, f"pin_snapshot(buf) at step {n} of the step loop returned the pinned memory it "
                                f"returned at step {m}, whose copy to the GPU had not run yet ({setting}): the "
                                "caller writes into it now, and that copy reads the new data (the race of lesson "
@@ -273,6 +306,14 @@ def check_pin_snapshot(fn, stream=None) -> bool:
                                f"step with {setting}, and copies pin_snapshot(buf) with non_blocking=True: each "
                                "call must return new memory that nothing writes again (a snapshot reused by "
                                "a later call is the same race).")
+        if races.findings:
+            f = races.findings[0]
+            fname = learner_name(fn, name)
+            return _fail(name, f"pin_snapshot in the step loop: a snapshot it returned earlier can race: "
+                               f"{f.kind} at {learner_place(fn, f.seen_where, fname)}, while the step loop's "
+                               f"copy from it could still be queued ({race_counts(races)}): once returned, a "
+                               "snapshot belongs to the caller's copy, so pin_snapshot must not touch it again; "
+                               "allocate new pinned memory at every call and keep no reference to it.")
     _failures.pop(name, None)
     say(f"✅ {name} is correct ({len(makers)} tensors, pageable and pinned: pinned copies with their own storage, "
         f"bit for bit; {STEPS} steps rewriting one pinned buffer, run-ahead {SNAPSHOT_AHEAD}: no call returned "
@@ -287,7 +328,31 @@ class _NotInRing(Exception):
 
 
 class _Recycled(Exception):
-    """pin_snapshot returned, at step n, the memory it returned at step m, whose copy was still queued: ``(n, m)``."""
+    """pin_snapshot returned, at step n, the memory it returned at step m, still alive: ``(n, m, pending)``,
+    ``pending``: it wrote into that memory while the copy from it was unordered (a race by order)."""
+
+
+class _Handed:
+    """Every snapshot pin_snapshot handed out: its storage (held weakly: memory the program frees goes back to the
+    allocator), its bytes, its step."""
+
+    def __init__(self):
+        self._by_base: dict[int, list] = {}
+
+    def earlier(self, t: torch.Tensor) -> int | None:
+        """The latest step that returned bytes ``t`` shares, in a storage still alive (None: none did)."""
+        st = t.untyped_storage()
+        entries = self._by_base.get(st.data_ptr())
+        if not entries:
+            return None
+        entries[:] = [e for e in entries if e[0]() is not None]  # freed: the allocator orders their reuse
+        lo, hi = _span(t)
+        hits = [m for ref, a, b, m in entries if ref() is st and a < hi and lo < b]
+        return max(hits) if hits else None
+
+    def add(self, n: int, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        self._by_base.setdefault(st.data_ptr(), []).append((weakref.ref(st), *_span(t), n))
 
 
 class _LoggedEvent:
@@ -425,10 +490,11 @@ def _explicit_waits(log) -> int:
 
 
 def _ring_run(s, fn, depth):
-    """Run the learner's ring_stage through :func:`_step_loop` with a ring of ``depth``. Returns
-    ``(delivered, in_flight, before, waits, rounds)``: ``waits[n]`` how many times the host waited for the GPU
-    in step n's stage (on the emulated stream all of them, exact; on CUDA those on the events handed to it),
-    ``rounds[j]`` how many steps wrote ``ring[j]``."""
+    """Run the learner's ring_stage through :func:`_step_loop` with a ring of ``depth``, under
+    :func:`pinlab.order.detect_races`. Returns ``(delivered, in_flight, before, waits, rounds, races)``:
+    ``waits[n]`` how many times the host waited for the GPU in step n's stage (on the emulated stream all of
+    them, exact; on CUDA those on the events handed to it), ``rounds[j]`` how many steps wrote ``ring[j]``,
+    ``races`` the order verdict's report."""
     ring = [torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
     log: list = []
     events = [_LoggedEvent(s.Event(), log, j) for j in range(depth)]
@@ -455,9 +521,23 @@ def _ring_run(s, fn, depth):
 
     before: list = []
     host_waits: list = []
-    delivered, in_flight = _step_loop(s, stage, before=before, host_waits=host_waits)
+    with detect_races() as races:  # the verdict by order, whatever the GPU's speed
+        delivered, in_flight = _step_loop(s, stage, before=before, host_waits=host_waits)
     waits = host_waits if s.emulated else explicit
-    return delivered, in_flight, before, waits, [writes[j] for j in range(depth)]
+    return delivered, in_flight, before, waits, [writes[j] for j in range(depth)], races
+
+
+def _ring_race(fn, races, setting: str) -> str:
+    """The first race the ring's order allows, named by the lines of the learner's ring_stage."""
+    f = races.findings[0]
+    name = learner_name(fn, "ring_stage")
+    copy, seen = learner_place(fn, f.copy_where, name), learner_place(fn, f.seen_where, name)
+    if f.kind != H2D_REWRITE:
+        return f"ring_stage: with {setting}, the copy at {copy} can race: {f.kind} at {seen} ({race_counts(races)})."
+    return (f"ring_stage: with {setting}, the copy at {copy} can race with the host's write into its ring buffer at "
+            f"{seen}, which nothing the host waited on orders after that copy ({race_counts(races)}): before "
+            "writing ring[k], wait on the host (`events[k].synchronize()`) for the event recorded after the copy "
+            "that last read it.")
 
 
 def waited_steps(before, in_flight, run_ahead: int = AHEAD) -> int:
@@ -489,7 +569,7 @@ def check_ring_stage(fn, stream=None) -> bool:
         for depth in (AHEAD + 1, SHALLOW):
             setting = f"a ring of {depth} buffers, run-ahead {AHEAD} ({_RUN_AHEAD_HERE})"
             try:
-                delivered, in_flight, before, waits, rounds = _ring_run(s, fn, depth)
+                delivered, in_flight, before, waits, rounds, races = _ring_run(s, fn, depth)
             except LearnerStop as stop:  # it ran past its time, or left torch's state changed
                 s.synchronize()
                 return _fail(name, f"{name}: {stop}")
@@ -524,6 +604,8 @@ def check_ring_stage(fn, stream=None) -> bool:
                            "(`events[k].wait()` makes the GPU wait, not the host).")
                 return _fail(name, f"ring_stage: {bad}, with {setting}: a buffer was rewritten before the copy "
                                    f"that read it had run; {why}")
+            if races.findings:  # no data corrupted in this run, but the order allows it (a GPU that kept up)
+                return _fail(name, _ring_race(fn, races, setting))
             seldom = [j for j, r in enumerate(rounds) if r < MIN_ROUNDS]
             if seldom:
                 j = seldom[0]
