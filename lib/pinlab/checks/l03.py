@@ -364,9 +364,27 @@ def _copy_before_write(watch) -> tuple[dict, dict] | None:
 
 def learner_place(fn, where: str, name: str) -> str:
     """A race detector's ``"file:line"`` named as lesson 09's checker names a line: ``line N of name (`code`)``
-    where it lies in ``fn``, else the ``file:line`` as it is (lesson 04's checker names its races with it too)."""
-    from . import l09  # lesson 09's checker owns the naming (it loads lesson 07's audit): imported only to name a race
-    return l09._place(l09._site(l09._Audit(None, fn, None), fn, where), name)
+    (N counted from ``def``, line 1) where it lies in ``fn``'s own lines, else the ``file:line`` as it is (lesson
+    04's checker names its races with it too). Read from ``fn``'s code object and its source, not through lesson
+    09's audit, so that the lesson 06, 07 and 09 modules stay out of exercises 03's and 04's experiment scope."""
+    import inspect
+    import re
+    import textwrap
+
+    code = getattr(fn, "__code__", None)
+    file, _, line = where.rpartition(":")
+    if code is None or file != code.co_filename or not line.isdigit():
+        return where
+    lines = [ln for _, _, ln in code.co_lines() if ln is not None]
+    n = int(line) - code.co_firstlineno + 1
+    if not lines or not code.co_firstlineno <= int(line) <= max(lines):
+        return where
+    try:
+        src = textwrap.dedent(inspect.getsource(fn)).splitlines()
+    except (OSError, TypeError):  # compiled from a string: no source to quote
+        src = []
+    text = re.sub(r"\s+#.*$", "", src[n - 1]).strip() if 1 <= n <= len(src) else ""
+    return f"line {n} of {name}" + (f" (`{text}`)" if text else "")
 
 
 def learner_name(fn, default: str) -> str:
