@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import pinlab  # noqa: E402
+import torch  # noqa: E402
 from pinlab import CudaUnavailableError  # noqa: E402
 from pinlab.lessons import l03_the_race as l03  # noqa: E402
 
@@ -328,3 +329,29 @@ def test_race_audit_refuses_bad_input():
         l03.race_audit(pinlab.LaggingStream(), ["pageable"], nbytes=6)
     with pytest.raises(TypeError, match="pinlab stream"):
         l03.race_audit("cuda", ["pageable"])
+
+
+# ---- the heisenbug (issue 45): CUDA_LAUNCH_BLOCKING=1 hides the race from timing, not from order -----------------
+
+def test_heisenbug_a_gpu_that_keeps_up_hides_the_race_from_timing_not_from_order():
+    r = l03.heisenbug_run(20)
+    assert (r["wrong"], r["timing"], r["order"], r["raced"]) == (0, 0, 19, 0), r
+    if not torch.cuda.is_available():
+        assert "lag 0" in r["stream"] and r["launch_blocking"] is False
+
+
+def test_heisenbug_runs_in_a_child_with_launch_blocking_and_refuses_bad_input():
+    r = l03.heisenbug(12)
+    assert (r["steps"], r["wrong"], r["timing"], r["order"]) == (12, 0, 0, 11), r
+    for bad in (0, -1, 2.5, "8"):
+        with pytest.raises((TypeError, ValueError), match="steps"):
+            l03.heisenbug(bad)
+
+
+@pytest.mark.gpu
+def test_gpu_heisenbug_under_cuda_launch_blocking():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    r = l03.heisenbug(64)
+    assert r["launch_blocking"] is True and "emulated" not in r["stream"], r
+    assert (r["wrong"], r["timing"], r["order"]) == (0, 0, 63), r

@@ -266,6 +266,33 @@ pinlab.claim("the pageable buffer: races flagged", races_pageable.total, expect=
 # the fix. Lesson 04 runs every fix under it, and lesson 07 turns it into a test that fails.
 
 # %% [markdown]
+# ### The heisenbug: `CUDA_LAUNCH_BLOCKING=1`
+#
+# Debugging a CUDA error, you set `CUDA_LAUNCH_BLOCKING=1`: every launch and copy then waits until
+# the GPU has run it. The host never runs ahead, so the race cannot happen, and a detector that asks
+# "has this copy run yet?" (the one above) finds nothing. The code is as wrong as before: the race
+# vanishes when you debug it. `pinlab.detect_races()` judges by **order** instead: a copy's buffer
+# stays off limits until something the host does orders it (its event's `synchronize()`, the
+# stream's, `.item()`, ...), whether or not the copy has run by then. CUDA reads the variable when
+# it starts, so `l03.heisenbug` runs the reused-buffer loop in a fresh process with it set, once
+# under each detector (without CUDA: on the emulated stream at lag 0, a GPU that keeps up):
+
+# %%
+hb = l03.heisenbug(steps=50)
+pinlab.show("stream in the child", hb["stream"])
+pinlab.show("steps whose data arrived wrong / timing findings / copies that can race by order (raced)",
+            f"{hb['wrong']} / {hb['timing']} / {hb['order']} ({hb['raced']}) of {hb['steps']}")
+pinlab.claim("the GPU kept up (launches block): steps whose data arrived wrong", hb["wrong"], expect=0,
+             why=l03.WHY.launch_blocking)
+pinlab.claim("the GPU kept up (launches block): races the timing verdict found", hb["timing"], expect=0,
+             why=l03.WHY.launch_blocking)
+pinlab.claim("copies the order verdict says can race", hb["order"], expect=hb["steps"] - 1, why=l03.WHY.by_order)
+
+# %% [markdown]
+# The order verdict names the race in every run: on a GPU far behind, on one that keeps up, and
+# under `CUDA_LAUNCH_BLOCKING=1`. That is what a test needs (lesson 07's pytest gate judges by order).
+
+# %% [markdown]
 # The `copy_` call returned long before the copy ran. When it finally ran, the pinned buffer
 # held whatever the host had written last. (On the emulated stream nothing runs before the final
 # `synchronize()`, so every copy reads the last step; a real GPU runs a few copies early.)

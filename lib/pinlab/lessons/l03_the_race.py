@@ -106,6 +106,67 @@ def race_audit(stream, strategies=("reused_pinned", "pageable"), *, steps: int =
     return out
 
 
+#: the child of :func:`heisenbug`: CUDA reads CUDA_LAUNCH_BLOCKING when it starts, and the order verdict's GPU trace
+#: stays on for good in the process that runs it (docs/facts.md F22), so neither touches the notebook's process
+HEISENBUG_CHILD = ("import sys\nfrom pinlab.child import report_and_exit\n"
+                   "from pinlab.lessons.l03_the_race import heisenbug_run\n"
+                   "report_and_exit(heisenbug_run(int(sys.argv[1])))\n")
+
+
+def heisenbug_run(steps: int) -> dict:
+    """The reused pinned buffer's loop (one H2D copy per step, the GPU busy 0.5 ms a step, no host wait until the
+    end) once under each verdict: :func:`pinlab.races.detect_races` (timing: "has this copy run yet?") and
+    :func:`pinlab.detect_races` (order). On CUDA in this process as it is (:func:`heisenbug` starts it with
+    ``CUDA_LAUNCH_BLOCKING=1``); without CUDA on the emulated stream at lag 0, a GPU that keeps up
+    (:func:`pinlab.order.lagging_stream`), which is what blocking launches look like to the host.
+
+    Returns ``steps``, ``stream`` (its label), ``launch_blocking`` (CUDA with the variable set), ``wrong`` (steps
+    whose data arrived wrong, both runs), ``timing`` (the timing verdict's findings), ``order`` (copies the order
+    verdict says can race) and ``raced`` (of those, raced in this run)."""
+    import os
+
+    from ..order import detect_races, lagging_stream
+    from ..races import detect_races as by_timing
+    from ..streams import stream as cuda_or_emulated
+
+    steps = positive_int("steps", steps)
+    cuda = torch.cuda.is_available()
+    out = {"steps": steps, "launch_blocking": cuda and os.environ.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1",
+           "wrong": 0}
+    for verdict, detector in (("timing", by_timing), ("order", detect_races)):
+        s = cuda_or_emulated() if cuda else lagging_stream(0)
+        with s:
+            with detector() as races:
+                buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+                dst = torch.zeros(steps, 64, dtype=torch.int32, device=s.device)
+                for n in range(steps):
+                    buf.fill_(n)
+                    dst[n].copy_(buf, non_blocking=True)
+                    s.busy(0.5)
+                s.synchronize()
+            rows = dst[:, 0].tolist()
+        out["stream"] = s.label if not s.emulated else "emulated stream at lag 0 (a GPU that keeps up)"
+        out["wrong"] += sum(v != n for n, v in enumerate(rows))
+        out[verdict] = races.total
+        if verdict == "order":
+            out["raced"] = sum(races.in_run.values())
+    return out
+
+
+def heisenbug(steps: int = 50, timeout_s: float = 120.0) -> dict:
+    """:func:`heisenbug_run` in a fresh process with ``CUDA_LAUNCH_BLOCKING=1`` (:data:`HEISENBUG_CHILD`); raises
+    RuntimeError, saying what went wrong, where the child gives no result."""
+    import os
+
+    from ..child import run_child
+
+    res = run_child(HEISENBUG_CHILD, (positive_int("steps", steps),),
+                    env=dict(os.environ, CUDA_LAUNCH_BLOCKING="1"), timeout_s=positive_number("timeout_s", timeout_s))
+    if "error" in res:
+        raise RuntimeError(f"l03.heisenbug: {res['error']}")
+    return res
+
+
 def decode_race(strategies=("reused_pinned", "pageable"), steps: int = 64, max_batch: int = 16,
                 page_size: int = 16, max_seq_len: int = 256, num_qo_heads: int = 8, num_kv_heads: int = 2,
                 head_dim: int = 128, busy_ms: float = 1.0, ring: int = 3, run_ahead: int = 1, seed: int = 0,
@@ -554,6 +615,12 @@ WHY = Reasons(
                                     "say where its time went)",
     slow_host="a host slower than the GPU (a CPU shared by many processes) cannot run ahead even without staging",
     launch_count="each launch adds 1 on the device; a different count is a bug, not a property of the machine",
+    launch_blocking="with CUDA_LAUNCH_BLOCKING=1 every copy has run before copy_() returns, on any CUDA GPU (and "
+                    "on the emulated stream at lag 0): a wrong step or a timing finding means the variable did not "
+                    "reach the child's CUDA, or a bug in pinlab.races",
+    by_order="the order verdict counts every copy whose buffer the host rewrote before anything ordered it, whatever "
+             "the GPU's speed: steps - 1 here (the final synchronize() orders the last); another count is a bug in "
+             "pinlab.order",
     two_runs="the two runs are separate measurements; a shared GPU or a busy host shifts the estimate of what was "
              "queued",
 )
