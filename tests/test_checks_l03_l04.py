@@ -588,5 +588,5 @@ def test_race_free_loop_messages_use_the_run_ahead_definition(case, on_cpu, caps
 @pytest.mark.xfail(strict=True, reason="issue 48: exercise 03's checker accepts a ring whose event is recorded before "
                                        "the copy (04's checker catches the same mistake)")
 def test_race_free_loop_rejects_a_ring_whose_event_comes_before_the_copy(on_cpu, capsys):
-    assert checks03.check_race_free_loop(_ring(checks03.AHEAD + 1, True, record_before_copy=True)) is False, \
+    assert checks03.check_race_free_loop.verdict(_ring(checks03.AHEAD + 1, True, record_before_copy=True)) is False, \
         capsys.readouterr().out
