@@ -169,6 +169,17 @@ def test_a_planted_wrong_answer_is_rejected(sol, capsys, name):
 
 
 
+# Issue 47: "the exercise's tests never ran on the GPU". Issue 48: the same verdict on a GPU as on a laptop. On CUDA
+# the checker runs the loop on the CUDA stream and judges races by order, so that a race this GPU's timing hides is
+# still rejected (3 racy answers were accepted on the H200 alone when races were judged by timing). The order
+# verdict turns on torch's GPU trace for good: tests/cuda_checks09_child.py runs in a process of its own.
+@pytest.mark.gpu
+def test_gpu_the_checker_gives_the_cpus_verdicts_on_cuda_in_a_process_of_its_own():
+    import gpu_child
+
+    gpu_child.run("cuda_checks09_child.py")
+
+
 def test_every_case_is_run_a_loop_wrong_only_on_the_second_case_is_rejected(sol, capsys):
     """l09.first_case_only: a loop that stops only when every sequence has finished (no stop by repetition) is
     right on the first case and decodes to max_new on the second: the checker runs every case and names it."""

@@ -11,7 +11,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -570,13 +569,9 @@ def test_the_gate_fails_a_latent_race_in_every_run_unittest_too(tmp_path):
 def test_gpu_the_order_verdict_on_cuda_in_a_process_of_its_own():
     """tests/cuda_order_child.py, in a child process: the order verdict turns on torch's GPU trace, which torch
     cannot turn off (docs/facts.md F22); the gpu tests after this one in the suite's process must not run under it."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    child = Path(__file__).with_name("cuda_order_child.py")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", str(child)],
-                       cwd=child.parents[1], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+    import gpu_child
+
+    gpu_child.run("cuda_order_child.py")
 
 
 @pytest.mark.gpu

@@ -115,8 +115,8 @@ pinlab.claim("everything the course needs is installed", report["ok"],
 #
 # The lessons *assert* only what should hold on any CUDA GPU, quiet or shared (exact results,
 # counts, 0 corrupted steps). It held on every GPU this course has run on (so far one NVIDIA H200,
-# quiet and under five adverse conditions: `reports/gpu/`), and each assert's message names what
-# would break it. What depends on these facts is printed as a `[measured]` line that says whether
+# quiet and under the five adverse conditions it imitates: `reports/gpu/`), and each assert's
+# message names what would break it. What depends on these facts is printed as a `[measured]` line that says whether
 # it held in this run.
 
 # %%
