@@ -300,7 +300,15 @@ def test_a_reformat_of_a_notebooks_code_carries_the_runs_forward(course):
     string split in two) renews the quiet pass only, like a plumbing edit: the runs carry forward where the quiet
     pass on the new source claims what they claimed."""
     rel = "notebooks/01_one.ipynb"
+    latest, _, adv = reports(course)
+    for c in adv["conditions"]:  # lesson 01 takes sharing worse: its runs set the estimate's factor
+        for e in c["notebooks"]:
+            for r in e["runs"] if e["path"] == rel else []:
+                r["seconds"] = 50.0
+    estimate = plan.adverse_seconds(adv, latest, course)
+    assert estimate["notebooks/02_two.ipynb"] == 50.0
     _edit_cell(course, rel, 1, 'pinlab.claim(\n    "corrupted " "steps",\n    m.corrupted()  ==  0,\n)\n')
+    assert plan.adverse_seconds(adv, latest, course) == estimate  # its runs still tell how long it takes
     found = problems(course)
     assert found and all("01_one" in p and "quiet pass is stale too" in p for p in found), found
     assert any(f"the layout of {rel}'s code changed" in p for p in found)
