@@ -25,7 +25,7 @@ WORKERS ?= $(shell $(PY) -c 'import os; print(min(4, len(os.sched_getaffinity(0)
 XDIST := $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadscope)
 NOTEBOOKS := notebooks solutions exercises
 
-.PHONY: help setup run test test-lib test-notebooks check lab gpu-suite notebooks exercises publish clean docker
+.PHONY: help setup run test test-lib test-notebooks check lab gpu-suite notebooks exercises format publish clean docker
 
 help:
 	@echo "make run        execute every notebook headless here, render build/html/index.html"
@@ -33,6 +33,7 @@ help:
 	@echo "make check      the fast inner loop: unit tests without those marked slow (make test runs all)"
 	@echo "make lab        open JupyterLab on your own copy of the course in work/ (LAB_IP, LAB_PORT, LAB_ARGS; ALLOW_ROOT=1 to run as root)"
 	@echo "make site       build the course website (build/site/) from the committed notebooks"
+	@echo "make format     lay out the notebook and solution sources at 88 columns (ruff), then make notebooks exercises"
 	@echo "make gpu-suite  on a CUDA machine: execute notebooks in place, nbval them, write reports/gpu/latest.json"
 	@echo "make docker     build the course's image (CUDA, torch, FlashInfer's kernel built, JupyterLab on 8888)"
 	@echo "make publish URL=https://github.com/OWNER/pinlab [REF=tag-or-commit]   the address and pinned version in every install cell, outputs kept"
@@ -106,6 +107,11 @@ notebooks: setup
 
 exercises: setup
 	$(VPY) tools/make_exercises.py
+
+# The notebook and solution sources laid out by ruff at 88 columns (pyproject.toml [tool.ruff]), so that no code line
+# wraps on a phone (issue 49; tests/test_conventions.py checks it). Strings and comments ruff cannot split: by hand.
+format: setup
+	$(VPY) -m ruff format notebooks/src solutions/src
 
 clean:
 	rm -rf build

@@ -88,23 +88,41 @@ REPORTING = {"claim", "claims", "observe", "measure", "measure_or_say", "show", 
              "pinned_back_to"}
 #: issue 31's done-when: in every lesson's source the plumbing is at most this share of the non-blank lines
 PLUMBING_TARGET = 0.20
+#: the width the share counts lines at: the lessons' layout when the target was set (before issue 49's formatter)
+PACKED_WIDTH = 120
+
+
+def _packed(text: str, indent: int = 0) -> int:
+    """Lines of code ``text`` (``ast.unparse``'s: one line per simple statement) written as densely as
+    :data:`PACKED_WIDTH` columns allow."""
+    return sum(-(-(indent + len(ln)) // PACKED_WIDTH) for ln in text.splitlines() if ln.strip())
 
 
 def plumbing_share(path: Path) -> float:
-    """Non-blank lines of statements that call a reporting function (or assign its result), over the
-    source's non-blank lines (prose included), as issue 31 counts them."""
+    """Lines of statements that call a reporting function (or assign its result), over the source's lines
+    (prose and comments included), as issue 31 counts them, but whatever the layout: each statement counts
+    the lines it takes written as densely as 120 columns allow (:func:`_packed`), each comment line one.
+
+    Issue 31 counted the non-blank lines of the source as written, when lessons were laid out by hand at
+    up to 120 columns. Issue 49's formatter (88 columns, one argument per line where a call does not fit)
+    spreads a claim over five lines and would double every share with no change in what is written; counted
+    packed, a formatter's pass leaves the share as it was (tests/test_conventions.py checks both)."""
     import ast
+    import io
+    import tokenize
 
     text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    marked = set()
-    for node in ast.walk(ast.parse(text)):
+    tree = ast.parse(text)
+    plumbing = 0
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             f = node.value.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
             if name in REPORTING:
-                marked.update(range(node.lineno, node.end_lineno + 1))
-    return sum(1 for i in marked if lines[i - 1].strip()) / max(1, sum(1 for ln in lines if ln.strip()))
+                plumbing += _packed(ast.unparse(node), node.col_offset)
+    comments = sum(1 for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                   if t.type == tokenize.COMMENT and not t.line[: t.start[1]].strip())
+    return plumbing / max(1, _packed(ast.unparse(tree)) + comments)
 
 
 @pytest.mark.parametrize("number", LESSONS)
@@ -116,10 +134,59 @@ def test_plumbing_is_at_most_a_fifth(number):
                                       "reasons (WHY), table columns and formatting in the lesson module")
 
 
-def test_the_plumbing_count_sees_a_claim_spread_over_lines(tmp_path):
+def test_the_plumbing_count_does_not_depend_on_layout(tmp_path):
     src = tmp_path / "x.py"
-    src.write_text("# prose\nx = 1\npinlab.claims({'a': x},\n              why='b')\n\nprint(x)\n")
-    assert plumbing_share(src) == 2 / 5
+    for text in ("# prose\nx = 1\npinlab.claims({'a': x}, why='b')\n\nprint(x)\n",
+                 "# prose\nx = 1\npinlab.claims(\n    {'a': x},\n    why='b',\n)\n\nprint(x)\n"):
+        src.write_text(text)
+        assert plumbing_share(src) == 1 / 4
+    src.write_text(f"# prose\nx = 1\npinlab.claim(\n    '{'a' * 120}',\n    x,\n)\nprint(x)\n")
+    assert plumbing_share(src) == 2 / 5  # a claim of over 120 columns counts two lines
+
+
+def test_a_formatters_pass_keeps_every_lessons_plumbing_share(tmp_path):
+    """ruff at another width, and exploding every call, changes the lines, not the share."""
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "notebooks" / "src", copy)
+    done = subprocess.run([sys.executable, "-m", "ruff", "format", "-q", "--line-length", "60", str(copy)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for path in sorted((ROOT / "notebooks" / "src").glob("*.py")):
+        assert plumbing_share(copy / path.name) == pytest.approx(plumbing_share(path), abs=0.002), path.name
+
+
+def _code_lines(cells):
+    for k, cell in enumerate(cells):
+        if cell["cell_type"] == "code":
+            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            for line in src.splitlines():
+                yield k, line
+
+
+def test_notebook_code_fits_88_columns_and_is_ruff_formatted():
+    """Issue 49: pages that read on a phone. Every code line of a lesson, a solution and an exercise (comments
+    included, Markdown not) is at most 88 columns, and the sources are as `make format` (ruff format) leaves
+    them: split a long string into joined parts, and put a long comment on the lines above."""
+    import subprocess
+
+    import nbtools
+
+    long = []
+    for path in _one("notebooks/src/*.py") + _one("solutions/src/*.py"):
+        cells = nbtools.parse_percent(path.read_text(encoding="utf-8"))
+        long += [f"{path.relative_to(ROOT)} cell {k}: {len(ln)} columns: {ln.strip()[:60]}"
+                 for k, ln in _code_lines(cells) if len(ln) > 88]
+    for path in _one("exercises/*.ipynb"):
+        long += [f"{path.relative_to(ROOT)} cell {k}: {len(ln)} columns: {ln.strip()[:60]}"
+                 for k, ln in _code_lines(json.loads(path.read_text(encoding="utf-8"))["cells"]) if len(ln) > 88]
+    assert not long, "\n".join(long[:20])
+    done = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "notebooks/src", "solutions/src"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, ("not as ruff formats them: run `make format` (then `make notebooks exercises`)\n"
+                                  + done.stdout[-2000:] + done.stderr[-1000:])
 
 
 def test_no_ok_line_and_checkers_return_nothing():

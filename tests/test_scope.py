@@ -289,6 +289,93 @@ def test_a_new_import_changes_the_experiment(course):
     assert any("02_two" in p and "it now also uses lib/pinlab/races.py" in p for p in problems(course))
 
 
+def _edit_cell(root, rel, index, src):
+    nb = nbtools.load(root / rel)
+    nb["cells"][index]["source"] = src
+    nbtools.save(nb, root / rel)
+
+
+def test_a_reformat_of_a_notebooks_code_carries_the_runs_forward(course):
+    """Issue 49's formatter: the same code laid out otherwise (line breaks, quotes, spacing, a trailing comma, a
+    string split in two) renews the quiet pass only, like a plumbing edit: the runs carry forward where the quiet
+    pass on the new source claims what they claimed."""
+    rel = "notebooks/01_one.ipynb"
+    latest, _, adv = reports(course)
+    for c in adv["conditions"]:  # lesson 01 takes sharing worse: its runs set the estimate's factor
+        for e in c["notebooks"]:
+            for r in e["runs"] if e["path"] == rel else []:
+                r["seconds"] = 50.0
+    estimate = plan.adverse_seconds(adv, latest, course)
+    assert estimate["notebooks/02_two.ipynb"] == 50.0
+    _edit_cell(course, rel, 1, 'pinlab.claim(\n    "corrupted " "steps",\n    m.corrupted()  ==  0,\n)\n')
+    assert plan.adverse_seconds(adv, latest, course) == estimate  # its runs still tell how long it takes
+    found = problems(course)
+    assert found and all("01_one" in p and "quiet pass is stale too" in p for p in found), found
+    assert any(f"the layout of {rel}'s code changed" in p for p in found)
+    lines = plan.plan_lines(course)
+    assert lines[-1].startswith("plan: 1 call(s), ") and not any("--adverse" in ln for ln in lines), lines
+    requote(course, rel)
+    assert problems(course) == []
+
+
+@pytest.mark.parametrize("src, why", [
+    ("pinlab.claim('corrupted steps', m.corrupted() == 1)", "the code"),
+    ("pinlab.claim('corrupted steps', m.corrupted() == 0)  # a new comment", "a comment"),
+])
+def test_a_change_beyond_layout_asks_for_the_runs(course, src, why):
+    rel = "notebooks/01_one.ipynb"
+    _edit_cell(course, rel, 1, src)
+    requote(course, rel)  # the quiet pass claims the same: it does not help
+    found = problems(course)
+    assert found and any(f"{rel} changed after its runs" in p for p in found), (why, found)
+    assert "--adverse-all-together --only notebooks/01_one.ipynb" in "\n".join(plan.plan_lines(course))
+
+
+def test_stability_runs_accumulate_across_a_reformat(course):
+    rel = "notebooks/01_one.ipynb"
+    _edit_cell(course, rel, 1, 'pinlab.claim(\n    "corrupted steps", m.corrupted() == 0\n)\n')
+    requote(course, rel)
+    latest, stab, _ = reports(course)
+    row = scope.latest_rows(latest)[rel]
+    new = {"path": rel, "source_sha256": row["source_sha256"], "deps": row["deps"], "deps_sha256": row["deps_sha256"],
+           "utc": "t2", "runs": [dict(stab["notebooks"][0]["runs"][0], utc="t2")],
+           **scope.scope_fields(rel, row["deps"], row["claims"], "stability", course)}
+    merged, _ = evidence.merge_stability(stab["notebooks"], [new], [rel], course, stale=scope.stale_check(latest, course),
+                                         dead=scope.dead_check(latest, course))
+    (e,) = [m for m in merged if m["path"] == rel]
+    assert len(e["runs"]) == 6 and e["source_sha256"] == row["source_sha256"]
+
+
+def test_the_form_of_code_is_its_syntax_comments_and_magics():
+    a = 'def f(x):\n    """Two   words\n    wrapped."""\n    return g(x, \'a\' "b")  # why\n%time f(1)\n'
+    b = 'def f(x):\n    """Two words wrapped."""\n    return g(\n        x,\n        "ab",\n    )  # why\n%time f(1)\n'
+    assert nbtools.code_form(a) == nbtools.code_form(b)
+    moved = 'def f(x):\n    """Two words wrapped."""\n    # why\n    return g(x, "ab")\n%time f(1)\n'
+    assert nbtools.code_form(moved) == nbtools.code_form(a)  # a comment moved above its line
+    for other in (a.replace("# why", "# why not"), a.replace("%time", "%timeit"), a.replace("g(x", "g(-x"),
+                  a.replace("Two", "Three")):
+        assert nbtools.code_form(other) != nbtools.code_form(a), other
+    assert nbtools.code_form("def (:") == "unparsed:def (:"
+    # the same text on every Python the course runs (CI 3.11, the GPU 3.12): no positions, no empty fields
+    assert nbtools.code_form("def f(x=1):\n    return [x]\n") == (
+        "Module(body=[FunctionDef(name='f', args=arguments(args=[arg(arg='x')], defaults=[Constant(value=1)]), "
+        "body=[Return(value=List(elts=[Name(id='x', ctx=Load())], ctx=Load()))])])\n# ")
+    md = {"cell_type": "markdown", "source": "Some  text"}
+    code = _cell("x  =  1")
+    assert nbtools.source_form_sha256({"cells": [md, code]}) == nbtools.source_form_sha256(
+        {"cells": [md, _cell("x = 1")]})
+    assert nbtools.source_form_sha256({"cells": [md, code]}) != nbtools.source_form_sha256(
+        {"cells": [dict(md, source="Some text"), code]})  # Markdown is read as written
+
+
+def test_every_recorded_entry_keeps_its_sources_form():
+    """What lets a formatter's pass carry the runs: every stability and adverse entry of a notebook records the form
+    of the source it ran (scope.record_missing_scope added it to the entries recorded before 2026-12-05)."""
+    for e in _json("stability.json")["notebooks"] + [e for c in _json("adverse.json")["conditions"]
+                                                      for e in c["notebooks"]]:
+        assert len(e.get("source_form_sha256") or "") == 64, e["path"]
+
+
 def test_the_plan_for_a_plumbing_edit_is_one_call_of_at_most_nine_minutes(course):
     (course / "lib" / "pinlab" / "timing.py").write_text(LIB["timing.py"] + "# x\n")
     p = plan.make_plan(course)

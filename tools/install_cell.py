@@ -101,9 +101,11 @@ def source(repo: str | None = None, root: Path = ROOT, ref: str | None = None) -
             'if importlib.util.find_spec("pinlab") is None:']
     if is_placeholder(repo):
         return "\n".join(head + [
-            '    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "',
-            '                              "to install it from: clone the course and run `make lab` in it (whoever "',
-            '                              "publishes the course runs `make publish URL=<its address>`).")'])
+            "    raise ModuleNotFoundError(",
+            '        "pinlab is not installed here, and this copy of the course names no address "',
+            '        "to install it from: clone the course and run `make lab` in it (whoever "',
+            '        "publishes the course runs `make publish URL=<its address>`)."',
+            "    )"])
     ref = install_ref(root) if ref is None else ref
     if not ref:
         raise ValueError(f"the course's address is {repo} but pyproject.toml names no tag or commit to install "
@@ -118,15 +120,18 @@ def source(repo: str | None = None, root: Path = ROOT, ref: str | None = None) -
         "    import subprocess",
         "    import sys",
         "",
-        "    # the library's requirements; torch only where none is installed (the platform's stays)",
+        "    # the library's requirements; torch only where none is installed",
+        "    # (the platform's stays)",
         f"    needs = {json.dumps(light)}",
         '    if importlib.util.find_spec("torch") is None:',
         f"        needs += {json.dumps(torch)}",
         '    pip = [sys.executable, "-m", "pip", "install", "-q"]',
         "    subprocess.run(pip + needs, check=True)",
-        "    # the course at one tag or commit (never a branch's head): its library and recorded GPU run",
-        "    # (no JupyterLab; torch left alone)",
-        f'    subprocess.run(pip + ["--no-deps", "pinlab @ git+{repo}@{ref}"], check=True)',
+        "    # the course at one tag or commit (never a branch's head): its library and",
+        "    # recorded GPU run (no JupyterLab; torch left alone)",
+        f"    url = {json.dumps('git+' + repo)}",
+        f"    ref = {json.dumps(ref)}",
+        '    subprocess.run(pip + ["--no-deps", f"pinlab @ {url}@{ref}"], check=True)',
         "    importlib.invalidate_caches()"])
 
 

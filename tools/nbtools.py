@@ -100,6 +100,60 @@ def source_sha256(nb: dict) -> str:
     return hashlib.sha256("\n\n".join(evidence_source(c) for c in nb["cells"]).encode("utf-8")).hexdigest()
 
 
+def _ast_form(node) -> str:
+    """A node as text, the same on every Python the course runs (3.10-3.13): no positions, and no field that is
+    None or empty (3.12 added ``type_params=[]`` to every def; 3.13's ``ast.dump`` leaves empty fields out)."""
+    if isinstance(node, ast.AST):
+        fields = [f"{k}={_ast_form(v)}" for k, v in ast.iter_fields(node) if v is not None and v != []]
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_ast_form(v) for v in node) + "]"
+    return repr(node)
+
+
+def _docstrings_flattened(tree) -> None:
+    """Each docstring's words joined by one space (in place): re-wrapping a docstring is layout, not code."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            body[0].value.value = " ".join(body[0].value.value.split())
+
+
+def code_form(src: str) -> str:
+    """What a code cell *is*, whatever its layout: its syntax tree (:func:`_ast_form`; docstrings with their words
+    joined by single spaces), then the words of its comments in order, then its IPython magic lines. Two sources
+    with the same form differ only in layout (line breaks, indentation of continuation lines, spacing, quotes,
+    parentheses, trailing commas, strings split into implicitly joined parts, a comment wrapped over lines or
+    moved from the end of a line to the line above): what ``ruff format`` and wrapping to 88 columns change. A
+    source that does not parse is its own form."""
+    import io
+    import tokenize
+
+    lines = src.splitlines()
+    magics = [ln.strip() for ln in lines if ln.lstrip().startswith(("%", "!"))]
+    code = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines) + "\n"
+    try:
+        tree = ast.parse(code)
+        comments = " ".join(w for t in tokenize.generate_tokens(io.StringIO(code).readline)
+                            if t.type == tokenize.COMMENT for w in t.string.lstrip("#").split())
+    except (SyntaxError, tokenize.TokenError, IndentationError):
+        return "unparsed:" + src
+    _docstrings_flattened(tree)
+    return "\n".join([_ast_form(tree), "# " + comments, *("%" + m for m in magics)])
+
+
+def source_form_sha256(nb: dict) -> str:
+    """sha256 of the notebook's source as its stability and adverse runs see it: each cell's type, and its source
+    (:func:`evidence_source`) as it is for Markdown, as its :func:`code_form` for code. Equal for two versions of a
+    notebook that differ only in the layout of their code, so a formatter's pass (issue 49: at most 88 columns)
+    renews the quiet pass, not the runs (tools/scope.py)."""
+    parts = [f"{c.get('cell_type')}\n" + (code_form(evidence_source(c)) if c.get("cell_type") == "code"
+                                          else evidence_source(c)) for c in nb["cells"]]
+    return hashlib.sha256("\n\n".join(parts).encode("utf-8")).hexdigest()
+
+
 def files_sha256(rel_paths, root: Path = ROOT) -> str:
     """sha256 over the given files (paths relative to ``root``) sorted by path, each as path + newline + content.
 

@@ -196,7 +196,12 @@ pinlab.header("{stem}")
 
 # %%
 t = torch.zeros(1024, dtype=torch.float32)
-pinlab.claim("bytes a 1024-element float32 tensor holds", l{n}.nbytes(t), expect=4096, why=l{n}.WHY.float32)
+pinlab.claim(
+    "bytes a 1024-element float32 tensor holds",
+    l{n}.nbytes(t),
+    expect=4096,
+    why=l{n}.WHY.float32,
+)
 
 # %% [markdown]
 # ## What to remember
@@ -252,6 +257,7 @@ from pinlab.checks import l{n} as checks{n}
 
 # %% [markdown]
 # ## 1. The bytes of a tensor
+
 
 # %%
 def nbytes(t):

@@ -51,7 +51,8 @@ def quiet_seconds(latest: dict | None) -> dict:
 
 def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path = ROOT) -> dict:
     """Per notebook, the estimated seconds of its adverse passes, all conditions at once: its quiet seconds times
-    the median slow-down of the notebooks whose adverse runs are of their current source (or
+    the median slow-down of the notebooks whose adverse runs are of their current source (up to its code's layout,
+    scope.same_form; or
     :data:`ADVERSE_FACTOR`), or its longest recorded pass under any condition, whichever is longer (an older
     version's runs still tell how the notebook takes sharing: lesson 04's soak slows down 5x)."""
     recorded: dict = {}
@@ -59,7 +60,8 @@ def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path
     for c in (adverse or {}).get("conditions", []):
         for e in c.get("notebooks", []):
             path = root / e.get("path", "")
-            if path.exists() and e.get("source_sha256") == nbtools.source_sha256(nbtools.load(path)):
+            if path.exists() and (e.get("source_sha256") == nbtools.source_sha256(nb := nbtools.load(path))
+                                  or scope.same_form(e, nb)):
                 current.add(e["path"])
             for r in e.get("runs", []):
                 if r.get("seconds"):

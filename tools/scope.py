@@ -311,7 +311,8 @@ def scope_fields(rel: str, deps, claims: list, kind: str, root: Path = ROOT, nb:
     tree can name the file that changed); and the claims of the quiet pass its runs go with: the list itself in
     latest.json (the pass's own), its hash (evidence.claims_sha256) in the others (their baseline)."""
     nb = nbtools.load(root / rel) if nb is None else nb
-    out = {"experiment": nbtools.files_map(experiment_files(rel, root, nb), root)}
+    out = {"experiment": nbtools.files_map(experiment_files(rel, root, nb), root),
+           "source_form_sha256": nbtools.source_form_sha256(nb)}
     if kind != "adverse":
         out["deps_files"] = nbtools.files_map(deps, root)
     if kind == "latest":
@@ -330,7 +331,7 @@ def experiment_problem(entry: dict, root: Path = ROOT) -> str | None:
     if not path.exists():
         return f"{rel} no longer exists"
     nb = nbtools.load(path)
-    if entry.get("source_sha256") != nbtools.source_sha256(nb):
+    if entry.get("source_sha256") != nbtools.source_sha256(nb) and not same_form(entry, nb):
         return f"{rel} changed after its runs"
     if "experiment" not in entry:
         return evidence.freshness(entry, root)
@@ -345,6 +346,12 @@ def experiment_problem(entry: dict, root: Path = ROOT) -> str | None:
     if changed:
         return f"{rel}: an experiment file changed after its runs: {', '.join(changed)}"
     return None
+
+
+def same_form(entry: dict, nb: dict) -> bool:
+    """Whether ``nb`` is the source an entry's runs were taken with, up to the layout of its code
+    (nbtools.source_form_sha256: a formatter's pass). An entry recorded before the form was kept has none."""
+    return bool(entry.get("source_form_sha256")) and entry["source_form_sha256"] == nbtools.source_form_sha256(nb)
 
 
 def scoped_problem(entry: dict, latest: dict | None, root: Path = ROOT) -> str | None:
@@ -363,7 +370,10 @@ def _plumbing_problem(entry: dict, latest: dict | None, root: Path) -> str | Non
     if evidence.freshness(entry, root) is None:
         return None
     rel = entry.get("path", "?")
-    plumbing = nbtools.changed_files(entry.get("deps_files") or {}, root) or ["one of its deps"]
+    plumbing = nbtools.changed_files(entry.get("deps_files") or {}, root)
+    if entry.get("source_sha256") != nbtools.source_sha256(nbtools.load(root / rel)):
+        plumbing = [f"the layout of {rel}'s code"] + plumbing  # experiment_problem found the same form
+    plumbing = plumbing or ["one of its deps"]
     if latest is None:
         return f"{rel}: {', '.join(plumbing)} changed and latest.json has no quiet pass of it to compare claims with"
     why = evidence.freshness(latest, root)
@@ -444,7 +454,9 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
     """Add the scope fields (:func:`scope_fields`) to the entries of a report written before they were kept, where
     they can be proven from the current files: the entry holds with every dep unchanged (evidence.freshness), so
     its experiment files and deps are today's; its claims are those of the committed notebook, the output of the
-    quiet pass on these same files (whose latest.json entry must hold too). ``kind``: "latest", "stability" or
+    quiet pass on these same files (whose latest.json entry must hold too). An entry with its scope but not its
+    source's form (``source_form_sha256``, kept since 2026-12-05) gets the form of today's source where that is the
+    very source it recorded (the same ``source_sha256``). ``kind``: "latest", "stability" or
     "adverse". Returns what was recorded, one line per entry; entries that do not hold are left as they are."""
     rows = latest_rows(latest)
     done = []
@@ -454,6 +466,12 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
         entries = report.get("notebooks", [])
     for e in entries:
         rel = e.get("path")
+        if rel and "experiment" in e and "source_form_sha256" not in e and (root / rel).exists():
+            nb = nbtools.load(root / rel)
+            if e.get("source_sha256") == nbtools.source_sha256(nb):  # the very source: its form is today's
+                e["source_form_sha256"] = nbtools.source_form_sha256(nb)
+                done.append(f"{kind}: {rel}: its source's form {e['source_form_sha256'][:16]}")
+            continue
         if "experiment" in e or not rel or evidence.freshness(e, root) is not None:
             continue
         row = e if kind == "latest" else rows.get(rel)

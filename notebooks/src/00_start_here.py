@@ -22,9 +22,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% [markdown]
 # ## Who it is for
@@ -91,9 +93,13 @@ report = pinlab.doctor()
 # everything the course *needs* must be there, GPU or not.
 
 # %%
-pinlab.claim("everything the course needs is installed", report["ok"],
-             why="a package is missing or a recorded GPU run is broken (the FAIL lines above say which): "
-                 "run `make setup` (or `git checkout -- reports/gpu`), then re-run this notebook")
+pinlab.claim(
+    "everything the course needs is installed",
+    report["ok"],
+    why="a package is missing or a recorded GPU run is broken (the FAIL lines above "
+    "say which): run `make setup` (or `git checkout -- reports/gpu`), then re-run this "
+    "notebook",
+)
 
 # %% [markdown]
 # ## The platform: what this machine is
@@ -148,30 +154,43 @@ import torch
 
 
 def tiny_copy_ms():
-    """Event-to-event ms around one 4-byte H2D copy on an idle GPU: the host's launch plus the copy."""
+    """Event-to-event ms around one 4-byte H2D copy on an idle GPU: the host's launch
+    plus the copy."""
     src = torch.ones(1, dtype=torch.int32)
     dst = torch.empty(1, dtype=torch.int32, device="cuda")
     return pinlab.cuda_time(lambda: dst.copy_(src), repeat=20).as_dict()
 
 
 tiny = pinlab.measure("00_tiny_copy", tiny_copy_ms)
-pinlab.report("one 4-byte H2D copy, events around it (launch + copy)", tiny.result["median"])
+pinlab.report(
+    "one 4-byte H2D copy, events around it (launch + copy)", tiny.result["median"]
+)
 
 # %%
-pinlab.observe("one 4-byte copy, timed alone, takes at least a microsecond", tiny.result["median"] >= 1e-3,
-               value=pinlab.fmt_ms(tiny.result["median"]),
-               why="the events bracket the host's launch only when the GPU passes the first one before the copy "
-                   "is submitted: a GPU busy with other processes' work passes it late, and then the events "
-                   "bracket the copy alone")
+pinlab.observe(
+    "one 4-byte copy, timed alone, takes at least a microsecond",
+    tiny.result["median"] >= 1e-3,
+    value=pinlab.fmt_ms(tiny.result["median"]),
+    why="the events bracket the host's launch only when the GPU passes the first one "
+    "before the copy is submitted: a GPU busy with other processes' work passes it "
+    "late, and then the events bracket the copy alone",
+)
 us, others = tiny.result["median"] * 1e3, plat.result.get("other_gpu_processes")
 if us <= 100:
-    said = "the host's launch and a tiny copy over the link: a round trip, not the bytes"
+    said = (
+        "the host's launch and a tiny copy over the link: a round trip, not the bytes"
+    )
 elif others:
-    said = (f"far above tens of µs: {others} other process(es) shared this GPU, which (without MPS) takes turns "
-            "between processes' work, so the span between the two events can include their turns")
+    said = (
+        f"far above tens of µs: {others} other process(es) shared this GPU, which "
+        "(without MPS) takes turns between processes' work, so the span between the "
+        "two events can include their turns"
+    )
 else:
-    said = ("far above tens of µs with no other process seen on the GPU: a slow or busy host, or a GPU "
-            "still waking from idle, stretched the span between the events")
+    said = (
+        "far above tens of µs with no other process seen on the GPU: a slow or busy "
+        "host, or a GPU still waking from idle, stretched the span between the events"
+    )
 pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {said}")
 
 # %% [markdown]

@@ -23,9 +23,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import statistics
@@ -106,13 +108,21 @@ print("pinned exactly when CUDA is available:", buf.is_pinned() == PIN_MEMORY)
 # %%
 with pinlab.stream() as s:
     pinlab.show("stream", s.label)
-    t = torch.arange(1024)                  # pageable
-    snap = t.pin_memory()                   # a pinned copy
-    again = snap.pin_memory()               # already pinned: what comes back?
+    t = torch.arange(1024)  # pageable
+    snap = t.pin_memory()  # a pinned copy
+    again = snap.pin_memory()  # already pinned: what comes back?
     new_copy = snap.is_pinned() and snap.data_ptr() != t.data_ptr()
-    pinlab.claim("pin_memory() of a pageable tensor is a new, pinned tensor", new_copy, why=bw.WHY.pin_memory)
+    pinlab.claim(
+        "pin_memory() of a pageable tensor is a new, pinned tensor",
+        new_copy,
+        why=bw.WHY.pin_memory,
+    )
     same = again.data_ptr() == snap.data_ptr()
-    pinlab.claim("pin_memory() of a pinned tensor returns the same storage, no copy", same, why=bw.WHY.pin_memory)
+    pinlab.claim(
+        "pin_memory() of a pinned tensor returns the same storage, no copy",
+        same,
+        why=bw.WHY.pin_memory,
+    )
     del t, snap, again
 
 # %% [markdown]
@@ -123,21 +133,24 @@ with pinlab.stream() as s:
 # `elapsed_time` is the time between them on the GPU's clock. This function is the whole
 # measurement; the sweep below calls it for every size, direction and kind of host memory.
 
+
 # %%
 def time_copy_ms(dst, src, repeat=5):
-    """GPU ms of one copy dst <- src: the median of `repeat` copies, each between two CUDA events."""
-    dst.copy_(src, non_blocking=True)             # warm-up, untimed
+    """GPU ms of one copy dst <- src: the median of `repeat` copies, each between two
+    CUDA events."""
+    dst.copy_(src, non_blocking=True)  # warm-up, untimed
     torch.cuda.synchronize()
     times = []
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        start.record()                            # a timestamp in the stream, before the copy
+        start.record()  # a timestamp in the stream, before the copy
         dst.copy_(src, non_blocking=True)
-        end.record()                              # ... and one after it
-        end.synchronize()                         # the host waits until the GPU has passed `end`
-        times.append(start.elapsed_time(end))     # ms between the two, on the GPU's clock
+        end.record()  # ... and one after it
+        end.synchronize()  # the host waits until the GPU has passed `end`
+        times.append(start.elapsed_time(end))  # ms between the two, on the GPU's clock
     return statistics.median(times)
+
 
 # %% [markdown]
 # ## Bandwidth, pinned against pageable
@@ -163,34 +176,57 @@ def time_copy_ms(dst, src, repeat=5):
 # `time_copy_ms` for H2D and D2H from pinned and pageable memory, 1 KiB to 1 GiB. It needs about
 # 2 GiB of host memory (half of it pinned) and 1 GiB on the GPU, and takes a few seconds.
 
+
 # %%
 def bandwidth_sweep(sizes, repeat=5):
-    """One row per size: the median ms of one copy, H2D and D2H, from pinned and from pageable memory."""
+    """One row per size: the median ms of one copy, H2D and D2H, from pinned and from
+    pageable memory."""
     top = max(sizes)
     pinned = torch.ones(top, dtype=torch.uint8, pin_memory=True)
-    pageable = torch.ones(top, dtype=torch.uint8)          # ones: every page touched before timing
+    # ones: every page touched before timing
+    pageable = torch.ones(top, dtype=torch.uint8)
     device = torch.ones(top, dtype=torch.uint8, device="cuda")
     rows = []
     for n in pinlab.progress(sizes, desc="bandwidth sweep"):
-        d, pin, pag = device[:n], pinned[:n], pageable[:n]  # views: nothing allocated per size
-        rows.append({"bytes": n,
-                     "h2d_pinned_ms": time_copy_ms(d, pin, repeat), "h2d_pageable_ms": time_copy_ms(d, pag, repeat),
-                     "d2h_pinned_ms": time_copy_ms(pin, d, repeat), "d2h_pageable_ms": time_copy_ms(pag, d, repeat)})
+        # views: nothing allocated per size
+        d, pin, pag = device[:n], pinned[:n], pageable[:n]
+        rows.append(
+            {
+                "bytes": n,
+                "h2d_pinned_ms": time_copy_ms(d, pin, repeat),
+                "h2d_pageable_ms": time_copy_ms(d, pag, repeat),
+                "d2h_pinned_ms": time_copy_ms(pin, d, repeat),
+                "d2h_pageable_ms": time_copy_ms(pag, d, repeat),
+            }
+        )
     return rows
 
 
-sweep = pinlab.measure("01_bandwidth", bandwidth_sweep, sizes=bw.DEFAULT_SIZES, repeat=5)
-rows = [{"bytes": r["bytes"], **{k[:-3]: bw.gbps(r["bytes"], r[k]) for k in r if k.endswith("_ms")}}
-        for r in sweep.result]
+sweep = pinlab.measure(
+    "01_bandwidth", bandwidth_sweep, sizes=bw.DEFAULT_SIZES, repeat=5
+)
+rows = [
+    {
+        "bytes": r["bytes"],
+        **{k[:-3]: bw.gbps(r["bytes"], r[k]) for k in r if k.endswith("_ms")},
+    }
+    for r in sweep.result
+]
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(rows, bw.BANDWIDTH_COLUMNS)
 
 # %%
 sizes = [r["bytes"] for r in rows]
-size_sweep(sizes, {k.replace("_", " "): [r[k] for r in rows]
-                   for k in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")},
-           ylabel="GB/s", title=f"Copy bandwidth, one copy timed alone ({sweep.tag})")
+size_sweep(
+    sizes,
+    {
+        k.replace("_", " "): [r[k] for r in rows]
+        for k in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
+    },
+    ylabel="GB/s",
+    title=f"Copy bandwidth, one copy timed alone ({sweep.tag})",
+)
 plt.show()
 
 # %% [markdown]
@@ -205,18 +241,39 @@ kinds = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 big_ratio = big["h2d_pinned"] / big["h2d_pageable"]
 small_share = max(small[k] for k in kinds) / big["h2d_pinned"]
 small_ratio = small["h2d_pinned"] / small["h2d_pageable"]
-pinlab.show("pinned / pageable H2D at " + fmt_bytes(small["bytes"]), f"{small_ratio:.2f}x")
-pinned_wins = pinlab.observe(f"at {fmt_bytes(big['bytes'])}, pinned H2D at least 2x faster than pageable",
-                             big_ratio >= 2, value=f"{big_ratio:.1f}x", why=bw.WHY.link)
-small_slow = pinlab.observe(f"at {fmt_bytes(small['bytes'])}, every kind of copy under 5% of the largest size's "
-                            "pinned H2D rate", small_share < 0.05, value=f"the fastest at {small_share:.1%}",
-                            why=bw.WHY.fast_launch)
-pinlab.show("what this run shows",
-            f"at {fmt_bytes(big['bytes'])} pinned H2D ran at {big['h2d_pinned']:.1f} GB/s, "
-            f"{big_ratio:.1f}x pageable's {big['h2d_pageable']:.1f} GB/s"
-            + ("" if pinned_wins else " (less than 2x: a slow link or a GPU that reads pageable memory directly)")
-            + f"; at {fmt_bytes(small['bytes'])} the fastest kind reached {small_share:.1%} of that "
-            + ("(all fixed cost)" if small_slow else "(a small copy was not that much slower here)"))
+pinlab.show(
+    "pinned / pageable H2D at " + fmt_bytes(small["bytes"]), f"{small_ratio:.2f}x"
+)
+pinned_wins = pinlab.observe(
+    f"at {fmt_bytes(big['bytes'])}, pinned H2D at least 2x faster than pageable",
+    big_ratio >= 2,
+    value=f"{big_ratio:.1f}x",
+    why=bw.WHY.link,
+)
+small_slow = pinlab.observe(
+    f"at {fmt_bytes(small['bytes'])}, every kind of copy under 5% of the largest "
+    "size's pinned H2D rate",
+    small_share < 0.05,
+    value=f"the fastest at {small_share:.1%}",
+    why=bw.WHY.fast_launch,
+)
+pinlab.show(
+    "what this run shows",
+    f"at {fmt_bytes(big['bytes'])} pinned H2D ran at {big['h2d_pinned']:.1f} GB/s, "
+    f"{big_ratio:.1f}x pageable's {big['h2d_pageable']:.1f} GB/s"
+    + (
+        ""
+        if pinned_wins
+        else " (less than 2x: a slow link or a GPU that reads pageable memory directly)"
+    )
+    + f"; at {fmt_bytes(small['bytes'])} the fastest kind reached {small_share:.1%} of "
+    "that "
+    + (
+        "(all fixed cost)"
+        if small_slow
+        else "(a small copy was not that much slower here)"
+    ),
+)
 
 # %% [markdown]
 # ## Is the sweep honest? Compare with a plain copy loop
@@ -236,8 +293,13 @@ peak = pinlab.measure("01_copy_loop_peak", bw.copy_loop_peak)
 peak_gbps = peak.result["best_GBps"]
 ratio = big["h2d_pinned"] / peak_gbps
 pinlab.show("copy-loop peak", f"{peak_gbps:.1f} GB/s")
-sweep_honest = pinlab.observe(f"the sweep's pinned H2D at {fmt_bytes(big['bytes'])} within 2x of the copy-loop peak",
-                              0.5 <= ratio <= 2.0, value=f"ratio {ratio:.3f}", why=bw.WHY.two_moments)
+sweep_honest = pinlab.observe(
+    f"the sweep's pinned H2D at {fmt_bytes(big['bytes'])} within 2x of the copy-loop "
+    "peak",
+    0.5 <= ratio <= 2.0,
+    value=f"ratio {ratio:.3f}",
+    why=bw.WHY.two_moments,
+)
 
 # %% [markdown]
 # ## Small copies: one alone, or back to back
@@ -258,31 +320,44 @@ sweep_honest = pinlab.observe(f"the sweep's pinned H2D at {fmt_bytes(big['bytes'
 # how often the copy engine can complete one, a throughput figure. It is not the *latency* of a
 # copy (from the call until the data is on the GPU), which is the "alone" figure or more.
 
+
 # %%
 def copy_latency(sizes, copies=64, busy_ms=5.0, rounds=5):
-    """Per size, µs per pinned H2D copy: one copy timed alone, and copies in a burst queued behind a busy GPU."""
+    """Per size, µs per pinned H2D copy: one copy timed alone, and copies in a burst
+    queued behind a busy GPU."""
     top = max(sizes)
     src = torch.ones(top, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(top, dtype=torch.uint8, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
     rows = []
     for n in sizes:
         d, s = dst[:n], src[:n]
         alone, burst = [], []
-        for _ in range(rounds):                       # interleaved: one copy alone, then a burst
+        for _ in range(rounds):  # interleaved: one copy alone, then a burst
             alone.append(time_copy_ms(d, s, repeat=1) * 1e3)
-            pinlab.gpu_busy(busy_ms)                  # the GPU is busy: the copies below wait in the queue
+            # the GPU is busy: the copies below wait in the queue
+            pinlab.gpu_busy(busy_ms)
             start.record()
             for _ in range(copies):
                 d.copy_(s, non_blocking=True)
-            queued = not start.query()                # was the GPU still busy when the host had queued all?
+            # was the GPU still busy when the host had queued all?
+            queued = not start.query()
             end.record()
             end.synchronize()
-            if queued:                                # else host gaps leaked in: drop the round
+            if queued:  # else host gaps leaked in: drop the round
                 burst.append(start.elapsed_time(end) * 1e3 / copies)
-        rows.append({"bytes": n, "alone_us": statistics.median(alone),
-                     "burst_us": statistics.median(burst) if burst else None,
-                     "queued_rounds": len(burst), "rounds": rounds})
+        rows.append(
+            {
+                "bytes": n,
+                "alone_us": statistics.median(alone),
+                "burst_us": statistics.median(burst) if burst else None,
+                "queued_rounds": len(burst),
+                "rounds": rounds,
+            }
+        )
     return rows
 
 
@@ -291,36 +366,73 @@ by_size = {r["bytes"]: r for r in lat.result}
 
 # %%
 lsizes = [r["bytes"] for r in lat.result]
-bursts = [r for r in lat.result if r["burst_us"] is not None]   # sizes with at least one queued burst
-size_sweep(lsizes, {"one copy timed alone (host launch + copy)": [r["alone_us"] for r in lat.result],
-                    "interval between copies in a burst (copy engine)": [r["burst_us"] for r in lat.result]},
-           ylabel="µs per pinned H2D copy", title=f"Time per copy ({lat.tag})")
+# sizes with at least one queued burst
+bursts = [r for r in lat.result if r["burst_us"] is not None]
+size_sweep(
+    lsizes,
+    {
+        "one copy timed alone (host launch + copy)": [
+            r["alone_us"] for r in lat.result
+        ],
+        "interval between copies in a burst (copy engine)": [
+            r["burst_us"] for r in lat.result
+        ],
+    },
+    ylabel="µs per pinned H2D copy",
+    title=f"Time per copy ({lat.tag})",
+)
 plt.show()
 
 # %%
 most_queued = all(r["queued_rounds"] > r["rounds"] / 2 for r in lat.result)
-per_size = ", ".join(f"{fmt_bytes(r['bytes'])} {r['queued_rounds']}/{r['rounds']}" for r in lat.result)
-queued_ok = pinlab.observe("most bursts were queued in full before the GPU reached them", most_queued,
-                           value=per_size, why=bw.WHY.slow_queue)
+per_size = ", ".join(
+    f"{fmt_bytes(r['bytes'])} {r['queued_rounds']}/{r['rounds']}" for r in lat.result
+)
+queued_ok = pinlab.observe(
+    "most bursts were queued in full before the GPU reached them",
+    most_queued,
+    value=per_size,
+    why=bw.WHY.slow_queue,
+)
 kib1, kib16 = by_size[bw.KiB], by_size[16 * bw.KiB]
 if kib1["burst_us"] is not None and kib16["burst_us"] is not None:
     burst_rates = [bw.gbps(r["bytes"], r["burst_us"] * 1e-3) for r in bursts]
     rate_1kib = bw.gbps(bw.KiB, kib1["burst_us"] * 1e-3)
-    pinlab.report("a 1 KiB copy in a burst: interval between copies", kib1["burst_us"] * 1e-3)
+    pinlab.report(
+        "a 1 KiB copy in a burst: interval between copies", kib1["burst_us"] * 1e-3
+    )
     pinlab.report("a 1 KiB copy timed alone: launch + copy", kib1["alone_us"] * 1e-3)
     n_half = bw.n_half([r["bytes"] for r in bursts], burst_rates)
-    pinlab.show("N½ of pinned H2D in a burst (half the best burst rate)", fmt_bytes(n_half))
-    pinlab.observe("timed alone, a 1 KiB copy took longer than one in a burst", kib1["alone_us"] > kib1["burst_us"],
-                   value=f"a burst saved {1 - kib1['burst_us'] / kib1['alone_us']:.0%} of it", why=bw.WHY.shared_gpu)
+    pinlab.show(
+        "N½ of pinned H2D in a burst (half the best burst rate)", fmt_bytes(n_half)
+    )
+    pinlab.observe(
+        "timed alone, a 1 KiB copy took longer than one in a burst",
+        kib1["alone_us"] > kib1["burst_us"],
+        value=f"a burst saved {1 - kib1['burst_us'] / kib1['alone_us']:.0%} of it",
+        why=bw.WHY.shared_gpu,
+    )
     x16 = kib16["burst_us"] / kib1["burst_us"]
-    pinlab.observe("16 KiB in a burst took less than 4x the time of 1 KiB (16x the bytes)",
-                   kib16["burst_us"] < 4 * kib1["burst_us"], value=f"{x16:.1f}x", why=bw.WHY.slow_link_bytes)
-    pinlab.observe("even in a burst, a 1 KiB copy moved under 5% of the copy-loop peak's rate",
-                   rate_1kib < 0.05 * peak_gbps, value=f"{rate_1kib / peak_gbps:.1%}", why=bw.WHY.slow_link_peak)
-    pinlab.show("what this run shows",
-                f"one 16 KiB copy took {kib16['burst_us']:.1f} µs in a burst, sixteen 1 KiB copies "
-                f"{16 * kib1['burst_us']:.1f} µs: batching small copies into one "
-                + ("paid" if kib16["burst_us"] < 16 * kib1["burst_us"] else "did not pay") + " here")
+    pinlab.observe(
+        "16 KiB in a burst took less than 4x the time of 1 KiB (16x the bytes)",
+        kib16["burst_us"] < 4 * kib1["burst_us"],
+        value=f"{x16:.1f}x",
+        why=bw.WHY.slow_link_bytes,
+    )
+    pinlab.observe(
+        "even in a burst, a 1 KiB copy moved under 5% of the copy-loop peak's rate",
+        rate_1kib < 0.05 * peak_gbps,
+        value=f"{rate_1kib / peak_gbps:.1%}",
+        why=bw.WHY.slow_link_peak,
+    )
+    pinlab.show(
+        "what this run shows",
+        f"one 16 KiB copy took {kib16['burst_us']:.1f} µs in a burst, sixteen 1 KiB "
+        "copies "
+        f"{16 * kib1['burst_us']:.1f} µs: batching small copies into one "
+        + ("paid" if kib16["burst_us"] < 16 * kib1["burst_us"] else "did not pay")
+        + " here",
+    )
 
 # %% [markdown]
 # Below N½ a copy is mostly its fixed per-copy cost, above it mostly bytes moved at the link's
@@ -357,33 +469,63 @@ pinlab.table(cost.result, bw.PIN_COST_COLUMNS)
 
 # %%
 largest = max(cost.result, key=lambda r: r["bytes"])
-cold_allocs = [r["alloc_cold_host_allocs"] for r in cost.result]    # cudaHostAlloc calls per size
+# cudaHostAlloc calls per size
+cold_allocs = [r["alloc_cold_host_allocs"] for r in cost.result]
 warm_allocs = [r["alloc_warm_host_allocs"] for r in cost.result]
-pinlab.claim("every cold allocation called cudaHostAlloc", all(a >= 1 for a in cold_allocs), why=bw.WHY.cache_hit)
-pinlab.claim("no warm allocation called cudaHostAlloc", all(a == 0 for a in warm_allocs), why=bw.WHY.cache_hit)
+pinlab.claim(
+    "every cold allocation called cudaHostAlloc",
+    all(a >= 1 for a in cold_allocs),
+    why=bw.WHY.cache_hit,
+)
+pinlab.claim(
+    "no warm allocation called cudaHostAlloc",
+    all(a == 0 for a in warm_allocs),
+    why=bw.WHY.cache_hit,
+)
 warm_ms, cold_ms = largest["alloc_warm_ms"], largest["alloc_cold_ms"]
-warm_cheap = pinlab.observe(f"at {fmt_bytes(largest['bytes'])}, a warm allocation cost under 1% of a cold one",
-                            warm_ms < 0.01 * cold_ms, value=f"{pinlab.fmt_ms(warm_ms)} vs {pinlab.fmt_ms(cold_ms)}",
-                            why=bw.WHY.host_timing)
+warm_cheap = pinlab.observe(
+    f"at {fmt_bytes(largest['bytes'])}, a warm allocation cost under 1% of a cold one",
+    warm_ms < 0.01 * cold_ms,
+    value=f"{pinlab.fmt_ms(warm_ms)} vs {pinlab.fmt_ms(cold_ms)}",
+    why=bw.WHY.host_timing,
+)
 
 # %%
 r = next(r for r in cost.result if r["bytes"] == 256 * bw.MiB)
-labels = ["pageable H2D", "cold pin_memory() + H2D", "warm pin_memory() + H2D", "pinned H2D"]
-values = [r["h2d_pageable_ms"], r["pin_memory_cold_ms"] + r["h2d_pinned_ms"],
-          r["pin_memory_warm_ms"] + r["h2d_pinned_ms"], r["h2d_pinned_ms"]]
-bars(labels, values, ylabel="host ms until the data is on the GPU",
-     title=f"Moving {fmt_bytes(r['bytes'])} once ({cost.tag})", annotate="{:.1f}")
+labels = [
+    "pageable H2D",
+    "cold pin_memory() + H2D",
+    "warm pin_memory() + H2D",
+    "pinned H2D",
+]
+values = [
+    r["h2d_pageable_ms"],
+    r["pin_memory_cold_ms"] + r["h2d_pinned_ms"],
+    r["pin_memory_warm_ms"] + r["h2d_pinned_ms"],
+    r["h2d_pinned_ms"],
+]
+bars(
+    labels,
+    values,
+    ylabel="host ms until the data is on the GPU",
+    title=f"Moving {fmt_bytes(r['bytes'])} once ({cost.tag})",
+    annotate="{:.1f}",
+)
 plt.show()
 
 # %%
 one_off = r["pin_memory_cold_ms"] + r["h2d_pinned_ms"]
-pinlab.show(f"one-off {fmt_bytes(r['bytes'])}: cold pin + pinned copy vs pageable copy",
-            f"{one_off:.1f} ms vs {r['h2d_pageable_ms']:.1f} ms "
-            f"({'pinning loses' if one_off > r['h2d_pageable_ms'] else 'pinning wins'} here)")
+pinlab.show(
+    f"one-off {fmt_bytes(r['bytes'])}: cold pin + pinned copy vs pageable copy",
+    f"{one_off:.1f} ms vs {r['h2d_pageable_ms']:.1f} ms "
+    f"({'pinning loses' if one_off > r['h2d_pageable_ms'] else 'pinning wins'} here)",
+)
 reused = r["pin_memory_warm_ms"] + r["h2d_pinned_ms"]
-pinlab.show(f"reused buffer {fmt_bytes(r['bytes'])}: warm pin + pinned copy vs pageable copy",
-            f"{reused:.1f} ms vs {r['h2d_pageable_ms']:.1f} ms "
-            f"({'pinning loses' if reused > r['h2d_pageable_ms'] else 'pinning wins'} here)")
+pinlab.show(
+    f"reused buffer {fmt_bytes(r['bytes'])}: warm pin + pinned copy vs pageable copy",
+    f"{reused:.1f} ms vs {r['h2d_pageable_ms']:.1f} ms "
+    f"({'pinning loses' if reused > r['h2d_pageable_ms'] else 'pinning wins'} here)",
+)
 
 # %% [markdown]
 # Pinning pays when the pinned memory is **reused**: a warm block makes every later copy fast.
@@ -419,16 +561,30 @@ pinlab.show(f"reused buffer {fmt_bytes(r['bytes'])}: warm pin + pinned copy vs p
 # below hold.
 
 # %%
-rounding = pinlab.measure("01_rounding", bw.pinned_rounding, request_bytes=bw.ROUNDING_REQUEST)
+rounding = pinlab.measure(
+    "01_rounding", bw.pinned_rounding, request_bytes=bw.ROUNDING_REQUEST
+)
 rr = rounding.result
 req, got = rr["request_bytes"], rr["pinned_bytes_delta"]
 pinlab.show("requested / pinned", f"{fmt_bytes(req)} / {fmt_bytes(got)}")
 still_pinned = rr["held_after_free"] - rr["held_before"] == got
 released = rr["held_after_release"] == rr["held_before"]
-pinlab.claim("the request was rounded up to the next power of two", got == pinlab.next_pow2(req),
-             value=f"{req} bytes asked, {got} pinned", why=bw.WHY.rounding)
-pinlab.claim("after del, the block is still pinned (in the allocator's cache)", still_pinned, why=bw.WHY.rounding)
-pinlab.claim("after emptying the cache, it went back to the driver", released, why=bw.WHY.rounding)
+pinlab.claim(
+    "the request was rounded up to the next power of two",
+    got == pinlab.next_pow2(req),
+    value=f"{req} bytes asked, {got} pinned",
+    why=bw.WHY.rounding,
+)
+pinlab.claim(
+    "after del, the block is still pinned (in the allocator's cache)",
+    still_pinned,
+    why=bw.WHY.rounding,
+)
+pinlab.claim(
+    "after emptying the cache, it went back to the driver",
+    released,
+    why=bw.WHY.rounding,
+)
 
 # %% [markdown]
 # With the default settings, up to 2× the memory you asked for stays locked: vLLM users saw
@@ -471,49 +627,73 @@ pinlab.claim("after emptying the cache, it went back to the driver", released, w
 # of the two changed more on this machine.
 # </details>
 
+
 # %%
 def loader_to_gpu(pin_memory, num_workers, batches=48, nbytes=4 * bw.MiB, step_ms=2.0):
-    """Batches from a DataLoader to the GPU, one training step each: where the main thread spends its time."""
-    loader = DataLoader(bw.PageableBatches(batches, nbytes), batch_size=None,
-                        num_workers=num_workers, pin_memory=pin_memory)
+    """Batches from a DataLoader to the GPU, one training step each: where the main
+    thread spends its time."""
+    loader = DataLoader(
+        bw.PageableBatches(batches, nbytes),
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+    )
     dev = torch.empty(nbytes // 4, device="cuda")
-    allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731  (cudaHostAlloc calls)
+    # cudaHostAlloc calls so far
+    allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731
     allocs_before = allocs()
     next_ms, copy_ms, pinned, pin_thread = [], [], 0, False
-    it = iter(loader)                                   # the worker processes (and the pin thread) start
+    it = iter(loader)  # the worker processes (and the pin thread) start
     for n in range(batches):
         if n == 1:
-            t_first = time.perf_counter()               # from the second batch on: the steady state
+            t_first = time.perf_counter()  # from the second batch on: the steady state
         t0 = time.perf_counter()
-        x = next(it)                                    # the main thread gets the next batch
+        x = next(it)  # the main thread gets the next batch
         t1 = time.perf_counter()
-        dev.copy_(x, non_blocking=True)                 # what x.to("cuda", non_blocking=True) does
+        dev.copy_(x, non_blocking=True)  # what x.to("cuda", non_blocking=True) does
         t2 = time.perf_counter()
-        pinlab.gpu_busy(step_ms)                        # the training step on the GPU ...
-        torch.cuda.synchronize()                        # ... and loss.item(): the host waits for it
+        pinlab.gpu_busy(step_ms)  # the training step on the GPU ...
+        torch.cuda.synchronize()  # ... and loss.item(): the host waits for it
         next_ms.append((t1 - t0) * 1e3)
         copy_ms.append((t2 - t1) * 1e3)
         pinned += x.is_pinned()
-        pin_thread = pin_thread or any("pin_memory" in t.name for t in threading.enumerate())
+        pin_thread = pin_thread or any(
+            "pin_memory" in t.name for t in threading.enumerate()
+        )
     per_batch_ms = (time.perf_counter() - t_first) * 1e3 / (batches - 1)
     del it, loader
-    return {"pin_memory": pin_memory, "num_workers": num_workers, "batches": batches, "step_ms": step_ms,
-            "next_ms": statistics.median(next_ms[1:]), "copy_call_ms": statistics.median(copy_ms[1:]),
-            "per_batch_ms": per_batch_ms, "pinned_batches": pinned, "pin_thread": pin_thread,
-            "host_allocs": allocs() - allocs_before}
+    return {
+        "pin_memory": pin_memory,
+        "num_workers": num_workers,
+        "batches": batches,
+        "step_ms": step_ms,
+        "next_ms": statistics.median(next_ms[1:]),
+        "copy_call_ms": statistics.median(copy_ms[1:]),
+        "per_batch_ms": per_batch_ms,
+        "pinned_batches": pinned,
+        "pin_thread": pin_thread,
+        "host_allocs": allocs() - allocs_before,
+    }
 
 
 def loader_sweep(workers, batches=48, nbytes=4 * bw.MiB, step_ms=2.0):
     runs = []
     for w in workers:
         for pin in (False, True):
-            pinlab.release_cached_host_blocks()          # every run starts with an empty pinned cache
+            # every run starts with an empty pinned cache
+            pinlab.release_cached_host_blocks()
             runs.append(loader_to_gpu(pin, w, batches, nbytes, step_ms))
     return runs
 
 
-loaders = pinlab.measure("01_dataloader_pin", loader_sweep, workers=[0, 2], batches=48, nbytes=4 * bw.MiB,
-                         step_ms=2.0)
+loaders = pinlab.measure(
+    "01_dataloader_pin",
+    loader_sweep,
+    workers=[0, 2],
+    batches=48,
+    nbytes=4 * bw.MiB,
+    step_ms=2.0,
+)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(loaders.result, bw.LOADER_COLUMNS)
@@ -521,32 +701,65 @@ pinlab.table(loaders.result, bw.LOADER_COLUMNS)
 # %%
 by = {(r["num_workers"], r["pin_memory"]): r for r in loaders.result}
 for (w, pin), r in by.items():
-    pinlab.show(f"num_workers={w}, pin_memory={pin}: main thread per batch (next() + copy call), wall per batch",
-                f"{r['next_ms'] + r['copy_call_ms']:.3f} ms, {r['per_batch_ms']:.3f} ms (step {r['step_ms']} ms)")
+    pinlab.show(
+        f"num_workers={w}, pin_memory={pin}: main thread per batch (next() + copy "
+        "call), wall per batch",
+        f"{r['next_ms'] + r['copy_call_ms']:.3f} ms, {r['per_batch_ms']:.3f} ms (step "
+        f"{r['step_ms']} ms)",
+    )
 n = loaders.result[0]["batches"]
-pinlab.show(f"pin_memory=True: cudaHostAlloc calls during the {n} batches (num_workers 0, 2)",
-            f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']}")
+pinlab.show(
+    f"pin_memory=True: cudaHostAlloc calls during the {n} batches (num_workers 0, 2)",
+    f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']}",
+)
 all_pinned = all(by[(w, True)]["pinned_batches"] == n for w in (0, 2))
-none_pinned = all(by[(w, False)]["pinned_batches"] == 0 and by[(w, False)]["host_allocs"] == 0 for w in (0, 2))
+none_pinned = all(
+    by[(w, False)]["pinned_batches"] == 0 and by[(w, False)]["host_allocs"] == 0
+    for w in (0, 2)
+)
 blocks_reused = all(by[(w, True)]["host_allocs"] < n / 2 for w in (0, 2))
-pin_threads = [k for k, r in by.items() if r["pin_thread"]]     # the runs in which a pin-memory thread ran
-pinlab.claim("pin_memory=True: every batch arrived pinned (both num_workers)", all_pinned, why=bw.WHY.dataloader)
-pinlab.claim("pin_memory=False: no batch arrived pinned, and nothing was pinned", none_pinned, why=bw.WHY.dataloader)
-pinlab.claim("pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the batches)", blocks_reused,
-             value=f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']} calls for {n} batches",
-             why=bw.WHY.dataloader)
-pinlab.claim("a pin-memory thread ran only with num_workers=2 and pin_memory=True", pin_threads == [(2, True)],
-             why=bw.WHY.dataloader)
+# the runs in which a pin-memory thread ran
+pin_threads = [k for k, r in by.items() if r["pin_thread"]]
+pinlab.claim(
+    "pin_memory=True: every batch arrived pinned (both num_workers)",
+    all_pinned,
+    why=bw.WHY.dataloader,
+)
+pinlab.claim(
+    "pin_memory=False: no batch arrived pinned, and nothing was pinned",
+    none_pinned,
+    why=bw.WHY.dataloader,
+)
+pinlab.claim(
+    "pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the "
+    "batches)",
+    blocks_reused,
+    value=f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']} calls for "
+    f"{n} batches",
+    why=bw.WHY.dataloader,
+)
+pinlab.claim(
+    "a pin-memory thread ran only with num_workers=2 and pin_memory=True",
+    pin_threads == [(2, True)],
+    why=bw.WHY.dataloader,
+)
 nb0 = {pin: by[(0, pin)] for pin in (False, True)}
-copy_gain = pinlab.observe("num_workers=2: the copy call of a pinned batch took under half that of a pageable one",
-                           by[(2, True)]["copy_call_ms"] < 0.5 * by[(2, False)]["copy_call_ms"],
-                           value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs {by[(2, False)]['copy_call_ms']:.3f} ms",
-                           why=bw.WHY.cheap_staging)
-pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
-            f"next() {nb0[True]['next_ms'] - nb0[False]['next_ms']:+.3f} ms (it now copies the batch into pinned "
-            f"memory: {nb0[True]['host_allocs']} cudaHostAlloc calls for {n} batches, the rest reused cached "
-            f"blocks), copy call {nb0[True]['copy_call_ms'] - nb0[False]['copy_call_ms']:+.3f} ms (it no longer "
-            "stages it)")
+copy_gain = pinlab.observe(
+    "num_workers=2: the copy call of a pinned batch took under half that of a pageable "
+    "one",
+    by[(2, True)]["copy_call_ms"] < 0.5 * by[(2, False)]["copy_call_ms"],
+    value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs "
+    f"{by[(2, False)]['copy_call_ms']:.3f} ms",
+    why=bw.WHY.cheap_staging,
+)
+pinlab.show(
+    "num_workers=0: what pin_memory=True changed in the main thread",
+    f"next() {nb0[True]['next_ms'] - nb0[False]['next_ms']:+.3f} ms (it now copies the "
+    f"batch into pinned memory: {nb0[True]['host_allocs']} cudaHostAlloc calls for {n} "
+    "batches, the rest reused cached blocks), copy call "
+    f"{nb0[True]['copy_call_ms'] - nb0[False]['copy_call_ms']:+.3f} ms (it no longer "
+    "stages it)",
+)
 
 # %% [markdown]
 # Read the table column by column:
@@ -594,10 +807,12 @@ pinlab.show("num_workers=0: what pin_memory=True changed in the main thread",
 # here.
 # </details>
 
+
 # %%
 def pin_from_threads(tensors, threads):
-    """`t.pin_memory()` of every tensor from a pool of `threads` threads (0: the calling thread, no pool).
-    Returns the host ms until all are pinned, and the pinned tensors."""
+    """`t.pin_memory()` of every tensor from a pool of `threads` threads (0: the calling
+    thread, no pool). Returns the host ms until all are pinned, and the pinned tensors.
+    """
     t0 = time.perf_counter()
     if threads == 0:
         pinned = [t.pin_memory() for t in tensors]
@@ -608,20 +823,32 @@ def pin_from_threads(tensors, threads):
 
 
 def pin_scaling(count, nbytes, threads, rounds=3):
-    """Host ms to pin `count` tensors of `nbytes`, cold and warm, per pool size, and cudaHostAlloc calls."""
+    """Host ms to pin `count` tensors of `nbytes`, cold and warm, per pool size, and
+    cudaHostAlloc calls."""
     tensors = [torch.ones(nbytes // 4) for _ in range(count)]
-    allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731  (cudaHostAlloc calls)
-    rows = {t: {"threads": t, "cold_ms": [], "warm_ms": [], "cold_allocs": [], "warm_allocs": []} for t in threads}
-    for _ in range(rounds):                               # interleaved: every pool size once per round
+    # cudaHostAlloc calls so far
+    allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731
+    rows = {
+        t: {
+            "threads": t,
+            "cold_ms": [],
+            "warm_ms": [],
+            "cold_allocs": [],
+            "warm_allocs": [],
+        }
+        for t in threads
+    }
+    for _ in range(rounds):  # interleaved: every pool size once per round
         for t in threads:
-            pinlab.release_cached_host_blocks()           # cold: the cache is empty
+            pinlab.release_cached_host_blocks()  # cold: the cache is empty
             a0 = allocs()
             ms, pinned = pin_from_threads(tensors, t)
             rows[t]["cold_ms"].append(ms)
             rows[t]["cold_allocs"].append(allocs() - a0)
-            del pinned                                    # freed into the cache, still pinned
+            del pinned  # freed into the cache, still pinned
             a0 = allocs()
-            ms, pinned = pin_from_threads(tensors, t)     # warm: every block comes from the cache
+            # warm: every block comes from the cache
+            ms, pinned = pin_from_threads(tensors, t)
             rows[t]["warm_ms"].append(ms)
             rows[t]["warm_allocs"].append(allocs() - a0)
             del pinned
@@ -630,29 +857,53 @@ def pin_scaling(count, nbytes, threads, rounds=3):
 
 
 pin_count = 32
-threaded = pinlab.measure("01_pin_threads", pin_scaling, count=pin_count, nbytes=4 * bw.MiB, threads=bw.PIN_THREADS)
+threaded = pinlab.measure(
+    "01_pin_threads",
+    pin_scaling,
+    count=pin_count,
+    nbytes=4 * bw.MiB,
+    threads=bw.PIN_THREADS,
+)
 
 # %%
-bw.plot_pin_threads(threaded.result["rows"], title=f"Pinning 32 x 4 MiB from several threads ({threaded.tag})")
+bw.plot_pin_threads(
+    threaded.result["rows"],
+    title=f"Pinning 32 x 4 MiB from several threads ({threaded.tag})",
+)
 plt.show()
 
 # %%
 rows_t = threaded.result["rows"]
 pool = [t for t in bw.PIN_THREADS if t > 0]
-med = {(r["threads"], k): statistics.median(r[k]) for r in rows_t for k in ("cold_ms", "warm_ms")}
+med = {
+    (r["threads"], k): statistics.median(r[k])
+    for r in rows_t
+    for k in ("cold_ms", "warm_ms")
+}
 cold_up = bw.speedups({t: med[(t, "cold_ms")] for t in pool})
 warm_up = bw.speedups({t: med[(t, "warm_ms")] for t in pool})
 for kind, up in (("cold", cold_up), ("warm", warm_up)):
-    pinlab.show(f"{kind}, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a pool of one",
-                ", ".join(f"{up[t]:.1f}x" for t in pool[1:]))
+    pinlab.show(
+        f"{kind}, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a "
+        "pool of one",
+        ", ".join(f"{up[t]:.1f}x" for t in pool[1:]),
+    )
 best = min(pool, key=lambda t: med[(t, "warm_ms")])
-pinlab.show("warm, the main thread alone vs the best pool",
-            f"{med[(0, 'warm_ms')]:.1f} ms vs {med[(best, 'warm_ms')]:.1f} ms ({best} threads); torch's intra-op "
-            f"threads: {threaded.result['intra_op_threads']}")
-pinlab.claim("cold: every tensor cost exactly one cudaHostAlloc, whatever the number of threads",
-             all(a == pin_count for r in rows_t for a in r["cold_allocs"]), why=bw.WHY.cache_counts)
-pinlab.claim("warm: no cudaHostAlloc at all", all(a == 0 for r in rows_t for a in r["warm_allocs"]),
-             why=bw.WHY.cache_counts)
+pinlab.show(
+    "warm, the main thread alone vs the best pool",
+    f"{med[(0, 'warm_ms')]:.1f} ms vs {med[(best, 'warm_ms')]:.1f} ms ({best} "
+    f"threads); torch's intra-op threads: {threaded.result['intra_op_threads']}",
+)
+pinlab.claim(
+    "cold: every tensor cost exactly one cudaHostAlloc, whatever the number of threads",
+    all(a == pin_count for r in rows_t for a in r["cold_allocs"]),
+    why=bw.WHY.cache_counts,
+)
+pinlab.claim(
+    "warm: no cudaHostAlloc at all",
+    all(a == 0 for r in rows_t for a in r["warm_allocs"]),
+    why=bw.WHY.cache_counts,
+)
 
 # %% [markdown]
 # Read each line against its dotted line (perfect scaling from a pool of one):
@@ -718,13 +969,22 @@ for label, conf in bw.PINNING_CONFIGS.items():
 # </details>
 
 # %%
-knobs = pinlab.measure("01_pinning_knobs", bw.pinning_knobs, request_bytes=bw.KNOB_REQUEST)
+knobs = pinlab.measure(
+    "01_pinning_knobs", bw.pinning_knobs, request_bytes=bw.KNOB_REQUEST
+)
 
 # %% tags=["nbval-ignore-output"]
-knob_rows = [{"setting": r["setting"], "ms": f"{r['ms']:.0f}" if "ms" in r else "-",
-              "held": fmt_bytes(r["held_bytes"]) if "held_bytes" in r else "-",
-              "error": bw.unknown_alloc_key(r.get("error")) and "unknown setting" or r.get("error", "")}
-             for r in knobs["rows"]]
+knob_rows = [
+    {
+        "setting": r["setting"],
+        "ms": f"{r['ms']:.0f}" if "ms" in r else "-",
+        "held": fmt_bytes(r["held_bytes"]) if "held_bytes" in r else "-",
+        "error": bw.unknown_alloc_key(r.get("error"))
+        and "unknown setting"
+        or r.get("error", ""),
+    }
+    for r in knobs["rows"]
+]
 pinlab.table(knob_rows, bw.KNOB_COLUMNS)
 
 # %%
@@ -733,32 +993,62 @@ req = knobs["request_bytes"]
 for r in knobs["rows"]:
     key = bw.unknown_alloc_key(r.get("error"))
     if key:
-        since = f" (torch {bw.KNOB_SINCE[key]} and later do)" if key in bw.KNOB_SINCE else ""
-        what = f"refused: torch {knobs['torch']} does not know {key}{since}; nothing measured"
+        since = (
+            f" (torch {bw.KNOB_SINCE[key]} and later do)"
+            if key in bw.KNOB_SINCE
+            else ""
+        )
+        what = (
+            f"refused: torch {knobs['torch']} does not know {key}{since}; "
+            "nothing measured"
+        )
     elif "error" in r:
         what = f"failed: {r['error']}"
     else:
         rounded = r["held_bytes"] == pinlab.next_pow2(req)
-        what = (f"{r['ms']:.0f} ms, holds {fmt_bytes(r['held_bytes'])} for {fmt_bytes(req)} "
-                f"({'rounded up to a power of two' if rounded else 'not rounded up to a power of two'})")
+        what = (
+            f"{r['ms']:.0f} ms, holds {fmt_bytes(r['held_bytes'])} for "
+            f"{fmt_bytes(req)} "
+            f"({'' if rounded else 'not '}rounded up to a power of two)"
+        )
     pinlab.show(r["setting"], what)
 default = knob["default (cudaHostAlloc)"]
-default_rounded = default.get("pinned") is True and default.get("held_bytes") == pinlab.next_pow2(req)
-pinlab.claim("default setting: pinned, and held as the next power of two", default_rounded, value=default,
-             why=bw.WHY.default_rounds)
+default_rounded = default.get("pinned") is True and default.get(
+    "held_bytes"
+) == pinlab.next_pow2(req)
+pinlab.claim(
+    "default setting: pinned, and held as the next power of two",
+    default_rounded,
+    value=default,
+    why=bw.WHY.default_rounds,
+)
 reg1, reg8 = knob["cudaHostRegister, 1 thread"], knob["cudaHostRegister, 8 threads"]
 if "ms" in reg1 and "ms" in reg8:
     reg_up = reg1["ms"] / reg8["ms"]
-    pinlab.observe(f"{fmt_bytes(req)} pinned faster with 8 register threads than with 1", reg_up > 1,
-                   value=f"{reg_up:.2f}x", why=bw.WHY.register_threads)
-    pinlab.show("one block from 8 register threads, against the pool of 8 threads above (32 cold pins)",
-                f"{reg_up:.1f}x over one register thread; the pool: {cold_up[8]:.1f}x over a pool of one")
+    pinlab.observe(
+        f"{fmt_bytes(req)} pinned faster with 8 register threads than with 1",
+        reg_up > 1,
+        value=f"{reg_up:.2f}x",
+        why=bw.WHY.register_threads,
+    )
+    pinlab.show(
+        "one block from 8 register threads, against the pool of 8 threads above (32 "
+        "cold pins)",
+        f"{reg_up:.1f}x over one register thread; the pool: {cold_up[8]:.1f}x over a "
+        "pool of one",
+    )
     if "ms" in default:
         vs_alloc = default["ms"] / reg8["ms"]
-        pinlab.show("8 register threads against the default cudaHostAlloc",
-                    f"{vs_alloc:.2f}x ({'faster' if vs_alloc > 1 else 'not faster'} than the default here)")
+        pinlab.show(
+            "8 register threads against the default cudaHostAlloc",
+            f"{vs_alloc:.2f}x ({'faster' if vs_alloc > 1 else 'not faster'} than the "
+            "default here)",
+        )
 else:
-    pinlab.show("register threads", "this run has no timing of both register settings (an error above)")
+    pinlab.show(
+        "register threads",
+        "this run has no timing of both register settings (an error above)",
+    )
 
 # %% [markdown]
 # Read the lines above against the two earlier sections. **Threads**: `pinned_num_register_threads`
@@ -801,11 +1091,18 @@ else:
 # </details>
 
 # %%
-memlock = pinlab.measure("01_pinning_memlock", bw.pinning_under_memlock, limit_bytes=64 * bw.MiB,
-                         request_bytes=256 * bw.MiB)
+memlock = pinlab.measure(
+    "01_pinning_memlock",
+    bw.pinning_under_memlock,
+    limit_bytes=64 * bw.MiB,
+    request_bytes=256 * bw.MiB,
+)
 for r in memlock["rows"]:
-    pinlab.show(f"{fmt_bytes(memlock['request_bytes'])} under ulimit -l {fmt_bytes(memlock['limit_bytes'])}",
-                bw.memlock_sentence(r, memlock["limit_bytes"]))
+    pinlab.show(
+        f"{fmt_bytes(memlock['request_bytes'])} under ulimit -l "
+        f"{fmt_bytes(memlock['limit_bytes'])}",
+        bw.memlock_sentence(r, memlock["limit_bytes"]),
+    )
 
 # %% [markdown]
 # Whatever stops it, the program sees an exception from `torch.empty(..., pin_memory=True)` (or
@@ -814,21 +1111,32 @@ for r in memlock["rows"]:
 # buffer is now staged by the driver, slower, and a `non_blocking` copy from it may wait (lesson 02).
 # vLLM gates the same way, once, with `is_pin_memory_available()`.
 
+
 # %%
-def pin_or_fall_back(nbytes, pin=lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True)):
-    """A host buffer of nbytes for copies to the GPU: pinned if pinning works, else pageable, and a warning."""
+def pin_or_fall_back(
+    nbytes, pin=lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True)
+):
+    """A host buffer of nbytes for copies to the GPU: pinned if pinning works, else
+    pageable, and a warning."""
     try:
         return pin(nbytes)
-    except RuntimeError as exc:  # no accelerator, a memlock limit, WSL's pinned limit, the host out of memory
+    # no accelerator, a memlock limit, WSL's pinned limit, the host out of memory
+    except RuntimeError as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        warnings.warn(f"pinning {nbytes} bytes failed ({why}): falling back to pageable memory; copies from "
-                      "it are staged by the driver, slower, and a non_blocking copy may wait", stacklevel=2)
+        warnings.warn(
+            f"pinning {nbytes} bytes failed ({why}): falling back to pageable memory; "
+            "copies from it are staged by the driver, slower, and a non_blocking copy "
+            "may wait",
+            stacklevel=2,
+        )
         return torch.empty(nbytes, dtype=torch.uint8)
+
 
 # %% [markdown]
 # Below, the function runs twice: once as this machine pins (on a GPU it pins; without one it falls
 # back), and once with a pinning call that fails on purpose: a **simulated** failure, raising the
 # error a full host gives, so that the fallback runs on every machine.
+
 
 # %%
 def simulated_failure(nbytes):
@@ -837,18 +1145,35 @@ def simulated_failure(nbytes):
 
 with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter("always")
-    here = pin_or_fall_back(bw.MiB)                               # this machine's pinning
+    here = pin_or_fall_back(bw.MiB)  # this machine's pinning
     n_real = len(said)
-    fallback = pin_or_fall_back(bw.MiB, pin=simulated_failure)    # a failure, simulated
-pinlab.show("pinning 1 MiB here", "pinned" if here.is_pinned() else f"fell back: {said[0].message}")
+    fallback = pin_or_fall_back(bw.MiB, pin=simulated_failure)  # a failure, simulated
+pinlab.show(
+    "pinning 1 MiB here",
+    "pinned" if here.is_pinned() else f"fell back: {said[0].message}",
+)
 print("simulated failure: a buffer came back:", fallback.numel() == bw.MiB)
-print("simulated failure: it is pageable, and the program said so:",
-      not fallback.is_pinned() and len(said) == n_real + 1 and "(simulated)" in str(said[-1].message))
-pinlab.claim("the fallback returned a pageable buffer of the size asked for",
-             fallback.numel() == bw.MiB and not fallback.is_pinned(), why=bw.WHY.fallback)
-pinlab.claim("it warned, naming the error", "(simulated)" in str(said[-1].message), why=bw.WHY.fallback)
-pinlab.claim("without the failure, the buffer is pinned exactly where CUDA is available",
-             here.is_pinned() == PIN_MEMORY, why=bw.WHY.fallback)
+print(
+    "simulated failure: it is pageable, and the program said so:",
+    not fallback.is_pinned()
+    and len(said) == n_real + 1
+    and "(simulated)" in str(said[-1].message),
+)
+pinlab.claim(
+    "the fallback returned a pageable buffer of the size asked for",
+    fallback.numel() == bw.MiB and not fallback.is_pinned(),
+    why=bw.WHY.fallback,
+)
+pinlab.claim(
+    "it warned, naming the error",
+    "(simulated)" in str(said[-1].message),
+    why=bw.WHY.fallback,
+)
+pinlab.claim(
+    "without the failure, the buffer is pinned exactly where CUDA is available",
+    here.is_pinned() == PIN_MEMORY,
+    why=bw.WHY.fallback,
+)
 del here, fallback
 
 # %% [markdown]
@@ -878,8 +1203,12 @@ del here, fallback
 # </details>
 
 # %%
-pm = pinlab.replay.measure_if_recorded("01_pageable_vs_memcpy", bw.pageable_and_memcpy,
-                                       sizes=[16 * bw.MiB, 64 * bw.MiB, 256 * bw.MiB], reps=9)
+pm = pinlab.replay.measure_if_recorded(
+    "01_pageable_vs_memcpy",
+    bw.pageable_and_memcpy,
+    sizes=[16 * bw.MiB, 64 * bw.MiB, 256 * bw.MiB],
+    reps=9,
+)
 
 # %% tags=["nbval-ignore-output"]
 if pm is not None:
@@ -891,9 +1220,12 @@ if pm is not None:
         pinlab.show("pageable H2D against the host's memcpy", bw.pageable_sentence(r))
     pinlab.show("what this run shows", bw.pageable_summary(pm.result))
     first, last = pm.result[0], pm.result[-1]
-    pinlab.show("pageable H2D, largest size against smallest",
-                f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate ({fmt_bytes(last['bytes'])} vs "
-                f"{fmt_bytes(first['bytes'])}); pageable D2H {last['d2h_gbps'] / first['d2h_gbps']:.2f}x")
+    pinlab.show(
+        "pageable H2D, largest size against smallest",
+        f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate "
+        f"({fmt_bytes(last['bytes'])} vs {fmt_bytes(first['bytes'])}); pageable D2H "
+        f"{last['d2h_gbps'] / first['d2h_gbps']:.2f}x",
+    )
 
 # %% [markdown]
 # Read the sentences per size: where pageable H2D comes close to one thread's `memcpy`, the
@@ -935,8 +1267,11 @@ pinlab.show("NUMA", bw.numa_sentence(numa["nodes"], numa["gpu_node"]))
 
 # %%
 del buf
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # ## What to remember

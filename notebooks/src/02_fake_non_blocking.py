@@ -26,9 +26,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import statistics
@@ -85,15 +87,17 @@ pinned_at_start = pinlab.pinned_baseline()
 # This is the whole experiment: make the GPU busy, time one `copy_(..., non_blocking=True)` on the
 # host, synchronize. Copy it into your own code to test a copy you are unsure of.
 
+
 # %%
 def copy_returns_or_waits(dst, src, busy_ms):
-    """Host ms spent inside one dst.copy_(src, non_blocking=True) issued behind busy_ms of GPU work."""
-    torch.cuda.synchronize()             # start from an idle GPU: nothing queued, nothing staged
-    pinlab.gpu_busy(busy_ms)             # queue busy_ms of GPU work; this call returns at once
+    """Host ms spent inside one dst.copy_(src, non_blocking=True) issued behind busy_ms
+    of GPU work."""
+    torch.cuda.synchronize()  # start from an idle GPU: nothing queued, nothing staged
+    pinlab.gpu_busy(busy_ms)  # queue busy_ms of GPU work; this call returns at once
     t0 = time.perf_counter()
-    dst.copy_(src, non_blocking=True)    # enqueue the copy behind it ... or wait
+    dst.copy_(src, non_blocking=True)  # enqueue the copy behind it ... or wait
     host_ms = (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()             # let the GPU finish before the next try
+    torch.cuda.synchronize()  # let the GPU finish before the next try
     return host_ms
 
 
@@ -114,8 +118,15 @@ def copy_returns_or_waits(dst, src, busy_ms):
 # times `src.to("cuda", non_blocking=True)` the same way. It takes a few seconds on a GPU.
 
 # %%
-sweep = pinlab.measure("02_single_copy", partial(stalls.single_copy_sweep, copy_returns_or_waits),
-                       sizes=stalls.SWEEP_SIZES, busy_ms=10.0, repeat=3, bench_bytes=8 * MiB, bench_repeat=30)
+sweep = pinlab.measure(
+    "02_single_copy",
+    partial(stalls.single_copy_sweep, copy_returns_or_waits),
+    sizes=stalls.SWEEP_SIZES,
+    busy_ms=10.0,
+    repeat=3,
+    bench_bytes=8 * MiB,
+    bench_repeat=30,
+)
 busy_ms, rows = sweep["busy_ms"], sweep["rows"]
 sizes = [r["bytes"] for r in rows]
 
@@ -127,37 +138,82 @@ pinlab.table(rows, stalls.SWEEP_COLUMNS)
 # copy waited (`stalls.first_waiting_size`), so one stray slow measurement cannot fool us.
 
 # %%
-first_wait = stalls.first_waiting_size(sizes, [r["copy_pageable_ms"] for r in rows], busy_ms / 2)
-series = {k.replace("_ms", "").replace("_", " "): [r[k] for r in rows]
-          for k in ("copy_pageable_ms", "to_pageable_ms", "copy_pinned_ms", "to_pinned_ms")}
-size_sweep(sizes, series, ylabel="host ms inside the call", hline=(busy_ms, "GPU busy time"),
-           vline=(first_wait, "every copy from here on waited") if first_wait else None,
-           title=f"One non_blocking H2D call behind a busy GPU ({sweep.tag})")
+first_wait = stalls.first_waiting_size(
+    sizes, [r["copy_pageable_ms"] for r in rows], busy_ms / 2
+)
+series = {
+    k.replace("_ms", "").replace("_", " "): [r[k] for r in rows]
+    for k in ("copy_pageable_ms", "to_pageable_ms", "copy_pinned_ms", "to_pinned_ms")
+}
+size_sweep(
+    sizes,
+    series,
+    ylabel="host ms inside the call",
+    hline=(busy_ms, "GPU busy time"),
+    vline=(first_wait, "every copy from here on waited") if first_wait else None,
+    title=f"One non_blocking H2D call behind a busy GPU ({sweep.tag})",
+)
 plt.show()
-pinned_quick = not stalls.waited(max(series["copy pinned"] + series["to pinned"]), busy_ms)
-pinlab.show("takeaway", ("every pinned call returned at once" if pinned_quick else "a pinned call waited")
-            + (f"; pageable copy_ waited from {fmt_bytes(first_wait)} on" if first_wait else "; no pageable copy_ waited"))
+pinned_quick = not stalls.waited(
+    max(series["copy pinned"] + series["to pinned"]), busy_ms
+)
+pinlab.show(
+    "takeaway",
+    ("every pinned call returned at once" if pinned_quick else "a pinned call waited")
+    + (
+        f"; pageable copy_ waited from {fmt_bytes(first_wait)} on"
+        if first_wait
+        else "; no pageable copy_ waited"
+    ),
+)
 
 # %%
 quick = [s for s in sizes if first_wait is None or s < first_wait]
-first_wait_to = stalls.first_waiting_size(sizes, [r["to_pageable_ms"] for r in rows], busy_ms / 2)
-pinlab.show("pageable copy_: largest size that returned at once", fmt_bytes(max(quick)) if quick else "none")
-pinlab.show("pageable copy_: first size from which every copy waited", fmt_bytes(first_wait) if first_wait else "none")
-pinlab.show("pageable .to: first size from which every call waited", fmt_bytes(first_wait_to) if first_wait_to else "none")
+first_wait_to = stalls.first_waiting_size(
+    sizes, [r["to_pageable_ms"] for r in rows], busy_ms / 2
+)
+pinlab.show(
+    "pageable copy_: largest size that returned at once",
+    fmt_bytes(max(quick)) if quick else "none",
+)
+pinlab.show(
+    "pageable copy_: first size from which every copy waited",
+    fmt_bytes(first_wait) if first_wait else "none",
+)
+pinlab.show(
+    "pageable .to: first size from which every call waited",
+    fmt_bytes(first_wait_to) if first_wait_to else "none",
+)
 
 # %%
 by_size = {r["bytes"]: r for r in rows}
 slowest_pinned = max(r[k] for r in rows for k in ("copy_pinned_ms", "to_pinned_ms"))
-pinlab.claim("every pinned copy_ and .to returned at once", not stalls.waited(slowest_pinned, busy_ms),
-             value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} behind {busy_ms:g} ms of GPU work",
-             why=stalls.WHY.pinned_enqueued)
+pinlab.claim(
+    "every pinned copy_ and .to returned at once",
+    not stalls.waited(slowest_pinned, busy_ms),
+    value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} behind {busy_ms:g} "
+    "ms of GPU work",
+    why=stalls.WHY.pinned_enqueued,
+)
 big = by_size[64 * MiB]
-big_both = stalls.waited(big["copy_pageable_ms"], busy_ms) and stalls.waited(big["to_pageable_ms"], busy_ms)
-big_waited = pinlab.observe("a 64 MiB pageable copy_ and .to waited for the GPU", big_both, why=stalls.WHY.stage_size,
-                            value=", ".join(pinlab.fmt_ms(big[k]) for k in ("copy_pageable_ms", "to_pageable_ms")))
+big_both = stalls.waited(big["copy_pageable_ms"], busy_ms) and stalls.waited(
+    big["to_pageable_ms"], busy_ms
+)
+big_waited = pinlab.observe(
+    "a 64 MiB pageable copy_ and .to waited for the GPU",
+    big_both,
+    why=stalls.WHY.stage_size,
+    value=", ".join(
+        pinlab.fmt_ms(big[k]) for k in ("copy_pageable_ms", "to_pageable_ms")
+    ),
+)
 small_ms = by_size[256]["copy_pageable_ms"]
-small_returned = pinlab.observe("a 256 B pageable copy_ returned at once", not stalls.waited(small_ms, busy_ms),
-                                value=pinlab.fmt_ms(small_ms), why=stalls.WHY.stage_small)
+small_returned = pinlab.observe(
+    "a 256 B pageable copy_ returned at once",
+    not stalls.waited(small_ms, busy_ms),
+    value=pinlab.fmt_ms(small_ms),
+    why=stalls.WHY.stage_small,
+)
 
 # %% [markdown]
 # Read the plot from the left: the copies that returned, pageable and pinned, each cost the host
@@ -171,21 +227,35 @@ tiny = [r for r in rows if r["bytes"] <= 32 * KiB]
 pag_tiny = [r["copy_pageable_ms"] for r in tiny]
 pin_tiny = [r["copy_pinned_ms"] for r in tiny]
 span = f"{fmt_bytes(tiny[0]['bytes'])} to {fmt_bytes(tiny[-1]['bytes'])}"
-pinlab.show(f"host cost of one copy_, {span}: pageable / pinned",
-            f"{pinlab.fmt_ms(min(pag_tiny))}-{pinlab.fmt_ms(max(pag_tiny))} / "
-            f"{pinlab.fmt_ms(min(pin_tiny))}-{pinlab.fmt_ms(max(pin_tiny))}")
+pinlab.show(
+    f"host cost of one copy_, {span}: pageable / pinned",
+    f"{pinlab.fmt_ms(min(pag_tiny))}-{pinlab.fmt_ms(max(pag_tiny))} / "
+    f"{pinlab.fmt_ms(min(pin_tiny))}-{pinlab.fmt_ms(max(pin_tiny))}",
+)
 flat = max(pag_tiny) <= 2 * min(pag_tiny)
 pinned_alike = statistics.median(pin_tiny) >= statistics.median(pag_tiny) / 2
-words = (f"from {span} a pageable copy's host cost stayed within 2x whatever its size: a cost per call"
-         + (", which pinned copies paid too" if pinned_alike else "") if flat
-         else f"from {span} the host cost of a pageable copy varied more than 2x")
+words = (
+    f"from {span} a pageable copy's host cost stayed within 2x whatever its size: a "
+    "cost per call" + (", which pinned copies paid too" if pinned_alike else "")
+    if flat
+    else f"from {span} the host cost of a pageable copy varied more than 2x"
+)
 if quick and max(quick) > tiny[-1]["bytes"]:
     top_quick = by_size[max(quick)]["copy_pageable_ms"]
-    pinlab.report(f"host cost of the largest pageable copy_ that returned ({fmt_bytes(max(quick))})", top_quick)
+    pinlab.report(
+        "host cost of the largest pageable copy_ that returned "
+        f"({fmt_bytes(max(quick))})",
+        top_quick,
+    )
     growth = top_quick / statistics.median(pag_tiny)
-    words += (f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost {growth:.1f}x as much: the "
-              "driver's memcpy into staging, which grows with the bytes" if growth > 2
-              else f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost about as much")
+    words += (
+        f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost "
+        f"{growth:.1f}x as much: the driver's memcpy into staging, which grows with "
+        "the bytes"
+        if growth > 2
+        else f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost about "
+        "as much"
+    )
 parts = words.split("; ")  # one line per clause, to keep each line short
 for i, part in enumerate(parts, 1):
     pinlab.show(f"what this run shows ({i}/{len(parts)})", part)
@@ -208,16 +278,34 @@ for i, part in enumerate(parts, 1):
 # %%
 bench = sweep["bench"]
 size = fmt_bytes(bench["bytes"])
-loop_ms, pageable_ms = bench["copy_pinned_in_loop"]["median"], bench["copy_pageable"]["median"]
-pinlab.report(f"pinned copy_ of {size} behind a busy GPU, per call in a loop (median)", loop_ms)
-pinlab.report(f"pinned copy_ of {size}, a single call right after a sync (median)", bench["copy_pinned"]["median"])
-pinlab.report(f"pinned .to of {size}, a single call right after a sync (median)", bench["to_pinned"]["median"])
+loop_ms, pageable_ms = (
+    bench["copy_pinned_in_loop"]["median"],
+    bench["copy_pageable"]["median"],
+)
+pinlab.report(
+    f"pinned copy_ of {size} behind a busy GPU, per call in a loop (median)", loop_ms
+)
+pinlab.report(
+    f"pinned copy_ of {size}, a single call right after a sync (median)",
+    bench["copy_pinned"]["median"],
+)
+pinlab.report(
+    f"pinned .to of {size}, a single call right after a sync (median)",
+    bench["to_pinned"]["median"],
+)
 pinlab.report(f"pageable copy_ of {size} behind a busy GPU (median)", pageable_ms)
 single_ms = bench["copy_pinned"]["median"]
-pinlab.show(f"pinned copy_ of {size}: a single call after a sync / a call in a loop", f"{single_ms / loop_ms:.2f}x")
+pinlab.show(
+    f"pinned copy_ of {size}: a single call after a sync / a call in a loop",
+    f"{single_ms / loop_ms:.2f}x",
+)
 pinned_cheap = pinlab.observe(
-    f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times less than a pageable one",
-    pageable_ms >= 100 * loop_ms, value=f"{pageable_ms / loop_ms:.0f}x", why=stalls.WHY.staged_costs)
+    f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times "
+    "less than a pageable one",
+    pageable_ms >= 100 * loop_ms,
+    value=f"{pageable_ms / loop_ms:.0f}x",
+    why=stalls.WHY.staged_costs,
+)
 
 # %% [markdown]
 # Compare the two pinned copy_ lines above: the same call, issued two ways, need not cost the same
@@ -246,48 +334,93 @@ pinned_cheap = pinlab.observe(
 # and times each copy; 3 trials each. It then checks that every byte arrived.
 
 # %%
-pool = pinlab.measure("02_staging_pool", stalls.staging_pool, chunks=[16 * KiB, 64 * KiB],
-                      total_bytes=16 * MiB, busy_ms=50.0, trials=3)
+pool = pinlab.measure(
+    "02_staging_pool",
+    stalls.staging_pool,
+    chunks=[16 * KiB, 64 * KiB],
+    total_bytes=16 * MiB,
+    busy_ms=50.0,
+    trials=3,
+)
 limit = pool["busy_ms"] / 2
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))
 for run in pool["runs"]:
     host_ms = run["trials"][0]["host_ms"]
-    ax.plot(range(1, len(host_ms) + 1), stalls.cumulative(host_ms), label=f"{fmt_bytes(run['chunk'])} copies")
+    ax.plot(
+        range(1, len(host_ms) + 1),
+        stalls.cumulative(host_ms),
+        label=f"{fmt_bytes(run['chunk'])} copies",
+    )
 ax.axhline(pool["busy_ms"], ls="--", c="grey", lw=1, label="GPU busy time")
-ax.set(xscale="log", yscale="log", xlabel="copies queued", ylabel="host ms, cumulative",
-       title=f"Small pageable copies queued behind a busy GPU ({pool.tag})")
+ax.set(
+    xscale="log",
+    yscale="log",
+    xlabel="copies queued",
+    ylabel="host ms, cumulative",
+    title=f"Small pageable copies queued behind a busy GPU ({pool.tag})",
+)
 ax.grid(True, which="both", alpha=0.3)
 ax.legend()
 plt.show()
-blocked_at = [a for run in pool["runs"] for t in run["trials"]
-              if (a := stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit)) is not None]
-pinlab.show("takeaway", f"the host first blocked once {fmt_bytes(statistics.median(blocked_at))} of copies were "
-            "queued (median of all trials)" if blocked_at else "the host never blocked: the driver staged every copy")
+blocked_at = [
+    a
+    for run in pool["runs"]
+    for t in run["trials"]
+    if (a := stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit))
+    is not None
+]
+pinlab.show(
+    "takeaway",
+    f"the host first blocked once {fmt_bytes(statistics.median(blocked_at))} of copies "
+    "were queued (median of all trials)"
+    if blocked_at
+    else "the host never blocked: the driver staged every copy",
+)
 
 # %%
-pending = {run["chunk"]: [stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit) for t in run["trials"]]
-           for run in pool["runs"]}
+pending = {
+    run["chunk"]: [
+        stalls.pending_bytes_at_block(t["host_ms"], run["chunk"], limit)
+        for t in run["trials"]
+    ]
+    for run in pool["runs"]
+}
 for chunk, at in pending.items():
-    pinlab.show(f"{fmt_bytes(chunk)} copies: bytes queued at the first block, per trial",
-                ", ".join(fmt_bytes(a) if a is not None else "never" for a in at))
-    pinlab.show(f"{fmt_bytes(chunk)} copies: copies queued at the first block, per trial",
-                ", ".join(str(a // chunk) if a is not None else "never" for a in at))
+    pinlab.show(
+        f"{fmt_bytes(chunk)} copies: bytes queued at the first block, per trial",
+        ", ".join(fmt_bytes(a) if a is not None else "never" for a in at),
+    )
+    pinlab.show(
+        f"{fmt_bytes(chunk)} copies: copies queued at the first block, per trial",
+        ", ".join(str(a // chunk) if a is not None else "never" for a in at),
+    )
 
 # %%
 every = [a for at in pending.values() for a in at]
 intact = all(t["data_ok"] for run in pool["runs"] for t in run["trials"])
 pinlab.claim("every queued copy arrived intact", intact, why=stalls.WHY.staged_intact)
-pool_seen = pinlab.observe("in every trial, the host blocked after at least 1 MiB had been queued",
-                           all(a is not None and a >= MiB for a in every), why=stalls.WHY.pool_size,
-                           value=", ".join(fmt_bytes(a) if a is not None else "never" for a in every))
-counts = {chunk: [a // chunk for a in at if a is not None] for chunk, at in pending.items()}
+pool_seen = pinlab.observe(
+    "in every trial, the host blocked after at least 1 MiB had been queued",
+    all(a is not None and a >= MiB for a in every),
+    why=stalls.WHY.pool_size,
+    value=", ".join(fmt_bytes(a) if a is not None else "never" for a in every),
+)
+counts = {
+    chunk: [a // chunk for a in at if a is not None] for chunk, at in pending.items()
+}
 if all(counts.values()) and len(counts) == 2:
     (c1, n1), (c2, n2) = ((c, statistics.median(n)) for c, n in sorted(counts.items()))
-    pinlab.show("what this run shows", f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies queued as "
-                f"the {fmt_bytes(c2)} ones before the host blocked")
-    pinlab.show("how to read it", f"{c2 // c1}x would mean a pool counted in bytes, 1x one counted in copies")
+    pinlab.show(
+        "what this run shows",
+        f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies queued as the "
+        f"{fmt_bytes(c2)} ones before the host blocked",
+    )
+    pinlab.show(
+        "how to read it",
+        f"{c2 // c1}x would mean a pool counted in bytes, 1x one counted in copies",
+    )
 
 # %% [markdown]
 # On a CUDA GPU over PCIe each curve rises slowly, then jumps by about the busy time: that copy
@@ -299,11 +432,20 @@ if all(counts.values()) and len(counts) == 2:
 # **Two limits, then.** Side by side, from this run's two experiments:
 
 # %%
-pending_median = statistics.median(a for a in every if a is not None) if any(a is not None for a in every) else None
-pinlab.show("limit 1, per copy: the largest lone pageable copy that returned at once",
-            fmt_bytes(max(quick)) if quick else "none")
-pinlab.show("limit 2, pending bytes: small copies queued before the host blocked (median of trials)",
-            fmt_bytes(pending_median) if pending_median is not None else "never")
+pending_median = (
+    statistics.median(a for a in every if a is not None)
+    if any(a is not None for a in every)
+    else None
+)
+pinlab.show(
+    "limit 1, per copy: the largest lone pageable copy that returned at once",
+    fmt_bytes(max(quick)) if quick else "none",
+)
+pinlab.show(
+    "limit 2, pending bytes: small copies queued before the host blocked (median of "
+    "trials)",
+    fmt_bytes(pending_median) if pending_median is not None else "never",
+)
 
 # %% [markdown]
 # A single copy above the first limit waits even into an empty pool; many small copies, each far
@@ -334,20 +476,22 @@ pinlab.show("limit 2, pending bytes: small copies queued before the host blocked
 # copy it back with `non_blocking=True`, read the buffer at once, then again after waiting for
 # *that copy*: an event recorded right after it, on the same stream.
 
+
 # %%
 def copy_back(host_buf, gpu_t, value, busy_ms):
-    """Host ms inside host_buf.copy_(gpu_t, non_blocking=True), and host_buf read before / after waiting."""
+    """Host ms inside host_buf.copy_(gpu_t, non_blocking=True), and host_buf read before
+    / after waiting."""
     host_buf.fill_(-1.0)
     torch.cuda.synchronize()
     pinlab.gpu_busy(busy_ms)
-    gpu_t.fill_(value)                           # runs on the GPU, after the busy kernel
+    gpu_t.fill_(value)  # runs on the GPU, after the busy kernel
     t0 = time.perf_counter()
     host_buf.copy_(gpu_t, non_blocking=True)
     host_ms = (time.perf_counter() - t0) * 1e3
-    before = host_buf.clone()                    # what a reader who does not wait sees
+    before = host_buf.clone()  # what a reader who does not wait sees
     done = torch.cuda.Event()
-    done.record()                                # after the copy, on the same stream
-    done.synchronize()                           # the fix: wait for that copy, and nothing later
+    done.record()  # after the copy, on the same stream
+    done.synchronize()  # the fix: wait for that copy, and nothing later
     return host_ms, before, host_buf.clone()
 
 
@@ -357,20 +501,50 @@ def copy_back(host_buf, gpu_t, value, busy_ms):
 # trial.
 
 # %%
-d2h = pinlab.measure("02_d2h", partial(stalls.d2h_visibility, copy_back), nbytes=64 * KiB, busy_ms=20.0, trials=5)
-into_pageable, into_pinned, to_cpu = ({r["variant"]: r for r in d2h["variants"]}[v] for v in stalls.D2H_VARIANTS)
+d2h = pinlab.measure(
+    "02_d2h",
+    partial(stalls.d2h_visibility, copy_back),
+    nbytes=64 * KiB,
+    busy_ms=20.0,
+    trials=5,
+)
+into_pageable, into_pinned, to_cpu = (
+    {r["variant"]: r for r in d2h["variants"]}[v] for v in stalls.D2H_VARIANTS
+)
 for r in d2h["variants"]:
-    pinlab.report(f"{r['variant']}: host time inside the call (median)", statistics.median(r["host_ms"]))
+    pinlab.report(
+        f"{r['variant']}: host time inside the call (median)",
+        statistics.median(r["host_ms"]),
+    )
 
 # %%
-pageable_waited = all(stalls.waited(t, d2h["busy_ms"]) for t in into_pageable["host_ms"])
-pinned_returned = not any(stalls.waited(t, d2h["busy_ms"]) for t in into_pinned["host_ms"])
-pinlab.claim("copy_ into pageable memory waited for the GPU every time", pageable_waited, why=stalls.WHY.d2h_pageable)
-pinlab.claim("... and its data was right without a sync", all(into_pageable["valid_before_sync"]), why=stalls.WHY.done)
-pinlab.claim("copy_ into pinned memory returned at once every time", pinned_returned, why=stalls.WHY.d2h_pinned,
-             value=", ".join(pinlab.fmt_ms(t) for t in into_pinned["host_ms"]))
-pinlab.claim("... and read before synchronizing, its data was wrong every time",
-             not any(into_pinned["valid_before_sync"]), why=stalls.WHY.d2h_stale)
+pageable_waited = all(
+    stalls.waited(t, d2h["busy_ms"]) for t in into_pageable["host_ms"]
+)
+pinned_returned = not any(
+    stalls.waited(t, d2h["busy_ms"]) for t in into_pinned["host_ms"]
+)
+pinlab.claim(
+    "copy_ into pageable memory waited for the GPU every time",
+    pageable_waited,
+    why=stalls.WHY.d2h_pageable,
+)
+pinlab.claim(
+    "... and its data was right without a sync",
+    all(into_pageable["valid_before_sync"]),
+    why=stalls.WHY.done,
+)
+pinlab.claim(
+    "copy_ into pinned memory returned at once every time",
+    pinned_returned,
+    why=stalls.WHY.d2h_pinned,
+    value=", ".join(pinlab.fmt_ms(t) for t in into_pinned["host_ms"]),
+)
+pinlab.claim(
+    "... and read before synchronizing, its data was wrong every time",
+    not any(into_pinned["valid_before_sync"]),
+    why=stalls.WHY.d2h_stale,
+)
 
 # %% [markdown]
 # What did the host read? The first four values of the pinned buffer, right after the call and
@@ -380,7 +554,11 @@ pinlab.claim("... and read before synchronizing, its data was wrong every time",
 print("read right after the call:    ", into_pinned["head_before"])
 print("expected:                     ", into_pinned["expected_head"])
 print("read after done.synchronize():", into_pinned["head_after"])
-pinlab.claim("correct after synchronizing, every time", all(into_pinned["valid_after_sync"]), why=stalls.WHY.event)
+pinlab.claim(
+    "correct after synchronizing, every time",
+    all(into_pinned["valid_after_sync"]),
+    why=stalls.WHY.event,
+)
 
 # %% [markdown]
 # The fix is the end of `copy_back`: record an event right after the copy and `synchronize()` the
@@ -391,9 +569,17 @@ pinlab.claim("correct after synchronizing, every time", all(into_pinned["valid_a
 # %%
 to_cpu_quick = not any(stalls.waited(t, d2h["busy_ms"]) for t in to_cpu["host_ms"])
 stale_first = not any(to_cpu["valid_before_sync"]) and all(to_cpu["valid_after_sync"])
-pinlab.claim(".to('cpu', non_blocking=True) returned at once every time", to_cpu_quick, why=stalls.WHY.to_cpu)
+pinlab.claim(
+    ".to('cpu', non_blocking=True) returned at once every time",
+    to_cpu_quick,
+    why=stalls.WHY.to_cpu,
+)
 pinlab.claim("... its result is pinned", to_cpu["result_pinned"], why=stalls.WHY.to_cpu)
-pinlab.claim("... wrong before synchronizing, right after torch.cuda.synchronize()", stale_first, why=stalls.WHY.to_cpu)
+pinlab.claim(
+    "... wrong before synchronizing, right after torch.cuda.synchronize()",
+    stale_first,
+    why=stalls.WHY.to_cpu,
+)
 
 # %% [markdown]
 # ## 4. Other hidden syncs
@@ -436,31 +622,66 @@ pinlab.claim("... wrong before synchronizing, right after torch.cuda.synchronize
 # </details>
 
 # %%
-hs = pinlab.measure("02_hidden_syncs", stalls.hidden_syncs, busy_ms=20.0, repeat=3, list_len=4096,
-                    view_bytes=8 * MiB)
+hs = pinlab.measure(
+    "02_hidden_syncs",
+    stalls.hidden_syncs,
+    busy_ms=20.0,
+    repeat=3,
+    list_len=4096,
+    view_bytes=8 * MiB,
+)
 row = {r["key"]: r for r in hs["rows"]}
 
 # %% tags=["nbval-ignore-output"]
 ms = pinlab.fmt_ms
-for r in hs["rows"]:  # one operation per two lines (its name is long): host blocked?, host ms GPU busy / idle
-    print(f"{r['op']}\n    host blocked: {r['blocked']!s:5}   host, GPU busy: {ms(r['host_ms']):>9}   "
-          f"host, GPU idle: {ms(r['idle_ms']):>9}")
+# one operation per two lines (its name is long): host blocked?, host ms GPU busy / idle
+for r in hs["rows"]:
+    print(
+        f"{r['op']}\n    host blocked: {r['blocked']!s:5}   host, GPU busy: "
+        f"{ms(r['host_ms']):>9}   host, GPU idle: {ms(r['idle_ms']):>9}"
+    )
 
 # %%
 blocked = {key: r["blocked"] for key, r in row.items()}
-pinlab.claim("torch.tensor(list, device='cuda') blocked", blocked["tensor_list"], why=stalls.WHY.hidden)
-pinlab.claim("copy_ from the dense view x.t() into a GPU tensor of the same layout did not block",
-             not blocked["permuted_same_layout"], why=stalls.WHY.hidden)
-pinlab.claim("copy_ from a contiguous pinned tensor did not block", not blocked["contig_pinned"], why=stalls.WHY.hidden)
-pinlab.claim("a warm dtype-converting copy_ from pinned memory did not block", not blocked["dtype_warm"],
-             why=stalls.WHY.hidden)
+pinlab.claim(
+    "torch.tensor(list, device='cuda') blocked",
+    blocked["tensor_list"],
+    why=stalls.WHY.hidden,
+)
+pinlab.claim(
+    "copy_ from the dense view x.t() into a GPU tensor of the same layout "
+    "did not block",
+    not blocked["permuted_same_layout"],
+    why=stalls.WHY.hidden,
+)
+pinlab.claim(
+    "copy_ from a contiguous pinned tensor did not block",
+    not blocked["contig_pinned"],
+    why=stalls.WHY.hidden,
+)
+pinlab.claim(
+    "a warm dtype-converting copy_ from pinned memory did not block",
+    not blocked["dtype_warm"],
+    why=stalls.WHY.hidden,
+)
 pinlab.claim(".item() blocked", blocked["item"], why=stalls.WHY.hidden)
-pinlab.claim("a second launch of the same kernel did not block", not blocked["kernel_warm"], why=stalls.WHY.hidden)
+pinlab.claim(
+    "a second launch of the same kernel did not block",
+    not blocked["kernel_warm"],
+    why=stalls.WHY.hidden,
+)
 nondense, to_contig = row["nondense_pinned"], row["permuted_to_contiguous"]
-gathered_ms = f"{pinlab.fmt_ms(nondense['host_ms'])}, {pinlab.fmt_ms(to_contig['host_ms'])} behind {hs['busy_ms']:g} ms"
-gathered_waited = pinlab.observe("the copies gathered through a pageable temporary (from x[:, ::2], and x.t() into a "
-                                 "contiguous tensor) waited", nondense["blocked"] and to_contig["blocked"],
-                                 value=gathered_ms, why=stalls.WHY.gathered)
+gathered_ms = (
+    f"{pinlab.fmt_ms(nondense['host_ms'])}, {pinlab.fmt_ms(to_contig['host_ms'])} "
+    f"behind {hs['busy_ms']:g} ms"
+)
+gathered_waited = pinlab.observe(
+    "the copies gathered through a pageable temporary (from x[:, ::2], and x.t() into "
+    "a contiguous tensor) waited",
+    nondense["blocked"] and to_contig["blocked"],
+    value=gathered_ms,
+    why=stalls.WHY.gathered,
+)
 
 # %% [markdown]
 # The two *first* calls depend on how CUDA loads kernels, which the environment variable
@@ -476,12 +697,21 @@ gathered_waited = pinlab.observe("the copies gathered through a pageable tempora
 # first launches did in this run.
 
 # %%
-pinlab.show("CUDA_MODULE_LOADING in os.environ (Python's copy)", hs["module_loading_environ"] or "(unset)")
-pinlab.show("CUDA_MODULE_LOADING in the process environment (what CUDA reads)",
-            hs["module_loading_effective"] or "(unset)")
+pinlab.show(
+    "CUDA_MODULE_LOADING in os.environ (Python's copy)",
+    hs["module_loading_environ"] or "(unset)",
+)
+pinlab.show(
+    "CUDA_MODULE_LOADING in the process environment (what CUDA reads)",
+    hs["module_loading_effective"] or "(unset)",
+)
 for key in ("dtype_cold", "kernel_cold"):
     r = row[key]
-    pinlab.show(r["op"], f"{'blocked' if r['blocked'] else 'did not block'} ({pinlab.fmt_ms(r['host_ms'])})")
+    pinlab.show(
+        r["op"],
+        f"{'blocked' if r['blocked'] else 'did not block'} "
+        f"({pinlab.fmt_ms(r['host_ms'])})",
+    )
 
 # %% [markdown]
 # The lesson for measurements: launch every kernel once before you time anything, or the first
@@ -505,27 +735,30 @@ for key in ("dtype_cold", "kernel_cold"):
 # (`torch.cuda.Event` on a GPU) and `s.synchronize()` waits for everything queued. Section 3's copy
 # back, on that stream:
 
+
 # %%
 def read_back(s, value, busy_ms=20.0):
-    """The first element of a pinned and of a pageable host buffer, each filled from the GPU with
-    non_blocking=True: read right after the call, and (pinned) after waiting for an event."""
+    """The first element of a pinned and of a pageable host buffer, each filled from the
+    GPU with non_blocking=True: read right after the call, and (pinned) after waiting
+    for an event."""
     gpu_t = torch.zeros(16 * 1024, device=s.device)
-    gpu_t.fill_(0.0)                                 # a first launch can block (section 4): not in the test
+    gpu_t.fill_(0.0)  # a first launch can block (section 4): not in the test
     into_pinned = torch.zeros(16 * 1024, pin_memory=True)
     into_pageable = torch.zeros(16 * 1024)
     into_pinned.fill_(-1.0)
     into_pageable.fill_(-1.0)
-    s.busy(busy_ms)                                  # the GPU is far behind the host
-    gpu_t.fill_(value)                               # queued behind the busy kernel
-    into_pinned.copy_(gpu_t, non_blocking=True)      # into pinned memory: only queued
-    pinned_now = into_pinned[0].item()               # read at once
+    s.busy(busy_ms)  # the GPU is far behind the host
+    gpu_t.fill_(value)  # queued behind the busy kernel
+    into_pinned.copy_(gpu_t, non_blocking=True)  # into pinned memory: only queued
+    pinned_now = into_pinned[0].item()  # read at once
     done = s.Event()
-    done.record()                                    # after the copy, on the same stream
-    done.synchronize()                               # wait for that copy
+    done.record()  # after the copy, on the same stream
+    done.synchronize()  # wait for that copy
     pinned_after = into_pinned[0].item()
     s.busy(busy_ms)
     gpu_t.fill_(value + 1)
-    into_pageable.copy_(gpu_t, non_blocking=True)    # into pageable memory: returns once it is done
+    # into pageable memory: returns once it is done
+    into_pageable.copy_(gpu_t, non_blocking=True)
     return pinned_now, pinned_after, into_pageable[0].item()
 
 
@@ -547,11 +780,21 @@ with pinlab.stream() as s:
 print("pinned buffer, read right after the call:", pinned_now)
 print("pinned buffer, read after done.synchronize():", pinned_after)
 print("pageable buffer, read right after the call:", pageable_now)
-pinlab.claim("read before its event, the pinned buffer still held the old value", pinned_now == -1.0,
-             why=stalls.WHY.read_back)
-pinlab.claim("after the event, it held the new one", pinned_after == 7.0, why=stalls.WHY.read_back)
-pinlab.claim("the copy into pageable memory was complete when the call returned", pageable_now == 8.0,
-             why=stalls.WHY.read_back)
+pinlab.claim(
+    "read before its event, the pinned buffer still held the old value",
+    pinned_now == -1.0,
+    why=stalls.WHY.read_back,
+)
+pinlab.claim(
+    "after the event, it held the new one",
+    pinned_after == 7.0,
+    why=stalls.WHY.read_back,
+)
+pinlab.claim(
+    "the copy into pageable memory was complete when the call returned",
+    pageable_now == 8.0,
+    why=stalls.WHY.read_back,
+)
 
 # %% [markdown]
 # The exercise of this lesson runs its third part this way: on a GPU your code runs on the CUDA
@@ -569,19 +812,38 @@ pinlab.claim("the copy into pageable memory was complete when the call returned"
 advice = stalls.advice_rows(sweep.result, pool.result, d2h.result)
 
 # %% tags=["nbval-ignore-output"]
-for r in advice:  # one case per three lines: the case, its outcome, the evidence from this run
-    print(f"non_blocking=True, {r['case']}\n    outcome:  {r['outcome']}\n    evidence: {r['evidence']}")
+# one case per three lines: the case, its outcome, the evidence from this run
+for r in advice:
+    print(
+        f"non_blocking=True, {r['case']}\n    outcome:  {r['outcome']}\n    evidence: "
+        f"{r['evidence']}"
+    )
 
 # %%
-expected_outcomes = [stalls.ADVICE_HOLDS, stalls.ADVICE_HOLDS, stalls.ADVICE_WAITS, stalls.ADVICE_WAITS,
-                     stalls.ADVICE_WAITS, stalls.ADVICE_STALE]
-documented = (0, 4, 5)  # pinned H2D, D2H into pinned (documented); D2H into pageable (documented up to CUDA 11.0)
+expected_outcomes = [
+    stalls.ADVICE_HOLDS,
+    stalls.ADVICE_HOLDS,
+    stalls.ADVICE_WAITS,
+    stalls.ADVICE_WAITS,
+    stalls.ADVICE_WAITS,
+    stalls.ADVICE_STALE,
+]
+# pinned H2D, D2H into pinned (documented); D2H into pageable (documented up to CUDA
+# 11.0)
+documented = (0, 4, 5)
 for i in documented:
     r, want = advice[i], expected_outcomes[i]
-    pinlab.claim(f"{r['case']}: {want}", r["outcome"] == want, why=stalls.WHY.advice_documented)
+    pinlab.claim(
+        f"{r['case']}: {want}", r["outcome"] == want, why=stalls.WHY.advice_documented
+    )
 for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
     if i not in documented:
-        pinlab.observe(f"{r['case']}: {want}", r["outcome"] == want, value=r["evidence"], why=stalls.WHY.advice_staging)
+        pinlab.observe(
+            f"{r['case']}: {want}",
+            r["outcome"] == want,
+            value=r["evidence"],
+            why=stalls.WHY.advice_staging,
+        )
 
 # %% [markdown]
 # Where the advice holds: a copy from pinned memory is queued at any size (documented), and a small
@@ -617,17 +879,20 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 # every copy there is nothing for `non_blocking` to overlap, so here it cannot matter by
 # construction: this variant measures what each source costs, not what the flag buys.
 
+
 # %%
 def to_gpu(source, dst, pageable, pinned, non_blocking):
-    """One cell of this lesson's variant: dst <- the data from `source` memory, then wait for it."""
+    """One cell of this lesson's variant: dst <- the data from `source` memory, then
+    wait for it."""
     if source == "pageable":
         src = pageable
     elif source == "pinned":
-        src = pinned                       # pinned once, reused every time
+        src = pinned  # pinned once, reused every time
     else:
-        src = pageable.pin_memory()        # "pin_memory() then copy": pins a copy every time
+        src = pageable.pin_memory()  # "pin_memory() then copy": pins a copy every time
     dst.copy_(src, non_blocking=non_blocking)
     torch.cuda.synchronize()
+
 
 # %% [markdown]
 # 🔮 **Predict.** Rank the three sources, and say what `non_blocking` changes in each.
@@ -643,7 +908,12 @@ def to_gpu(source, dst, pageable, pinned, non_blocking):
 # </details>
 
 # %%
-matrix = pinlab.measure("02_tutorial_matrix", partial(stalls.tutorial_matrix, to_gpu), nbytes=16 * MiB, reps=10)
+matrix = pinlab.measure(
+    "02_tutorial_matrix",
+    partial(stalls.tutorial_matrix, to_gpu),
+    nbytes=16 * MiB,
+    reps=10,
+)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(matrix.result, stalls.MATRIX_COLUMNS)
@@ -651,8 +921,12 @@ pinlab.table(matrix.result, stalls.MATRIX_COLUMNS)
 # %%
 cell = stalls.matrix_ms(matrix.result)
 best = {s: min(cell[(s, False)], cell[(s, True)]) for s in stalls.MATRIX_SOURCES}
-pinlab.observe("pinned and reused at least 2x faster than pageable", best["pageable"] >= 2 * best["pinned"],
-               value=f"{best['pageable'] / best['pinned']:.1f}x", why=stalls.WHY.slow_link)
+pinlab.observe(
+    "pinned and reused at least 2x faster than pageable",
+    best["pageable"] >= 2 * best["pinned"],
+    value=f"{best['pageable'] / best['pinned']:.1f}x",
+    why=stalls.WHY.slow_link,
+)
 for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
     pinlab.show(f"what this run shows ({i}/3)", sentence)
 
@@ -667,16 +941,19 @@ for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
 # end. The same three sources. Here is its loop, as a function (the tutorial's `copy_to_device`,
 # `copy_to_device_nonblocking` and their `pin_copy_` twins in one):
 
+
 # %%
 def tutorial_copies(tensors, non_blocking, pin_first=False):
-    """The tutorial's loop: every tensor .to("cuda") (pinned first if pin_first); non_blocking: one sync at the end."""
+    """The tutorial's loop: every tensor .to("cuda") (pinned first if pin_first);
+    non_blocking: one sync at the end."""
     result = []
     for t in tensors:
         src = t.pin_memory() if pin_first else t
         result.append(src.to("cuda", non_blocking=non_blocking))
     if non_blocking:
-        torch.cuda.synchronize()               # the tutorial's one sync, for all 1,000 copies
+        torch.cuda.synchronize()  # the tutorial's one sync, for all 1,000 copies
     return result
+
 
 # %% [markdown]
 # 🔮 **Predict.** With 1,000 tensors of 4 KB and one sync, does `non_blocking` now matter? For
@@ -695,8 +972,13 @@ def tutorial_copies(tensors, non_blocking, pin_first=False):
 # </details>
 
 # %%
-tut = pinlab.replay.measure_if_recorded("02_tutorial_loop", partial(stalls.tutorial_loop, tutorial_copies),
-                                        count=stalls.TUTORIAL_COUNT, numel=stalls.TUTORIAL_NUMEL, reps=15)
+tut = pinlab.replay.measure_if_recorded(
+    "02_tutorial_loop",
+    partial(stalls.tutorial_loop, tutorial_copies),
+    count=stalls.TUTORIAL_COUNT,
+    numel=stalls.TUTORIAL_NUMEL,
+    reps=15,
+)
 
 # %% tags=["nbval-ignore-output"]
 if tut is not None:
@@ -704,12 +986,22 @@ if tut is not None:
 
 # %%
 if tut is not None:
-    pinlab.claim("every tensor arrived intact, every source, both ways", tut["data_ok"], why=stalls.WHY.bitwise)
+    pinlab.claim(
+        "every tensor arrived intact, every source, both ways",
+        tut["data_ok"],
+        why=stalls.WHY.bitwise,
+    )
     loop_ms = stalls.matrix_ms(tut["rows"])
-    pinlab.observe("pageable tensors: non_blocking with one sync was faster than a blocking copy each (the "
-                   "tutorial's finding)", loop_ms[("pageable", True)] < loop_ms[("pageable", False)],
-                   value=f"{loop_ms[('pageable', False)] / loop_ms[('pageable', True)]:.2f}x", why=stalls.WHY.tutorial)
-    for i, sentence in enumerate(stalls.tutorial_loop_sentences(tut.result, matrix.result), 1):
+    pinlab.observe(
+        "pageable tensors: non_blocking with one sync was faster than a blocking copy "
+        "each (the tutorial's finding)",
+        loop_ms[("pageable", True)] < loop_ms[("pageable", False)],
+        value=f"{loop_ms[('pageable', False)] / loop_ms[('pageable', True)]:.2f}x",
+        why=stalls.WHY.tutorial,
+    )
+    for i, sentence in enumerate(
+        stalls.tutorial_loop_sentences(tut.result, matrix.result), 1
+    ):
         pinlab.show(f"what this run shows ({i}/4)", sentence)
 
 # %% [markdown]
@@ -737,8 +1029,11 @@ if tut is not None:
 # ## Clean up
 
 # %%
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # ## What to remember

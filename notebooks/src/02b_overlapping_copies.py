@@ -25,9 +25,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
@@ -58,27 +60,32 @@ pinned_at_start = pinlab.pinned_baseline()
 # `gpu_ms` on the GPU. Here is the loop; `span(name)` marks each part for the profiler (or for a
 # timer, below) and does nothing otherwise.
 
+
 # %%
-def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nullcontext):
-    """`steps` steps of the toy loop, then a sync; returns the host ms spent inside each copy_."""
-    done = [torch.cuda.Event() for _ in bufs]       # done[k]: the step that used bufs[k] finished
+def run_steps(
+    bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nullcontext
+):
+    """`steps` steps of the toy loop, then a sync; returns the host ms spent inside each
+    copy_."""
+    # done[k]: the step that used bufs[k] finished
+    done = [torch.cuda.Event() for _ in bufs]
     copy_ms = []
     for i in range(steps):
         k = i % len(bufs)
         with span("wait for step i-2"):
             if i >= in_flight:
-                done[(i - in_flight) % len(bufs)].synchronize()   # bounded run-ahead
+                done[(i - in_flight) % len(bufs)].synchronize()  # bounded run-ahead
         with span("prepare inputs (CPU)"):
             t_end = time.perf_counter() + cpu_ms / 1e3
-            bufs[k].fill_(i % 251)                  # write this step's input
-            while time.perf_counter() < t_end:      # ... and the rest of the host's work
+            bufs[k].fill_(i % 251)  # write this step's input
+            while time.perf_counter() < t_end:  # ... and the rest of the host's work
                 pass
         with span("copy_(non_blocking=True)"):
             t0 = time.perf_counter()
             dev.copy_(bufs[k], non_blocking=True)
             copy_ms.append((time.perf_counter() - t0) * 1e3)
         with span("launch forward"):
-            pinlab.gpu_busy(gpu_ms)                 # the forward pass: gpu_ms of GPU work
+            pinlab.gpu_busy(gpu_ms)  # the forward pass: gpu_ms of GPU work
         done[k].record()
     torch.cuda.synchronize()
     return copy_ms
@@ -118,14 +125,31 @@ def run_steps(bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nu
 # </details>
 
 # %%
-RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"  # the GPU suite keeps a copy of the trace there
-STEP = dict(steps=40, warm_steps=5, profile_steps=6, input_bytes=8 * MiB, gpu_ms=2.0, cpu_ms=1.0, in_flight=2,
-            gpu_bound_factor=2.0)
-loop = pinlab.measure("02_step_loop", partial(l02b.step_loop, run_steps), **STEP, trace=l02b.DEFAULT_TRACE)
+# the GPU suite keeps a copy of the trace there
+RECORDED_TRACE = "reports/gpu/traces/02_step_loop.json"
+STEP = dict(
+    steps=40,
+    warm_steps=5,
+    profile_steps=6,
+    input_bytes=8 * MiB,
+    gpu_ms=2.0,
+    cpu_ms=1.0,
+    in_flight=2,
+    gpu_bound_factor=2.0,
+)
+loop = pinlab.measure(
+    "02_step_loop", partial(l02b.step_loop, run_steps), **STEP, trace=l02b.DEFAULT_TRACE
+)
 pag, pin = loop["modes"]["pageable"], loop["modes"]["pinned"]
-pinlab.report("the host's own work per step before the timed steps (median)", loop["calibration"]["host_work_ms"])
-pinlab.report(f"so the forward lasts ({STEP['gpu_bound_factor']:g}x that, rounded up to 0.5 ms, at least "
-              f"{ms(STEP['gpu_ms'])})", loop["forward_ms"])
+pinlab.report(
+    "the host's own work per step before the timed steps (median)",
+    loop["calibration"]["host_work_ms"],
+)
+pinlab.report(
+    f"so the forward lasts ({STEP['gpu_bound_factor']:g}x that, rounded up to 0.5 ms, "
+    f"at least {ms(STEP['gpu_ms'])})",
+    loop["forward_ms"],
+)
 if loop.live:
     pinlab.show("this run's profiler trace", loop["trace_file"])
 print("the recorded GPU run's profiler trace:", RECORDED_TRACE)
@@ -140,8 +164,11 @@ for ax, mode in zip(axes, l02b.STEP_MODES):
 fig.suptitle(f"Six steps from the profiler trace ({loop.tag})")
 fig.tight_layout()
 plt.show()
-pinlab.show("takeaway", f"host time inside copy_ per step: {ms(pag['copy_host_ms'])} pageable, "
-            f"{ms(pin['copy_host_ms'])} pinned")
+pinlab.show(
+    "takeaway",
+    f"host time inside copy_ per step: {ms(pag['copy_host_ms'])} pageable, "
+    f"{ms(pin['copy_host_ms'])} pinned",
+)
 
 # %% [markdown]
 # What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
@@ -160,26 +187,47 @@ pinlab.report("ms per step, pinned inputs", pin["ms_per_step"])
 pinlab.report("ms per step, pageable inputs", pag["ms_per_step"])
 for name, model_ms in found["models"].items():
     pinlab.report(f"pageable, if {name}", model_ms)
-pinlab.show("one copy on the GPU (median), pageable (staged) / pinned",
-            f"{ms(found['copy_ms']['pageable'])} / {ms(found['copy_ms']['pinned'])}")
-pinlab.show("GPU time between two forwards (median), pageable / pinned",
-            f"{ms(found['gap_ms']['pageable'])} / {ms(found['gap_ms']['pinned'])}")
-pinlab.show("host's own work per step (median of the timed steps), pageable / pinned",
-            f"{ms(pag['host_work_ms'])} / {ms(pin['host_work_ms'])}")
-pinlab.show("timed steps whose host work took longer than the forward, pageable / pinned",
-            f"{pag['host_slow_steps']} / {pin['host_slow_steps']} of {pin['timed_steps']}")
+pinlab.show(
+    "one copy on the GPU (median), pageable (staged) / pinned",
+    f"{ms(found['copy_ms']['pageable'])} / {ms(found['copy_ms']['pinned'])}",
+)
+pinlab.show(
+    "GPU time between two forwards (median), pageable / pinned",
+    f"{ms(found['gap_ms']['pageable'])} / {ms(found['gap_ms']['pinned'])}",
+)
+pinlab.show(
+    "host's own work per step (median of the timed steps), pageable / pinned",
+    f"{ms(pag['host_work_ms'])} / {ms(pin['host_work_ms'])}",
+)
+pinlab.show(
+    "timed steps whose host work took longer than the forward, pageable / pinned",
+    f"{pag['host_slow_steps']} / {pin['host_slow_steps']} of {pin['timed_steps']}",
+)
 pinlab.report("host time inside copy_ per step, pageable (median)", pag["copy_host_ms"])
 pinlab.report("host time inside copy_ per step, pinned (median)", pin["copy_host_ms"])
-pinlab.show("steps per second, pageable vs pinned inputs", f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}")
-pinlab.show("GPU idle share (no kernel running), six profiled steps, pageable vs pinned",
-            f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}")
+pinlab.show(
+    "steps per second, pageable vs pinned inputs",
+    f"{pag['steps_per_s']:.0f} vs {pin['steps_per_s']:.0f}",
+)
+pinlab.show(
+    "GPU idle share (no kernel running), six profiled steps, pageable vs pinned",
+    f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}",
+)
 faster = pinlab.observe(
-    "with the GPU setting the pace, pinned steps were faster, by the GPU's shorter wait between forwards",
-    found["shown"], value=(f"{ms(found['extra_ms'])} per step" if found["extra_ms"] >= 0
-                           else f"no: pinned steps took {ms(-found['extra_ms'])} longer"),
-    why="it needs the driver not to stage an 8 MiB pageable copy behind the queue, and a host whose work stays "
-        "under the forward; the sentences below say which part failed")
-for i, part in enumerate(found["sentences"], 1):  # one line per clause, to keep each line short
+    "with the GPU setting the pace, pinned steps were faster, by the GPU's shorter "
+    "wait between forwards",
+    found["shown"],
+    value=(
+        f"{ms(found['extra_ms'])} per step"
+        if found["extra_ms"] >= 0
+        else f"no: pinned steps took {ms(-found['extra_ms'])} longer"
+    ),
+    why="it needs the driver not to stage an 8 MiB pageable copy behind the queue, and "
+    "a host whose work stays under the forward; the sentences below say which part "
+    "failed",
+)
+# one line per clause, to keep each line short
+for i, part in enumerate(found["sentences"], 1):
     pinlab.show(f"what this run shows ({i}/{len(found['sentences'])})", part)
 
 # %% [markdown]
@@ -207,20 +255,33 @@ for i, part in enumerate(found["sentences"], 1):  # one line per clause, to keep
 # %%
 print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
 print("memcpy names in the pinned run:  ", sorted(pin["memcpy_names"]))
-pinlab.show("memcpys recorded, pageable / pinned run",
-            f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}")
-pinlab.claims({
-    "the profiler named every copy of the pageable run 'Pageable -> Device'":
-        set(pag["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
-    "the profiler named every copy of the pinned run 'Pinned -> Device'":
-        set(pin["memcpy_names"]) == {"Memcpy HtoD (Pinned -> Device)"},
-}, why="CUPTI names a copy by the kind of host memory it reads; another profiler (ROCm's, not measured here) may "
-       "name copies differently")
+pinlab.show(
+    "memcpys recorded, pageable / pinned run",
+    f"{sum(pag['memcpy_names'].values())} / {sum(pin['memcpy_names'].values())}",
+)
+pinlab.claims(
+    {
+        "the profiler named every copy of the pageable run 'Pageable -> Device'": set(
+            pag["memcpy_names"]
+        )
+        == {"Memcpy HtoD (Pageable -> Device)"},
+        "the profiler named every copy of the pinned run 'Pinned -> Device'": set(
+            pin["memcpy_names"]
+        )
+        == {"Memcpy HtoD (Pinned -> Device)"},
+    },
+    why="CUPTI names a copy by the kind of host memory it reads; another profiler "
+    "(ROCm's, not measured here) may name copies differently",
+)
 host_held = pinlab.observe(
-    "the host spent at least 10 times longer inside a pageable copy_ than inside a pinned one",
-    pag["copy_host_ms"] >= 10 * pin["copy_host_ms"], value=f"{pag['copy_host_ms'] / pin['copy_host_ms']:.0f}x",
-    why="where the driver stages an 8 MiB pageable copy behind the queue (another driver) or the GPU reads "
-        "pageable memory directly (GH200, not measured here, docs/facts.md F15), the pageable copy_ returns sooner")
+    "the host spent at least 10 times longer inside a pageable copy_ than inside a "
+    "pinned one",
+    pag["copy_host_ms"] >= 10 * pin["copy_host_ms"],
+    value=f"{pag['copy_host_ms'] / pin['copy_host_ms']:.0f}x",
+    why="where the driver stages an 8 MiB pageable copy behind the queue (another "
+    "driver) or the GPU reads pageable memory directly (GH200, not measured here, "
+    "docs/facts.md F15), the pageable copy_ returns sooner",
+)
 
 # %% [markdown]
 # The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
@@ -269,37 +330,45 @@ host_held = pinlab.observe(
 # that read the wrong data shows it). `one_stream_steps` does it all on the current stream;
 # `copy_stream_steps` copies each input on a **copy stream** while the step before computes.
 
+
 # %%
 def compute(x, out_i, ms):
-    """One step's work on the GPU: `ms` of busy kernel, then the sum of the input x into out_i."""
+    """One step's work on the GPU: `ms` of busy kernel, then the sum of the input x into
+    out_i."""
     pinlab.gpu_busy(ms)
     torch.sum(x, dim=0, dtype=torch.int64, out=out_i)
 
 
 def one_stream_steps(inputs, out, compute):
-    """Step i copies inputs[i] to the GPU, then computes on it; everything on the current stream."""
+    """Step i copies inputs[i] to the GPU, then computes on it; everything on the
+    current stream."""
     for i, x in enumerate(inputs):
         x_gpu = x.to("cuda", non_blocking=True)
         compute(x_gpu, out[i])
 
 
 def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
-    """The same steps; each input is copied on copy_stream while the step before it computes."""
+    """The same steps; each input is copied on copy_stream while the step before it
+    computes."""
     compute_stream = torch.cuda.current_stream()
-    copy_stream.wait_stream(compute_stream)         # copies start after the work queued so far
+    copy_stream.wait_stream(compute_stream)  # copies start after the work queued so far
 
     def fetch(x):
-        with torch.cuda.stream(copy_stream):        # queue the copy on the copy stream
-            return x.to("cuda", non_blocking=True)  # (its memory now belongs to copy_stream)
+        with torch.cuda.stream(copy_stream):  # queue the copy on the copy stream
+            # (its memory now belongs to copy_stream)
+            return x.to("cuda", non_blocking=True)
 
     nxt = fetch(inputs[0])
     for i in range(len(inputs)):
         x_gpu = nxt
-        compute_stream.wait_stream(copy_stream)     # step i's input has arrived (the GPU waits, not the host)
+        # step i's input has arrived (the GPU waits, not the host)
+        compute_stream.wait_stream(copy_stream)
         if record:
-            x_gpu.record_stream(compute_stream)     # used there: do not reuse its memory before that is done
+            # used there: do not reuse its memory before that is done
+            x_gpu.record_stream(compute_stream)
         if i + 1 < len(inputs):
-            nxt = fetch(inputs[i + 1])              # the next input, copied while this step computes
+            # the next input, copied while this step computes
+            nxt = fetch(inputs[i + 1])
         compute(x_gpu, out[i])
         del x_gpu
 
@@ -346,16 +415,35 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 # copy stream once without `record_stream`.
 
 # %%
-OVERLAP = dict(steps=40, rounds=3, input_bytes=16 * MiB, n_inputs=4, compute_ms=0.5, profile_steps=6)
-ov = pinlab.measure("02_overlap", partial(l02b.overlap_loop, one_stream_steps, copy_stream_steps, compute),
-                    **OVERLAP, trace=l02b.OVERLAP_TRACE)
+OVERLAP = dict(
+    steps=40,
+    rounds=3,
+    input_bytes=16 * MiB,
+    n_inputs=4,
+    compute_ms=0.5,
+    profile_steps=6,
+)
+ov = pinlab.measure(
+    "02_overlap",
+    partial(l02b.overlap_loop, one_stream_steps, copy_stream_steps, compute),
+    **OVERLAP,
+    trace=l02b.OVERLAP_TRACE,
+)
 ovm = ov["modes"]
 
 # %%
-l02b.plot_overlap(ovm, title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})")
+l02b.plot_overlap(
+    ovm,
+    title=f"Six steps from the profiler trace: compute kernels and copies ({ov.tag})",
+)
 plt.show()
-pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned / pageable",
-            ", ".join(f"{ovm[k]['overlap']['overlapping']} of {ovm[k]['overlap']['copies']}" for k in l02b.OVERLAP_MODES))
+pinlab.show(
+    "takeaway: copies beside a kernel, one stream / copy stream pinned / pageable",
+    ", ".join(
+        f"{ovm[k]['overlap']['overlapping']} of {ovm[k]['overlap']['copies']}"
+        for k in l02b.OVERLAP_MODES
+    ),
+)
 
 # %% [markdown]
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns,
@@ -373,19 +461,37 @@ pinlab.show("takeaway: copies beside a kernel, one stream / copy stream pinned /
 for key, label in l02b.OVERLAP_MODES.items():
     m = ovm[key]
     o = m["overlap"]
-    pinlab.report(f"{label}: ms per step (median of {ov['rounds']} rounds)", m["ms_per_step"])
+    pinlab.report(
+        f"{label}: ms per step (median of {ov['rounds']} rounds)", m["ms_per_step"]
+    )
     pinlab.show(f"{label}: steps per second", f"{m['steps_per_s']:.0f}")
-    pinlab.show(f"{label}: GPU idle share (no kernel running), profiled steps", f"{m['gpu_idle_share']:.0%}")
-    pinlab.show(f"{label}: copies beside a kernel (profiled steps)",
-                f"{o['overlapping']} of {o['copies']} ({o['share']:.1%} of the copy time)")
-    copy = span_stats(l02b.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"])))
+    pinlab.show(
+        f"{label}: GPU idle share (no kernel running), profiled steps",
+        f"{m['gpu_idle_share']:.0%}",
+    )
+    pinlab.show(
+        f"{label}: copies beside a kernel (profiled steps)",
+        f"{o['overlapping']} of {o['copies']} ({o['share']:.1%} of the copy time)",
+    )
+    copy = span_stats(
+        l02b.overlap_lanes(m["gpu"])["copies"], next(iter(m["memcpy_names"]))
+    )
     pinlab.report(f"{label}: one copy on the GPU (median)", copy["duration_ms"])
-pinlab.show("steps per second, copy stream / one stream (pinned inputs)",
-            f"{ovm['copy_stream_pinned']['steps_per_s'] / ovm['one_stream_pinned']['steps_per_s']:.2f}x")
-copy_ms = {k: span_stats(l02b.overlap_lanes(ovm[k]["gpu"])["copies"], next(iter(ovm[k]["memcpy_names"])))
-           ["duration_ms"] for k in ("copy_stream_pinned", "copy_stream_pageable")}
-pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
-            f"{copy_ms['copy_stream_pageable'] / copy_ms['copy_stream_pinned']:.1f}x")
+one_pinned, side_pinned = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
+pinlab.show(
+    "steps per second, copy stream / one stream (pinned inputs)",
+    f"{side_pinned['steps_per_s'] / one_pinned['steps_per_s']:.2f}x",
+)
+copy_ms = {
+    k: span_stats(
+        l02b.overlap_lanes(ovm[k]["gpu"])["copies"], next(iter(ovm[k]["memcpy_names"]))
+    )["duration_ms"]
+    for k in ("copy_stream_pinned", "copy_stream_pageable")
+}
+pinlab.show(
+    "copy stream: one copy on the GPU, pageable / pinned inputs",
+    f"{copy_ms['copy_stream_pageable'] / copy_ms['copy_stream_pinned']:.1f}x",
+)
 
 # %% [markdown]
 # Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
@@ -396,39 +502,54 @@ pinlab.show("copy stream: one copy on the GPU, pageable / pinned inputs",
 
 # %%
 one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
-pinlab.claims({
-    "every step's sum was right in all three loops": all(ovm[k]["wrong_steps"] == 0 for k in l02b.OVERLAP_MODES),
-    "on one stream, no copy ran beside a kernel": one["overlap"]["overlapping"] == 0,
-    "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
-        set(ovm["copy_stream_pageable"]["memcpy_names"]) == {"Memcpy HtoD (Pageable -> Device)"},
-}, why={
-    "every step's sum was right in all three loops":
-        "each step's compute waits, on the GPU, for its input's copy (wait_stream), and record_stream keeps the "
-        "input's memory from reuse until the compute has read it",
-    "on one stream, no copy ran beside a kernel": "a stream runs its work in order, one operation at a time",
-    "the copy stream's copies from pageable inputs went through staging (Pageable -> Device)":
-        "CUPTI names a copy by the kind of host memory it reads; another profiler (ROCm's, not measured here) "
-        "may name copies differently",
-}, values={"every step's sum was right in all three loops":
-           ", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in l02b.OVERLAP_MODES)})
+pinlab.claim(
+    "every step's sum was right in all three loops",
+    all(ovm[k]["wrong_steps"] == 0 for k in l02b.OVERLAP_MODES),
+    value=", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in l02b.OVERLAP_MODES),
+    why="each step's compute waits, on the GPU, for its input's copy (wait_stream), "
+    "and record_stream keeps the input's memory from reuse until the compute has read "
+    "it",
+)
+pinlab.claim(
+    "on one stream, no copy ran beside a kernel",
+    one["overlap"]["overlapping"] == 0,
+    why="a stream runs its work in order, one operation at a time",
+)
+pinlab.claim(
+    "the copy stream's copies from pageable inputs went through staging "
+    "(Pageable -> Device)",
+    set(ovm["copy_stream_pageable"]["memcpy_names"])
+    == {"Memcpy HtoD (Pageable -> Device)"},
+    why="CUPTI names a copy by the kind of host memory it reads; another profiler "
+    "(ROCm's, not measured here) may name copies differently",
+)
 overlapped = pinlab.observe(
     "with a copy stream and pinned inputs, most copies ran beside a kernel",
     side["overlap"]["overlapping"] >= side["overlap"]["copies"] / 2,
     value=f"{side['overlap']['overlapping']} of {side['overlap']['copies']}",
-    why="it needs a free copy engine and is read from the profiler's timestamps of six steps; a GPU shared with "
-        "other processes switches between their work and yours")
+    why="it needs a free copy engine and is read from the profiler's timestamps of six "
+    "steps; a GPU shared with other processes switches between their work and yours",
+)
 
 # %% [markdown]
 # And without `record_stream`? The same copy-stream loop, pinned inputs, once:
 
 # %%
 race = ov["no_record_stream"]
-pinlab.show("copy stream without record_stream: steps whose sum was wrong", f"{race['wrong_steps']} of {race['steps']}")
-pinlab.claim("without record_stream, at least one step computed on an input overwritten before it was read",
-                  race["wrong_steps"] > 0, value=f"{race['wrong_steps']} of {race['steps']} steps wrong",
-                  why="the race needs the host far ahead of the GPU (it queues 40 steps of 0.5 ms in well under a "
-                      "millisecond each) and the caching allocator handing a freed input's block to the next copy; "
-                      "a host slower than the GPU's 0.5 ms per step would let the compute read each input in time")
+pinlab.show(
+    "copy stream without record_stream: steps whose sum was wrong",
+    f"{race['wrong_steps']} of {race['steps']}",
+)
+pinlab.claim(
+    "without record_stream, at least one step computed on an input overwritten before "
+    "it was read",
+    race["wrong_steps"] > 0,
+    value=f"{race['wrong_steps']} of {race['steps']} steps wrong",
+    why="the race needs the host far ahead of the GPU (it queues 40 steps of 0.5 ms in "
+    "well under a millisecond each) and the caching allocator handing a freed input's "
+    "block to the next copy; a host slower than the GPU's 0.5 ms per step would let "
+    "the compute read each input in time",
+)
 
 # %% [markdown]
 # Here the host can queue many steps before the GPU has computed the first few: that lead is what
@@ -456,11 +577,14 @@ pinlab.claim("without record_stream, at least one step computed on an input over
 # at once (two streams), and two H2D at once (two streams). For a pair, the rate counts both copies'
 # bytes over the pair's time.
 
+
 # %%
 def copy_on(stream, dst, src):
-    """Queue dst <- src on `stream` (pinned host memory: a copy engine runs it, the host goes on)."""
+    """Queue dst <- src on `stream` (pinned host memory: a copy engine runs it, the host
+    goes on)."""
     with torch.cuda.stream(stream):
         dst.copy_(src, non_blocking=True)
+
 
 # %% [markdown]
 # 🔮 **Predict.** Against one copy alone, how many bytes per second do H2D and D2H at once move?
@@ -476,23 +600,38 @@ def copy_on(stream, dst, src):
 # </details>
 
 # %%
-eng = pinlab.measure("02b_copy_engines", partial(l02b.copy_engines, copy_on), nbytes=256 * MiB, reps=5)
+eng = pinlab.measure(
+    "02b_copy_engines", partial(l02b.copy_engines, copy_on), nbytes=256 * MiB, reps=5
+)
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(eng["rows"], [("case", "256 MiB pinned copies"), ("gbps", "GB/s (both copies' bytes)",
-                                                               lambda v: f"{v:.1f}")])
+pinlab.table(
+    eng["rows"],
+    [
+        ("case", "256 MiB pinned copies"),
+        ("gbps", "GB/s (both copies' bytes)", lambda v: f"{v:.1f}"),
+    ],
+)
 
 # %%
 rate = l02b.engine_rates(eng.result)
 pinlab.show("copy engines (asyncEngineCount)", eng["copy_engines"])
 both_up = rate["H2D and D2H at once"] / max(rate["H2D alone"], rate["D2H alone"])
 two_up = rate["two H2D at once"] / rate["H2D alone"]
-pinlab.observe("H2D and D2H at once moved at least 1.5x either alone", both_up >= 1.5, value=f"{both_up:.2f}x",
-               why="needs two copy engines and a link and host that serve both directions; other learners' copies "
-                   "share the link")
-pinlab.observe("two H2D at once moved under 1.25x one H2D alone", two_up < 1.25, value=f"{two_up:.2f}x",
-               why="one copy fills the link in one direction on a quiet machine; a copy that does not (a slow host, "
-                   "a link shared with other learners) leaves room for a second")
+pinlab.observe(
+    "H2D and D2H at once moved at least 1.5x either alone",
+    both_up >= 1.5,
+    value=f"{both_up:.2f}x",
+    why="needs two copy engines and a link and host that serve both directions; other "
+    "learners' copies share the link",
+)
+pinlab.observe(
+    "two H2D at once moved under 1.25x one H2D alone",
+    two_up < 1.25,
+    value=f"{two_up:.2f}x",
+    why="one copy fills the link in one direction on a quiet machine; a copy that does "
+    "not (a slow host, a link shared with other learners) leaves room for a second",
+)
 for i, part in enumerate(l02b.engines_sentence(eng.result).split("; "), 1):
     pinlab.show(f"what this run shows ({i}/3)", part)
 
@@ -510,16 +649,17 @@ for i, part in enumerate(l02b.engines_sentence(eng.result).split("; "), 1):
 # own copy. Here are both, for N tensors already on the host (pinned, or pageable for contrast),
 # with the GPU idle, as a data loader hands over a batch:
 
+
 # %%
 def copy_each_blocking(dsts, srcs):
     for d, s in zip(dsts, srcs):
-        d.copy_(s)                         # each copy: queue it, then wait until it is done
+        d.copy_(s)  # each copy: queue it, then wait until it is done
 
 
 def copy_all_then_sync(dsts, srcs):
     for d, s in zip(dsts, srcs):
-        d.copy_(s, non_blocking=True)      # queue them all
-    torch.cuda.synchronize()               # one wait, for all of them
+        d.copy_(s, non_blocking=True)  # queue them all
+    torch.cuda.synchronize()  # one wait, for all of them
 
 
 # %% [markdown]
@@ -542,20 +682,43 @@ def copy_all_then_sync(dsts, srcs):
 # byte arrived.
 
 # %%
-many = pinlab.measure("02_many_tensors", partial(l02b.many_tensors, copy_each_blocking, copy_all_then_sync),
-                      cases=[[64, 4 * KiB], [64, 64 * KiB], [64, MiB]], repeat=7)
+many = pinlab.measure(
+    "02_many_tensors",
+    partial(l02b.many_tensors, copy_each_blocking, copy_all_then_sync),
+    cases=[[64, 4 * KiB], [64, 64 * KiB], [64, MiB]],
+    repeat=7,
+)
 
 # %% tags=["nbval-ignore-output"]
 for kind in ("pinned", "pageable"):  # one table per kind of host memory
-    pinlab.table(many["rows"], [("n", "tensors"), ("bytes", "each", fmt_bytes),
-                                *[(k, label, ms) for k, label in l02b.MANY_VARIANTS.items() if k.startswith(kind)]])
+    pinlab.table(
+        many["rows"],
+        [
+            ("n", "tensors"),
+            ("bytes", "each", fmt_bytes),
+            *[
+                (k, label, ms)
+                for k, label in l02b.MANY_VARIANTS.items()
+                if k.startswith(kind)
+            ],
+        ],
+    )
 
 # %%
-l02b.plot_many_tensors(many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})")
+l02b.plot_many_tensors(
+    many["rows"], title=f"N host tensors to the GPU, host time ({many.tag})"
+)
 plt.show()
-cheaper = sum(r[f"{k}_nb_sync_ms"] < r[f"{k}_blocking_ms"] for r in many["rows"] for k in ("pinned", "pageable"))
-pinlab.show("takeaway", f"one sync cost the host less than a blocking copy each in {cheaper} of "
-            f"{2 * len(many['rows'])} cases")
+cheaper = sum(
+    r[f"{k}_nb_sync_ms"] < r[f"{k}_blocking_ms"]
+    for r in many["rows"]
+    for k in ("pinned", "pageable")
+)
+pinlab.show(
+    "takeaway",
+    f"one sync cost the host less than a blocking copy each in {cheaper} of "
+    f"{2 * len(many['rows'])} cases",
+)
 
 # %%
 for r in many["rows"]:
@@ -563,10 +726,17 @@ for r in many["rows"]:
     for kind in ("pinned", "pageable"):
         blocking, one_sync = r[f"{kind}_blocking_ms"], r[f"{kind}_nb_sync_ms"]
         saved = blocking - one_sync
-        pinlab.show(f"{case}, {kind}: blocking copies / one sync",
-                    f"{blocking / one_sync:.1f}x, {ms(abs(saved))} {'saved' if saved >= 0 else 'lost'} by the one sync")
-pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in many["rows"]),
-                  why="every copy is checked after a sync, byte for byte; a wrong byte would be a fault, not a timing")
+        pinlab.show(
+            f"{case}, {kind}: blocking copies / one sync",
+            f"{blocking / one_sync:.1f}x, {ms(abs(saved))} "
+            f"{'saved' if saved >= 0 else 'lost'} by the one sync",
+        )
+pinlab.claim(
+    "every tensor arrived intact, every way",
+    all(r["data_ok"] for r in many["rows"]),
+    why="every copy is checked after a sync, byte for byte; a wrong byte would be a "
+    "fault, not a timing",
+)
 
 # %% [markdown]
 # Read the lines above: the ratio (more than 1x: the single sync was cheaper) and the host time it
@@ -601,25 +771,43 @@ pinlab.claim("every tensor arrived intact, every way", all(r["data_ok"] for r in
 # </details>
 
 # %%
-ah = pinlab.measure("02_async_h2d", l02b.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10)
+ah = pinlab.measure(
+    "02_async_h2d", l02b.async_h2d_cost, list_len=4096, busy_ms=20.0, repeat=10
+)
 arow = {r["key"]: r for r in ah["rows"]}
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(ah["rows"], [("op", f"{ah['list_len']} ints to the GPU"), ("blocked", "host blocked"),
-                          ("host_ms", "host, GPU busy", ms), ("idle_ms", "host, GPU idle", ms)])
+pinlab.table(
+    ah["rows"],
+    [
+        ("op", f"{ah['list_len']} ints to the GPU"),
+        ("blocked", "host blocked"),
+        ("host_ms", "host, GPU busy", ms),
+        ("idle_ms", "host, GPU idle", ms),
+    ],
+)
 
 # %%
-pinlab.claims({
-    "torch.tensor(list, device='cuda') waited for the GPU": arow["factory"]["blocked"],
-    "pinlab.async_tensor_h2d(list) did not": not arow["async"]["blocked"],
-    "all three calls gave the same GPU tensor": ah["same_values"],
-}, why="torch.tensor(list, device=...) makes a blocking copy; async_tensor_h2d copies from a fresh pinned block, "
-       "which is only enqueued; only a host stalled for half the busy time could change that")
+pinlab.claims(
+    {
+        "torch.tensor(list, device='cuda') waited for the GPU": arow["factory"][
+            "blocked"
+        ],
+        "pinlab.async_tensor_h2d(list) did not": not arow["async"]["blocked"],
+        "all three calls gave the same GPU tensor": ah["same_values"],
+    },
+    why="torch.tensor(list, device=...) makes a blocking copy; async_tensor_h2d copies "
+    "from a fresh pinned block, which is only enqueued; only a host stalled for half "
+    "the busy time could change that",
+)
 small_staged = pinlab.observe(
-    "torch.tensor(list).to('cuda', non_blocking=True) did not wait (the driver staged it)",
-    not arow["pageable_nb"]["blocked"], value=pinlab.fmt_ms(arow["pageable_nb"]["host_ms"]),
-    why="a small pageable copy is staged where the driver chooses to (undocumented); HIP documents it as "
-        "synchronous (ROCm, not measured here, docs/facts.md F17)")
+    "torch.tensor(list).to('cuda', non_blocking=True) did not wait (the driver staged "
+    "it)",
+    not arow["pageable_nb"]["blocked"],
+    value=pinlab.fmt_ms(arow["pageable_nb"]["host_ms"]),
+    why="a small pageable copy is staged where the driver chooses to (undocumented); "
+    "HIP documents it as synchronous (ROCm, not measured here, docs/facts.md F17)",
+)
 
 # %% [markdown]
 # The middle one, a small pageable tensor copied `non_blocking`, is staged by the driver where it
@@ -641,13 +829,14 @@ small_staged = pinlab.observe(
 # The loop body it watches here, as a function of this notebook: a pageable `non_blocking` copy,
 # a tensor built from a Python list, a little GPU work, and a loss read on the host.
 
+
 # %%
 def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
-    inputs_gpu.copy_(inputs_cpu, non_blocking=True)       # the batch, from pageable memory
-    positions = torch.tensor([step] * 64, device="cuda")   # built from a Python list
+    inputs_gpu.copy_(inputs_cpu, non_blocking=True)  # the batch, from pageable memory
+    positions = torch.tensor([step] * 64, device="cuda")  # built from a Python list
     hidden = torch.relu(inputs_gpu @ weights) + positions[0]
-    pinlab.gpu_busy(gpu_ms)                                # the rest of the forward
-    return hidden.sum().item()                             # the loss, read on the host
+    pinlab.gpu_busy(gpu_ms)  # the rest of the forward
+    return hidden.sum().item()  # the loss, read on the host
 
 
 # %% [markdown]
@@ -666,8 +855,14 @@ def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
 # and without it, and each stalling call alone under `set_sync_debug_mode("warn")`.
 
 # %%
-det = pinlab.measure("02_detector", partial(l02b.detector_demo, demo_step), steps=20, gpu_ms=0.5,
-                     features=256, repeat=5)
+det = pinlab.measure(
+    "02_detector",
+    partial(l02b.detector_demo, demo_step),
+    steps=20,
+    gpu_ms=0.5,
+    features=256,
+    repeat=5,
+)
 
 # %% tags=["nbval-ignore-output"]
 print(det["summary"])
@@ -683,13 +878,18 @@ for kind, n in det["counts"].items():
 lines = {kind: [line] for kind, line in l02b.source_lines(demo_step).items()}
 for kind, line in sorted(lines.items(), key=lambda kv: kv[1]):
     print(f"line {line[0]} of demo_step: {kind}")
-pinlab.claims({
-    "one stall of each kind per step, and nothing else": det["counts"] == expected,
-    "each stall points at its line of demo_step": det["stall_lines"] == lines,
-}, values={"one stall of each kind per step, and nothing else": det["counts"],
-           "each stall points at its line of demo_step": det["stall_lines"]},
-   why="the detector classifies each call by its arguments (a pageable source, a Python list, .item()), not by "
-       "timing, so the counts are exact on any machine")
+pinlab.claims(
+    {
+        "one stall of each kind per step, and nothing else": det["counts"] == expected,
+        "each stall points at its line of demo_step": det["stall_lines"] == lines,
+    },
+    values={
+        "one stall of each kind per step, and nothing else": det["counts"],
+        "each stall points at its line of demo_step": det["stall_lines"],
+    },
+    why="the detector classifies each call by its arguments (a pageable source, a "
+    "Python list, .item()), not by timing, so the counts are exact on any machine",
+)
 
 # %% [markdown]
 # The same three calls, one at a time, under `torch.cuda.set_sync_debug_mode("warn")` (its
@@ -697,14 +897,22 @@ pinlab.claims({
 
 # %%
 for c in det["compare"]:
-    print(f"{c['op']}\n    set_sync_debug_mode('warn') warned: {c['sync_debug_warnings'] > 0}"
-          f"   detect_stalls() reported: {c['detector_events'] > 0}")
+    print(
+        f"{c['op']}\n    set_sync_debug_mode('warn') warned: "
+        f"{c['sync_debug_warnings'] > 0}   detect_stalls() reported: "
+        f"{c['detector_events'] > 0}"
+    )
 cmp = {c["key"]: c for c in det["compare"]}
-pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking copy, detect_stalls() reported it",
-                  cmp["pageable_copy"]["sync_debug_warnings"] == 0 and cmp["pageable_copy"]["detector_events"] > 0,
-                  value=cmp["pageable_copy"],
-                  why="torch's sync debug mode warns only where torch itself synchronizes; a torch release that "
-                      "learned to flag pageable non_blocking copies would change the first half")
+pinlab.claim(
+    "set_sync_debug_mode('warn') missed the pageable non_blocking copy, "
+    "detect_stalls() reported it",
+    cmp["pageable_copy"]["sync_debug_warnings"] == 0
+    and cmp["pageable_copy"]["detector_events"] > 0,
+    value=cmp["pageable_copy"],
+    why="torch's sync debug mode warns only where torch itself synchronizes; a torch "
+    "release that learned to flag pageable non_blocking copies would change the first "
+    "half",
+)
 
 # %% [markdown]
 # Does watching cost much? The loop's host time with and without the detector (median of 5 runs
@@ -716,16 +924,22 @@ pinlab.claim("set_sync_debug_mode('warn') missed the pageable non_blocking copy,
 plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]
 pinlab.report(f"{det['steps']} steps, plain (median)", plain)
 pinlab.report(f"{det['steps']} steps under detect_stalls() (median)", watched)
-cheap = pinlab.observe("the detector at most doubled the loop's host time", watched <= 2 * plain,
-                       value=f"{watched / plain:.2f}x",
-                       why="the detector adds Python work to every torch call; a slow or busy host (2 cores, other "
-                           "learners) pays more for it against the same GPU work")
+cheap = pinlab.observe(
+    "the detector at most doubled the loop's host time",
+    watched <= 2 * plain,
+    value=f"{watched / plain:.2f}x",
+    why="the detector adds Python work to every torch call; a slow or busy host (2 "
+    "cores, other learners) pays more for it against the same GPU work",
+)
 # %% [markdown]
 # ## Clean up
 
 # %%
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # ## What to remember

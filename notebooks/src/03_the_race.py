@@ -21,9 +21,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import time
@@ -68,26 +70,49 @@ pinned_at_start = pinlab.pinned_baseline()
 
 # %%
 PAGE_SIZE, CACHE_PAGES = 4, 8
-seq_lens = torch.tensor([6, 9, 3], dtype=torch.int32)           # tokens so far, per request
-block_table = torch.tensor([[5, 1, 0], [2, 6, 3], [4, 0, 0]],   # each row: that request's pages
-                           dtype=torch.int32)                   # (columns past its last page: unused)
+seq_lens = torch.tensor([6, 9, 3], dtype=torch.int32)  # tokens so far, per request
+block_table = torch.tensor(
+    [[5, 1, 0], [2, 6, 3], [4, 0, 0]],  # each row: that request's pages
+    dtype=torch.int32,
+)  # (columns past its last page: unused)
 meta = paged_kv.build_metadata(block_table, seq_lens, PAGE_SIZE)
 print("indptr:       ", meta.indptr_cpu.tolist())
 print("indices:      ", meta.indices.tolist())
 print("last_page_len:", meta.last_page_len_cpu.tolist())
 
 # %%
-l03.plot_paged_kv(meta.indptr_cpu, meta.indices, meta.last_page_len_cpu, PAGE_SIZE, CACHE_PAGES,
-                  title=f"Three requests in a paged KV cache of {CACHE_PAGES} pages of {PAGE_SIZE} tokens")
+l03.plot_paged_kv(
+    meta.indptr_cpu,
+    meta.indices,
+    meta.last_page_len_cpu,
+    PAGE_SIZE,
+    CACHE_PAGES,
+    title=f"Three requests in a paged KV cache of {CACHE_PAGES} pages of {PAGE_SIZE} "
+    "tokens",
+)
 plt.show()
-ip, ix, lpl = meta.indptr_cpu.tolist(), meta.indices.tolist(), meta.last_page_len_cpu.tolist()
+ip, ix, lpl = (
+    meta.indptr_cpu.tolist(),
+    meta.indices.tolist(),
+    meta.last_page_len_cpu.tolist(),
+)
 for r in range(len(lpl)):
-    pages = ix[ip[r]:ip[r + 1]]
-    print(f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = {pages}, "
-          f"{len(pages) - 1} full page(s) + {lpl[r]} token(s) = {(len(pages) - 1) * PAGE_SIZE + lpl[r]} tokens")
-reads_back = all(ix[ip[r]:ip[r + 1]] == block_table[r, :ip[r + 1] - ip[r]].tolist()
-                 and (ip[r + 1] - ip[r] - 1) * PAGE_SIZE + lpl[r] == int(seq_lens[r]) for r in range(len(lpl)))
-pinlab.claim("every request's pages and token count read back from the three arrays", reads_back, why=l03.WHY.exact)
+    pages = ix[ip[r] : ip[r + 1]]
+    print(
+        f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = {pages}, {len(pages) - 1} "
+        f"full page(s) + {lpl[r]} token(s) = {(len(pages) - 1) * PAGE_SIZE + lpl[r]} "
+        "tokens"
+    )
+reads_back = all(
+    ix[ip[r] : ip[r + 1]] == block_table[r, : ip[r + 1] - ip[r]].tolist()
+    and (ip[r + 1] - ip[r] - 1) * PAGE_SIZE + lpl[r] == int(seq_lens[r])
+    for r in range(len(lpl))
+)
+pinlab.claim(
+    "every request's pages and token count read back from the three arrays",
+    reads_back,
+    why=l03.WHY.exact,
+)
 
 # %% [markdown]
 # 🔮 **Predict.** Request 0 decodes three more tokens (9 in all) and gets page 7 when page 1 is
@@ -102,11 +127,19 @@ pinlab.claim("every request's pages and token count read back from the three arr
 # </details>
 
 # %%
-grown = paged_kv.build_metadata(torch.tensor([[5, 1, 7], [2, 6, 3], [4, 0, 0]], dtype=torch.int32),
-                                torch.tensor([9, 9, 3], dtype=torch.int32), PAGE_SIZE)
+grown = paged_kv.build_metadata(
+    torch.tensor([[5, 1, 7], [2, 6, 3], [4, 0, 0]], dtype=torch.int32),
+    torch.tensor([9, 9, 3], dtype=torch.int32),
+    PAGE_SIZE,
+)
 print("indptr:       ", meta.indptr_cpu.tolist(), "->", grown.indptr_cpu.tolist())
 print("indices:      ", meta.indices.tolist(), "->", grown.indices.tolist())
-print("last_page_len:", meta.last_page_len_cpu.tolist(), "->", grown.last_page_len_cpu.tolist())
+print(
+    "last_page_len:",
+    meta.last_page_len_cpu.tolist(),
+    "->",
+    grown.last_page_len_cpu.tolist(),
+)
 
 # %% [markdown]
 # ## Asynchronous scheduling in Model Runner V2 (MRV2)
@@ -151,15 +184,27 @@ print("last_page_len:", meta.last_page_len_cpu.tolist(), "->", grown.last_page_l
 # </details>
 
 # %%
-sim = steploop.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0)
-timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer (model)")
+sim = steploop.simulate(
+    "reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=1.0
+)
+timeline(
+    {"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer (model)"
+)
 plt.show()
-print("takeaway: every copy that waited behind a forward delivered the last step the host wrote:",
-      all(r == sim["received"][-1] for r in sim["received"][1:]))
+print(
+    "takeaway: every copy that waited behind a forward delivered the last step the "
+    "host wrote:",
+    all(r == sim["received"][-1] for r in sim["received"][1:]),
+)
 
 # %%
 print("copy n delivered the data of step:", sim["received"])
-print("copies that delivered the wrong step:", sim["corrupted"], "of", len(sim["received"]))
+print(
+    "copies that delivered the wrong step:",
+    sim["corrupted"],
+    "of",
+    len(sim["received"]),
+)
 
 # %% [markdown]
 # The host writes are quick and the copies wait: by the time a copy runs, the buffer holds the
@@ -170,9 +215,14 @@ print("copies that delivered the wrong step:", sim["corrupted"], "of", len(sim["
 # buffer is safe:
 
 # %%
-fast = steploop.simulate("reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=0.01)
+fast = steploop.simulate(
+    "reused_pinned", steps=6, host_ms=0.1, launch_ms=0.1, copy_ms=0.05, gpu_ms=0.01
+)
 print("GPU keeps up: copy n delivered step:", fast["received"])
-print("the race needs a GPU that is behind the host:", fast["corrupted"] == 0 and sim["corrupted"] > 0)
+print(
+    "the race needs a GPU that is behind the host:",
+    fast["corrupted"] == 0 and sim["corrupted"] > 0,
+)
 
 # %% [markdown]
 # That is why this bug hides: in a synchronous loop, or whenever the GPU is idle, every step is
@@ -185,15 +235,18 @@ print("the race needs a GPU that is behind the host:", fast["corrupted"] == 0 an
 # the device, and keeps the GPU busy for half a millisecond (`s.busy`: the rest of the step's
 # forward). Nothing waits until the end; then we read back which step's data each row received.
 
+
 # %%
 def step_loop(s, host_buf, steps=200, busy_ms=0.5):
-    """Async scheduling in miniature: which step's data did each copy deliver? (-1: a mix)"""
+    """Async scheduling in miniature: which step's data did each copy deliver? (-1: a
+    mix)"""
     dst = torch.zeros(steps, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
     for n in range(steps):
-        host_buf.fill_(n)                          # the host writes step n's inputs
-        dst[n].copy_(host_buf, non_blocking=True)  # enqueue the copy; the call returns at once
-        s.busy(busy_ms)                            # the GPU runs step n's forward
-    s.synchronize()                                # only now does the host wait for the GPU
+        host_buf.fill_(n)  # the host writes step n's inputs
+        # enqueue the copy; the call returns at once
+        dst[n].copy_(host_buf, non_blocking=True)
+        s.busy(busy_ms)  # the GPU runs step n's forward
+    s.synchronize()  # only now does the host wait for the GPU
     return [row[0] if min(row) == max(row) else -1 for row in dst.tolist()]
 
 
@@ -221,13 +274,27 @@ with pinlab.stream() as s:
     pageable_rows = step_loop(s, torch.zeros(64, dtype=torch.int32))
 wrong = [n for n, r in enumerate(reused) if r != n]
 pinlab.show("stream", s.label)
-pinlab.show("reused pinned buffer: copies that delivered another step's data", f"{len(wrong)} of {len(reused)}")
-pinlab.show("reused pinned buffer: the step whose data copies 0-7 delivered", reused[:8])
-# the GPU is 0.5 ms behind per step, the host needs tens of µs: a wide lead, on any GPU, quiet or shared
+pinlab.show(
+    "reused pinned buffer: copies that delivered another step's data",
+    f"{len(wrong)} of {len(reused)}",
+)
+pinlab.show(
+    "reused pinned buffer: the step whose data copies 0-7 delivered", reused[:8]
+)
+# the GPU is 0.5 ms behind per step, the host needs tens of µs: a wide lead, on any GPU,
+# quiet or shared
 own_data = pageable_rows == list(range(len(pageable_rows)))
-pinlab.claim("the reused pinned buffer delivered another step's data at least once", len(wrong) >= 1,
-             value=f"{len(wrong)} of {len(reused)}", why=l03.WHY.host_ahead)
-pinlab.claim("the pageable buffer delivered every step its own data", own_data, why=l03.WHY.staged)
+pinlab.claim(
+    "the reused pinned buffer delivered another step's data at least once",
+    len(wrong) >= 1,
+    value=f"{len(wrong)} of {len(reused)}",
+    why=l03.WHY.host_ahead,
+)
+pinlab.claim(
+    "the pageable buffer delivered every step its own data",
+    own_data,
+    why=l03.WHY.staged,
+)
 
 # %% [markdown]
 # ### Catch it in the act: `detect_races`
@@ -244,20 +311,40 @@ from pinlab.races import detect_races
 
 with pinlab.stream() as s:
     with detect_races() as races:
-        rows = step_loop(s, torch.zeros(64, dtype=torch.int32, pin_memory=True), steps=50)
+        rows = step_loop(
+            s, torch.zeros(64, dtype=torch.int32, pin_memory=True), steps=50
+        )
     with detect_races() as races_pageable:
         step_loop(s, torch.zeros(64, dtype=torch.int32), steps=50)
 print(races)
 
 # %%
-wrong, flagged = {n for n, r in enumerate(rows) if r != n}, set(races.raced)  # one copy per step: ordinal = step
+# one copy per step: ordinal = step
+wrong, flagged = {n for n, r in enumerate(rows) if r != n}, set(races.raced)
 pinlab.show("stream", s.label)
-pinlab.show("steps whose data arrived wrong / steps the detector flagged", f"{len(wrong)} / {len(flagged)} of 50")
-pinlab.claim("the detector flagged the reused pinned buffer", len(flagged) >= 1, value=f"{len(flagged)} of 50 steps",
-             why=l03.WHY.host_ahead)
-pinlab.claim("steps whose data arrived wrong and were not flagged", len(wrong - flagged), expect=0,
-             value=sorted(wrong - flagged), why=l03.WHY.detector_miss)
-pinlab.claim("the pageable buffer: races flagged", races_pageable.total, expect=0, why=l03.WHY.detector_false)
+pinlab.show(
+    "steps whose data arrived wrong / steps the detector flagged",
+    f"{len(wrong)} / {len(flagged)} of 50",
+)
+pinlab.claim(
+    "the detector flagged the reused pinned buffer",
+    len(flagged) >= 1,
+    value=f"{len(flagged)} of 50 steps",
+    why=l03.WHY.host_ahead,
+)
+pinlab.claim(
+    "steps whose data arrived wrong and were not flagged",
+    len(wrong - flagged),
+    expect=0,
+    value=sorted(wrong - flagged),
+    why=l03.WHY.detector_miss,
+)
+pinlab.claim(
+    "the pageable buffer: races flagged",
+    races_pageable.total,
+    expect=0,
+    why=l03.WHY.detector_false,
+)
 
 # %% [markdown]
 # It may flag a step whose data arrived right: a copy that was still pending when the host
@@ -280,13 +367,29 @@ pinlab.claim("the pageable buffer: races flagged", races_pageable.total, expect=
 # %%
 hb = l03.heisenbug(steps=50)
 pinlab.show("stream in the child", hb["stream"])
-pinlab.show("steps whose data arrived wrong / timing findings / copies that can race by order (raced)",
-            f"{hb['wrong']} / {hb['timing']} / {hb['order']} ({hb['raced']}) of {hb['steps']}")
-pinlab.claim("the GPU kept up (launches block): steps whose data arrived wrong", hb["wrong"], expect=0,
-             why=l03.WHY.launch_blocking)
-pinlab.claim("the GPU kept up (launches block): races the timing verdict found", hb["timing"], expect=0,
-             why=l03.WHY.launch_blocking)
-pinlab.claim("copies the order verdict says can race", hb["order"], expect=hb["steps"] - 1, why=l03.WHY.by_order)
+pinlab.show(
+    "steps whose data arrived wrong / timing findings / copies that can race by order "
+    "(raced)",
+    f"{hb['wrong']} / {hb['timing']} / {hb['order']} ({hb['raced']}) of {hb['steps']}",
+)
+pinlab.claim(
+    "the GPU kept up (launches block): steps whose data arrived wrong",
+    hb["wrong"],
+    expect=0,
+    why=l03.WHY.launch_blocking,
+)
+pinlab.claim(
+    "the GPU kept up (launches block): races the timing verdict found",
+    hb["timing"],
+    expect=0,
+    why=l03.WHY.launch_blocking,
+)
+pinlab.claim(
+    "copies the order verdict says can race",
+    hb["order"],
+    expect=hb["steps"] - 1,
+    why=l03.WHY.by_order,
+)
 
 # %% [markdown]
 # The order verdict names the race in every run: on a GPU far behind, on one that keeps up, and
@@ -306,27 +409,59 @@ pinlab.claim("copies the order verdict says can race", hb["order"], expect=hb["s
 # pageable buffer. On a machine without CUDA the GPU run recorded by the course is replayed.
 
 # %%
-plain = pinlab.measure("03_plain_race", l03.plain_race, strategies=["reused_pinned", "pageable"],
-                       steps=200, nbytes=256, busy_ms=0.5)
+plain = pinlab.measure(
+    "03_plain_race",
+    l03.plain_race,
+    strategies=["reused_pinned", "pageable"],
+    steps=200,
+    nbytes=256,
+    busy_ms=0.5,
+)
 
 # %%
-l03.plot_received(plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})")
+l03.plot_received(
+    plain.result["runs"], title=f"Which step's data each copy delivered ({plain.tag})"
+)
 plt.show()
-pinlab.show("takeaway: steps that got another step's data, reused pinned / pageable", " / ".join(
-    f"{plain.result['runs'][k]['corrupted']} of {plain.result['runs'][k]['steps']}" for k in ("reused_pinned", "pageable")))
+pinlab.show(
+    "takeaway: steps that got another step's data, reused pinned / pageable",
+    " / ".join(
+        f"{plain.result['runs'][k]['corrupted']} of {plain.result['runs'][k]['steps']}"
+        for k in ("reused_pinned", "pageable")
+    ),
+)
 
 # %%
-pinned, pageable = plain.result["runs"]["reused_pinned"], plain.result["runs"]["pageable"]
-pinlab.show("reused pinned buffer: corrupted steps", f"{pinned['corrupted']} of {pinned['steps']} "
-            f"({pinned['rate']:.1%}); the first at step {pinned['first_corrupted']}")
-# each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead grows every step: after a
-# stall of the host (another process, the OS) only the next copy or two can find the GPU caught up
-pinlab.claim("the reused pinned buffer corrupted at least one step", pinned["corrupted"] >= 1,
-             value=pinned["corrupted"], why=l03.WHY.host_ahead)
-pinlab.claim("the reused pinned buffer corrupted more than half of the steps",
-             pinned["corrupted"] > pinned["steps"] // 2, value=f"{pinned['corrupted']} of {pinned['steps']}",
-             why=l03.WHY.host_ahead)
-pinlab.claim("the pageable buffer, corrupted steps", pageable["corrupted"], expect=0, why=l03.WHY.staged)
+pinned, pageable = (
+    plain.result["runs"]["reused_pinned"],
+    plain.result["runs"]["pageable"],
+)
+pinlab.show(
+    "reused pinned buffer: corrupted steps",
+    f"{pinned['corrupted']} of {pinned['steps']} ({pinned['rate']:.1%}); the first at "
+    f"step {pinned['first_corrupted']}",
+)
+# each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead
+# grows every step: after a stall of the host (another process, the OS) only the next
+# copy or two can find the GPU caught up
+pinlab.claim(
+    "the reused pinned buffer corrupted at least one step",
+    pinned["corrupted"] >= 1,
+    value=pinned["corrupted"],
+    why=l03.WHY.host_ahead,
+)
+pinlab.claim(
+    "the reused pinned buffer corrupted more than half of the steps",
+    pinned["corrupted"] > pinned["steps"] // 2,
+    value=f"{pinned['corrupted']} of {pinned['steps']}",
+    why=l03.WHY.host_ahead,
+)
+pinlab.claim(
+    "the pageable buffer, corrupted steps",
+    pageable["corrupted"],
+    expect=0,
+    why=l03.WHY.staged,
+)
 
 # %% [markdown]
 # Read the plot: a point above the diagonal is a copy that delivered the data of a step the host
@@ -375,14 +510,25 @@ pinlab.claim("the pageable buffer, corrupted steps", pageable["corrupted"], expe
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
-dec = pinlab.measure("03_decode_race", l03.decode_race, strategies=["reused_pinned", "pageable"],
-                     steps=64, busy_ms=3.0, ring=3, run_ahead=1, seed=0)
+dec = pinlab.measure(
+    "03_decode_race",
+    l03.decode_race,
+    strategies=["reused_pinned", "pageable"],
+    steps=64,
+    busy_ms=3.0,
+    ring=3,
+    run_ahead=1,
+    seed=0,
+)
 
 # %%
 pinlab.show("attention backend", dec.result["backend"])
 pinlab.show("why not FlashInfer", dec.result["fallback_reason"] or "FlashInfer ran")
 pinlab.show("FlashInfer first plan+run (JIT or cache load), s", dec.result["jit_s"])
-pinlab.show("requests joined / left during the run", f"{dec.result['joins']} / {dec.result['leaves']}")
+pinlab.show(
+    "requests joined / left during the run",
+    f"{dec.result['joins']} / {dec.result['leaves']}",
+)
 
 # %% [markdown]
 # If the backend above says `torch`, FlashInfer could not run on the machine that recorded this
@@ -392,31 +538,65 @@ pinlab.show("requests joined / left during the run", f"{dec.result['joins']} / {
 
 # %%
 tol = dec.result["tol"]
-l03.plot_errors(dec.result, "reused_pinned",
-                 title=f"Reused pinned buffer: error per request and step ({dec.tag})")
+l03.plot_errors(
+    dec.result,
+    "reused_pinned",
+    title=f"Reused pinned buffer: error per request and step ({dec.tag})",
+)
 plt.show()
-pinlab.show("takeaway: reused pinned, steps whose attention read wrong pages",
-            f"{dec.result['runs']['reused_pinned']['wrong_input_steps']} of {dec.result['steps']}")
+pinlab.show(
+    "takeaway: reused pinned, steps whose attention read wrong pages",
+    f"{dec.result['runs']['reused_pinned']['wrong_input_steps']} of "
+    f"{dec.result['steps']}",
+)
 
 # %%
 bad, good = dec.result["runs"]["reused_pinned"], dec.result["runs"]["pageable"]
 steps = dec.result["steps"]
-pinlab.show("reused pinned: copies that delivered another step's metadata", f"{bad['copies_wrong']} of {steps}")
-pinlab.show("reused pinned: steps whose attention read wrong pages (this run)",
-            f"{bad['wrong_input_steps']} of {steps} ({bad['wrong_input_steps'] / steps:.0%})")
-pinlab.show("reused pinned: requests that read wrong pages", f"{bad['wrong_input_requests']} of {bad['requests']}")
-pinlab.show("their error against the reference (median, max)",
-            f"{bad['median_err_wrong_inputs']}, {bad['max_err_wrong_inputs']}")
-# the GPU is kept 3 ms busy per step behind a host that needs well under 1 ms: a wide lead on any GPU
+pinlab.show(
+    "reused pinned: copies that delivered another step's metadata",
+    f"{bad['copies_wrong']} of {steps}",
+)
+pinlab.show(
+    "reused pinned: steps whose attention read wrong pages (this run)",
+    f"{bad['wrong_input_steps']} of {steps} ({bad['wrong_input_steps'] / steps:.0%})",
+)
+pinlab.show(
+    "reused pinned: requests that read wrong pages",
+    f"{bad['wrong_input_requests']} of {bad['requests']}",
+)
+pinlab.show(
+    "their error against the reference (median, max)",
+    f"{bad['median_err_wrong_inputs']}, {bad['max_err_wrong_inputs']}",
+)
+# the GPU is kept 3 ms busy per step behind a host that needs well under 1 ms: a wide
+# lead on any GPU
 right_err = max(bad["max_err_right_inputs"], good["max_err_right_inputs"])
-pinlab.claim("reused pinned buffer: some copy delivered another step's metadata", bad["copies_wrong"] >= 1,
-             value=bad["copies_wrong"], why=l03.WHY.behind)
-pinlab.claim("reused pinned buffer: the attention read wrong pages on at least one step", bad["wrong_input_steps"] >= 1,
-             value=bad["wrong_input_steps"], why=l03.WHY.behind)
-pinlab.claim("pageable buffer: steps whose attention read wrong pages", good["wrong_input_steps"], expect=0,
-             why=l03.WHY.staged)
-pinlab.claim(f"every request whose attention read the right inputs matched the reference within {tol}",
-             right_err <= tol, value=right_err, why=l03.WHY.fp16)
+pinlab.claim(
+    "reused pinned buffer: some copy delivered another step's metadata",
+    bad["copies_wrong"] >= 1,
+    value=bad["copies_wrong"],
+    why=l03.WHY.behind,
+)
+pinlab.claim(
+    "reused pinned buffer: the attention read wrong pages on at least one step",
+    bad["wrong_input_steps"] >= 1,
+    value=bad["wrong_input_steps"],
+    why=l03.WHY.behind,
+)
+pinlab.claim(
+    "pageable buffer: steps whose attention read wrong pages",
+    good["wrong_input_steps"],
+    expect=0,
+    why=l03.WHY.staged,
+)
+pinlab.claim(
+    "every request whose attention read the right inputs matched the reference within "
+    f"{tol}",
+    right_err <= tol,
+    value=right_err,
+    why=l03.WHY.fp16,
+)
 
 # %% [markdown]
 # Each red dot is a request whose attention read pages that belong to another request, or to
@@ -444,31 +624,44 @@ pinlab.claim(f"every request whose attention read the right inputs matched the r
 # above, unbounded (no sync until the end), plus a small kernel that reads each copy (it records
 # what arrived, so the data is checked too), with a clock around each call:
 
+
 # %%
 def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
-    """The unbounded step loop with a clock around every call: host µs per step for each part."""
+    """The unbounded step loop with a clock around every call: host µs per step for each
+    part."""
     dst = torch.zeros(4, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
-    seen = torch.zeros(steps, 2, dtype=host_buf.dtype, device=s.device)  # min, max each copy delivered
+    # min, max each copy delivered
+    seen = torch.zeros(steps, 2, dtype=host_buf.dtype, device=s.device)
     us = {"write": [], "copy": [], "check": [], "forward": []}
     clock = time.perf_counter_ns
     start = clock()
     for n in range(steps):
         t0 = clock()
-        host_buf.fill_(n)                                      # the host writes step n's inputs
+        host_buf.fill_(n)  # the host writes step n's inputs
         t1 = clock()
-        dst[n % 4].copy_(host_buf, non_blocking=True)          # the copy call
+        dst[n % 4].copy_(host_buf, non_blocking=True)  # the copy call
         t2 = clock()
-        s.launch(torch.aminmax, dst[n % 4], out=(seen[n, 0], seen[n, 1]))  # launch: a kernel reads it
+        # launch: a kernel reads it
+        s.launch(torch.aminmax, dst[n % 4], out=(seen[n, 0], seen[n, 1]))
         t3 = clock()
-        s.busy(busy_ms)                                        # launch: the rest of the forward
+        s.busy(busy_ms)  # launch: the rest of the forward
         t4 = clock()
-        for part, a, b in (("write", t0, t1), ("copy", t1, t2), ("check", t2, t3), ("forward", t3, t4)):
+        for part, a, b in (
+            ("write", t0, t1),
+            ("copy", t1, t2),
+            ("check", t2, t3),
+            ("forward", t3, t4),
+        ):
             us[part].append(round((b - a) / 1e3, 2))
     end_of_loop = clock()
-    s.synchronize()                                            # the host waits for the GPU only here
+    s.synchronize()  # the host waits for the GPU only here
     wrong = sum(1 for n, (lo, hi) in enumerate(seen.tolist()) if not lo == hi == n)
-    return {"us": us, "loop_ms": (end_of_loop - start) / 1e6, "drain_ms": (clock() - end_of_loop) / 1e6,
-            "wrong": wrong}
+    return {
+        "us": us,
+        "loop_ms": (end_of_loop - start) / 1e6,
+        "drain_ms": (clock() - end_of_loop) / 1e6,
+        "wrong": wrong,
+    }
 
 
 # %% [markdown]
@@ -494,35 +687,67 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 # launch, a call that copies nothing. The lines below say, per size, which it was in this run.
 # </details>
 
+
 # %%
 def pageable_cost(sizes, buffers, steps=400, busy_ms=0.5):
-    """The timed step loop per size and kind of host buffer ("pageable", or a reused "pinned" one)."""
+    """The timed step loop per size and kind of host buffer ("pageable", or a reused
+    "pinned" one)."""
     runs = []
     with pinlab.stream() as s:
         for nbytes in pinlab.progress(sizes, desc="timed step loop"):
             for buffer in buffers:
-                host_buf = torch.zeros(nbytes // 4, dtype=torch.int32, pin_memory=buffer == "pinned")
-                timed_step_loop(s, host_buf, steps=8, busy_ms=0.05)   # warm-up, not recorded
-                runs.append({"nbytes": nbytes, "buffer": buffer, **timed_step_loop(s, host_buf, steps, busy_ms)})
+                host_buf = torch.zeros(
+                    nbytes // 4, dtype=torch.int32, pin_memory=buffer == "pinned"
+                )
+                # warm-up, not recorded
+                timed_step_loop(s, host_buf, steps=8, busy_ms=0.05)
+                runs.append(
+                    {
+                        "nbytes": nbytes,
+                        "buffer": buffer,
+                        **timed_step_loop(s, host_buf, steps, busy_ms),
+                    }
+                )
                 del host_buf
     return {"sizes": sizes, "steps": steps, "busy_ms": busy_ms, "runs": runs}
 
 
-pc = pinlab.measure("03_pageable_cost", pageable_cost, sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
-                    buffers=["pageable", "pinned"], steps=400, busy_ms=0.5)
+pc = pinlab.measure(
+    "03_pageable_cost",
+    pageable_cost,
+    sizes=[1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024],
+    buffers=["pageable", "pinned"],
+    steps=400,
+    busy_ms=0.5,
+)
 parts = {(r["buffer"], r["nbytes"]): l03.step_parts(r) for r in pc.result["runs"]}
 
 # %% tags=["nbval-ignore-output"]
-part_rows = [{"buffer": b, "bytes": n, "loop": p["loop_ms"], "share": p["share"], **p["group_ms"],
-              "copy_med": p["median_us"]["copy"], "check_med": p["median_us"]["check"],
-              "fwd_med": p["median_us"]["forward"]} for (b, n), p in parts.items()]
+part_rows = [
+    {
+        "buffer": b,
+        "bytes": n,
+        "loop": p["loop_ms"],
+        "share": p["share"],
+        **p["group_ms"],
+        "copy_med": p["median_us"]["copy"],
+        "check_med": p["median_us"]["check"],
+        "fwd_med": p["median_us"]["forward"],
+    }
+    for (b, n), p in parts.items()
+]
 pinlab.table(part_rows, l03.PARTS_COLUMNS)
 
 # %%
 l03.plot_step_parts(pc.result, title=f"Where the host's loop time went ({pc.tag})")
 plt.show()
-pinlab.show("takeaway: pageable, host loop / whole run", ", ".join(
-    f"{fmt_bytes(n)} {parts[('pageable', n)]['share']:.0%}" for n in pc.result["sizes"]))
+pinlab.show(
+    "takeaway: pageable, host loop / whole run",
+    ", ".join(
+        f"{fmt_bytes(n)} {parts[('pageable', n)]['share']:.0%}"
+        for n in pc.result["sizes"]
+    ),
+)
 
 # %% [markdown]
 # Now count the waits. A call that only enqueues work takes microseconds; a call that waits for
@@ -545,9 +770,15 @@ pinlab.show("takeaway: pageable, host loop / whole run", ", ".join(
 # %%
 sizes, steps, busy_ms = pc.result["sizes"], pc.result["steps"], pc.result["busy_ms"]
 half_step_us = busy_ms * 1e3 / 2
-OPS_PER_STEP = 3  # what each step puts in the stream's queue: the copy, the check kernel, the forward kernel
-call_names = {"write": "the write", "copy": "the copy call", "check": "the launch of the kernel that reads the copy",
-              "forward": "the launch of the forward"}
+# what each step puts in the stream's queue: the copy, the check kernel, the forward
+# kernel
+OPS_PER_STEP = 3
+call_names = {
+    "write": "the write",
+    "copy": "the copy call",
+    "check": "the launch of the kernel that reads the copy",
+    "forward": "the launch of the forward",
+}
 runs_of = {(r["buffer"], r["nbytes"]): r for r in pc.result["runs"]}
 waited = {n: l03.waits(runs_of[("pageable", n)], half_step_us) for n in sizes}
 first_wait = {}  # per size: (step, call, steps queued then), or None
@@ -555,30 +786,49 @@ first_wait = {}  # per size: (step, call, steps queued then), or None
 
 def launch_wait_ms(r):
     """Host ms spent in launch calls that took over half a GPU step (they waited)."""
-    return sum(v for part in ("check", "forward") for v in r["us"][part] if v > half_step_us) / 1e3
+    return (
+        sum(
+            v
+            for part in ("check", "forward")
+            for v in r["us"][part]
+            if v > half_step_us
+        )
+        / 1e3
+    )
 
 
 for n in sizes:
     r, p, w = runs_of[("pageable", n)], parts[("pageable", n)], waited[n]
     launches = w["check"]["steps"] + w["forward"]["steps"]
-    pinlab.show(f"pageable, {fmt_bytes(n)} per step: host loop / whole run; share of the loop in copy calls, launches",
-                f"{p['share']:.0%}; {p['group_ms']['copy call'] / p['loop_ms']:.0%}, "
-                f"{p['group_ms']['kernel launches'] / p['loop_ms']:.0%}")
+    pinlab.show(
+        f"pageable, {fmt_bytes(n)} per step: host loop / whole run; share of the loop "
+        "in copy calls, launches",
+        f"{p['share']:.0%}; {p['group_ms']['copy call'] / p['loop_ms']:.0%}, "
+        f"{p['group_ms']['kernel launches'] / p['loop_ms']:.0%}",
+    )
     firsts = [(v["first"], part) for part, v in w.items() if v["first"] is not None]
     if firsts:
         first, part = min(firsts)
         host_ms = sum(sum(r["us"][q][:first]) for q in l03.STEP_PARTS) / 1e3
         queued = max(0.0, first - host_ms / busy_ms)
         first_wait[n] = (first, part, queued)
-        where = (f"step {first}, in {call_names[part]}, with about {queued:.0f} steps queued "
-                 f"({queued * OPS_PER_STEP:.0f} operations in the stream's queue, {fmt_bytes(queued * n)} of copies)")
+        where = (
+            f"step {first}, in {call_names[part]}, with about {queued:.0f} steps "
+            f"queued ({queued * OPS_PER_STEP:.0f} operations in the stream's queue, "
+            f"{fmt_bytes(queued * n)} of copies)"
+        )
     else:
         first_wait[n] = None
         where = "none"
-    pinlab.show(f"pageable, {fmt_bytes(n)} per step: steps whose copy call / a launch took over half a GPU step; the first",
-                f"{w['copy']['steps']} / {launches} of {steps}; {where}")
-pinlab.show("pinned (racy), host loop / whole run per size",
-            ", ".join(f"{parts[('pinned', n)]['share']:.0%}" for n in sizes))
+    pinlab.show(
+        f"pageable, {fmt_bytes(n)} per step: steps whose copy call / a launch took "
+        "over half a GPU step; the first",
+        f"{w['copy']['steps']} / {launches} of {steps}; {where}",
+    )
+pinlab.show(
+    "pinned (racy), host loop / whole run per size",
+    ", ".join(f"{parts[('pinned', n)]['share']:.0%}" for n in sizes),
+)
 # %% [markdown]
 # What that says, size by size, in words computed from this run; then the one fact checked on every
 # machine (the data), and the behaviour of this run as observations.
@@ -586,53 +836,95 @@ pinlab.show("pinned (racy), host loop / whole run per size",
 # %%
 small, mid = sorted(sizes)[:2]
 big = [n for n in sizes if n >= 1024 * 1024]
-pinlab.show(f"{fmt_bytes(small)} pageable / pinned: of the time in launch calls, in launches that waited",
-            " / ".join(f"{launch_wait_ms(runs_of[(b, small)]):.1f} of "
-                       f"{parts[(b, small)]['group_ms']['kernel launches']:.1f} ms" for b in ("pageable", "pinned")))
+pinlab.show(
+    f"{fmt_bytes(small)} pageable / pinned: of the time in launch calls, in launches "
+    "that waited",
+    " / ".join(
+        f"{launch_wait_ms(runs_of[(b, small)]):.1f} of "
+        f"{parts[(b, small)]['group_ms']['kernel launches']:.1f} ms"
+        for b in ("pageable", "pinned")
+    ),
+)
 
 
 def what_it_shows(n):
     """This run's behaviour at one size, in words (computed, so true on any machine)."""
     p, w = parts[("pageable", n)], waited[n]
-    slow_ms = {"write": w["write"]["ms"], "copy": w["copy"]["ms"],      # host ms in calls over half a GPU step
-               "launch": w["check"]["ms"] + w["forward"]["ms"]}
-    pace = "ran ahead of the GPU" if p["share"] < 0.5 else "did not run ahead of the GPU"
+    slow_ms = {
+        "write": w["write"]["ms"],
+        "copy": w["copy"]["ms"],  # host ms in calls over half a GPU step
+        "launch": w["check"]["ms"] + w["forward"]["ms"],
+    }
+    pace = (
+        "ran ahead of the GPU" if p["share"] < 0.5 else "did not run ahead of the GPU"
+    )
     if max(slow_ms.values()) == 0:
         return f"the host {pace}; no call took over half a GPU step"
-    where = {"write": "the write, the host's own work (no call into CUDA)", "copy": "the copy call itself",
-             "launch": "a launch after the copy, a call that copies nothing"}[max(slow_ms, key=slow_ms.get)]
-    return f"the host {pace}; of the time in calls over half a GPU step, most was in {where}"
+    where = {
+        "write": "the write, the host's own work (no call into CUDA)",
+        "copy": "the copy call itself",
+        "launch": "a launch after the copy, a call that copies nothing",
+    }[max(slow_ms, key=slow_ms.get)]
+    return (
+        f"the host {pace}; of the time in calls over half a GPU step, most was in "
+        f"{where}"
+    )
 
 
 for n in sizes:
-    pinlab.show(f"what this run shows, pageable {fmt_bytes(n)} per step", what_it_shows(n))
+    pinlab.show(
+        f"what this run shows, pageable {fmt_bytes(n)} per step", what_it_shows(n)
+    )
 
 # exact, on every machine: the driver stages each pageable copy during the call
 wrong_pageable = sum(runs_of[("pageable", n)]["wrong"] for n in sizes)
-pinlab.claim("pageable buffer, steps that received another step's data, at every size", wrong_pageable, expect=0,
-             why=l03.WHY.staged)
+pinlab.claim(
+    "pageable buffer, steps that received another step's data, at every size",
+    wrong_pageable,
+    expect=0,
+    why=l03.WHY.staged,
+)
 
-# observed: when the host waits depends on the driver's staging (undocumented), the link, the host's
-# speed and what else runs on the GPU
+# observed: when the host waits depends on the driver's staging (undocumented), the
+# link, the host's speed and what else runs on the GPU
 share = {(b, n): parts[(b, n)]["share"] for (b, n) in parts}
 mid_launches = waited[mid]["check"]["steps"] + waited[mid]["forward"]["steps"]
 mid_copies = waited[mid]["copy"]["steps"]
-pinlab.observe(f"{fmt_bytes(small)} pageable: the host finished its loop while most of the GPU work was still queued",
-               share[("pageable", small)] < 0.5, value=f"loop / run {share[('pageable', small)]:.0%}",
-               why=l03.WHY.staging)
-pinlab.observe(f"{fmt_bytes(mid)} and larger, pageable: the host loop lasted at least half of the run",
-               all(share[("pageable", n)] >= 0.5 for n in sizes if n >= mid),
-               value=", ".join(f"{share[('pageable', n)]:.0%}" for n in sizes if n >= mid), why=l03.WHY.staging)
-pinlab.observe(f"{fmt_bytes(mid)} pageable: the copy calls did not wait, a launch after them did",
-               mid_copies <= steps // 10 and mid_launches >= steps // 4, why=l03.WHY.staging,
-               value=f"over half a step: {mid_copies} copy calls, {mid_launches} launches of {steps} steps")
+pinlab.observe(
+    f"{fmt_bytes(small)} pageable: the host finished its loop while most of the GPU "
+    "work was still queued",
+    share[("pageable", small)] < 0.5,
+    value=f"loop / run {share[('pageable', small)]:.0%}",
+    why=l03.WHY.staging,
+)
+pinlab.observe(
+    f"{fmt_bytes(mid)} and larger, pageable: the host loop lasted at least half of the "
+    "run",
+    all(share[("pageable", n)] >= 0.5 for n in sizes if n >= mid),
+    value=", ".join(f"{share[('pageable', n)]:.0%}" for n in sizes if n >= mid),
+    why=l03.WHY.staging,
+)
+pinlab.observe(
+    f"{fmt_bytes(mid)} pageable: the copy calls did not wait, a launch after them did",
+    mid_copies <= steps // 10 and mid_launches >= steps // 4,
+    why=l03.WHY.staging,
+    value=f"over half a step: {mid_copies} copy calls, {mid_launches} launches of "
+    f"{steps} steps",
+)
 for n in big:
-    pinlab.observe(f"{fmt_bytes(n)} pageable: the copy call itself took over half a GPU step on most steps",
-                   waited[n]["copy"]["steps"] > steps // 2, value=f"{waited[n]['copy']['steps']} of {steps}",
-                   why=l03.WHY.staging_or_slow_host)
-pinned_ran_ahead = pinlab.observe("reused pinned buffer: the host finished its loop first at every size",
-                                  all(share[("pinned", n)] < 0.5 for n in sizes), why=l03.WHY.slow_host,
-                                  value=", ".join(f"{share[('pinned', n)]:.0%}" for n in sizes))
+    pinlab.observe(
+        f"{fmt_bytes(n)} pageable: the copy call itself took over half a GPU step on "
+        "most steps",
+        waited[n]["copy"]["steps"] > steps // 2,
+        value=f"{waited[n]['copy']['steps']} of {steps}",
+        why=l03.WHY.staging_or_slow_host,
+    )
+pinned_ran_ahead = pinlab.observe(
+    "reused pinned buffer: the host finished its loop first at every size",
+    all(share[("pinned", n)] < 0.5 for n in sizes),
+    why=l03.WHY.slow_host,
+    value=", ".join(f"{share[('pinned', n)]:.0%}" for n in sizes),
+)
 
 # %% [markdown]
 # Read the bars against the dashed line (the GPU's work): a bar far below it is a host that ran
@@ -692,44 +984,84 @@ pinned_ran_ahead = pinlab.observe("reused pinned buffer: the host finished its l
 # </details>
 
 # %%
-lq = pinlab.measure("03_launch_queue", l03.launch_queue, launches=5000, busy_ms=100.0, numel=16)
+lq = pinlab.measure(
+    "03_launch_queue", l03.launch_queue, launches=5000, busy_ms=100.0, numel=16
+)
 q = lq.result
 
 # %%
 l03.plot_launch_queue(q, title=f"Launch calls behind a busy GPU ({lq.tag})")
 plt.show()
-pinlab.show("takeaway", f"a launch call blocked once {q['full_at']} launches were queued" if q["full_at"] is not None
-            else "no launch call found the queue full")
+pinlab.show(
+    "takeaway",
+    f"a launch call blocked once {q['full_at']} launches were queued"
+    if q["full_at"] is not None
+    else "no launch call found the queue full",
+)
 
 # %%
-pinlab.claim("every queued launch ran once (x read back after the sync)", q["ran"] == q["launches"],
-             value=f"{q['ran']} of {q['launches']}", why=l03.WHY.launch_count)
+pinlab.claim(
+    "every queued launch ran once (x read back after the sync)",
+    q["ran"] == q["launches"],
+    value=f"{q['ran']} of {q['launches']}",
+    why=l03.WHY.launch_count,
+)
 if q["full_at"] is not None:
-    pinlab.show("launches queued behind the busy GPU before a launch call blocked (the queue's depth)", q["full_at"])
+    pinlab.show(
+        "launches queued behind the busy GPU before a launch call blocked (the queue's "
+        "depth)",
+        q["full_at"],
+    )
     pinlab.show("that launch call waited", f"{q['waited_ms']:.1f} ms")
 elif q["busy_done_at"] is not None:
-    pinlab.show("launches queued behind the busy GPU before a launch call blocked",
-                f"none: the busy kernel ended at launch {q['busy_done_at']}, before the queue was full")
+    pinlab.show(
+        "launches queued behind the busy GPU before a launch call blocked",
+        f"none: the busy kernel ended at launch {q['busy_done_at']}, before the queue "
+        "was full",
+    )
 else:
-    pinlab.show("launches queued behind the busy GPU before a launch call blocked",
-                f"none among {q['launches']}: the queue holds more")
-pinlab.show("host µs per launch call, before the one that blocked if any: median / p90 / max",
-            " / ".join(f"{q['before_full'][k]:.1f}" for k in ("median_us", "p90_us", "max_us")))
-# the 1 KiB loop above: operations queued when its first wait came, against the depth measured here
+    pinlab.show(
+        "launches queued behind the busy GPU before a launch call blocked",
+        f"none among {q['launches']}: the queue holds more",
+    )
+pinlab.show(
+    "host µs per launch call, before the one that blocked if any: median / p90 / max",
+    " / ".join(f"{q['before_full'][k]:.1f}" for k in ("median_us", "p90_us", "max_us")),
+)
+# the 1 KiB loop above: operations queued when its first wait came, against the depth
+# measured here
 fw = first_wait[small]
 if q["full_at"] is not None and fw is not None:
     ops = fw[2] * OPS_PER_STEP
     near = abs(ops - q["full_at"]) <= 0.25 * q["full_at"]
-    pinlab.observe(f"the {fmt_bytes(small)} loop's first wait came when about as many operations were queued as the "
-                   "launch queue holds", near, value=f"{ops:.0f} operations then, a queue of {q['full_at']}",
-                   why=l03.WHY.two_runs)
+    pinlab.observe(
+        f"the {fmt_bytes(small)} loop's first wait came when about as many operations "
+        "were queued as the launch queue holds",
+        near,
+        value=f"{ops:.0f} operations then, a queue of {q['full_at']}",
+        why=l03.WHY.two_runs,
+    )
     if near:
-        pinlab.show("what this run shows", f"the {fmt_bytes(small)} loop waited because the launch queue was full, "
-                    f"with only {fmt_bytes(fw[2] * small)} of copies staged: not the staging pool")
+        pinlab.show(
+            "what this run shows",
+            f"the {fmt_bytes(small)} loop waited because the launch queue was full, "
+            f"with only {fmt_bytes(fw[2] * small)} of copies staged: not the staging "
+            "pool",
+        )
 else:
-    which = ([] if q["full_at"] is not None else ["the launch-queue measurement (no launch call blocked)"]) + \
-            ([] if fw is not None else [f"the {fmt_bytes(small)} loop above (its host never waited)"])
-    pinlab.show("what this run shows", "no comparison: nothing filled up in " + " nor in ".join(which))
+    which = (
+        []
+        if q["full_at"] is not None
+        else ["the launch-queue measurement (no launch call blocked)"]
+    ) + (
+        []
+        if fw is not None
+        else [f"the {fmt_bytes(small)} loop above (its host never waited)"]
+    )
+    pinlab.show(
+        "what this run shows",
+        "no comparison: nothing filled up in " + " nor in ".join(which),
+    )
 
 # %% [markdown]
 # Where the queue filled, the plot has two populations: the launch calls that only enqueued
@@ -749,7 +1081,9 @@ else:
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start)
-pinlab.claim("pinned memory held is back to its starting level", back, why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level", back, why=pinlab.PINNED_BACK_WHY
+)
 
 # %% [markdown]
 # ## What to remember

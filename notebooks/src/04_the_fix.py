@@ -27,9 +27,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 from functools import partial
@@ -65,16 +67,18 @@ pinned_at_start = pinlab.pinned_baseline()
 # Here is lesson 03's step loop with the fix, in torch. `pinlab.stream()` is the CUDA stream on a
 # GPU and the emulated lagging stream (labelled "emulated") on a machine without one.
 
+
 # %%
 def snapshot_loop(s, steps=200, busy_ms=0.5, n_ints=64):
-    """The fix: one pageable buffer, reused every step, and a pinned snapshot of it per copy."""
-    buf = torch.zeros(n_ints, dtype=torch.int32)               # pageable, reused every step
+    """The fix: one pageable buffer, reused every step, and a pinned snapshot of it per
+    copy."""
+    buf = torch.zeros(n_ints, dtype=torch.int32)  # pageable, reused every step
     dst = torch.zeros(steps, n_ints, dtype=torch.int32, device=s.device)
     for n in range(steps):
-        buf.fill_(n)                                            # the host writes step n's inputs
-        snap = buf.pin_memory()                                 # a private pinned copy of this step's bytes
-        dst[n].copy_(snap, non_blocking=True)                   # the DMA reads the snapshot, never buf
-        s.busy(busy_ms)                                         # the GPU runs step n's forward
+        buf.fill_(n)  # the host writes step n's inputs
+        snap = buf.pin_memory()  # a private pinned copy of this step's bytes
+        dst[n].copy_(snap, non_blocking=True)  # the DMA reads the snapshot, never buf
+        s.busy(busy_ms)  # the GPU runs step n's forward
     s.synchronize()
     return [row[0] if min(row) == max(row) else -1 for row in dst.tolist()]
 
@@ -82,8 +86,13 @@ def snapshot_loop(s, steps=200, busy_ms=0.5, n_ints=64):
 with pinlab.stream() as s:
     snap_rows = snapshot_loop(s)
 pinlab.show("stream", s.label)
-wrong = sum(r != n for n, r in enumerate(snap_rows))     # each copy reads its own snapshot
-pinlab.claim("pin_memory() snapshot: copies that delivered another step's data", wrong, expect=0, why=l04.WHY.torch_bug)
+wrong = sum(r != n for n, r in enumerate(snap_rows))  # each copy reads its own snapshot
+pinlab.claim(
+    "pin_memory() snapshot: copies that delivered another step's data",
+    wrong,
+    expect=0,
+    why=l04.WHY.torch_bug,
+)
 
 # %% [markdown]
 # Each snapshot is a block from PyTorch's caching host allocator (lesson 01: it keeps freed pinned
@@ -107,21 +116,55 @@ pinlab.claim("pin_memory() snapshot: copies that delivered another step's data",
 # load, as a control: a test that cannot fail proves nothing.
 
 # %%
-soak = pinlab.measure("04_soak", l04.snapshot_soak, steps=10_000, nbytes=4096, busy_ms=0.05, control_steps=1000,
-                      warm_blocks=1024, reserve_mb=64, timeout_s=60.0)
+soak = pinlab.measure(
+    "04_soak",
+    l04.snapshot_soak,
+    steps=10_000,
+    nbytes=4096,
+    busy_ms=0.05,
+    control_steps=1000,
+    warm_blocks=1024,
+    reserve_mb=64,
+    timeout_s=60.0,
+)
 passes, control = soak.result["passes"], soak.result["control"]
 
 # %%
-pinlab.show("control (reused pinned buffer): corrupted steps", f"{control['corrupted']} of {control['steps']}")
-pinlab.show("snapshot, cold: distinct pinned blocks used", passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a")
-pinlab.show("runs of the snapshot loop", ", ".join(passes) or "none")  # "reserved" needs a torch that knows the setting
-ran = {"cold", "warmed"} <= set(passes) and all(p["steps"] == 10_000 for p in passes.values())
-children = "; ".join(f"{k}: {v['outcome']} ({v['detail']})" for k, v in soak.result["children"].items())
+pinlab.show(
+    "control (reused pinned buffer): corrupted steps",
+    f"{control['corrupted']} of {control['steps']}",
+)
+pinlab.show(
+    "snapshot, cold: distinct pinned blocks used",
+    passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a",
+)
+# "reserved" needs a torch that knows the setting
+pinlab.show("runs of the snapshot loop", ", ".join(passes) or "none")
+ran = {"cold", "warmed"} <= set(passes) and all(
+    p["steps"] == 10_000 for p in passes.values()
+)
+children = "; ".join(
+    f"{k}: {v['outcome']} ({v['detail']})" for k, v in soak.result["children"].items()
+)
 corrupted = sum(p["corrupted"] for p in passes.values())
-pinlab.claim("the snapshot loop ran cold and warmed, 10,000 steps each", ran, value=children, why=l04.WHY.soak_children)
-pinlab.claim("corrupted steps with the snapshot, all runs", corrupted, expect=0, why=l04.WHY.torch_bug)
-pinlab.claim("the control corrupted at least one step", control["corrupted"] >= 1,
-             value=f"{control['corrupted']} of {control['steps']}", why=l04.WHY.lead_005ms)
+pinlab.claim(
+    "the snapshot loop ran cold and warmed, 10,000 steps each",
+    ran,
+    value=children,
+    why=l04.WHY.soak_children,
+)
+pinlab.claim(
+    "corrupted steps with the snapshot, all runs",
+    corrupted,
+    expect=0,
+    why=l04.WHY.torch_bug,
+)
+pinlab.claim(
+    "the control corrupted at least one step",
+    control["corrupted"] >= 1,
+    value=f"{control['corrupted']} of {control['steps']}",
+    why=l04.WHY.lead_005ms,
+)
 
 # %% [markdown]
 # ## Why it is safe: the caching host allocator
@@ -150,18 +193,42 @@ pinlab.claim("the control corrupted at least one step", control["corrupted"] >= 
 # </details>
 
 # %%
-alloc = pinlab.measure("04_allocator_reuse", l04.allocator_reuse, nbytes=4096, busy_ms=50.0, steps=200, run_ahead=3)
+alloc = pinlab.measure(
+    "04_allocator_reuse",
+    l04.allocator_reuse,
+    nbytes=4096,
+    busy_ms=50.0,
+    steps=200,
+    run_ahead=3,
+)
 a = alloc.result
 
 # %%
 allocs = a["new_host_allocs"]
 pinlab.show("new cudaHostAlloc calls for snapshots 1, 2, 3", allocs)
 pinlab.show("torch.cuda.host_memory_stats() (a few entries)", a["host_memory_stats"])
-pending, differs, returned = a["copy_pending_at_second_snapshot"], a["second_block_differs"], a["third_reuses_first"]
-pinlab.claim("snapshot 2 was taken while snapshot 1's copy was still pending", pending, why=l04.WHY.pending)
+pending, differs, returned = (
+    a["copy_pending_at_second_snapshot"],
+    a["second_block_differs"],
+    a["third_reuses_first"],
+)
+pinlab.claim(
+    "snapshot 2 was taken while snapshot 1's copy was still pending",
+    pending,
+    why=l04.WHY.pending,
+)
 pinlab.claim("so snapshot 2 got a different block", differs, why=l04.WHY.allocator)
-pinlab.claim("after a sync, snapshot 3 got snapshot 1's block back", returned, why=l04.WHY.allocator)
-pinlab.claim("snapshot 3 needed no new cudaHostAlloc", allocs[2] == 0, value=allocs, why=l04.WHY.allocator)
+pinlab.claim(
+    "after a sync, snapshot 3 got snapshot 1's block back",
+    returned,
+    why=l04.WHY.allocator,
+)
+pinlab.claim(
+    "snapshot 3 needed no new cudaHostAlloc",
+    allocs[2] == 0,
+    value=allocs,
+    why=l04.WHY.allocator,
+)
 
 # %% [markdown]
 # The same over a whole step loop: 200 snapshots, the host waiting for step n-4 before writing
@@ -172,10 +239,26 @@ pinlab.claim("snapshot 3 needed no new cudaHostAlloc", allocs[2] == 0, value=all
 # %%
 loop = a["loop"]
 pinlab.show("distinct pinned blocks for 200 snapshots", loop["distinct_blocks"])
-reused, early, blocks = loop["blocks_reused"], loop["reused_before_copy_done"], loop["distinct_blocks"]
-pinlab.claim("blocks were handed out again", reused > 0, value=reused, why=l04.WHY.allocator)
-pinlab.claim("no block was handed out again before its copy had run", early == 0, value=early, why=l04.WHY.reused_early)
-pinlab.claim("fewer than 16 blocks served all 200 snapshots", blocks < 16, value=blocks, why=l04.WHY.in_flight)
+reused, early, blocks = (
+    loop["blocks_reused"],
+    loop["reused_before_copy_done"],
+    loop["distinct_blocks"],
+)
+pinlab.claim(
+    "blocks were handed out again", reused > 0, value=reused, why=l04.WHY.allocator
+)
+pinlab.claim(
+    "no block was handed out again before its copy had run",
+    early == 0,
+    value=early,
+    why=l04.WHY.reused_early,
+)
+pinlab.claim(
+    "fewer than 16 blocks served all 200 snapshots",
+    blocks < 16,
+    value=blocks,
+    why=l04.WHY.in_flight,
+)
 
 # %% [markdown]
 # The allocator keeps about as many blocks as there are copies in flight, and recycles them as
@@ -196,11 +279,32 @@ trap = pinlab.measure("04_pin_trap", l04.pin_trap, nbytes=256, steps=200, busy_m
 t = trap.result
 runs = t["race"]["runs"]
 same, new = t["same_storage"], t["pageable_gets_new_storage"]
-of_pinned, of_pageable = runs["snapshot_of_pinned"]["corrupted"], runs["snapshot"]["corrupted"]
-pinlab.claim("pin_memory() of a pinned tensor returns the same storage", same, why=l04.WHY.pin_memory_doc)
-pinlab.claim("pin_memory() of a pageable tensor returns new storage", new, why=l04.WHY.pin_memory_doc)
-pinlab.claim("snapshot of a pinned buffer: at least one corrupted step", of_pinned >= 1, value=of_pinned, why=l04.WHY.lead_05ms)
-pinlab.claim("snapshot of a pageable buffer: corrupted steps", of_pageable, expect=0, why=l04.WHY.torch_bug)
+of_pinned, of_pageable = (
+    runs["snapshot_of_pinned"]["corrupted"],
+    runs["snapshot"]["corrupted"],
+)
+pinlab.claim(
+    "pin_memory() of a pinned tensor returns the same storage",
+    same,
+    why=l04.WHY.pin_memory_doc,
+)
+pinlab.claim(
+    "pin_memory() of a pageable tensor returns new storage",
+    new,
+    why=l04.WHY.pin_memory_doc,
+)
+pinlab.claim(
+    "snapshot of a pinned buffer: at least one corrupted step",
+    of_pinned >= 1,
+    value=of_pinned,
+    why=l04.WHY.lead_05ms,
+)
+pinlab.claim(
+    "snapshot of a pageable buffer: corrupted steps",
+    of_pageable,
+    expect=0,
+    why=l04.WHY.torch_bug,
+)
 
 # %%
 l03.plot_received(runs, title=f"The trap: pin_memory() of a pinned buffer ({trap.tag})")
@@ -227,27 +331,51 @@ plt.show()
 # that moving the metadata costs this way, `copy_()` included.
 
 # %%
-cost = pinlab.measure("04_snapshot_cost", l04.snapshot_cost, sizes=[1024, 4096, 16384, 65536], steps=300, busy_ms=0.1,
-                      run_ahead=1, rounds=3)
+cost = pinlab.measure(
+    "04_snapshot_cost",
+    l04.snapshot_cost,
+    sizes=[1024, 4096, 16384, 65536],
+    steps=300,
+    busy_ms=0.1,
+    run_ahead=1,
+    rounds=3,
+)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(cost.result["rows"], l04.COST_COLUMNS)
 
 # %%
 rows = cost.result["rows"]
-bars([fmt_bytes(r["nbytes"]) for r in rows], [r["snapshot_extra_us"] for r in rows],
-     ylabel="host µs per step added by pin_memory()", title=f"The snapshot's host cost ({cost.tag})",
-     annotate="{:.1f}")
+bars(
+    [fmt_bytes(r["nbytes"]) for r in rows],
+    [r["snapshot_extra_us"] for r in rows],
+    ylabel="host µs per step added by pin_memory()",
+    title=f"The snapshot's host cost ({cost.tag})",
+    annotate="{:.1f}",
+)
 plt.show()
 
 # %%
 worst = max(r["snapshot_extra_us"] for r in rows)
-pinlab.show("largest host time the snapshot adds per step, up to 64 KiB", f"{worst:.1f} µs")
-pinlab.show("largest snapshot - no copy (all of the move) per step", f"{max(r['copy_total_us'] for r in rows):.1f} µs")
-pinlab.show("what this run shows", f"the snapshot added at most {worst:.1f} µs of host time per step, "
-            f"{worst / 1e3:.1%} of a decode step of 1 ms")
+pinlab.show(
+    "largest host time the snapshot adds per step, up to 64 KiB", f"{worst:.1f} µs"
+)
+pinlab.show(
+    "largest snapshot - no copy (all of the move) per step",
+    f"{max(r['copy_total_us'] for r in rows):.1f} µs",
+)
+pinlab.show(
+    "what this run shows",
+    f"the snapshot added at most {worst:.1f} µs of host time per step, "
+    f"{worst / 1e3:.1%} of a decode step of 1 ms",
+)
 corrupted = sum(r["snapshot_corrupted"] for r in rows)
-pinlab.claim("corrupted steps with the snapshot in these loops", corrupted, expect=0, why=l04.WHY.torch_bug)
+pinlab.claim(
+    "corrupted steps with the snapshot in these loops",
+    corrupted,
+    expect=0,
+    why=l04.WHY.torch_bug,
+)
 
 # %% [markdown]
 # The lines above are this run's measurement of the host time the snapshot adds per step, on top
@@ -301,37 +429,71 @@ pinlab.claim("corrupted steps with the snapshot in these loops", corrupted, expe
 #   of it, without `cudaHostAlloc` (PyTorch PR #164501). It must be set before the process first
 #   uses CUDA, so its run is a child process started with that setting.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 r = soak.result
 accepted = r["reserve"]["accepted"]
-pinlab.show("this torch accepted pinned_reserve_segment_size_mb", accepted or f"no; the reserved child said: "
-            f"{r['reserve']['detail']}")
-for name, p in passes.items():
-    pinlab.show(f"{name}: host µs per step p50 / p99 / p99.9 / max",
-                f"{p['p50_us']:.1f} / {p['p99_us']:.1f} / {p['p999_us']:.1f} / {p['max_us']:.1f}")
-    pinlab.show(f"{name}: steps over 100 µs, over 1 ms", f"{p['over_100us']}, {p['over_1ms']}")
-    pinlab.show(f"{name}: new pinned blocks / calls into cudaHostAlloc", f"{p['new_blocks']} / {p['slow_allocs']}")
+pinlab.show(
+    "this torch accepted pinned_reserve_segment_size_mb",
+    accepted or f"no; the reserved child said: {r['reserve']['detail']}",
+)
+pinlab.table([dict(p, run=k) for k, p in passes.items()], l04.SOAK_COLUMNS)
+
+# %%
 if "warmed" in passes:
-    pinlab.show("warming (1,024 blocks allocated and freed) took", f"{passes['warmed']['warm_ms']:.1f} ms")
-# which run had the longest tail, by each measure: computed, since the tails are host timings
-for label, key in (("largest maximum", "max_us"), ("most steps over 100 µs", "over_100us"),
-                   ("highest p99.9", "p999_us")):
+    pinlab.show(
+        "warming (1,024 blocks allocated and freed) took",
+        f"{passes['warmed']['warm_ms']:.1f} ms",
+    )
+# which run had the longest tail, by each measure: computed, since the tails are host
+# timings
+for label, key in (
+    ("largest maximum", "max_us"),
+    ("most steps over 100 µs", "over_100us"),
+    ("highest p99.9", "p999_us"),
+):
     top = max(passes.values(), key=lambda p: p[key])[key]
-    pinlab.show(f"tail, {label}", " and ".join(k for k, p in passes.items() if p[key] == top))
+    pinlab.show(
+        f"tail, {label}", " and ".join(k for k, p in passes.items() if p[key] == top)
+    )
 tamed = [k for k in ("warmed", "reserved") if k in passes and "cold" in passes]
-cut = all(passes[k]["max_us"] < passes["cold"]["max_us"] for k in tamed) and len(tamed) == 2
+cut = (
+    all(passes[k]["max_us"] < passes["cold"]["max_us"] for k in tamed)
+    and len(tamed) == 2
+)
 worst_steps = " / ".join(f"{k} {passes[k]['max_us']:.0f} µs" for k in ["cold"] + tamed)
-pinlab.observe("warming the cache and reserving a segment both cut the worst step below the cold run's", cut,
-               value=worst_steps, why=l04.WHY.worst_step)
-# counts, exact by construction: a cold cache must call cudaHostAlloc; a cache warmed with more blocks than the
-# loop has in flight, and a reserved segment, must not
-cold_allocs, warmed_allocs = passes["cold"]["slow_allocs"], passes["warmed"]["slow_allocs"]
+pinlab.observe(
+    "warming the cache and reserving a segment both cut the worst step below the cold "
+    "run's",
+    cut,
+    value=worst_steps,
+    why=l04.WHY.worst_step,
+)
+# counts, exact by construction: a cold cache must call cudaHostAlloc; a cache warmed
+# with more blocks than the loop has in flight, and a reserved segment, must not
+cold_allocs, warmed_allocs = (
+    passes["cold"]["slow_allocs"],
+    passes["warmed"]["slow_allocs"],
+)
 reserved_allocs = passes["reserved"]["slow_allocs"] if accepted else 0
-pinlab.claim("cold: the loop called cudaHostAlloc (its cache started empty)", cold_allocs >= 1, value=cold_allocs,
-             why=l04.WHY.alloc_count)
-pinlab.claim("warmed: calls into cudaHostAlloc inside the loop", warmed_allocs, expect=0, why=l04.WHY.alloc_count)
-pinlab.claim("reserved, where this torch accepts the setting: calls into cudaHostAlloc inside the loop", reserved_allocs,
-             expect=0, why=l04.WHY.alloc_count)
+pinlab.claim(
+    "cold: the loop called cudaHostAlloc (its cache started empty)",
+    cold_allocs >= 1,
+    value=cold_allocs,
+    why=l04.WHY.alloc_count,
+)
+pinlab.claim(
+    "warmed: calls into cudaHostAlloc inside the loop",
+    warmed_allocs,
+    expect=0,
+    why=l04.WHY.alloc_count,
+)
+pinlab.claim(
+    "reserved, where this torch accepts the setting: calls into cudaHostAlloc inside "
+    "the loop",
+    reserved_allocs,
+    expect=0,
+    why=l04.WHY.alloc_count,
+)
 
 # %%
 l04.plot_soak(r, title=f"10,000 snapshots, three ways ({soak.tag})")
@@ -346,7 +508,7 @@ plt.show()
 #
 # Whether the cold run also had the longest tail is a timing, and the "tail" lines say it for this
 # run, measure by measure. How many of the cold run's `cudaHostAlloc` calls made a step slow is a
-# timing too (its "steps over 100 µs, over 1 ms" line). The rest of each tail comes from the
+# timing too (its "steps > 100 µs" and "steps > 1 ms" columns). The rest of each tail comes from the
 # operating system and the launch queue: with unbounded run-ahead the host also waits whenever
 # CUDA's launch queue is full (lesson 03 measured its depth), a wait no allocator setting removes
 # (the next sections bound the run-ahead, as an engine does). So a warmed or reserved run can have
@@ -361,20 +523,24 @@ plt.show()
 # and use them in turn. A ring is safe only if a buffer comes round again after the copy that last
 # read it has run. Record an event after each copy, and wait for it before rewriting that buffer:
 
+
 # %%
 def ring_loop(s, depth=3, guarded=True, steps=200, busy_ms=0.5, n_ints=64):
-    """`depth` pinned buffers in turn; with `guarded`, each is rewritten only after its last copy ran."""
-    ring = [torch.zeros(n_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
-    copied = [None] * depth                          # the event after the last copy out of each buffer
+    """`depth` pinned buffers in turn; with `guarded`, each is rewritten only after its
+    last copy ran."""
+    ring = [
+        torch.zeros(n_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)
+    ]
+    copied = [None] * depth  # the event after the last copy out of each buffer
     dst = torch.zeros(steps, n_ints, dtype=torch.int32, device=s.device)
     for n in range(steps):
         i = n % depth
         if guarded and copied[i] is not None:
-            copied[i].synchronize()                  # the host waits until that copy has run
+            copied[i].synchronize()  # the host waits until that copy has run
         ring[i].fill_(n)
         dst[n].copy_(ring[i], non_blocking=True)
         copied[i] = s.Event()
-        copied[i].record()                           # completes when this copy has run
+        copied[i].record()  # completes when this copy has run
         s.busy(busy_ms)
     s.synchronize()
     return [row[0] if min(row) == max(row) else -1 for row in dst.tolist()]
@@ -386,10 +552,21 @@ with pinlab.stream() as s:
 pinlab.show("stream", s.label)
 wrong_guarded = sum(r != n for n, r in enumerate(guarded))
 wrong_unguarded = sum(r != n for n, r in enumerate(unguarded))
-pinlab.show("ring of 3 without events: copies that delivered another step's data", f"{wrong_unguarded} of {len(unguarded)}")
-pinlab.claim("ring of 3 with events: copies that delivered another step's data", wrong_guarded, expect=0, why=l04.WHY.ring_events)
-pinlab.claim("the same ring without the events delivered another step's data at least once", wrong_unguarded >= 1,
-             why=l04.WHY.lead_05ms)
+pinlab.show(
+    "ring of 3 without events: copies that delivered another step's data",
+    f"{wrong_unguarded} of {len(unguarded)}",
+)
+pinlab.claim(
+    "ring of 3 with events: copies that delivered another step's data",
+    wrong_guarded,
+    expect=0,
+    why=l04.WHY.ring_events,
+)
+pinlab.claim(
+    "the same ring without the events delivered another step's data at least once",
+    wrong_unguarded >= 1,
+    why=l04.WHY.lead_05ms,
+)
 
 # %% [markdown]
 # Correct, but here the host runs far ahead of the GPU. Once the ring has gone round, a step waits
@@ -418,8 +595,17 @@ pinlab.claim("the same ring without the events delivered another step's data at 
 # | event wait | MRV1's `prepare_inputs_event`: wait until the previous step's copies ran before rewriting the one pinned buffer |
 
 # %%
-hist = pinlab.measure("04_history", l04.history, strategies=steploop.HISTORY, steps=500, nbytes=4096, busy_ms=0.3,
-                      run_ahead=1, ring_depth=3, rounds=5)
+hist = pinlab.measure(
+    "04_history",
+    l04.history,
+    strategies=steploop.HISTORY,
+    steps=500,
+    nbytes=4096,
+    busy_ms=0.3,
+    run_ahead=1,
+    ring_depth=3,
+    rounds=5,
+)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(hist.result["rows"], l04.HISTORY_COLUMNS)
@@ -432,26 +618,59 @@ plt.show()
 h = {r["strategy"]: r for r in hist.result["rows"]}
 print("steps per approach:", hist.result["steps"])
 for k in h:
-    pinlab.show(f"{steploop.LABELS[k]}: round medians, host µs per step",
-                ", ".join(f"{v:.1f}" for v in h[k]["round_medians_us"]))
-wait_us, snap_us, pageable_us = h["event_wait"]["host_us"], h["snapshot"]["host_us"], h["pageable"]["host_us"]
+    pinlab.show(
+        f"{steploop.LABELS[k]}: round medians, host µs per step",
+        ", ".join(f"{v:.1f}" for v in h[k]["round_medians_us"]),
+    )
+wait_us, snap_us, pageable_us = (
+    h["event_wait"]["host_us"],
+    h["snapshot"]["host_us"],
+    h["pageable"]["host_us"],
+)
 pinlab.show("host µs per step: event wait / snapshot", f"{wait_us:.1f} / {snap_us:.1f}")
 by_cost = sorted(h, key=lambda k: h[k]["host_us"])
-pinlab.show("what this run shows, cheapest to dearest host time per step", " < ".join(steploop.LABELS[k] for k in by_cost))
-# the event wait waits for the GPU every step (about a GPU step, busy_ms); the snapshot does not: a timing
-pinlab.observe("the event wait costs the host more than twice the snapshot's time per step", wait_us > 2 * snap_us,
-               value=f"{wait_us:.1f} / {snap_us:.1f} µs", why=l04.WHY.event_wait)
-pinlab.observe("one 4 KiB pageable copy per step cost the host less than the snapshot", pageable_us < snap_us,
-               value=f"{pageable_us:.1f} / {snap_us:.1f} µs", why=l04.WHY.staging)
-# exact, on every machine: the fixes never corrupt; the racy ones do while the GPU is 0.3 ms per step behind
+pinlab.show(
+    "what this run shows, cheapest to dearest host time per step",
+    " < ".join(steploop.LABELS[k] for k in by_cost),
+)
+# the event wait waits for the GPU every step (about a GPU step, busy_ms); the snapshot
+# does not: a timing
+pinlab.observe(
+    "the event wait costs the host more than twice the snapshot's time per step",
+    wait_us > 2 * snap_us,
+    value=f"{wait_us:.1f} / {snap_us:.1f} µs",
+    why=l04.WHY.event_wait,
+)
+pinlab.observe(
+    "one 4 KiB pageable copy per step cost the host less than the snapshot",
+    pageable_us < snap_us,
+    value=f"{pageable_us:.1f} / {snap_us:.1f} µs",
+    why=l04.WHY.staging,
+)
+# exact, on every machine: the fixes never corrupt; the racy ones do while the GPU is
+# 0.3 ms per step behind
 FIXED = ("pageable", "snapshot", "ring_events", "event_wait")
 RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned")
 for k in FIXED:
-    pinlab.claim(f"{steploop.LABELS[k]}: corrupted steps", h[k]["corrupted"], expect=0, why=l04.WHY.correct_fix)
+    pinlab.claim(
+        f"{steploop.LABELS[k]}: corrupted steps",
+        h[k]["corrupted"],
+        expect=0,
+        why=l04.WHY.correct_fix,
+    )
 racy = {k: h[k]["corrupted"] for k in RACY}
-pinlab.claim("the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer all corrupted steps",
-             all(v >= 1 for v in racy.values()), value=racy, why=l04.WHY.lead_03ms)
-pinlab.claim("the pageable buffer holds no pinned memory", h["pageable"]["pinned_bytes_held"] == 0, why=l04.WHY.driver_staging)
+pinlab.claim(
+    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned "
+    "buffer all corrupted steps",
+    all(v >= 1 for v in racy.values()),
+    value=racy,
+    why=l04.WHY.lead_03ms,
+)
+pinlab.claim(
+    "the pageable buffer holds no pinned memory",
+    h["pageable"]["pinned_bytes_held"] == 0,
+    why=l04.WHY.driver_staging,
+)
 
 # %% [markdown]
 # Reading the table:
@@ -487,7 +706,7 @@ pinlab.claim("the pageable buffer holds no pinned memory", h["pageable"]["pinned
 # 0.5 ms behind per step, the host never waiting), live on the GPU or on the emulated stream.
 
 # %% tags=["nbval-ignore-output"]
-s = pinlab.stream()                              # the GPU's stream, or the emulated one: the loop enters it
+s = pinlab.stream()  # the GPU's stream, or the emulated one: the loop enters it
 audit = l03.race_audit(s, steploop.HISTORY, steps=50)
 pinlab.show("stream", s.label)
 pinlab.table(l04.audit_rows(audit), l04.AUDIT_COLUMNS)
@@ -495,12 +714,27 @@ print(audit["double_pinned"]["summary"])
 
 # %%
 for k in FIXED:
-    pinlab.claim(f"{steploop.LABELS[k]}: races flagged", audit[k]["findings"], expect=0, why=l04.WHY.false_positive)
+    pinlab.claim(
+        f"{steploop.LABELS[k]}: races flagged",
+        audit[k]["findings"],
+        expect=0,
+        why=l04.WHY.false_positive,
+    )
 flagged = {k: len(audit[k]["flagged"]) for k in RACY}
-pinlab.claim("the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned buffer were all flagged",
-             all(flagged.values()), value=flagged, why=l04.WHY.lead_05ms)
+pinlab.claim(
+    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned "
+    "buffer were all flagged",
+    all(flagged.values()),
+    value=flagged,
+    why=l04.WHY.lead_05ms,
+)
 missed = sum(len(a["missed"]) for a in audit.values())
-pinlab.claim("steps whose data arrived wrong and were not flagged, all approaches", missed, expect=0, why=l04.WHY.detector_miss)
+pinlab.claim(
+    "steps whose data arrived wrong and were not flagged, all approaches",
+    missed,
+    expect=0,
+    why=l04.WHY.detector_miss,
+)
 
 # %% [markdown]
 # The double buffer's report says why #23737 did not fix MRV2: its copy into the *second* pinned
@@ -529,35 +763,60 @@ pinlab.claim("steps whose data arrived wrong and were not flagged, all approache
 
 # %%
 KiB = 1024
-pool = pinlab.measure("04_shared_pool", l04.shared_pool, totals=[24 * KiB, 192 * KiB, 768 * KiB, 3 * KiB**2, 6 * KiB**2],
-                      tensors=6, steps=50, busy_ms=0.5, run_ahead=1, rounds=3)
+pool = pinlab.measure(
+    "04_shared_pool",
+    l04.shared_pool,
+    totals=[24 * KiB, 192 * KiB, 768 * KiB, 3 * KiB**2, 6 * KiB**2],
+    tensors=6,
+    steps=50,
+    busy_ms=0.5,
+    run_ahead=1,
+    rounds=3,
+)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(pool.result["rows"], l04.POOL_COLUMNS)
 
 # %%
-l04.plot_shared_pool(pool.result, title=f"6 tensors per step: pageable vs snapshot ({pool.tag})")
+l04.plot_shared_pool(
+    pool.result, title=f"6 tensors per step: pageable vs snapshot ({pool.tag})"
+)
 plt.show()
 
 # %%
 prow = pool.result["rows"]
 half_step_us = pool.result["busy_ms"] * 1e3 / 2
 corrupted = sum(r["corrupted"] for r in prow)
-pinlab.claim("corrupted steps, both ways, every size", corrupted, expect=0, why=l04.WHY.pool_bug)
+pinlab.claim(
+    "corrupted steps, both ways, every size", corrupted, expect=0, why=l04.WHY.pool_bug
+)
 for r in prow:
-    pinlab.show(f"{fmt_bytes(r['total_bytes'])} per step: host µs pageable / snapshot",
-                f"{r['pageable_us']:.1f} / {r['snapshot_us']:.1f}")
+    pinlab.show(
+        f"{fmt_bytes(r['total_bytes'])} per step: host µs pageable / snapshot",
+        f"{r['pageable_us']:.1f} / {r['snapshot_us']:.1f}",
+    )
 dearer = [r["total_bytes"] for r in prow if r["pageable_us"] > r["snapshot_us"]]
-pinlab.show("smallest step at which the pageable copies cost the host more than the snapshots",
-            fmt_bytes(min(dearer)) if dearer else "none measured")
-# a timing, and undocumented driver behaviour (the staging pool): observed, never asserted
+pinlab.show(
+    "smallest step at which the pageable copies cost the host more than the snapshots",
+    fmt_bytes(min(dearer)) if dearer else "none measured",
+)
+# a timing, and undocumented driver behaviour (the staging pool): observed, never
+# asserted
 big = prow[-1]
 big_us = f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f} µs"
-pinlab.observe(f"at {fmt_bytes(big['total_bytes'])} per step the pageable copies cost the host more than the snapshots",
-               big["pageable_us"] > big["snapshot_us"], value=big_us, why=l04.WHY.crossing)
+pinlab.observe(
+    f"at {fmt_bytes(big['total_bytes'])} per step the pageable copies cost the host "
+    "more than the snapshots",
+    big["pageable_us"] > big["snapshot_us"],
+    value=big_us,
+    why=l04.WHY.crossing,
+)
 waited = [r["total_bytes"] for r in prow if r["pageable_us"] > half_step_us]
-pinlab.show("smallest step at which the pageable copies took over half a GPU step (waiting for the GPU, or staging "
-            "alone took that long)", fmt_bytes(min(waited)) if waited else "none measured")
+pinlab.show(
+    "smallest step at which the pageable copies took over half a GPU step (waiting for "
+    "the GPU, or staging alone took that long)",
+    fmt_bytes(min(waited)) if waited else "none measured",
+)
 
 # %% [markdown]
 # What the lines show: for small steps the driver stages the pageable copies at the call, a
@@ -589,30 +848,38 @@ pinlab.show("smallest step at which the pageable copies took over half a GPU ste
 #
 # The ring, in torch (copy it):
 
+
 # %%
 class SlabRing:
-    """`depth` pinned slabs used in turn; each step packs all its tensors into one slab and sends
-    it with ONE copy. A slab is rewritten only after the event recorded after its last copy."""
+    """`depth` pinned slabs used in turn; each step packs all its tensors into one slab
+    and sends it with ONE copy. A slab is rewritten only after the event recorded
+    after its last copy."""
 
     def __init__(self, s, sizes, depth=3):
         total = sum(sizes)
-        self.slabs = [torch.zeros(total, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
-        self.host_views = [slab.split(sizes) for slab in self.slabs]      # each tensor's place in a slab
-        self.copied = [s.Event() for _ in range(depth)]                   # recorded after each slab's copy
+        self.slabs = [
+            torch.zeros(total, dtype=torch.int32, pin_memory=True) for _ in range(depth)
+        ]
+        # each tensor's place in a slab
+        self.host_views = [slab.split(sizes) for slab in self.slabs]
+        # recorded after each slab's copy
+        self.copied = [s.Event() for _ in range(depth)]
         self.used = [False] * depth
         self.dev = torch.zeros(total, dtype=torch.int32, device=s.device)
-        self.dev_views = self.dev.split(sizes)                           # the tensors, on the device
+        self.dev_views = self.dev.split(sizes)  # the tensors, on the device
         self.k = -1
 
     def host(self):
         """The next slab's views, to write this step's tensors into."""
         self.k = (self.k + 1) % len(self.slabs)
         if self.used[self.k]:
-            self.copied[self.k].synchronize()   # its last copy has run (at once, if the ring is deep enough)
+            # its last copy has run (at once, if the ring is deep enough)
+            self.copied[self.k].synchronize()
         return self.host_views[self.k]
 
     def send(self):
-        """One H2D copy of the whole slab; the device views now hold this step's tensors."""
+        """One H2D copy of the whole slab; the device views now hold this step's
+        tensors."""
         self.dev.copy_(self.slabs[self.k], non_blocking=True)
         self.copied[self.k].record()
         self.used[self.k] = True
@@ -653,20 +920,53 @@ class SlabRing:
 # %%
 SIZES = list(l04.METADATA.values())
 s = pinlab.stream()  # the harness enters it for each run
-demo = {k: l04.metadata_loop(s, (lambda st, sz, k=k: l04.PerTensor(st, sz, k)), steps=200, sizes=SIZES,
-                             busy_ms=0.25, run_ahead=1) for k in l04.PER_TENSOR}
-demo["slab_ring"] = l04.metadata_loop(s, SlabRing, steps=200, sizes=SIZES, busy_ms=0.25, run_ahead=1)
-shallow = l04.metadata_loop(s, lambda st, sz: SlabRing(st, sz, depth=1), steps=200, sizes=SIZES, busy_ms=0.25,
-                            run_ahead=1)
+demo = {
+    k: l04.metadata_loop(
+        s,
+        (lambda st, sz, k=k: l04.PerTensor(st, sz, k)),
+        steps=200,
+        sizes=SIZES,
+        busy_ms=0.25,
+        run_ahead=1,
+    )
+    for k in l04.PER_TENSOR
+}
+demo["slab_ring"] = l04.metadata_loop(
+    s, SlabRing, steps=200, sizes=SIZES, busy_ms=0.25, run_ahead=1
+)
+shallow = l04.metadata_loop(
+    s,
+    lambda st, sz: SlabRing(st, sz, depth=1),
+    steps=200,
+    sizes=SIZES,
+    busy_ms=0.25,
+    run_ahead=1,
+)
 pinlab.show("stream", s.label)
-pinlab.show("reused pinned buffers: corrupted steps", f"{demo['reused_pinned']['corrupted']} of 200")
-pinlab.show("host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
-            f"{demo['slab_ring']['host']['median_us']:.1f} / {shallow['host']['median_us']:.1f}")
+pinlab.show(
+    "reused pinned buffers: corrupted steps",
+    f"{demo['reused_pinned']['corrupted']} of 200",
+)
+pinlab.show(
+    "host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
+    f"{demo['slab_ring']['host']['median_us']:.1f} / "
+    f"{shallow['host']['median_us']:.1f}",
+)
 FIXES = ("pageable", "snapshot", "slab_ring")
 for k in FIXES:
-    pinlab.claim(f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)", demo[k]["corrupted"], expect=0, why=l04.WHY.correct_fix)
-pinlab.claim("a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps (of 200)",
-             shallow["corrupted"], expect=0, why=l04.WHY.correct_fix)
+    pinlab.claim(
+        f"{l04.FIX_LABELS[k]}: corrupted steps (of 200)",
+        demo[k]["corrupted"],
+        expect=0,
+        why=l04.WHY.correct_fix,
+    )
+pinlab.claim(
+    "a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps "
+    "(of 200)",
+    shallow["corrupted"],
+    expect=0,
+    why=l04.WHY.correct_fix,
+)
 
 # %% [markdown]
 # Now the measurement: 10,000 steps of each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`,
@@ -680,14 +980,24 @@ pinlab.claim("a slab ring of ONE slab (too shallow for two steps in flight): cor
 # engine bounds it anyway (vLLM's batch queue), so this is the loop that matters.
 
 # %%
-fr = pinlab.measure("04_fix_race", partial(l04.fix_race, SlabRing), steps=10_000, sizes=SIZES, busy_ms=0.25,
-                    run_ahead=1, depth=3, rounds=8)
+fr = pinlab.measure(
+    "04_fix_race",
+    partial(l04.fix_race, SlabRing),
+    steps=10_000,
+    sizes=SIZES,
+    busy_ms=0.25,
+    run_ahead=1,
+    depth=3,
+    rounds=8,
+)
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(fr.result["rows"], l04.FIX_COLUMNS)
 
 # %%
-l04.plot_host_times(fr.result, title=f"A step's 6 metadata tensors, 10,000 steps each ({fr.tag})")
+l04.plot_host_times(
+    fr.result, title=f"A step's 6 metadata tensors, 10,000 steps each ({fr.tag})"
+)
 plt.show()
 
 # %%
@@ -695,31 +1005,68 @@ f = {r["strategy"]: r for r in fr.result["rows"]}
 racy_corrupted = f["reused_pinned"]["corrupted"]
 pinlab.show("reused pinned buffers (the race): corrupted steps", racy_corrupted)
 counts = sorted({r["steps"] for r in fr.result["rows"]})
-pinlab.claim("steps per approach, every approach", counts == [10_000], value=counts, why=l04.WHY.step_count)
+pinlab.claim(
+    "steps per approach, every approach",
+    counts == [10_000],
+    value=counts,
+    why=l04.WHY.step_count,
+)
 for k in FIXES:
-    pinlab.claim(f"{l04.FIX_LABELS[k]}: corrupted steps", f[k]["corrupted"], expect=0, why=l04.WHY.correct_fix)
-pinlab.claim("the reused pinned buffers (the race) corrupted at least one step", racy_corrupted >= 1, why=l04.WHY.lead_025ms)
+    pinlab.claim(
+        f"{l04.FIX_LABELS[k]}: corrupted steps",
+        f[k]["corrupted"],
+        expect=0,
+        why=l04.WHY.correct_fix,
+    )
+pinlab.claim(
+    "the reused pinned buffers (the race) corrupted at least one step",
+    racy_corrupted >= 1,
+    why=l04.WHY.lead_025ms,
+)
 for k in l04.FIX_LABELS:
-    pinlab.show(f"{l04.FIX_LABELS[k]}: host µs per step, median (round medians)",
-                f"{f[k]['p50_us']:.1f} ({', '.join(f'{v:.1f}' for v in f[k]['round_medians_us'])})")
+    pinlab.show(
+        f"{l04.FIX_LABELS[k]}: host µs per step, median (round medians)",
+        f"{f[k]['p50_us']:.1f} "
+        f"({', '.join(f'{v:.1f}' for v in f[k]['round_medians_us'])})",
+    )
 spread = {k: max(f[k]["round_medians_us"]) / min(f[k]["round_medians_us"]) for k in f}
 noisiest = max(spread, key=spread.get)
-pinlab.show("largest / smallest round median, per approach: racy / pageable / snapshot / slab ring",
-            " / ".join(f"{spread[k]:.2f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")))
-best = {k: min(f[k]["round_medians_us"]) for k in f}  # each approach's best round: its cost undisturbed
-pinlab.show("best round median, host µs per step: racy / pageable / snapshot / slab ring",
-            " / ".join(f"{best[k]:.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")))
+pinlab.show(
+    "largest / smallest round median, per approach: racy / pageable / snapshot / slab "
+    "ring",
+    " / ".join(
+        f"{spread[k]:.2f}"
+        for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
+    ),
+)
+# each approach's best round: its cost undisturbed
+best = {k: min(f[k]["round_medians_us"]) for k in f}
+pinlab.show(
+    "best round median, host µs per step: racy / pageable / snapshot / slab ring",
+    " / ".join(
+        f"{best[k]:.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
+    ),
+)
 ratio = lambda a, b: f"{best[a] / best[b]:.2f}"  # noqa: E731
-pinlab.show("slab ring / per-tensor snapshots (best rounds)", ratio("slab_ring", "snapshot"))
-pinlab.show("slab ring / racy reused buffers (best rounds)", ratio("slab_ring", "reused_pinned"))
 cheapest = min(FIXES, key=best.get)
-pinlab.observe("slab ring: at most half the host time of the per-tensor snapshots (best rounds)",
-               best["slab_ring"] <= 0.5 * best["snapshot"], value=ratio("slab_ring", "snapshot"), why=l04.WHY.host_timing)
-pinlab.observe("slab ring: no more host time than the racy buffers (best rounds)", best["slab_ring"] <= best["reused_pinned"],
-               value=ratio("slab_ring", "reused_pinned"), why=l04.WHY.host_timing)
-pinlab.show("what this run shows", f"the cheapest correct fix for the host, in this configuration on this run, was "
-            f"the {l04.FIX_LABELS[cheapest]}; the rounds of one approach differed by up to {spread[noisiest]:.2f}x "
-            f"({l04.FIX_LABELS[noisiest]})")
+pinlab.observe(
+    "slab ring: at most half the host time of the per-tensor snapshots (best rounds)",
+    best["slab_ring"] <= 0.5 * best["snapshot"],
+    value=ratio("slab_ring", "snapshot"),
+    why=l04.WHY.host_timing,
+)
+pinlab.observe(
+    "slab ring: no more host time than the racy buffers (best rounds)",
+    best["slab_ring"] <= best["reused_pinned"],
+    value=ratio("slab_ring", "reused_pinned"),
+    why=l04.WHY.host_timing,
+)
+pinlab.show(
+    "what this run shows",
+    "the cheapest correct fix for the host, in this configuration on this run, was "
+    f"the {l04.FIX_LABELS[cheapest]}; the rounds of one approach differed by up to "
+    f"{spread[noisiest]:.2f}x ({l04.FIX_LABELS[noisiest]})",
+)
 
 # %% [markdown]
 # Read the round medians first: the same approach can cost the host more in one round than in
@@ -750,21 +1097,51 @@ pinlab.show("what this run shows", f"the cheapest correct fix for the host, in t
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
-dec = pinlab.measure("04_decode_snapshot", l03.decode_race, strategies=["reused_pinned", "snapshot"], steps=64,
-                     busy_ms=3.0, ring=3, run_ahead=1, seed=0)
+dec = pinlab.measure(
+    "04_decode_snapshot",
+    l03.decode_race,
+    strategies=["reused_pinned", "snapshot"],
+    steps=64,
+    busy_ms=3.0,
+    ring=3,
+    run_ahead=1,
+    seed=0,
+)
 
 # %%
 d = dec.result
 bad, good = d["runs"]["reused_pinned"], d["runs"]["snapshot"]
 pinlab.show("attention backend", d["backend"])
-pinlab.show("reused pinned: steps whose attention read wrong pages", f"{bad['wrong_input_steps']} of {d['steps']}")
+pinlab.show(
+    "reused pinned: steps whose attention read wrong pages",
+    f"{bad['wrong_input_steps']} of {d['steps']}",
+)
 right_err = max(bad["max_err_right_inputs"], good["max_err_right_inputs"])
-pinlab.claim("snapshot: steps whose attention read wrong pages", good["wrong_input_steps"], expect=0, why=l04.WHY.torch_bug)
-pinlab.claim("snapshot: copies that delivered another step's metadata", good["copies_wrong"], expect=0, why=l04.WHY.torch_bug)
-pinlab.claim("the reused pinned buffer in the same run read wrong pages on at least one step",
-             bad["wrong_input_steps"] >= 1, value=bad["wrong_input_steps"], why=l04.WHY.lead_3ms)
-pinlab.claim(f"every request whose attention read the right inputs matched the reference within {d['tol']}",
-             right_err <= d["tol"], value=right_err, why=l04.WHY.fp16_tol)
+pinlab.claim(
+    "snapshot: steps whose attention read wrong pages",
+    good["wrong_input_steps"],
+    expect=0,
+    why=l04.WHY.torch_bug,
+)
+pinlab.claim(
+    "snapshot: copies that delivered another step's metadata",
+    good["copies_wrong"],
+    expect=0,
+    why=l04.WHY.torch_bug,
+)
+pinlab.claim(
+    "the reused pinned buffer in the same run read wrong pages on at least one step",
+    bad["wrong_input_steps"] >= 1,
+    value=bad["wrong_input_steps"],
+    why=l04.WHY.lead_3ms,
+)
+pinlab.claim(
+    "every request whose attention read the right inputs matched the reference within "
+    f"{d['tol']}",
+    right_err <= d["tol"],
+    value=right_err,
+    why=l04.WHY.fp16_tol,
+)
 
 # %% [markdown]
 # The control's count of wrong steps need not match lesson 03's run of the same loop: it depends
@@ -797,18 +1174,35 @@ pinlab.claim(f"every request whose attention read the right inputs matched the r
 # "unavailable", not tested, like a machine without FlashInfer.
 
 # %%
-haz = pinlab.measure("04_plan_hazard", l04.plan_hazard, busy_ms=50.0, timeout_s=12.0, watchdog_s=3.0)
+haz = pinlab.measure(
+    "04_plan_hazard", l04.plan_hazard, busy_ms=50.0, timeout_s=12.0, watchdog_s=3.0
+)
 hz = haz.result
 
 # %%
 for mode in ("synced", "back_to_back"):
-    pinlab.show(f"{mode}: outcome", f"{hz[mode]['outcome']} ({hz[mode]['detail']}; {hz[mode]['seconds']} s)")
+    pinlab.show(
+        f"{mode}: outcome",
+        f"{hz[mode]['outcome']} ({hz[mode]['detail']}; {hz[mode]['seconds']} s)",
+    )
 tested = hz["synced"]["outcome"] != "unavailable"
-pinlab.show("FlashInfer ran the hazard's children", "yes" if tested else f"no: {hz['synced']['detail']}")
+pinlab.show(
+    "FlashInfer ran the hazard's children",
+    "yes" if tested else f"no: {hz['synced']['detail']}",
+)
 control_ok = not tested or hz["synced"]["outcome"] == "correct"
-pinlab.claim("this notebook's own CUDA context is unharmed", hz["parent_context_ok"], why=l04.WHY.own_context)
-pinlab.claim("the control (a sync between the two plans) matched the reference, wherever FlashInfer could run it",
-             control_ok, value=f"{hz['synced']['outcome']} ({hz['synced']['detail']})", why=l04.WHY.synced_control)
+pinlab.claim(
+    "this notebook's own CUDA context is unharmed",
+    hz["parent_context_ok"],
+    why=l04.WHY.own_context,
+)
+pinlab.claim(
+    "the control (a sync between the two plans) matched the reference, wherever "
+    "FlashInfer could run it",
+    control_ok,
+    value=f"{hz['synced']['outcome']} ({hz['synced']['detail']})",
+    why=l04.WHY.synced_control,
+)
 
 # %% [markdown]
 # Whatever the back-to-back outcome above (a crash, a hang, wrong output, or, with some batch
@@ -818,20 +1212,43 @@ pinlab.claim("the control (a sync between the two plans) matched the reference, 
 
 # %%
 fw = {r["strategy"]: r for r in fr.result["rows"]}
-pinlab.show("which fix when, host µs per step (6 tensors; best round median): racy / pageable / snapshot / slab ring",
-            " / ".join(f"{min(fw[k]['round_medians_us']):.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")))
-pinlab.show("which fix when: the cheapest correct fix for 6 small tensors, in this configuration on this run",
-            l04.FIX_LABELS[min(FIXES, key=lambda k: min(fw[k]["round_medians_us"]))])
+pinlab.show(
+    "which fix when, host µs per step (6 tensors; best round median): racy / pageable "
+    "/ snapshot / slab ring",
+    " / ".join(
+        f"{min(fw[k]['round_medians_us']):.1f}"
+        for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
+    ),
+)
+pinlab.show(
+    "which fix when: the cheapest correct fix for 6 small tensors, in this "
+    "configuration on this run",
+    l04.FIX_LABELS[min(FIXES, key=lambda k: min(fw[k]["round_medians_us"]))],
+)
 big = pool.result["rows"][-1]
-pinlab.show(f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
-            f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}")
-pinlab.show("several tensors per step: the smallest step at which the pageable copies took over half a GPU step",
-            fmt_bytes(min(waited)) if waited else "none measured")
-pinlab.show("soak, cold / warmed / reserved: max host µs of a step",
-            " / ".join(f"{passes[k]['max_us']:.0f}" if k in passes else "n/a" for k in ("cold", "warmed", "reserved")))
+pinlab.show(
+    f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
+    f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}",
+)
+pinlab.show(
+    "several tensors per step: the smallest step at which the pageable copies took "
+    "over half a GPU step",
+    fmt_bytes(min(waited)) if waited else "none measured",
+)
+pinlab.show(
+    "soak, cold / warmed / reserved: max host µs of a step",
+    " / ".join(
+        f"{passes[k]['max_us']:.0f}" if k in passes else "n/a"
+        for k in ("cold", "warmed", "reserved")
+    ),
+)
 
 # %%
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start), why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # ## What to remember

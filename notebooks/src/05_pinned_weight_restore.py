@@ -22,9 +22,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
@@ -59,8 +61,12 @@ pinned_at_start = pinlab.pinned_baseline()
 # (vLLM 0.28 → 0.29):
 
 # %%
-# vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1 turns pinning off (see "When not to pin")
-DISABLE_PIN = os.environ.get("VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY", "0") not in ("", "0")
+# vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1 turns pinning off (see
+# "When not to pin")
+DISABLE_PIN = os.environ.get("VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY", "0") not in (
+    "",
+    "0",
+)
 
 
 def restore_before(w):
@@ -69,27 +75,37 @@ def restore_before(w):
 
 
 def restore_before_uva(w):
-    """vLLM 0.28, re-offloading a UVA weight: a pageable copy, then a second copy into pinned memory."""
+    """vLLM 0.28, re-offloading a UVA weight: a pageable copy, then a second copy into
+    pinned memory."""
     return w.to("cpu").pin_memory()
 
 
 def restore_after(w, pin=not DISABLE_PIN):
-    """vLLM 0.29: allocate the pinned destination first, then copy once, straight into it."""
+    """vLLM 0.29: allocate the pinned destination first, then copy once, straight into
+    it."""
     return torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)
 
 
-RESTORES = {"to_cpu": restore_before, "to_cpu_pin_memory": restore_before_uva, "empty_pinned_copy": restore_after}
+RESTORES = {
+    "to_cpu": restore_before,
+    "to_cpu_pin_memory": restore_before_uva,
+    "empty_pinned_copy": restore_after,
+}
 
 # %% [markdown]
 # And the context manager, as vLLM 0.29 has it (slightly shortened; `wr.check_restore_args` only checks
 # the arguments and raises clear errors):
 
+
 # %%
 @contextlib.contextmanager
 def device_loading_context(module, target_device, pin=not DISABLE_PIN):
-    """Move the module's host parameters to target_device for the block; restore them, pinned, after."""
+    """Move the module's host parameters to target_device for the block; restore them,
+    pinned, after."""
     target = wr.check_restore_args(module, target_device, pin=pin)
-    host_params = {name for name, p in module.named_parameters() if p.device.type == "cpu"}
+    host_params = {
+        name for name, p in module.named_parameters() if p.device.type == "cpu"
+    }
     for name, p in module.named_parameters():
         if name in host_params:
             p.data = p.data.to(target)
@@ -98,7 +114,9 @@ def device_loading_context(module, target_device, pin=not DISABLE_PIN):
     finally:
         for name, p in module.named_parameters():
             if name in host_params:
-                p.data = torch.empty_like(p.data, device="cpu", pin_memory=pin).copy_(p.data)
+                p.data = torch.empty_like(p.data, device="cpu", pin_memory=pin).copy_(
+                    p.data
+                )
 
 
 def offload(module, restore=restore_after):
@@ -107,6 +125,7 @@ def offload(module, restore=restore_after):
     for p in module.parameters():
         p.data = restore(p.data)
     return module
+
 
 # %% [markdown]
 # # Part 1 · The code, run here (emulated)
@@ -126,23 +145,29 @@ def offload(module, restore=restore_after):
 # </details>
 
 # %%
-EMU = dict(hidden=1024, inter=2752, blocks=2)                 # 4 bf16 matrices of 5.4 MiB: 21.5 MiB
+EMU = dict(hidden=1024, inter=2752, blocks=2)  # 4 bf16 matrices of 5.4 MiB: 21.5 MiB
 host_model = wr.make_model(**EMU)
 reference = [p.detach().clone() for p in host_model.parameters()]
 
 with pinlab.LaggingStream() as s:
     gpu_model = wr.make_model(**EMU)
     for p in gpu_model.parameters():
-        p.data = p.data.to(s.device)                               # "on the GPU"
+        p.data = p.data.to(s.device)  # "on the GPU"
     found = {}
     for name, restore in RESTORES.items():
         w = next(gpu_model.parameters()).data
         host, ops = wr.count_copies(restore, w)
         found[name] = (len(ops), host.is_pinned(), torch.equal(host, reference[0]))
-        print(f"{name:18s} copies: {len(ops)}, pinned: {host.is_pinned()}, bitwise equal: {found[name][2]}")
-pinlab.claim("copies 1, 2 and 1; pinned: no, yes, yes; every result bitwise equal",
-             list(found.values()) == [(1, False, True), (2, True, True), (1, True, True)], value=found,
-             why=wr.WHY.copy_ops)
+        print(
+            f"{name:18s} copies: {len(ops)}, pinned: {host.is_pinned()}, bitwise "
+            f"equal: {found[name][2]}"
+        )
+pinlab.claim(
+    "copies 1, 2 and 1; pinned: no, yes, yes; every result bitwise equal",
+    list(found.values()) == [(1, False, True), (2, True, True), (1, True, True)],
+    value=found,
+    why=wr.WHY.copy_ops,
+)
 
 # %% [markdown]
 # `count_copies` counts the aten ops that copy data (`_to_copy`, `copy_`, `_pin_memory`, ...) while the
@@ -161,11 +186,17 @@ with pinlab.LaggingStream() as s:
             on_gpu = all(s.is_device(p) for p in m.parameters())
         back = [p.data for p in offloaded.parameters()]
         exact = all(torch.equal(b, r) for b, r in zip(back, reference))
-        print(f"pin={pin}: on the GPU inside: {on_gpu}; back on the host pinned: "
-              f"{all(b.is_pinned() for b in back)}; bitwise equal: {exact}")
-        pinlab.claim(f"pin={pin}: on the GPU inside, back bitwise equal, pinned exactly when pin=True",
-                     on_gpu and exact and all(b.is_pinned() == pin for b in back), shown=False,
-                     why=wr.WHY.emulated)
+        print(
+            f"pin={pin}: on the GPU inside: {on_gpu}; back on the host pinned: "
+            f"{all(b.is_pinned() for b in back)}; bitwise equal: {exact}"
+        )
+        pinlab.claim(
+            f"pin={pin}: on the GPU inside, back bitwise equal, pinned exactly when "
+            "pin=True",
+            on_gpu and exact and all(b.is_pinned() == pin for b in back),
+            shown=False,
+            why=wr.WHY.emulated,
+        )
 
 # %% [markdown]
 # ### Why pinned matters for the *next* trip: reloading behind a busy GPU
@@ -194,19 +225,37 @@ with pinlab.LaggingStream() as s:
         model = wr.make_model(**EMU)
         gpu = [p.data.to(s.device) for p in model.parameters()]
         host = [RESTORES[name](g) for g in gpu]
-        s.launch(lambda: None)                                    # the GPU is busy with other work
+        s.launch(lambda: None)  # the GPU is busy with other work
         for g, h in zip(gpu, host):
-            g.copy_(h, non_blocking=True)                         # reload
+            g.copy_(h, non_blocking=True)  # reload
         queued[name] = s.pending()
         s.synchronize()
         reloaded[name] = all(torch.equal(g.cpu(), r) for g, r in zip(gpu, reference))
-        print(f"from {name:18s}: {queued[name]} queued items after the reload "
-              f"({'the host did not wait' if queued[name] > len(gpu) else 'the host waited for the GPU'})")
-pinlab.claim("from pinned memory the busy work and all four copies are still queued",
-             queued["empty_pinned_copy"] == 5, value=queued["empty_pinned_copy"], why=wr.WHY.emulated_staging)
-pinlab.claim("from pageable memory nothing is left queued", queued["to_cpu"] == 0, value=queued["to_cpu"],
-             why=wr.WHY.emulated_staging)
-pinlab.claim("every reloaded weight is bitwise equal", all(reloaded.values()), why=wr.WHY.emulated_staging)
+        print(
+            f"from {name:18s}: {queued[name]} queued items after the reload "
+            f"""({
+                "the host did not wait"
+                if queued[name] > len(gpu)
+                else "the host waited for the GPU"
+            })"""
+        )
+pinlab.claim(
+    "from pinned memory the busy work and all four copies are still queued",
+    queued["empty_pinned_copy"] == 5,
+    value=queued["empty_pinned_copy"],
+    why=wr.WHY.emulated_staging,
+)
+pinlab.claim(
+    "from pageable memory nothing is left queued",
+    queued["to_cpu"] == 0,
+    value=queued["to_cpu"],
+    why=wr.WHY.emulated_staging,
+)
+pinlab.claim(
+    "every reloaded weight is bitwise equal",
+    all(reloaded.values()),
+    why=wr.WHY.emulated_staging,
+)
 
 # %% [markdown]
 # From pinned memory all four copies are queued behind the busy work (5 items: the work and the
@@ -220,8 +269,12 @@ pinlab.claim("every reloaded weight is bitwise equal", all(reloaded.values()), w
 
 # %% tags=["nbval-ignore-output"]
 meta_model = torch.nn.Linear(4, 4, device="meta")
-cases = {"not a module": ("weights.pt", None), "meta parameters": (meta_model, None),
-         "no such device": (host_model, "cuda:99"), "misspelt device": (host_model, "gpu")}
+cases = {
+    "not a module": ("weights.pt", None),
+    "meta parameters": (meta_model, None),
+    "no such device": (host_model, "cuda:99"),
+    "misspelt device": (host_model, "gpu"),
+}
 if not pinlab.has_cuda():
     cases["no CUDA here"] = (host_model, "cuda")
 for label, (module, target) in cases.items():
@@ -230,7 +283,11 @@ for label, (module, target) in cases.items():
             pass
         raise AssertionError(f"{label}: accepted")
     except (TypeError, ValueError, pinlab.CudaUnavailableError) as exc:
-        print(pinlab.timing.wrapped(f"{label:16s} -> {type(exc).__name__}: {exc}", indent=20))
+        print(
+            pinlab.timing.wrapped(
+                f"{label:16s} -> {type(exc).__name__}: {exc}", indent=20
+            )
+        )
 
 # %% [markdown]
 # ### A sleep/wake cycle
@@ -238,19 +295,24 @@ for label, (module, target) in cases.items():
 # vLLM's sleep mode frees the GPU for something else (a trainer in RL, another model) and brings the
 # weights back later. The cycle is short code:
 
+
 # %%
 def sleep(model, pin=not DISABLE_PIN):
-    """Offload every weight to host memory (pinned unless pin=False) and free its GPU memory."""
+    """Offload every weight to host memory (pinned unless pin=False) and free its GPU
+    memory."""
     for p in model.parameters():
         p.data = torch.empty_like(p.data, device="cpu", pin_memory=pin).copy_(p.data)
-    torch.cuda.empty_cache()  # give the freed blocks back to the driver (a no-op without CUDA)
+    # give the freed blocks back to the driver (a no-op without CUDA)
+    torch.cuda.empty_cache()
 
 
 def wake(model, device):
-    """Bring every weight back; from pinned memory the copies are queued, not waited for."""
+    """Bring every weight back; from pinned memory the copies are queued, not waited
+    for."""
     for p in model.parameters():
         p.data = p.data.to(device, non_blocking=True)
-    # synchronize (or order the next kernels on this stream) before the host reads the weights
+    # synchronize (or order the next kernels on this stream) before the host reads the
+    # weights
 
 
 with pinlab.LaggingStream() as s:
@@ -262,13 +324,25 @@ with pinlab.LaggingStream() as s:
         pinned_held = s.pinned_bytes()
         wake(model, s.device)
         s.synchronize()
-        exact = all(torch.equal(p.cpu(), r) for p, r in zip(model.parameters(), reference))
-        print(f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned bytes held: "
-              f"{fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}")
-        pinlab.claim(f"cycle {cycle}: asleep in pinned memory, awake bitwise equal", asleep_pinned and exact,
-                     shown=False, why=wr.WHY.emulated)
-    pinlab.claim("emulated pinned bytes equal the weights' bytes (no rounding in the emulation)",
-                 pinned_held == sum(wr.param_bytes(model)), value=pinned_held, why=wr.WHY.emulated_bytes)
+        exact = all(
+            torch.equal(p.cpu(), r) for p, r in zip(model.parameters(), reference)
+        )
+        print(
+            f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned bytes "
+            f"held: {fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}"
+        )
+        pinlab.claim(
+            f"cycle {cycle}: asleep in pinned memory, awake bitwise equal",
+            asleep_pinned and exact,
+            shown=False,
+            why=wr.WHY.emulated,
+        )
+    pinlab.claim(
+        "emulated pinned bytes equal the weights' bytes (no rounding in the emulation)",
+        pinned_held == sum(wr.param_bytes(model)),
+        value=pinned_held,
+        why=wr.WHY.emulated_bytes,
+    )
 
 # %% [markdown]
 # On a GPU, `torch.cuda.memory_allocated()` must drop back to where it was before the model existed
@@ -286,7 +360,9 @@ with pinlab.LaggingStream() as s:
 # a plain loop of back-to-back 256 MiB copies into pinned memory reaches (best of 3).
 
 # %%
-peak = pinlab.measure("05_d2h_copy_loop_peak", wr.d2h_copy_loop_peak, nbytes=256 * MiB, iters=8, trials=3)
+peak = pinlab.measure(
+    "05_d2h_copy_loop_peak", wr.d2h_copy_loop_peak, nbytes=256 * MiB, iters=8, trials=3
+)
 pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
 
 # %% [markdown]
@@ -315,8 +391,15 @@ pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
 # </details>
 
 # %%
-res = pinlab.measure("05_restore", lambda **kw: wr.time_restores(RESTORES, **kw),
-                     hidden=wr.HIDDEN, inter=wr.INTER, blocks=wr.BLOCKS, repeat=3, busy_ms=20.0)
+res = pinlab.measure(
+    "05_restore",
+    lambda **kw: wr.time_restores(RESTORES, **kw),
+    hidden=wr.HIDDEN,
+    inter=wr.INTER,
+    blocks=wr.BLOCKS,
+    repeat=3,
+    busy_ms=20.0,
+)
 methods = res["methods"]
 print("model:", len(res["param_bytes"]), "weights,", fmt_bytes(res["bytes"]))
 
@@ -324,8 +407,14 @@ print("model:", len(res["param_bytes"]), "weights,", fmt_bytes(res["bytes"]))
 pinlab.table([{"method": k, **v} for k, v in methods.items()], wr.RESTORE_COLUMNS)
 
 # %%
-bars(list(methods), [v["warm_ms"] for v in methods.values()], ylabel="host ms per restore (warm)", logy=True,
-     title=f"Restoring {fmt_bytes(res['bytes'])} of bf16 weights ({res.tag})", annotate="{:.1f}")
+bars(
+    list(methods),
+    [v["warm_ms"] for v in methods.values()],
+    ylabel="host ms per restore (warm)",
+    logy=True,
+    title=f"Restoring {fmt_bytes(res['bytes'])} of bf16 weights ({res.tag})",
+    annotate="{:.1f}",
+)
 plt.show()
 
 # %% [markdown]
@@ -334,13 +423,26 @@ plt.show()
 
 # %%
 for name, v in methods.items():
-    print(pinlab.timing.wrapped(f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: {v['pinned']}, "
-                                f"on the host: {v['on_host']}, reloaded bitwise equal: {v['bitwise_equal']}",
-                                indent=19))
+    print(
+        pinlab.timing.wrapped(
+            f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: "
+            f"{v['pinned']}, on the host: {v['on_host']}, reloaded bitwise equal: "
+            f"{v['bitwise_equal']}",
+            indent=19,
+        )
+    )
 copies = [v["copies_per_weight"] for v in methods.values()]
-pinlab.claim("copies per weight 1, 2 and 1", copies == [1, 2, 1], value=copies, why=wr.WHY.copy_ops)
-pinlab.claim("every restore on the host, every reload bitwise equal",
-             all(v["bitwise_equal"] and v["on_host"] for v in methods.values()), why=wr.WHY.blocking_d2h)
+pinlab.claim(
+    "copies per weight 1, 2 and 1",
+    copies == [1, 2, 1],
+    value=copies,
+    why=wr.WHY.copy_ops,
+)
+pinlab.claim(
+    "every restore on the host, every reload bitwise equal",
+    all(v["bitwise_equal"] and v["on_host"] for v in methods.values()),
+    why=wr.WHY.blocking_d2h,
+)
 
 # %% [markdown]
 # ### Restore bandwidth against the link's peak, and the speed-up
@@ -356,23 +458,48 @@ pinlab.claim("every restore on the host, every reload bitwise equal",
 # here, `docs/facts.md` F15).
 
 # %%
-after, before, uva = methods["empty_pinned_copy"], methods["to_cpu"], methods["to_cpu_pin_memory"]
+after, before, uva = (
+    methods["empty_pinned_copy"],
+    methods["to_cpu"],
+    methods["to_cpu_pin_memory"],
+)
 median = lambda v: sorted(v["restore_ms"])[len(v["restore_ms"]) // 2]  # noqa: E731
 restore_gbps = res["bytes"] / (after["warm_ms"] * 1e-3) / 1e9
 pinlab.show("pinned restore (warm)", f"{restore_gbps:.1f} GB/s")
-pinlab.observe("the warm pinned restore reaches 90% of the D2H copy-loop peak", restore_gbps >= 0.9 * peak["best_GBps"],
-               value=f"{restore_gbps / peak['best_GBps']:.3f} of it", why=wr.WHY.per_weight)
+pinlab.observe(
+    "the warm pinned restore reaches 90% of the D2H copy-loop peak",
+    restore_gbps >= 0.9 * peak["best_GBps"],
+    value=f"{restore_gbps / peak['best_GBps']:.3f} of it",
+    why=wr.WHY.per_weight,
+)
 cold_gbps = res["bytes"] / (after["cold_ms"] * 1e-3) / 1e9
-pinlab.show("pinned restore, cold / D2H copy-loop peak", f"{cold_gbps / peak['best_GBps']:.3f}")
-pinlab.show("speed-up of the pinned restore over .to('cpu'), median of rounds", f"{median(before) / median(after):.1f}x")
-pinlab.show("speed-up over .to('cpu').pin_memory(), median of rounds", f"{median(uva) / median(after):.1f}x")
-pinlab.report("pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"])
+pinlab.show(
+    "pinned restore, cold / D2H copy-loop peak", f"{cold_gbps / peak['best_GBps']:.3f}"
+)
+pinlab.show(
+    "speed-up of the pinned restore over .to('cpu'), median of rounds",
+    f"{median(before) / median(after):.1f}x",
+)
+pinlab.show(
+    "speed-up over .to('cpu').pin_memory(), median of rounds",
+    f"{median(uva) / median(after):.1f}x",
+)
+pinlab.report(
+    "pinned restore, cold (the allocator page-locks new blocks)", after["cold_ms"]
+)
 pinlab.report("pinned restore, warm (cached pinned blocks)", after["warm_ms"])
-pinlab.observe("the warm pinned restore is at least 2x faster than .to('cpu')", 2 * after["warm_ms"] < before["warm_ms"],
-               value=f"{before['warm_ms'] / after['warm_ms']:.1f}x", why=wr.WHY.pageable_gap)
-pinlab.show("what this run shows", f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} ms of "
-            f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copies plus their per-weight "
-            "overhead")
+pinlab.observe(
+    "the warm pinned restore is at least 2x faster than .to('cpu')",
+    2 * after["warm_ms"] < before["warm_ms"],
+    value=f"{before['warm_ms'] / after['warm_ms']:.1f}x",
+    why=wr.WHY.pageable_gap,
+)
+pinlab.show(
+    "what this run shows",
+    f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} ms of "
+    f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copies "
+    "plus their per-weight overhead",
+)
 
 # %% [markdown]
 # The 90% goal is about the warm path: the copies and their per-weight overhead, no page-locking.
@@ -397,11 +524,20 @@ requested = res["bytes"]
 expected = wr.pinned_footprint(res["param_bytes"])
 for name, v in methods.items():
     pinlab.show(f"{name}: pinned bytes taken", fmt_bytes(v["pinned_bytes_delta"]))
-print("requested:", fmt_bytes(requested), "-> rounded up per weight:", fmt_bytes(expected),
-      f"({expected / requested:.2f}x)")
+print(
+    "requested:",
+    fmt_bytes(requested),
+    "-> rounded up per weight:",
+    fmt_bytes(expected),
+    f"({expected / requested:.2f}x)",
+)
 taken = [v["pinned_bytes_delta"] for v in methods.values()]
-pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') none", taken == [0, expected, expected],
-             value=taken, why=wr.WHY.rounding)
+pinlab.claim(
+    "both pinned restores took exactly the rounded bytes, .to('cpu') none",
+    taken == [0, expected, expected],
+    value=taken,
+    why=wr.WHY.rounding,
+)
 
 # %% [markdown]
 # Every 86 MiB weight occupies a 128 MiB pinned block: 1.49× the memory asked for, locked in RAM
@@ -423,13 +559,20 @@ pinlab.claim("both pinned restores took exactly the rounded bytes, .to('cpu') no
 # %%
 for name, v in methods.items():
     pinlab.report(f"reload from {name}: host held", v["reload_host_ms"])
-pinlab.observe("from pageable memory (.to('cpu')) the host was held over half the busy time (it waited for the "
-               "busy GPU, or staging the copies took that long by itself)",
-               before["reload_host_ms"] > res["busy_ms"] / 2, value=pinlab.fmt_ms(before["reload_host_ms"]),
-               why=wr.WHY.pageable_waits)
-pinlab.claim("from pinned memory (empty_like + copy_) the host did not wait for the busy GPU (held less than "
-             "half the busy time)", after["reload_host_ms"] < res["busy_ms"] / 2,
-             value=pinlab.fmt_ms(after["reload_host_ms"]), why=wr.WHY.pinned_queued)
+pinlab.observe(
+    "from pageable memory (.to('cpu')) the host was held over half the busy time (it "
+    "waited for the busy GPU, or staging the copies took that long by itself)",
+    before["reload_host_ms"] > res["busy_ms"] / 2,
+    value=pinlab.fmt_ms(before["reload_host_ms"]),
+    why=wr.WHY.pageable_waits,
+)
+pinlab.claim(
+    "from pinned memory (empty_like + copy_) the host did not wait for the busy GPU "
+    "(held less than half the busy time)",
+    after["reload_host_ms"] < res["busy_ms"] / 2,
+    value=pinlab.fmt_ms(after["reload_host_ms"]),
+    why=wr.WHY.pinned_queued,
+)
 
 # %% [markdown]
 # ## Sleep and wake, from 64 MiB to a few GiB
@@ -440,42 +583,77 @@ pinlab.claim("from pinned memory (empty_like + copy_) the host did not wait for 
 # a few GiB of host RAM (the table's last column): run it where that much is free.
 
 # %%
-sweep = pinlab.measure("05_sleep_wake", lambda **kw: wr.sleep_wake_sweep(sleep, wake, **kw),
-                       sizes=wr.SLEEP_SIZES, blocks=wr.BLOCKS)
+sweep = pinlab.measure(
+    "05_sleep_wake",
+    lambda **kw: wr.sleep_wake_sweep(sleep, wake, **kw),
+    sizes=wr.SLEEP_SIZES,
+    blocks=wr.BLOCKS,
+)
 rows = sweep.result
 
 # %% tags=["nbval-ignore-output"]
 pinlab.table(rows, wr.SLEEP_WAKE_COLUMNS)
 
 # %%
-wr.plot_sleep_wake(rows, tag=sweep.tag)  # sleep and wake times per size; the pinned memory held while asleep
+# sleep and wake times per size; the pinned memory held while asleep
+wr.plot_sleep_wake(rows, tag=sweep.tag)
 plt.show()
 
 # %%
 for r in rows:
-    pinlab.show(f"{fmt_bytes(r['bytes'])}: wake pinned / pageable",
-                f"{r['pinned_warm_wake_ms']:.1f} / {r['pageable_wake_ms']:.1f} ms; pinned held "
-                f"{fmt_bytes(r['pinned_cold_new_pinned_bytes'])}")
+    pinlab.show(
+        f"{fmt_bytes(r['bytes'])}: wake pinned / pageable",
+        f"{r['pinned_warm_wake_ms']:.1f} / {r['pageable_wake_ms']:.1f} ms; pinned held "
+        f"{fmt_bytes(r['pinned_cold_new_pinned_bytes'])}",
+    )
 for r in rows:
     if r["bytes"] >= 256 * MiB:
         sleep_gbps = r["bytes"] / (r["pinned_warm_sleep_ms"] * 1e-3) / 1e9
-        pinlab.observe(f"{fmt_bytes(r['bytes'])}: the warm pinned sleep reaches 90% of the D2H copy-loop peak",
-                       sleep_gbps >= 0.9 * peak["best_GBps"], value=f"{sleep_gbps / peak['best_GBps']:.3f} of it",
-                       why=wr.WHY.empty_cache)
-rounded = all(r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"]) for r in rows)
-as_switched = all(r["pinned_cold_host_pinned"] and r["pinned_warm_host_pinned"] and not r["pageable_host_pinned"]
-                  for r in rows)
+        pinlab.observe(
+            f"{fmt_bytes(r['bytes'])}: the warm pinned sleep reaches 90% of the D2H "
+            "copy-loop peak",
+            sleep_gbps >= 0.9 * peak["best_GBps"],
+            value=f"{sleep_gbps / peak['best_GBps']:.3f} of it",
+            why=wr.WHY.empty_cache,
+        )
+rounded = all(
+    r["pinned_cold_new_pinned_bytes"] == wr.pinned_footprint(r["param_bytes"])
+    for r in rows
+)
+as_switched = all(
+    r["pinned_cold_host_pinned"]
+    and r["pinned_warm_host_pinned"]
+    and not r["pageable_host_pinned"]
+    for r in rows
+)
 big = rows[-1]
-pinlab.observe("at the largest size, a pinned wake is at least 2x faster than a pageable one",
-               2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"],
-               value=f"{big['pageable_wake_ms'] / big['pinned_warm_wake_ms']:.1f}x", why=wr.WHY.pageable_gap)
-pinlab.claim("every sleep freed the model's GPU memory (memory_allocated back to the baseline)",
-             all(r["gpu_freed_every_sleep"] for r in rows), why=wr.WHY.gpu_freed)
-pinlab.claim("every wake brought every weight back bitwise identical",
-             all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows), why=wr.WHY.exact_copies)
-pinlab.claim("pinned bytes held while asleep = the weights rounded up to powers of two, at every size", rounded,
-             why=wr.WHY.rounding)
-pinlab.claim("asleep in pinned memory with pin=True, pageable with pin=False", as_switched, why=wr.WHY.pin_switch)
+pinlab.observe(
+    "at the largest size, a pinned wake is at least 2x faster than a pageable one",
+    2 * big["pinned_warm_wake_ms"] < big["pageable_wake_ms"],
+    value=f"{big['pageable_wake_ms'] / big['pinned_warm_wake_ms']:.1f}x",
+    why=wr.WHY.pageable_gap,
+)
+pinlab.claim(
+    "every sleep freed the model's GPU memory (memory_allocated back to the baseline)",
+    all(r["gpu_freed_every_sleep"] for r in rows),
+    why=wr.WHY.gpu_freed,
+)
+pinlab.claim(
+    "every wake brought every weight back bitwise identical",
+    all(r["checksums_equal_every_wake"] and r["bitwise_equal"] for r in rows),
+    why=wr.WHY.exact_copies,
+)
+pinlab.claim(
+    "pinned bytes held while asleep = the weights rounded up to powers of two, at "
+    "every size",
+    rounded,
+    why=wr.WHY.rounding,
+)
+pinlab.claim(
+    "asleep in pinned memory with pin=True, pageable with pin=False",
+    as_switched,
+    why=wr.WHY.pin_switch,
+)
 
 # %% [markdown]
 # Read the left plot: a warm pinned sleep and every pinned wake grow roughly in proportion to the
@@ -520,22 +698,34 @@ pinlab.claim("asleep in pinned memory with pin=True, pageable with pin=False", a
 # consumes without copying: hand it the pinned buffer's address, which on a 64-bit system with
 # unified virtual addressing is also a valid device address for memory from `cudaHostAlloc`.
 
+
 # %%
 class _PinnedBuffer:
-    """The pinned tensor's address, shape and type in the __cuda_array_interface__ protocol."""
+    """The pinned tensor's address, shape and type in the __cuda_array_interface__
+    protocol."""
 
     def __init__(self, t):
-        self.keep = t                                          # the host memory must outlive the view
-        self.__cuda_array_interface__ = {"data": (t.data_ptr(), False), "shape": tuple(t.shape),
-                                         "typestr": "<i2", "strides": None, "version": 3}
+        self.keep = t  # the host memory must outlive the view
+        self.__cuda_array_interface__ = {
+            "data": (t.data_ptr(), False),
+            "shape": tuple(t.shape),
+            "typestr": "<i2",
+            "strides": None,
+            "version": 3,
+        }
 
 
 def uva_view(pinned):
-    """A CUDA tensor that reads pinned host memory in place (bf16 travels as int16: the protocol
-    has no bf16 type)."""
+    """A CUDA tensor that reads pinned host memory in place (bf16 travels as int16: the
+    protocol has no bf16 type)."""
     if not pinned.is_pinned():
-        raise ValueError("a zero-copy view needs pinned memory (pageable pages may move)")
-    return torch.as_tensor(_PinnedBuffer(pinned.view(torch.int16)), device="cuda").view(pinned.dtype)
+        raise ValueError(
+            "a zero-copy view needs pinned memory (pageable pages may move)"
+        )
+    return torch.as_tensor(_PinnedBuffer(pinned.view(torch.int16)), device="cuda").view(
+        pinned.dtype
+    )
+
 
 # %% [markdown]
 # The experiment uses one 86 MiB weight in a matmul with 16 tokens (a decode step), three ways:
@@ -544,20 +734,44 @@ def uva_view(pinned):
 # recorded and the copied-per-use row is the closest alternative.
 
 # %%
-zc = pinlab.measure("05_zero_copy", lambda **kw: wr.zero_copy_matmul(uva_view, **kw),
-                    hidden=wr.HIDDEN, inter=wr.INTER, tokens=16, repeat=10)
+zc = pinlab.measure(
+    "05_zero_copy",
+    lambda **kw: wr.zero_copy_matmul(uva_view, **kw),
+    hidden=wr.HIDDEN,
+    inter=wr.INTER,
+    tokens=16,
+    repeat=10,
+)
 ways = zc["ways"]
 z = ways["zero_copy"]
-pinlab.show("zero-copy view with this torch", "available" if z["available"] else f"not available: {z['error']}")
-in_place = not z["available"] or (z["same_pointer_as_host"] and z["host_write_seen_by_gpu"] and z["same_output"]
-                                  and z["view_equals_weight"])
-pinlab.claim("copied per use gives the resident output", ways["copied_per_use"]["same_output"], why=wr.WHY.same_bytes)
-pinlab.claim("where the zero-copy view exists, it has the host buffer's address, sees a host write at the next GPU "
-             "read, and gives the resident output", in_place, why=wr.WHY.same_bytes)
+pinlab.show(
+    "zero-copy view with this torch",
+    "available" if z["available"] else f"not available: {z['error']}",
+)
+in_place = not z["available"] or (
+    z["same_pointer_as_host"]
+    and z["host_write_seen_by_gpu"]
+    and z["same_output"]
+    and z["view_equals_weight"]
+)
+pinlab.claim(
+    "copied per use gives the resident output",
+    ways["copied_per_use"]["same_output"],
+    why=wr.WHY.same_bytes,
+)
+pinlab.claim(
+    "where the zero-copy view exists, it has the host buffer's address, sees a host "
+    "write at the next GPU read, and gives the resident output",
+    in_place,
+    why=wr.WHY.same_bytes,
+)
 for name, v in ways.items():
     if "ms" in v:
         pinlab.report(f"{name}: GPU time per use", v["ms"])
-        pinlab.show(f"{name}: weight bytes / GPU time", f"{zc['bytes'] / (v['ms'] * 1e-3) / 1e9:.1f} GB/s")
+        pinlab.show(
+            f"{name}: weight bytes / GPU time",
+            f"{zc['bytes'] / (v['ms'] * 1e-3) / 1e9:.1f} GB/s",
+        )
 
 # %% [markdown]
 # What the lines above show when the view is available: the CUDA tensor has the pinned buffer's own
@@ -579,8 +793,12 @@ for name, v in ways.items():
 # the PR to restore straight into pinned memory.
 
 # %%
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(), why=wr.WHY.pinned_back)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    value=pinlab.pinned_bytes_held(),
+    why=wr.WHY.pinned_back,
+)
 
 # %% [markdown]
 # ## What to remember

@@ -18,9 +18,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import inspect
@@ -57,10 +59,25 @@ ids = l06.ids_before([[1, 4, 6]], 2, "cpu")
 first12 = [tuple(p) for p in ids[:12].tolist()]
 print("first 12 (row, col) of a 4x6 image, m=2:")
 print(" ", first12)
-BLOCK_ORDER = [(0, 0), (0, 1), (1, 0), (1, 1),   # merge block (0, 0), row-major inside it
-               (0, 2), (0, 3), (1, 2), (1, 3),   # block (0, 1)
-               (0, 4), (0, 5), (1, 4), (1, 5)]   # block (0, 2)
-pinlab.claim("block by block, row-major inside each 2x2 block", first12 == BLOCK_ORDER, why=l06.WHY.cpu_ints)
+BLOCK_ORDER = [
+    (0, 0),
+    (0, 1),
+    (1, 0),
+    (1, 1),  # merge block (0, 0), row-major inside it
+    (0, 2),
+    (0, 3),
+    (1, 2),
+    (1, 3),  # block (0, 1)
+    (0, 4),
+    (0, 5),
+    (1, 4),
+    (1, 5),
+]  # block (0, 2)
+pinlab.claim(
+    "block by block, row-major inside each 2x2 block",
+    first12 == BLOCK_ORDER,
+    why=l06.WHY.cpu_ints,
+)
 
 # %% [markdown]
 # ## Three ways to build them
@@ -127,12 +144,20 @@ print(inspect.getsource(l06.rot_pos_emb))
 
 # %%
 rng = random.Random(6)
-batches = [(l06.random_grid(rng, m, max_images=32, max_side=64), m) for m in (1, 2, 2, 4) * 3]
+batches = [
+    (l06.random_grid(rng, m, max_images=32, max_side=64), m) for m in (1, 2, 2, 4) * 3
+]
 devices = ["cpu"] + (["cuda"] if GPU else [])
-results = [l06.equivalent(grid, m, l06.VisionRotary(80, device=d)) for d in devices for grid, m in batches]
+results = [
+    l06.equivalent(grid, m, l06.VisionRotary(80, device=d))
+    for d in devices
+    for grid, m in batches
+]
 print(f"(a), (b), (c) and the recommended builder on {len(batches)} random batches:")
 pinlab.claim("equal ids", all(r["ids_equal"] for r in results), why=l06.WHY.exact)
-pinlab.claim("equal embeddings", all(r["emb_equal"] for r in results), why=l06.WHY.exact)
+pinlab.claim(
+    "equal embeddings", all(r["emb_equal"] for r in results), why=l06.WHY.exact
+)
 pinlab.claim("int64 ids", all(r["dtype_int64"] for r in results), why=l06.WHY.exact)
 
 # %% [markdown]
@@ -172,15 +197,28 @@ except TypeError as exc:
 # gather, which the count of calls leaves out, so (c) shows about as many kernels as calls).
 
 # %%
-calls = {n: {k: l06.count_calls(f, [[1, 16, 16]] * n, 2, "cpu").calls for k, f in l06.BUILDERS.items()}
-         for n in (1, 8, 32)}
+calls = {
+    n: {
+        k: l06.count_calls(f, [[1, 16, 16]] * n, 2, "cpu").calls
+        for k, f in l06.BUILDERS.items()
+    }
+    for n in (1, 8, 32)
+}
 for n, row in calls.items():
     pinlab.show(f"torch calls for {n:2d} small images", l06.per_builder(row, "{}"))
 c_flat = calls[1]["c"] == calls[8]["c"] == calls[32]["c"]
 ab_grow = calls[32]["a"] >= 3 * calls[8]["a"] and calls[32]["b"] >= 3 * calls[8]["b"]
-pinlab.claim("(c) makes the same number of torch calls for 1, 8 and 32 images", c_flat,
-             value=[calls[n]["c"] for n in calls], why=l06.WHY.counted)
-pinlab.claim("(a) and (b) make at least 3x as many calls for 32 images as for 8", ab_grow, why=l06.WHY.counted)
+pinlab.claim(
+    "(c) makes the same number of torch calls for 1, 8 and 32 images",
+    c_flat,
+    value=[calls[n]["c"] for n in calls],
+    why=l06.WHY.counted,
+)
+pinlab.claim(
+    "(a) and (b) make at least 3x as many calls for 32 images as for 8",
+    ab_grow,
+    why=l06.WHY.counted,
+)
 
 # %% [markdown]
 # On the GPU, `torch.profiler` counts what really happened in one call of each builder (ids and
@@ -198,26 +236,52 @@ launches = pinlab.measure("06_launches", l06.launch_counts, mixes=mixes, merge_s
 lc = launches.result["mixes"]
 
 # %% tags=["nbval-ignore-output"]
-rows = [{"mix": mix, "builder": l06.LABELS[k], **lc[mix][k], "h2d": ", ".join(lc[mix][k]["h2d"]) or "none"}
-        for mix in lc for k in l06.BUILDERS]
+rows = [
+    {
+        "mix": mix,
+        "builder": l06.LABELS[k],
+        **lc[mix][k],
+        "h2d": ", ".join(lc[mix][k]["h2d"]) or "none",
+    }
+    for mix in lc
+    for k in l06.BUILDERS
+]
 pinlab.table(rows, l06.LAUNCH_COLUMNS)
 
 # %%
 small8, small32 = lc["8 small images"], lc["32 small images"]
 b_none = all(not lc[m]["b"]["h2d"] for m in lc)
-c_one_pinned = all(len(lc[m]["c"]["h2d"]) <= 1 and all("Pinned" in h for h in lc[m]["c"]["h2d"]) for m in lc)
+c_one_pinned = all(
+    len(lc[m]["c"]["h2d"]) <= 1 and all("Pinned" in h for h in lc[m]["c"]["h2d"])
+    for m in lc
+)
 a_pageable = all(any("Pageable" in h for h in lc[m]["a"]["h2d"]) for m in lc)
-kernels_grow = (small32["b"]["kernels"] >= 3 * small8["b"]["kernels"]
-                and small32["c"]["kernels"] <= small8["c"]["kernels"] + 2)
+kernels_grow = (
+    small32["b"]["kernels"] >= 3 * small8["b"]["kernels"]
+    and small32["c"]["kernels"] <= small8["c"]["kernels"] + 2
+)
 pinlab.claim("(b) makes no H2D copy on any mix", b_none, why=l06.WHY.profiler)
-pinlab.claim("(c) makes at most one H2D copy, from pinned memory", c_one_pinned, why=l06.WHY.profiler)
-pinlab.claim("(a) copies its ids from pageable memory", a_pageable, why=l06.WHY.profiler)
-pinlab.claim("from 8 to 32 small images, (b) runs at least 3x as many kernels, (c) at most 2 more", kernels_grow,
-             why=l06.WHY.profiler)
+pinlab.claim(
+    "(c) makes at most one H2D copy, from pinned memory",
+    c_one_pinned,
+    why=l06.WHY.profiler,
+)
+pinlab.claim(
+    "(a) copies its ids from pageable memory", a_pageable, why=l06.WHY.profiler
+)
+pinlab.claim(
+    "from 8 to 32 small images, (b) runs at least 3x as many kernels, (c) at most 2 "
+    "more",
+    kernels_grow,
+    why=l06.WHY.profiler,
+)
 
 # %%
 for mix in ("32 small images", "one large image"):
-    pinlab.show(f"kernels at {mix}", l06.per_builder({k: lc[mix][k]["kernels"] for k in l06.BUILDERS}, "{}"))
+    pinlab.show(
+        f"kernels at {mix}",
+        l06.per_builder({k: lc[mix][k]["kernels"] for k in l06.BUILDERS}, "{}"),
+    )
 
 # %% [markdown]
 # ## What it costs the host, and end to end
@@ -233,20 +297,43 @@ for mix in ("32 small images", "one large image"):
 #   embeddings are there.
 
 # %%
-times = pinlab.measure("06_builder_times", l06.builder_times, mixes=mixes, merge_size=2, rounds=12, busy_ms=6.0)
+times = pinlab.measure(
+    "06_builder_times",
+    l06.builder_times,
+    mixes=mixes,
+    merge_size=2,
+    rounds=12,
+    busy_ms=6.0,
+)
 bt = times.result["mixes"]
 
 # %% tags=["nbval-ignore-output"]
-rows = [{"mix": m, "tokens": bt[m]["tokens"], **{f"{k}_{f}": bt[m][k][f] for k in l06.BUILDERS
-                                                 for f in ("host_us", "e2e_us")}} for m in bt]
+rows = [
+    {
+        "mix": m,
+        "tokens": bt[m]["tokens"],
+        **{
+            f"{k}_{f}": bt[m][k][f] for k in l06.BUILDERS for f in ("host_us", "e2e_us")
+        },
+    }
+    for m in bt
+]
 pinlab.table(rows, l06.TIME_COLUMNS)
 
 # %%
 fig, axes = pinlab.plots.stacked(2, height=3.4)
-l06.plot_by_mix({m: {k: bt[m][k]["host_us"] for k in l06.BUILDERS} for m in bt}, ylabel="host µs per call",
-                title=f"Host time, GPU busy ahead ({times.tag})", ax=axes[0])
-l06.plot_by_mix({m: {k: bt[m][k]["e2e_us"] for k in l06.BUILDERS} for m in bt}, ylabel="µs until ready",
-                title=f"End to end, GPU idle ({times.tag})", ax=axes[1])
+l06.plot_by_mix(
+    {m: {k: bt[m][k]["host_us"] for k in l06.BUILDERS} for m in bt},
+    ylabel="host µs per call",
+    title=f"Host time, GPU busy ahead ({times.tag})",
+    ax=axes[0],
+)
+l06.plot_by_mix(
+    {m: {k: bt[m][k]["e2e_us"] for k in l06.BUILDERS} for m in bt},
+    ylabel="µs until ready",
+    title=f"End to end, GPU idle ({times.tag})",
+    ax=axes[1],
+)
 plt.tight_layout()
 plt.show()
 
@@ -255,15 +342,27 @@ for m in bt:
     r = l06.ratios_to_best(bt[m])
     pinlab.show(f"{m}: host time / best of (a), (b), (c)", l06.per_builder(r))
 s32 = {k: v["host_us"] for k, v in bt["32 small images"].items() if k in l06.BUILDERS}
-pinlab.show("32 small images: (a) / (c) and (b) / (c) host time",
-            f"{s32['a'] / s32['c']:.1f}x and {s32['b'] / s32['c']:.1f}x")
+pinlab.show(
+    "32 small images: (a) / (c) and (b) / (c) host time",
+    f"{s32['a'] / s32['c']:.1f}x and {s32['b'] / s32['c']:.1f}x",
+)
 s8 = bt["8 small images"]
-pinlab.show("8 small images: (b) / (a) host time", f"{s8['b']['host_us'] / s8['a']['host_us']:.2f}")
+pinlab.show(
+    "8 small images: (b) / (a) host time",
+    f"{s8['b']['host_us'] / s8['a']['host_us']:.2f}",
+)
 worst = max(l06.ratios_to_best(bt[m])["rec"] for m in bt)
-pinlab.observe("the recommended builder came within 10% of the best of the three on every mix", worst <= 1.10,
-               value=f"worst ratio {worst:.2f}", why=l06.WHY.rec_noise)
+pinlab.observe(
+    "the recommended builder came within 10% of the best of the three on every mix",
+    worst <= 1.10,
+    value=f"worst ratio {worst:.2f}",
+    why=l06.WHY.rec_noise,
+)
 cheapest = {m: min("abc", key=lambda k: bt[m][k]["host_us"]) for m in bt}
-pinlab.show("what this run shows", "cheapest on the host: " + ", ".join(f"{m} ({k})" for m, k in cheapest.items()))
+pinlab.show(
+    "what this run shows",
+    "cheapest on the host: " + ", ".join(f"{m} ({k})" for m, k in cheapest.items()),
+)
 
 # %% [markdown]
 # Read the ratios above (1.00 is the best of the three on that mix):
@@ -304,38 +403,80 @@ print(inspect.getsource(l06.ids_recommended))
 # the OS taking the CPU away for a moment, does not move it).
 
 # %%
-loop = pinlab.measure("06_step_loop", l06.builder_step_loop, mixes=mixes, merge_size=2, steps=100,
-                      warm_steps=5, encoder_ms=1.0, in_flight=2)
+loop = pinlab.measure(
+    "06_step_loop",
+    l06.builder_step_loop,
+    mixes=mixes,
+    merge_size=2,
+    steps=100,
+    warm_steps=5,
+    encoder_ms=1.0,
+    in_flight=2,
+)
 sl = loop.result["mixes"]
 enc = loop.result["encoder_ms"]
 
 # %%
 fig, axes = pinlab.plots.stacked(2, height=3.4)
-l06.plot_by_mix({m: {k: sl[m][k]["ms_per_step"] for k in l06.BUILDERS} for m in sl}, ylabel="ms per step",
-                title=f"Step time, 1 ms encoder ({loop.tag})", ax=axes[0], logy=False)
-l06.plot_by_mix({m: {k: sl[m][k]["gpu_idle_share"] for k in l06.BUILDERS} for m in sl},
-                ylabel="share of GPU time outside the encoder", title=f"GPU idle ({loop.tag})", ax=axes[1], logy=False)
+l06.plot_by_mix(
+    {m: {k: sl[m][k]["ms_per_step"] for k in l06.BUILDERS} for m in sl},
+    ylabel="ms per step",
+    title=f"Step time, 1 ms encoder ({loop.tag})",
+    ax=axes[0],
+    logy=False,
+)
+l06.plot_by_mix(
+    {m: {k: sl[m][k]["gpu_idle_share"] for k in l06.BUILDERS} for m in sl},
+    ylabel="share of GPU time outside the encoder",
+    title=f"GPU idle ({loop.tag})",
+    ax=axes[1],
+    logy=False,
+)
 plt.tight_layout()
 plt.show()
 
 # %%
 for m in ("8 small images", "32 small images", "one large image"):
-    for field, what in (("ms_per_step", "ms per step"), ("build_ms", "host ms to build"),
-                        ("idle_ms", "GPU idle ms between encoders")):
+    for field, what in (
+        ("ms_per_step", "ms per step"),
+        ("build_ms", "host ms to build"),
+        ("idle_ms", "GPU idle ms between encoders"),
+    ):
         if sl[m]["a"][field] is not None:
-            pinlab.show(f"{m}: {what}", l06.per_builder({k: sl[m][k][field] for k in l06.BUILDERS}))
-slow = [(m, k) for m in sl for k in l06.BUILDERS if sl[m][k]["build_ms"] > enc and sl[m][k]["idle_ms"] is not None]
+            pinlab.show(
+                f"{m}: {what}",
+                l06.per_builder({k: sl[m][k][field] for k in l06.BUILDERS}),
+            )
+slow = [
+    (m, k)
+    for m in sl
+    for k in l06.BUILDERS
+    if sl[m][k]["build_ms"] > enc and sl[m][k]["idle_ms"] is not None
+]
 if slow:
-    gaps = {f"{m} ({k})": (sl[m][k]["idle_ms"], sl[m][k]["build_ms"] - enc) for m, k in slow}
-    idled_the_difference = all(abs(idle - diff) <= max(0.3, 0.3 * diff) for idle, diff in gaps.values())
-    detail = "; ".join(f"{name}: idle {idle:.2f} ms, build - encoder {diff:.2f} ms"
-                       for name, (idle, diff) in gaps.items())
-    pinlab.observe(f"where the build took the host longer than the {enc:g} ms encoder, the GPU idled about the "
-                   "difference every step (within 0.3 ms or 30%)", idled_the_difference, value=detail,
-                   why=l06.WHY.host_gaps)
+    gaps = {
+        f"{m} ({k})": (sl[m][k]["idle_ms"], sl[m][k]["build_ms"] - enc) for m, k in slow
+    }
+    idled_the_difference = all(
+        abs(idle - diff) <= max(0.3, 0.3 * diff) for idle, diff in gaps.values()
+    )
+    detail = "; ".join(
+        f"{name}: idle {idle:.2f} ms, build - encoder {diff:.2f} ms"
+        for name, (idle, diff) in gaps.items()
+    )
+    pinlab.observe(
+        f"where the build took the host longer than the {enc:g} ms encoder, the GPU "
+        "idled about the difference every step (within 0.3 ms or 30%)",
+        idled_the_difference,
+        value=detail,
+        why=l06.WHY.host_gaps,
+    )
 else:
-    pinlab.show("what this run shows", f"no builder took the host longer than the {enc:g} ms encoder on any mix: "
-                "the GPU did not wait for the builders")
+    pinlab.show(
+        "what this run shows",
+        f"no builder took the host longer than the {enc:g} ms encoder on any mix: the "
+        "GPU did not wait for the builders",
+    )
 
 # %% [markdown]
 # With a 1 ms encoder and the run-ahead bounded, a builder that costs the host more than the
@@ -360,18 +501,46 @@ else:
 # %%
 print(inspect.getsource(l06.streaming_mask_device))
 rng = random.Random(60)
-cases = [(rng.randint(1, 200), rng.choice([1, 4, 16, 25]), rng.randint(0, 4), rng.randint(0, 2)) for _ in range(40)]
-same = all(torch.equal(l06.adaptive_enc_mask(*c), l06.streaming_mask_device(*c, "cpu")) for c in cases)
-pinlab.claim(f"the device-built mask equals Phi-4-MM's on {len(cases)} random shapes", same,
-             why=l06.WHY.mask_ints)
+cases = [
+    (
+        rng.randint(1, 200),
+        rng.choice([1, 4, 16, 25]),
+        rng.randint(0, 4),
+        rng.randint(0, 2),
+    )
+    for _ in range(40)
+]
+same = all(
+    torch.equal(l06.adaptive_enc_mask(*c), l06.streaming_mask_device(*c, "cpu"))
+    for c in cases
+)
+pinlab.claim(
+    f"the device-built mask equals Phi-4-MM's on {len(cases)} random shapes",
+    same,
+    why=l06.WHY.mask_ints,
+)
 
 # %%
-mask = pinlab.measure("06_mask_times", l06.mask_times, x_len=750, chunk_size=16, left_window=3,
-                      right_window=0, rounds=12, busy_ms=6.0)
+mask = pinlab.measure(
+    "06_mask_times",
+    l06.mask_times,
+    x_len=750,
+    chunk_size=16,
+    left_window=3,
+    right_window=0,
+    rounds=12,
+    busy_ms=6.0,
+)
 pinlab.claim("the three masks are equal", mask.result["equal"], why=l06.WHY.mask_copy)
 forms = mask.result["forms"]
-bars([l06.MASK_FORMS[k] for k in forms], [forms[k]["host_us"] for k in forms], ylabel="host µs per call",
-     title=f"A {mask.result['bytes'] // 1024} KiB streaming mask onto the GPU ({mask.tag})", annotate="{:.0f}")
+bars(
+    [l06.MASK_FORMS[k] for k in forms],
+    [forms[k]["host_us"] for k in forms],
+    ylabel="host µs per call",
+    title=f"A {mask.result['bytes'] // 1024} KiB streaming mask onto the GPU "
+    f"({mask.tag})",
+    annotate="{:.0f}",
+)
 plt.show()
 for k in forms:
     pinlab.report(f"mask: {l06.MASK_FORMS[k]}", forms[k]["host_us"] / 1e3)
@@ -387,26 +556,31 @@ for k in forms:
 # The loop below runs on the stream `pinlab.stream()` gives: the CUDA stream on a GPU, the
 # emulated lagging stream on a CPU (the GPU far behind the host, labelled "emulated").
 
+
 # %%
 def per_step_results(s, steps=8, width=4, read_early=False):
-    """Each step's result goes D2H into a fresh pinned buffer; returns how many steps read wrong data."""
+    """Each step's result goes D2H into a fresh pinned buffer; returns how many steps
+    read wrong data."""
     base = torch.arange(width, device=s.device)
     out = torch.empty(steps, width, dtype=torch.int64, device=s.device)
     pending, wrong = [], 0
     for n in range(steps):
-        s.busy(2.0)                                          # the step's forward
-        torch.add(base, 1000 * (n + 1), out=out[n])          # its result, on the GPU
+        s.busy(2.0)  # the step's forward
+        torch.add(base, 1000 * (n + 1), out=out[n])  # its result, on the GPU
         host = torch.empty(width, dtype=torch.int64, pin_memory=True)
-        host.copy_(out[n], non_blocking=True)                # queued: returns at once
+        host.copy_(out[n], non_blocking=True)  # queued: returns at once
         ev = s.Event()
         ev.record()
         if read_early:
-            wrong += host.tolist() != list(range(1000 * (n + 1), 1000 * (n + 1) + width))  # WRONG: too early
+            # WRONG: too early
+            wrong += host.tolist() != list(
+                range(1000 * (n + 1), 1000 * (n + 1) + width)
+            )
             continue
         pending.append((n, host, ev))
-        if len(pending) > 1:                                 # read step n-1 while step n runs
+        if len(pending) > 1:  # read step n-1 while step n runs
             m, h, e = pending.pop(0)
-            e.synchronize()                                  # wait for that step's copy only
+            e.synchronize()  # wait for that step's copy only
             wrong += h.tolist() != list(range(1000 * (m + 1), 1000 * (m + 1) + width))
     for m, h, e in pending:
         e.synchronize()
@@ -419,14 +593,27 @@ with pinlab.stream() as s:
     pinlab.show("stream", s.label)
     early = per_step_results(s, read_early=True)
     after_event = per_step_results(s)
-pinlab.claim("read right after the copy call: some steps read wrong data", early > 0, value=early, why=l06.WHY.gpu_lead)
-pinlab.claim("read after the step's event: every step read its own data", after_event == 0, value=after_event,
-             why=l06.WHY.event)
+pinlab.claim(
+    "read right after the copy call: some steps read wrong data",
+    early > 0,
+    value=early,
+    why=l06.WHY.gpu_lead,
+)
+pinlab.claim(
+    "read after the step's event: every step read its own data",
+    after_event == 0,
+    value=after_event,
+    why=l06.WHY.event,
+)
 
 # %%
 del ids, results
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(), why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    value=pinlab.pinned_bytes_held(),
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # ## What to remember

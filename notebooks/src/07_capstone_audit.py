@@ -26,9 +26,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import gc
@@ -41,7 +43,10 @@ from pinlab.checks import l07 as checks07
 from pinlab.detector import PAGEABLE_H2D
 from pinlab.lessons import l07_capstone_audit as l07
 
-NO_TRACE = "not measured: the trace holds no GPU activity (a profiler that records none, as often under WSL2)"
+NO_TRACE = (
+    "not measured: the trace holds no GPU activity "
+    "(a profiler that records none, as often under WSL2)"
+)
 
 pinlab.header("07 capstone: audit an inference loop")
 pinned_at_start = pinlab.pinned_baseline()
@@ -68,27 +73,31 @@ pinned_at_start = pinlab.pinned_baseline()
 # Here is the loop someone wrote on top of it. It runs, it produces tokens, and it is wrong in five
 # places. Read it first, with the lessons in mind.
 
+
 # %%
 def planted_loop(m, steps):
-    """The capstone's inference loop as written: it runs, and it is wrong in five places."""
+    """The capstone's inference loop as written: it runs, and it is wrong in five
+    places."""
     s = m.stream
-    m.lm_head_host = m.lm_head.to("cpu")                      # offload the LM head to host memory
-    meta = torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)  # the metadata buffer
+    m.lm_head_host = m.lm_head.to("cpu")  # offload the LM head to host memory
+    # the metadata buffer
+    meta = torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)
     tokens_host = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
-    m.schedule(0, meta)                                       # the scheduler writes step 0's metadata
+    m.schedule(0, meta)  # the scheduler writes step 0's metadata
     for n in range(steps):
-        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (8 MiB)
-        m.encode(n)                                           # vision encoder: rotary ids, GPU work
-        snap = meta.pin_memory()                              # a private snapshot of step n's metadata
-        m.meta_dev[n].copy_(snap, non_blocking=True)          # H2D: indptr + last_page_len
+        # restore the offloaded LM head (8 MiB)
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)
+        m.encode(n)  # vision encoder: rotary ids, GPU work
+        snap = meta.pin_memory()  # a private snapshot of step n's metadata
+        m.meta_dev[n].copy_(snap, non_blocking=True)  # H2D: indptr + last_page_len
         if n + 1 < steps:
-            m.schedule(n + 1, meta)                           # the scheduler moves on to step n+1
-        tokens = m.decode(n)                                  # paged attention, LM head, argmax (GPU)
-        tokens_host.copy_(tokens, non_blocking=True)          # D2H into pinned memory
-        m.emit(n, tokens_host)                                # hand step n's tokens to the detokenizer
-        if tokens.eq(m.eos).any().item():                     # did a request finish?
+            m.schedule(n + 1, meta)  # the scheduler moves on to step n+1
+        tokens = m.decode(n)  # paged attention, LM head, argmax (GPU)
+        tokens_host.copy_(tokens, non_blocking=True)  # D2H into pinned memory
+        m.emit(n, tokens_host)  # hand step n's tokens to the detokenizer
+        if tokens.eq(m.eos).any().item():  # did a request finish?
             m.note_stop(n)
-        m.host_work()                                         # the server, the detokenizer (CPU)
+        m.host_work()  # the server, the detokenizer (CPU)
     s.synchronize()
 
 
@@ -128,12 +137,29 @@ pinlab.show("stream", es.label)
 planted = l07.run_loop(em, planted_loop, STEPS)
 stale = planted["stale_reads"] - planted["overwritten"]
 delivered_once = planted["deliveries"] == STEPS and planted["missing"] == 0
-pinlab.claim(f"planted loop, emulated: corrupted steps (of {STEPS})", planted["corrupted"], expect=STEPS,
-             why=l07.WHY.emulated)
-pinlab.claim("metadata copies that delivered the next step's data", planted["wrong_meta"], expect=STEPS - 1,
-             why=l07.WHY.emulated)
-pinlab.claim("steps whose tokens were read before their copy ran", stale, expect=STEPS, why=l07.WHY.emulated)
-pinlab.claim("every step's tokens handed to the detokenizer once", delivered_once, why=l07.WHY.emulated)
+pinlab.claim(
+    f"planted loop, emulated: corrupted steps (of {STEPS})",
+    planted["corrupted"],
+    expect=STEPS,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "metadata copies that delivered the next step's data",
+    planted["wrong_meta"],
+    expect=STEPS - 1,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "steps whose tokens were read before their copy ran",
+    stale,
+    expect=STEPS,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "every step's tokens handed to the detokenizer once",
+    delivered_once,
+    why=l07.WHY.emulated,
+)
 
 # %% [markdown]
 # The loop "works": it runs to the end and every step hands tokens to the detokenizer. But the GPU
@@ -143,6 +169,7 @@ pinlab.claim("every step's tokens handed to the detokenizer once", delivered_onc
 #
 # The same loop on the GPU (200 steps, FlashInfer's decode where it runs):
 
+
 # %%
 def planted_on_gpu(steps):
     return l07.audit({"planted": planted_loop}, steps=steps)
@@ -150,9 +177,17 @@ def planted_on_gpu(steps):
 
 on_gpu = pinlab.measure("07_planted_gpu", planted_on_gpu, steps=STEPS)
 g = on_gpu.result["loops"]["planted"]
-pinlab.show("planted loop on the GPU: corrupted steps", f"{g['corrupted']} of {g['steps']}")
-pinlab.show("planted loop on the GPU: metadata copies that delivered another step's data", g["wrong_meta"])
-pinlab.show("planted loop on the GPU: steps whose tokens were read before their copy ran", g["stale_reads"])
+pinlab.show(
+    "planted loop on the GPU: corrupted steps", f"{g['corrupted']} of {g['steps']}"
+)
+pinlab.show(
+    "planted loop on the GPU: metadata copies that delivered another step's data",
+    g["wrong_meta"],
+)
+pinlab.show(
+    "planted loop on the GPU: steps whose tokens were read before their copy ran",
+    g["stale_reads"],
+)
 pinlab.show("attention backend", on_gpu.result["backend"])
 
 # %% [markdown]
@@ -170,22 +205,35 @@ pinlab.show("attention backend", on_gpu.result["backend"])
 # with the line that made them (shown here as that line's code). Run on the GPU for 20 steps,
 # the engine handing FlashInfer's `plan()` pageable host metadata, as vLLM 0.29 does:
 
+
 # %%
 def detect_loop(loop, steps, pin_plan_inputs):
     return l07.detect(loop, steps=steps, pin_plan_inputs=pin_plan_inputs)
 
 
-stalls = pinlab.measure("07_detect_stalls", lambda **kw: detect_loop(planted_loop, **kw), steps=20,
-                        pin_plan_inputs=False)
-for line in l07.code_of_lines(stalls.result["lines"], planted_loop):  # each line number shown as its code
+stalls = pinlab.measure(
+    "07_detect_stalls",
+    lambda **kw: detect_loop(planted_loop, **kw),
+    steps=20,
+    pin_plan_inputs=False,
+)
+# each line number shown as its code
+for line in l07.code_of_lines(stalls.result["lines"], planted_loop):
     print(pinlab.timing.wrapped(line, indent=6))
 kinds = " ".join(stalls.result["lines"])
 named_both = "pageable H2D" in kinds and "host sync (.item())" in kinds
-pinlab.claim("the detector names the LM head restore's pageable copy and the stop check's .item()", named_both,
-             value=stalls.result["lines"], why=l07.WHY.detector)
+pinlab.claim(
+    "the detector names the LM head restore's pageable copy and the stop check's "
+    ".item()",
+    named_both,
+    value=stalls.result["lines"],
+    why=l07.WHY.detector,
+)
 pinlab.show("attention backend", stalls.result["backend"])
-pinlab.show("detector events outside planted_loop's own lines, per step",
-            f"{stalls.result['events_elsewhere'] / stalls.result['steps']:g}")
+pinlab.show(
+    "detector events outside planted_loop's own lines, per step",
+    f"{stalls.result['events_elsewhere'] / stalls.result['steps']:g}",
+)
 for line in stalls.result["elsewhere"]:
     pinlab.show("  elsewhere", line)
 
@@ -234,10 +282,18 @@ with detect_races(callers=[planted_loop]) as races:
 print(races)
 
 # %%
-pinlab.claim("planted loop, emulated, 20 steps: metadata copies whose source the host rewrote",
-             races.count(H2D_REWRITE), expect=19, why=l07.WHY.emulated)
-pinlab.claim("planted loop, emulated, 20 steps: token copies read before they had run", races.count(D2H_READ),
-             expect=20, why=l07.WHY.emulated)
+pinlab.claim(
+    "planted loop, emulated, 20 steps: metadata copies whose source the host rewrote",
+    races.count(H2D_REWRITE),
+    expect=19,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "planted loop, emulated, 20 steps: token copies read before they had run",
+    races.count(D2H_READ),
+    expect=20,
+    why=l07.WHY.emulated,
+)
 
 # %% [markdown]
 # Both races, with their lines: the metadata copy (line 12) whose source the scheduler rewrote (the
@@ -253,14 +309,18 @@ pinlab.claim("planted loop, emulated, 20 steps: token copies read before they ha
 # nothing, since what a race delivers changes from run to run); the gate is what fails it.
 
 # %% tags=["nbval-ignore-output"]
-gate = l07.run_gate()                     # pytest -q --pinlab-races examples/race_gate, in a fresh process
+gate = l07.run_gate()  # pytest -q --pinlab-races examples/race_gate, in a fresh process
 print(gate["tail"])
 
 # %%
 RACY = "test_step_loop.py::test_racy_loop"
 gate_why = f"{l07.WHY.gate} (stderr: {gate['stderr_tail'] or 'empty'})"
-pinlab.claim(f"the gate failed {RACY} and no other test", gate["failed_tests"] == [RACY], value=gate["failed_tests"],
-             why=gate_why)
+pinlab.claim(
+    f"the gate failed {RACY} and no other test",
+    gate["failed_tests"] == [RACY],
+    value=gate["failed_tests"],
+    why=gate_why,
+)
 pinlab.claim("the gate: passed tests", gate["passed"], expect=2, why=gate_why)
 
 # %% [markdown]
@@ -276,10 +336,18 @@ pinlab.claim("the gate: passed tests", gate["passed"], expect=2, why=gate_why)
 # %%
 for line in l07.code_of_lines(planted["audit_lines"], planted_loop):
     print(pinlab.timing.wrapped(line, indent=6))
-pinlab.claim("planted loop: pin_memory() of a pinned tensor", planted["counts"][l07.PIN_NOOP], expect=STEPS,
-             why=l07.WHY.audit)
-pinlab.claim("planted loop: pageable non_blocking copies in its lines", planted["counts"][l07.PAGEABLE], expect=STEPS,
-             why=l07.WHY.audit)
+pinlab.claim(
+    "planted loop: pin_memory() of a pinned tensor",
+    planted["counts"][l07.PIN_NOOP],
+    expect=STEPS,
+    why=l07.WHY.audit,
+)
+pinlab.claim(
+    "planted loop: pageable non_blocking copies in its lines",
+    planted["counts"][l07.PAGEABLE],
+    expect=STEPS,
+    why=l07.WHY.audit,
+)
 
 # %% [markdown]
 # The third problem: **the snapshot** `snap = meta.pin_memory()`. `meta` is already pinned, and
@@ -313,6 +381,7 @@ pinlab.claim("planted loop: pageable non_blocking copies in its lines", planted[
 # no GPU activity (often so under WSL2, not measured here: `docs/facts.md` F18), the timelines
 # replay the recorded run, and the `source` line says why.
 
+
 # %%
 def timeline_planted(steps):
     return l07.timeline({"planted": planted_loop}, steps=steps)
@@ -323,9 +392,15 @@ PAGEABLE_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
 tl_planted = pinlab.measure("07_timeline_planted", timeline_planted, steps=TL_STEPS)
 r = tl_planted.result["loops"]["planted"]
 share = r["gpu_idle_share"]
-pinlab.show("planted: GPU idle share of the window (no kernel running)", NO_TRACE if share is None else f"{share:.0%}")
+pinlab.show(
+    "planted: GPU idle share of the window (no kernel running)",
+    NO_TRACE if share is None else f"{share:.0%}",
+)
 pinlab.show("planted: copies by kind", r["memcpy_names"])
-pinlab.show("planted: pageable H2D copies per step", f"{r['memcpy_names'].get(PAGEABLE_MEMCPY, 0) / TL_STEPS:g}")
+pinlab.show(
+    "planted: pageable H2D copies per step",
+    f"{r['memcpy_names'].get(PAGEABLE_MEMCPY, 0) / TL_STEPS:g}",
+)
 l07.plot_timelines(tl_planted.result, title=f"host vs GPU ({tl_planted.tag})")
 plt.show()
 
@@ -379,20 +454,55 @@ plt.show()
 # `pinlab.lessons.l07_capstone_audit`: **spoiler**, read its source after the exercise.
 
 # %%
-fixed_loop = l07.fixed_loop  # the reference answer (spoiler: read it after the exercise)
+# the reference answer (spoiler: read it after the exercise)
+fixed_loop = l07.fixed_loop
 fixed = l07.run_loop(em, fixed_loop, STEPS)
 fc, in_loop = fixed["counts"], sum(fixed["in_loop"].values())
 in_all = fc[l07.SYNC] + fc[l07.BLOCKING]
 lm_head_ok = fixed["unrestored"] == 0 and fixed["stops_ok"] and fixed["lm_head_ok"]
-pinlab.claim(f"fixed loop, emulated: corrupted steps (of {STEPS})", fixed["corrupted"], expect=0, why=l07.WHY.emulated)
-pinlab.claim("fixed loop: pageable copies in its lines", fc[l07.PAGEABLE], expect=0, why=l07.WHY.emulated)
-pinlab.claim("fixed loop: pin_memory() of a pinned tensor", fc[l07.PIN_NOOP], expect=0, why=l07.WHY.emulated)
-pinlab.claim("fixed loop: syncs or blocking copies inside the loop", in_loop, expect=0, why=l07.WHY.emulated)
-pinlab.claim("fixed loop: waits on the newest step's event", fc[l07.FULL_WAIT], expect=0, why=l07.WHY.emulated)
-pinlab.claim("fixed loop: syncs and blocking copies in all (the offload before the loop, the final synchronize)", in_all,
-             expect=2, why=l07.WHY.emulated)
-pinlab.claim("fixed loop: the LM head restored before every step, every finished step noted, the LM head intact",
-             lm_head_ok, why=l07.WHY.emulated)
+pinlab.claim(
+    f"fixed loop, emulated: corrupted steps (of {STEPS})",
+    fixed["corrupted"],
+    expect=0,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "fixed loop: pageable copies in its lines",
+    fc[l07.PAGEABLE],
+    expect=0,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "fixed loop: pin_memory() of a pinned tensor",
+    fc[l07.PIN_NOOP],
+    expect=0,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "fixed loop: syncs or blocking copies inside the loop",
+    in_loop,
+    expect=0,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "fixed loop: waits on the newest step's event",
+    fc[l07.FULL_WAIT],
+    expect=0,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "fixed loop: syncs and blocking copies in all (the offload before the loop, the "
+    "final synchronize)",
+    in_all,
+    expect=2,
+    why=l07.WHY.emulated,
+)
+pinlab.claim(
+    "fixed loop: the LM head restored before every step, every finished step noted, "
+    "the LM head intact",
+    lm_head_ok,
+    why=l07.WHY.emulated,
+)
 
 # %% [markdown]
 # What is left runs once: the blocking copy of the offload before the loop and the final
@@ -411,13 +521,23 @@ pinlab.claim("fixed loop: the LM head restored before every step, every finished
 # pageable copy anywhere (checked):
 
 # %%
-fixed_stalls = pinlab.measure("07_detect_fixed", lambda **kw: detect_loop(fixed_loop, **kw), steps=20,
-                              pin_plan_inputs=True)
-for line in l07.code_of_lines(fixed_stalls.result["lines"], fixed_loop):  # each line number shown as its code
+fixed_stalls = pinlab.measure(
+    "07_detect_fixed",
+    lambda **kw: detect_loop(fixed_loop, **kw),
+    steps=20,
+    pin_plan_inputs=True,
+)
+# each line number shown as its code
+for line in l07.code_of_lines(fixed_stalls.result["lines"], fixed_loop):
     print(pinlab.timing.wrapped(line, indent=6))
 pageable_seen = fixed_stalls.result["counts"].get(PAGEABLE_H2D, 0)
-pinlab.claim("fixed loop, the whole process: pageable non_blocking H2D copies the detector saw", pageable_seen,
-             expect=0, value=fixed_stalls.result["elsewhere"] or fixed_stalls.result["counts"], why=l07.WHY.plan_copies)
+pinlab.claim(
+    "fixed loop, the whole process: pageable non_blocking H2D copies the detector saw",
+    pageable_seen,
+    expect=0,
+    value=fixed_stalls.result["elsewhere"] or fixed_stalls.result["counts"],
+    why=l07.WHY.plan_copies,
+)
 for line in fixed_stalls.result["elsewhere"]:
     pinlab.show("  elsewhere", line)
 
@@ -432,8 +552,12 @@ for line in fixed_stalls.result["elsewhere"]:
 # and intact at the end. A progress bar (on stderr) counts the steps as they are decoded.
 
 # %%
-pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop.verdict(fixed_loop), shown=False,
-             why=l07.WHY.checker)
+pinlab.claim(
+    "the checker accepts fixed_loop",
+    checks07.check_fixed_loop.verdict(fixed_loop),
+    shown=False,
+    why=l07.WHY.checker,
+)
 
 # %% [markdown]
 # ## 7. Before and after: timeline and steps per second
@@ -445,38 +569,70 @@ pinlab.claim("the checker accepts fixed_loop", checks07.check_fixed_loop.verdict
 # profiler. Running the host's work while the GPU works, instead of in turn with it, can hide at most
 # the smaller of the two shares of a step.
 
+
 # %%
 def both_loops(**params):
     return l07.before_after({"planted": planted_loop, "fixed": fixed_loop}, **params)
 
 
-ba = pinlab.measure("07_before_after", both_loops, timeline_steps=TL_STEPS, steps=150, rounds=3, encoder_ms=1.0,
-                    decoder_ms=1.0, host_ms=0.6, pinned_plan=["fixed"])
+ba = pinlab.measure(
+    "07_before_after",
+    both_loops,
+    timeline_steps=TL_STEPS,
+    steps=150,
+    rounds=3,
+    encoder_ms=1.0,
+    decoder_ms=1.0,
+    host_ms=0.6,
+    pinned_plan=["fixed"],
+)
 thr, tl = ba.result["throughput"]["loops"], ba.result["timeline"]["loops"]
 speedup = thr["fixed"]["steps_per_s"] / thr["planted"]["steps_per_s"]
 for name in ("planted", "fixed"):
     pinlab.show(f"{name} loop: steps per second", f"{thr[name]['steps_per_s']:.0f}")
-pinlab.observe("the fixed loop ran more steps per second than the planted one", speedup > 1, value=f"{speedup:.2f}x",
-               why=l07.WHY.overlap)
+pinlab.observe(
+    "the fixed loop ran more steps per second than the planted one",
+    speedup > 1,
+    value=f"{speedup:.2f}x",
+    why=l07.WHY.overlap,
+)
 pageable_on_timeline = tl["fixed"]["memcpy_names"].get(PAGEABLE_MEMCPY, 0)
-pinlab.claim("fixed loop on the timeline: pageable H2D copies, FlashInfer's included", pageable_on_timeline, expect=0,
-             value=tl["fixed"]["memcpy_names"], why=l07.WHY.profiler)
+pinlab.claim(
+    "fixed loop on the timeline: pageable H2D copies, FlashInfer's included",
+    pageable_on_timeline,
+    expect=0,
+    value=tl["fixed"]["memcpy_names"],
+    why=l07.WHY.profiler,
+)
 share = {}
 for name in ("planted", "fixed"):
     gpu = l07.span_union_ms(tl[name]["gpu"]) / TL_STEPS if tl[name]["gpu"] else None
     share[name] = (thr[name]["ms_per_step"], thr[name]["host_ms_per_step"], gpu)
     idle = tl[name]["gpu_idle_share"]
-    pinlab.show(f"{name}: GPU idle share on the timeline", NO_TRACE if idle is None else f"{idle:.0%}")
+    pinlab.show(
+        f"{name}: GPU idle share on the timeline",
+        NO_TRACE if idle is None else f"{idle:.0%}",
+    )
     host_profiled = l07.span_union_ms(tl[name]["host"]) / TL_STEPS
-    pinlab.show(f"{name}: per step", l07.per_step_line(*share[name][:2], host_profiled, gpu))
+    pinlab.show(
+        f"{name}: per step", l07.per_step_line(*share[name][:2], host_profiled, gpu)
+    )
 step, host, gpu = share["fixed"]
 if gpu is not None:
     larger, who = max((host, "the host's"), (gpu, "the GPU's"))
-    pinlab.show("what this run shows", f"a fixed step took {step:.2f} ms, {step / larger:.2f}x the larger share, "
-                f"{who} ({larger:.2f} ms); a planted step took {share['planted'][0]:.2f} ms against host + GPU "
-                f"{share['planted'][1] + (share['planted'][2] or 0):.2f} ms")
-    pinlab.observe("a fixed step costs about the larger of the host's share and the GPU's (within 25%)",
-                   step <= 1.25 * larger, value=f"{step:.2f} ms against {larger:.2f} ms", why=l07.WHY.shares)
+    pinlab.show(
+        "what this run shows",
+        f"a fixed step took {step:.2f} ms, {step / larger:.2f}x the larger share, "
+        f"{who} ({larger:.2f} ms); a planted step took {share['planted'][0]:.2f} ms "
+        f"against host + GPU {share['planted'][1] + (share['planted'][2] or 0):.2f} ms",
+    )
+    pinlab.observe(
+        "a fixed step costs about the larger of the host's share and the GPU's (within "
+        "25%)",
+        step <= 1.25 * larger,
+        value=f"{step:.2f} ms against {larger:.2f} ms",
+        why=l07.WHY.shares,
+    )
 
 # %%
 l07.plot_timelines(ba.result["timeline"], title=f"host vs GPU ({ba.tag})")
@@ -501,8 +657,12 @@ plt.show()
 # %%
 del em, planted, fixed
 gc.collect()
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(), why=l07.WHY.pinned)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    value=pinlab.pinned_bytes_held(),
+    why=l07.WHY.pinned,
+)
 
 # %% [markdown]
 # ## What to remember

@@ -24,9 +24,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import matplotlib.pyplot as plt
@@ -66,25 +68,48 @@ pinned_at_start = pinlab.pinned_baseline()
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-cost = pinlab.measure("08_host_cost", l08.host_cost, kernels=[1, 5, 10, 20, 40], repeat=200)
+cost = pinlab.measure(
+    "08_host_cost", l08.host_cost, kernels=[1, 5, 10, 20, 40], repeat=200
+)
 rows = cost.result["rows"]
 pinlab.table(rows, l08.HOST_COST_COLUMNS)
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.2))
-ax.plot([r["kernels"] for r in rows], [r["eager_us"] for r in rows], "o-", label="eager launches")
-ax.plot([r["kernels"] for r in rows], [r["replay_us"] for r in rows], "s-", label="one g.replay()")
-ax.set(xlabel="kernels per step", ylabel="host µs per step (median)", title=f"Host cost per step ({cost.tag})")
+ax.plot(
+    [r["kernels"] for r in rows],
+    [r["eager_us"] for r in rows],
+    "o-",
+    label="eager launches",
+)
+ax.plot(
+    [r["kernels"] for r in rows],
+    [r["replay_us"] for r in rows],
+    "s-",
+    label="one g.replay()",
+)
+ax.set(
+    xlabel="kernels per step",
+    ylabel="host µs per step (median)",
+    title=f"Host cost per step ({cost.tag})",
+)
 ax.legend()
 plt.show()
 
 # %%
 at20 = next(r for r in rows if r["kernels"] == 20)
 replay20, eager20 = at20["replay_us"], at20["eager_us"]
-pinlab.observe("at 20 kernels one replay costs the host at most a tenth of eager launches", replay20 <= eager20 / 10,
-               value=f"{replay20:.1f} µs against {eager20:.1f} µs", why=l08.WHY.host_times)
-pinlab.show("what this run shows", f"at 20 kernels a replay cost the host {replay20:.1f} µs, eager "
-            f"launches {eager20:.1f} µs ({eager20 / max(replay20, 1e-9):.0f}x)")
+pinlab.observe(
+    "at 20 kernels one replay costs the host at most a tenth of eager launches",
+    replay20 <= eager20 / 10,
+    value=f"{replay20:.1f} µs against {eager20:.1f} µs",
+    why=l08.WHY.host_times,
+)
+pinlab.show(
+    "what this run shows",
+    f"at 20 kernels a replay cost the host {replay20:.1f} µs, eager launches "
+    f"{eager20:.1f} µs ({eager20 / max(replay20, 1e-9):.0f}x)",
+)
 
 # %% [markdown]
 # The eager line climbs with every kernel; the replay line stays nearly flat (a microsecond or two
@@ -98,9 +123,11 @@ pinlab.show("what this run shows", f"at 20 kernels a replay cost the host {repla
 # emulated stream (lesson 03) captures and replays graphs too, and refuses the same things with
 # the same messages.
 
+
 # %%
 def try_in_capture(s, body):
-    """Capture ``body`` into a fresh graph; return 'captured', or the error torch raised."""
+    """Capture ``body`` into a fresh graph; return 'captured', or the error torch
+    raised."""
     g = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(g):
@@ -116,7 +143,9 @@ with pinlab.stream() as s:
     pinned = torch.ones(4, pin_memory=True)
     attempts = {
         "H2D copy from pinned memory": lambda: static.copy_(pinned, non_blocking=True),
-        "H2D copy from pageable memory": lambda: static.copy_(pageable, non_blocking=True),
+        "H2D copy from pageable memory": lambda: static.copy_(
+            pageable, non_blocking=True
+        ),
         "static.sum().item()": lambda: static.sum().item(),
     }
     outcome = {what: try_in_capture(s, body) for what, body in attempts.items()}
@@ -128,13 +157,23 @@ for what, said in outcome.items():
 
 # %%
 captured = {what: said == "captured" for what, said in outcome.items()}
-pinlab.claim("a capture refused the copy from pageable memory", not captured["H2D copy from pageable memory"],
-             why=l08.WHY.capture_rules)
-pinlab.claim("a capture took the copy from pinned memory", captured["H2D copy from pinned memory"],
-             why=l08.WHY.capture_rules)
-pinlab.claim("a capture refused .item() (the host would wait for the GPU)", not captured["static.sum().item()"],
-             why=l08.WHY.capture_rules)
-del pinned                      # the experiment's own pinned tensor: what is still pinned now, the refusals left
+pinlab.claim(
+    "a capture refused the copy from pageable memory",
+    not captured["H2D copy from pageable memory"],
+    why=l08.WHY.capture_rules,
+)
+pinlab.claim(
+    "a capture took the copy from pinned memory",
+    captured["H2D copy from pinned memory"],
+    why=l08.WHY.capture_rules,
+)
+pinlab.claim(
+    "a capture refused .item() (the host would wait for the GPU)",
+    not captured["static.sum().item()"],
+    why=l08.WHY.capture_rules,
+)
+# the experiment's own pinned tensor: what is still pinned now, the refusals left
+del pinned
 left_by_refusals = pinlab.pinned_baseline() - pinned_at_start
 pinlab.show("pinned bytes the capture experiments left in use", left_by_refusals)
 pinlab.show("what that is", l08.refusals_left_text(left_by_refusals))
@@ -176,33 +215,41 @@ pinlab.show("what that is", l08.refusals_left_text(left_by_refusals))
 # 03's race, and capturing the copy changed nothing about it.
 # </details>
 
+
 # %%
 def graph_step_loop(s, steps=200, busy_ms=0.5):
-    """Step n writes n into a pinned buffer; a graph captured the copy from it. What did step n read?"""
+    """Step n writes n into a pinned buffer; a graph captured the copy from it. What did
+    step n read?"""
     pinned_buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
     static = torch.zeros(64, dtype=torch.int32, device=s.device)
     seen = torch.zeros(steps, dtype=torch.int32, device=s.device)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        static.copy_(pinned_buf, non_blocking=True)   # captured: this address, read at every replay
+        # captured: this address, read at every replay
+        static.copy_(pinned_buf, non_blocking=True)
     for n in range(steps):
-        pinned_buf.fill_(n)                           # the host writes step n's metadata
-        s.busy(busy_ms)                               # the GPU is behind (the rest of the last step)
-        g.replay()                                    # enqueue the captured copy; returns at once
-        seen[n:n + 1].copy_(static[:1])               # what step n's kernels read
+        pinned_buf.fill_(n)  # the host writes step n's metadata
+        s.busy(busy_ms)  # the GPU is behind (the rest of the last step)
+        g.replay()  # enqueue the captured copy; returns at once
+        seen[n : n + 1].copy_(static[:1])  # what step n's kernels read
     s.synchronize()
     return seen.tolist()
 
 
 with pinlab.stream() as s:
-    graph_step_loop(s, steps=5)                       # warm-up: first launches load their kernels
+    graph_step_loop(s, steps=5)  # warm-up: first launches load their kernels
     seen = graph_step_loop(s)
 wrong = sum(v != n for n, v in enumerate(seen))
 pinlab.show("stream", s.label)
 pinlab.show("steps whose replay read another step's data", f"{wrong} of {len(seen)}")
 pinlab.show("the step whose data steps 0-7 read", seen[:8])
-pinlab.claim("the captured copy from the reused pinned buffer delivered another step's data at least once",
-             wrong >= 1, value=f"{wrong} of {len(seen)}", why=l08.WHY.lead)
+pinlab.claim(
+    "the captured copy from the reused pinned buffer delivered another step's data at "
+    "least once",
+    wrong >= 1,
+    value=f"{wrong} of {len(seen)}",
+    why=l08.WHY.lead,
+)
 
 # %% [markdown]
 # Lesson 03's race detector follows graphs too: a graph captured while it is active has its
@@ -218,12 +265,23 @@ print(races)
 
 # %%
 wrong, flagged = sum(v != n for n, v in enumerate(seen)), races.count(GRAPH_REWRITE)
-pinlab.show("steps whose replay read another step's data / replayed copies the detector flagged",
-            f"{wrong} / {flagged} of {len(seen)}")
-pinlab.claim("the detector flagged the rewrite of the captured copy's source", flagged >= 1, value=flagged,
-             why=l08.WHY.detector)
-pinlab.claim("it flagged at least as many replays as read another step's data", flagged >= wrong,
-             value=f"{flagged} flagged, {wrong} wrong", why=l08.WHY.detector)
+pinlab.show(
+    "steps whose replay read another step's data / "
+    "replayed copies the detector flagged",
+    f"{wrong} / {flagged} of {len(seen)}",
+)
+pinlab.claim(
+    "the detector flagged the rewrite of the captured copy's source",
+    flagged >= 1,
+    value=flagged,
+    why=l08.WHY.detector,
+)
+pinlab.claim(
+    "it flagged at least as many replays as read another step's data",
+    flagged >= wrong,
+    value=f"{flagged} flagged, {wrong} wrong",
+    why=l08.WHY.detector,
+)
 
 # %% [markdown]
 # The graph is not a snapshot of the data: it is a recording of *where* to read. Under async
@@ -243,19 +301,34 @@ for name, what in l08.VARIANTS.items():
     print(pinlab.timing.wrapped(f"{name}: {what}"))
 
 # %% tags=["nbval-ignore-output"]
-var = pinlab.measure("08_variants", l08.every_variant, steps=10_000, tensors=6, n_ints=64, busy_ms=0.1,
-                     ring_depth=3)
-pinlab.table(var.result["rows"], [("variant", "variant"), ("corrupted", "corrupted steps")])
+var = pinlab.measure(
+    "08_variants",
+    l08.every_variant,
+    steps=10_000,
+    tensors=6,
+    n_ints=64,
+    busy_ms=0.1,
+    ring_depth=3,
+)
+pinlab.table(
+    var.result["rows"], [("variant", "variant"), ("corrupted", "corrupted steps")]
+)
 
 # %%
 by = {r["variant"]: r for r in var.result["rows"]}
 steps = var.result["steps"]
 FIXES = ("snapshot_outside", "ring_graphs", "ring_outside")
 for v in FIXES:
-    pinlab.claim(f"{v}: corrupted steps", by[v]["corrupted"], expect=0, why=l08.WHY.own_memory)
+    pinlab.claim(
+        f"{v}: corrupted steps", by[v]["corrupted"], expect=0, why=l08.WHY.own_memory
+    )
 for v in l08.RACY:
-    pinlab.observe(f"{v}: at least 99% of steps read another step's data", by[v]["corrupted"] >= 0.99 * steps,
-                   value=f"{by[v]['corrupted']} of {steps}", why=l08.WHY.lead_01)
+    pinlab.observe(
+        f"{v}: at least 99% of steps read another step's data",
+        by[v]["corrupted"] >= 0.99 * steps,
+        value=f"{by[v]['corrupted']} of {steps}",
+        why=l08.WHY.lead_01,
+    )
 
 # %% [markdown]
 # Both racy variants are races: how many steps each lost depends on how far behind the GPU was when
@@ -285,30 +358,46 @@ for v in l08.RACY:
 # happened in your run (no data is checked here: the loop above did that).
 
 # %% tags=["nbval-ignore-output"]
-cost6 = pinlab.measure("08_staging_cost", l08.staging_cost, tensors=6, n_ints=256, rounds=10, steps=50,
-                       busy_ms=0.0)
+cost6 = pinlab.measure(
+    "08_staging_cost",
+    l08.staging_cost,
+    tensors=6,
+    n_ints=256,
+    rounds=10,
+    steps=50,
+    busy_ms=0.0,
+)
 pinlab.table(cost6.result["rows"], l08.STAGING_COLUMNS)
 
 # %%
 hc = {r["variant"]: r["host_us"] for r in cost6.result["rows"]}
-pinlab.show("what this run shows", "host µs per step, cheapest first: " + ", ".join(
-    f"{v} {hc[v]:.1f}" for v in sorted(hc, key=hc.get)))
+pinlab.show(
+    "what this run shows",
+    "host µs per step, cheapest first: "
+    + ", ".join(f"{v} {hc[v]:.1f}" for v in sorted(hc, key=hc.get)),
+)
 rings = min(("ring_graphs", "ring_outside"), key=lambda v: hc[v])
-held = pinlab.observe("the cheapest ring costs at most half the per-tensor snapshots",
-                      hc[rings] <= hc["snapshot_outside"] / 2,
-                      value=f"{rings} {hc[rings]:.1f} µs against snapshot_outside {hc['snapshot_outside']:.1f} µs",
-                      why=l08.WHY.ring_cost)
+held = pinlab.observe(
+    "the cheapest ring costs at most half the per-tensor snapshots",
+    hc[rings] <= hc["snapshot_outside"] / 2,
+    value=f"{rings} {hc[rings]:.1f} µs against snapshot_outside "
+    f"{hc['snapshot_outside']:.1f} µs",
+    why=l08.WHY.ring_cost,
+)
 
 # %% [markdown]
 # The snapshot's cost is a pinned allocation per tensor per step; the rings pay with memory and
 # events. The fix
 # code, as vLLM 0.29 has it, is two lines outside the graph:
 
+
 # %%
 def snapshot_step(s, meta, static, g):
-    """One step of the fix: the metadata is pageable; snapshot it, copy the snapshot, replay."""
-    static.copy_(meta.pin_memory(), non_blocking=True)   # a fresh pinned block, outside the graph
-    g.replay()                                           # the graph only reads the static input
+    """One step of the fix: the metadata is pageable; snapshot it, copy the snapshot,
+    replay."""
+    # a fresh pinned block, outside the graph
+    static.copy_(meta.pin_memory(), non_blocking=True)
+    g.replay()  # the graph only reads the static input
 
 
 # %% [markdown]
@@ -376,27 +465,43 @@ for name, what in l08.FLASHINFER_VARIANTS.items():
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
 print("how long that took is shown below. A replay of a recorded run skips it.")
-fi = pinlab.measure("08_flashinfer_graph", l08.flashinfer_graph_runs, steps=1000, ring=3, busy_ms=0.5)
+fi = pinlab.measure(
+    "08_flashinfer_graph", l08.flashinfer_graph_runs, steps=1000, ring=3, busy_ms=0.5
+)
 
 # %%
 fr, fi_ran = fi.result, fi.result["flashinfer"]
 fb = {r["variant"]: r for r in fr["rows"]}
 pinlab.show("FlashInfer ran", "yes" if fi_ran else f"no: {fr['reason']}")
 for v, r in fb.items():
-    pinlab.show(f"{v}: steps whose attention was wrong (max error; seconds, the first with the JIT)",
-                f"{r['wrong_steps']} of {fr['steps']} ({r['max_err']:.3f}; {r['seconds']} s)")
+    pinlab.show(
+        f"{v}: steps whose attention was wrong (max error; seconds, the first with the "
+        "JIT)",
+        f"{r['wrong_steps']} of {fr['steps']} ({r['max_err']:.3f}; {r['seconds']} s)",
+    )
 FI_FIXES = ("snapshot", "pinned_ring")
 for v in FI_FIXES:
     wrong_steps = fb[v]["wrong_steps"] if fi_ran else 0
-    pinlab.claim(f"{v}: steps whose attention was wrong, wherever FlashInfer ran", wrong_steps, expect=0,
-                 why=l08.WHY.fi_fixes)
+    pinlab.claim(
+        f"{v}: steps whose attention was wrong, wherever FlashInfer ran",
+        wrong_steps,
+        expect=0,
+        why=l08.WHY.fi_fixes,
+    )
 racy_wrong = fb["reused_pinned"]["wrong_steps"] if fi_ran else None
-pinlab.claim("reused pinned pair: the replayed run() attended with another step's metadata on at least one "
-             "step, wherever FlashInfer ran", not fi_ran or racy_wrong >= 1, value=f"{racy_wrong} of {fr['steps']}",
-             why=l08.WHY.fi_race)
-held = pinlab.observe("reused pinned pair: at least 99% of steps wrong", fi_ran and racy_wrong >= 0.99 * fr["steps"],
-                      value=f"{racy_wrong} of {fr['steps']}" if fi_ran else "FlashInfer did not run",
-                      why=l08.WHY.fi_most)
+pinlab.claim(
+    "reused pinned pair: the replayed run() attended with another step's metadata on "
+    "at least one step, wherever FlashInfer ran",
+    not fi_ran or racy_wrong >= 1,
+    value=f"{racy_wrong} of {fr['steps']}",
+    why=l08.WHY.fi_race,
+)
+held = pinlab.observe(
+    "reused pinned pair: at least 99% of steps wrong",
+    fi_ran and racy_wrong >= 0.99 * fr["steps"],
+    value=f"{racy_wrong} of {fr['steps']}" if fi_ran else "FlashInfer did not run",
+    why=l08.WHY.fi_most,
+)
 
 # %% [markdown]
 # Where FlashInfer ran, the lines above count the steps whose attention differed from the
@@ -413,13 +518,14 @@ held = pinlab.observe("reused pinned pair: at least 99% of steps wrong", fi_ran 
 # step's data. It runs on the GPU and, unchanged, on the emulated stream. Copy it into your own
 # test suite with your engine's staging function in place of `stage`.
 
+
 # %%
 def check_graph_staging(stage, steps=100, busy_ms=0.5):
-    """Fail if a graph step staged by ``stage(s, meta, static, state)`` reads another step's metadata.
-
-    ``stage`` gets the stream, the host metadata (rewritten by the host right after the call), the graph's
-    static device input and a dict it may keep buffers in (new for every run); it must get ``meta``'s
-    current contents into ``static`` for the replay that follows."""
+    """Fail if a graph step staged by ``stage(s, meta, static, state)`` reads another
+    step's metadata.  ``stage`` gets the stream, the host metadata (rewritten by the
+    host right after the call), the graph's static device input and a dict it may keep
+    buffers in (new for every run); it must get ``meta``'s current contents into
+    ``static`` for the replay that follows."""
     with pinlab.stream() as s:
         meta = torch.zeros(16, dtype=torch.int32)
         static = torch.zeros(16, dtype=torch.int32, device=s.device)
@@ -428,18 +534,21 @@ def check_graph_staging(stage, steps=100, busy_ms=0.5):
         state = {}
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            out.copy_(static)                     # the step's kernels read the static input
-        s.busy(busy_ms * steps)                   # the GPU far behind the host
+            out.copy_(static)  # the step's kernels read the static input
+        s.busy(busy_ms * steps)  # the GPU far behind the host
         for n in range(steps):
             meta.fill_(n)
             stage(s, meta, static, state)
             g.replay()
-            seen[n:n + 1].copy_(out[:1])
-            meta.fill_(-1)                        # the host rewrites the metadata at once
+            seen[n : n + 1].copy_(out[:1])
+            meta.fill_(-1)  # the host rewrites the metadata at once
         s.synchronize()
     wrong = [n for n, v in enumerate(seen.tolist()) if v != n]
     if wrong:
-        raise AssertionError(f"{len(wrong)} of {steps} steps read another step's metadata (first: step {wrong[0]})")
+        raise AssertionError(
+            f"{len(wrong)} of {steps} steps read another step's metadata (first: step "
+            f"{wrong[0]})"
+        )
 
 
 def racy_stage(s, meta, static, state):
@@ -466,8 +575,18 @@ def outcomes(stage, runs=10):
 
 
 racy_failed, fixed_failed = outcomes(racy_stage), outcomes(fixed_stage)
-pinlab.claim("the test failed the racy staging, runs of 10", racy_failed, expect=10, why=l08.WHY.test_lead)
-pinlab.claim("the test failed the fixed staging, runs of 10", fixed_failed, expect=0, why=l08.WHY.test_lead)
+pinlab.claim(
+    "the test failed the racy staging, runs of 10",
+    racy_failed,
+    expect=10,
+    why=l08.WHY.test_lead,
+)
+pinlab.claim(
+    "the test failed the fixed staging, runs of 10",
+    fixed_failed,
+    expect=0,
+    why=l08.WHY.test_lead,
+)
 
 # %% [markdown]
 # ## When graphs help less, and what they cost
@@ -477,10 +596,17 @@ pinlab.claim("the test failed the fixed staging, runs of 10", fixed_failed, expe
 
 # %%
 at1 = next(r for r in rows if r["kernels"] == 1)
-pinlab.show("one kernel per step: eager / one replay, host µs", f"{at1['eager_us']:.1f} / {at1['replay_us']:.1f}")
+pinlab.show(
+    "one kernel per step: eager / one replay, host µs",
+    f"{at1['eager_us']:.1f} / {at1['replay_us']:.1f}",
+)
 saved1, saved20 = at1["eager_us"] - at1["replay_us"], eager20 - replay20
-held = pinlab.observe("a replay saves the host less at 1 kernel than at 20", saved1 < saved20,
-                      value=f"{saved1:.1f} µs against {saved20:.1f} µs saved", why=l08.WHY.few_us)
+held = pinlab.observe(
+    "a replay saves the host less at 1 kernel than at 20",
+    saved1 < saved20,
+    value=f"{saved1:.1f} µs against {saved20:.1f} µs saved",
+    why=l08.WHY.few_us,
+)
 
 # %% [markdown]
 # A step of a few large kernels saves a few µs against milliseconds of GPU work; a decode step of
@@ -499,21 +625,37 @@ held = pinlab.observe("a replay saves the host less at 1 kernel than at 20", sav
 # statistics:
 
 # %% tags=["nbval-ignore-output"]
-mem = pinlab.measure("08_graph_memory", l08.graph_memory, batch_sizes=[1, 8, 64, 256], hidden=4096, layers=4,
-                     ring_depth=3, tensors=6, n_ints=256)
+mem = pinlab.measure(
+    "08_graph_memory",
+    l08.graph_memory,
+    batch_sizes=[1, 8, 64, 256],
+    hidden=4096,
+    layers=4,
+    ring_depth=3,
+    tensors=6,
+    n_ints=256,
+)
 pinlab.table(mem.result["rows"], l08.MEMORY_COLUMNS)
 
 # %%
 gm = mem.result
 b1 = gm["rows"][0]
-pinlab.show("all graphs and static inputs together: allocated / reserved MiB",
-            f"{gm['held_allocated_bytes'] / 2**20:.1f} / {gm['held_reserved_bytes'] / 2**20:.1f}")
-pinlab.show(f"pinned ring of {gm['ring_depth']} slabs: requested / held KiB",
-            f"{gm['ring_requested_bytes'] / 1024:.0f} / {gm['ring_pinned_bytes'] / 1024:.0f}")
-held = pinlab.observe(f"at batch {b1['batch']} the capture reserved at least 10x one activation",
-                      b1["graph_reserved_bytes"] >= 10 * b1["activation_bytes"],
-                      value=f"{b1['graph_reserved_bytes'] / 1024:.0f} KiB for {b1['activation_bytes'] / 1024:.0f} KiB",
-                      why=l08.WHY.pool)
+pinlab.show(
+    "all graphs and static inputs together: allocated / reserved MiB",
+    f"{gm['held_allocated_bytes'] / 2**20:.1f} / "
+    f"{gm['held_reserved_bytes'] / 2**20:.1f}",
+)
+pinlab.show(
+    f"pinned ring of {gm['ring_depth']} slabs: requested / held KiB",
+    f"{gm['ring_requested_bytes'] / 1024:.0f} / {gm['ring_pinned_bytes'] / 1024:.0f}",
+)
+held = pinlab.observe(
+    f"at batch {b1['batch']} the capture reserved at least 10x one activation",
+    b1["graph_reserved_bytes"] >= 10 * b1["activation_bytes"],
+    value=f"{b1['graph_reserved_bytes'] / 1024:.0f} KiB for "
+    f"{b1['activation_bytes'] / 1024:.0f} KiB",
+    why=l08.WHY.pool,
+)
 
 # %% [markdown]
 # A graph's pool reserves whole segments of the caching allocator, so a graph of small tensors can
@@ -526,9 +668,15 @@ held = pinlab.observe(f"at batch {b1['batch']} the capture reserved at least 10x
 # the graph: it runs outside, between replays, and costs what it costs eagerly.
 
 # %%
-back = pinlab.pinned_back_to(pinned_at_start + left_by_refusals) or pinlab.pinned_back_to(pinned_at_start)
-pinlab.claim("pinned memory held is back to its starting level, but for what the refused captures left", back,
-             why=pinlab.PINNED_BACK_WHY)
+back = pinlab.pinned_back_to(
+    pinned_at_start + left_by_refusals
+) or pinlab.pinned_back_to(pinned_at_start)
+pinlab.claim(
+    "pinned memory held is back to its starting level, but for what the refused "
+    "captures left",
+    back,
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # **What to remember**

@@ -24,9 +24,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %% tags=["nbval-ignore-output"]
 import inspect
@@ -50,15 +52,21 @@ pinlab.show("transformers here", l09.transformers_version())
 
 # %%
 NEW_TOKENS, BATCH = 24, 2
-GPU_TRACE = {"gpu_trace": True}  # what the GPU experiments below require of a run (or of its recording)
-NEWER = dict(GPU_TRACE, newer_transformers=True)  # ... and those run with the newer transformers
+# what the GPU experiments below require of a run (or of its recording)
+GPU_TRACE = {"gpu_trace": True}
+# ... and those run with the newer transformers
+NEWER = dict(GPU_TRACE, newer_transformers=True)
 device = "cuda" if pinlab.has_cuda() else "cpu"
 model = l09.tiny_llama(device)
 ids, mask = l09.prompt(BATCH, device=device)
 default_tokens = l09.greedy(model, ids, mask, NEW_TOKENS)
 shape = tuple(default_tokens.shape)
-pinlab.claim(f"generate() made {NEW_TOKENS} new tokens for each of {BATCH} prompts",
-             shape == (BATCH, ids.shape[1] + NEW_TOKENS), value=shape, why=l09.WHY.no_eos)
+pinlab.claim(
+    f"generate() made {NEW_TOKENS} new tokens for each of {BATCH} prompts",
+    shape == (BATCH, ids.shape[1] + NEW_TOKENS),
+    value=shape,
+    why=l09.WHY.no_eos,
+)
 
 # %% [markdown]
 # 🔮 **Predict.** A greedy decode loop needs the new token on the GPU only (it feeds the next step).
@@ -80,13 +88,25 @@ pinlab.claim(f"generate() made {NEW_TOKENS} new tokens for each of {BATCH} promp
 # missed. Each place is shown with the code at that line, read from the installed transformers.
 
 # %%
-audit = l09.measure_or_say("09_generate_audit", l09.audit_generate, requires=GPU_TRACE, new_tokens=NEW_TOKENS,
-                           batch=BATCH)
+audit = l09.measure_or_say(
+    "09_generate_audit",
+    l09.audit_generate,
+    requires=GPU_TRACE,
+    new_tokens=NEW_TOKENS,
+    batch=BATCH,
+)
 if audit is not None:
     a = audit.result
-    l09.show_audit(a)  # every place (count, kind, file:line, code), waits per token, the trace's syncs and copies
-    pinlab.claim("every event the detector reported has a sync or a copy in the trace at that call",
-                 a["false_positives"] == 0, value=f"{a['true_positives']} of {a['reported']}", why=l09.WHY.reported)
+    # every place (count, kind, file:line, code), waits per token, the trace's syncs and
+    # copies
+    l09.show_audit(a)
+    pinlab.claim(
+        "every event the detector reported has a sync or a copy in the trace at that "
+        "call",
+        a["false_positives"] == 0,
+        value=f"{a['true_positives']} of {a['reported']}",
+        why=l09.WHY.reported,
+    )
 
 # %% [markdown]
 # What each place is for (read in transformers 5.17's source; the lines above are this run's):
@@ -109,10 +129,16 @@ if audit is not None:
 # it). The places are matched by function and source line, since line numbers move between versions:
 
 # %%
-newer = l09.measure_or_say("09_generate_newer", l09.audit_newer, requires=NEWER,
-                           new_tokens=NEW_TOKENS, batch=BATCH)
+newer = l09.measure_or_say(
+    "09_generate_newer",
+    l09.audit_newer,
+    requires=NEWER,
+    new_tokens=NEW_TOKENS,
+    batch=BATCH,
+)
 if audit is not None and newer is not None:
-    l09.show_comparison(audit.result, newer.result)  # the places of both, waits per token, what changed
+    # the places of both, waits per token, what changed
+    l09.show_comparison(audit.result, newer.result)
 
 # %% [markdown]
 # How 5.24.0 removes the mask builder's sync, read in its `generation/utils.py` (`generate()`, lines
@@ -136,13 +162,25 @@ if audit is not None:
     in_windows, syncs = a["syncs_in_reported_windows"], a["trace_syncs"]
     precision = true_pos / reported if reported else 1.0
     recall = in_windows / syncs if syncs else 1.0
-    pinlab.show("precision (reported events with a sync or copy in the trace)",
-                f"{true_pos} of {reported} ({precision:.0%})")
-    pinlab.show("recall (trace syncs inside a reported call)", f"{in_windows} of {syncs} ({recall:.0%})")
+    pinlab.show(
+        "precision (reported events with a sync or copy in the trace)",
+        f"{true_pos} of {reported} ({precision:.0%})",
+    )
+    pinlab.show(
+        "recall (trace syncs inside a reported call)",
+        f"{in_windows} of {syncs} ({recall:.0%})",
+    )
     pinlab.show("syncs the detector did not name", a["missed"] or "none")
-    pinlab.show("empty torch.tensor([], device=cuda) calls skipped", a["empty_factories"] or "none")
-    pinlab.observe("the detector named every sync of the trace", recall == 1.0, value=f"{recall:.0%}",
-                   why=l09.WHY.unwatched)
+    pinlab.show(
+        "empty torch.tensor([], device=cuda) calls skipped",
+        a["empty_factories"] or "none",
+    )
+    pinlab.observe(
+        "the detector named every sync of the trace",
+        recall == 1.0,
+        value=f"{recall:.0%}",
+        why=l09.WHY.unwatched,
+    )
 
 # %% [markdown]
 # ## 3. Defer the stop check
@@ -173,10 +211,16 @@ print(inspect.getsource(l09.DeferredStop.__call__))
 
 # %%
 with pinlab.stream() as s:
-    deferred_tokens = l09.greedy(model, ids, mask, NEW_TOKENS, deferred="course", stream=s)
+    deferred_tokens = l09.greedy(
+        model, ids, mask, NEW_TOKENS, deferred="course", stream=s
+    )
 pinlab.show("stream", s.label)
 same = torch.equal(deferred_tokens.cpu(), default_tokens.cpu())
-pinlab.claim("the deferred stop check gives the same tokens as the default one", same, why=l09.WHY.same_tokens)
+pinlab.claim(
+    "the deferred stop check gives the same tokens as the default one",
+    same,
+    why=l09.WHY.same_tokens,
+)
 
 # %% [markdown]
 # On the GPU: the default stop check against transformers' own `DeferredStopCheck` turned on for CUDA
@@ -201,26 +245,47 @@ pinlab.claim("the deferred stop check gives the same tokens as the default one",
 
 # %%
 STEP_GPU_MS = 4.0  # GPU work added to every forward: about the host's own time per step
-run = dict(new_tokens=NEW_TOKENS, batch=BATCH, rounds=5)  # every workload's generate() and timed rounds
+# every workload's generate() and timed rounds
+run = dict(new_tokens=NEW_TOKENS, batch=BATCH, rounds=5)
 stops = {
-    "tiny model": l09.measure_or_say("09_stop_checks", l09.stop_checks, requires=GPU_TRACE, **run),
-    f"+{STEP_GPU_MS:g} ms GPU per step": l09.measure_or_say("09_stop_checks_gpu_heavy", l09.stop_checks,
-                                                            requires=GPU_TRACE, gpu_ms=STEP_GPU_MS, **run),
-    f"+{STEP_GPU_MS:g} ms GPU per step, newer": l09.measure_or_say("09_stop_checks_newer", l09.stop_checks_newer,
-                                                                   requires=NEWER, gpu_ms=STEP_GPU_MS, **run),
+    "tiny model": l09.measure_or_say(
+        "09_stop_checks", l09.stop_checks, requires=GPU_TRACE, **run
+    ),
+    f"+{STEP_GPU_MS:g} ms GPU per step": l09.measure_or_say(
+        "09_stop_checks_gpu_heavy",
+        l09.stop_checks,
+        requires=GPU_TRACE,
+        gpu_ms=STEP_GPU_MS,
+        **run,
+    ),
+    f"+{STEP_GPU_MS:g} ms GPU per step, newer": l09.measure_or_say(
+        "09_stop_checks_newer",
+        l09.stop_checks_newer,
+        requires=NEWER,
+        gpu_ms=STEP_GPU_MS,
+        **run,
+    ),
 }
 stops = {label: m.result for label, m in stops.items() if m is not None}
 for label, res in stops.items():
     same = res["runs"]["default"]["tokens"] == res["runs"]["deferred"]["tokens"]
-    pinlab.claim(f"{label}: the deferred check ({res['deferred_is']}) gives the default's tokens", same,
-                 why=l09.WHY.same_tokens)
-    l09.show_stop_runs(res, NEW_TOKENS)  # syncs per token, host waiting, GPU idle, tokens per second, per round
+    pinlab.claim(
+        f"{label}: the deferred check ({res['deferred_is']}) "
+        "gives the default's tokens",
+        same,
+        why=l09.WHY.same_tokens,
+    )
+    # syncs per token, host waiting, GPU idle, tokens per second, per round
+    l09.show_stop_runs(res, NEW_TOKENS)
 if stops:
     pinlab.show("what deferring the stop check bought", l09.stop_checks_text(stops))
     best = max(stops, key=lambda label: l09.speedup(stops[label]))
-    pinlab.observe("the deferred stop check made more tokens per second in one of the workloads",
-                   l09.speedup(stops[best]) > 1.0, value=f"{best}: {l09.speedup(stops[best]):.2f}x",
-                   why=l09.WHY.host_bound)
+    pinlab.observe(
+        "the deferred stop check made more tokens per second in one of the workloads",
+        l09.speedup(stops[best]) > 1.0,
+        value=f"{best}: {l09.speedup(stops[best]):.2f}x",
+        why=l09.WHY.host_bound,
+    )
 
 # %% [markdown]
 # The event syncs the deferred check adds are waits on a step the GPU has already queued work behind;
@@ -243,9 +308,18 @@ with pinlab.stream() as s:
 pinlab.show("stream", s.label)
 one_slot_reads = one["findings"].get(l09.D2H_READ, 0)
 pinlab.claim("2 slots: races found", two["total"], expect=0, why=l09.WHY.ring)
-pinlab.claim("2 slots: the check saw the stop one step after it happened", two["stopped_at"] == STEPS // 2 + 1,
-             value=two["stopped_at"], why=l09.WHY.ring)
-pinlab.claim("1 slot: reads of a pending D2H copy found", one_slot_reads > 0, value=one_slot_reads, why=l09.WHY.ring)
+pinlab.claim(
+    "2 slots: the check saw the stop one step after it happened",
+    two["stopped_at"] == STEPS // 2 + 1,
+    value=two["stopped_at"],
+    why=l09.WHY.ring,
+)
+pinlab.claim(
+    "1 slot: reads of a pending D2H copy found",
+    one_slot_reads > 0,
+    value=one_slot_reads,
+    why=l09.WHY.ring,
+)
 
 # %% [markdown]
 # ## 5. A DataLoader: who pins, and what the trace says
@@ -274,7 +348,9 @@ pinlab.claim("1 slot: reads of a pending D2H copy found", one_slot_reads > 0, va
 # </details>
 
 # %%
-loaders = l09.measure_or_say("09_dataloader", l09.audit_dataloader, requires=GPU_TRACE, batches=8)
+loaders = l09.measure_or_say(
+    "09_dataloader", l09.audit_dataloader, requires=GPU_TRACE, batches=8
+)
 if loaders is not None:
     cases = loaders.result
     pinlab.table(l09.loader_rows(cases), l09.LOADER_COLUMNS)
@@ -283,18 +359,48 @@ if loaders is not None:
             pinlab.show(f"{name}: warning", w)
     for name, c in cases.items():
         detector, trace = l09.pageable_copies(c)
-        pinlab.claim(f"{name}: the detector's pageable copies equal the trace's", detector == trace,
-                     value=(detector, trace), why=l09.WHY.copy_names)
-    pageable = {k: c["memcpy"].get(l09.PAGEABLE_MEMCPY, 0) for k, c in cases.items()}   # the trace's copies
+        pinlab.claim(
+            f"{name}: the detector's pageable copies equal the trace's",
+            detector == trace,
+            value=(detector, trace),
+            why=l09.WHY.copy_names,
+        )
+    # the trace's copies
+    pageable = {k: c["memcpy"].get(l09.PAGEABLE_MEMCPY, 0) for k, c in cases.items()}
     pinned_copies = {k: c["memcpy"].get(l09.PINNED_MEMCPY, 0) for k, c in cases.items()}
-    in_main = {k: c["pinned_by"].get("main thread", 0) for k, c in cases.items()}     # batches it pinned
-    plain, pinned, workers, strided = list(l09.LOADERS)[:4]                             # the loaders' names
-    pinlab.claim("pin_memory=False: Pageable -> Device copies", pageable[plain], expect=16, why=l09.WHY.loaders)
-    pinlab.claim("pin_memory=True: Pinned -> Device copies", pinned_copies[pinned], expect=16, why=l09.WHY.loaders)
-    pinlab.claim("num_workers=0: batches pinned in the main thread", in_main[pinned], expect=8, why=l09.WHY.loaders)
-    pinlab.claim("num_workers=2: batches pinned in the main thread", in_main[workers], expect=0, why=l09.WHY.loaders)
-    pinlab.claim("strided collate: Pageable -> Device copies (the strided x)", pageable[strided], expect=8,
-                 why=l09.WHY.loaders)
+    # batches it pinned
+    in_main = {k: c["pinned_by"].get("main thread", 0) for k, c in cases.items()}
+    plain, pinned, workers, strided = list(l09.LOADERS)[:4]  # the loaders' names
+    pinlab.claim(
+        "pin_memory=False: Pageable -> Device copies",
+        pageable[plain],
+        expect=16,
+        why=l09.WHY.loaders,
+    )
+    pinlab.claim(
+        "pin_memory=True: Pinned -> Device copies",
+        pinned_copies[pinned],
+        expect=16,
+        why=l09.WHY.loaders,
+    )
+    pinlab.claim(
+        "num_workers=0: batches pinned in the main thread",
+        in_main[pinned],
+        expect=8,
+        why=l09.WHY.loaders,
+    )
+    pinlab.claim(
+        "num_workers=2: batches pinned in the main thread",
+        in_main[workers],
+        expect=0,
+        why=l09.WHY.loaders,
+    )
+    pinlab.claim(
+        "strided collate: Pageable -> Device copies (the strided x)",
+        pageable[strided],
+        expect=8,
+        why=l09.WHY.loaders,
+    )
 
 # %% [markdown]
 # Exact, loader by loader: the detector's counts and the trace's agree, kind by kind (counts, not a
@@ -332,17 +438,34 @@ if loaders is not None:
 # the trace:
 
 # %%
-fia = l09.measure_or_say("09_flashinfer_audit", l09.audit_flashinfer, requires=GPU_TRACE, steps=8, batch=16)
+fia = l09.measure_or_say(
+    "09_flashinfer_audit", l09.audit_flashinfer, requires=GPU_TRACE, steps=8, batch=16
+)
 if fia is not None and "places" in fia.result:
     f = fia.result
     pinlab.show("FlashInfer", f["flashinfer"])
     l09.show_flashinfer_audit(f)
-    pinlab.show("precision (reported events with a sync or copy in the trace)", f"{f['true_positives']} of {f['reported']}")
-    pinlab.show("recall (trace syncs inside a reported call)", f"{f['syncs_in_reported_windows']} of {f['trace_syncs']}")
-    pinlab.claim("every event the detector reported in plan() and run() has a sync or a copy in the trace at that call",
-                 f["false_positives"] == 0, value=f"{f['true_positives']} of {f['reported']}", why=l09.WHY.reported)
-    pinlab.observe("the detector named every sync of FlashInfer's steps in the trace",
-                   f["syncs_in_reported_windows"] == f["trace_syncs"], value=f["missed"] or "none", why=l09.WHY.unwatched)
+    pinlab.show(
+        "precision (reported events with a sync or copy in the trace)",
+        f"{f['true_positives']} of {f['reported']}",
+    )
+    pinlab.show(
+        "recall (trace syncs inside a reported call)",
+        f"{f['syncs_in_reported_windows']} of {f['trace_syncs']}",
+    )
+    pinlab.claim(
+        "every event the detector reported in plan() and run() has a sync or a copy in "
+        "the trace at that call",
+        f["false_positives"] == 0,
+        value=f"{f['true_positives']} of {f['reported']}",
+        why=l09.WHY.reported,
+    )
+    pinlab.observe(
+        "the detector named every sync of FlashInfer's steps in the trace",
+        f["syncs_in_reported_windows"] == f["trace_syncs"],
+        value=f["missed"] or "none",
+        why=l09.WHY.unwatched,
+    )
 elif fia is not None:
     pinlab.show("FlashInfer", fia.result["flashinfer"])
 
@@ -356,21 +479,40 @@ elif fia is not None:
 # ```
 
 # %%
-stg = l09.measure_or_say("09_plan_staging", l09.plan_staging, busy_ms=50.0, timeout_s=12.0)
+stg = l09.measure_or_say(
+    "09_plan_staging", l09.plan_staging, busy_ms=50.0, timeout_s=12.0
+)
 if stg is not None:
     r = stg.result
     pinlab.show("FlashInfer", r["flashinfer"])
     pinlab.table(l09.staging_rows(r), l09.STAGING_COLUMNS)
     pinlab.show("what this run shows", l09.staging_text(r))
     tested = r["back_to_back"]["outcome"] != "unavailable"
-    flagged = r["back_to_back"].get("races", 0) - r["back_to_back"].get("races_elsewhere", 0)
-    pinlab.claim("this notebook's own CUDA context is unharmed", r["parent_context_ok"], why=l09.WHY.own_context)
-    pinlab.claim("one wrapper, host ahead: the declared staging was flagged, wherever FlashInfer ran",
-                 not tested or flagged >= 1, value=r["back_to_back"], why=l09.WHY.staging_declared)
+    flagged = r["back_to_back"].get("races", 0) - r["back_to_back"].get(
+        "races_elsewhere", 0
+    )
+    pinlab.claim(
+        "this notebook's own CUDA context is unharmed",
+        r["parent_context_ok"],
+        why=l09.WHY.own_context,
+    )
+    pinlab.claim(
+        "one wrapper, host ahead: the declared staging was flagged, wherever "
+        "FlashInfer ran",
+        not tested or flagged >= 1,
+        value=r["back_to_back"],
+        why=l09.WHY.staging_declared,
+    )
     for fix in ("two_wrappers", "event_wait"):
-        clean = not tested or (r[fix]["outcome"] == "correct" and r[fix].get("races", 0) == 0)
-        pinlab.claim(f"{fix}: the right output and no race found, wherever FlashInfer ran", clean,
-                     value=r[fix], why=l09.WHY.staging_fixed)
+        clean = not tested or (
+            r[fix]["outcome"] == "correct" and r[fix].get("races", 0) == 0
+        )
+        pinlab.claim(
+            f"{fix}: the right output and no race found, wherever FlashInfer ran",
+            clean,
+            value=r[fix],
+            why=l09.WHY.staging_fixed,
+        )
 
 # %% [markdown]
 # The detector finds FlashInfer's race once it is told about the copy it cannot see; the table's last
@@ -380,8 +522,12 @@ if stg is not None:
 
 # %%
 del model
-pinlab.claim("pinned memory held is back to its starting level", pinlab.pinned_back_to(pinned_at_start),
-             value=pinlab.pinned_bytes_held(), why=pinlab.PINNED_BACK_WHY)
+pinlab.claim(
+    "pinned memory held is back to its starting level",
+    pinlab.pinned_back_to(pinned_at_start),
+    value=pinlab.pinned_bytes_held(),
+    why=pinlab.PINNED_BACK_WHY,
+)
 
 # %% [markdown]
 # ## What to remember

@@ -10,9 +10,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import pinlab
@@ -23,6 +25,7 @@ from pinlab.checks import l01 as checks
 #
 # `gbps(nbytes, ms)` returns the rate in **GB/s**: 10⁹ bytes per second (not GiB/s), for
 # `nbytes` moved in `ms` milliseconds. *(1 line)*
+
 
 # %%
 def gbps(nbytes, ms):
@@ -39,6 +42,7 @@ ok_gbps = checks.check_gbps.verdict(gbps)
 # `n_half(sizes, rates)` returns the **smallest size** whose rate is at least half the peak
 # rate (the peak is the largest rate in `rates`). Sizes may come in any order, and rates need
 # not grow with size. Below N½ a copy is mostly latency; above it, mostly bandwidth. *(2-3 lines)*
+
 
 # %%
 def n_half(sizes, rates):
@@ -62,13 +66,16 @@ ok_n_half = checks.check_n_half.verdict(n_half)
 from pinlab.plots import fmt_bytes
 from pinlab.replay import load_recorded
 
-recorded = load_recorded("01_bandwidth")  # validated: a broken file says which, and how to restore it
+# validated: a broken file says which, and how to restore it
+recorded = load_recorded("01_bandwidth")
 if ok_gbps and ok_n_half:
     sizes = [r["bytes"] for r in recorded["result"]]
     rates = [gbps(r["bytes"], r["h2d_pinned_ms"]) for r in recorded["result"]]
     pinlab.show("recorded on", f"{recorded['meta']['gpu']}, {recorded['meta']['date']}")
     pinlab.show("best pinned H2D rate", f"{max(rates):.1f} GB/s")
-    pinlab.show("N½ of pinned H2D, one copy timed alone", fmt_bytes(n_half(sizes, rates)))
+    pinlab.show(
+        "N½ of pinned H2D, one copy timed alone", fmt_bytes(n_half(sizes, rates))
+    )
 else:
     print("finish both functions above (both checks ✅), then re-run this cell")
 

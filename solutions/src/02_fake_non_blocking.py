@@ -20,9 +20,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -40,6 +42,7 @@ from pinlab.checks import l02 as checks02
 # larger size waited**, or `None` when the largest size did not wait. `host_ms[i]` belongs to
 # `sizes[i]`; the sizes come in any order. Why not simply "the first size that waited"? One
 # stray slow measurement among small copies (the OS paused the process) would fool it. *(4-6 lines)*
+
 
 # %%
 def stall_threshold(sizes, host_ms, busy_ms):
@@ -66,6 +69,7 @@ checks02.check_stall_threshold(stall_threshold)
 # neither), come in any order, and stick out of the window (count only the part inside it). The
 # lesson's own answer is `pinlab.profiler.idle_share`; write yours without it. *(8-12 lines: clip,
 # sort, merge, sum)*
+
 
 # %%
 def gpu_idle_share(spans, start, end):
@@ -98,12 +102,14 @@ checks02.check_gpu_idle_share(gpu_idle_share)
 # returns, so it returns no event). It is correct, and it makes the host wait for the GPU **three
 # times**, in three different ways from this lesson:
 
+
 # %%
 def step_with_syncs(s, x_host, w):
     x = x_host.to(s.device, non_blocking=True)
     scale = x.abs().max().item()
     scores = (x / scale) @ w
     return scores.cpu(), None
+
 
 # %% [markdown]
 # Write `step_without_syncs(s, x_host, w)`: the same scores, with **no** host wait. It returns
@@ -122,16 +128,18 @@ def step_with_syncs(s, x_host, w):
 # stage here (a host memcpy into a fresh pinned block); a loop that keeps one pinned buffer instead
 # must not rewrite it before its copy has run: that is lesson 03. *(7-9 lines)*
 
+
 # %%
 def step_without_syncs(s, x_host, w):
     ### BEGIN SOLUTION
-    x = x_host.pin_memory().to(s.device, non_blocking=True)  # pinned staging: the copy is really queued
-    scale = x.abs().max()                                    # stays on the GPU (a 0-dim tensor)
+    # pinned staging: the copy is really queued
+    x = x_host.pin_memory().to(s.device, non_blocking=True)
+    scale = x.abs().max()  # stays on the GPU (a 0-dim tensor)
     scores = (x / scale) @ w
     out = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
-    out.copy_(scores, non_blocking=True)                     # device to host, queued behind the kernels
+    out.copy_(scores, non_blocking=True)  # device to host, queued behind the kernels
     done = s.Event()
-    done.record()                                            # reached once `out` holds the scores
+    done.record()  # reached once `out` holds the scores
     return out, done
     ### END SOLUTION
 

@@ -18,9 +18,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import matplotlib.pyplot as plt
@@ -46,6 +48,7 @@ from pinlab.plots import timeline
 #
 # Write `indptr_last_page_len(seq_lens, page_size)` returning `(indptr, last_page_len)` as two
 # lists of ints. *(5-8 lines)*
+
 
 # %%
 def indptr_last_page_len(seq_lens, page_size):
@@ -77,7 +80,10 @@ checks03.check_indptr_last_page_len(indptr_last_page_len)
 
 # %%
 sim = steploop.simulate("reused_pinned", steps=6, run_ahead=1)
-timeline({"host": sim["host"], "GPU": sim["gpu"]}, title="One reused pinned buffer, run-ahead 1 (model)")
+timeline(
+    {"host": sim["host"], "GPU": sim["gpu"]},
+    title="One reused pinned buffer, run-ahead 1 (model)",
+)
 plt.show()
 print("writes:", sim["writes"])
 print("copies:", sim["copies"])
@@ -86,10 +92,14 @@ print("copies:", sim["copies"])
 # Write `copies_correct(writes, copies)` returning a list of booleans, one per step: True where
 # copy n delivered step n's data. *(2-4 lines)*
 
+
 # %%
 def copies_correct(writes, copies):
     ### BEGIN SOLUTION
-    return [all(writes[m][0] >= copies[n][1] for m in range(n + 1, len(writes))) for n in range(len(copies))]
+    return [
+        all(writes[m][0] >= copies[n][1] for m in range(n + 1, len(writes)))
+        for n in range(len(copies))
+    ]
     ### END SOLUTION
 
 
@@ -125,22 +135,29 @@ N_INTS, AHEAD = checks03.N_INTS, checks03.AHEAD
 
 
 def racy_loop(s, steps, write_metadata, forward):
-    buf = torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True)   # one reused pinned buffer
+    # one reused pinned buffer
+    buf = torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True)
     for n in range(steps):
-        write_metadata(buf, n)                                      # the host writes step n's metadata
+        write_metadata(buf, n)  # the host writes step n's metadata
         meta = torch.empty(N_INTS, dtype=torch.int32, device=s.device)
-        meta.copy_(buf, non_blocking=True)                          # the GPU reads buf when it gets there
+        meta.copy_(buf, non_blocking=True)  # the GPU reads buf when it gets there
         forward(n, meta)
 
 
 run = checks03.run_loop(racy_loop, steps=100)
 pinlab.show("ran on", run["label"])
-pinlab.show("steps that read another step's data", f"{run['wrong_steps']} of {run['steps']}")
-# the harness keeps the GPU busy per step, far longer than the host needs: a wide lead on any GPU
-pinlab.claim("more than half the steps read another step's data", run["wrong_steps"] > run["steps"] // 2,
-                  value=f"{run['wrong_steps']} of {run['steps']}",
-                  why="the race needs the GPU behind the host; a host slower than the GPU's work per step (a CPU "
-                      "shared by many processes) lets the GPU keep up")
+pinlab.show(
+    "steps that read another step's data", f"{run['wrong_steps']} of {run['steps']}"
+)
+# the harness keeps the GPU busy per step, far longer than the host needs: a wide lead
+# on any GPU
+pinlab.claim(
+    "more than half the steps read another step's data",
+    run["wrong_steps"] > run["steps"] // 2,
+    value=f"{run['wrong_steps']} of {run['steps']}",
+    why="the race needs the GPU behind the host; a host slower than the GPU's work per "
+    "step (a CPU shared by many processes) lets the GPU keep up",
+)
 
 # %% [markdown]
 # Write `race_free_loop(s, steps, write_metadata, forward)`: the same loop, in which **every step's
@@ -154,15 +171,16 @@ pinlab.claim("more than half the steps read another step's data", run["wrong_ste
 # The checker runs 200 steps (on a GPU with the GPU kept busy, so the host runs ahead), then says which
 # step read whose data, or in how many steps the host waited, and why. *(6-8 lines)*
 
+
 # %%
 def race_free_loop(s, steps, write_metadata, forward):
     ### BEGIN SOLUTION
-    buf = torch.zeros(N_INTS, dtype=torch.int32)            # pageable: the host writes here
+    buf = torch.zeros(N_INTS, dtype=torch.int32)  # pageable: the host writes here
     for n in range(steps):
         write_metadata(buf, n)
-        snap = buf.pin_memory()                             # step n's own pinned copy (a snapshot)
+        snap = buf.pin_memory()  # step n's own pinned copy (a snapshot)
         meta = torch.empty(N_INTS, dtype=torch.int32, device=s.device)
-        meta.copy_(snap, non_blocking=True)                 # reads snap, which nobody rewrites
+        meta.copy_(snap, non_blocking=True)  # reads snap, which nobody rewrites
         forward(n, meta)
     ### END SOLUTION
 

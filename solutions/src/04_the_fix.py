@@ -21,9 +21,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -45,6 +47,7 @@ from pinlab import steploop
 # one pinned buffer every step for 200 steps with run-ahead 64 (the host may write step n+64's data
 # while the GPU has not yet run step n's copy: more copies in flight than a pool of buffers you might
 # recycle is deep), and copies `pin_snapshot(buf)` with `non_blocking=True`. *(1 line)*
+
 
 # %%
 def pin_snapshot(t):
@@ -71,14 +74,15 @@ checks04.check_pin_snapshot(pin_snapshot)
 # copy has run by the time it comes round: the host must never wait)
 # and with a ring of 2 (too shallow: the host must wait, not race). *(5 lines)*
 
+
 # %%
 def ring_stage(n, data, ring, events, dst):
     ### BEGIN SOLUTION
     k = n % len(ring)
-    events[k].synchronize()                     # the copy that last read ring[k] has run
-    ring[k].copy_(data)                         # the host writes step n
-    dst.copy_(ring[k], non_blocking=True)       # the DMA reads ring[k] later
-    events[k].record()                          # completes when that copy has run
+    events[k].synchronize()  # the copy that last read ring[k] has run
+    ring[k].copy_(data)  # the host writes step n
+    dst.copy_(ring[k], non_blocking=True)  # the DMA reads ring[k] later
+    events[k].record()  # completes when that copy has run
     ### END SOLUTION
 
 
@@ -95,6 +99,7 @@ checks04.check_ring_stage(ring_stage)
 # Write `min_ring_depth(writes, copies)`: the smallest `depth` (at least 1) for which every copy
 # delivers its own step's data, that is, for every n with `n + depth < steps`, the write of step
 # `n + depth` starts no earlier than copy n ends. *(4-6 lines)*
+
 
 # %%
 def min_ring_depth(writes, copies):

@@ -12,9 +12,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -33,6 +35,7 @@ from pinlab.checks import l05 as checks05
 #
 # The checker keeps the GPU busy while your function runs, counts the copies it makes, and tells you
 # what went wrong in the lesson's terms. *(1 line)*
+
 
 # %%
 def restore_weight(w, pin=True):
@@ -53,6 +56,7 @@ checks05.check_restore_weight(restore_weight)
 # `param_bytes` (a list of byte counts) gets its own pinned tensor. A weight of 0 bytes pins
 # nothing. The check then applies your function to the model of the recorded GPU run, when there
 # is one, and compares with what the allocator really took. *(2-4 lines)*
+
 
 # %%
 def pinned_footprint(param_bytes):

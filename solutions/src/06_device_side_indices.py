@@ -12,9 +12,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -44,6 +46,7 @@ from pinlab.lessons import l06_device_side_indices as l06
 #
 # *(10-14 lines)*
 
+
 # %%
 def rot_pos_ids(grid_thw, m, device):
     ### BEGIN SOLUTION
@@ -53,13 +56,21 @@ def rot_pos_ids(grid_thw, m, device):
         starts.append(acc)
         acc += c
     table = [[c, s, h * w, w // m] for c, s, (_, h, w) in zip(counts, starts, grid_thw)]
-    table = torch.tensor(table, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    table = (
+        torch.tensor(table, dtype=torch.int64)
+        .pin_memory()
+        .to(device, non_blocking=True)
+    )
     total = sum(counts)
-    per_token = torch.repeat_interleave(table[:, 1:], table[:, 0], dim=0, output_size=total)
+    per_token = torch.repeat_interleave(
+        table[:, 1:], table[:, 0], dim=0, output_size=total
+    )
     start, frame, blocks_per_row = per_token.unbind(1)
     k = (torch.arange(total, device=device) - start) % frame
     b, r = k // (m * m), k % (m * m)
-    return torch.stack([(b // blocks_per_row) * m + r // m, (b % blocks_per_row) * m + r % m], dim=-1)
+    return torch.stack(
+        [(b // blocks_per_row) * m + r // m, (b % blocks_per_row) * m + r % m], dim=-1
+    )
     ### END SOLUTION
 
 
@@ -81,6 +92,7 @@ checks06.check_rot_pos_ids(rot_pos_ids)
 #   and wait for nothing more than this step's event.
 #
 # *(5-7 lines)*
+
 
 # %%
 def start_d2h(s, out):

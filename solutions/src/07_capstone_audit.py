@@ -20,9 +20,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -35,27 +37,31 @@ from pinlab.checks import l07 as checks07
 # Run it through the checker if you like (`checks07.check_fixed_loop(planted_loop, steps=50)`): it
 # names one problem at a time.
 
+
 # %%
 def planted_loop(m, steps):
-    """The capstone's inference loop as written: it runs, and it is wrong in five places."""
+    """The capstone's inference loop as written: it runs, and it is wrong in five
+    places."""
     s = m.stream
-    m.lm_head_host = m.lm_head.to("cpu")                      # offload the LM head to host memory
-    meta = torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)  # the metadata buffer
+    m.lm_head_host = m.lm_head.to("cpu")  # offload the LM head to host memory
+    # the metadata buffer
+    meta = torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)
     tokens_host = torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
-    m.schedule(0, meta)                                       # the scheduler writes step 0's metadata
+    m.schedule(0, meta)  # the scheduler writes step 0's metadata
     for n in range(steps):
-        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # restore the offloaded LM head (8 MiB)
-        m.encode(n)                                           # vision encoder: rotary ids, GPU work
-        snap = meta.pin_memory()                              # a private snapshot of step n's metadata
-        m.meta_dev[n].copy_(snap, non_blocking=True)          # H2D: indptr + last_page_len
+        # restore the offloaded LM head (8 MiB)
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)
+        m.encode(n)  # vision encoder: rotary ids, GPU work
+        snap = meta.pin_memory()  # a private snapshot of step n's metadata
+        m.meta_dev[n].copy_(snap, non_blocking=True)  # H2D: indptr + last_page_len
         if n + 1 < steps:
-            m.schedule(n + 1, meta)                           # the scheduler moves on to step n+1
-        tokens = m.decode(n)                                  # paged attention, LM head, argmax (GPU)
-        tokens_host.copy_(tokens, non_blocking=True)          # D2H into pinned memory
-        m.emit(n, tokens_host)                                # hand step n's tokens to the detokenizer
-        if tokens.eq(m.eos).any().item():                     # did a request finish?
+            m.schedule(n + 1, meta)  # the scheduler moves on to step n+1
+        tokens = m.decode(n)  # paged attention, LM head, argmax (GPU)
+        tokens_host.copy_(tokens, non_blocking=True)  # D2H into pinned memory
+        m.emit(n, tokens_host)  # hand step n's tokens to the detokenizer
+        if tokens.eq(m.eos).any().item():  # did a request finish?
             m.note_stop(n)
-        m.host_work()                                         # the server, the detokenizer (CPU)
+        m.host_work()  # the server, the detokenizer (CPU)
     s.synchronize()
 
 
@@ -79,16 +85,25 @@ def planted_loop(m, steps):
 # Start from a copy of `planted_loop`'s body. The checker runs it for 1000 steps and names what is
 # still wrong. *(25-35 lines)*
 
+
 # %%
 def fixed_loop(m, steps, depth=4):
     ### BEGIN SOLUTION
     s = m.stream
-    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(m.lm_head)
-    meta = [torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)]
-    tokens_host = [torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True) for _ in range(depth)]
-    done = [None] * depth                                     # done[i]: recorded after the last step of slot i
+    m.lm_head_host = torch.empty_like(m.lm_head, device="cpu", pin_memory=True).copy_(
+        m.lm_head
+    )
+    meta = [
+        torch.zeros(m.meta_ints, dtype=torch.int32, pin_memory=True)
+        for _ in range(depth)
+    ]
+    tokens_host = [
+        torch.zeros(m.max_batch, dtype=torch.int64, pin_memory=True)
+        for _ in range(depth)
+    ]
+    done = [None] * depth  # done[i]: recorded after the last step of slot i
 
-    def deliver(k):                                           # step k's tokens, once its copies have run
+    def deliver(k):  # step k's tokens, once its copies have run
         done[k % depth].synchronize()
         if m.eos in m.emit(k, tokens_host[k % depth]):
             m.note_stop(k)
@@ -96,15 +111,17 @@ def fixed_loop(m, steps, depth=4):
     m.schedule(0, meta[0])
     for n in range(steps):
         i = n % depth
-        m.lm_head.copy_(m.lm_head_host, non_blocking=True)    # pinned source: a truly async copy
+        # pinned source: a truly async copy
+        m.lm_head.copy_(m.lm_head_host, non_blocking=True)
         m.encode(n)
-        m.meta_dev[n].copy_(meta[i], non_blocking=True)       # slot i is rewritten only after its event
+        # slot i is rewritten only after its event
+        m.meta_dev[n].copy_(meta[i], non_blocking=True)
         tokens = m.decode(n)
         tokens_host[i].copy_(tokens, non_blocking=True)
         done[i] = s.Event()
         done[i].record()
         if n + 1 >= depth:
-            deliver(n + 1 - depth)                            # frees slot (n + 1) % depth
+            deliver(n + 1 - depth)  # frees slot (n + 1) % depth
         if n + 1 < steps:
             m.schedule(n + 1, meta[(n + 1) % depth])
         m.host_work()

@@ -12,9 +12,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -40,6 +42,7 @@ from pinlab.checks import l08 as checks08
 # holds then. Write only into `out`: `ids` is the graph's input, and must be as it was after a replay.
 # *(2-3 lines)*
 
+
 # %%
 def capturable_step(ids, out):
     ### BEGIN SOLUTION
@@ -62,6 +65,7 @@ checks08.check_capturable_step(capturable_step)
 #
 # `state` is a dict you may keep buffers in between steps (a new one for every check); a stage that keeps
 # pinned buffers (a ring) is run for more steps than it keeps buffers. *(1 line)*
+
 
 # %%
 def stage(s, meta, static, state):

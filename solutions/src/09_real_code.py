@@ -23,9 +23,11 @@
 import importlib.util
 
 if importlib.util.find_spec("pinlab") is None:
-    raise ModuleNotFoundError("pinlab is not installed here, and this copy of the course names no address "
-                              "to install it from: clone the course and run `make lab` in it (whoever "
-                              "publishes the course runs `make publish URL=<its address>`).")
+    raise ModuleNotFoundError(
+        "pinlab is not installed here, and this copy of the course names no address "
+        "to install it from: clone the course and run `make lab` in it (whoever "
+        "publishes the course runs `make publish URL=<its address>`)."
+    )
 
 # %%
 import torch
@@ -36,38 +38,42 @@ from pinlab.checks import l09 as checks09
 # %% [markdown]
 # ## The loop as written
 
+
 # %%
 class StopOnEosOrRepeat:
-    """A custom stopping criterion, the way users write one (HF's StoppingCriteria style)."""
+    """A custom stopping criterion, the way users write one (HF's StoppingCriteria
+    style)."""
 
     def __init__(self, eos):
         self.eos = eos
 
     def __call__(self, prev, nxt, finished):
-        if self.eos in nxt:                                  # did a sequence finish this step?
+        if self.eos in nxt:  # did a sequence finish this step?
             finished = finished | (nxt == self.eos)
-        stuck = torch.equal(nxt, prev)                       # every sequence repeated its last token
+        stuck = torch.equal(nxt, prev)  # every sequence repeated its last token
         return finished, stuck
 
 
 def planted_decode(m, max_new):
-    """Greedy decoding with a custom stopping criterion, as written: right tokens, three host syncs per
-    token, and a stop flag read before its copy has run."""
+    """Greedy decoding with a custom stopping criterion, as written: right tokens, three
+    host syncs per token, and a stop flag read before its copy has run."""
     s = m.stream
     stop = StopOnEosOrRepeat(m.eos)
     tokens = m.start.clone()
     finished = torch.zeros(m.batch, dtype=torch.bool, device=s.device)
-    flag = torch.zeros((), dtype=torch.bool, pin_memory=True)   # the stop flag, read without a sync
+    # the stop flag, read without a sync
+    flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
     out = []
     for n in range(max_new):
-        logits = m.forward(tokens) / m.temperature           # the model, then the temperature
-        nxt = torch.where(finished, m.pad, logits.argmax(dim=-1))  # greedy; finished sequences pad
-        if nxt.max().item() >= logits.shape[-1]:            # a sanity check
+        logits = m.forward(tokens) / m.temperature  # the model, then the temperature
+        # greedy; finished sequences pad
+        nxt = torch.where(finished, m.pad, logits.argmax(dim=-1))
+        if nxt.max().item() >= logits.shape[-1]:  # a sanity check
             raise ValueError("token out of range")
         out.append(nxt)
         finished, stuck = stop(tokens, nxt, finished)
         tokens = nxt
-        flag.copy_(finished.all(), non_blocking=True)         # the flag, copied asynchronously
+        flag.copy_(finished.all(), non_blocking=True)  # the flag, copied asynchronously
         if stuck or flag:
             break
     return torch.stack(out, dim=1)
@@ -102,6 +108,7 @@ print(races)
 #
 # Return the tokens as a `(batch, steps)` tensor (`torch.stack(out, dim=1)`). *(15-20 lines)*
 
+
 # %%
 def fixed_decode(m, max_new):
     ### BEGIN SOLUTION
@@ -116,15 +123,16 @@ def fixed_decode(m, max_new):
         nxt = torch.where(finished, m.pad, logits.argmax(dim=-1))
         out.append(nxt)
         finished = finished | (nxt == m.eos)
-        stop = finished.all() | (nxt == tokens).all()          # the criterion, on the GPU
+        stop = finished.all() | (nxt == tokens).all()  # the criterion, on the GPU
         tokens = nxt
-        flags[n % 2].copy_(stop, non_blocking=True)            # this step's flag, asynchronously
+        flags[n % 2].copy_(stop, non_blocking=True)  # this step's flag, asynchronously
         done[n % 2] = s.Event()
         done[n % 2].record()
         if n > 0:
-            done[(n - 1) % 2].synchronize()                    # step n - 1's copy has run; step n is queued
-            if flags[(n - 1) % 2]:                             # step n - 1 met the criterion
-                out.pop()                                      # step n was decoded after the stop
+            # step n - 1's copy has run; step n is queued
+            done[(n - 1) % 2].synchronize()
+            if flags[(n - 1) % 2]:  # step n - 1 met the criterion
+                out.pop()  # step n was decoded after the stop
                 break
     return torch.stack(out, dim=1)
     ### END SOLUTION

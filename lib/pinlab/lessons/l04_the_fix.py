@@ -131,6 +131,9 @@ POOL_COLUMNS = [("total_bytes", "per step", fmt_bytes), ("tensor_bytes", "per te
                 ("pageable_us", "pageable µs", _us), ("snapshot_us", "snapshot µs", _us),
                 ("pageable_p90_us", "pageable p90 µs", _us), ("snapshot_p90_us", "snapshot p90 µs", _us),
                 ("corrupted", "corrupted")]
+SOAK_COLUMNS = [("run", "run"), ("p50_us", "host µs p50", _us), ("p99_us", "p99", _us), ("p999_us", "p99.9", _us),
+                ("max_us", "max", _us), ("over_100us", "steps > 100 µs"), ("over_1ms", "steps > 1 ms"),
+                ("new_blocks", "new pinned blocks"), ("slow_allocs", "cudaHostAlloc calls")]
 FIX_COLUMNS = [("label", "approach"), ("corrupted", "corrupted steps"), ("p50_us", "host µs median", _us),
                ("p10_us", "p10", _us), ("p90_us", "p90", _us), ("p99_us", "p99", _us), ("max_us", "max", _us)]
 
