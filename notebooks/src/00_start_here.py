@@ -96,9 +96,9 @@ report = pinlab.doctor()
 pinlab.claim(
     "everything the course needs is installed",
     report["ok"],
-    why="a package is missing or a recorded GPU run is broken (the FAIL lines above "
-    "say which): run `make setup` (or `git checkout -- reports/gpu`), then re-run this "
-    "notebook",
+    why="a package is missing or a recorded GPU run is broken "
+    "(the FAIL lines above say which): run `make setup` (or "
+    "`git checkout -- reports/gpu`), then re-run this notebook",
 )
 
 # %% [markdown]
@@ -171,9 +171,9 @@ pinlab.observe(
     "one 4-byte copy, timed alone, takes at least a microsecond",
     tiny.result["median"] >= 1e-3,
     value=pinlab.fmt_ms(tiny.result["median"]),
-    why="the events bracket the host's launch only when the GPU passes the first one "
-    "before the copy is submitted: a GPU busy with other processes' work passes it "
-    "late, and then the events bracket the copy alone",
+    why="the events bracket the host's launch only when the GPU passes the "
+    "first one before the copy is submitted: a GPU busy with other processes' "
+    "work passes it late, and then the events bracket the copy alone",
 )
 us, others = tiny.result["median"] * 1e3, plat.result.get("other_gpu_processes")
 if us <= 100:
@@ -182,9 +182,9 @@ if us <= 100:
     )
 elif others:
     said = (
-        f"far above tens of µs: {others} other process(es) shared this GPU, which "
-        "(without MPS) takes turns between processes' work, so the span between the "
-        "two events can include their turns"
+        f"far above tens of µs: {others} other process(es) shared this "
+        "GPU, which (without MPS) takes turns between processes' work, "
+        "so the span between the two events can include their turns"
     )
 else:
     said = (

@@ -251,8 +251,8 @@ pinned_wins = pinlab.observe(
     why=bw.WHY.link,
 )
 small_slow = pinlab.observe(
-    f"at {fmt_bytes(small['bytes'])}, every kind of copy under 5% of the largest "
-    "size's pinned H2D rate",
+    f"at {fmt_bytes(small['bytes'])}, every kind of "
+    "copy under 5% of the largest size's pinned H2D rate",
     small_share < 0.05,
     value=f"the fastest at {small_share:.1%}",
     why=bw.WHY.fast_launch,
@@ -294,8 +294,8 @@ peak_gbps = peak.result["best_GBps"]
 ratio = big["h2d_pinned"] / peak_gbps
 pinlab.show("copy-loop peak", f"{peak_gbps:.1f} GB/s")
 sweep_honest = pinlab.observe(
-    f"the sweep's pinned H2D at {fmt_bytes(big['bytes'])} within 2x of the copy-loop "
-    "peak",
+    f"the sweep's pinned H2D at {fmt_bytes(big['bytes'])} "
+    "within 2x of the copy-loop peak",
     0.5 <= ratio <= 2.0,
     value=f"ratio {ratio:.3f}",
     why=bw.WHY.two_moments,
@@ -702,10 +702,10 @@ pinlab.table(loaders.result, bw.LOADER_COLUMNS)
 by = {(r["num_workers"], r["pin_memory"]): r for r in loaders.result}
 for (w, pin), r in by.items():
     pinlab.show(
-        f"num_workers={w}, pin_memory={pin}: main thread per batch (next() + copy "
-        "call), wall per batch",
-        f"{r['next_ms'] + r['copy_call_ms']:.3f} ms, {r['per_batch_ms']:.3f} ms (step "
-        f"{r['step_ms']} ms)",
+        f"num_workers={w}, pin_memory={pin}: main thread "
+        "per batch (next() + copy call), wall per batch",
+        f"{r['next_ms'] + r['copy_call_ms']:.3f} ms, "
+        f"{r['per_batch_ms']:.3f} ms (step {r['step_ms']} ms)",
     )
 n = loaders.result[0]["batches"]
 pinlab.show(
@@ -731,11 +731,11 @@ pinlab.claim(
     why=bw.WHY.dataloader,
 )
 pinlab.claim(
-    "pin_memory=True: pinned blocks were reused (cudaHostAlloc calls under half the "
-    "batches)",
+    "pin_memory=True: pinned blocks were reused "
+    "(cudaHostAlloc calls under half the batches)",
     blocks_reused,
-    value=f"{by[(0, True)]['host_allocs']}, {by[(2, True)]['host_allocs']} calls for "
-    f"{n} batches",
+    value=f"{by[(0, True)]['host_allocs']}, "
+    f"{by[(2, True)]['host_allocs']} calls for {n} batches",
     why=bw.WHY.dataloader,
 )
 pinlab.claim(
@@ -745,11 +745,11 @@ pinlab.claim(
 )
 nb0 = {pin: by[(0, pin)] for pin in (False, True)}
 copy_gain = pinlab.observe(
-    "num_workers=2: the copy call of a pinned batch took under half that of a pageable "
-    "one",
+    "num_workers=2: the copy call of a pinned "
+    "batch took under half that of a pageable one",
     by[(2, True)]["copy_call_ms"] < 0.5 * by[(2, False)]["copy_call_ms"],
-    value=f"{by[(2, True)]['copy_call_ms']:.3f} ms vs "
-    f"{by[(2, False)]['copy_call_ms']:.3f} ms",
+    value=f"{by[(2, True)]['copy_call_ms']:.3f} ms "
+    f"vs {by[(2, False)]['copy_call_ms']:.3f} ms",
     why=bw.WHY.cheap_staging,
 )
 pinlab.show(
@@ -884,8 +884,8 @@ cold_up = bw.speedups({t: med[(t, "cold_ms")] for t in pool})
 warm_up = bw.speedups({t: med[(t, "warm_ms")] for t in pool})
 for kind, up in (("cold", cold_up), ("warm", warm_up)):
     pinlab.show(
-        f"{kind}, speed-up of a pool of {', '.join(map(str, pool[1:]))} threads over a "
-        "pool of one",
+        f"{kind}, speed-up of a pool of "
+        f"{', '.join(map(str, pool[1:]))} threads over a pool of one",
         ", ".join(f"{up[t]:.1f}x" for t in pool[1:]),
     )
 best = min(pool, key=lambda t: med[(t, "warm_ms")])
@@ -999,16 +999,16 @@ for r in knobs["rows"]:
             else ""
         )
         what = (
-            f"refused: torch {knobs['torch']} does not know {key}{since}; "
-            "nothing measured"
+            f"refused: torch {knobs['torch']} does "
+            f"not know {key}{since}; nothing measured"
         )
     elif "error" in r:
         what = f"failed: {r['error']}"
     else:
         rounded = r["held_bytes"] == pinlab.next_pow2(req)
         what = (
-            f"{r['ms']:.0f} ms, holds {fmt_bytes(r['held_bytes'])} for "
-            f"{fmt_bytes(req)} "
+            f"{r['ms']:.0f} ms, holds {fmt_bytes(r['held_bytes'])} "
+            f"for {fmt_bytes(req)} "
             f"({'' if rounded else 'not '}rounded up to a power of two)"
         )
     pinlab.show(r["setting"], what)
@@ -1032,17 +1032,17 @@ if "ms" in reg1 and "ms" in reg8:
         why=bw.WHY.register_threads,
     )
     pinlab.show(
-        "one block from 8 register threads, against the pool of 8 threads above (32 "
-        "cold pins)",
-        f"{reg_up:.1f}x over one register thread; the pool: {cold_up[8]:.1f}x over a "
-        "pool of one",
+        "one block from 8 register threads, against "
+        "the pool of 8 threads above (32 cold pins)",
+        f"{reg_up:.1f}x over one register thread; the "
+        f"pool: {cold_up[8]:.1f}x over a pool of one",
     )
     if "ms" in default:
         vs_alloc = default["ms"] / reg8["ms"]
         pinlab.show(
             "8 register threads against the default cudaHostAlloc",
-            f"{vs_alloc:.2f}x ({'faster' if vs_alloc > 1 else 'not faster'} than the "
-            "default here)",
+            f"{vs_alloc:.2f}x ({'faster' if vs_alloc > 1 else 'not faster'} "
+            "than the default here)",
         )
 else:
     pinlab.show(
@@ -1099,8 +1099,8 @@ memlock = pinlab.measure(
 )
 for r in memlock["rows"]:
     pinlab.show(
-        f"{fmt_bytes(memlock['request_bytes'])} under ulimit -l "
-        f"{fmt_bytes(memlock['limit_bytes'])}",
+        f"{fmt_bytes(memlock['request_bytes'])} under "
+        f"ulimit -l {fmt_bytes(memlock['limit_bytes'])}",
         bw.memlock_sentence(r, memlock["limit_bytes"]),
     )
 
@@ -1124,9 +1124,9 @@ def pin_or_fall_back(
     except RuntimeError as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         warnings.warn(
-            f"pinning {nbytes} bytes failed ({why}): falling back to pageable memory; "
-            "copies from it are staged by the driver, slower, and a non_blocking copy "
-            "may wait",
+            f"pinning {nbytes} bytes failed ({why}): falling back "
+            "to pageable memory; copies from it are staged by "
+            "the driver, slower, and a non_blocking copy may wait",
             stacklevel=2,
         )
         return torch.empty(nbytes, dtype=torch.uint8)
@@ -1223,8 +1223,8 @@ if pm is not None:
     pinlab.show(
         "pageable H2D, largest size against smallest",
         f"{last['h2d_gbps'] / first['h2d_gbps']:.2f}x the rate "
-        f"({fmt_bytes(last['bytes'])} vs {fmt_bytes(first['bytes'])}); pageable D2H "
-        f"{last['d2h_gbps'] / first['d2h_gbps']:.2f}x",
+        f"({fmt_bytes(last['bytes'])} vs {fmt_bytes(first['bytes'])}); "
+        f"pageable D2H {last['d2h_gbps'] / first['d2h_gbps']:.2f}x",
     )
 
 # %% [markdown]

@@ -191,8 +191,8 @@ slowest_pinned = max(r[k] for r in rows for k in ("copy_pinned_ms", "to_pinned_m
 pinlab.claim(
     "every pinned copy_ and .to returned at once",
     not stalls.waited(slowest_pinned, busy_ms),
-    value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} behind {busy_ms:g} "
-    "ms of GPU work",
+    value=f"the slowest call took {pinlab.fmt_ms(slowest_pinned)} "
+    f"behind {busy_ms:g} ms of GPU work",
     why=stalls.WHY.pinned_enqueued,
 )
 big = by_size[64 * MiB]
@@ -229,8 +229,8 @@ pin_tiny = [r["copy_pinned_ms"] for r in tiny]
 span = f"{fmt_bytes(tiny[0]['bytes'])} to {fmt_bytes(tiny[-1]['bytes'])}"
 pinlab.show(
     f"host cost of one copy_, {span}: pageable / pinned",
-    f"{pinlab.fmt_ms(min(pag_tiny))}-{pinlab.fmt_ms(max(pag_tiny))} / "
-    f"{pinlab.fmt_ms(min(pin_tiny))}-{pinlab.fmt_ms(max(pin_tiny))}",
+    f"{pinlab.fmt_ms(min(pag_tiny))}-{pinlab.fmt_ms(max(pag_tiny))} "
+    f"/ {pinlab.fmt_ms(min(pin_tiny))}-{pinlab.fmt_ms(max(pin_tiny))}",
 )
 flat = max(pag_tiny) <= 2 * min(pag_tiny)
 pinned_alike = statistics.median(pin_tiny) >= statistics.median(pag_tiny) / 2
@@ -243,18 +243,18 @@ words = (
 if quick and max(quick) > tiny[-1]["bytes"]:
     top_quick = by_size[max(quick)]["copy_pageable_ms"]
     pinlab.report(
-        "host cost of the largest pageable copy_ that returned "
-        f"({fmt_bytes(max(quick))})",
+        "host cost of the largest pageable copy_ "
+        f"that returned ({fmt_bytes(max(quick))})",
         top_quick,
     )
     growth = top_quick / statistics.median(pag_tiny)
     words += (
-        f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost "
-        f"{growth:.1f}x as much: the driver's memcpy into staging, which grows with "
-        "the bytes"
+        f"; at {fmt_bytes(max(quick))}, the largest that "
+        f"returned, it cost {growth:.1f}x as much: the driver's "
+        "memcpy into staging, which grows with the bytes"
         if growth > 2
-        else f"; at {fmt_bytes(max(quick))}, the largest that returned, it cost about "
-        "as much"
+        else f"; at {fmt_bytes(max(quick))}, the largest "
+        "that returned, it cost about as much"
     )
 parts = words.split("; ")  # one line per clause, to keep each line short
 for i, part in enumerate(parts, 1):
@@ -300,8 +300,8 @@ pinlab.show(
     f"{single_ms / loop_ms:.2f}x",
 )
 pinned_cheap = pinlab.observe(
-    f"behind a busy GPU, a pinned copy_ of {size} cost the host at least 100 times "
-    "less than a pageable one",
+    f"behind a busy GPU, a pinned copy_ of {size} cost "
+    "the host at least 100 times less than a pageable one",
     pageable_ms >= 100 * loop_ms,
     value=f"{pageable_ms / loop_ms:.0f}x",
     why=stalls.WHY.staged_costs,
@@ -373,8 +373,8 @@ blocked_at = [
 ]
 pinlab.show(
     "takeaway",
-    f"the host first blocked once {fmt_bytes(statistics.median(blocked_at))} of copies "
-    "were queued (median of all trials)"
+    f"the host first blocked once {fmt_bytes(statistics.median(blocked_at))} "
+    "of copies were queued (median of all trials)"
     if blocked_at
     else "the host never blocked: the driver staged every copy",
 )
@@ -414,8 +414,8 @@ if all(counts.values()) and len(counts) == 2:
     (c1, n1), (c2, n2) = ((c, statistics.median(n)) for c, n in sorted(counts.items()))
     pinlab.show(
         "what this run shows",
-        f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies queued as the "
-        f"{fmt_bytes(c2)} ones before the host blocked",
+        f"the {fmt_bytes(c1)} copies got {n1 / n2:.1f}x as many copies "
+        f"queued as the {fmt_bytes(c2)} ones before the host blocked",
     )
     pinlab.show(
         "how to read it",
@@ -442,8 +442,8 @@ pinlab.show(
     fmt_bytes(max(quick)) if quick else "none",
 )
 pinlab.show(
-    "limit 2, pending bytes: small copies queued before the host blocked (median of "
-    "trials)",
+    "limit 2, pending bytes: small copies queued "
+    "before the host blocked (median of trials)",
     fmt_bytes(pending_median) if pending_median is not None else "never",
 )
 
@@ -649,8 +649,8 @@ pinlab.claim(
     why=stalls.WHY.hidden,
 )
 pinlab.claim(
-    "copy_ from the dense view x.t() into a GPU tensor of the same layout "
-    "did not block",
+    "copy_ from the dense view x.t() into a "
+    "GPU tensor of the same layout did not block",
     not blocked["permuted_same_layout"],
     why=stalls.WHY.hidden,
 )
@@ -672,12 +672,12 @@ pinlab.claim(
 )
 nondense, to_contig = row["nondense_pinned"], row["permuted_to_contiguous"]
 gathered_ms = (
-    f"{pinlab.fmt_ms(nondense['host_ms'])}, {pinlab.fmt_ms(to_contig['host_ms'])} "
-    f"behind {hs['busy_ms']:g} ms"
+    f"{pinlab.fmt_ms(nondense['host_ms'])}, "
+    f"{pinlab.fmt_ms(to_contig['host_ms'])} behind {hs['busy_ms']:g} ms"
 )
 gathered_waited = pinlab.observe(
-    "the copies gathered through a pageable temporary (from x[:, ::2], and x.t() into "
-    "a contiguous tensor) waited",
+    "the copies gathered through a pageable temporary (from "
+    "x[:, ::2], and x.t() into a contiguous tensor) waited",
     nondense["blocked"] and to_contig["blocked"],
     value=gathered_ms,
     why=stalls.WHY.gathered,
@@ -815,8 +815,8 @@ advice = stalls.advice_rows(sweep.result, pool.result, d2h.result)
 # one case per three lines: the case, its outcome, the evidence from this run
 for r in advice:
     print(
-        f"non_blocking=True, {r['case']}\n    outcome:  {r['outcome']}\n    evidence: "
-        f"{r['evidence']}"
+        f"non_blocking=True, {r['case']}\n    outcome: "
+        f" {r['outcome']}\n    evidence: {r['evidence']}"
     )
 
 # %%
@@ -993,8 +993,8 @@ if tut is not None:
     )
     loop_ms = stalls.matrix_ms(tut["rows"])
     pinlab.observe(
-        "pageable tensors: non_blocking with one sync was faster than a blocking copy "
-        "each (the tutorial's finding)",
+        "pageable tensors: non_blocking with one sync was faster "
+        "than a blocking copy each (the tutorial's finding)",
         loop_ms[("pageable", True)] < loop_ms[("pageable", False)],
         value=f"{loop_ms[('pageable', False)] / loop_ms[('pageable', True)]:.2f}x",
         why=stalls.WHY.tutorial,

@@ -146,8 +146,8 @@ pinlab.report(
     loop["calibration"]["host_work_ms"],
 )
 pinlab.report(
-    f"so the forward lasts ({STEP['gpu_bound_factor']:g}x that, rounded up to 0.5 ms, "
-    f"at least {ms(STEP['gpu_ms'])})",
+    f"so the forward lasts ({STEP['gpu_bound_factor']:g}x "
+    f"that, rounded up to 0.5 ms, at least {ms(STEP['gpu_ms'])})",
     loop["forward_ms"],
 )
 if loop.live:
@@ -166,8 +166,8 @@ fig.tight_layout()
 plt.show()
 pinlab.show(
     "takeaway",
-    f"host time inside copy_ per step: {ms(pag['copy_host_ms'])} pageable, "
-    f"{ms(pin['copy_host_ms'])} pinned",
+    f"host time inside copy_ per step: {ms(pag['copy_host_ms'])} "
+    f"pageable, {ms(pin['copy_host_ms'])} pinned",
 )
 
 # %% [markdown]
@@ -214,17 +214,17 @@ pinlab.show(
     f"{pag['gpu_idle_share']:.0%} vs {pin['gpu_idle_share']:.0%}",
 )
 faster = pinlab.observe(
-    "with the GPU setting the pace, pinned steps were faster, by the GPU's shorter "
-    "wait between forwards",
+    "with the GPU setting the pace, pinned steps were "
+    "faster, by the GPU's shorter wait between forwards",
     found["shown"],
     value=(
         f"{ms(found['extra_ms'])} per step"
         if found["extra_ms"] >= 0
         else f"no: pinned steps took {ms(-found['extra_ms'])} longer"
     ),
-    why="it needs the driver not to stage an 8 MiB pageable copy behind the queue, and "
-    "a host whose work stays under the forward; the sentences below say which part "
-    "failed",
+    why="it needs the driver not to stage an 8 MiB pageable copy "
+    "behind the queue, and a host whose work stays under "
+    "the forward; the sentences below say which part failed",
 )
 # one line per clause, to keep each line short
 for i, part in enumerate(found["sentences"], 1):
@@ -270,17 +270,17 @@ pinlab.claims(
         )
         == {"Memcpy HtoD (Pinned -> Device)"},
     },
-    why="CUPTI names a copy by the kind of host memory it reads; another profiler "
-    "(ROCm's, not measured here) may name copies differently",
+    why="CUPTI names a copy by the kind of host memory it reads; another "
+    "profiler (ROCm's, not measured here) may name copies differently",
 )
 host_held = pinlab.observe(
-    "the host spent at least 10 times longer inside a pageable copy_ than inside a "
-    "pinned one",
+    "the host spent at least 10 times longer inside "
+    "a pageable copy_ than inside a pinned one",
     pag["copy_host_ms"] >= 10 * pin["copy_host_ms"],
     value=f"{pag['copy_host_ms'] / pin['copy_host_ms']:.0f}x",
-    why="where the driver stages an 8 MiB pageable copy behind the queue (another "
-    "driver) or the GPU reads pageable memory directly (GH200, not measured here, "
-    "docs/facts.md F15), the pageable copy_ returns sooner",
+    why="where the driver stages an 8 MiB pageable copy behind the queue "
+    "(another driver) or the GPU reads pageable memory directly (GH200, not "
+    "measured here, docs/facts.md F15), the pageable copy_ returns sooner",
 )
 
 # %% [markdown]
@@ -506,9 +506,9 @@ pinlab.claim(
     "every step's sum was right in all three loops",
     all(ovm[k]["wrong_steps"] == 0 for k in l02b.OVERLAP_MODES),
     value=", ".join(f"{k}: {ovm[k]['wrong_steps']} wrong" for k in l02b.OVERLAP_MODES),
-    why="each step's compute waits, on the GPU, for its input's copy (wait_stream), "
-    "and record_stream keeps the input's memory from reuse until the compute has read "
-    "it",
+    why="each step's compute waits, on the GPU, for its input's "
+    "copy (wait_stream), and record_stream keeps the "
+    "input's memory from reuse until the compute has read it",
 )
 pinlab.claim(
     "on one stream, no copy ran beside a kernel",
@@ -516,12 +516,12 @@ pinlab.claim(
     why="a stream runs its work in order, one operation at a time",
 )
 pinlab.claim(
-    "the copy stream's copies from pageable inputs went through staging "
-    "(Pageable -> Device)",
+    "the copy stream's copies from pageable inputs "
+    "went through staging (Pageable -> Device)",
     set(ovm["copy_stream_pageable"]["memcpy_names"])
     == {"Memcpy HtoD (Pageable -> Device)"},
-    why="CUPTI names a copy by the kind of host memory it reads; another profiler "
-    "(ROCm's, not measured here) may name copies differently",
+    why="CUPTI names a copy by the kind of host memory it reads; another "
+    "profiler (ROCm's, not measured here) may name copies differently",
 )
 overlapped = pinlab.observe(
     "with a copy stream and pinned inputs, most copies ran beside a kernel",
@@ -541,14 +541,14 @@ pinlab.show(
     f"{race['wrong_steps']} of {race['steps']}",
 )
 pinlab.claim(
-    "without record_stream, at least one step computed on an input overwritten before "
-    "it was read",
+    "without record_stream, at least one step computed "
+    "on an input overwritten before it was read",
     race["wrong_steps"] > 0,
     value=f"{race['wrong_steps']} of {race['steps']} steps wrong",
-    why="the race needs the host far ahead of the GPU (it queues 40 steps of 0.5 ms in "
-    "well under a millisecond each) and the caching allocator handing a freed input's "
-    "block to the next copy; a host slower than the GPU's 0.5 ms per step would let "
-    "the compute read each input in time",
+    why="the race needs the host far ahead of the GPU (it queues 40 steps of "
+    "0.5 ms in well under a millisecond each) and the caching allocator "
+    "handing a freed input's block to the next copy; a host slower than the "
+    "GPU's 0.5 ms per step would let the compute read each input in time",
 )
 
 # %% [markdown]
@@ -622,8 +622,8 @@ pinlab.observe(
     "H2D and D2H at once moved at least 1.5x either alone",
     both_up >= 1.5,
     value=f"{both_up:.2f}x",
-    why="needs two copy engines and a link and host that serve both directions; other "
-    "learners' copies share the link",
+    why="needs two copy engines and a link and host that serve "
+    "both directions; other learners' copies share the link",
 )
 pinlab.observe(
     "two H2D at once moved under 1.25x one H2D alone",
@@ -716,8 +716,8 @@ cheaper = sum(
 )
 pinlab.show(
     "takeaway",
-    f"one sync cost the host less than a blocking copy each in {cheaper} of "
-    f"{2 * len(many['rows'])} cases",
+    "one sync cost the host less than a blocking copy "
+    f"each in {cheaper} of {2 * len(many['rows'])} cases",
 )
 
 # %%
@@ -734,8 +734,8 @@ for r in many["rows"]:
 pinlab.claim(
     "every tensor arrived intact, every way",
     all(r["data_ok"] for r in many["rows"]),
-    why="every copy is checked after a sync, byte for byte; a wrong byte would be a "
-    "fault, not a timing",
+    why="every copy is checked after a sync, byte for "
+    "byte; a wrong byte would be a fault, not a timing",
 )
 
 # %% [markdown]
@@ -796,13 +796,13 @@ pinlab.claims(
         "pinlab.async_tensor_h2d(list) did not": not arow["async"]["blocked"],
         "all three calls gave the same GPU tensor": ah["same_values"],
     },
-    why="torch.tensor(list, device=...) makes a blocking copy; async_tensor_h2d copies "
-    "from a fresh pinned block, which is only enqueued; only a host stalled for half "
-    "the busy time could change that",
+    why="torch.tensor(list, device=...) makes a blocking copy; async_tensor_h2d "
+    "copies from a fresh pinned block, which is only enqueued; "
+    "only a host stalled for half the busy time could change that",
 )
 small_staged = pinlab.observe(
-    "torch.tensor(list).to('cuda', non_blocking=True) did not wait (the driver staged "
-    "it)",
+    "torch.tensor(list).to('cuda', non_blocking=True) "
+    "did not wait (the driver staged it)",
     not arow["pageable_nb"]["blocked"],
     value=pinlab.fmt_ms(arow["pageable_nb"]["host_ms"]),
     why="a small pageable copy is staged where the driver chooses to (undocumented); "
@@ -898,20 +898,20 @@ pinlab.claims(
 # %%
 for c in det["compare"]:
     print(
-        f"{c['op']}\n    set_sync_debug_mode('warn') warned: "
-        f"{c['sync_debug_warnings'] > 0}   detect_stalls() reported: "
-        f"{c['detector_events'] > 0}"
+        f"{c['op']}\n    set_sync_debug_mode('warn') "
+        f"warned: {c['sync_debug_warnings'] > 0}   "
+        f"detect_stalls() reported: {c['detector_events'] > 0}"
     )
 cmp = {c["key"]: c for c in det["compare"]}
 pinlab.claim(
-    "set_sync_debug_mode('warn') missed the pageable non_blocking copy, "
-    "detect_stalls() reported it",
+    "set_sync_debug_mode('warn') missed the pageable "
+    "non_blocking copy, detect_stalls() reported it",
     cmp["pageable_copy"]["sync_debug_warnings"] == 0
     and cmp["pageable_copy"]["detector_events"] > 0,
     value=cmp["pageable_copy"],
-    why="torch's sync debug mode warns only where torch itself synchronizes; a torch "
-    "release that learned to flag pageable non_blocking copies would change the first "
-    "half",
+    why="torch's sync debug mode warns only where torch itself "
+    "synchronizes; a torch release that learned to flag "
+    "pageable non_blocking copies would change the first half",
 )
 
 # %% [markdown]
@@ -928,8 +928,8 @@ cheap = pinlab.observe(
     "the detector at most doubled the loop's host time",
     watched <= 2 * plain,
     value=f"{watched / plain:.2f}x",
-    why="the detector adds Python work to every torch call; a slow or busy host (2 "
-    "cores, other learners) pays more for it against the same GPU work",
+    why="the detector adds Python work to every torch call; a slow or busy host "
+    "(2 cores, other learners) pays more for it against the same GPU work",
 )
 # %% [markdown]
 # ## Clean up

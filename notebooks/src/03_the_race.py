@@ -87,8 +87,8 @@ l03.plot_paged_kv(
     meta.last_page_len_cpu,
     PAGE_SIZE,
     CACHE_PAGES,
-    title=f"Three requests in a paged KV cache of {CACHE_PAGES} pages of {PAGE_SIZE} "
-    "tokens",
+    title="Three requests in a paged KV cache of "
+    f"{CACHE_PAGES} pages of {PAGE_SIZE} tokens",
 )
 plt.show()
 ip, ix, lpl = (
@@ -99,9 +99,9 @@ ip, ix, lpl = (
 for r in range(len(lpl)):
     pages = ix[ip[r] : ip[r + 1]]
     print(
-        f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = {pages}, {len(pages) - 1} "
-        f"full page(s) + {lpl[r]} token(s) = {(len(pages) - 1) * PAGE_SIZE + lpl[r]} "
-        "tokens"
+        f"request {r}: pages indices[{ip[r]}:{ip[r + 1]}] = "
+        f"{pages}, {len(pages) - 1} full page(s) + {lpl[r]} token(s) "
+        f"= {(len(pages) - 1) * PAGE_SIZE + lpl[r]} tokens"
     )
 reads_back = all(
     ix[ip[r] : ip[r + 1]] == block_table[r, : ip[r + 1] - ip[r]].tolist()
@@ -192,8 +192,8 @@ timeline(
 )
 plt.show()
 print(
-    "takeaway: every copy that waited behind a forward delivered the last step the "
-    "host wrote:",
+    "takeaway: every copy that waited behind a "
+    "forward delivered the last step the host wrote:",
     all(r == sim["received"][-1] for r in sim["received"][1:]),
 )
 
@@ -368,8 +368,8 @@ pinlab.claim(
 hb = l03.heisenbug(steps=50)
 pinlab.show("stream in the child", hb["stream"])
 pinlab.show(
-    "steps whose data arrived wrong / timing findings / copies that can race by order "
-    "(raced)",
+    "steps whose data arrived wrong / timing "
+    "findings / copies that can race by order (raced)",
     f"{hb['wrong']} / {hb['timing']} / {hb['order']} ({hb['raced']}) of {hb['steps']}",
 )
 pinlab.claim(
@@ -438,8 +438,8 @@ pinned, pageable = (
 )
 pinlab.show(
     "reused pinned buffer: corrupted steps",
-    f"{pinned['corrupted']} of {pinned['steps']} ({pinned['rate']:.1%}); the first at "
-    f"step {pinned['first_corrupted']}",
+    f"{pinned['corrupted']} of {pinned['steps']} ({pinned['rate']:.1%}); "
+    f"the first at step {pinned['first_corrupted']}",
 )
 # each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead
 # grows every step: after a stall of the host (another process, the OS) only the next
@@ -546,8 +546,8 @@ l03.plot_errors(
 plt.show()
 pinlab.show(
     "takeaway: reused pinned, steps whose attention read wrong pages",
-    f"{dec.result['runs']['reused_pinned']['wrong_input_steps']} of "
-    f"{dec.result['steps']}",
+    f"{dec.result['runs']['reused_pinned']['wrong_input_steps']} "
+    f"of {dec.result['steps']}",
 )
 
 # %%
@@ -591,8 +591,8 @@ pinlab.claim(
     why=l03.WHY.staged,
 )
 pinlab.claim(
-    "every request whose attention read the right inputs matched the reference within "
-    f"{tol}",
+    "every request whose attention read the right "
+    f"inputs matched the reference within {tol}",
     right_err <= tol,
     value=right_err,
     why=l03.WHY.fp16,
@@ -801,8 +801,8 @@ for n in sizes:
     r, p, w = runs_of[("pageable", n)], parts[("pageable", n)], waited[n]
     launches = w["check"]["steps"] + w["forward"]["steps"]
     pinlab.show(
-        f"pageable, {fmt_bytes(n)} per step: host loop / whole run; share of the loop "
-        "in copy calls, launches",
+        f"pageable, {fmt_bytes(n)} per step: host loop / "
+        "whole run; share of the loop in copy calls, launches",
         f"{p['share']:.0%}; {p['group_ms']['copy call'] / p['loop_ms']:.0%}, "
         f"{p['group_ms']['kernel launches'] / p['loop_ms']:.0%}",
     )
@@ -813,16 +813,16 @@ for n in sizes:
         queued = max(0.0, first - host_ms / busy_ms)
         first_wait[n] = (first, part, queued)
         where = (
-            f"step {first}, in {call_names[part]}, with about {queued:.0f} steps "
-            f"queued ({queued * OPS_PER_STEP:.0f} operations in the stream's queue, "
-            f"{fmt_bytes(queued * n)} of copies)"
+            f"step {first}, in {call_names[part]}, with about {queued:.0f} "
+            f"steps queued ({queued * OPS_PER_STEP:.0f} operations "
+            f"in the stream's queue, {fmt_bytes(queued * n)} of copies)"
         )
     else:
         first_wait[n] = None
         where = "none"
     pinlab.show(
-        f"pageable, {fmt_bytes(n)} per step: steps whose copy call / a launch took "
-        "over half a GPU step; the first",
+        f"pageable, {fmt_bytes(n)} per step: steps whose copy "
+        "call / a launch took over half a GPU step; the first",
         f"{w['copy']['steps']} / {launches} of {steps}; {where}",
     )
 pinlab.show(
@@ -837,8 +837,8 @@ pinlab.show(
 small, mid = sorted(sizes)[:2]
 big = [n for n in sizes if n >= 1024 * 1024]
 pinlab.show(
-    f"{fmt_bytes(small)} pageable / pinned: of the time in launch calls, in launches "
-    "that waited",
+    f"{fmt_bytes(small)} pageable / pinned: of the "
+    "time in launch calls, in launches that waited",
     " / ".join(
         f"{launch_wait_ms(runs_of[(b, small)]):.1f} of "
         f"{parts[(b, small)]['group_ms']['kernel launches']:.1f} ms"
@@ -866,8 +866,8 @@ def what_it_shows(n):
         "launch": "a launch after the copy, a call that copies nothing",
     }[max(slow_ms, key=slow_ms.get)]
     return (
-        f"the host {pace}; of the time in calls over half a GPU step, most was in "
-        f"{where}"
+        f"the host {pace}; of the time in calls "
+        f"over half a GPU step, most was in {where}"
     )
 
 
@@ -891,15 +891,15 @@ share = {(b, n): parts[(b, n)]["share"] for (b, n) in parts}
 mid_launches = waited[mid]["check"]["steps"] + waited[mid]["forward"]["steps"]
 mid_copies = waited[mid]["copy"]["steps"]
 pinlab.observe(
-    f"{fmt_bytes(small)} pageable: the host finished its loop while most of the GPU "
-    "work was still queued",
+    f"{fmt_bytes(small)} pageable: the host finished its "
+    "loop while most of the GPU work was still queued",
     share[("pageable", small)] < 0.5,
     value=f"loop / run {share[('pageable', small)]:.0%}",
     why=l03.WHY.staging,
 )
 pinlab.observe(
-    f"{fmt_bytes(mid)} and larger, pageable: the host loop lasted at least half of the "
-    "run",
+    f"{fmt_bytes(mid)} and larger, pageable: the "
+    "host loop lasted at least half of the run",
     all(share[("pageable", n)] >= 0.5 for n in sizes if n >= mid),
     value=", ".join(f"{share[('pageable', n)]:.0%}" for n in sizes if n >= mid),
     why=l03.WHY.staging,
@@ -908,13 +908,13 @@ pinlab.observe(
     f"{fmt_bytes(mid)} pageable: the copy calls did not wait, a launch after them did",
     mid_copies <= steps // 10 and mid_launches >= steps // 4,
     why=l03.WHY.staging,
-    value=f"over half a step: {mid_copies} copy calls, {mid_launches} launches of "
-    f"{steps} steps",
+    value=f"over half a step: {mid_copies} copy calls, "
+    f"{mid_launches} launches of {steps} steps",
 )
 for n in big:
     pinlab.observe(
-        f"{fmt_bytes(n)} pageable: the copy call itself took over half a GPU step on "
-        "most steps",
+        f"{fmt_bytes(n)} pageable: the copy call "
+        "itself took over half a GPU step on most steps",
         waited[n]["copy"]["steps"] > steps // 2,
         value=f"{waited[n]['copy']['steps']} of {steps}",
         why=l03.WHY.staging_or_slow_host,
@@ -1008,16 +1008,16 @@ pinlab.claim(
 )
 if q["full_at"] is not None:
     pinlab.show(
-        "launches queued behind the busy GPU before a launch call blocked (the queue's "
-        "depth)",
+        "launches queued behind the busy GPU before "
+        "a launch call blocked (the queue's depth)",
         q["full_at"],
     )
     pinlab.show("that launch call waited", f"{q['waited_ms']:.1f} ms")
 elif q["busy_done_at"] is not None:
     pinlab.show(
         "launches queued behind the busy GPU before a launch call blocked",
-        f"none: the busy kernel ended at launch {q['busy_done_at']}, before the queue "
-        "was full",
+        "none: the busy kernel ended at launch "
+        f"{q['busy_done_at']}, before the queue was full",
     )
 else:
     pinlab.show(
@@ -1035,8 +1035,8 @@ if q["full_at"] is not None and fw is not None:
     ops = fw[2] * OPS_PER_STEP
     near = abs(ops - q["full_at"]) <= 0.25 * q["full_at"]
     pinlab.observe(
-        f"the {fmt_bytes(small)} loop's first wait came when about as many operations "
-        "were queued as the launch queue holds",
+        f"the {fmt_bytes(small)} loop's first wait came when about "
+        "as many operations were queued as the launch queue holds",
         near,
         value=f"{ops:.0f} operations then, a queue of {q['full_at']}",
         why=l03.WHY.two_runs,
@@ -1044,9 +1044,9 @@ if q["full_at"] is not None and fw is not None:
     if near:
         pinlab.show(
             "what this run shows",
-            f"the {fmt_bytes(small)} loop waited because the launch queue was full, "
-            f"with only {fmt_bytes(fw[2] * small)} of copies staged: not the staging "
-            "pool",
+            f"the {fmt_bytes(small)} loop waited because the "
+            f"launch queue was full, with only {fmt_bytes(fw[2] * small)} "
+            "of copies staged: not the staging pool",
         )
 else:
     which = (

@@ -366,8 +366,8 @@ pinlab.show(
 )
 pinlab.show(
     "what this run shows",
-    f"the snapshot added at most {worst:.1f} µs of host time per step, "
-    f"{worst / 1e3:.1%} of a decode step of 1 ms",
+    f"the snapshot added at most {worst:.1f} µs of host time "
+    f"per step, {worst / 1e3:.1%} of a decode step of 1 ms",
 )
 corrupted = sum(r["snapshot_corrupted"] for r in rows)
 pinlab.claim(
@@ -462,8 +462,8 @@ cut = (
 )
 worst_steps = " / ".join(f"{k} {passes[k]['max_us']:.0f} µs" for k in ["cold"] + tamed)
 pinlab.observe(
-    "warming the cache and reserving a segment both cut the worst step below the cold "
-    "run's",
+    "warming the cache and reserving a segment "
+    "both cut the worst step below the cold run's",
     cut,
     value=worst_steps,
     why=l04.WHY.worst_step,
@@ -488,8 +488,8 @@ pinlab.claim(
     why=l04.WHY.alloc_count,
 )
 pinlab.claim(
-    "reserved, where this torch accepts the setting: calls into cudaHostAlloc inside "
-    "the loop",
+    "reserved, where this torch accepts the setting: "
+    "calls into cudaHostAlloc inside the loop",
     reserved_allocs,
     expect=0,
     why=l04.WHY.alloc_count,
@@ -660,8 +660,8 @@ for k in FIXED:
     )
 racy = {k: h[k]["corrupted"] for k in RACY}
 pinlab.claim(
-    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned "
-    "buffer all corrupted steps",
+    "the reused pinned buffer, the #23737 double buffer "
+    "and the snapshot of a pinned buffer all corrupted steps",
     all(v >= 1 for v in racy.values()),
     value=racy,
     why=l04.WHY.lead_03ms,
@@ -722,8 +722,8 @@ for k in FIXED:
     )
 flagged = {k: len(audit[k]["flagged"]) for k in RACY}
 pinlab.claim(
-    "the reused pinned buffer, the #23737 double buffer and the snapshot of a pinned "
-    "buffer were all flagged",
+    "the reused pinned buffer, the #23737 double buffer "
+    "and the snapshot of a pinned buffer were all flagged",
     all(flagged.values()),
     value=flagged,
     why=l04.WHY.lead_05ms,
@@ -805,16 +805,16 @@ pinlab.show(
 big = prow[-1]
 big_us = f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f} µs"
 pinlab.observe(
-    f"at {fmt_bytes(big['total_bytes'])} per step the pageable copies cost the host "
-    "more than the snapshots",
+    f"at {fmt_bytes(big['total_bytes'])} per step the "
+    "pageable copies cost the host more than the snapshots",
     big["pageable_us"] > big["snapshot_us"],
     value=big_us,
     why=l04.WHY.crossing,
 )
 waited = [r["total_bytes"] for r in prow if r["pageable_us"] > half_step_us]
 pinlab.show(
-    "smallest step at which the pageable copies took over half a GPU step (waiting for "
-    "the GPU, or staging alone took that long)",
+    "smallest step at which the pageable copies took over half a "
+    "GPU step (waiting for the GPU, or staging alone took that long)",
     fmt_bytes(min(waited)) if waited else "none measured",
 )
 
@@ -949,8 +949,8 @@ pinlab.show(
 )
 pinlab.show(
     "host µs per step, median: slab ring of 3 / of 1 (its event waits for the GPU)",
-    f"{demo['slab_ring']['host']['median_us']:.1f} / "
-    f"{shallow['host']['median_us']:.1f}",
+    f"{demo['slab_ring']['host']['median_us']:.1f} "
+    f"/ {shallow['host']['median_us']:.1f}",
 )
 FIXES = ("pageable", "snapshot", "slab_ring")
 for k in FIXES:
@@ -961,8 +961,8 @@ for k in FIXES:
         why=l04.WHY.correct_fix,
     )
 pinlab.claim(
-    "a slab ring of ONE slab (too shallow for two steps in flight): corrupted steps "
-    "(of 200)",
+    "a slab ring of ONE slab (too shallow for two "
+    "steps in flight): corrupted steps (of 200)",
     shallow["corrupted"],
     expect=0,
     why=l04.WHY.correct_fix,
@@ -1032,8 +1032,8 @@ for k in l04.FIX_LABELS:
 spread = {k: max(f[k]["round_medians_us"]) / min(f[k]["round_medians_us"]) for k in f}
 noisiest = max(spread, key=spread.get)
 pinlab.show(
-    "largest / smallest round median, per approach: racy / pageable / snapshot / slab "
-    "ring",
+    "largest / smallest round median, per approach: "
+    "racy / pageable / snapshot / slab ring",
     " / ".join(
         f"{spread[k]:.2f}"
         for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
@@ -1063,9 +1063,9 @@ pinlab.observe(
 )
 pinlab.show(
     "what this run shows",
-    "the cheapest correct fix for the host, in this configuration on this run, was "
-    f"the {l04.FIX_LABELS[cheapest]}; the rounds of one approach differed by up to "
-    f"{spread[noisiest]:.2f}x ({l04.FIX_LABELS[noisiest]})",
+    "the cheapest correct fix for the host, in this configuration on this "
+    f"run, was the {l04.FIX_LABELS[cheapest]}; the rounds of one approach "
+    f"differed by up to {spread[noisiest]:.2f}x ({l04.FIX_LABELS[noisiest]})",
 )
 
 # %% [markdown]
@@ -1136,8 +1136,8 @@ pinlab.claim(
     why=l04.WHY.lead_3ms,
 )
 pinlab.claim(
-    "every request whose attention read the right inputs matched the reference within "
-    f"{d['tol']}",
+    "every request whose attention read the right "
+    f"inputs matched the reference within {d['tol']}",
     right_err <= d["tol"],
     value=right_err,
     why=l04.WHY.fp16_tol,
@@ -1197,8 +1197,8 @@ pinlab.claim(
     why=l04.WHY.own_context,
 )
 pinlab.claim(
-    "the control (a sync between the two plans) matched the reference, wherever "
-    "FlashInfer could run it",
+    "the control (a sync between the two plans) matched "
+    "the reference, wherever FlashInfer could run it",
     control_ok,
     value=f"{hz['synced']['outcome']} ({hz['synced']['detail']})",
     why=l04.WHY.synced_control,
@@ -1213,16 +1213,16 @@ pinlab.claim(
 # %%
 fw = {r["strategy"]: r for r in fr.result["rows"]}
 pinlab.show(
-    "which fix when, host µs per step (6 tensors; best round median): racy / pageable "
-    "/ snapshot / slab ring",
+    "which fix when, host µs per step (6 tensors; best "
+    "round median): racy / pageable / snapshot / slab ring",
     " / ".join(
         f"{min(fw[k]['round_medians_us']):.1f}"
         for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
     ),
 )
 pinlab.show(
-    "which fix when: the cheapest correct fix for 6 small tensors, in this "
-    "configuration on this run",
+    "which fix when: the cheapest correct fix for 6 "
+    "small tensors, in this configuration on this run",
     l04.FIX_LABELS[min(FIXES, key=lambda k: min(fw[k]["round_medians_us"]))],
 )
 big = pool.result["rows"][-1]
@@ -1231,8 +1231,8 @@ pinlab.show(
     f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}",
 )
 pinlab.show(
-    "several tensors per step: the smallest step at which the pageable copies took "
-    "over half a GPU step",
+    "several tensors per step: the smallest step at "
+    "which the pageable copies took over half a GPU step",
     fmt_bytes(min(waited)) if waited else "none measured",
 )
 pinlab.show(

@@ -159,8 +159,8 @@ with pinlab.LaggingStream() as s:
         host, ops = wr.count_copies(restore, w)
         found[name] = (len(ops), host.is_pinned(), torch.equal(host, reference[0]))
         print(
-            f"{name:18s} copies: {len(ops)}, pinned: {host.is_pinned()}, bitwise "
-            f"equal: {found[name][2]}"
+            f"{name:18s} copies: {len(ops)}, pinned: "
+            f"{host.is_pinned()}, bitwise equal: {found[name][2]}"
         )
 pinlab.claim(
     "copies 1, 2 and 1; pinned: no, yes, yes; every result bitwise equal",
@@ -191,8 +191,8 @@ with pinlab.LaggingStream() as s:
             f"{all(b.is_pinned() for b in back)}; bitwise equal: {exact}"
         )
         pinlab.claim(
-            f"pin={pin}: on the GPU inside, back bitwise equal, pinned exactly when "
-            "pin=True",
+            f"pin={pin}: on the GPU inside, back "
+            "bitwise equal, pinned exactly when pin=True",
             on_gpu and exact and all(b.is_pinned() == pin for b in back),
             shown=False,
             why=wr.WHY.emulated,
@@ -328,8 +328,8 @@ with pinlab.LaggingStream() as s:
             torch.equal(p.cpu(), r) for p, r in zip(model.parameters(), reference)
         )
         print(
-            f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned bytes "
-            f"held: {fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}"
+            f"cycle {cycle}: asleep in pinned memory: {asleep_pinned}, pinned "
+            f"bytes held: {fmt_bytes(pinned_held)}, awake and bitwise equal: {exact}"
         )
         pinlab.claim(
             f"cycle {cycle}: asleep in pinned memory, awake bitwise equal",
@@ -425,9 +425,9 @@ plt.show()
 for name, v in methods.items():
     print(
         pinlab.timing.wrapped(
-            f"{name:18s} copies per weight: {v['copies_per_weight']}, pinned: "
-            f"{v['pinned']}, on the host: {v['on_host']}, reloaded bitwise equal: "
-            f"{v['bitwise_equal']}",
+            f"{name:18s} copies per weight: {v['copies_per_weight']}, "
+            f"pinned: {v['pinned']}, on the host: {v['on_host']}, "
+            f"reloaded bitwise equal: {v['bitwise_equal']}",
             indent=19,
         )
     )
@@ -496,9 +496,9 @@ pinlab.observe(
 )
 pinlab.show(
     "what this run shows",
-    f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} ms of "
-    f"the cold restore's {after['cold_ms']:.0f} ms; the warm restore is the copies "
-    "plus their per-weight overhead",
+    f"page-locking fresh memory took {after['cold_ms'] - after['warm_ms']:.0f} "
+    f"ms of the cold restore's {after['cold_ms']:.0f} ms; "
+    "the warm restore is the copies plus their per-weight overhead",
 )
 
 # %% [markdown]
@@ -560,15 +560,15 @@ pinlab.claim(
 for name, v in methods.items():
     pinlab.report(f"reload from {name}: host held", v["reload_host_ms"])
 pinlab.observe(
-    "from pageable memory (.to('cpu')) the host was held over half the busy time (it "
-    "waited for the busy GPU, or staging the copies took that long by itself)",
+    "from pageable memory (.to('cpu')) the host was held over half the busy time "
+    "(it waited for the busy GPU, or staging the copies took that long by itself)",
     before["reload_host_ms"] > res["busy_ms"] / 2,
     value=pinlab.fmt_ms(before["reload_host_ms"]),
     why=wr.WHY.pageable_waits,
 )
 pinlab.claim(
-    "from pinned memory (empty_like + copy_) the host did not wait for the busy GPU "
-    "(held less than half the busy time)",
+    "from pinned memory (empty_like + copy_) the host did not "
+    "wait for the busy GPU (held less than half the busy time)",
     after["reload_host_ms"] < res["busy_ms"] / 2,
     value=pinlab.fmt_ms(after["reload_host_ms"]),
     why=wr.WHY.pinned_queued,
@@ -603,15 +603,15 @@ plt.show()
 for r in rows:
     pinlab.show(
         f"{fmt_bytes(r['bytes'])}: wake pinned / pageable",
-        f"{r['pinned_warm_wake_ms']:.1f} / {r['pageable_wake_ms']:.1f} ms; pinned held "
-        f"{fmt_bytes(r['pinned_cold_new_pinned_bytes'])}",
+        f"{r['pinned_warm_wake_ms']:.1f} / {r['pageable_wake_ms']:.1f} "
+        f"ms; pinned held {fmt_bytes(r['pinned_cold_new_pinned_bytes'])}",
     )
 for r in rows:
     if r["bytes"] >= 256 * MiB:
         sleep_gbps = r["bytes"] / (r["pinned_warm_sleep_ms"] * 1e-3) / 1e9
         pinlab.observe(
-            f"{fmt_bytes(r['bytes'])}: the warm pinned sleep reaches 90% of the D2H "
-            "copy-loop peak",
+            f"{fmt_bytes(r['bytes'])}: the warm pinned "
+            "sleep reaches 90% of the D2H copy-loop peak",
             sleep_gbps >= 0.9 * peak["best_GBps"],
             value=f"{sleep_gbps / peak['best_GBps']:.3f} of it",
             why=wr.WHY.empty_cache,
@@ -644,8 +644,8 @@ pinlab.claim(
     why=wr.WHY.exact_copies,
 )
 pinlab.claim(
-    "pinned bytes held while asleep = the weights rounded up to powers of two, at "
-    "every size",
+    "pinned bytes held while asleep = the weights "
+    "rounded up to powers of two, at every size",
     rounded,
     why=wr.WHY.rounding,
 )
@@ -760,8 +760,8 @@ pinlab.claim(
     why=wr.WHY.same_bytes,
 )
 pinlab.claim(
-    "where the zero-copy view exists, it has the host buffer's address, sees a host "
-    "write at the next GPU read, and gives the resident output",
+    "where the zero-copy view exists, it has the host buffer's address, "
+    "sees a host write at the next GPU read, and gives the resident output",
     in_place,
     why=wr.WHY.same_bytes,
 )

@@ -270,8 +270,8 @@ pinlab.claim(
     "(a) copies its ids from pageable memory", a_pageable, why=l06.WHY.profiler
 )
 pinlab.claim(
-    "from 8 to 32 small images, (b) runs at least 3x as many kernels, (c) at most 2 "
-    "more",
+    "from 8 to 32 small images, (b) runs at "
+    "least 3x as many kernels, (c) at most 2 more",
     kernels_grow,
     why=l06.WHY.profiler,
 )
@@ -465,8 +465,8 @@ if slow:
         for name, (idle, diff) in gaps.items()
     )
     pinlab.observe(
-        f"where the build took the host longer than the {enc:g} ms encoder, the GPU "
-        "idled about the difference every step (within 0.3 ms or 30%)",
+        f"where the build took the host longer than the {enc:g} ms encoder, "
+        "the GPU idled about the difference every step (within 0.3 ms or 30%)",
         idled_the_difference,
         value=detail,
         why=l06.WHY.host_gaps,
@@ -474,8 +474,8 @@ if slow:
 else:
     pinlab.show(
         "what this run shows",
-        f"no builder took the host longer than the {enc:g} ms encoder on any mix: the "
-        "GPU did not wait for the builders",
+        f"no builder took the host longer than the {enc:g} ms "
+        "encoder on any mix: the GPU did not wait for the builders",
     )
 
 # %% [markdown]
@@ -537,8 +537,8 @@ bars(
     [l06.MASK_FORMS[k] for k in forms],
     [forms[k]["host_us"] for k in forms],
     ylabel="host µs per call",
-    title=f"A {mask.result['bytes'] // 1024} KiB streaming mask onto the GPU "
-    f"({mask.tag})",
+    title=f"A {mask.result['bytes'] // 1024} KiB "
+    f"streaming mask onto the GPU ({mask.tag})",
     annotate="{:.0f}",
 )
 plt.show()

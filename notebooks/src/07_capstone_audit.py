@@ -44,8 +44,8 @@ from pinlab.detector import PAGEABLE_H2D
 from pinlab.lessons import l07_capstone_audit as l07
 
 NO_TRACE = (
-    "not measured: the trace holds no GPU activity "
-    "(a profiler that records none, as often under WSL2)"
+    "not measured: the trace holds no GPU activity (a "
+    "profiler that records none, as often under WSL2)"
 )
 
 pinlab.header("07 capstone: audit an inference loop")
@@ -223,8 +223,8 @@ for line in l07.code_of_lines(stalls.result["lines"], planted_loop):
 kinds = " ".join(stalls.result["lines"])
 named_both = "pageable H2D" in kinds and "host sync (.item())" in kinds
 pinlab.claim(
-    "the detector names the LM head restore's pageable copy and the stop check's "
-    ".item()",
+    "the detector names the LM head restore's "
+    "pageable copy and the stop check's .item()",
     named_both,
     value=stalls.result["lines"],
     why=l07.WHY.detector,
@@ -491,15 +491,15 @@ pinlab.claim(
     why=l07.WHY.emulated,
 )
 pinlab.claim(
-    "fixed loop: syncs and blocking copies in all (the offload before the loop, the "
-    "final synchronize)",
+    "fixed loop: syncs and blocking copies in all (the "
+    "offload before the loop, the final synchronize)",
     in_all,
     expect=2,
     why=l07.WHY.emulated,
 )
 pinlab.claim(
-    "fixed loop: the LM head restored before every step, every finished step noted, "
-    "the LM head intact",
+    "fixed loop: the LM head restored before every "
+    "step, every finished step noted, the LM head intact",
     lm_head_ok,
     why=l07.WHY.emulated,
 )
@@ -627,8 +627,8 @@ if gpu is not None:
         f"against host + GPU {share['planted'][1] + (share['planted'][2] or 0):.2f} ms",
     )
     pinlab.observe(
-        "a fixed step costs about the larger of the host's share and the GPU's (within "
-        "25%)",
+        "a fixed step costs about the larger of "
+        "the host's share and the GPU's (within 25%)",
         step <= 1.25 * larger,
         value=f"{step:.2f} ms against {larger:.2f} ms",
         why=l07.WHY.shares,

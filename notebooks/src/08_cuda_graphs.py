@@ -107,8 +107,8 @@ pinlab.observe(
 )
 pinlab.show(
     "what this run shows",
-    f"at 20 kernels a replay cost the host {replay20:.1f} µs, eager launches "
-    f"{eager20:.1f} µs ({eager20 / max(replay20, 1e-9):.0f}x)",
+    f"at 20 kernels a replay cost the host {replay20:.1f} µs, eager "
+    f"launches {eager20:.1f} µs ({eager20 / max(replay20, 1e-9):.0f}x)",
 )
 
 # %% [markdown]
@@ -244,8 +244,8 @@ pinlab.show("stream", s.label)
 pinlab.show("steps whose replay read another step's data", f"{wrong} of {len(seen)}")
 pinlab.show("the step whose data steps 0-7 read", seen[:8])
 pinlab.claim(
-    "the captured copy from the reused pinned buffer delivered another step's data at "
-    "least once",
+    "the captured copy from the reused pinned buffer "
+    "delivered another step's data at least once",
     wrong >= 1,
     value=f"{wrong} of {len(seen)}",
     why=l08.WHY.lead,
@@ -266,8 +266,8 @@ print(races)
 # %%
 wrong, flagged = sum(v != n for n, v in enumerate(seen)), races.count(GRAPH_REWRITE)
 pinlab.show(
-    "steps whose replay read another step's data / "
-    "replayed copies the detector flagged",
+    "steps whose replay read another step's "
+    "data / replayed copies the detector flagged",
     f"{wrong} / {flagged} of {len(seen)}",
 )
 pinlab.claim(
@@ -380,8 +380,8 @@ rings = min(("ring_graphs", "ring_outside"), key=lambda v: hc[v])
 held = pinlab.observe(
     "the cheapest ring costs at most half the per-tensor snapshots",
     hc[rings] <= hc["snapshot_outside"] / 2,
-    value=f"{rings} {hc[rings]:.1f} µs against snapshot_outside "
-    f"{hc['snapshot_outside']:.1f} µs",
+    value=f"{rings} {hc[rings]:.1f} µs against "
+    f"snapshot_outside {hc['snapshot_outside']:.1f} µs",
     why=l08.WHY.ring_cost,
 )
 
@@ -475,8 +475,8 @@ fb = {r["variant"]: r for r in fr["rows"]}
 pinlab.show("FlashInfer ran", "yes" if fi_ran else f"no: {fr['reason']}")
 for v, r in fb.items():
     pinlab.show(
-        f"{v}: steps whose attention was wrong (max error; seconds, the first with the "
-        "JIT)",
+        f"{v}: steps whose attention was wrong (max "
+        "error; seconds, the first with the JIT)",
         f"{r['wrong_steps']} of {fr['steps']} ({r['max_err']:.3f}; {r['seconds']} s)",
     )
 FI_FIXES = ("snapshot", "pinned_ring")
@@ -490,8 +490,8 @@ for v in FI_FIXES:
     )
 racy_wrong = fb["reused_pinned"]["wrong_steps"] if fi_ran else None
 pinlab.claim(
-    "reused pinned pair: the replayed run() attended with another step's metadata on "
-    "at least one step, wherever FlashInfer ran",
+    "reused pinned pair: the replayed run() attended with another "
+    "step's metadata on at least one step, wherever FlashInfer ran",
     not fi_ran or racy_wrong >= 1,
     value=f"{racy_wrong} of {fr['steps']}",
     why=l08.WHY.fi_race,
@@ -546,8 +546,8 @@ def check_graph_staging(stage, steps=100, busy_ms=0.5):
     wrong = [n for n, v in enumerate(seen.tolist()) if v != n]
     if wrong:
         raise AssertionError(
-            f"{len(wrong)} of {steps} steps read another step's metadata (first: step "
-            f"{wrong[0]})"
+            f"{len(wrong)} of {steps} steps read another "
+            f"step's metadata (first: step {wrong[0]})"
         )
 
 
@@ -642,8 +642,8 @@ gm = mem.result
 b1 = gm["rows"][0]
 pinlab.show(
     "all graphs and static inputs together: allocated / reserved MiB",
-    f"{gm['held_allocated_bytes'] / 2**20:.1f} / "
-    f"{gm['held_reserved_bytes'] / 2**20:.1f}",
+    f"{gm['held_allocated_bytes'] / 2**20:.1f} "
+    f"/ {gm['held_reserved_bytes'] / 2**20:.1f}",
 )
 pinlab.show(
     f"pinned ring of {gm['ring_depth']} slabs: requested / held KiB",
@@ -652,8 +652,8 @@ pinlab.show(
 held = pinlab.observe(
     f"at batch {b1['batch']} the capture reserved at least 10x one activation",
     b1["graph_reserved_bytes"] >= 10 * b1["activation_bytes"],
-    value=f"{b1['graph_reserved_bytes'] / 1024:.0f} KiB for "
-    f"{b1['activation_bytes'] / 1024:.0f} KiB",
+    value=f"{b1['graph_reserved_bytes'] / 1024:.0f} KiB "
+    f"for {b1['activation_bytes'] / 1024:.0f} KiB",
     why=l08.WHY.pool,
 )
 
@@ -672,8 +672,8 @@ back = pinlab.pinned_back_to(
     pinned_at_start + left_by_refusals
 ) or pinlab.pinned_back_to(pinned_at_start)
 pinlab.claim(
-    "pinned memory held is back to its starting level, but for what the refused "
-    "captures left",
+    "pinned memory held is back to its starting "
+    "level, but for what the refused captures left",
     back,
     why=pinlab.PINNED_BACK_WHY,
 )

@@ -101,8 +101,8 @@ if audit is not None:
     # copies
     l09.show_audit(a)
     pinlab.claim(
-        "every event the detector reported has a sync or a copy in the trace at that "
-        "call",
+        "every event the detector reported has a "
+        "sync or a copy in the trace at that call",
         a["false_positives"] == 0,
         value=f"{a['true_positives']} of {a['reported']}",
         why=l09.WHY.reported,
@@ -270,8 +270,8 @@ stops = {label: m.result for label, m in stops.items() if m is not None}
 for label, res in stops.items():
     same = res["runs"]["default"]["tokens"] == res["runs"]["deferred"]["tokens"]
     pinlab.claim(
-        f"{label}: the deferred check ({res['deferred_is']}) "
-        "gives the default's tokens",
+        f"{label}: the deferred check "
+        f"({res['deferred_is']}) gives the default's tokens",
         same,
         why=l09.WHY.same_tokens,
     )
@@ -454,8 +454,8 @@ if fia is not None and "places" in fia.result:
         f"{f['syncs_in_reported_windows']} of {f['trace_syncs']}",
     )
     pinlab.claim(
-        "every event the detector reported in plan() and run() has a sync or a copy in "
-        "the trace at that call",
+        "every event the detector reported in plan() and "
+        "run() has a sync or a copy in the trace at that call",
         f["false_positives"] == 0,
         value=f"{f['true_positives']} of {f['reported']}",
         why=l09.WHY.reported,
@@ -497,8 +497,8 @@ if stg is not None:
         why=l09.WHY.own_context,
     )
     pinlab.claim(
-        "one wrapper, host ahead: the declared staging was flagged, wherever "
-        "FlashInfer ran",
+        "one wrapper, host ahead: the declared "
+        "staging was flagged, wherever FlashInfer ran",
         not tested or flagged >= 1,
         value=r["back_to_back"],
         why=l09.WHY.staging_declared,

@@ -155,8 +155,8 @@ pinlab.claim(
     "more than half the steps read another step's data",
     run["wrong_steps"] > run["steps"] // 2,
     value=f"{run['wrong_steps']} of {run['steps']}",
-    why="the race needs the GPU behind the host; a host slower than the GPU's work per "
-    "step (a CPU shared by many processes) lets the GPU keep up",
+    why="the race needs the GPU behind the host; a host slower than the GPU's "
+    "work per step (a CPU shared by many processes) lets the GPU keep up",
 )
 
 # %% [markdown]
