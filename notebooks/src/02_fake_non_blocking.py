@@ -862,10 +862,10 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 # Lesson 02b adds the last case: even pinned and `non_blocking`, a copy on the compute's stream
 # never runs beside the compute.
 #
-# So for host-to-device copies the flag is a request, not a promise (nothing here measured the same
-# copies without it): pin what you copy on a hot path (and leave the pinned source alone until the
-# copy has run), read device-to-host results only after an event, and put copies on their own stream
-# when they should hide behind the compute (lesson 02b).
+# So for host-to-device copies the flag is a request, not a promise (the two experiments below time
+# the same copies with and without it): pin what you copy on a hot path (and leave the pinned
+# source alone until the copy has run), read device-to-host results only after an event, and put
+# copies on their own stream when they should hide behind the compute (lesson 02b).
 
 # %% [markdown]
 # ### The tutorial's three sources, one large copy each (this lesson's variant)

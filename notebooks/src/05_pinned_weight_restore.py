@@ -683,8 +683,8 @@ pinlab.claim(
 #   F15). The CPU's LPDDR5X and the GPU's HBM are separate memories, but coherent over NVLink-C2C: the
 #   GPU reads pageable host memory through the host's page tables (ATS), so a pageable copy comes much
 #   closer to a pinned one and pinning buys less, while every pinned byte is still host memory nobody
-#   else can use. vLLM's own docstring for the switch names these machines too, in its words pinned
-#   memory "eats into GPU memory" there.
+#   else can use. vLLM's own docstring for the switch names one of them ("unified-memory systems
+#   (e.g. GH200)", vLLM 0.29): in its words pinned memory "eats into GPU memory" there.
 # - **No pinning available**: a CPU-only torch raises on `pin_memory=True`; vLLM gates it with
 #   `is_pin_memory_available()` (WSL, CPU platforms).
 #
