@@ -412,6 +412,52 @@ def test_plan_takes_no_other_option_and_needs_no_gpu(capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan: ")
 
 
+def _fake_plan(steps):
+    return {"calls": [{"steps": steps, "seconds": sum(t for _, _, t in steps)}, {"steps": [], "seconds": 0}]}
+
+
+def test_next_call_runs_the_plans_first_call_within_its_seconds(monkeypatch, capsys):
+    steps = [("python3 tools/gpu_suite.py --stale --only notebooks/01_x.ipynb", "quiet pass of 01", 100.0),
+             ("python3 tools/gpu_suite.py --adverse-all-together --only notebooks/01_x.ipynb", "adverse of 01", 200.0),
+             ("python3 tools/gpu_suite.py --repeat 5 --stale --stability-only --only solutions/01_x.ipynb", "s", 50.0)]
+    monkeypatch.setattr(plan, "make_plan", lambda root=None: _fake_plan(steps))
+    now, ran = [0.0], []
+
+    def run(argv, cwd):
+        ran.append(argv)
+        now[0] += 150.0  # each command takes 150 s
+        return type("Done", (), {"returncode": 0})()
+
+    assert gpu_suite.run_next_call(545, run=run, clock=lambda: now[0]) == 0
+    assert [a[1:-2] for a in ran] == [s[0].split()[1:] for s in steps]
+    assert [a[-2:] for a in ran] == [["--budget", "545"], ["--budget", "395"], ["--budget", "245"]]
+    assert all(a[0] == gpu_suite.sys.executable for a in ran)
+    ran.clear(), now.__setitem__(0, 0.0)
+    assert gpu_suite.run_next_call(330, run=run, clock=lambda: now[0]) == gpu_suite.UNFINISHED  # 30 s left
+    assert len(ran) == 3 - 1 and "not started: s" in capsys.readouterr().out
+
+    def fails(argv, cwd):
+        ran.append(argv)
+        return type("Done", (), {"returncode": 3})()
+
+    ran.clear()
+    assert gpu_suite.run_next_call(545, run=fails, clock=lambda: 0.0) == 3 and len(ran) == 1
+    monkeypatch.setattr(plan, "make_plan", lambda root=None: {"calls": []})
+    assert gpu_suite.run_next_call(545, run=fails, clock=lambda: 0.0) == 0
+    assert "nothing to renew" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--next-call", "545", "--only", "04"], "takes no other option"),
+    (["--next-call", "30"], "60-600"),
+    (["--next-call", "900"], "60-600"),
+])
+def test_next_call_refuses_what_it_cannot_do(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        gpu_suite.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
 # ---- the quiet pass itself, end to end, on a copy of the checkout (CUDA and a quiet GPU faked) --------------------
 
 FLIGHT = r'''

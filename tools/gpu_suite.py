@@ -48,6 +48,7 @@ runs all five at once ((a)'s three learners too: seven processes), recorded as s
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py --plan
+        python3 tools/gpu_suite.py --next-call S
         python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
         [--keep-going] [--shared] [--cell-timeout S] [--no-unit-tests] [--nbval]
         python3 tools/gpu_suite.py --adverse [ID ...] [--adverse-together] [--only NAME ...] [--budget S]
@@ -55,6 +56,9 @@ Usage:  python3 tools/gpu_suite.py --plan
   --only NAME ...  only the notebooks whose file name contains a NAME (e.g. --only 03 04); a NAME with a '/'
                    is matched against the path (e.g. --only notebooks/04 leaves solutions/04 out)
   --plan           CPU only: what is stale and why, and the device calls that renew it (tools/plan.py)
+  --next-call S    on the GPU: the first of those calls, its commands in order, each with --budget of what is
+                   left of S seconds (e.g. 545 inside `timeout 565`); commit what it wrote, and --plan says what is
+                   left (exit 4: time ran out before its last command)
   --repeat N       execute each notebook N times (with --nbval, nbval once more on the last execution)
   --nbval          after the executions, strict nbval of each (a second GPU run, counted as a stability run)
   --stale          only what is missing: without --repeat, the notebooks whose latest.json entry does not hold;
@@ -122,6 +126,9 @@ def parse_args(argv):
                          "stability run); the quiet pass runs each notebook once without it")
     ap.add_argument("--plan", action="store_true",
                     help="CPU only: what is stale in this tree and the device calls that renew it (tools/plan.py)")
+    ap.add_argument("--next-call", type=float, metavar="S",
+                    help="run the first device call of --plan, each of its commands with --budget of what is left "
+                         "of S seconds (one device call: give the seconds it may take, e.g. 545 under timeout 565)")
     ap.add_argument("--stale", action="store_true",
                     help="only what is missing: notebooks without a fresh latest.json entry; with --repeat N, the runs "
                          "that bring each notebook to N fresh runs in stability.json")
@@ -159,6 +166,12 @@ def parse_args(argv):
         ap.error("--cpu-dry-run goes with --adverse or --adverse-together")
     if args.plan and len([a for a in argv if a != "--plan"]):
         ap.error("--plan takes no other option: it plans for the whole tree")
+    if args.next_call is not None:
+        if any(a.startswith("-") and a.split("=")[0] != "--next-call" for a in argv):
+            ap.error("--next-call takes no other option: it runs the plan's own commands")
+        if not NEXT_CALL_MIN_S <= args.next_call <= NEXT_CALL_MAX_S:
+            ap.error(f"--next-call takes the seconds the call may run, {NEXT_CALL_MIN_S}-{NEXT_CALL_MAX_S} (a device "
+                     f"command runs at most 600 s), got {args.next_call:g}")
     if args.nbval and args.stability_only:
         ap.error("--stability-only runs no nbval: leave out --nbval")
     if args.shared and args.stability_only:
@@ -696,12 +709,54 @@ def stability_lock(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+#: --next-call's bounds: a device command runs at most 600 s, and a step needs a minute to do anything
+NEXT_CALL_MIN_S, NEXT_CALL_MAX_S = 60, 600
+#: a step of the call starts only with at least this many seconds left (its --budget then fits a notebook or two)
+NEXT_STEP_MIN_S = 45
+#: exit status of --next-call when time ran out before its last command (what is done is kept; run it again)
+UNFINISHED = 4
+
+
+def run_next_call(seconds: float, root: Path = ROOT, run=subprocess.run, clock=time.monotonic) -> int:
+    """The first call of the plan (tools/plan.py) on this machine: its commands in order, each given ``--budget``
+    of what is left of ``seconds``, so that the whole call ends inside one device command. Stops at the first
+    command that fails (its exit status). A step with under :data:`NEXT_STEP_MIN_S` left is not started
+    (:data:`UNFINISHED`). After it, commit what it wrote; ``--plan`` then names the next call (a call done drops out)."""
+    start = clock()
+    calls = plan.make_plan(root)["calls"]
+    if not calls:
+        print("gpu_suite --next-call: nothing to renew (plan: 0 call(s))", flush=True)
+        return 0
+    call = calls[0]
+    print(f"gpu_suite --next-call: call 1 of {len(calls)}, planned {call['seconds']:.0f} s of commands, "
+          f"given {seconds:.0f} s", flush=True)
+    for k, (cmd, what, _secs) in enumerate(call["steps"]):
+        left = seconds - (clock() - start)
+        if left < NEXT_STEP_MIN_S:
+            rest = "; ".join(w for _, w, _ in call["steps"][k:])
+            print(f"gpu_suite --next-call: {left:.0f} s left, not started: {rest}. Commit what is done; --plan "
+                  "names what is left", flush=True)
+            return UNFINISHED
+        words = shlex.split(cmd)
+        argv = [sys.executable, *words[1:], "--budget", f"{int(left)}"]
+        print(f"$ python3 {' '.join(argv[1:])}   # {what}", flush=True)
+        rc = run(argv, cwd=root).returncode
+        if rc:
+            print(f"gpu_suite --next-call: stopped, exit status {rc} from: {cmd}", flush=True)
+            return rc
+    print(f"gpu_suite --next-call: done in {clock() - start:.0f} s; commit reports/gpu, notebooks/ and solutions/, "
+          "then --plan names the next call", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
     if args.plan:
         print("\n".join(plan.plan_lines()))
         return 0
+    if args.next_call is not None:
+        return run_next_call(args.next_call)
     import torch
 
     if not torch.cuda.is_available() and not args.cpu_dry_run:

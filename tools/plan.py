@@ -305,6 +305,8 @@ def plan_lines(root: Path = ROOT) -> list[str]:
         lines.append("make test passes after " + ("this call" if last == 1 else
                      f"call {last} only: until then the notebooks of later calls are stale (land the change in "
                      "slices, one lesson's experiment at a time, to land after each call)"))
+        lines.append("on the GPU, one call per device command: python3 tools/gpu_suite.py --next-call 545 (inside "
+                     "`timeout 565`; it runs call 1's commands, each with --budget of what is left)")
         if plan["carry"]:
             lines.append(f"{len(plan['carry'])} notebooks carry their stability and adverse runs forward if the quiet "
                          "pass claims what those runs claimed; where it does not, run --plan again after the call")
