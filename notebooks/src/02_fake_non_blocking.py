@@ -828,8 +828,8 @@ expected_outcomes = [
     stalls.ADVICE_WAITS,
     stalls.ADVICE_STALE,
 ]
-# pinned H2D, D2H into pinned (documented); D2H into pageable (documented up to CUDA
-# 11.0)
+# pinned H2D, D2H into pinned (documented); D2H
+# into pageable (documented up to CUDA 11.0)
 documented = (0, 4, 5)
 for i in documented:
     r, want = advice[i], expected_outcomes[i]

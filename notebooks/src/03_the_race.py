@@ -281,8 +281,8 @@ pinlab.show(
 pinlab.show(
     "reused pinned buffer: the step whose data copies 0-7 delivered", reused[:8]
 )
-# the GPU is 0.5 ms behind per step, the host needs tens of µs: a wide lead, on any GPU,
-# quiet or shared
+# the GPU is 0.5 ms behind per step, the host needs
+# tens of µs: a wide lead, on any GPU, quiet or shared
 own_data = pageable_rows == list(range(len(pageable_rows)))
 pinlab.claim(
     "the reused pinned buffer delivered another step's data at least once",
@@ -569,8 +569,8 @@ pinlab.show(
     "their error against the reference (median, max)",
     f"{bad['median_err_wrong_inputs']}, {bad['max_err_wrong_inputs']}",
 )
-# the GPU is kept 3 ms busy per step behind a host that needs well under 1 ms: a wide
-# lead on any GPU
+# the GPU is kept 3 ms busy per step behind a host
+# that needs well under 1 ms: a wide lead on any GPU
 right_err = max(bad["max_err_right_inputs"], good["max_err_right_inputs"])
 pinlab.claim(
     "reused pinned buffer: some copy delivered another step's metadata",
@@ -770,8 +770,8 @@ pinlab.show(
 # %%
 sizes, steps, busy_ms = pc.result["sizes"], pc.result["steps"], pc.result["busy_ms"]
 half_step_us = busy_ms * 1e3 / 2
-# what each step puts in the stream's queue: the copy, the check kernel, the forward
-# kernel
+# what each step puts in the stream's queue: the
+# copy, the check kernel, the forward kernel
 OPS_PER_STEP = 3
 call_names = {
     "write": "the write",
@@ -1028,8 +1028,8 @@ pinlab.show(
     "host µs per launch call, before the one that blocked if any: median / p90 / max",
     " / ".join(f"{q['before_full'][k]:.1f}" for k in ("median_us", "p90_us", "max_us")),
 )
-# the 1 KiB loop above: operations queued when its first wait came, against the depth
-# measured here
+# the 1 KiB loop above: operations queued when its
+# first wait came, against the depth measured here
 fw = first_wait[small]
 if q["full_at"] is not None and fw is not None:
     ops = fw[2] * OPS_PER_STEP

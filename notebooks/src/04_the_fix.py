@@ -444,8 +444,8 @@ if "warmed" in passes:
         "warming (1,024 blocks allocated and freed) took",
         f"{passes['warmed']['warm_ms']:.1f} ms",
     )
-# which run had the longest tail, by each measure: computed, since the tails are host
-# timings
+# which run had the longest tail, by each measure:
+# computed, since the tails are host timings
 for label, key in (
     ("largest maximum", "max_us"),
     ("most steps over 100 µs", "over_100us"),
@@ -633,8 +633,8 @@ pinlab.show(
     "what this run shows, cheapest to dearest host time per step",
     " < ".join(steploop.LABELS[k] for k in by_cost),
 )
-# the event wait waits for the GPU every step (about a GPU step, busy_ms); the snapshot
-# does not: a timing
+# the event wait waits for the GPU every step (about a
+# GPU step, busy_ms); the snapshot does not: a timing
 pinlab.observe(
     "the event wait costs the host more than twice the snapshot's time per step",
     wait_us > 2 * snap_us,
@@ -647,8 +647,8 @@ pinlab.observe(
     value=f"{pageable_us:.1f} / {snap_us:.1f} µs",
     why=l04.WHY.staging,
 )
-# exact, on every machine: the fixes never corrupt; the racy ones do while the GPU is
-# 0.3 ms per step behind
+# exact, on every machine: the fixes never corrupt; the
+# racy ones do while the GPU is 0.3 ms per step behind
 FIXED = ("pageable", "snapshot", "ring_events", "event_wait")
 RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned")
 for k in FIXED:
@@ -800,8 +800,8 @@ pinlab.show(
     "smallest step at which the pageable copies cost the host more than the snapshots",
     fmt_bytes(min(dearer)) if dearer else "none measured",
 )
-# a timing, and undocumented driver behaviour (the staging pool): observed, never
-# asserted
+# a timing, and undocumented driver behaviour
+# (the staging pool): observed, never asserted
 big = prow[-1]
 big_us = f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f} µs"
 pinlab.observe(

@@ -61,8 +61,8 @@ pinned_at_start = pinlab.pinned_baseline()
 # (vLLM 0.28 → 0.29):
 
 # %%
-# vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1 turns pinning off (see
-# "When not to pin")
+# vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1
+# turns pinning off (see "When not to pin")
 DISABLE_PIN = os.environ.get("VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY", "0") not in (
     "",
     "0",
@@ -311,8 +311,8 @@ def wake(model, device):
     for."""
     for p in model.parameters():
         p.data = p.data.to(device, non_blocking=True)
-    # synchronize (or order the next kernels on this stream) before the host reads the
-    # weights
+    # synchronize (or order the next kernels on this
+    # stream) before the host reads the weights
 
 
 with pinlab.LaggingStream() as s:

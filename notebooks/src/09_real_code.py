@@ -97,8 +97,8 @@ audit = l09.measure_or_say(
 )
 if audit is not None:
     a = audit.result
-    # every place (count, kind, file:line, code), waits per token, the trace's syncs and
-    # copies
+    # every place (count, kind, file:line, code),
+    # waits per token, the trace's syncs and copies
     l09.show_audit(a)
     pinlab.claim(
         "every event the detector reported has a "

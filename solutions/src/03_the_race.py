@@ -149,8 +149,8 @@ pinlab.show("ran on", run["label"])
 pinlab.show(
     "steps that read another step's data", f"{run['wrong_steps']} of {run['steps']}"
 )
-# the harness keeps the GPU busy per step, far longer than the host needs: a wide lead
-# on any GPU
+# the harness keeps the GPU busy per step, far
+# longer than the host needs: a wide lead on any GPU
 pinlab.claim(
     "more than half the steps read another step's data",
     run["wrong_steps"] > run["steps"] // 2,
