@@ -51,9 +51,9 @@ def _solution_source() -> str:
     return "\n".join(line for line in text[start:end].splitlines() if "### BEGIN SOLUTION" not in line) + "\n"
 
 
-WAIT = "            done[(n - 1) % 2].synchronize()                    # step n - 1's copy has run; step n is queued"
+WAIT = "            # step n - 1's copy has run; step n is queued\n            done[(n - 1) % 2].synchronize()"
 FINISHED = "        finished = finished | (nxt == m.eos)"
-STOP = "        stop = finished.all() | (nxt == tokens).all()          # the criterion, on the GPU"
+STOP = "        stop = finished.all() | (nxt == tokens).all()  # the criterion, on the GPU"
 WHERE = "        nxt = torch.where(finished, m.pad, logits.argmax(dim=-1))"
 OUT = "        out.append(nxt)"
 
@@ -83,7 +83,7 @@ WRONG = {
         ("for _ in range(2)]", "for _ in range(3)]"), ("done = [None, None]", "done = [None, None, None]"),
         ("flags[n % 2]", "flags[n % 3]"), ("done[n % 2]", "done[n % 3]"), ("if n > 0:", "if n > 1:"),
         ("done[(n - 1) % 2]", "done[(n - 2) % 3]"), ("flags[(n - 1) % 2]", "flags[(n - 2) % 3]"),
-        ("                out.pop()                                      # step n was decoded after the stop\n", "")),
+        ("                out.pop()  # step n was decoded after the stop\n", "")),
         ["stopped 2 steps late"]),
     "tokens-changed": ((
         (WHERE, "        nxt = logits.argmax(dim=-1)"),),
@@ -93,11 +93,11 @@ WRONG = {
         ["a wait on the newest step's work inside the loop"]),
     "synchronize-every-step": ((
         (WAIT, WAIT + "\n            s.synchronize()"),),
-        ["a host sync inside the loop: `stream.synchronize()` at line 20 of fixed_decode"]),
+        ["a host sync inside the loop: `stream.synchronize()` at line 21 of fixed_decode"]),
     # issue 48 (l09.one_step_early_accepted): the step before the stop dropped too
     "stops-one-step-early": ((
-        ("                out.pop()                                      # step n was decoded after the stop\n",
-         "                out.pop()                                      # step n was decoded after the stop\n"
+        ("                out.pop()  # step n was decoded after the stop\n",
+         "                out.pop()  # step n was decoded after the stop\n"
          "                out.pop()\n"),),
         ["stopped after", "before the criterion was met"]),
     # issue 48 (l09.float_tokens_accepted): the right token ids, as floats
@@ -109,7 +109,7 @@ WRONG = {
     # in lesson 07, single-argument torch.where is a sync, the forwards are counted
     "torch-cuda-synchronize-every-step": ((
         (WAIT, WAIT + "\n            torch.cuda.synchronize()"),),
-        ["a host sync inside the loop: `torch.cuda.synchronize()` at line 20 of fixed_decode"]),
+        ["a host sync inside the loop: `torch.cuda.synchronize()` at line 21 of fixed_decode"]),
     "waits-on-this-steps-torch-cuda-event": ((
         ("        done[n % 2] = s.Event()", "        done[n % 2] = torch.cuda.Event()"),
         (WAIT, "            done[n % 2].synchronize()")),
@@ -136,7 +136,7 @@ def test_the_solution_passes(sol, capsys):
 
 def test_the_solution_keeping_the_extra_step_passes(sol, capsys):
     keep = _variant(sol, "keeps-extra-step",
-                    ("                out.pop()                                      # step n was decoded after the stop\n", ""))
+                    ("                out.pop()  # step n was decoded after the stop\n", ""))
     assert checks09.check_decode.verdict(keep) is True, capsys.readouterr().out
 
 
@@ -184,7 +184,7 @@ def test_every_case_is_run_a_loop_wrong_only_on_the_second_case_is_rejected(sol,
     """l09.first_case_only: a loop that stops only when every sequence has finished (no stop by repetition) is
     right on the first case and decodes to max_new on the second: the checker runs every case and names it."""
     no_repeat = _variant(sol, "no-stop-by-repetition",
-                         (STOP, "        stop = finished.all()                                  # no repetition check"))
+                         (STOP, "        stop = finished.all()  # no repetition check"))
     first = checks09.CASES[:1]
     assert checks09.check_decode.verdict(no_repeat, cases=first) is True, "right on the first case alone"
     checks09.reset()
@@ -197,12 +197,12 @@ def test_the_planted_loops_three_syncs_and_its_race_are_each_found(sol, capsys):
     """The planted loop with each sync taken out in turn: the next one is named, then the race."""
     planted = _planted_source()
     steps = [
-        ("        if nxt.max().item() >= logits.shape[-1]:            # a sanity check\n"
+        ("        if nxt.max().item() >= logits.shape[-1]:  # a sanity check\n"
          "            raise ValueError(\"token out of range\")\n", "", "`x in tensor (Tensor.__contains__)`"),
-        ("        if self.eos in nxt:                                  # did a sequence finish this step?\n"
+        ("        if self.eos in nxt:  # did a sequence finish this step?\n"
          "            finished = finished | (nxt == self.eos)",
          "        finished = finished | (nxt == self.eos)", "`torch.equal()`"),
-        ("        stuck = torch.equal(nxt, prev)                       # every sequence repeated its last token",
+        ("        stuck = torch.equal(nxt, prev)  # every sequence repeated its last token",
          "        stuck = False", "a race"),
     ]
     for old, new, word in steps:

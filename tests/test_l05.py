@@ -133,9 +133,12 @@ def test_part_1_of_the_notebook_runs_live_on_the_emulated_stream(capsys):
 
 
 def test_every_measured_experiment_is_named_for_lesson_05():
-    import re
+    import ast
 
-    names = re.findall(r'pinlab\.measure\("([^"]+)"', SRC.read_text(encoding="utf-8"))
+    calls = [n for n in ast.walk(ast.parse(SRC.read_text(encoding="utf-8"))) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "measure"
+             and getattr(n.func.value, "id", None) == "pinlab" and n.args and isinstance(n.args[0], ast.Constant)]
+    names = [n.args[0].value for n in sorted(calls, key=lambda n: n.lineno)]
     assert names == ["05_d2h_copy_loop_peak", "05_restore", "05_sleep_wake", "05_zero_copy"]
 
 

@@ -201,7 +201,9 @@ def test_the_address_is_read_once_from_pyproject(tmp_path):
     assert install_cell.install_ref(tmp_path) == "v1.2.0" and tomllib.loads((tmp_path / "pyproject.toml").read_text())[
         "tool"]["pinlab"]["install-ref"] == "v1.2.0"
     cell = install_cell.source(root=tmp_path)
-    assert '"pinlab @ git+https://github.com/someone/pinlab@v1.2.0"' in cell and "--no-deps" in cell
+    assert install_cell.installed_spec(cell) == "pinlab @ git+https://github.com/someone/pinlab@v1.2.0"
+    assert install_cell.installed_spec(install_cell.source(install_cell.REPOSITORY_FALLBACK)) is None  # installs nothing
+    assert "--no-deps" in cell
     install_cell.set_install_ref(SHA, tmp_path)  # written again: replaced, one table, one line
     text = (tmp_path / "pyproject.toml").read_text()
     assert text.count("[tool.pinlab]") == 1 and text.count("install-ref") == 1 and install_cell.install_ref(tmp_path) == SHA
@@ -302,7 +304,8 @@ def test_publishing_keeps_every_output_the_evidence_and_the_site(tmp_path):
     for p in nbtools.notebook_paths(nbtools.ALL_NOTEBOOK_DIRS, clone):
         nb = nbtools.load(p)
         assert [c.get("outputs") for c in nb["cells"]] == before[p.relative_to(clone)], p
-        assert sum(f'"pinlab @ git+{url}@{head}"' in "".join(c["source"]) for c in nb["cells"]) == 1, p
+        assert sum(install_cell.installed_spec("".join(c["source"])) == f"pinlab @ git+{url}@{head}"
+                   for c in nb["cells"]) == 1, p
     env = {k: v for k, v in os.environ.items() if not k.startswith("PINLAB_")}
     for cmd in (["tools/install_cell.py", "--check"], ["tools/nbbuild.py", "--check"],
                 ["tools/make_exercises.py", "--check"]):
@@ -499,7 +502,7 @@ def test_publish_writes_the_pinned_ref_into_pyproject_and_every_install_cell(tmp
     out = capsys.readouterr().out
     assert f"installing {want}" in out and "push" in out, out
     text = (root / "notebooks" / "src" / "01_t.py").read_text()
-    assert f'"pinlab @ git+{url}@{want}"' in text and f"git+{url}\"" not in text
+    assert install_cell.installed_spec(text) == f"pinlab @ git+{url}@{want}"  # one tag or commit, never a branch
     assert install_cell.install_ref(root) == want
     assert install_cell.main(["--check", "--root", str(root)]) == 0
 

@@ -621,7 +621,8 @@ def test_run_it_row_and_repository_url():
     assert "REPLACE-ME" not in row and "make lab" in row and 'class="download"' in row
     assert "github.com/a/b" in build_site.run_it_row("notebooks/01_x.ipynb", "https://github.com/a/b")
     cell = build_site.install_cell("https://github.com/a/b", "v1.0")
-    assert 'find_spec("pinlab") is None' in cell and "git+https://github.com/a/b@v1.0" in cell
+    assert 'find_spec("pinlab") is None' in cell
+    assert install_cell.installed_spec(cell) == "pinlab @ git+https://github.com/a/b@v1.0"
     assert cell == install_cell.source("https://github.com/a/b", ref="v1.0")  # one template: tools/install_cell.py
     compile(cell, "install", "exec")  # plain Python: no IPython magic
     # a real address: the row offers Colab and says to run the install cell first; the placeholder: neither

@@ -135,6 +135,15 @@ def source(repo: str | None = None, root: Path = ROOT, ref: str | None = None) -
         "    importlib.invalidate_caches()"])
 
 
+def installed_spec(cell: str) -> str | None:
+    """What an install cell (:func:`source`) installs, ``pinlab @ git+ADDRESS@REF``, read from its ``url = ...`` and
+    ``ref = ...`` lines (the cell keeps them apart so that no line is over 88 columns); None for the placeholder's
+    cell, which installs nothing."""
+    url = re.search(r'^\s*url = "([^"]+)"$', cell, re.M)
+    ref = re.search(r'^\s*ref = "([^"]+)"$', cell, re.M)
+    return f"pinlab @ {url.group(1)}@{ref.group(1)}" if url and ref else None
+
+
 def sources(root: Path = ROOT) -> list[Path]:
     return [p for d in SOURCE_DIRS for p in sorted((root / d).glob("*.py"))]
 

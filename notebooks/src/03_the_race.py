@@ -442,8 +442,8 @@ pinlab.show(
     f"the first at step {pinned['first_corrupted']}",
 )
 # each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead
-# grows every step: after a stall of the host (another process, the OS) only the next
-# copy or two can find the GPU caught up
+# grows every step: after a stall of the host (another process, the OS) only the
+# next copy or two can find the GPU caught up
 pinlab.claim(
     "the reused pinned buffer corrupted at least one step",
     pinned["corrupted"] >= 1,
