@@ -154,8 +154,8 @@ import torch
 
 
 def tiny_copy_ms():
-    """Event-to-event ms around one 4-byte H2D copy on an idle GPU: the host's launch
-    plus the copy."""
+    """Event-to-event ms around one 4-byte H2D copy on
+    an idle GPU: the host's launch plus the copy."""
     src = torch.ones(1, dtype=torch.int32)
     dst = torch.empty(1, dtype=torch.int32, device="cuda")
     return pinlab.cuda_time(lambda: dst.copy_(src), repeat=20).as_dict()

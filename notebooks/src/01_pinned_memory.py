@@ -136,8 +136,8 @@ with pinlab.stream() as s:
 
 # %%
 def time_copy_ms(dst, src, repeat=5):
-    """GPU ms of one copy dst <- src: the median of `repeat` copies, each between two
-    CUDA events."""
+    """GPU ms of one copy dst <- src: the median of
+    `repeat` copies, each between two CUDA events."""
     dst.copy_(src, non_blocking=True)  # warm-up, untimed
     torch.cuda.synchronize()
     times = []
@@ -179,8 +179,8 @@ def time_copy_ms(dst, src, repeat=5):
 
 # %%
 def bandwidth_sweep(sizes, repeat=5):
-    """One row per size: the median ms of one copy, H2D and D2H, from pinned and from
-    pageable memory."""
+    """One row per size: the median ms of one copy, H2D
+    and D2H, from pinned and from pageable memory."""
     top = max(sizes)
     pinned = torch.ones(top, dtype=torch.uint8, pin_memory=True)
     # ones: every page touched before timing
@@ -630,8 +630,8 @@ pinlab.claim(
 
 # %%
 def loader_to_gpu(pin_memory, num_workers, batches=48, nbytes=4 * bw.MiB, step_ms=2.0):
-    """Batches from a DataLoader to the GPU, one training step each: where the main
-    thread spends its time."""
+    """Batches from a DataLoader to the GPU, one training
+    step each: where the main thread spends its time."""
     loader = DataLoader(
         bw.PageableBatches(batches, nbytes),
         batch_size=None,
@@ -823,8 +823,8 @@ def pin_from_threads(tensors, threads):
 
 
 def pin_scaling(count, nbytes, threads, rounds=3):
-    """Host ms to pin `count` tensors of `nbytes`, cold and warm, per pool size, and
-    cudaHostAlloc calls."""
+    """Host ms to pin `count` tensors of `nbytes`, cold
+    and warm, per pool size, and cudaHostAlloc calls."""
     tensors = [torch.ones(nbytes // 4) for _ in range(count)]
     # cudaHostAlloc calls so far
     allocs = lambda: pinlab.host_stats().get("num_host_alloc", 0)  # noqa: E731
@@ -1116,8 +1116,8 @@ for r in memlock["rows"]:
 def pin_or_fall_back(
     nbytes, pin=lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True)
 ):
-    """A host buffer of nbytes for copies to the GPU: pinned if pinning works, else
-    pageable, and a warning."""
+    """A host buffer of nbytes for copies to the GPU: pinned
+    if pinning works, else pageable, and a warning."""
     try:
         return pin(nbytes)
     # no accelerator, a memlock limit, WSL's pinned limit, the host out of memory

@@ -90,8 +90,8 @@ pinned_at_start = pinlab.pinned_baseline()
 
 # %%
 def copy_returns_or_waits(dst, src, busy_ms):
-    """Host ms spent inside one dst.copy_(src, non_blocking=True) issued behind busy_ms
-    of GPU work."""
+    """Host ms spent inside one dst.copy_(src,
+    non_blocking=True) issued behind busy_ms of GPU work."""
     torch.cuda.synchronize()  # start from an idle GPU: nothing queued, nothing staged
     pinlab.gpu_busy(busy_ms)  # queue busy_ms of GPU work; this call returns at once
     t0 = time.perf_counter()
@@ -479,8 +479,8 @@ pinlab.show(
 
 # %%
 def copy_back(host_buf, gpu_t, value, busy_ms):
-    """Host ms inside host_buf.copy_(gpu_t, non_blocking=True), and host_buf read before
-    / after waiting."""
+    """Host ms inside host_buf.copy_(gpu_t, non_blocking=True),
+    and host_buf read before / after waiting."""
     host_buf.fill_(-1.0)
     torch.cuda.synchronize()
     pinlab.gpu_busy(busy_ms)
@@ -882,8 +882,8 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
 
 # %%
 def to_gpu(source, dst, pageable, pinned, non_blocking):
-    """One cell of this lesson's variant: dst <- the data from `source` memory, then
-    wait for it."""
+    """One cell of this lesson's variant: dst <- the
+    data from `source` memory, then wait for it."""
     if source == "pageable":
         src = pageable
     elif source == "pinned":

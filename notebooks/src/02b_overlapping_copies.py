@@ -65,8 +65,8 @@ pinned_at_start = pinlab.pinned_baseline()
 def run_steps(
     bufs, dev, steps, *, cpu_ms, gpu_ms, in_flight, span=contextlib.nullcontext
 ):
-    """`steps` steps of the toy loop, then a sync; returns the host ms spent inside each
-    copy_."""
+    """`steps` steps of the toy loop, then a sync;
+    returns the host ms spent inside each copy_."""
     # done[k]: the step that used bufs[k] finished
     done = [torch.cuda.Event() for _ in bufs]
     copy_ms = []
@@ -333,23 +333,23 @@ host_held = pinlab.observe(
 
 # %%
 def compute(x, out_i, ms):
-    """One step's work on the GPU: `ms` of busy kernel, then the sum of the input x into
-    out_i."""
+    """One step's work on the GPU: `ms` of busy
+    kernel, then the sum of the input x into out_i."""
     pinlab.gpu_busy(ms)
     torch.sum(x, dim=0, dtype=torch.int64, out=out_i)
 
 
 def one_stream_steps(inputs, out, compute):
-    """Step i copies inputs[i] to the GPU, then computes on it; everything on the
-    current stream."""
+    """Step i copies inputs[i] to the GPU, then computes
+    on it; everything on the current stream."""
     for i, x in enumerate(inputs):
         x_gpu = x.to("cuda", non_blocking=True)
         compute(x_gpu, out[i])
 
 
 def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
-    """The same steps; each input is copied on copy_stream while the step before it
-    computes."""
+    """The same steps; each input is copied on
+    copy_stream while the step before it computes."""
     compute_stream = torch.cuda.current_stream()
     copy_stream.wait_stream(compute_stream)  # copies start after the work queued so far
 
@@ -580,8 +580,8 @@ pinlab.claim(
 
 # %%
 def copy_on(stream, dst, src):
-    """Queue dst <- src on `stream` (pinned host memory: a copy engine runs it, the host
-    goes on)."""
+    """Queue dst <- src on `stream` (pinned host memory:
+    a copy engine runs it, the host goes on)."""
     with torch.cuda.stream(stream):
         dst.copy_(src, non_blocking=True)
 

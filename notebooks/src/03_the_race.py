@@ -238,8 +238,8 @@ print(
 
 # %%
 def step_loop(s, host_buf, steps=200, busy_ms=0.5):
-    """Async scheduling in miniature: which step's data did each copy deliver? (-1: a
-    mix)"""
+    """Async scheduling in miniature: which step's
+    data did each copy deliver? (-1: a mix)"""
     dst = torch.zeros(steps, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
     for n in range(steps):
         host_buf.fill_(n)  # the host writes step n's inputs
@@ -627,8 +627,8 @@ pinlab.claim(
 
 # %%
 def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
-    """The unbounded step loop with a clock around every call: host µs per step for each
-    part."""
+    """The unbounded step loop with a clock around
+    every call: host µs per step for each part."""
     dst = torch.zeros(4, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
     # min, max each copy delivered
     seen = torch.zeros(steps, 2, dtype=host_buf.dtype, device=s.device)
@@ -690,8 +690,8 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 
 # %%
 def pageable_cost(sizes, buffers, steps=400, busy_ms=0.5):
-    """The timed step loop per size and kind of host buffer ("pageable", or a reused
-    "pinned" one)."""
+    """The timed step loop per size and kind of host
+    buffer ("pageable", or a reused "pinned" one)."""
     runs = []
     with pinlab.stream() as s:
         for nbytes in pinlab.progress(sizes, desc="timed step loop"):

@@ -70,8 +70,8 @@ pinned_at_start = pinlab.pinned_baseline()
 
 # %%
 def snapshot_loop(s, steps=200, busy_ms=0.5, n_ints=64):
-    """The fix: one pageable buffer, reused every step, and a pinned snapshot of it per
-    copy."""
+    """The fix: one pageable buffer, reused every
+    step, and a pinned snapshot of it per copy."""
     buf = torch.zeros(n_ints, dtype=torch.int32)  # pageable, reused every step
     dst = torch.zeros(steps, n_ints, dtype=torch.int32, device=s.device)
     for n in range(steps):
@@ -526,8 +526,8 @@ plt.show()
 
 # %%
 def ring_loop(s, depth=3, guarded=True, steps=200, busy_ms=0.5, n_ints=64):
-    """`depth` pinned buffers in turn; with `guarded`, each is rewritten only after its
-    last copy ran."""
+    """`depth` pinned buffers in turn; with `guarded`,
+    each is rewritten only after its last copy ran."""
     ring = [
         torch.zeros(n_ints, dtype=torch.int32, pin_memory=True) for _ in range(depth)
     ]
@@ -878,8 +878,8 @@ class SlabRing:
         return self.host_views[self.k]
 
     def send(self):
-        """One H2D copy of the whole slab; the device views now hold this step's
-        tensors."""
+        """One H2D copy of the whole slab; the device
+        views now hold this step's tensors."""
         self.dev.copy_(self.slabs[self.k], non_blocking=True)
         self.copied[self.k].record()
         self.used[self.k] = True

@@ -75,14 +75,14 @@ def restore_before(w):
 
 
 def restore_before_uva(w):
-    """vLLM 0.28, re-offloading a UVA weight: a pageable copy, then a second copy into
-    pinned memory."""
+    """vLLM 0.28, re-offloading a UVA weight: a pageable
+    copy, then a second copy into pinned memory."""
     return w.to("cpu").pin_memory()
 
 
 def restore_after(w, pin=not DISABLE_PIN):
-    """vLLM 0.29: allocate the pinned destination first, then copy once, straight into
-    it."""
+    """vLLM 0.29: allocate the pinned destination
+    first, then copy once, straight into it."""
     return torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)
 
 
@@ -100,8 +100,8 @@ RESTORES = {
 # %%
 @contextlib.contextmanager
 def device_loading_context(module, target_device, pin=not DISABLE_PIN):
-    """Move the module's host parameters to target_device for the block; restore them,
-    pinned, after."""
+    """Move the module's host parameters to target_device
+    for the block; restore them, pinned, after."""
     target = wr.check_restore_args(module, target_device, pin=pin)
     host_params = {
         name for name, p in module.named_parameters() if p.device.type == "cpu"
@@ -298,8 +298,8 @@ for label, (module, target) in cases.items():
 
 # %%
 def sleep(model, pin=not DISABLE_PIN):
-    """Offload every weight to host memory (pinned unless pin=False) and free its GPU
-    memory."""
+    """Offload every weight to host memory (pinned
+    unless pin=False) and free its GPU memory."""
     for p in model.parameters():
         p.data = torch.empty_like(p.data, device="cpu", pin_memory=pin).copy_(p.data)
     # give the freed blocks back to the driver (a no-op without CUDA)
@@ -307,8 +307,8 @@ def sleep(model, pin=not DISABLE_PIN):
 
 
 def wake(model, device):
-    """Bring every weight back; from pinned memory the copies are queued, not waited
-    for."""
+    """Bring every weight back; from pinned memory
+    the copies are queued, not waited for."""
     for p in model.parameters():
         p.data = p.data.to(device, non_blocking=True)
     # synchronize (or order the next kernels on this
@@ -701,8 +701,8 @@ pinlab.claim(
 
 # %%
 class _PinnedBuffer:
-    """The pinned tensor's address, shape and type in the __cuda_array_interface__
-    protocol."""
+    """The pinned tensor's address, shape and type
+    in the __cuda_array_interface__ protocol."""
 
     def __init__(self, t):
         self.keep = t  # the host memory must outlive the view

@@ -559,8 +559,8 @@ for k in forms:
 
 # %%
 def per_step_results(s, steps=8, width=4, read_early=False):
-    """Each step's result goes D2H into a fresh pinned buffer; returns how many steps
-    read wrong data."""
+    """Each step's result goes D2H into a fresh pinned
+    buffer; returns how many steps read wrong data."""
     base = torch.arange(width, device=s.device)
     out = torch.empty(steps, width, dtype=torch.int64, device=s.device)
     pending, wrong = [], 0

@@ -76,8 +76,8 @@ pinned_at_start = pinlab.pinned_baseline()
 
 # %%
 def planted_loop(m, steps):
-    """The capstone's inference loop as written: it runs, and it is wrong in five
-    places."""
+    """The capstone's inference loop as written:
+    it runs, and it is wrong in five places."""
     s = m.stream
     m.lm_head_host = m.lm_head.to("cpu")  # offload the LM head to host memory
     # the metadata buffer

@@ -126,8 +126,8 @@ pinlab.show(
 
 # %%
 def try_in_capture(s, body):
-    """Capture ``body`` into a fresh graph; return 'captured', or the error torch
-    raised."""
+    """Capture ``body`` into a fresh graph; return
+    'captured', or the error torch raised."""
     g = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(g):
@@ -218,8 +218,8 @@ pinlab.show("what that is", l08.refusals_left_text(left_by_refusals))
 
 # %%
 def graph_step_loop(s, steps=200, busy_ms=0.5):
-    """Step n writes n into a pinned buffer; a graph captured the copy from it. What did
-    step n read?"""
+    """Step n writes n into a pinned buffer; a graph
+    captured the copy from it. What did step n read?"""
     pinned_buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
     static = torch.zeros(64, dtype=torch.int32, device=s.device)
     seen = torch.zeros(steps, dtype=torch.int32, device=s.device)
@@ -393,8 +393,8 @@ held = pinlab.observe(
 
 # %%
 def snapshot_step(s, meta, static, g):
-    """One step of the fix: the metadata is pageable; snapshot it, copy the snapshot,
-    replay."""
+    """One step of the fix: the metadata is pageable;
+    snapshot it, copy the snapshot, replay."""
     # a fresh pinned block, outside the graph
     static.copy_(meta.pin_memory(), non_blocking=True)
     g.replay()  # the graph only reads the static input

@@ -40,8 +40,8 @@ from pinlab.checks import l07 as checks07
 
 # %%
 def planted_loop(m, steps):
-    """The capstone's inference loop as written: it runs, and it is wrong in five
-    places."""
+    """The capstone's inference loop as written:
+    it runs, and it is wrong in five places."""
     s = m.stream
     m.lm_head_host = m.lm_head.to("cpu")  # offload the LM head to host memory
     # the metadata buffer

@@ -41,8 +41,8 @@ from pinlab.checks import l09 as checks09
 
 # %%
 class StopOnEosOrRepeat:
-    """A custom stopping criterion, the way users write one (HF's StoppingCriteria
-    style)."""
+    """A custom stopping criterion, the way users
+    write one (HF's StoppingCriteria style)."""
 
     def __init__(self, eos):
         self.eos = eos
