@@ -411,8 +411,9 @@ MAX_RUNS = 20  # runs kept per notebook in stability.json (the latest ones)
 def merge_stability(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT,
                     max_runs: int = MAX_RUNS, stale=None, dead=None) -> tuple[list[dict], list[str]]:
     """stability.json's entries after a run: for a notebook of this run whose old entry still holds (``stale``, as
-    :func:`merge_entries`: same source (or, scoped, the same up to its code's layout), and its deps unchanged or, scoped, its experiment unchanged and its claims
-    those of the quiet pass now), the new runs are added to the old ones (the last ``max_runs`` kept) and
+    :func:`merge_entries`: same source, or scoped the same up to its code's layout (``source_form_sha256``), and
+    its deps unchanged or, scoped, its experiment unchanged and its claims those of the quiet pass now), the new
+    runs are added to the old ones (the last ``max_runs`` kept) and
     everything is aggregated again, with the new entry's scope (its deps, experiment files and claims: those of the
     current tree); other entries are replaced, or kept unless ``dead`` (entry -> why its runs can never hold again;
     ``stale`` unless given: scope.dead_check keeps an entry that waits for its notebook's quiet pass)."""

@@ -51,10 +51,9 @@ def quiet_seconds(latest: dict | None) -> dict:
 
 def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path = ROOT) -> dict:
     """Per notebook, the estimated seconds of its adverse passes, all conditions at once: its quiet seconds times
-    the median slow-down of the notebooks whose adverse runs are of their current source (up to its code's layout,
-    scope.same_form; or
-    :data:`ADVERSE_FACTOR`), or its longest recorded pass under any condition, whichever is longer (an older
-    version's runs still tell how the notebook takes sharing: lesson 04's soak slows down 5x)."""
+    the median slow-down of the notebooks whose adverse runs are of their current source, up to its code's layout
+    (scope.same_form), or :data:`ADVERSE_FACTOR`; or its longest recorded pass under any condition, whichever is
+    longer (an older version's runs still tell how the notebook takes sharing: lesson 04's soak slows down 5x)."""
     recorded: dict = {}
     current: set = set()
     for c in (adverse or {}).get("conditions", []):
