@@ -357,9 +357,10 @@ MUTATIONS: list[Mutation] = [
       "                    if False:",
       ["tests/test_order.py"], "a pinned block freed and handed out again (the snapshot fix) is taken for a race"),
     M("gate.timing_verdict", "lib/pinlab_pytest.py",
-      'verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "timing"',
+      'verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "order"',
       'verdict = "timing"',
-      ["tests/test_order.py"], "pinlab_races_verdict = order is ignored: a latent race passes on a GPU that keeps up"),
+      ["tests/test_order.py"], "the gate judges by timing whatever pinlab_races_verdict says: a latent race passes on a "
+                               "GPU that keeps up"),
     M("gate.unittest_ungated", "lib/pinlab_pytest.py",
       "    gate = _gate(item)\n    if gate is None:",
       "    gate = _gate(item) if hasattr(item, 'obj') and not hasattr(item, '_testcase') else None\n    if gate is None:",
