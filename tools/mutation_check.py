@@ -319,6 +319,9 @@ MUTATIONS: list[Mutation] = [
       "if clock.emulated and nbytes < self.max_shadow_bytes else None",
       ["tests/test_races.py"],
       "a D2H destination of exactly max_shadow_bytes keeps no shadow: a write outside torch is missed"),
+    M("races.shared_record_counts_once", "lib/pinlab/races.py",
+      "        for ordinal in self._raced_copies(p):", "        for ordinal in self._raced_copies(p)[:1]:",
+      ["tests/test_races.py"], "five pending copies of one unchanged buffer, rewritten, count as one race"),
     M("races.layout_check_dropped", "lib/pinlab/races.py",
       "        if not host_layout_ok(op, host.shape, host.stride(), host.is_contiguous(), dev.shape, dev.stride(),\n"
       "                              src.dtype == dst.dtype):",
