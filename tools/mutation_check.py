@@ -319,6 +319,9 @@ MUTATIONS: list[Mutation] = [
       "if clock.emulated and nbytes < self.max_shadow_bytes else None",
       ["tests/test_races.py"],
       "a D2H destination of exactly max_shadow_bytes keeps no shadow: a write outside torch is missed"),
+    M("races.shared_record_counts_once", "lib/pinlab/races.py",
+      "        for ordinal in self._raced_copies(p):", "        for ordinal in self._raced_copies(p)[:1]:",
+      ["tests/test_races.py"], "five pending copies of one unchanged buffer, rewritten, count as one race"),
     M("races.layout_check_dropped", "lib/pinlab/races.py",
       "        if not host_layout_ok(op, host.shape, host.stride(), host.is_contiguous(), dev.shape, dev.stride(),\n"
       "                              src.dtype == dst.dtype):",
@@ -357,9 +360,10 @@ MUTATIONS: list[Mutation] = [
       "                    if False:",
       ["tests/test_order.py"], "a pinned block freed and handed out again (the snapshot fix) is taken for a race"),
     M("gate.timing_verdict", "lib/pinlab_pytest.py",
-      'verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "timing"',
+      'verdict = str(item.config.getini("pinlab_races_verdict")).strip() or "order"',
       'verdict = "timing"',
-      ["tests/test_order.py"], "pinlab_races_verdict = order is ignored: a latent race passes on a GPU that keeps up"),
+      ["tests/test_order.py"], "the gate judges by timing whatever pinlab_races_verdict says: a latent race passes on a "
+                               "GPU that keeps up"),
     M("gate.unittest_ungated", "lib/pinlab_pytest.py",
       "    gate = _gate(item)\n    if gate is None:",
       "    gate = _gate(item) if hasattr(item, 'obj') and not hasattr(item, '_testcase') else None\n    if gate is None:",

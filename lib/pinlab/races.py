@@ -332,13 +332,16 @@ class RaceReport:
 # --- pending copies ----------------------------------------------------------------------------------
 
 class _Pending:
-    """One queued copy's host side: where it is, what it should read (the shadow), and its clock's mark."""
+    """One queued copy's host side: where it is, what it should read (the shadow), and its clock's mark. Copies of
+    the same unchanged bytes from the same place share one record (``copies``: each one's mark and ordinal, in
+    queue order; ``mark``: the newest, which has run only once all of them have)."""
 
-    __slots__ = ("kind", "where", "ptr", "nbytes", "shadow", "key", "mark", "tensor", "live", "ordinal")
+    __slots__ = ("kind", "where", "ptr", "nbytes", "shadow", "key", "mark", "tensor", "live", "ordinal", "copies")
 
     def __init__(self, kind, where, t, nbytes, shadow, key, mark, ordinal):
         self.kind, self.where, self.nbytes, self.shadow, self.key, self.mark = kind, where, nbytes, shadow, key, mark
         self.ordinal = ordinal
+        self.copies = deque([(mark[1], ordinal)])
         self.ptr = t.data_ptr()
         self.tensor = t      # holds the memory while the copy is pending (it must stay valid anyway)
         self.live = True     # False once flagged or done: no more comparisons
@@ -562,7 +565,7 @@ class RaceDetector:
         self.callers = _caller_codes(callers)
         self.report = RaceReport()
         self._modes: list = []                 # this detector's modes (the main one, then children), innermost last
-        self._queues: dict = {}                # stream key -> deque of _Pending, in queue order
+        self._queues: dict = {}                # stream key -> deque of (_Pending, mark), in queue order
         self._by_storage: dict = {}            # storage data_ptr -> list of live _Pending
         self._tracked = 0                      # live _Pending in _by_storage
         self._ring: deque = deque()            # live _Pending, for the round-robin comparison
@@ -689,10 +692,23 @@ class RaceDetector:
         key = _storage_key(t)
         if key is None:
             return
+        queue = self._queues.setdefault(id(clock), deque())
+        if mark is not None and shadow is not None:
+            ptr = t.data_ptr()
+            for q in self._by_storage.get(key, ()):
+                # the same bytes queued again from the same place, unchanged since: one record with one more copy,
+                # so that a buffer copied N times while its copies are pending costs one comparison per touch, not
+                # N (issue 48: 2,000 pending copies of one buffer took 31 s)
+                if q.live and q.kind == kind and q.ptr == ptr and q.nbytes == nbytes and q.where == where \
+                        and q.mark[0] is clock and q.shadow == shadow:
+                    q.copies.append((mark, ordinal))
+                    q.mark = (clock, mark)
+                    queue.append((q, mark))
+                    return
         p = _Pending(kind, where, t, nbytes, shadow, key, (clock, mark), ordinal)
         # one queue per clock, in the order copies were queued: copies on other streams may complete out of
         # order, which only delays their retirement (a touched copy is asked itself whether it has run)
-        self._queues.setdefault(id(clock), deque()).append(p)
+        queue.append((p, mark))
         self._by_storage.setdefault(key, []).append(p)
         self._ring.append(p)
         self._tracked += 1
@@ -716,13 +732,16 @@ class RaceDetector:
         """Retire the copies that have run (each queue in order: stop at the first still pending)."""
         for q in self._queues.values():
             while q:
-                p = q[0]
-                clock, mark = p.mark
+                p, mark = q[0]
+                clock = p.mark[0]
                 if not clock.done(mark):
                     break
                 q.popleft()
-                self._retire(p)
-                if not (q and q[0].mark[1] is mark):  # a replay's copies share one mark: the last frees it
+                if p.copies and p.copies[0][0] is mark:
+                    p.copies.popleft()
+                if p.mark[1] is mark:  # its newest copy has run (a shared record: every one of them)
+                    self._retire(p)
+                if not (q and q[0][1] is mark):  # a replay's copies share one mark: the last frees it
                     clock.release(mark)
         if self._ring and len(self._ring) > 2 * self._tracked + 8:
             self._ring = deque(p for p in self._ring if p.live)
@@ -805,11 +824,22 @@ class RaceDetector:
 
     def _flag(self, p: _Pending, kind: str, where: str) -> None:
         self._retire(p)
-        self.report.raced.append(p.ordinal)
-        self.report._record(kind, p.where, where, p.nbytes)
+        for ordinal in self._raced_copies(p):
+            self.report.raced.append(ordinal)
+            self.report._record(kind, p.where, where, p.nbytes)
         if kind in self.raise_on:
             raise RaceError(f"{kind}: the copy at {p.where} ({fmt_bytes(p.nbytes)}), seen at {where}. "
                             f"Fix: {FIXES[kind]}. (Raised because detect_races(raise_on=...) lists this kind.)")
+
+    def _raced_copies(self, p: _Pending) -> list:
+        """The ordinals of a flagged record's copies that had not run: each is one race, as if each copy had its
+        own record (while a stream is capturing, CUDA refuses the question: all of them)."""
+        if len(p.copies) <= 1:
+            return [p.ordinal if not p.copies else p.copies[0][1]]
+        clock = p.mark[0]
+        if self._capturing:
+            return [o for _, o in p.copies]
+        return [o for m, o in p.copies if not clock.done(m)] or [p.copies[-1][1]]
 
     # --- copies ----------------------------------------------------------------------------------------
     def _after_copy(self, clock, name, args, kwargs, out) -> None:
