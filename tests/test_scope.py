@@ -432,7 +432,8 @@ def test_next_call_runs_the_plans_first_call_within_its_seconds(monkeypatch, cap
     assert [a[1:-2] for a in ran] == [s[0].split()[1:] for s in steps]
     assert [a[-2:] for a in ran] == [["--budget", "545"], ["--budget", "395"], ["--budget", "245"]]
     assert all(a[0] == gpu_suite.sys.executable for a in ran)
-    ran.clear(), now.__setitem__(0, 0.0)
+    ran.clear()
+    now[0] = 0.0
     assert gpu_suite.run_next_call(330, run=run, clock=lambda: now[0]) == gpu_suite.UNFINISHED  # 30 s left
     assert len(ran) == 3 - 1 and "not started: s" in capsys.readouterr().out
 

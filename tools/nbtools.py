@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
 import linecache
 import os
 import re
 import subprocess
 import time
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,9 +130,6 @@ def code_form(src: str) -> str:
     parentheses, trailing commas, strings split into implicitly joined parts, a comment wrapped over lines or
     moved from the end of a line to the line above): what ``ruff format`` and wrapping to 88 columns change. A
     source that does not parse is its own form."""
-    import io
-    import tokenize
-
     lines = src.splitlines()
     magics = [ln.strip() for ln in lines if ln.lstrip().startswith(("%", "!"))]
     code = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines) + "\n"
@@ -152,6 +151,12 @@ def source_form_sha256(nb: dict) -> str:
     parts = [f"{c.get('cell_type')}\n" + (code_form(evidence_source(c)) if c.get("cell_type") == "code"
                                           else evidence_source(c)) for c in nb["cells"]]
     return hashlib.sha256("\n\n".join(parts).encode("utf-8")).hexdigest()
+
+
+def same_form(entry: dict, form: str | None) -> bool:
+    """Whether a GPU report entry was recorded for a source of form ``form`` (:func:`source_form_sha256`): False
+    for an entry recorded before the form was kept."""
+    return bool(entry.get("source_form_sha256")) and entry["source_form_sha256"] == form
 
 
 def files_sha256(rel_paths, root: Path = ROOT) -> str:

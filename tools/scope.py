@@ -351,7 +351,7 @@ def experiment_problem(entry: dict, root: Path = ROOT) -> str | None:
 def same_form(entry: dict, nb: dict) -> bool:
     """Whether ``nb`` is the source an entry's runs were taken with, up to the layout of its code
     (nbtools.source_form_sha256: a formatter's pass). An entry recorded before the form was kept has none."""
-    return bool(entry.get("source_form_sha256")) and entry["source_form_sha256"] == nbtools.source_form_sha256(nb)
+    return nbtools.same_form(entry, nbtools.source_form_sha256(nb))
 
 
 def scoped_problem(entry: dict, latest: dict | None, root: Path = ROOT) -> str | None:
