@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.append(str(ROOT / "tests"))  # tests/gpu_child.py, for the fixture _gpu_trace_stays_off
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
 
@@ -216,6 +217,19 @@ def pytest_collectreport(report):
     if report.failed:
         _log({"nodeid": report.nodeid, "when": "collect", "outcome": "failed", "duration": 0.0,
               "message": _short(report)})
+
+
+@pytest.fixture(autouse=True)
+def _gpu_trace_stays_off(request):
+    """A test must not turn torch's GPU trace on in the suite's process (tests/gpu_child.py says why)."""
+    import gpu_child
+
+    was_on = gpu_child.gpu_trace_on()
+    yield
+    problem = gpu_child.trace_problem(request.node.nodeid, was_on, gpu_child.gpu_trace_on(),
+                                      bool(os.environ.get(gpu_child.CHILD)))
+    if problem:
+        pytest.fail(problem)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
 """Lesson 09's checker accepts the master solution and rejects the planted decode loop and plausible
 wrong fixes, each with the message that names what is still wrong (on the emulated lagging stream
 without a GPU: exact about the order of host reads, copies and waits)."""
+import linecache
+
 import pytest
 import torch
 
@@ -27,7 +29,9 @@ def _variant(sol, name, *edits):
         assert old in src, f"edit for {name} does not apply: {old!r}"
         src = src.replace(old, new)
     ns = {"torch": torch}
-    exec(compile(src, f"<{name}>", "exec"), ns)
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # as IPython keeps a cell's
+    exec(compile(src, filename, "exec"), ns)
     return ns["fixed_decode"]
 
 
@@ -267,5 +271,43 @@ def test_a_race_is_named_by_the_line_of_the_learners_function(sol, capsys):
     """Issue 48: a race names the lines of the learner's function, as the sync messages do (not the compiled file:
     in a notebook ipykernel_<pid>/<hash>.py:135)."""
     out = _rejected_output(sol, capsys, "reads-slot-before-its-event")
-    assert "the copy at line 15 of fixed_decode, touched by the host at line 20 of fixed_decode" in out, out
+    assert ("the copy at line 15 of fixed_decode (`flags[n % 2].copy_(stop, non_blocking=True)`), touched by the "
+            "host at line 20 of fixed_decode (`if flags[(n - 1) % 2]:`)") in out, out
     assert "<reads-slot-before-its-event>:" not in out, out
+
+
+@pytest.fixture
+def keeping_up(monkeypatch):
+    """The checker's stream is an emulated GPU that runs all work before the host's next call, as a GPU that
+    keeps up does: every event is reached when the loop queries it."""
+    from pinlab.checks.l02 import WatchedLagging
+    from pinlab.order import _BoundedQueue
+
+    def stream():
+        s = WatchedLagging()
+        s._queue = _BoundedQueue(s, 0)
+        return s
+
+    monkeypatch.setattr(checks09, "new_stream", stream)
+
+
+@pytest.mark.parametrize("name", ["polls-event-query", "polls-this-steps-torch-cuda-event"])
+def test_a_busy_wait_is_seen_in_the_code_on_a_gpu_that_keeps_up(sol, capsys, keeping_up, name):
+    """Stop 55, on an H100: ``while not ev.query(): pass`` was accepted, because on a GPU that keeps up the
+    event is reached, ``query()`` says True at once and the loop never spins. The checker reads the loop's
+    condition from its source (a notebook cell's, as IPython keeps it; here linecache's): a busy-wait whatever
+    ``query()`` returned."""
+    out = _rejected_output(sol, capsys, name)
+    assert "a busy-wait: `event.query() polled` at line " in out and "while not done[" in out, out
+    checks09.reset()
+    assert checks09.check_decode.verdict(sol["fixed_decode"]) is True, capsys.readouterr().out
+
+
+def test_a_spin_loop_is_a_while_whose_condition_queries_and_that_calls_nothing_else():
+    src = ("while not ev.query():\n    pass\n"
+           "while not ev.query():\n    time.sleep(0.001)\n"
+           "while n < steps:\n    m.forward(t)\n    if ev.query():\n        break\n"
+           "while ev.query() is False and work():\n    pass\n")
+    linecache.cache["<spin>"] = (len(src), None, src.splitlines(True), "<spin>")
+    assert [checks09._spin_loop_at("<spin>", line) for line in (1, 3, 5, 7, 9)] == [True, True, False, False, False]
+    assert checks09._spin_loop_at("<not kept>", 1) is False

@@ -59,7 +59,9 @@ True, which torch does not trace. The vector clocks are torch's own:
 ``torch.cuda._sanitizer.StreamSynchronizations``, the book-keeping of PyTorch's CUDA sanitizer (CSAN), which
 uses the same callbacks for device tensors. Torch cannot turn its GPU trace off once on
 (c10/core/impl/GPUTrace.h: "only flipped once"; docs/facts.md F22): after the first order detector on CUDA, every CUDA event,
-synchronization and allocation of the process calls into Python (a few µs). On the emulated stream
+synchronization and allocation of the process calls into Python (a few µs), and a torch error raised while
+CUDA memory or an event is freed can then come back as ``SystemError: error return without exception set``
+(docs/facts.md F24): restart the kernel (or the process) to see torch's own message. On the emulated stream
 (:class:`pinlab.LaggingStream`, one queue per stream): its ``synchronize()``, its events' ``record()``,
 ``synchronize()`` and ``query()`` (and everything that calls them: ``.item()`` of device memory, blocking
 copies, ``torch.cuda.synchronize()`` in its block).

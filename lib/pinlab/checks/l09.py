@@ -36,6 +36,10 @@ wrong answers with the right message.
 """
 from __future__ import annotations
 
+import ast
+import functools
+import linecache
+import sys
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -54,6 +58,8 @@ TEMPERATURE = 0.7
 BUSY_MS = 0.5  #: the GPU work of one forward: on CUDA it keeps the GPU behind a host that does not wait
 IN_LOOP = 1    #: a sync or a full wait made more often than this (at one line) is inside the loop
 BUSY_WAIT = "busy-wait"  #: an event queried again, still False, with no m.forward() in between
+#: the calls a spin loop makes besides ``query()``: ``while not ev.query(): time.sleep(0)`` spins too
+SPIN_CALLS = frozenset({"query", "sleep"})
 
 #: (name, {token: next token}, the start tokens, max_new): every token not named maps to itself
 CASES = (
@@ -161,6 +167,12 @@ class _Audit(l07.LoopAudit):
             if line is not None:
                 self._note(BUSY_WAIT if poll else l07.FULL_WAIT, call, 0, line)
 
+    def event_class(self, base):
+        """Lesson 07's watched events, whose ``query()`` in the condition of a spin loop is a poll at once."""
+        cls = super().event_class(base)
+        cls.query = _spin_query
+        return cls
+
     def _inspect(self, name, args, kwargs):
         """Lesson 07's audit of a torch call, plus ``torch.where(cond)`` and the destinations of D2H copies."""
         super()._inspect(name, args, kwargs)
@@ -190,6 +202,54 @@ class _Audit(l07.LoopAudit):
         file, _, line = where.rpartition(":")
         if file == self.file and line.isdigit() and self.first <= int(line) <= self.last:
             return int(line) - self.first + 1
+        return None
+
+
+def _spin_query(ev):
+    """Lesson 07's ``query()`` (a poll: queried again, False, with no step enqueued in between), plus: a
+    ``query()`` in the condition of a ``while`` loop that makes no other call (``while not ev.query(): pass``)
+    is a poll whatever it returned. On a GPU that keeps up the event is reached already, ``query()`` says True
+    at once and the loop never spins: on CUDA only the code shows the busy-wait (stop 55, on an H100: two
+    polling answers were accepted). Noted once per record of the event and step, as lesson 07 notes a poll."""
+    frame = sys._getframe(1)
+    done = l07._ev_query(ev)
+    m = ev._pinlab_audit.model
+    if m is not None and ev._pinlab_step is not None and _spin_loop_at(frame.f_code.co_filename, frame.f_lineno):
+        seen = (ev._pinlab_step, m.decoded)
+        if getattr(ev, "_pinlab_spun", None) != seen:
+            ev._pinlab_spun = seen
+            if ev._pinlab_poll != ("polled", m.decoded):  # lesson 07's rule had not noted this poll
+                ev._pinlab_audit._wait(ev._pinlab_step, "event.query() polled")
+            ev._pinlab_poll = ("polled", m.decoded)
+    return done
+
+
+def _spin_loop_at(filename: str, line: int) -> bool:
+    """Whether ``line`` of ``filename`` is in the condition of a ``while`` loop whose condition and body call
+    nothing but ``query()`` (and ``sleep()``): a spin loop. Read from the source Python keeps for the file or
+    the notebook cell (linecache); False where there is none (code compiled from a string)."""
+    tree = _parsed("".join(linecache.getlines(filename)))
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.While) and node.test.lineno <= line <= node.test.end_lineno:
+            names = {_called(c) for c in ast.walk(node) if isinstance(c, ast.Call)}
+            if "query" in {_called(c) for c in ast.walk(node.test) if isinstance(c, ast.Call)} \
+                    and names <= SPIN_CALLS:
+                return True
+    return False
+
+
+def _called(call: ast.Call) -> str | None:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str):
+    try:
+        return ast.parse(text) if text else None
+    except SyntaxError:  # a cell with IPython magics: lesson 07's rule alone
         return None
 
 
