@@ -2,11 +2,11 @@
 # # 00 · Start here
 #
 # **Honest host-to-device copies in PyTorch**: an executable course. Every number it shows is
-# measured in the notebook that shows it: made now, on your GPU, if this machine has one;
-# otherwise replayed from the course's recorded GPU run, and labelled as such. What it says about
-# how torch, CUDA, vLLM and FlashInfer work is read from their source, and listed with that source
-# and its version in `docs/facts.md`; what it says about platforms it never ran on (a GH200, ROCm,
-# WSL2) is marked "not measured here", with its source.
+# measured in the notebook that shows it: on your GPU if this machine has one, otherwise replayed
+# from the course's recorded GPU run and labelled so. What it says about how torch, CUDA, vLLM and
+# FlashInfer work is read from their source, listed with source and version in `docs/facts.md`; what
+# it says about platforms it never ran on (a GH200, ROCm, WSL2) is marked "not measured here", with
+# its source.
 #
 # It is reconstructed from a real vLLM performance fix (vLLM 0.29, *"avoid H2D copies from
 # non-pinned CPU tensors"*) and the history of races and stalls around it.
@@ -14,7 +14,7 @@
 # **What you will learn in this notebook**
 # - what the course covers, and for whom;
 # - how to run it, with or without a GPU;
-# - what *this* machine can show (the doctor below), and what it is: the platform report.
+# - what *this* machine can show: the doctor and the platform report.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -30,9 +30,8 @@ if importlib.util.find_spec("pinlab") is None:
 
 # %% [markdown]
 # ## Who it is for
-# Engineers who move tensors between CPU and GPU and want to know what really happens:
-# inference engineers being onboarded, people teaching themselves, workshop groups.
-# You need to know PyTorch basics; you do not need CUDA C++.
+# Engineers who move tensors between CPU and GPU and want to know what really happens: inference
+# engineers being onboarded, self-learners, workshop groups. You need PyTorch basics, not CUDA C++.
 #
 # ## The syllabus
 
@@ -44,9 +43,9 @@ from pinlab import syllabus
 display(Markdown(syllabus.markdown()))
 
 # %% [markdown]
-# Without a GPU every lesson still runs top to bottom: GPU experiments show the results the
-# latest GPU run recorded, and say so (`recorded on <GPU>, <date>`), and the loops that only
-# need the *order* of host and GPU work run on an emulated stream, labelled "emulated".
+# Without a GPU every lesson still runs top to bottom: GPU experiments show the latest recorded GPU
+# run's results and say so (`recorded on <GPU>, <date>`); loops that only need the *order* of host
+# and GPU work run on an emulated stream, labelled "emulated".
 
 # %% [markdown]
 # ## How to run it
@@ -57,30 +56,27 @@ display(Markdown(syllabus.markdown()))
 # make test    # unit tests and every notebook under nbval
 # ```
 #
-# Lines that start with `[timing]` or `[measured]` hold measured numbers: on a GPU, numbers measured
-# now on this machine; without one, the numbers of the recorded GPU run (the
-# `[measured] source: ...` line of each experiment says which, with the GPU and the date). They
-# change from run to run, and the notebook tests ignore them. Tables and listings printed from a
-# measurement (the doctor's report below, the lessons' tables) hold measured numbers too, and the
-# tests ignore those cells. Every other output is a checked fact, true on every run, live or
-# replayed.
+# `[timing]` and `[measured]` lines hold measured numbers: on a GPU, this machine's, now; without
+# one, the recorded GPU run's (each experiment's `[measured] source: ...` line says which, with the
+# GPU and the date). They change from run to run, and the notebook tests ignore them, as they ignore
+# the cells printing tables and listings from a measurement (the doctor's report, the lessons'
+# tables). Every other output is a checked fact, true on every run, live or replayed.
 
 # %% [markdown]
 # ### Where your work lives
 #
 # `make lab` opens your own copy of the course: the first time, it copies the lessons, exercises and
-# solutions into `work/` (git-ignored), and the notebook you are reading is one of those copies. Change
-# and save anything here: the course's own notebooks stay as they are (they hold the recorded GPU run).
-# To start a notebook over, delete it from `work/` and run `make lab` again: it copies only what is
-# missing, so your other copies stay. On Colab, the notebook is Colab's copy (File > Save a copy in
-# Drive keeps your changes).
+# solutions into `work/` (git-ignored); this notebook is one of those copies. Change and save
+# anything: the course's own notebooks (holding the recorded GPU run) stay as they are. To start a
+# notebook over, delete it from `work/` and rerun `make lab`: it copies only what is missing. On
+# Colab the notebook is Colab's copy (File > Save a copy in Drive keeps your changes).
 
 # %% [markdown]
 # ## The doctor
 # It checks the packages, prints this machine's platform (the GPU, its link, who else uses it, the
-# CPU cores, WSL2...) and says which experiments will run live here and which replay the recorded
-# GPU run, and why (an experiment that needs more free VRAM or pinned memory than this machine has,
-# or a profiler that records GPU activity, replays instead of failing mid-lesson).
+# CPU cores, WSL2...) and says which experiments run live here and which replay the recorded GPU
+# run, and why (one needing more free VRAM or pinned memory than this machine has, or a profiler
+# that records GPU activity, replays instead of failing mid-lesson).
 
 # %% tags=["nbval-ignore-output"]
 import pinlab
@@ -104,26 +100,26 @@ pinlab.claim(
 # %% [markdown]
 # ## The platform: what this machine is
 #
-# The same facts as the doctor's, as an experiment: on a GPU, this machine's, measured now; without
-# one, the recorded GPU run's machine, replayed (the `source` line says which). They decide how far
-# the numbers of the lessons carry over to your machine:
-# - the **copy engines** are the GPU's DMA units: they move data over the link beside the cores
-#   that run kernels, so a copy can run while a kernel does (lesson 02b);
+# The doctor's facts, as an experiment: on a GPU, this machine's, measured now; without one, the
+# recorded run's machine, replayed (the `source` line says which). They decide how far the lessons'
+# numbers carry over to your machine:
+# - the **copy engines** are the GPU's DMA units: they move data over the link beside the cores that
+#   run kernels, so a copy can run while a kernel does (lesson 02b);
 # - the **link** (PCIe generation and width, or NVLink-C2C on a GH200) sets the copy bandwidth
 #   lesson 01 measures; on a GH200 the GPU also reads pageable memory through the host's page
 #   tables, so pageable copies come much closer to pinned ones (the course never ran on one: not
 #   measured here, `docs/facts.md` F15);
-# - **other processes on the GPU** (a GPU shared with other learners) interleave their kernels with
-#   yours: timings vary more, and how often a race shows can change either way;
-# - the **CPU cores** and **WSL2** change how fast and how evenly the host runs (under WSL2 the
-#   profiler often records no GPU activity, so the timelines of lessons 02b, 06 and 07 replay; WSL2
-#   was not measured here: `docs/facts.md` F18).
+# - **other processes on the GPU** (say, other learners) interleave their kernels with yours:
+#   timings vary more, and a race can show more or less often;
+# - the **CPU cores** and **WSL2** change how fast and evenly the host runs (under WSL2 the profiler
+#   often records no GPU activity, so the timelines of lessons 02b, 06 and 07 replay; WSL2 was not
+#   measured here: `docs/facts.md` F18).
 #
 # The lessons *assert* only what should hold on any CUDA GPU, quiet or shared (exact results,
-# counts, 0 corrupted steps). It held on every GPU this course has run on (so far one NVIDIA H200,
+# counts, 0 corrupted steps). That held on every GPU the course has run on (so far one NVIDIA H200,
 # quiet and under the five adverse conditions it imitates: `reports/gpu/`), and each assert's
-# message names what would break it. What depends on these facts is printed as a `[measured]` line that says whether
-# it held in this run.
+# message names what would break it. What depends on these facts is printed as a `[measured]` line
+# saying whether it held in this run.
 
 # %%
 from pinlab.doctor import platform_lines
@@ -135,17 +131,15 @@ for label, text in platform_lines(plat.result):
 # %% [markdown]
 # ## Your first measurement
 #
-# 🔮 **Predict.** You copy 4 bytes from the CPU to the GPU and time it with two CUDA events, one
-# recorded just before the copy and one just after. Roughly how long is it between them:
-# 1 ns, 1 µs or 10 µs?
+# 🔮 **Predict.** You copy 4 bytes from the CPU to the GPU and time it with two CUDA events, recorded
+# just before and just after the copy. Roughly how long is it between them: 1 ns, 1 µs or 10 µs?
 #
 # <details><summary>Answer</summary>
 #
-# The 10 µs option or more: tens of microseconds is common (the `[timing]` line below gives this
-# run's time), and the bytes have almost nothing to do with it. On an idle GPU the first event
-# is passed at once; then the GPU waits for the host to launch the copy, moves 4 bytes over
-# PCIe, and reaches the second event. So this measures a host round trip for one tiny copy, not
-# the GPU's work. Lesson 01 separates the two: it times copies queued back to back behind a busy
+# 10 µs or more: tens of microseconds is common (see the `[timing]` line below), whatever the bytes.
+# On an idle GPU the first event is passed at once; the GPU then waits for the host to launch the
+# copy, moves 4 bytes over PCIe, and reaches the second event: a host round trip for one tiny copy,
+# not the GPU's work. Lesson 01 separates the two: it times copies queued back to back behind a busy
 # GPU to find what the copy engine itself needs per copy.
 # </details>
 
@@ -195,13 +189,12 @@ pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {sa
 
 # %% [markdown]
 # ## What to remember
-# - Every lesson measures its numbers; without a GPU it replays the recorded GPU run and says so.
-#   Facts about torch, CUDA, vLLM and FlashInfer come with their source (`docs/facts.md`); platforms
-#   the course never ran on are marked "not measured here".
-# - `[timing]` and `[measured]` lines are measured numbers (this GPU's now, or the recorded run's in
-#   a replay), and so are the tables and listings printed from a measurement; everything else is a
-#   checked fact, true on any CUDA GPU, quiet or shared.
-# - How far a measured number carries over depends on the platform: the link, a shared GPU, the CPU
-#   cores, WSL2. The doctor and the platform report say what yours is.
+# - Numbers are measured: live on a GPU, else a labelled replay of the recorded GPU run. Facts about
+#   torch, CUDA, vLLM and FlashInfer cite their source (`docs/facts.md`); platforms the course never
+#   ran on are marked "not measured here".
+# - `[timing]` and `[measured]` lines, and tables and listings printed from a measurement, are
+#   measured numbers; everything else is a checked fact, true on any CUDA GPU, quiet or shared.
+# - How far a number carries over depends on the platform (the link, a shared GPU, the CPU cores,
+#   WSL2): the doctor and the platform report say what yours is.
 # - A small copy timed alone measures a round trip through the host, not the copy.
 # - Next: **01 · Pinned memory**.

@@ -2,20 +2,10 @@
 # # 01 · Pinned memory
 #
 # **What you will learn**
-# - what *pageable* and *page-locked* (pinned) host memory are, and why the GPU's copy engine cares;
-# - how to time one copy with CUDA events (the code is below, to copy), and H2D and D2H bandwidth,
-#   pinned against pageable, from 1 KiB to 1 GiB;
-# - what a small copy costs, one issued alone against one in a burst of back-to-back copies, and
-#   why timing one small copy alone overstates what the copy engine needs per copy;
-# - what pinning costs: cold (`cudaHostAlloc`) against warm (PyTorch's caching host allocator);
-# - that torch's caching host allocator rounds a request up to a power of two (by default), and
-#   that freeing a pinned block does not unpin it;
-# - who pins in practice: the `DataLoader`'s `pin_memory=True` (a pin-memory thread, or the main
-#   thread itself), and pinning many tensors from several threads;
-# - PyTorch's knobs for pinning: `cudaHostRegister` with the pages first touched from several
-#   threads, and the rounding threshold (torch 2.13); when pinning fails (memlock, containers, WSL2,
-#   a full host) and how a program falls back; what a pageable copy costs the host (a `memcpy` into
-#   staging), and NUMA; and when *not* to pin.
+# - *pageable* against *pinned* (page-locked) host memory, and how to time a copy from each;
+# - what a small copy really costs; what pinning costs, cold and warm, and what it holds;
+# - who pins in practice, PyTorch's pinning knobs, failures and fallbacks, a pageable copy's cost
+#   to the host, NUMA, and when *not* to pin.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -50,34 +40,29 @@ pinned_at_start = pinlab.pinned_baseline()
 # %% [markdown]
 # ## Two kinds of host memory
 #
-# Ordinary (*pageable*) memory belongs to the operating system: it may move a page, or swap it
-# out, at any time. On a GPU attached over PCIe, the copy engine reads host memory by physical
-# address, so it can only use memory that is guaranteed to stay put: **page-locked** (*pinned*)
-# memory.
-#
-# So a copy from pageable memory takes two hops: the driver first copies your data into a pinned
-# *staging* buffer of its own (a CPU `memcpy`), then the copy engine moves it. A copy from pinned
-# memory takes one.
-#
-# Not every system works this way. On Grace Hopper (GH200, over NVLink-C2C) the GPU reads pageable
-# memory through the host's own page tables (ATS: one page table for CPU and GPU), so a pageable
-# copy need not be staged, and pageable comes much closer to pinned. HMM, on some Linux set-ups, is
-# another thing: the GPU can reach pageable memory, but through page tables of its own that the
-# driver keeps in step with the host's in software, not through the host's. Both: not measured
-# here (the CUDA Programming Guide, "Unified Memory", says which is which: `docs/facts.md` F15,
-# F16). `pinlab.platform_facts()` says which kind of machine you are on (`ats`), and the cells
-# below say what this run measured.
+# The operating system may move or swap out a page of ordinary (*pageable*) memory at any time.
+# Over PCIe, the GPU's copy engine reads host memory by physical address, so it can only use memory
+# guaranteed to stay put: **page-locked** (*pinned*) memory. So a pageable copy takes two hops: the
+# driver copies your data into a pinned *staging* buffer of its own (a CPU `memcpy`), then the copy
+# engine moves it.
 #
 # ```
 # pageable:  your tensor --CPU memcpy--> driver's pinned staging --DMA--> GPU
 # pinned:    your tensor ---------------------------------------DMA--> GPU
 # ```
+#
+# On Grace Hopper (GH200, over NVLink-C2C) the GPU reads pageable memory through the host's own
+# page tables (ATS: one page table for CPU and GPU), so a pageable copy need not be staged and comes
+# much closer to pinned. Under HMM (some Linux set-ups) the GPU reaches pageable memory through
+# page tables of its own that the driver keeps in step with the host's in software. Both: not
+# measured here (CUDA Programming Guide, "Unified Memory": `docs/facts.md` F15, F16).
+# `pinlab.platform_facts()` says which kind of machine you are on (`ats`).
 
 # %% [markdown]
 # In PyTorch, a CPU tensor is pageable unless you ask: `pin_memory=True` at creation, or
 # `t.pin_memory()`, which returns a pinned *copy* of `t`, **unless `t` is already pinned**: then
-# it returns `t` itself (`pin_memory` in PyTorch's `aten/src/ATen/native/Memory.cpp`: `docs/facts.md`
-# F1). `is_pinned()` tells you which you have.
+# it returns `t` itself (`pin_memory` in PyTorch's `aten/src/ATen/native/Memory.cpp`:
+# `docs/facts.md` F1). `is_pinned()` tells you which you have.
 
 # %%
 plain = torch.empty(1024)
@@ -94,15 +79,13 @@ print("pinned exactly when CUDA is available:", buf.is_pinned() == PIN_MEMORY)
 
 # %% [markdown]
 # 🔮 **Predict.** `snap = t.pin_memory()` gives you a pinned copy of a pageable `t`. What does
-# `snap.pin_memory()` give you: another copy, or `snap` itself?
-#
-# The cell runs on the CUDA stream where there is a GPU, and on the course's emulated stream
-# (`pinlab.stream()`, which emulates pinning on a CPU) where there is none: the answer is the same.
+# `snap.pin_memory()` give you: another copy, or `snap` itself? (Without a GPU the cell runs on
+# `pinlab.stream()`, which emulates pinning on a CPU: same answer.)
 #
 # <details><summary>Answer</summary>
 #
-# `snap` itself: pinning a pinned tensor is a no-op, no copy is made. Lesson 04 is built on this
-# trap: a "snapshot" taken with `pin_memory()` of a buffer that is already pinned is no snapshot.
+# `snap` itself, no copy. Lesson 04 is built on this trap: a "snapshot" taken with `pin_memory()`
+# of an already pinned buffer is no snapshot.
 # </details>
 
 # %%
@@ -128,10 +111,9 @@ with pinlab.stream() as s:
 # %% [markdown]
 # ## Timing one copy
 #
-# The GPU runs work in *stream* order, and a CUDA event is a timestamp the GPU writes when the
-# stream reaches it. Record one before the copy and one after, wait for the second, and
-# `elapsed_time` is the time between them on the GPU's clock. This function is the whole
-# measurement; the sweep below calls it for every size, direction and kind of host memory.
+# The GPU runs a stream's work in order; a CUDA event is a timestamp it writes when the stream
+# reaches it. Record one before the copy and one after, wait for the second: `elapsed_time` is the
+# time between them on the GPU's clock.
 
 
 # %%
@@ -144,11 +126,11 @@ def time_copy_ms(dst, src, repeat=5):
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        start.record()  # a timestamp in the stream, before the copy
+        start.record()  # before the copy
         dst.copy_(src, non_blocking=True)
-        end.record()  # ... and one after it
+        end.record()  # after it
         end.synchronize()  # the host waits until the GPU has passed `end`
-        times.append(start.elapsed_time(end))  # ms between the two, on the GPU's clock
+        times.append(start.elapsed_time(end))  # ms, on the GPU's clock
     return statistics.median(times)
 
 
@@ -160,21 +142,16 @@ def time_copy_ms(dst, src, repeat=5):
 #
 # <details><summary>Answer</summary>
 #
-# On a GPU attached over a fast PCIe link, pinned is much faster at 1 GiB: the staging `memcpy`
-# and the second hop cost a lot. How much depends on the machine, and this course measured one: an
-# H200 on PCIe Gen5. Over a slower link (PCIe Gen3, as on many cloud T4s; not measured here) the
-# link itself would cap the pinned copy, closer to the rate of the driver's staging, so the gap
-# should shrink; where the GPU reads pageable memory through the host's page tables (GH200, not
-# measured here: `docs/facts.md` F15) pageable can come close to pinned. The cell after
-# the plot prints this run's ratio. At
-# 1 KiB the gap closes, and pinned can even come out the slower of the two (the `pinned / pageable
-# H2D at 1 KiB` line says which it was here): both are slow, as a tiny copy is nearly all fixed cost,
-# whichever memory it comes from. Measure it below.
+# Over a fast PCIe link, pinned is much faster at 1 GiB: the staging `memcpy` and second hop cost
+# a lot. This course measured one machine, an H200 on PCIe Gen5. A slower link (PCIe Gen3, as on
+# many cloud T4s; not measured here) would cap the pinned copy closer to the driver's staging rate,
+# so the gap should shrink; on a GH200 (not measured here: `docs/facts.md` F15) pageable can come
+# close to pinned. At 1 KiB the gap closes, and pinned can even be the slower (the
+# `pinned / pageable H2D at 1 KiB` line says which): a tiny copy is nearly all fixed cost.
 # </details>
 #
-# The sweep: one buffer of each kind at the largest size, sliced for the smaller ones, and
-# `time_copy_ms` for H2D and D2H from pinned and pageable memory, 1 KiB to 1 GiB. It needs about
-# 2 GiB of host memory (half of it pinned) and 1 GiB on the GPU, and takes a few seconds.
+# The sweep: one buffer of each kind at the largest size, sliced for the smaller ones. It needs
+# about 2 GiB of host memory (half pinned) and 1 GiB on the GPU, and takes a few seconds.
 
 
 # %%
@@ -230,10 +207,8 @@ size_sweep(
 plt.show()
 
 # %% [markdown]
-# Read the plot from the right, then from the left: the lines below compare pinned and pageable
-# at the largest size, and the smallest size's rates with the largest's, for this run. (How much
-# of a small copy's time is the copy, and how much the way it was timed, is the subject of the
-# section on small copies below.)
+# The lines below compare pinned and pageable at the largest size, and the smallest size's rates
+# with the largest's.
 
 # %%
 big, small = rows[-1], rows[0]
@@ -278,15 +253,12 @@ pinlab.show(
 # %% [markdown]
 # ## Is the sweep honest? Compare with a plain copy loop
 #
-# A benchmark should reach what the hardware allows. The reference: a plain loop of back-to-back
-# 256 MiB pinned copies, timed as a whole; the best of 3 trials (`bw.copy_loop_peak`).
-#
-# On a quiet machine the two agree closely, but not to a fixed percentage, run after run: each
-# sweep point is the median of five single copies, not a long average, and the PCIe link and the
-# host's memory are shared with whatever else moves data on the machine (in a virtual machine,
-# with its neighbours too; on a GPU shared by several users, with their copies). The two are
-# measured at different moments, so on a shared machine they can differ by much more than the
-# method does. So the ratio is shown, not asserted: the line below says how close they came here.
+# The reference: a plain loop of back-to-back 256 MiB pinned copies, timed as a whole; the best of
+# 3 trials (`bw.copy_loop_peak`). On a quiet machine the two agree closely, but not to a fixed
+# percentage: each sweep point is the median of five single copies, and the PCIe link and host
+# memory are shared with whatever else moves data (VM neighbours, other users of a shared GPU).
+# Measured at different moments, on a shared machine they can differ by much more than the method
+# does. So the ratio is shown, not asserted.
 
 # %%
 peak = pinlab.measure("01_copy_loop_peak", bw.copy_loop_peak)
@@ -304,21 +276,19 @@ sweep_honest = pinlab.observe(
 # %% [markdown]
 # ## Small copies: one alone, or back to back
 #
-# `time_copy_ms` records `start` on an idle stream: the GPU passes it at once, then waits for
-# the host to launch the copy (and, for a copy shorter than a launch, to record `end`). For a
-# large copy that wait is negligible; for a small one it can be most of what the events see. So the
-# sweep's small sizes measure **one copy issued alone: the host's launch plus the copy**, a host
-# round trip, not what the copy engine needs per copy.
+# `time_copy_ms` records `start` on an idle stream: the GPU passes it at once, then waits for the
+# host to launch the copy (and, for a copy shorter than a launch, to record `end`). For a small copy
+# that wait can be most of what the events see. So the sweep's small sizes measure **one copy
+# issued alone: the host's launch plus the copy**, not what the copy engine needs per copy.
 #
-# To see the copy engine's own cost, queue the copies where the GPU cannot start them yet: keep
-# it busy (`pinlab.gpu_busy`), record `start`, enqueue a burst of copies, record `end`. When the
-# busy kernel ends, the GPU runs the burst back to back, and the events time only that.
-# `start.query()` right after the burst tells whether the GPU was still busy when the host had
-# queued it all; a round where it was not would let host gaps into the figure, so it is dropped.
+# To time the copy engine, keep the GPU busy (`pinlab.gpu_busy`), record `start`, enqueue a burst
+# of copies, record `end`: when the busy kernel ends, the GPU runs the burst back to back.
+# `start.query()` right after the burst says whether the GPU was still busy when the host had
+# queued it all; a round where it was not would let host gaps in, so it is dropped.
 #
-# What a burst measures, divided by its copies, is the **interval between back-to-back copies**:
-# how often the copy engine can complete one, a throughput figure. It is not the *latency* of a
-# copy (from the call until the data is on the GPU), which is the "alone" figure or more.
+# A burst's time per copy is the **interval between back-to-back copies**, a throughput figure;
+# the *latency* of a copy (from the call until the data is on the GPU) is the "alone" figure or
+# more.
 
 
 # %%
@@ -338,7 +308,7 @@ def copy_latency(sizes, copies=64, busy_ms=5.0, rounds=5):
         alone, burst = [], []
         for _ in range(rounds):  # interleaved: one copy alone, then a burst
             alone.append(time_copy_ms(d, s, repeat=1) * 1e3)
-            # the GPU is busy: the copies below wait in the queue
+            # the copies below queue behind the busy kernel
             pinlab.gpu_busy(busy_ms)
             start.record()
             for _ in range(copies):
@@ -435,30 +405,26 @@ if kib1["burst_us"] is not None and kib16["burst_us"] is not None:
     )
 
 # %% [markdown]
-# Below N½ a copy is mostly its fixed per-copy cost, above it mostly bytes moved at the link's
-# rate: the last line above compares one 16 KiB copy with sixteen of 1 KiB in this run. So batch
-# small transfers into one. And when you time small copies, time them the way your program issues
-# them: one copy alone on an idle stream also times its launch, which a burst hides (the line
-# above says how much of it that was in this run).
+# Below N½ a copy is mostly fixed cost, above it mostly bytes at the link's rate (the last line
+# compares one 16 KiB copy with sixteen of 1 KiB): batch small transfers into one, and time small
+# copies the way your program issues them.
 #
 # ## What pinning costs
 #
-# The *first* pinned allocation of a size calls `cudaHostAlloc`, which page-locks every page: the
-# operating system touches and locks each 4 KiB page of the block (65,536 of them for 256 MiB) and
-# the driver maps them for the GPU, host work per page that no copy engine can take over. PyTorch's
-# **caching host allocator** keeps freed pinned blocks and hands them out again: a *warm*
-# allocation costs almost nothing. `torch.cuda.host_memory_stats()` counts the `cudaHostAlloc`
-# calls (`num_host_alloc`).
+# The *first* pinned allocation of a size calls `cudaHostAlloc`: the operating system touches and
+# locks each 4 KiB page (65,536 of them for 256 MiB) and the driver maps them for the GPU, host
+# work per page that no copy engine can take over. PyTorch's **caching host allocator** keeps
+# freed pinned blocks and hands them out again, so a *warm* allocation costs almost nothing.
+# `torch.cuda.host_memory_stats()` counts the `cudaHostAlloc` calls (`num_host_alloc`).
 #
-# 🔮 **Predict.** Getting 256 MiB of pinned memory: is it cheaper or dearer than copying 256 MiB
-# from pageable memory to the GPU? Cold, and warm?
+# 🔮 **Predict.** Is getting 256 MiB of pinned memory cheaper or dearer than copying 256 MiB from
+# pageable memory to the GPU? Cold, and warm?
 #
 # <details><summary>Answer</summary>
 #
-# Cold, expect it to be dearer: the pageable copy moves the bytes through the driver's staging,
-# slower than a pinned copy but with no work per page, while page-locking does work for every page before a
-# single byte moves. Warm, it is almost free: the allocator hands back a block it already holds.
-# The plot and the lines below it say how the two compared in this run.
+# Cold, expect dearer: the pageable copy is staged but does no work per page, while page-locking
+# works on every page before a byte moves. Warm, almost free: the allocator hands back a block it
+# already holds.
 # </details>
 
 # %%
@@ -528,15 +494,14 @@ pinlab.show(
 )
 
 # %% [markdown]
-# Pinning pays when the pinned memory is **reused**: a warm block makes every later copy fast.
-# Pinning a fresh buffer for a single copy can cost more than the pageable copy it replaces: the
-# two lines above say which way it went in this run.
+# Pinning pays when the pinned memory is **reused**. Pinning a fresh buffer for a single copy can
+# cost more than the pageable copy it replaces (the two lines above say which way it went here).
 #
 # ## Pinned blocks are rounded up, and stay pinned after `del`
 #
-# A cache of freed blocks helps only if a freed block fits the next request. So torch's caching
-# host allocator rounds every request up to a power of two: freed blocks of nearby sizes can then
-# be reused. The rounding is the allocator's choice, not the hardware's.
+# A freed block helps only if it fits the next request, so torch's caching host allocator rounds
+# every request up to a power of two, where blocks of nearby sizes fit. The rounding is the
+# allocator's choice, not the hardware's.
 #
 # 🔮 **Predict.** You ask for 129.5 MiB of pinned memory. How much does the allocator page-lock?
 # And when you `del` the tensor, is that memory unpinned?
@@ -544,18 +509,16 @@ pinlab.show(
 # <details><summary>Answer</summary>
 #
 # 256 MiB, the next power of two: almost twice what you asked for. And `del` does not unpin it: the
-# freed block goes back to the allocator's cache, still page-locked, to be handed out again (that is
-# what makes a warm allocation cheap, above). It goes back to the driver only when the cache is
-# emptied, or when the process ends.
+# block goes back to the allocator's cache, still page-locked (what makes a warm allocation cheap),
+# and back to the driver only when the cache is emptied or the process ends.
 # </details>
 #
-# The experiment reads the bytes the caching host allocator holds (`allocated_bytes.current` in
+# The experiment reads the bytes the allocator holds (`allocated_bytes.current` in
 # `torch.cuda.host_memory_stats()`) before the allocation, after it, after `del` and after
 # `torch._C._host_emptyCache()` (what `pinlab.release_cached_host_blocks()` calls).
 #
-# Rounding up to a power of two is all the allocator does up to torch 2.12. From torch 2.13 it is
-# configurable: the allocator
-# settings `pinned_max_round_threshold_mb` (above it, requests are not rounded) and
+# Up to torch 2.12 that is all. From torch 2.13 the rounding is configurable:
+# `pinned_max_round_threshold_mb` (above it, requests are not rounded) and
 # `pinned_max_cached_size_mb` (above it, blocks are neither rounded nor cached), set in
 # `PYTORCH_ALLOC_CONF` (or `PYTORCH_CUDA_ALLOC_CONF`). Unset, both are unlimited, and the claims
 # below hold.
@@ -587,44 +550,36 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# With the default settings, up to 2× the memory you asked for stays locked: vLLM users saw
-# `--cpu-offload-gb` take nearly twice the host memory requested for this reason (vLLM #56410; not
-# measured here: the line above is this run's own). And
-# `del` does not give it back:
-# the caching host allocator keeps a freed block, page-locked, to hand out again (that is what
-# makes warm pinning cheap). It stays locked until the cache is emptied or the process ends.
+# So by default up to 2× the memory you asked for stays locked: vLLM users saw `--cpu-offload-gb`
+# take nearly twice the host memory requested for this reason (vLLM #56410; not measured here).
 #
 # ## Who pins, in practice
 #
-# Few programs call `pin_memory()` by hand. Two places do it for them: PyTorch's `DataLoader`,
-# and code that pins many tensors at once from a pool of threads (TensorDict's `.to(...,
-# non_blocking_pin=True, num_threads=k)` does). Both are worth seeing measured.
+# Few programs call `pin_memory()` by hand: PyTorch's `DataLoader` does, and so does code that
+# pins many tensors at once from a pool of threads (TensorDict's
+# `.to(..., non_blocking_pin=True, num_threads=k)`).
 #
 # ### The DataLoader's `pin_memory=True`
 #
-# With `pin_memory=True` every batch the loader yields is in pinned memory, so the
-# `.to("cuda", non_blocking=True)` that follows is a true asynchronous copy (one exception, not
-# measured here: under NVIDIA Confidential Computing a copy from pinned memory blocks the host too,
-# `docs/facts.md` F23). *Who* pins it depends
-# on `num_workers`: with worker processes, a **pin-memory thread** in the main process pins each
-# batch as it arrives from the workers, while the main thread is busy with the training step;
-# with `num_workers=0` there is no such thread, and the main thread pins inside `next()`.
+# With `pin_memory=True` every batch the loader yields is pinned, so the
+# `.to("cuda", non_blocking=True)` that follows is truly asynchronous (one exception, not measured
+# here: under NVIDIA Confidential Computing a copy from pinned memory blocks the host too,
+# `docs/facts.md` F23). With worker processes, a **pin-memory thread** in the main process pins
+# each batch as it arrives; with `num_workers=0` the main thread pins inside `next()`.
 #
-# The loop below is a training loop's input side: each batch (4 MiB, a fresh pageable tensor from
-# `bw.PageableBatches`) goes to the GPU, then a 2 ms training step runs and the host waits for it
-# (as `loss.item()` would). It clocks the main thread in `next()` and in the copy call, checks
-# which batches arrived pinned and whether a pin-memory thread was running.
+# Below, each batch (4 MiB, a fresh pageable tensor from `bw.PageableBatches`) goes to the GPU,
+# then a 2 ms training step runs and the host waits for it (as `loss.item()` would). The loop
+# clocks the main thread in `next()` and in the copy call, and checks which batches arrived pinned
+# and whether a pin-memory thread ran.
 #
 # 🔮 **Predict.** With `num_workers=2`, what does `pin_memory=True` change for the main thread:
 # the time it waits for a batch, or the time its copy call takes?
 #
 # <details><summary>Answer</summary>
 #
-# Both can change. The copy call drops to an enqueue: from a pinned batch it only queues the DMA,
-# where from a pageable one the host stages the whole batch through the driver (on a PCIe GPU). The
-# time in `next()` changes too, up or down: with `pin_memory=True` the pin-memory thread, not the
-# main thread, takes each batch off the workers' queue (and pins it). The table below says which
-# of the two changed more on this machine.
+# Both can change. The copy call shrinks to an enqueue of the DMA, where from a pageable batch the
+# host stages it all (on a PCIe GPU). `next()` changes too, up or down: the pin-memory thread, not
+# the main thread, now takes each batch off the workers' queue (and pins it).
 # </details>
 
 
@@ -648,7 +603,7 @@ def loader_to_gpu(pin_memory, num_workers, batches=48, nbytes=4 * bw.MiB, step_m
         if n == 1:
             t_first = time.perf_counter()  # from the second batch on: the steady state
         t0 = time.perf_counter()
-        x = next(it)  # the main thread gets the next batch
+        x = next(it)
         t1 = time.perf_counter()
         dev.copy_(x, non_blocking=True)  # what x.to("cuda", non_blocking=True) does
         t2 = time.perf_counter()
@@ -762,49 +717,37 @@ pinlab.show(
 )
 
 # %% [markdown]
-# Read the table column by column:
+# Reading the table (the copy call: see the answer above):
 #
-# - **The copy call**: from a pinned batch it only enqueues the DMA; from a pageable one the main
-#   thread stages the whole batch through the driver (the comparison above says how much that cost
-#   here).
-# - **`next()` with workers**: the batch comes from a worker process through shared memory, and
-#   some thread has to take it off the workers' queue. With `pin_memory=False` that is the main
-#   thread, inside `next()`; with `pin_memory=True` it is the pin-memory thread, which takes the
-#   batch, pins it (a `memcpy` into a pinned block) and queues it, while the main thread waits for
-#   the training step. The main thread then gets a ready, pinned batch.
-# - **`next()` without workers**: `pin_memory=True` still delivers pinned batches, but the main
-#   thread pins them itself, inside `next()` (torch's single-process loader iterator pins each batch
-#   in `_next_data`; the pin-memory thread belongs to the multi-process one). Pinning a batch is a
-#   `memcpy` into a cached pinned block, which torch may spread over its intra-op threads (the
-#   threads it splits one operation over, `torch.get_num_threads()` of them); the copy call then
-#   skips the driver's staging. Whether the main thread comes out ahead depends on which of the two
-#   costs more on your machine: the line above gives both changes for this run.
+# - **`next()` with workers**: the pin-memory thread takes each batch from the workers (through
+#   shared memory) and pins it (a `memcpy` into a pinned block) while the main thread waits for the
+#   training step.
+# - **`next()` without workers**: the main thread pins each batch itself (torch's single-process
+#   loader iterator pins in `_next_data`; the pin-memory thread belongs to the multi-process one):
+#   a `memcpy` into a cached block, which torch may spread over its intra-op threads (the threads
+#   it splits one operation over, `torch.get_num_threads()`), and the copy call skips the staging.
+#   Which weighs more depends on your machine: the line above gives both changes.
 # - **Wall ms per batch**: how close each set-up came to the training step alone, the one number a
 #   training loop feels.
 #
-# Each pinned batch is freed after its step, and its block goes back to the caching allocator's
-# free list; the next batch reuses it, so the loader calls `cudaHostAlloc` only for the first few
-# batches (the count above), not once per batch.
+# Each pinned batch is freed after its step and the next reuses its cached block: the loader calls
+# `cudaHostAlloc` only for the first few batches (the count above), not per batch.
 #
 # ### Pinning from several threads
 #
-# Pinning many tensors is work for the host: page-locking new memory (`cudaHostAlloc`, cold) or a
-# `memcpy` into a cached pinned block (warm). Page-locking goes through the driver, which takes a
-# global lock there (PyTorch's source notes it), and through the operating system's page tables; a
-# `memcpy` needs neither. Does it go faster from several threads? Below: 32
-# tensors of 4 MiB, pinned with `t.pin_memory()` from the main thread itself (no pool) and from a
-# pool of 1, 2, 4 and 8 threads, cold (the allocator's cache emptied first) and warm (the blocks
-# just freed, cached), in interleaved rounds.
+# Cold pinning page-locks new memory (`cudaHostAlloc`) through the driver (a global lock) and the
+# operating system's page tables; warm pinning is a `memcpy` into a cached block, which needs
+# neither. Do threads help? Below: 32 tensors of 4 MiB, pinned with `t.pin_memory()` from the main
+# thread (no pool) and from pools of 1, 2, 4 and 8 threads, cold (the cache emptied first) and warm
+# (the blocks just freed), in interleaved rounds.
 #
 # 🔮 **Predict.** Which gains more from 8 threads: cold pinning or warm pinning?
 #
 # <details><summary>Answer</summary>
 #
-# Usually warm. Copies into cached blocks run side by side on several cores, until the host's
+# Usually warm: copies into cached blocks run side by side on several cores, until the host's
 # memory bandwidth is the limit. Cold, the threads queue at the driver's lock and share the
-# page-table work badly, so more threads buy little. On a host busy with other work, neither may
-# gain: the threads have no free cores to run on. The speed-up lines below say how far each went
-# here.
+# page-table work badly. On a host busy with other work, neither may gain: no free cores.
 # </details>
 
 
@@ -908,18 +851,16 @@ pinlab.claim(
 # %% [markdown]
 # Read each line against its dotted line (perfect scaling from a pool of one):
 #
-# - **Cold**, every tensor is a new `cudaHostAlloc`: page-locking new memory goes through the
-#   driver (PyTorch's source notes a global lock in the driver there: `docs/facts.md` F3) and the
-#   operating system's page tables, work that threads share badly. Expect the cold line to stay near the one-thread
-#   time, and read the speed-up line for this machine. Threads change nothing about *how many*
-#   `cudaHostAlloc` calls are made (the counts): only a warm cache removes them.
-# - **Warm**, every tensor is a `memcpy` into a cached block: work that threads do share, until the
-#   host's memory bandwidth is the limit.
-# - The **main thread alone** (the dashed lines): PyTorch can spread one copy over its intra-op
-#   threads (`torch.get_num_threads()`), and a call from a pool thread need not get that. So one
-#   call at a time from the main thread can match a pool, or beat it, or, when other work holds the
-#   cores, fall far behind it: the last line above says which it did here. Measure before you add a
-#   pool.
+# - **Cold**: page-locking goes through the driver (PyTorch's source notes a global lock in the
+#   driver there: `docs/facts.md` F3) and the page tables, work that threads share badly: expect
+#   the cold line near the one-thread time. Threads do not change *how many* `cudaHostAlloc` calls
+#   are made (the counts): only a warm cache removes them.
+# - **Warm**: a `memcpy` per tensor, which threads share until the host's memory bandwidth is the
+#   limit.
+# - The **main thread alone** (dashed): PyTorch can spread one copy over its intra-op threads, and
+#   a call from a pool thread need not get that. So the main thread alone can match a pool, beat it,
+#   or, when other work holds the cores, fall far behind (the last line above says which). Measure
+#   before you add a pool.
 
 # %% [markdown]
 # ## PyTorch's knobs for the cost of pinning
@@ -928,17 +869,15 @@ pinlab.claim(
 # go in `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`), which torch reads once per process:
 # set it in the shell, or in `os.environ` before the process first pins.
 #
-# - `pinned_use_cuda_host_register:True`: the allocator takes ordinary memory (`malloc`) and
-#   page-locks it with `cudaHostRegister`, instead of calling `cudaHostAlloc`. With
-#   `pinned_num_register_threads:N`, N tasks on a thread pool of its own first *touch* the block's
-#   pages, one byte per 4 KiB page, so that the operating system maps them; then **one**
-#   `cudaHostRegister` call, on the calling thread, page-locks the whole block
-#   (`allocWithCudaHostRegister` and `mapPagesForRegister` in PyTorch's
-#   `aten/src/ATen/cuda/CachingHostAllocator.cpp`, torch 2.11 to 2.13: `docs/facts.md` F2). So the
-#   threads split the page faults of a fresh block, not the page-locking itself.
-# - `pinned_max_round_threshold_mb:M` (torch 2.13 and later): a request above M MB is not rounded
-#   up to a power of two. So "pinned blocks are rounded up to a power of two" is torch's default,
-#   not a law.
+# - `pinned_use_cuda_host_register:True`: page-lock ordinary memory (`malloc`) with
+#   `cudaHostRegister` instead of calling `cudaHostAlloc`. With `pinned_num_register_threads:N`, N
+#   tasks on a thread pool of its own first *touch* the block's pages, one byte per 4 KiB page, so
+#   that the operating system maps them; then **one** `cudaHostRegister` call, on the calling
+#   thread, page-locks the whole block (`allocWithCudaHostRegister` and `mapPagesForRegister` in
+#   PyTorch's `aten/src/ATen/cuda/CachingHostAllocator.cpp`, torch 2.11 to 2.13: `docs/facts.md`
+#   F2).
+# - `pinned_max_round_threshold_mb:M` (torch 2.13 and later, above): a request above M MB is not
+#   rounded up.
 #
 # The settings compared (`bw.PINNING_CONFIGS`):
 
@@ -947,25 +886,22 @@ for label, conf in bw.PINNING_CONFIGS.items():
     print(f"{label:28s} PYTORCH_CUDA_ALLOC_CONF={conf!r}")
 
 # %% [markdown]
-# Since torch reads the setting once, each one runs in a fresh Python process (`bw.pinning_knobs`):
+# Since torch reads the setting once, each runs in a fresh Python process (`bw.pinning_knobs`):
 # one cold `torch.empty(600 MiB, pin_memory=True)`, timed on the host, and the bytes the allocator
-# holds afterwards. A torch that does not know a setting refuses it with an error: that row shows
-# the error, and nothing is measured or replayed in its place.
+# then holds. A torch that does not know a setting refuses it: that row shows the error, and
+# nothing is measured or replayed in its place.
 #
 # 🔮 **Predict.** 600 MiB pinned with 8 register threads against one: how much faster? And how
 # many bytes does each setting hold?
 #
 # <details><summary>Answer</summary>
 #
-# Less than 8x. The threads only pre-fault the block's pages (the first touch of each page, when
-# the operating system maps it); the page-locking that follows is still one `cudaHostRegister` call
-# on one thread. So 8 threads shorten the faulting part, if the host has cores to spare, and leave
-# the locking part as it was; whether register with 8 threads beats the default `cudaHostAlloc` at
-# all is a question for this machine (the lines below compare all three). The rounding does not
-# depend on how the block is page-locked: 600 MiB is held as 1 GiB under every setting that keeps
-# the rounding, and as about
-# 600 MiB under `pinned_max_round_threshold_mb:64`, on a torch that knows it. The lines below say
-# what this run measured, and which settings its torch knew.
+# Less than 8x. The threads only pre-fault the block's pages (the first touch of each page); the
+# page-locking is still one `cudaHostRegister` call on one thread. So 8 threads shorten the
+# faulting part, if the host has cores to spare; whether they beat the default `cudaHostAlloc` at
+# all depends on the machine. The rounding does not depend on how the block is page-locked:
+# 600 MiB is held as 1 GiB under every setting that keeps the rounding, and as about 600 MiB under
+# `pinned_max_round_threshold_mb:64`, on a torch that knows it.
 # </details>
 
 # %%
@@ -1051,26 +987,20 @@ else:
     )
 
 # %% [markdown]
-# Read the lines above against the two earlier sections. **Threads**: `pinned_num_register_threads`
-# splits the first touch of *one* block's pages between threads, and then locks the block with one
-# `cudaHostRegister` call; the thread pool above split the tensors instead (each of its threads pinned
-# a whole tensor with its own call into the driver). The comparison lines say how far each got here,
-# and how register with 8 threads compared with the default `cudaHostAlloc`. It needs `malloc` +
-# `cudaHostRegister`, and a host with free cores. **Rounding**: the
-# "held" column is the rounding of the section on rounding, per setting; only
-# `pinned_max_round_threshold_mb` turns it off, on a torch that has it (the row of a torch that lacks
-# it says so, and the recorded run holds no number for it).
+# **Threads**: `pinned_num_register_threads` splits the first touch of *one* block's pages; the
+# pool above split the tensors, each thread pinning a whole tensor with its own call into the
+# driver. It needs `malloc` + `cudaHostRegister`, and a host with free cores. **Rounding**: only
+# `pinned_max_round_threshold_mb` turns it off, on a torch that has it.
 #
 # ## When pinning fails
 #
 # `pin_memory=True` can fail, and a program should expect it:
 #
-# - **The memlock limit.** `ulimit -l` (`RLIMIT_MEMLOCK`) caps the memory a process may lock. A
-#   process with the capability `CAP_IPC_LOCK` (root, outside most containers) may lock any amount.
-#   Containers often start with a small limit and without that capability (Docker:
-#   `--ulimit memlock=-1`, `--cap-add IPC_LOCK`). Whether a driver counts `cudaHostAlloc` or
-#   `cudaHostRegister` memory against the limit is the driver's business: the experiment below tries
-#   both.
+# - **The memlock limit.** `ulimit -l` (`RLIMIT_MEMLOCK`) caps the memory a process may lock,
+#   unless it has the capability `CAP_IPC_LOCK` (root, outside most containers). Containers often
+#   start with a small limit and without it (Docker: `--ulimit memlock=-1`, `--cap-add IPC_LOCK`).
+#   Whether `cudaHostAlloc` or `cudaHostRegister` memory counts against the limit is up to the
+#   driver: the experiment below tries both.
 # - **WSL2.** NVIDIA's CUDA on WSL guide lists the pinned system memory available to an application
 #   as limited; vLLM turns pinning off under WSL2 (`is_pin_memory_available()` returns False there
 #   unless `VLLM_WSL2_ENABLE_PIN_MEMORY=1`). Not measured here (`docs/facts.md` F18).
@@ -1084,10 +1014,8 @@ else:
 #
 # <details><summary>Answer</summary>
 #
-# It depends on who runs it. A process with `CAP_IPC_LOCK` (root, usually) may lock any amount, so
-# the limit cannot bite: both succeed. Without it, each succeeds or fails as the driver counts its
-# pinned memory against the limit. The lines below say which case this run was, and print the error
-# where one came.
+# It depends who runs it. With `CAP_IPC_LOCK` (root, usually) the limit cannot bite: both succeed.
+# Without it, each succeeds or fails as the driver counts its pinned memory against the limit.
 # </details>
 
 # %%
@@ -1105,11 +1033,11 @@ for r in memlock["rows"]:
     )
 
 # %% [markdown]
-# Whatever stops it, the program sees an exception from `torch.empty(..., pin_memory=True)` (or
-# `t.pin_memory()`): a `RuntimeError` (out of memory is `torch.OutOfMemoryError`, a subclass). The
-# pattern: try pinned, fall back to pageable memory, and **say so**, because every copy from that
-# buffer is now staged by the driver, slower, and a `non_blocking` copy from it may wait (lesson 02).
-# vLLM gates the same way, once, with `is_pin_memory_available()`.
+# Whatever stops it, `torch.empty(..., pin_memory=True)` (or `t.pin_memory()`) raises a
+# `RuntimeError` (out of memory is `torch.OutOfMemoryError`, a subclass). The pattern: try pinned,
+# fall back to pageable memory, and **say so**: every copy from that buffer is now staged by the
+# driver, slower, and a `non_blocking` copy from it may wait (lesson 02). vLLM gates the same way,
+# once, with `is_pin_memory_available()`.
 
 
 # %%
@@ -1133,9 +1061,9 @@ def pin_or_fall_back(
 
 
 # %% [markdown]
-# Below, the function runs twice: once as this machine pins (on a GPU it pins; without one it falls
-# back), and once with a pinning call that fails on purpose: a **simulated** failure, raising the
-# error a full host gives, so that the fallback runs on every machine.
+# It runs twice: as this machine pins (on a GPU it pins; without one it falls back), and with a
+# pinning call that raises a full host's error on purpose (a **simulated** failure), so that the
+# fallback runs on every machine.
 
 
 # %%
@@ -1180,26 +1108,23 @@ del here, fallback
 # ## Pageable copies and the host's `memcpy`
 #
 # A pageable copy is staged: the driver copies the data into a pinned buffer of its own while the
-# calling thread waits inside `copy_` (lesson 02 measures that), and the DMA moves it from there. So
-# every byte of a pageable copy also costs a host-to-host copy, however fast the link. Does that
-# copy set the pace? The experiment (`bw.pageable_and_memcpy`) times, per size, a pageable H2D copy,
-# a pageable D2H copy, and a host-to-host copy of the same bytes two ways: torch's `q.copy_(p)`,
-# which splits the copy over torch's intra-op threads, and the C library's `memmove` on one thread
-# (`ctypes.memmove`). Nothing changes torch's thread pool between them, and the rounds are
-# interleaved, after an untimed one that touches every page. How the driver's staging copies, and on
-# how many threads, is not documented.
+# calling thread waits inside `copy_` (lesson 02 measures that), then the DMA moves it. So every
+# byte also costs a host-to-host copy, however fast the link. Does that copy set the pace?
+# `bw.pageable_and_memcpy` times, per size, pageable H2D and D2H copies and a host-to-host copy of
+# the same bytes two ways: torch's `q.copy_(p)` (split over torch's intra-op threads) and the C
+# library's `memmove` on one thread (`ctypes.memmove`), with torch's thread pool unchanged between
+# them, in interleaved rounds after an untimed one that touches every page. How the driver's
+# staging copies, and on how many threads, is not documented.
 #
-# 🔮 **Predict.** Which is faster, 256 MiB from one pageable host buffer to another with one thread,
+# 🔮 **Predict.** Which is faster: 256 MiB from one pageable host buffer to another on one thread,
 # or 256 MiB from pageable memory to the GPU?
 #
 # <details><summary>Answer</summary>
 #
-# It depends on the host, and the answer can surprise: the pageable H2D copy includes a `memcpy`
-# into the staging buffer, in chunks, and each chunk's DMA on top, so you might expect the
-# host-to-host copy to win; but the driver's staging copy need not run at one thread's `memcpy`
-# rate (it may overlap its chunks with their DMA, or copy on more threads: undocumented). Where the
-# two come close, the `memcpy` can set the pace, and a faster link would not help; a host busy with
-# other work slows both. The lines below say how the two compared here, per size.
+# It depends on the host. The pageable H2D copy is a `memcpy` into staging, in chunks, plus each
+# chunk's DMA, so you might expect the host-to-host copy to win; but the driver's staging need not
+# run at one thread's `memcpy` rate (it may overlap chunks with their DMA, or use more threads:
+# undocumented). A host busy with other work slows both.
 # </details>
 
 # %%
@@ -1228,22 +1153,20 @@ if pm is not None:
     )
 
 # %% [markdown]
-# Read the sentences per size: where pageable H2D comes close to one thread's `memcpy`, the
-# staging `memcpy` can account for most of its time, and pinning (no staging) is what helps; where
-# it runs well below, the chunks and their waits cost more than the bytes; where it runs faster, the
-# driver's staging is not paced by one thread's `memcpy`, and torch's threaded copy (its column in
-# the table) is the other yardstick. The
-# D2H direction is staged the other way (DMA into the staging buffer, then a `memcpy` out of it), and
-# the two directions need not run at the same rate. The last line compares the largest size with
-# the smallest: how a pageable copy's rate changes with its size is the driver's choice, undocumented.
+# Where pageable H2D comes close to one thread's `memcpy`, the staging `memcpy` can set the pace:
+# pinning (no staging) helps, a faster link would not. Well below it, the chunks and their waits
+# cost more than the bytes. Above it, the staging is not paced by one thread's `memcpy`, and
+# torch's threaded copy (its column in the table) is the other yardstick. D2H is staged the other
+# way (DMA into staging, then a `memcpy` out) and need not run at H2D's rate. How a pageable copy's
+# rate changes with its size (the last line) is the driver's choice, undocumented.
 #
 # ### Near and far host memory: NUMA
 #
-# On a host with several NUMA nodes (several CPU sockets, or sub-NUMA clustering), memory attached to
-# the GPU's node is nearer than the rest: a copy from far memory crosses the link between the sockets
-# too. Keep the pinned buffers, and the threads that fill them, on the GPU's node
-# (`numactl --cpunodebind=N --membind=N python ...`; `nvidia-smi topo -m` names the GPU's node). On a
-# host with one node there is nothing to choose, and nothing to measure.
+# With several NUMA nodes (several CPU sockets, or sub-NUMA clustering), memory on the GPU's node
+# is nearer: a copy from far memory also crosses the link between the sockets. Keep pinned
+# buffers, and the threads that fill them, on the GPU's node
+# (`numactl --cpunodebind=N --membind=N python ...`; `nvidia-smi topo -m` names the GPU's node).
+# With one node there is nothing to choose or measure.
 
 # %%
 numa = pinlab.measure("01_numa", bw.numa_report)
@@ -1252,18 +1175,16 @@ pinlab.show("NUMA", bw.numa_sentence(numa["nodes"], numa["gpu_node"]))
 # %% [markdown]
 # ## When *not* to pin
 # - **One-off transfers** of big buffers: a cold pin can cost more than the pageable copy.
-# - **Huge buffers**: the allocator's default rounding can double them, and pinned memory cannot
-#   be swapped out; pin too much and the whole machine slows down or the process is killed.
-# - **Memory you will free and not reuse**: freeing a pinned tensor does not unpin it. The block
-#   stays in PyTorch's cache, page-locked, until `torch._C._host_emptyCache()` (private;
-#   `pinlab.release_cached_host_blocks()` wraps it) or the end of the process. A program that
-#   pins many different sizes once each keeps all of them locked.
-# - **Where pinning is not available or buys little**: CPU-only builds, WSL (vLLM gates it), and
-#   coherent systems such as GH200, where the GPU reads pageable memory through the host's page
-#   tables, so pinning buys less, and every pinned byte is still host memory nobody else can use.
-#   Its CPU memory (LPDDR5X) and GPU memory (HBM) are separate memories (lesson 05); vLLM's
-#   docstring for `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` says pinned memory "eats into GPU
-#   memory" there. Both platforms: not measured here (`docs/facts.md` F14, F15, F18).
+# - **Huge buffers**: the rounding can double them, and pinned memory cannot be swapped out; pin
+#   too much and the whole machine slows down or the process is killed.
+# - **Memory you free and do not reuse**: it stays page-locked in PyTorch's cache until
+#   `torch._C._host_emptyCache()` (private; `pinlab.release_cached_host_blocks()` wraps it) or the
+#   process ends. A program that pins many different sizes once each keeps them all locked.
+# - **Where pinning is unavailable or buys little**: CPU-only builds, WSL (vLLM gates it), and
+#   coherent systems such as GH200 (above), where every pinned byte is still host memory nobody
+#   else can use. Its CPU memory (LPDDR5X) and GPU memory (HBM) are separate memories (lesson 05);
+#   vLLM's docstring for `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` says pinned memory "eats into
+#   GPU memory" there. Both platforms: not measured here (`docs/facts.md` F14, F15, F18).
 
 # %%
 del buf
@@ -1275,35 +1196,26 @@ pinlab.claim(
 
 # %% [markdown]
 # ## What to remember
-# - Over PCIe, the GPU's copy engine reads only pinned memory; pageable copies are staged by the
-#   driver (where the GPU reads host memory through the host's page tables, as on a GH200, pageable
-#   comes closer to pinned: not measured here, `docs/facts.md` F15).
-# - Time a copy with two CUDA events around it. Large copies: pinned runs at the link's rate,
-#   pageable at a fraction of it on most PCIe machines (how large a fraction depends on the link and
-#   the host: this run's ratio is above). Small copies are mostly fixed cost, and one small copy
-#   timed alone on an idle stream also times its launch: time bursts the way a program issues them.
-# - `t.pin_memory()` copies a pageable `t` into pinned memory, and returns `t` itself if it is
-#   already pinned.
-# - Cold pinning is expensive, warm pinning (the caching host allocator) is cheap: pin buffers you
-#   **reuse**. torch's caching host allocator rounds a block up to a power of two (by default;
-#   configurable from torch 2.13), keeps it pinned after `del`, and pinned memory cannot be
-#   swapped: do not pin everything.
-# - `DataLoader(..., pin_memory=True)` hands you pinned batches: with workers a pin-memory thread
-#   pins them off the main thread; with `num_workers=0` the main thread pins them in `next()`.
-#   Pinning from several threads splits the warm `memcpy` (which one main-thread call may already
-#   spread over torch's intra-op threads); cold pinning (`cudaHostAlloc`) shares badly between
-#   threads (this run's speed-ups are above): warm the cache.
+# - Over PCIe the copy engine reads only pinned memory; the driver stages pageable copies (a GH200
+#   reads pageable memory through the host's page tables: not measured here, `docs/facts.md` F15).
+# - Time a copy with two CUDA events. Large copies: pinned runs at the link's rate, pageable at a
+#   fraction of it on most PCIe machines. Small copies are mostly fixed cost, and one timed alone
+#   also times its launch.
+# - `t.pin_memory()` of an already pinned `t` returns `t` itself.
+# - Cold pinning is expensive, warm pinning cheap: pin buffers you **reuse**. By default the
+#   allocator rounds up to a power of two and keeps blocks pinned after `del`, and pinned memory
+#   cannot be swapped: do not pin everything.
+# - `DataLoader(..., pin_memory=True)` pins in a pin-memory thread with workers, in `next()` with
+#   `num_workers=0`. Threads share warm pinning (a `memcpy`) well, cold (`cudaHostAlloc`) badly:
+#   warm the cache.
 # - `PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8`
 #   pre-faults one block's pages from several threads, then page-locks it with one
-#   `cudaHostRegister` (the speed-ups above); `pinned_max_round_threshold_mb`
-#   (torch 2.13 and later) stops the power-of-two rounding above a size. Torch reads them once per
-#   process, and an older torch refuses a key it does not know.
-# - Pinning can fail: a memlock limit without `CAP_IPC_LOCK` (containers), WSL2's pinned limit, a
-#   host out of memory. Try pinned, fall back to pageable, and say so (`pin_or_fall_back` above).
-# - A pageable copy is staged through the driver's pinned buffers, a host-to-host copy of every byte
-#   on top of the link; how its rate compares with the host's own `memcpy` is this run's comparison
-#   above (the driver's staging need not run at one thread's `memcpy` rate). With several NUMA nodes,
-#   keep pinned buffers on the GPU's node.
+#   `cudaHostRegister`; `pinned_max_round_threshold_mb` (torch 2.13 and later) stops the rounding
+#   above a size. Torch reads them once per process; an older torch refuses a key it does not know.
+# - Pinning can fail (a memlock limit without `CAP_IPC_LOCK`, WSL2, a host out of memory): fall
+#   back to pageable, and say so.
+# - A pageable copy adds a host-to-host copy of every byte. With several NUMA nodes, keep pinned
+#   buffers on the GPU's node.
 #
 # **Exercise:** `exercises/01_pinned_memory.ipynb` (solution in `solutions/`).
 # **Next:** 02 · fake `non_blocking`.

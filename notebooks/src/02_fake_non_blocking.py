@@ -2,23 +2,17 @@
 # # 02 · Fake `non_blocking`: when a copy returns
 #
 # **What you will learn**
-# - what `non_blocking=True` promises, and when a host-to-device copy keeps the promise;
-# - the copy that returns or waits, as ten lines of code you can run, and the size from which a
-#   single copy from pageable memory makes the host wait for the GPU;
-# - the two limits of the driver's staging, undocumented and measured on your machine: one per
-#   copy, one for the bytes pending;
+# - what `non_blocking=True` promises, and from what size one pageable copy makes the host wait;
+# - the driver's two undocumented staging limits, measured here: per copy, and bytes pending;
 # - why data copied `non_blocking` *into* pinned memory is wrong until you synchronize;
-# - other calls that quietly block the host: `torch.tensor(list, device="cuda")`, a *non-dense*
-#   pinned source, `.item()`, the first launch of a kernel;
-# - the same order of host and GPU work on any machine: `with pinlab.stream() as s:` (the CUDA
-#   stream, or the course's emulated lagging stream without a GPU), which exercise 02 uses;
-# - the advice "use `non_blocking=True`, pinned or not" from PyTorch's tutorial, tested case by case
-#   with this lesson's data; the tutorial's own experiment (1,000 tensors of 4 KB, one sync at the
-#   end, from pageable, pinned and pin-then-copy) measured beside this lesson's variant (one 16 MiB
-#   copy and a wait after it), and its checklist of factors, each answered by a section of the course.
+# - other calls that quietly block the host (`torch.tensor(list, device="cuda")`, a *non-dense*
+#   pinned source, `.item()`, a kernel's first launch);
+# - `with pinlab.stream() as s:`: the same order of host and GPU work on any machine (exercise 02
+#   uses it);
+# - PyTorch's tutorial advice "use `non_blocking=True`, pinned or not", tested case by case, with
+#   its experiment and checklist.
 #
-# Lesson 02b continues with copies that overlap: what a fake `non_blocking` costs a step loop, a
-# copy stream beside the compute, many tensors, and two tools.
+# Lesson 02b continues with copies that overlap.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -52,40 +46,37 @@ pinned_at_start = pinlab.pinned_baseline()
 # ## What `non_blocking=True` promises
 #
 # `gpu_t.copy_(cpu_t, non_blocking=True)` asks PyTorch to *enqueue* the copy on the GPU's stream and
-# return at once. While the GPU works through its queue, the host prepares the next step: that
-# overlap is what keeps a GPU fed.
+# return at once, so the host prepares the next step while the GPU works: that overlap keeps a GPU
+# fed.
 #
-# The promise holds for sure when the copy engine can read `cpu_t` where it lies, that is when
-# `cpu_t` is **pinned** (lesson 01). From pageable memory the driver first copies the data into a
-# pinned staging buffer of its own, and it has only so much of that. A copy it stages returns at
-# once: asynchronous as far as the host is concerned, at the price of the staging `memcpy`. When a
-# copy does not fit, the driver waits until the GPU has worked through everything queued before
-# it and copies the data through staging itself, with the host waiting. The call still says
-# `non_blocking=True`; the host waits anyway. That copy, the one that waits, is the *fake*
-# `non_blocking`.
+# The promise surely holds when `cpu_t` is **pinned** (lesson 01): the copy engine reads it where it
+# lies. From pageable memory the driver first copies the data into a limited pinned staging buffer
+# of its own. A copy it stages returns at once: asynchronous for the host, at the price of the
+# staging `memcpy`. A copy that does not fit waits until the GPU has finished everything queued
+# before it, then goes through staging with the host waiting. The call says `non_blocking=True`; the
+# host waits anyway: the *fake* `non_blocking`.
 #
-# CUDA's documentation promises no more than that. The CUDA Runtime API's page "API
-# synchronization behavior" (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html)
-# says, in CUDA 12.2 and later, that for transfers between device memory and pageable host memory an
-# asynchronous copy "might be synchronous" with respect to the host (`docs/facts.md` F6, F7). When
-# it is, and up to which sizes the driver stages instead, is not documented: the driver decides,
-# and this lesson measures what it did on this machine. Other platforms decide differently (not
-# measured here: the course never ran on them): HIP documents a `hipMemcpyAsync` from or to unpinned host memory as
-# performed synchronously (ROCm, F17); where the GPU reads host memory through the host's page
-# tables (a GH200, F15), a pageable copy need not be staged at all.
+# CUDA promises no more. The CUDA Runtime API's page "API synchronization behavior"
+# (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html) says, in CUDA 12.2 and
+# later, that for transfers between device memory and pageable host memory an asynchronous copy
+# "might be synchronous" with respect to the host (`docs/facts.md` F6, F7). When, and up to which
+# sizes the driver stages instead, is undocumented: this lesson measures what the driver did here.
+# Other platforms differ (not measured here: the course never ran on them): HIP documents a
+# `hipMemcpyAsync` from or to unpinned host memory as performed synchronously (ROCm, F17); where the
+# GPU reads host memory through the host's page tables (a GH200, F15), a pageable copy need not be
+# staged at all.
 #
-# **How we make waiting visible.** An idle GPU runs a copy at once, so a call that waits for it
-# still looks fast. Every experiment therefore first enqueues `pinlab.gpu_busy(ms)`, a kernel that
-# spins for `ms` milliseconds. A call issued behind it that returns in microseconds did not wait;
-# one that takes about `ms` waited. We say a call **waited** when it took more than half the busy
-# time (`stalls.waited`). Every kernel an experiment times is launched once beforehand
-# (`pinlab.warmup`): the first launch of a kernel can block too, as section 4 shows.
+# **Making waiting visible.** An idle GPU runs a copy at once, so a call that waits for it still
+# looks fast. So every experiment first enqueues `pinlab.gpu_busy(ms)`, a kernel spinning for `ms`
+# milliseconds: a call behind it that returns in microseconds did not wait; one taking over half the
+# busy time **waited** (`stalls.waited`). Every timed kernel is launched once beforehand
+# (`pinlab.warmup`): a first launch can block too (section 4).
 
 # %% [markdown]
 # ## 1. The copy that returns or waits
 #
-# This is the whole experiment: make the GPU busy, time one `copy_(..., non_blocking=True)` on the
-# host, synchronize. Copy it into your own code to test a copy you are unsure of.
+# The whole experiment: make the GPU busy, time one `copy_(..., non_blocking=True)` on the host,
+# synchronize. Copy it into your code to test a copy you are unsure of.
 
 
 # %%
@@ -102,20 +93,19 @@ def copy_returns_or_waits(dst, src, busy_ms):
 
 
 # %% [markdown]
-# 🔮 **Predict.** Behind a GPU that is busy for 10 ms, how long does the host spend inside one
-# `copy_(..., non_blocking=True)` of 256 B from pageable memory? Of 64 MiB? And from pinned memory?
+# 🔮 **Predict.** Behind a GPU busy for 10 ms, how long does the host spend in one `copy_(...,
+# non_blocking=True)` of 256 B from pageable memory? Of 64 MiB? From pinned memory?
 #
 # <details><summary>Answer</summary>
 #
-# From pinned memory: microseconds, at every size (the copy is only enqueued). From pageable
-# memory, on a CUDA GPU over PCIe: microseconds for small copies, which the driver stages at once;
-# from some size on, the whole busy time and then some. Find that size below (on ROCm, not measured
-# here, HIP documents every pageable copy as synchronous: `docs/facts.md` F17).
+# Pinned: microseconds, at every size (the copy is only enqueued). Pageable, on a CUDA GPU over
+# PCIe: microseconds for small copies, which the driver stages at once; from some size on, the whole
+# busy time and more. Find that size below (ROCm differs, not measured here: `docs/facts.md` F17).
 # </details>
 #
-# `stalls.single_copy_sweep` runs the function above for 27 sizes from 256 B to 64 MiB (a finer
-# grid between 1 and 4 MiB), from a pageable and from a pinned tensor, median of 3 tries each; it
-# times `src.to("cuda", non_blocking=True)` the same way. It takes a few seconds on a GPU.
+# `stalls.single_copy_sweep` runs the function above for 27 sizes from 256 B to 64 MiB (finer
+# between 1 and 4 MiB), from a pageable and a pinned tensor, median of 3 tries each, and times
+# `src.to("cuda", non_blocking=True)` the same way: a few seconds on a GPU.
 
 # %%
 sweep = pinlab.measure(
@@ -217,10 +207,10 @@ small_returned = pinlab.observe(
 
 # %% [markdown]
 # Read the plot from the left: the copies that returned, pageable and pinned, each cost the host
-# something. Is that cost the driver's `memcpy` into staging, growing with the bytes, or a cost per
-# call? The lines below compare the smallest sizes with the largest pageable copy that still
-# returned, in this run. Where the pageable lines jump to the busy time, a `non_blocking=True` copy
-# from pageable memory has become a blocking copy.
+# something: the driver's `memcpy` into staging, growing with the bytes, or a cost per call? The
+# lines below compare the smallest sizes with the largest pageable copy that still returned. Where
+# the pageable lines jump to the busy time, a `non_blocking=True` pageable copy has become a
+# blocking one.
 
 # %%
 tiny = [r for r in rows if r["bytes"] <= 32 * KiB]
@@ -261,19 +251,16 @@ for i, part in enumerate(parts, 1):
     pinlab.show(f"what this run shows ({i}/{len(parts)})", part)
 
 # %% [markdown]
-# Note what the function does first: `torch.cuda.synchronize()`. Every copy in this sweep was
-# issued **alone**, with nothing else pending and the driver's staging buffer empty. Where the
-# large ones waited anyway (the lines above say whether they did here), the first limit is **per
-# copy**: above a certain size this driver does not stage a pageable copy behind the queue at all,
-# whatever room it has. Section 2 finds a second limit, for the bytes of many small copies pending
-# at once. Both are the driver's choice, undocumented (CUDA's "API synchronization behavior" page
-# only says such a copy "might be synchronous").
+# Note the function's first line, `torch.cuda.synchronize()`: each copy in this sweep was issued
+# **alone**, with nothing pending and the staging buffer empty. Where large ones waited anyway (see
+# above), the first limit is **per copy**: above some size this driver does not stage a pageable
+# copy behind the queue, whatever room it has. Section 2 finds a second limit, on the bytes of many
+# small copies pending at once. Both are the driver's undocumented choice.
 #
 # **The benchmark.** An honest `non_blocking` copy should cost the host next to nothing, whatever
-# the GPU is doing. A step loop issues its copies one after another, so that is how we time them:
-# bursts of pinned copies of 8 MiB behind a busy GPU, host time per call (median over 30 bursts).
-# For contrast, the same call made alone right after the host synchronized (the function above),
-# and the pageable copy of the same size.
+# the GPU does. A step loop issues copies back to back, so we time bursts of 8 MiB pinned copies
+# behind a busy GPU: host time per call, median over 30 bursts. For contrast: the same call alone
+# right after a sync (the function above), and the pageable copy of that size.
 
 # %%
 bench = sweep["bench"]
@@ -308,30 +295,29 @@ pinned_cheap = pinlab.observe(
 )
 
 # %% [markdown]
-# Compare the two pinned copy_ lines above: the same call, issued two ways, need not cost the same
-# (the ratio line says how they compared in this run), so time copies the way your code issues
-# them. Set either against what the pageable copy of the same size cost the host, the last line.
+# The two pinned copy_ lines (the same call, issued two ways) need not cost the same (the ratio line
+# compares them here): time copies the way your code issues them. Set either against the pageable
+# copy's host cost, the last line.
 
 # %% [markdown]
 # ## 2. The staging pool: many small copies
 #
-# Small pageable copies return at once where the driver stages them (section 1). But staging
-# space is finite, and staged data leaves it only when the GPU performs the copy, after
-# everything queued before it.
+# Small pageable copies return at once where the driver stages them (section 1). But staging space
+# is finite, and staged data leaves it only when the GPU performs the copy, after everything queued
+# before it.
 #
-# 🔮 **Predict.** Behind a kernel that runs for 50 ms, you issue 64 KiB pageable copies, one after
+# 🔮 **Predict.** Behind a kernel running for 50 ms, you issue 64 KiB pageable copies, one after
 # another. Do they all return at once? If not, after how many?
 #
 # <details><summary>Answer</summary>
 #
 # On a CUDA GPU over PCIe (what this course was recorded on): the first few dozen return in
-# microseconds; then one copy waits for the whole kernel, because the staging pool is full. The
-# number of *bytes* pending at that moment is the pool's size. On ROCm (not measured here) HIP
-# documents every pageable copy as synchronous: expect the first one to wait (`docs/facts.md` F17).
+# microseconds; then one copy waits for the whole kernel: the staging pool is full. The *bytes*
+# pending then are the pool's size.
 # </details>
 #
 # The experiment queues 16 MiB of copies, in 16 KiB and in 64 KiB pieces, behind a 50 ms kernel,
-# and times each copy; 3 trials each. It then checks that every byte arrived.
+# times each copy (3 trials each), and checks that every byte arrived.
 
 # %%
 pool = pinlab.measure(
@@ -424,12 +410,11 @@ if all(counts.values()) and len(counts) == 2:
 
 # %% [markdown]
 # On a CUDA GPU over PCIe each curve rises slowly, then jumps by about the busy time: that copy
-# waited until the GPU had worked through the kernel and started draining the staging pool. Is the
-# pool counted in bytes or in copies? If in copies, both curves would jump at the same copy; if in
-# bytes, the 16 KiB copies would get four times as far. The last two lines compare them for this run.
-# Nothing was lost, the data is right: only the host's time went.
+# waited until the GPU had worked through the kernel and started draining the pool. Counted in
+# copies, both curves would jump at the same copy; in bytes, the 16 KiB copies would get four times
+# as far: the last two lines compare them for this run. Nothing was lost: only the host's time went.
 #
-# **Two limits, then.** Side by side, from this run's two experiments:
+# **Two limits, then**, from this run's two experiments:
 
 # %%
 pending_median = (
@@ -449,32 +434,29 @@ pinlab.show(
 
 # %% [markdown]
 # A single copy above the first limit waits even into an empty pool; many small copies, each far
-# below it, wait once the bytes pending reach the second. Neither limit is documented: CUDA's "API
-# synchronization behavior" page only says that a copy from pageable memory "might be
-# synchronous", and the sizes above are what this driver did on this machine. Another driver
-# version, another GPU or another operating system may draw both lines elsewhere (on ROCm, not
-# measured here, HIP documents every pageable copy as synchronous). Write code that does not depend
-# on them: pin what you copy `non_blocking`.
+# below it, wait once the bytes pending reach the second. Neither is documented: the sizes above are
+# what this driver did on this machine, and another driver version, GPU or operating system may draw
+# both lines elsewhere. So pin what you copy `non_blocking`.
 #
 # ## 3. Device to host: `non_blocking` the other way
 #
-# 🔮 **Predict.** `host_buf.copy_(gpu_t, non_blocking=True)` while the GPU is busy. If `host_buf`
-# is pageable, does the host wait? If it is pinned, and you read `host_buf` right after the
-# call, what do you read?
+# 🔮 **Predict.** `host_buf.copy_(gpu_t, non_blocking=True)` while the GPU is busy. If `host_buf` is
+# pageable, does the host wait? If it is pinned, and you read `host_buf` right after the call, what
+# do you read?
 #
 # <details><summary>Answer</summary>
 #
 # Into pageable memory the call waits until the copy is done: blocking, but correct. The CUDA
-# Runtime API's "API synchronization behavior" page said so up to CUDA 11.0 ("the function will return
-# only once the copy has completed"); from its CUDA 12.2 version on it says only that such a copy "might be
-# synchronous" (`docs/facts.md` F7), so this is what drivers do, not what the current page promises:
-# the claims below check it in this run. Into pinned memory the call returns at once and the copy
-# happens later: what you read right away is the buffer's **old** contents.
+# Runtime API's "API synchronization behavior" page said so up to CUDA 11.0 ("the function will
+# return only once the copy has completed"); from CUDA 12.2 on it says only "might be synchronous"
+# (`docs/facts.md` F7): drivers do it, the current page does not promise it, and the claims below
+# check it. Into pinned memory the call returns at once and the copy happens later: read right away,
+# the buffer holds its **old** contents.
 # </details>
 #
 # One trial: fill the host buffer with -1, make the GPU busy, let a GPU kernel write a new value,
-# copy it back with `non_blocking=True`, read the buffer at once, then again after waiting for
-# *that copy*: an event recorded right after it, on the same stream.
+# copy it back with `non_blocking=True`, read the buffer at once, and again after waiting for *that
+# copy* (an event recorded right after it, on the same stream).
 
 
 # %%
@@ -547,8 +529,8 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# What did the host read? The first four values of the pinned buffer, right after the call and
-# after waiting for the copy:
+# The first four values of the pinned buffer, read right after the call and after waiting for the
+# copy:
 
 # %%
 print("read right after the call:    ", into_pinned["head_before"])
@@ -561,10 +543,10 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The fix is the end of `copy_back`: record an event right after the copy and `synchronize()` the
-# event before you read. Between the two the host is free to do other work while the copy runs.
-# `torch.cuda.synchronize()` works too, but waits for everything on the GPU. And
-# `gpu_t.to("cpu", non_blocking=True)` allocates the result in pinned memory for you: same rule.
+# The fix is the end of `copy_back`: record an event right after the copy and `synchronize()` it
+# before you read; in between, the host is free to work while the copy runs.
+# `torch.cuda.synchronize()` works too, but waits for everything on the GPU. `gpu_t.to("cpu",
+# non_blocking=True)` allocates its result in pinned memory: same rule.
 
 # %%
 to_cpu_quick = not any(stalls.waited(t, d2h["busy_ms"]) for t in to_cpu["host_ms"])
@@ -584,41 +566,37 @@ pinlab.claim(
 # %% [markdown]
 # ## 4. Other hidden syncs
 #
-# Some calls block the host behind a busy GPU although nothing in them says "sync". Each one below
-# is timed behind a 20 ms kernel and with the GPU idle; it **blocked** when the difference is more
-# than half the busy time (so host work it does anyway is not counted as waiting). `x` is a pinned
-# float32 tensor of 8 MiB; the strided source below is every other column of a pinned tensor twice
-# as wide, so that it too holds 8 MiB.
+# Some calls block the host behind a busy GPU though nothing in them says "sync". Each is timed
+# behind a 20 ms kernel and with the GPU idle; it **blocked** when the difference is over half the
+# busy time (so host work it does anyway does not count). `x` is a pinned float32 tensor of 8 MiB;
+# the strided source is every other column of a pinned tensor twice as wide (also 8 MiB).
 #
 # One rule, in torch's CUDA `copy_` (`aten/src/ATen/native/cuda/Copy.cu`), decides the copies among
-# them (`copy_requires_temporaries`: `docs/facts.md` F5). For a copy between host and GPU, PyTorch hands the driver the source's memory as one block,
-# where it lies, when the source has the destination's dtype and is **dense in the destination's
-# layout**: its elements fill their memory with no holes, in the destination's order of the
-# dimensions (`x.t()` is dense, read in another order than `x`; `x[:, ::2]` has holes). Otherwise a
-# `non_blocking` copy still sends a **contiguous** source as it lies, into a temporary on the GPU,
-# and converts or reorders it there; any other source is first gathered into a contiguous
-# temporary on the CPU, in ordinary pageable memory, and that is copied.
+# them (`copy_requires_temporaries`: `docs/facts.md` F5). Between host and GPU, PyTorch hands the
+# driver the source's memory as one block, where it lies, when the source has the destination's
+# dtype and is **dense in the destination's layout**: its elements fill their memory with no holes,
+# in the destination's order of the dimensions (`x.t()` is dense, read in another order than `x`;
+# `x[:, ::2]` has holes). Otherwise a `non_blocking` copy still sends a **contiguous** source as it
+# lies, into a GPU temporary, and converts or reorders it there; any other source is first gathered
+# into a contiguous temporary on the CPU, in ordinary pageable memory, and that is copied.
 #
 # 🔮 **Predict** for each: blocks or not? `torch.tensor(python_list, device="cuda")`; a copy from
-# `x[:, ::2]` (every other column of pinned memory); a copy from `x.t()` (the transpose: the same
-# memory, read in another order) into a GPU tensor laid out like it, and into a contiguous one; a
-# copy that converts float32 to bfloat16; `.item()`.
+# `x[:, ::2]`; from `x.t()` into a GPU tensor laid out like it, and into a contiguous one; a
+# float32-to-bfloat16 copy; `.item()`.
 #
 # <details><summary>Answer</summary>
 #
-# `torch.tensor(list, device="cuda")` builds the tensor on the CPU and copies it with a blocking
-# copy. The other copies follow the rule above. `x[:, ::2]` is neither dense nor contiguous (holes
-# between the elements), so it is gathered into a temporary **on the CPU**, in pageable memory: a
-# pageable copy again, however pinned the source was. `x.t()` is dense: copied into
-# `torch.empty_like(x.t(), device="cuda")`, which keeps its layout, it goes straight from pinned
-# memory; copied into a contiguous tensor it is neither dense in that layout nor contiguous, so it
-# is gathered first too. The rule is *dense in the destination's layout*, not *contiguous*. Each
-# gathered temporary here is 8 MiB: whether its copy waits is the driver's staging decision of
-# section 1, undocumented (a fake `non_blocking` when it does); the `[measured]` line after the
-# claims below says what they did here. A dtype-converting copy from a contiguous pinned tensor
-# sends the source as it lies and converts on the GPU: asynchronous once its conversion kernel is
-# loaded; the *first* launch of any kernel blocks while CUDA loads it (lazy module loading).
-# `.item()` has to wait for the value: it always blocks.
+# `torch.tensor(list, device="cuda")` builds the tensor on the CPU, then makes a blocking copy.
+# `x[:, ::2]` is neither dense nor contiguous: gathered into a pageable temporary **on the CPU**, it
+# is a pageable copy again, however pinned the source. `x.t()` goes straight from pinned memory into
+# `torch.empty_like(x.t(), device="cuda")`, which keeps its layout; into a contiguous tensor it is
+# neither dense in that layout nor contiguous, so it is gathered too. The rule is *dense in the
+# destination's layout*, not *contiguous*. Whether a gathered 8 MiB temporary's copy waits is
+# section 1's undocumented staging decision (a fake `non_blocking` when it does): see the
+# `[measured]` line after the claims. A dtype-converting copy from a contiguous pinned tensor
+# converts on the GPU: asynchronous once its conversion kernel is loaded; the *first* launch of any
+# kernel blocks while CUDA loads it (lazy module loading). `.item()` must wait for the value: it
+# always blocks.
 # </details>
 
 # %%
@@ -634,7 +612,7 @@ row = {r["key"]: r for r in hs["rows"]}
 
 # %% tags=["nbval-ignore-output"]
 ms = pinlab.fmt_ms
-# one operation per two lines (its name is long): host blocked?, host ms GPU busy / idle
+# two lines per operation, whose name is long
 for r in hs["rows"]:
     print(
         f"{r['op']}\n    host blocked: {r['blocked']!s:5}   host, GPU busy: "
@@ -684,17 +662,15 @@ gathered_waited = pinlab.observe(
 )
 
 # %% [markdown]
-# The two *first* calls depend on how CUDA loads kernels, which the environment variable
-# `CUDA_MODULE_LOADING` controls. With `LAZY` a kernel's code is loaded on its first launch, and
-# that launch waits for the busy GPU; with `EAGER` everything is loaded at start-up instead
-# (slower start, no surprise later). Left unset, CUDA uses its default: lazy loading, on Linux
-# since CUDA 12.2 and on every platform since 12.3 (CUDA programming guide, "Lazy Loading").
-# Older PyTorch releases set `LAZY` themselves when they initialised CUDA, with C's `setenv`; newer
-# ones leave the variable alone, since the driver loads lazily by default. Python's `os.environ` is
-# a copy of the environment made when the interpreter started and does not see a later `setenv`,
-# so we read the variable both ways: in Python's copy and in the process environment that CUDA
-# reads. "(unset)" in both does not mean eager loading: the two lines after them show what the
-# first launches did in this run.
+# The two *first* calls depend on how CUDA loads kernels (the environment variable
+# `CUDA_MODULE_LOADING`). With `LAZY` a kernel's code loads on its first launch, which waits for the
+# busy GPU; with `EAGER` everything loads at start-up (slower start, no surprise later). Unset, CUDA
+# defaults to lazy loading: on Linux since CUDA 12.2, everywhere since 12.3 (CUDA programming guide,
+# "Lazy Loading"). Older PyTorch releases set `LAZY` themselves when initialising CUDA, with C's
+# `setenv`; newer ones leave it alone, since the driver loads lazily by default. Python's
+# `os.environ`, a copy of the environment taken at interpreter start, misses a later `setenv`, so we
+# read the variable in both Python's copy and the process environment CUDA reads. "(unset)" in both
+# does not mean eager loading: the next two lines show what the first launches did.
 
 # %%
 pinlab.show(
@@ -714,25 +690,24 @@ for key in ("dtype_cold", "kernel_cold"):
     )
 
 # %% [markdown]
-# The lesson for measurements: launch every kernel once before you time anything, or the first
-# measurement lies. The lesson for serving: warm up (vLLM runs dummy batches before it serves).
+# For measurements: launch every kernel once before you time anything, or the first measurement
+# lies. For serving: warm up (vLLM runs dummy batches before it serves).
 # %% [markdown]
 # ## 5. The same copies without a GPU: `pinlab.stream()`
 #
-# The experiments above need a GPU; without one, this notebook replays the recorded run. The
-# *order* of host and GPU work, though, can be shown on any machine. `pinlab.stream()` gives the
-# CUDA stream where there is a GPU, and otherwise an **emulated lagging stream**
-# (`pinlab.LaggingStream`): the same torch code runs on the CPU as if the GPU were far behind the
-# host. Queued copies and kernels run only when the host waits for them; a copy from pinned memory
-# reads its source when it runs; a copy from pageable memory is staged at the call, and one larger
-# than a per-copy limit (`pinlab.streams.STAGING_LIMIT`, the emulation's stand-in for section 1's)
-# first waits for the queue; a copy into pageable host memory waits, one into pinned memory is only
-# queued. The emulation is exact about order and says nothing about time: its results say
-# "emulated" wherever they are shown.
+# The experiments above need a GPU (without one they replay the recorded run), but the *order* of
+# host and GPU work shows on any machine. `pinlab.stream()` gives the CUDA stream where there is a
+# GPU, otherwise an **emulated lagging stream** (`pinlab.LaggingStream`) that runs the same torch
+# code on the CPU as if the GPU were far behind the host. Queued copies and kernels run only when
+# the host waits for them; a copy from pinned memory reads its source when it runs; a pageable copy
+# is staged at the call, unless it is larger than a per-copy limit (`pinlab.streams.STAGING_LIMIT`,
+# standing in for section 1's): then it first waits for the queue; a copy into pageable host memory
+# waits, one into pinned memory is only queued. The emulation is exact about order, silent about
+# time: its results say "emulated" wherever shown.
 #
-# Inside `with pinlab.stream() as s:` create host tensors without a `device=` and device tensors
-# with `device=s.device`; `s.busy(ms)` queues `ms` of GPU work, `s.Event()` makes an event
-# (`torch.cuda.Event` on a GPU) and `s.synchronize()` waits for everything queued. Section 3's copy
+# Inside `with pinlab.stream() as s:` create host tensors without `device=`, device tensors with
+# `device=s.device`; `s.busy(ms)` queues `ms` of GPU work, `s.Event()` makes an event
+# (`torch.cuda.Event` on a GPU), `s.synchronize()` waits for everything queued. Section 3's copy
 # back, on that stream:
 
 
@@ -768,9 +743,9 @@ def read_back(s, value, busy_ms=20.0):
 # <details><summary>Answer</summary>
 #
 # Only the first: the copy into pinned memory was queued behind the busy kernel, so the host read
-# the buffer before the copy ran. After `done.synchronize()` it reads 7. The copy into pageable
-# memory returned only once it had run, so it reads 8 without an event (section 3). On the
-# emulated stream, and on a GPU, the same three values.
+# the buffer before it ran. After `done.synchronize()`: 7. The copy into pageable memory returned
+# only once it had run: 8, without an event (section 3). Same three values on the emulated stream
+# and on a GPU.
 # </details>
 
 # %%
@@ -797,22 +772,20 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The exercise of this lesson runs its third part this way: on a GPU your code runs on the CUDA
-# stream, without one on the emulated stream, which records every time the host waits for queued
-# GPU work.
+# This lesson's exercise runs its third part this way: on the CUDA stream with a GPU, otherwise on
+# the emulated stream, which records every time the host waits for queued GPU work.
 
 # %% [markdown]
 # ## 6. The tutorial's advice, tested
 #
-# The tutorial's summary advises calling `tensor.to(device, non_blocking=True)` in general, whether
-# or not the tensor is pinned. This lesson's own measurements (sections 1 to 3, this run) test it,
-# case by case:
+# PyTorch's tutorial advises, in its summary, `tensor.to(device, non_blocking=True)` in general,
+# pinned or not. Sections 1 to 3 of this run test it, case by case:
 
 # %%
 advice = stalls.advice_rows(sweep.result, pool.result, d2h.result)
 
 # %% tags=["nbval-ignore-output"]
-# one case per three lines: the case, its outcome, the evidence from this run
+# three lines per case: the case, its outcome, the evidence
 for r in advice:
     print(
         f"non_blocking=True, {r['case']}\n    outcome: "
@@ -846,38 +819,34 @@ for i, (r, want) in enumerate(zip(advice, expected_outcomes)):
         )
 
 # %% [markdown]
-# Where the advice holds: a copy from pinned memory is queued at any size (documented), and a small
-# pageable copy is staged by the driver and returns at once where the driver stages it (CUDA's
-# drivers do, up to limits they do not document; on ROCm, not measured here, HIP documents every
-# pageable copy as synchronous: the
-# `[measured]` lines above say what happened here). On the GPU the copy runs in stream order, before
-# anything queued after it, so the device data is right, with one condition the flag adds: the
-# host must not write a pinned source until the copy has run (lesson 03 is that race; a pageable
-# source is copied into staging at the call). Where it fails: one large pageable copy waits for
-# the GPU where the driver does not stage it; many small ones wait once the staging pool's pending
-# bytes are full; a copy into pageable host memory was synchronous whatever the flag said, in every
-# run (documented so up to CUDA 11.0; from CUDA 12.2 on the page says "might be"). And where it is a
-# trap: into pinned memory (`.to("cpu", non_blocking=True)` allocates pinned memory for you), the
-# call returns before the data is there (section 3; the tutorial warns about this one too).
-# Lesson 02b adds the last case: even pinned and `non_blocking`, a copy on the compute's stream
-# never runs beside the compute.
+# Where the advice holds: a copy from pinned memory is queued at any size (documented); a small
+# pageable copy returns at once where the driver stages it (CUDA's drivers do, up to undocumented
+# limits; ROCm, not measured here, differs). The copy runs in stream order, before anything queued
+# after it, so the device data is right, on one condition the flag adds: the host must not write a
+# pinned source until the copy has run (lesson 03 is that race; a pageable source is copied into
+# staging at the call). Where it fails: a large pageable copy the driver does not stage, and small
+# ones once the pool's pending bytes are full, wait for the GPU; a copy into pageable host memory
+# was synchronous whatever the flag said, in every run (documented up to CUDA 11.0; "might be" from
+# 12.2). Where it is a trap: a copy into pinned memory (which `.to("cpu", non_blocking=True)`
+# allocates for you) returns before the data is there (section 3; the tutorial warns of this too).
+# Lesson 02b adds: even pinned, a `non_blocking` copy on the compute's stream never runs beside the
+# compute.
 #
 # So for host-to-device copies the flag is a request, not a promise (the two experiments below time
-# the same copies with and without it): pin what you copy on a hot path (and leave the pinned
-# source alone until the copy has run), read device-to-host results only after an event, and put
-# copies on their own stream when they should hide behind the compute (lesson 02b).
+# the same copies with and without it): pin what you copy on a hot path, and leave the pinned source
+# alone until the copy has run; read device-to-host results only after an event; put copies on their
+# own stream to hide them behind the compute (lesson 02b).
 
 # %% [markdown]
 # ### The tutorial's three sources, one large copy each (this lesson's variant)
 #
 # The tutorial (`intermediate_source/pinmem_nonblock.py` in `pytorch/tutorials`: `docs/facts.md`
 # F20) compares three sources, each copied blocking and `non_blocking`: a **pageable** tensor; a
-# tensor **pinned** once and reused; and `pin_memory()` **then** copy, which pins a fresh copy every
-# time. Its own experiment copies 1,000 small tensors and synchronizes once, at the end (the next
-# section runs it). This section is the course's variant, not the tutorial's: **one** 16 MiB copy
-# from `source`, then a wait for it (as `.item()` or a loss read would). With a wait right after
-# every copy there is nothing for `non_blocking` to overlap, so here it cannot matter by
-# construction: this variant measures what each source costs, not what the flag buys.
+# tensor **pinned** once and reused; and `pin_memory()` **then** copy, pinning a fresh copy every
+# time. Its own experiment (next section) copies 1,000 small tensors and synchronizes once. The
+# course's variant: **one** 16 MiB copy from `source`, then a wait for it (as `.item()` or a loss
+# read would). With a wait after every copy, `non_blocking` has nothing to overlap: this measures
+# what each source costs, not what the flag buys.
 
 
 # %%
@@ -899,12 +868,11 @@ def to_gpu(source, dst, pageable, pinned, non_blocking):
 #
 # <details><summary>Answer</summary>
 #
-# Pinned and reused is the fastest: one DMA, no staging. Pageable pays the driver's staging.
-# `pin_memory()` then copy pays a host copy into pinned memory and then the DMA: the tutorial found
-# it up to twice as slow as a plain pageable copy, but with a warm pinned cache (the block is reused
-# from the allocator's cache, lesson 01) it can also come out ahead; the lines below say which it
-# did here. `non_blocking` changes little in any cell, by construction: each copy is followed by a
-# wait, so there is nothing for the host to do while the copy runs.
+# Pinned and reused is fastest: one DMA, no staging. Pageable pays the driver's staging.
+# `pin_memory()` then copy pays a host copy into pinned memory, then the DMA: the tutorial found it
+# up to twice as slow as a plain pageable copy, but with a warm pinned cache (the allocator reuses a
+# cached block, lesson 01) it can come out ahead; the lines below say which it did here.
+# `non_blocking` changes little anywhere, by construction: each copy is followed by a wait.
 # </details>
 
 # %%
@@ -931,15 +899,13 @@ for i, sentence in enumerate(stalls.matrix_sentences(matrix.result), 1):
     pinlab.show(f"what this run shows ({i}/3)", sentence)
 
 # %% [markdown]
-# The variant measures each copy alone, followed by a wait: what a copy costs, not what it hides.
-#
 # ### The tutorial's own experiment: 1,000 tensors of 4 KB, one sync
 #
 # The tutorial's experiment is different: a list of 1,000 tensors of `torch.randn(1000)` (float32,
 # 4,000 bytes each), each sent with `.to("cuda:0")`, a new GPU tensor per call; blocking, every call
 # waits for its copy; `non_blocking=True`, the loop queues all 1,000 and synchronizes once at the
-# end. The same three sources. Here is its loop, as a function (the tutorial's `copy_to_device`,
-# `copy_to_device_nonblocking` and their `pin_copy_` twins in one):
+# end. Same three sources. Its loop as one function (the tutorial's `copy_to_device`,
+# `copy_to_device_nonblocking` and their `pin_copy_` twins):
 
 
 # %%
@@ -956,19 +922,18 @@ def tutorial_copies(tensors, non_blocking, pin_first=False):
 
 
 # %% [markdown]
-# 🔮 **Predict.** With 1,000 tensors of 4 KB and one sync, does `non_blocking` now matter? For
-# which source most?
+# 🔮 **Predict.** With 1,000 tensors of 4 KB and one sync, does `non_blocking` now matter? For which
+# source most?
 #
 # <details><summary>Answer</summary>
 #
-# It can: blocking, the host waits 1,000 times for a copy of 4 KB, a round trip each; `non_blocking`,
-# it queues the next copy while the last one runs, and waits once. From pinned memory every copy is
-# only queued. From pageable memory the driver stages each small copy, which costs the host a
-# `memcpy` per call either way, and up to 1,000 × 4 KB, about 4 MB, can be pending before the one
-# sync: set that against section 2's "limit 2" line (this run's staging pool) to see whether some
-# of the `non_blocking` copies may have waited anyway. The tutorial timed it with
-# `torch.utils.benchmark.Timer`; this lesson times every cell in interleaved rounds (median of 15),
-# the GPU idle at the start of each. The lines below say what this run saw.
+# It can: blocking, the host waits 1,000 times, a round trip per 4 KB copy; `non_blocking`, it
+# queues each next copy while the last runs, and waits once. Pinned copies are only queued. Pageable
+# ones are staged by the driver, a host `memcpy` per call either way, and up to 1,000 × 4 KB, about
+# 4 MB, can be pending before the sync: set that against section 2's "limit 2" line (this run's
+# staging pool) to see whether some `non_blocking` copies may have waited anyway. The tutorial timed
+# it with `torch.utils.benchmark.Timer`; this lesson times every cell in interleaved rounds (median
+# of 15), each from an idle GPU.
 # </details>
 
 # %%
@@ -1005,16 +970,15 @@ if tut is not None:
         pinlab.show(f"what this run shows ({i}/4)", sentence)
 
 # %% [markdown]
-# Set the two experiments side by side: the same three sources; where every copy is followed by a
-# wait `non_blocking` cannot change much, where many copies are queued before one wait it can (the
-# last line above says how much it did in each, in this run). What `non_blocking` buys in a loop
-# with other work, and what it costs when the copy is fake, are sections 1 to 3 above and lesson 02b.
+# Side by side: with a wait after every copy, `non_blocking` cannot change much; with many copies
+# queued before one wait, it can (the last line above says how much it did in each experiment, in
+# this run). What it buys in a loop with other work, and what a fake one costs: sections 1 to 3 and
+# lesson 02b.
 #
 # ### The tutorial's checklist, answered by this course
 #
-# The tutorial ends with factors to check before speeding up copies between CPU and GPU, or
-# comparing throughput across set-ups. Each has a place in this course where it is measured on your
-# machine:
+# The tutorial ends with factors to check before speeding up CPU-GPU copies or comparing throughput
+# across set-ups. The course measures each on your machine:
 #
 # | the tutorial's factor | where this course measures it |
 # | --- | --- |
@@ -1037,30 +1001,23 @@ pinlab.claim(
 
 # %% [markdown]
 # ## What to remember
-# - `non_blocking=True` is a request. From **pinned** memory it is honoured; from **pageable**
-#   memory only while the driver agrees to stage the copy: one copy above a size limit, or many
-#   small ones queued behind a busy GPU up to a limit on pending bytes, and the host waits. Both
-#   limits are undocumented and driver-dependent (CUDA's "API synchronization behavior" page only
-#   says such a copy "might be synchronous"; on ROCm, not measured here, HIP documents every pageable
-#   copy as synchronous); this run's sizes
-#   are above. A pageable copy the driver stages is asynchronous for the host, at the cost of the
-#   staging `memcpy`; *fake* is the one that says `non_blocking` and waits.
-# - A `non_blocking` copy **into** pinned host memory returns before the data is there: record an
-#   event after it and `synchronize()` the event before you read.
-# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source that is neither dense in the
-#   destination's layout nor contiguous (PyTorch gathers it into a pageable temporary, whose copy
-#   may wait), `.item()`, and the first
-#   launch of every kernel (warm up before you measure or serve).
+# - `non_blocking=True` is a request, not a promise: honoured from **pinned** memory; from
+#   **pageable** memory only while the driver stages the copy (asynchronous for the host, at the
+#   cost of a staging `memcpy`). Above a per-copy size, or once small copies queued behind a busy
+#   GPU pass a limit on pending bytes, the host waits: the *fake* `non_blocking`. Both limits are
+#   undocumented and driver-dependent (this run's are above; on ROCm, not measured here, HIP
+#   documents every pageable copy as synchronous).
+# - A copy into pageable host memory is synchronous. A `non_blocking` copy **into** pinned host
+#   memory returns before the data is there: record an event after it and `synchronize()` the event
+#   before you read.
+# - Hidden syncs: `torch.tensor(list, device="cuda")`, a source neither dense in the destination's
+#   layout nor contiguous (gathered into a pageable temporary, whose copy may wait), `.item()`,
+#   every kernel's first launch (warm up before you measure or serve).
 # - `with pinlab.stream() as s:` runs the same torch code on the CUDA stream or, without a GPU, on
-#   the emulated lagging stream, which is exact about the order of host and GPU work (host tensors
-#   without `device=`, device tensors with `device=s.device`, `s.busy`, `s.Event()`).
-# - "`non_blocking=True`, pinned or not": the flag is a request, not a promise. Large or many
-#   pageable copies wait, a copy into pageable host memory is synchronous, and one into pinned memory
-#   returns before the data is there.
-# - The tutorial's sources: memory pinned once and reused is the fast source; `pin_memory()` then
-#   copy pays a host copy every time (slower or faster than pageable, as this run showed above).
-#   With a wait right after every copy `non_blocking` cannot change much; the tutorial's own
-#   experiment, 1,000 small copies and one sync, is where it can (this run's lines are above).
+#   the emulated lagging stream, exact about the order of host and GPU work.
+# - The tutorial's sources: memory pinned once and reused is fastest; `pin_memory()` then copy pays
+#   a host copy every time (slower or faster than pageable: see this run above). `non_blocking`
+#   changes little with a wait after every copy; it can with 1,000 small copies and one sync.
 #
 # **Exercise:** `exercises/02_fake_non_blocking.ipynb` (solution in `solutions/`); its part 2, the
 # GPU's idle share from a trace's kernel spans, needs nothing from lesson 02b.

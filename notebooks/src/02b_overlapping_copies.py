@@ -2,22 +2,17 @@
 # # 02b · Overlapping copies
 #
 # **What you will learn**
-# - what a pageable input costs a step loop, and what exactly it serializes, seen in a
-#   `torch.profiler` trace;
-# - how a copy runs *beside* the compute: a free copy engine, a copy stream, a pinned source; the
-#   side-stream pattern (`wait_stream`, `torch.cuda.stream`, `record_stream`), its steps per second
-#   and GPU idle share against one stream, and what goes wrong without `record_stream`;
-# - the same timeline in Nsight Systems (`nsys profile -t cuda,nvtx`), and where to look;
-# - copy engines: H2D and D2H at once against each alone, and why a second H2D stream does not
-#   double the bandwidth;
+# - what a pageable input costs a step loop, in a `torch.profiler` trace (and Nsight Systems);
+# - how a copy runs *beside* the compute on a copy stream (`wait_stream`, `torch.cuda.stream`,
+#   `record_stream`), and what goes wrong without `record_stream`;
+# - copy engines: H2D and D2H at once; why a second H2D stream does not double the bandwidth;
 # - many tensors: `non_blocking` copies and one sync against a blocking copy each;
-# - two tools: `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which
-#   finds the copy that `torch.cuda.set_sync_debug_mode` misses.
+# - `pinlab.async_tensor_h2d` (vLLM's honest H2D copy) and `pinlab.detect_stalls`, which finds the
+#   copy that `torch.cuda.set_sync_debug_mode` misses.
 #
-# It builds on lesson 02: when a `non_blocking` copy returns and when it waits (its section 1, the
-# size from which a single pageable copy waits; section 2, the staging pool; section 4, the hidden
-# syncs). As there, every experiment first makes the GPU busy (`pinlab.gpu_busy`), and a call
-# **waited** when it took more than half the busy time.
+# It builds on lesson 02 (section 1: the size from which a pageable copy waits; section 2: the
+# staging pool; section 4: hidden syncs). Every experiment first makes the GPU busy
+# (`pinlab.gpu_busy`); a call **waited** when it took more than half the busy time.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -53,12 +48,10 @@ pinned_at_start = pinlab.pinned_baseline()
 # ## 1. What it costs a step loop: a profiler timeline
 #
 # A toy step, as an engine runs it: wait until step *i-2* is done (an engine bounds how far the
-# host runs ahead; in the course's words, defined in lesson 03, **run-ahead k** means the host may
-# write step n+k's data while the GPU has not yet run step n's copy, and waiting for step *i-2*
-# is run-ahead 1), prepare an 8 MiB input on the CPU (at least 1 ms of work, written into a small
-# ring of host buffers), copy it with `copy_(..., non_blocking=True)`, launch a "forward" of
-# `gpu_ms` on the GPU. Here is the loop; `span(name)` marks each part for the profiler (or for a
-# timer, below) and does nothing otherwise.
+# host runs ahead: **run-ahead k**, lesson 03, lets the host write step n+k's data before the GPU
+# has run step n's copy; this is run-ahead 1), prepare an 8 MiB input on the CPU (at least 1 ms,
+# into a small ring of host buffers), copy it with `copy_(..., non_blocking=True)`, launch a
+# "forward" of `gpu_ms`. `span(name)` marks each part for the profiler (or a timer).
 
 
 # %%
@@ -92,36 +85,28 @@ def run_steps(
 
 
 # %% [markdown]
-# `l02b.step_loop` runs this loop with three host buffers that are pageable, and with three that
-# are pinned: the only difference. What it shows depends on who sets the pace. If the host needs
-# longer per step than the GPU (a busy machine, few cores, other learners' kernels on the same
-# cores), the host sets it, and a step takes as long as the host's work whatever the copies do:
-# that is what happened in an earlier run of this lesson on a shared machine (not this run), where
-# writing the 8 MiB input took over 6 ms instead of 1. So `l02b.step_loop` first measures the host's own work per step
-# on this machine, now (the "prepare inputs" and "launch forward" spans of 5 steps of each kind,
-# timed with `l02b.HostSpans`), and makes the forward `gpu_bound_factor` (2) times that long, and at
-# least `gpu_ms` (`l02b.gpu_bound_forward_ms`): then the GPU sets the pace, on a quiet machine and a
-# busy one.
-# 40 steps of each are timed without the profiler (two rounds, alternating); then 6 steps of each
-# are recorded with `torch.profiler` (CPU and CUDA activity), and the trace is read back into the
-# plot below (`pinlab.profiler`).
+# `l02b.step_loop` runs it with three pageable host buffers, then three pinned ones. If the host
+# needs longer per step than the GPU (a busy machine, few cores, other learners' kernels), it sets
+# the pace whatever the copies do (in an earlier run on a shared machine, writing the 8 MiB input
+# took over 6 ms instead of 1). So it first times the host's own work per step (the "prepare
+# inputs" and "launch forward" spans of 5 steps of each kind, `l02b.HostSpans`) and makes the
+# forward `gpu_bound_factor` (2) times that, at least `gpu_ms` (`l02b.gpu_bound_forward_ms`): the
+# GPU sets the pace. 40 steps of each are timed (two alternating rounds); 6 of each are recorded
+# with `torch.profiler` (CPU and CUDA activity) and plotted (`pinlab.profiler`).
 #
-# 🔮 **Predict.** The forward lasts F, at least twice the host's work per step (the lines below
-# give both for this run). How long does a step take with pinned inputs? With pageable ones: the
-# host's work plus F plus the copy?
+# 🔮 **Predict.** The forward lasts F, at least twice the host's work per step (both printed
+# below). How long does a step take with pinned inputs? With pageable ones: host work + F + copy?
 #
 # <details><summary>Answer</summary>
 #
-# Pinned: about one forward plus one copy per step. The copy and the forwards share one stream,
-# so the GPU still runs them one after the other, but the host's work hides behind the GPU's.
-# Pageable: not the sum. Where the driver does not stage an 8 MiB copy behind the queue (lesson
-# 02's section 1 measured from which size on it does not, on this machine), `copy_` waits until the previous
-# forward is done, then the driver feeds the data through its staging buffer while the host waits
-# inside the call, and only then does the host launch the next forward. The host's preparation
-# still overlaps the previous forward, which is longer; what is serialized is the **staged
-# copy**: about one forward plus one (slower) staged copy per step, plus the moment the host needs
-# to return from `copy_` and launch the forward. So pinned inputs save, per step, the staged copy
-# minus the pinned one, plus that moment: a fixed amount, a smaller share of a longer forward.
+# Pinned: about one forward plus one copy: the GPU runs them in turn on one stream; the host's
+# work hides behind them. Pageable: not the sum. Where an 8 MiB copy is not staged behind the
+# queue (lesson 02, section 1), the host waits inside `copy_` for the previous forward, then while
+# the driver feeds the data through staging, and only then launches the next forward. The
+# preparation still overlaps the previous, longer forward; only the **staged copy** is
+# serialized: one forward plus one (slower) staged copy per step, plus the moment the host needs
+# to return and launch. Pinned inputs save the difference of the two copies plus that moment: a
+# fixed amount, a smaller share of a longer forward.
 # </details>
 
 # %%
@@ -171,15 +156,12 @@ pinlab.show(
 )
 
 # %% [markdown]
-# What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
-# enters `copy_` while the previous forward still runs and leaves it only after the copy has run on
-# the GPU; the next forward starts after that, and the GPU computes nothing in between. The host's
-# "prepare" overlaps the GPU's forward. Pinned: `copy_` returns at once, the host waits only at
-# the bounded run-ahead ("wait for step i-2"), and the forwards follow each other with only the
-# short copy in between. What the GPU does between two forwards does not depend on how fast the
-# host is, as long as the GPU sets the pace: that is what this section measures. The numbers, two
-# models of the pageable step, and what this run shows (`l02b.step_loop_findings` computes the
-# sentences from the run):
+# What to look for. Pageable (not staged): the host enters `copy_` while the previous forward runs
+# and leaves after the copy has run; the GPU computes nothing until the next forward. Pinned:
+# `copy_` returns at once, the host waits only at "wait for step i-2", and only the short copy
+# sits between forwards. That gap, not the host's speed, is what this section measures. Below:
+# the numbers, two models of the pageable step, and this run's findings
+# (`l02b.step_loop_findings`):
 
 # %%
 found = l02b.step_loop_findings(loop.result)
@@ -231,26 +213,19 @@ for i, part in enumerate(found["sentences"], 1):
     pinlab.show(f"what this run shows ({i}/{len(found['sentences'])})", part)
 
 # %% [markdown]
-# Compare the measured pageable step with the two models above. The mechanism predicts the first
-# one, "only the staged copy serialized", while the GPU sets the pace: a fake `non_blocking` copy
-# does not make the host's preparation serial with the GPU's work (in the timeline it overlaps the
-# previous forward), only the copy itself, so the "added up" model counts host time that was
-# hidden. Not to the microsecond: after the staged copy the GPU also waits while the host returns
-# from `copy_` and launches the next forward; the timed steps include the loop's start and its
-# final sync; and the staged copy's duration comes from the six profiled steps, not the timed ones.
-# Where the host still needed longer than a forward (it got slower after the forward was sized:
-# other work on its cores), neither model holds: the host sets the pace, and the GPU waits for it
-# between forwards; the "what this run shows" lines say so when it happened.
+# While the GPU sets the pace, the mechanism predicts the first model, "only the staged copy
+# serialized": the host's preparation overlaps the previous forward, so "added up" counts hidden
+# host time. Not to the microsecond: after the staged copy the GPU also waits for the host to
+# return from `copy_` and launch; the timed steps include the loop's start and final sync; the
+# staged copy's duration comes from the six profiled steps. If the host got slower after the
+# forward was sized (other work on its cores), neither model holds: the host sets the pace, and
+# the "what this run shows" lines say so.
 #
-# **Why we do not assert the steps per second or the idle share.** Both are shown, not tested.
-# What pinned inputs change per step is what sits between two forwards on the GPU (the gaps above):
-# a fraction of a step, and a smaller one the longer the forward this run needed, of the order of
-# what a step's time moves from run to run on a shared GPU, so a comparison could flip on a noisy
-# run. And the GPU's idle share is not a law of pinned memory: it says how long the GPU waited, not
-# why. Six profiled steps are few: the profiler adds host work to every call, and one slow host step
-# (the operating system, a page fault, the profiler itself) shows up as idle GPU time. What holds on
-# every run are the names the profiler gives the copies; the cause, measured on the host, is shown
-# beside them:
+# **Why steps per second and idle share are not asserted.** Pinned inputs change only the gaps
+# between forwards: a fraction of a step, about a step's run-to-run noise on a shared GPU. The
+# idle share says how long the GPU waited, not why; in six profiled steps one slow host step (the
+# OS, a page fault, the profiler) shows up as idle GPU time. What holds on every run: the copies'
+# names in the profiler; the cause, measured on the host, is shown beside them:
 
 # %%
 print("memcpy names in the pageable run:", sorted(pag["memcpy_names"]))
@@ -284,51 +259,42 @@ host_held = pinlab.observe(
 )
 
 # %% [markdown]
-# The profiler tells the two copies apart by name: search a trace for `Pageable -> Device` to find
-# the copies that may be fake `non_blocking`.
+# Search a trace for `Pageable -> Device` to find the copies that may be fake `non_blocking`.
 #
 # ### The same timeline in Nsight Systems
 #
-# Learners who use Nsight Systems can record the same loop without `torch.profiler`: save the loop
-# as a script, pass `span=torch.cuda.nvtx.range` (a context manager that marks a range for nsys,
-# where `span` above marks one for torch's profiler), and run it under `nsys`:
+# Save the loop as a script, pass `span=torch.cuda.nvtx.range` (a range for nsys), and run:
 #
 # ```
 # nsys profile -t cuda,nvtx,osrt -o build/traces/02_step_loop --force-overwrite true python step_loop.py
 # nsys stats -r cuda_gpu_trace build/traces/02_step_loop.nsys-rep   # one row per copy and kernel
 # ```
 #
-# Open the `.nsys-rep` file in the Nsight Systems GUI. Where to look: the **CUDA HW** rows of the
-# GPU hold the copies (`Memcpy HtoD`) and the kernels, as the GPU lane of the plot above; the
-# **CUDA API** row of the Python thread holds `cudaMemcpyAsync`, long where the host waited inside a
-# pageable copy, short for a pinned one; the **NVTX** row holds the spans (`copy_(non_blocking=True)`,
-# `launch forward`). `nsys stats -r cuda_gpu_trace` lists each copy with its source memory kind
-# (`Pageable` or `Pinned`), the same distinction as the profiler's names above. (Older nsys versions
-# call the report `gputrace`.)
+# In the Nsight Systems GUI, the **CUDA HW** rows hold the copies (`Memcpy HtoD`) and kernels;
+# the Python thread's **CUDA API** row holds `cudaMemcpyAsync`, long where the host waited inside
+# a pageable copy, short for a pinned one; the **NVTX** row holds the spans. `nsys stats -r
+# cuda_gpu_trace` gives each copy's source memory kind (`Pageable` or `Pinned`). (Older nsys
+# versions call the report `gputrace`.)
 #
 # ## 2. Copy and compute at the same time: a copy stream
 #
-# Look again at the pinned timeline of section 1: between two forwards the GPU runs the copy, and
-# computes nothing meanwhile. `non_blocking=True` freed the **host**; it did not let the copy run
-# beside the GPU's work, because the copy and the forward sit on one stream, and a stream runs its
-# work in order. A copy runs *beside* a kernel only when three things hold:
+# In section 1's pinned timeline the GPU computes nothing while it copies. `non_blocking=True`
+# freed the **host**, not the GPU: copy and forward sit on one stream, which runs in order. A copy
+# runs *beside* a kernel only with:
 #
-# 1. **a free copy engine**: the GPU moves data with DMA engines separate from the cores that run
-#    kernels (data-centre GPUs have several), so one can copy while the others compute;
-# 2. **another stream**: the copy must be queued on a stream other than the compute's, or it waits
-#    its turn behind the compute (and the compute behind it);
-# 3. **a pinned source**: only then can the copy engine of a GPU over PCIe read the host memory
-#    by itself. From pageable memory the driver copies through its staging buffer, and a copy it
-#    does not stage behind the queue makes the host wait (lesson 02, section 1). (A GPU that reads host
-#    memory through the host's page tables, as on a GH200, is another case, not measured here:
-#    `docs/facts.md` F15.)
+# 1. **a free copy engine**: DMA engines, separate from the cores that run kernels (data-centre
+#    GPUs have several), copy while the cores compute;
+# 2. **another stream**: on the compute's stream, copy and compute wait for each other;
+# 3. **a pinned source**: only then can the copy engine of a GPU over PCIe read host memory by
+#    itself; a pageable copy the driver does not stage behind the queue makes the host wait
+#    (lesson 02, section 1). (A GPU that reads host memory through the host's page tables, as on a
+#    GH200, is another case, not measured here: `docs/facts.md` F15.)
 #
 # PyTorch's tutorial "A guide on good usage of `non_blocking` and `pin_memory()`" lists these three
-# conditions in a note, with no code for the side stream (`docs/facts.md` F20). Here is the pattern
-# in a step loop: each step copies a 16 MiB pinned input to the GPU
-# and computes on it (`compute` keeps the GPU busy for `ms`, then sums the input, so that a step
-# that read the wrong data shows it). `one_stream_steps` does it all on the current stream;
-# `copy_stream_steps` copies each input on a **copy stream** while the step before computes.
+# conditions in a note, with no code for the side stream (`docs/facts.md` F20). Here, each step
+# copies a 16 MiB pinned input and computes on it (`compute`: `ms` busy, then a sum that exposes
+# wrong data). `one_stream_steps` uses the current stream; `copy_stream_steps` copies each input
+# on a **copy stream** while the step before computes.
 
 
 # %%
@@ -374,45 +340,38 @@ def copy_stream_steps(inputs, out, compute, copy_stream, record=True):
 
 
 # %% [markdown]
-# Two lines do the ordering. `copy_stream.wait_stream(compute_stream)` makes the copy stream wait
-# for what was queued before the loop; `compute_stream.wait_stream(copy_stream)` makes step *i*'s
-# compute wait, on the GPU, for the copies queued so far, that is up to step *i*'s input (the next
-# one is queued after it). An event does the same: `ev.record(copy_stream)` after the copy, then
-# `compute_stream.wait_event(ev)`.
+# Two lines order the work. `copy_stream.wait_stream(compute_stream)`: the copies wait for what
+# was queued before the loop. `compute_stream.wait_stream(copy_stream)`: step *i*'s compute waits,
+# on the GPU, for the copies queued so far, up to step *i*'s input. An event does the same:
+# `ev.record(copy_stream)` after the copy, then `compute_stream.wait_event(ev)`.
 #
-# The third line is about memory. PyTorch's caching allocator ties every block it hands out to the
-# stream it was allocated on, here the copy stream, and hands a freed block out again at once to
-# the next allocation on that stream. When `x_gpu` is freed (`del x_gpu`), the next `fetch`,
-# queued on the copy stream, which never waits for the compute, may write the next input into
-# that block while the compute stream has not read it yet. `x_gpu.record_stream(compute_stream)` tells the
-# allocator that the block is in use on the compute stream too: it is reused only once the work
-# queued there at the time of the free has finished. (The other way: keep `x_gpu` alive until an
-# event recorded after its last use has completed.)
+# The third line is about memory. PyTorch's caching allocator ties each block to the stream it was
+# allocated on (the copy stream) and hands a freed block at once to that stream's next allocation.
+# After `del x_gpu`, the next `fetch`, on a stream that never waits for the compute, may write the
+# next input into that block before the compute has read it. `x_gpu.record_stream(compute_stream)`
+# marks the block in use on the compute stream too: it is reused only once the work queued there
+# at the time of the free has finished. (Or keep `x_gpu` alive until an event recorded after its
+# last use has completed.)
 #
-# 🔮 **Predict.** A step computes for 0.5 ms; a 16 MiB copy from pinned memory takes a fraction of
-# that (lesson 01 measured the bandwidth). Which loop runs more steps per second, and how idle is
-# the GPU's compute in each? What changes with pageable inputs on the copy stream? And what does
+# 🔮 **Predict.** A step computes for 0.5 ms; a 16 MiB pinned copy takes a fraction of that
+# (lesson 01). Which loop runs more steps per second, and how idle is the GPU's compute in each?
+# What changes with pageable inputs on the copy stream? What does
 # `copy_stream_steps(..., record=False)` compute?
 #
 # <details><summary>Answer</summary>
 #
-# One stream: a copy, then a compute, per step; the compute is idle while each copy runs. With the
-# copy stream and pinned inputs the copies can run beside the compute while the host queues steps
-# faster than the GPU runs them, and the step then shrinks to about the compute alone, as long as
-# the copy is shorter (the takeaway line under the plot says how many copies did). With pageable
-# inputs the third condition fails: where the driver does not stage a 16 MiB copy behind the queue
-# (lesson 02's section 1 measured from which size on it did not, on this machine), the host waits
-# inside `fetch` while the driver feeds the data through staging, more slowly than a pinned copy,
-# and it cannot queue the next compute meanwhile. Without `record_stream`, wrong sums: inputs
-# overwritten before they were read.
+# One stream: a copy, then a compute, per step. Copy stream, pinned: while the host queues steps
+# faster than the GPU runs them, copies run beside the compute and a step shrinks to about the
+# compute alone, if the copy is shorter. Pageable: the third condition fails: where a 16 MiB copy
+# is not staged behind the queue (lesson 02, section 1), the host waits inside `fetch` while the
+# driver feeds the data through staging, slower than a pinned copy, and cannot queue the next
+# compute meanwhile. Without `record_stream`, wrong sums: inputs overwritten before being read.
 # </details>
 #
-# This section needs a GPU: the emulated stream that lessons run on a CPU (`LaggingStream`) has a
-# single queue and no side streams, so without CUDA the notebook replays the recorded GPU run.
-#
-# `l02b.overlap_loop` runs the three loops in interleaved rounds (40 steps each, 3 rounds, every
-# step's sum checked against the CPU's), then 6 steps of each under the profiler, and last the
-# copy stream once without `record_stream`.
+# The emulated stream (`LaggingStream`) has no side streams, so without CUDA this section replays
+# the recorded GPU run. `l02b.overlap_loop` runs the three loops in interleaved rounds (40 steps
+# each, 3 rounds, every sum checked against the CPU's), then 6 steps of each under the profiler,
+# and last the copy stream once without `record_stream`.
 
 # %%
 OVERLAP = dict(
@@ -446,16 +405,12 @@ pinlab.show(
 )
 
 # %% [markdown]
-# What to look for (each plot has its own time axis). One stream: compute and copies take turns,
-# never side by side. Copy stream, pinned: the copies can run under the compute, one step ahead or
-# more, while the host queues steps faster than the GPU runs them and no other work holds the GPU
-# (the copy stream never waits for the compute); the takeaway line above says how many did here.
-# Copy stream, pageable, where the driver does not stage a 16 MiB copy behind the queue: the staged
-# copies are longer than the pinned ones (the last line below says by how much here), and the
-# compute runs mostly in the gaps between them (the "copies beside a kernel" line gives the share of
-# the copy time that overlapped). The host waits inside each `fetch` until its staged copy is done,
-# and queues the step's compute only after that: a second stream cannot help a copy that holds the
-# host. The numbers:
+# What to look for (each plot has its own time axis). One stream: compute and copies take turns.
+# Copy stream, pinned: copies run under the compute, one step ahead or more, while the host stays
+# ahead and no other work holds the GPU (the copy stream never waits for the compute). Copy
+# stream, pageable (not staged): the staged copies are longer, and the compute runs mostly in the
+# gaps between them: the host waits inside each `fetch`, and only then queues the compute. A
+# second stream cannot help a copy that holds the host. The numbers:
 
 # %%
 for key, label in l02b.OVERLAP_MODES.items():
@@ -494,11 +449,10 @@ pinlab.show(
 )
 
 # %% [markdown]
-# Steps per second and idle shares are shown, not asserted: they depend on the copy's speed and
-# the compute's length, and six profiled steps are few (section 1 says why). What holds on every
-# run: the results, and that on one stream no copy runs beside a kernel. How many copies ran
-# beside a kernel on the copy stream depends on the host and on what else runs on the GPU: it is
-# observed, not asserted.
+# Steps per second, idle shares and the copies beside a kernel are shown or observed, not
+# asserted: they depend on copy speed, compute length, the host and other GPU work, and six
+# profiled steps are few. Asserted: the results, and that on one stream no copy runs beside a
+# kernel.
 
 # %%
 one, side = ovm["one_stream_pinned"], ovm["copy_stream_pinned"]
@@ -552,30 +506,25 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Here the host can queue many steps before the GPU has computed the first few: that lead is what
-# makes the reuse fatal, for many steps of the run (the count above says how many in yours). Some steps still come out right, and
-# nothing here shows why: the compute may have read its block before the next copy overwrote it, or
-# the input written over it may have had the same contents (the loop cycles through 4 inputs). In a
-# real loop the lead can be smaller; then the same bug would corrupt only some steps, which a test
-# that checks a few steps can miss (not measured here: lesson 03 shows how the host's lead decides
-# it). Note
-# the cost of the fix too: with `record_stream` and a host far ahead, the allocator cannot reuse an
-# input's memory until its compute has run, so it holds one input per step in flight (an engine
-# bounds the run-ahead, section 1, and with it this memory).
+# The host queues many steps before the GPU has computed the first few: that lead makes the reuse
+# fatal for many steps. Why some come out right is not shown: the compute may have read its block
+# before the next copy overwrote it, or the input written over it had the same contents (4 inputs
+# cycle). With a smaller lead the bug would corrupt only some steps, which a test of a few steps
+# can miss (not measured here; lesson 03 shows how the lead decides it). The fix costs memory: with
+# a host far ahead, `record_stream` keeps one input per step in flight (bounded by the engine's
+# run-ahead, section 1).
 
 # %% [markdown]
 # ### Copy engines: both directions at once
 #
-# The first condition above, a free copy engine, is a number the GPU reports: `asyncEngineCount`,
-# its copy engines. With one, every copy on the GPU takes its turn on that engine; with two or more,
-# an H2D copy and a D2H copy can run at the same time, each over its own direction of the link (PCIe
-# and NVLink carry both directions at once). What a second copy engine does *not* give is twice the
-# bandwidth in one direction: one large pinned copy already fills the link that way.
+# The GPU reports its copy engines as `asyncEngineCount`. With one, every copy takes its turn on
+# it; with two or more, an H2D and a D2H copy can run at once, each over its own direction of the
+# link (PCIe and NVLink carry both at once). One direction's bandwidth does *not* double: one
+# large pinned copy already fills it.
 #
-# The copies below are queued by this function, one per stream; `l02b.copy_engines` times four
-# cases of 256 MiB pinned copies (medians of 5 interleaved rounds): H2D alone, D2H alone, H2D and D2H
-# at once (two streams), and two H2D at once (two streams). For a pair, the rate counts both copies'
-# bytes over the pair's time.
+# `l02b.copy_engines` times four cases of 256 MiB pinned copies queued by this function (medians
+# of 5 interleaved rounds): H2D alone, D2H alone, H2D and D2H at once, two H2D at once (one stream
+# per copy). A pair's rate counts both copies' bytes over the pair's time.
 
 
 # %%
@@ -593,10 +542,9 @@ def copy_on(stream, dst, src):
 # <details><summary>Answer</summary>
 #
 # With two or more copy engines, H2D and D2H at once move well above either alone, if short of the
-# full sum: the directions do not share a lane. Two H2D at once move about what one does: they share the link in
-# one direction, which one copy already fills, so a second H2D stream does not double the
-# bandwidth. With one copy engine, or a link or host that cannot serve both, the pair takes turns
-# and moves about what one copy does. The lines below say which this run was.
+# sum: the directions do not share a lane. Two H2D move about what one does: one copy already
+# fills that direction. With one copy engine, or a link or host that cannot serve both, the pair
+# takes turns and moves about what one copy does. The lines below say which this run was.
 # </details>
 
 # %%
@@ -636,24 +584,22 @@ for i, part in enumerate(l02b.engines_sentence(eng.result).split("; "), 1):
     pinlab.show(f"what this run shows ({i}/3)", part)
 
 # %% [markdown]
-# So an engine that copies inputs in while it copies results out (a KV cache offloaded and
-# restored, weights prefetched while activations go back) can use both directions at once, on their
-# own streams; splitting one direction's copies over more streams buys nothing once one copy fills
-# the link. CUDA's `deviceQuery` sample prints the number of copy engines, and
+# So copies in and out (a KV cache offloaded and restored, weights prefetched while activations go
+# back) can use both directions at once, on their own streams; more streams for one direction buy
+# nothing. CUDA's `deviceQuery` sample prints the number of copy engines;
 # `pinlab.platform_facts()["copy_engines"]` reads it (`asyncEngineCount`) from the CUDA runtime.
 #
 # ## 3. Many tensors: one sync for all
 #
-# A step rarely copies one tensor. The tutorial's second lesson: copy N tensors with
-# `non_blocking=True` and synchronize once, instead of N blocking copies that each wait for their
-# own copy. Here are both, for N tensors already on the host (pinned, or pageable for contrast),
-# with the GPU idle, as a data loader hands over a batch:
+# The tutorial's second lesson: copy N tensors with `non_blocking=True` and synchronize once,
+# instead of N blocking copies that each wait. Both, for N host tensors (pinned, or pageable for
+# contrast), GPU idle, as a data loader hands over a batch:
 
 
 # %%
 def copy_each_blocking(dsts, srcs):
     for d, s in zip(dsts, srcs):
-        d.copy_(s)  # each copy: queue it, then wait until it is done
+        d.copy_(s)  # queue it, then wait until it is done
 
 
 def copy_all_then_sync(dsts, srcs):
@@ -668,18 +614,15 @@ def copy_all_then_sync(dsts, srcs):
 #
 # <details><summary>Answer</summary>
 #
-# Pinned: blocking copies make the host and the copy engine take turns (queue a copy, wait for it,
-# queue the next); with one sync the host queues the next copy while the engine runs the last one,
-# and waits once. Pageable: the host itself copies every tensor into the driver's staging buffer
-# either way, a cost the single sync does not remove, and once the staging pool is full (lesson
-# 02, section 2) the `non_blocking` copies wait too. So expect one sync to be cheaper both ways, and look at
-# two numbers per case below: the ratio, and the time it saved. They need not move together: as
-# the tensors grow, the copies take longer either way, which can shrink the ratio while the time
+# Pinned: blocking copies make host and copy engine take turns; with one sync the host queues the
+# next copy while the engine runs the last, and waits once. Pageable: the host copies every tensor
+# into staging either way, which one sync does not remove, and once the staging pool is full
+# (lesson 02, section 2) `non_blocking` copies wait too. So expect one sync to be cheaper both
+# ways. Look at the ratio and the time saved: as tensors grow, the ratio can shrink while the time
 # saved grows.
 # </details>
 #
-# `l02b.many_tensors` times both functions (median of 7 interleaved tries) and checks that every
-# byte arrived.
+# `l02b.many_tensors` times both (median of 7 interleaved tries) and checks every byte arrived.
 
 # %%
 many = pinlab.measure(
@@ -739,22 +682,19 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Read the lines above: the ratio (more than 1x: the single sync was cheaper) and the host time it
-# saved, per case. They are shown, not asserted: a blocking copy's wait is a round trip to an idle
-# GPU, which varies from run to run. The mechanism does not vary: N blocking copies wait N times,
-# the other way waits once, after queuing everything. In a training loop a `DataLoader(...,
-# pin_memory=True)` gives you the pinned batch (with `num_workers > 0` a pin-memory thread pins it
-# while the loop runs; with `num_workers=0` the main thread pins it inside `next()`, lesson 01),
-# and `batch.to("cuda", non_blocking=True)` per tensor then queues every copy without a wait.
+# Shown, not asserted: a blocking copy's wait is a round trip to an idle GPU, which varies between
+# runs. The mechanism does not: N blocking copies wait N times, the other way once. In training,
+# `DataLoader(..., pin_memory=True)` gives the pinned batch (lesson 01: a pin-memory thread pins it
+# with `num_workers > 0`, the main thread inside `next()` with `num_workers=0`), and
+# `batch.to("cuda", non_blocking=True)` per tensor queues every copy without a wait.
 
 # %% [markdown]
 # ## 4. `async_tensor_h2d`: host data to the GPU, honestly
 #
-# Host data often starts as a Python list (token ids, positions, a mask). `torch.tensor(list,
-# device="cuda")` is the obvious way, and it blocks (lesson 02, section 4). vLLM's `async_tensor_h2d` keeps
-# a contract in three steps: build the tensor **on the CPU**, **pin** it (a fresh block, so
-# nobody else writes it while the copy is pending), copy it with **`non_blocking=True`**.
-# `pinlab.async_tensor_h2d(data, dtype=None, device="cuda")` does the same.
+# Host data often starts as a Python list (token ids, positions, a mask); `torch.tensor(list,
+# device="cuda")` blocks (lesson 02, section 4). vLLM's `async_tensor_h2d` builds the tensor **on
+# the CPU**, **pins** it (a fresh block nobody else writes while the copy is pending), and copies
+# it **`non_blocking=True`**; so does `pinlab.async_tensor_h2d(data, dtype=None, device="cuda")`.
 #
 # 🔮 **Predict.** Behind a 20 ms kernel, which of these three calls, each bringing 4096 ints to the
 # GPU, waits: `torch.tensor(ids, device="cuda")`, `torch.tensor(ids).to("cuda", non_blocking=True)`,
@@ -762,12 +702,10 @@ pinlab.claim(
 #
 # <details><summary>Answer</summary>
 #
-# The first: `torch.tensor(list, device="cuda")` copies with a blocking copy (lesson 02, section 4).
-# The third never does: its copy reads a fresh pinned block and is only enqueued. The second copies
-# 32 KiB from pageable memory (4096 int64 values: Python ints become int64): where the driver stages
-# a copy that small (lesson 02, sections 1 and 2) it returns at once, and it waits where the driver
-# does not (on ROCm, not measured here, HIP documents every pageable copy as synchronous:
-# `docs/facts.md` F17).
+# The first (a blocking copy). The third never waits: it only enqueues a copy from a fresh pinned
+# block. The second copies 32 KiB (int64) from pageable memory: it returns at once where the
+# driver stages a copy that small (lesson 02, sections 1 and 2), and waits where it does not (on
+# ROCm, not measured here, HIP documents every pageable copy as synchronous: `docs/facts.md` F17).
 # </details>
 
 # %%
@@ -810,24 +748,19 @@ small_staged = pinlab.observe(
 )
 
 # %% [markdown]
-# The middle one, a small pageable tensor copied `non_blocking`, is staged by the driver where it
-# fits the staging pool, and then returns at once (the last line says whether it did here); in a
-# loop that queues more pageable copies, it waits (lesson 02, section 2).
-# Use `async_tensor_h2d` for host data that becomes a **new** GPU tensor on a hot path (a step
-# loop, while the GPU is busy). For a GPU buffer you keep and refill every step, copy from a
-# private pinned snapshot instead: `gpu_buf[:n].copy_(pinlab.pin_snapshot(host_buf[:n]),
-# non_blocking=True)` (lesson 04). Off the hot path, `torch.tensor(..., device="cuda")` is fine.
+# In a loop that queues more pageable copies, the middle one waits too (lesson 02, section 2).
+# Use `async_tensor_h2d` for host data that becomes a **new** GPU tensor on a hot path. For a GPU
+# buffer you refill every step, copy from a private pinned snapshot:
+# `gpu_buf[:n].copy_(pinlab.pin_snapshot(host_buf[:n]), non_blocking=True)` (lesson 04). Off the
+# hot path, `torch.tensor(..., device="cuda")` is fine.
 #
 # ## 5. Finding stalls in your own code: `pinlab.detect_stalls`
 #
-# `torch.cuda.set_sync_debug_mode("warn")` warns when PyTorch itself synchronizes. But a fake
-# `non_blocking` copy blocks inside the CUDA driver, not in PyTorch: PyTorch never knows. vLLM
-# added its own check for exactly this (#53491). `pinlab.detect_stalls()` watches every torch call
-# in a `with` block and reports pageable `non_blocking` copies, blocking copies, `.item()`-style
-# syncs and `torch.tensor(..., device="cuda")`, each with your `file:line`.
-#
-# The loop body it watches here, as a function of this notebook: a pageable `non_blocking` copy,
-# a tensor built from a Python list, a little GPU work, and a loss read on the host.
+# `torch.cuda.set_sync_debug_mode("warn")` warns when PyTorch itself synchronizes; a fake
+# `non_blocking` copy blocks inside the CUDA driver, where PyTorch never knows. vLLM added its own
+# check for this (#53491). `pinlab.detect_stalls()` watches every torch call in a `with` block and
+# reports pageable `non_blocking` copies, blocking copies, `.item()`-style syncs and
+# `torch.tensor(..., device="cuda")`, each with your `file:line`. The loop body it watches:
 
 
 # %%
@@ -845,14 +778,13 @@ def demo_step(step, weights, inputs_cpu, inputs_gpu, gpu_ms):
 #
 # <details><summary>Answer</summary>
 #
-# Three per step, 60 in all, one of each kind: the pageable `non_blocking` copy (line 2 of
-# `demo_step`, counting its `def` as line 1), the tensor built from a Python list on the GPU (line
-# 3) and the `.item()` (line 6). The matrix product, the `relu` and the busy kernel (lines 4 and 5)
-# are only enqueued: no stall.
+# Three per step, 60 in all: the pageable copy (line 2 of `demo_step`, its `def` being line 1),
+# the tensor from a Python list (line 3) and the `.item()` (line 6). Lines 4 and 5 (matmul,
+# `relu`, busy kernel) are only enqueued: no stall.
 # </details>
 #
-# `l02b.detector_demo(demo_step, ...)` runs it: the loop under the detector, the loop's cost with
-# and without it, and each stalling call alone under `set_sync_debug_mode("warn")`.
+# `l02b.detector_demo` runs the loop under the detector, times it with and without, and runs each
+# stalling call alone under `set_sync_debug_mode("warn")`.
 
 # %%
 det = pinlab.measure(
@@ -868,8 +800,8 @@ det = pinlab.measure(
 print(det["summary"])
 
 # %% [markdown]
-# The report names each stall's file and line: here the file is this notebook's cell, whose name
-# changes from run to run, so we count lines inside `demo_step` (its `def` is line 1).
+# The report names each stall's file and line; a notebook cell's file name changes between runs,
+# so we count lines inside `demo_step`.
 
 # %%
 expected = {kind: det["steps"] for kind in l02b.DEMO_STALLS.values()}
@@ -892,8 +824,8 @@ pinlab.claims(
 )
 
 # %% [markdown]
-# The same three calls, one at a time, under `torch.cuda.set_sync_debug_mode("warn")` (its
-# warnings caught with `warnings.catch_warnings(record=True)`) and under `detect_stalls()`:
+# Each call alone, under `torch.cuda.set_sync_debug_mode("warn")` (warnings caught with
+# `warnings.catch_warnings(record=True)`) and under `detect_stalls()`:
 
 # %%
 for c in det["compare"]:
@@ -915,10 +847,8 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Does watching cost much? The loop's host time with and without the detector (median of 5 runs
-# each). The loop does real GPU work every step, so this is the ratio for a loop with this much GPU
-# work per torch call: the detector adds its work to every call, so a loop that makes more torch
-# calls per millisecond of GPU work pays more.
+# The detector's cost: the loop's host time with and without it (median of 5 runs each). It adds
+# work to every torch call, so a loop with more calls per millisecond of GPU work pays more.
 
 # %%
 plain, watched = det["plain_ms"]["median"], det["detected_ms"]["median"]
@@ -943,29 +873,21 @@ pinlab.claim(
 
 # %% [markdown]
 # ## What to remember
-# - Where the driver does not stage a pageable copy behind the queue (lesson 02, section 1, measured
-#   from which size on it does not, on this machine), a `non_blocking` copy from pageable memory
-#   keeps the host inside `copy_` until the work queued before it and the staged copy have run, and
-#   the GPU computes nothing meanwhile. In a loop whose pace the GPU sets, that adds the staged copy
-#   and a launch to every step; in one whose host sets the pace (its own work per step longer than
-#   the GPU's), pinned inputs do not make it faster. Section 1's "what this run shows" lines say how
-#   much this run saved, or why it could not show it. The profiler names the copy
-#   `Memcpy HtoD (Pageable -> Device)`.
-# - `non_blocking` frees the host, not the GPU: on one stream a copy and a kernel take turns. A copy
-#   runs beside the compute only with a free copy engine, a **copy stream** and a **pinned** source:
+# - An unstaged pageable `non_blocking` copy (lesson 02, section 1) holds the host in `copy_`
+#   until the work before it and the staged copy have run; the GPU computes nothing meanwhile. In
+#   a GPU-paced loop that adds the staged copy and a launch to every step; in a host-paced one,
+#   pinned inputs do not help. The profiler names it `Memcpy HtoD (Pageable -> Device)`.
+# - `non_blocking` frees the host, not the GPU. A copy runs beside the compute only with a free
+#   copy engine, a **copy stream** and a **pinned** source:
 #   `copy_stream.wait_stream(compute_stream)`, the copy inside `with torch.cuda.stream(copy_stream):`,
 #   `compute_stream.wait_stream(copy_stream)` (or an event) before the compute uses it, and
-#   `x_gpu.record_stream(compute_stream)`, or the caching allocator hands the copy's memory to the
-#   next copy before the compute has read it (this run counted the wrong steps above).
-# - Copy engines (`asyncEngineCount`): with two or more, H2D and D2H run at once, each direction of
-#   the link its own (this run's rates are above); two copies in one direction share it, so a second
-#   H2D stream does not double the bandwidth.
-# - `nsys profile -t cuda,nvtx,osrt python script.py` records the same timeline for Nsight Systems:
-#   copies in the CUDA HW rows, the host's wait in `cudaMemcpyAsync`, spans from
-#   `torch.cuda.nvtx.range`.
-# - Many tensors: queue every copy `non_blocking` and synchronize once, instead of one wait per copy.
-# - Use `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path, and
-#   `detect_stalls()` to find what `set_sync_debug_mode("warn")` misses.
+#   `x_gpu.record_stream(compute_stream)`, or the allocator reuses the memory too early.
+# - With two or more copy engines (`asyncEngineCount`), H2D and D2H run at once; a second H2D
+#   stream does not double the bandwidth.
+# - `nsys profile -t cuda,nvtx,osrt python script.py` records the same timeline.
+# - Many tensors: queue every copy `non_blocking` and synchronize once.
+# - `async_tensor_h2d` (CPU build, pin, `non_blocking`) for host data on a hot path;
+#   `detect_stalls()` finds what `set_sync_debug_mode("warn")` misses.
 #
 # **Exercise:** `exercises/02_fake_non_blocking.ipynb` covers lessons 02 and 02b (its part 2 is the
 # idle share of this lesson's profiler traces).

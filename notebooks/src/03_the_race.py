@@ -2,18 +2,11 @@
 # # 03 · The race
 #
 # **What you will learn**
-# - what a paged KV cache is, and its metadata `indptr`, `indices`, `last_page_len` (one figure);
-# - how vLLM's asynchronous scheduling (Model Runner V2) lets the CPU build step N+1 while the
-#   GPU still runs step N, with no host sync between steps;
-# - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data:
-#   first in a timeline model, then in a step loop you run yourself (on a GPU, or on an emulated
-#   lagging stream on a laptop), then measured on the GPU;
-# - to catch it in the act with the course's race detector, `pinlab.races.detect_races()`;
-# - that real FlashInfer decode attends over the wrong pages when its `indptr` travels that way;
-# - that a **pageable** buffer is correct, and what that costs: host time, and a host that can
-#   no longer run ahead of the GPU once the driver's staging fills; and, with a clock around every call of the step, *where* the
-#   host waits (not always in the copy call);
-# - how many launches CUDA's launch queue holds before a launch call blocks, measured.
+# - paged-KV metadata (`indptr`, `indices`, `last_page_len`) and vLLM's async scheduling;
+# - why a `non_blocking` copy from a **reused pinned** buffer then delivers the wrong step's data
+#   (in FlashInfer decode: the wrong pages), and how `pinlab.races.detect_races()` catches it;
+# - what a correct **pageable** buffer costs, and *where* its host waits;
+# - how many launches CUDA's launch queue holds before a launch call blocks.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -44,29 +37,27 @@ pinned_at_start = pinlab.pinned_baseline()
 # %% [markdown]
 # ## Primer: a paged KV cache in one figure
 #
-# A decoder keeps the keys and values of every token it has seen, per request: its **KV cache**.
-# A **paged KV cache** (vLLM's PagedAttention) stores them in fixed-size **pages** of `page_size`
-# tokens, taken from one big pool as a request grows, so a request's pages need not be adjacent.
-# Each request's row of the **block table** lists its pages in order. The attention kernel finds a
-# batch's pages through three small int32 arrays, the **paged-KV metadata** (the CSR form that
-# FlashInfer uses):
+# A decoder keeps the keys and values of every token seen, per request: its **KV cache**. A
+# **paged KV cache** (vLLM's PagedAttention) stores them in **pages** of `page_size` tokens taken
+# from one pool as a request grows, so its pages need not be adjacent; each request's row of the
+# **block table** lists them in order. The attention kernel finds a batch's pages through three
+# int32 arrays, the **paged-KV metadata** (FlashInfer's CSR form):
 #
-# - `indices`: the page ids of request 0, then those of request 1, and so on;
-# - `indptr` (B+1 entries for B requests): 0, then the running sum of the pages per request, so
+# - `indices`: the page ids of request 0, then of request 1, and so on;
+# - `indptr` (B+1 entries for B requests): 0, then the running sum of pages per request, so
 #   request *r*'s pages are `indices[indptr[r]:indptr[r+1]]`;
-# - `last_page_len` (B entries): how many tokens the last page of each request holds (from 1 to
-#   `page_size`; 0 only for an empty request).
+# - `last_page_len` (B entries): the tokens in each request's last page (1 to `page_size`; 0 only
+#   for an empty request).
 #
-# **FlashInfer** is the attention-kernel library vLLM uses for this. Its decode wrapper works in two
-# calls: `plan(indptr, indices, last_page_len, ...)` once per step, before the forward, which
-# prepares the kernel's work split from host copies of `indptr` and `last_page_len` (and copies
-# them to the GPU itself); then
-# `run(q, kv_cache)` for each attention layer, which launches the kernel that reads the pages.
-# **MRV2** is vLLM's **Model Runner V2** (`vllm/v1/worker/gpu/`), the part of the engine that builds
-# each step's inputs (this metadata among them), copies them to the GPU and launches the forward.
+# **FlashInfer**, vLLM's attention-kernel library here, decodes in two calls:
+# `plan(indptr, indices, last_page_len, ...)`, once per step before the forward, prepares the
+# work split from host copies of `indptr` and `last_page_len` (and copies them to the GPU itself);
+# `run(q, kv_cache)`, per attention layer, launches the kernel that reads the pages. **MRV2**,
+# vLLM's **Model Runner V2** (`vllm/v1/worker/gpu/`), builds each step's inputs on the CPU (token
+# ids, positions, this metadata), copies them to the GPU and launches the forward.
 #
-# Three requests of 6, 9 and 3 tokens, pages of 4 tokens, a pool of 8 pages (`pinlab.paged_kv`
-# computes the metadata as vLLM does):
+# Three requests of 6, 9 and 3 tokens, pages of 4 tokens, 8 pages (`pinlab.paged_kv` computes
+# the metadata as vLLM does):
 
 # %%
 PAGE_SIZE, CACHE_PAGES = 4, 8
@@ -120,10 +111,9 @@ pinlab.claim(
 #
 # <details><summary>Answer</summary>
 #
-# All three. Request 0 now needs 3 pages: `indices` gains page 7 after pages 5 and 1, every
-# `indptr` entry after the first grows by one (`[0, 3, 6, 7]`), and request 0's `last_page_len`
-# becomes 1 (9 = 2 full pages + 1). That is why an engine rebuilds `indptr` and `last_page_len` on
-# the host and copies them to the GPU every step: the copy this lesson is about.
+# All three: `indices` gains page 7 after pages 5 and 1, each `indptr` entry after the first grows
+# by one (`[0, 3, 6, 7]`), and request 0's `last_page_len` becomes 1 (9 = 2 full pages + 1). So an
+# engine rebuilds `indptr` and `last_page_len` on the host and copies them to the GPU every step.
 # </details>
 
 # %%
@@ -142,14 +132,12 @@ print(
 )
 
 # %% [markdown]
-# ## Asynchronous scheduling in Model Runner V2 (MRV2)
+# ## Async scheduling in Model Runner V2 (MRV2)
 #
-# A vLLM engine step schedules a batch, builds its inputs on the CPU (token ids, positions, the
-# attention metadata), copies them to the GPU and launches the forward pass. With async
-# scheduling the engine does not wait for step N's result before it starts step N+1: it keeps a
-# small **batch queue** (`max_concurrent_batches`: 2 without pipeline parallelism) and waits only
-# when the queue is full, for the *oldest* step's output. Model Runner V2 (`vllm/v1/worker/gpu/`)
-# adds no other host sync between steps. So the CPU runs ahead:
+# With async scheduling a vLLM engine starts step N+1 before step N's result is back: a small
+# **batch queue** (`max_concurrent_batches`: 2 without pipeline parallelism) waits only when full,
+# for the *oldest* step's output. MRV2 adds no other host sync between steps, so the CPU runs
+# ahead:
 #
 # ```
 # CPU:  [build step 1][build step 2]   (wait for step 0's output) [build step 3] ...
@@ -157,30 +145,27 @@ print(
 # ```
 #
 # Step N's inputs reach the GPU through `gpu_buf.copy_(host_buf, non_blocking=True)`. From pinned
-# memory such a copy is truly asynchronous: the call only *enqueues* a DMA on the stream, and the
-# DMA reads `host_buf` when the stream gets to it, after everything enqueued before it.
+# memory the call only *enqueues* a DMA, which reads `host_buf` when the stream gets to it.
 #
-# FlashInfer's attention metadata in vLLM (`vllm/v1/attention/backends/flashinfer.py`) is built
-# exactly like that: `indptr` and `last_page_len` are computed on the host into **persistent**
-# buffers and copied to the GPU every step; the page indices are then built *on the GPU* from
-# the GPU copy of `indptr`. If the host buffer is pinned and reused, who wins: step N's DMA, or
-# step N+1's write into the same buffer?
+# In vLLM's FlashInfer backend (`vllm/v1/attention/backends/flashinfer.py`), `indptr` and
+# `last_page_len` are computed on the host into **persistent** buffers and copied to the GPU every
+# step; the page indices are then built *on the GPU* from that copy of `indptr`. If the host
+# buffer is pinned and reused, who wins: step N's DMA, or step N+1's write?
 
 # %% [markdown]
 # ## The race in a timeline model
 #
-# `steploop.simulate` is a small, exact model of the step loop (times in ms, no GPU involved): each
-# step the host spends 0.1 ms writing the step's data into the buffer, enqueues the copy, and
-# spends 0.1 ms launching the forward; the GPU runs each copy (0.05 ms) when it reaches it, then
-# that step's forward (1 ms).
+# `steploop.simulate` models the step loop exactly (ms, no GPU): per step the host writes the
+# buffer (0.1 ms), enqueues the copy and launches the forward (0.1 ms); the GPU runs each copy
+# (0.05 ms) when it reaches it, then that step's forward (1 ms).
 #
 # 🔮 **Predict.** Six steps through one reused pinned buffer. Which step's data does each copy
 # deliver?
 #
 # <details><summary>Answer</summary>
 #
-# Copy 0 runs at once (the GPU is idle) and delivers step 0. Every later copy waits behind a 1 ms
-# forward; by then the host has written all six steps, so copies 1 to 5 all deliver step 5.
+# Copy 0 runs at once (the GPU is idle): step 0. Each later copy waits behind a 1 ms forward, by
+# when the host has written all six steps: copies 1 to 5 deliver step 5.
 # </details>
 
 # %%
@@ -207,12 +192,8 @@ print(
 )
 
 # %% [markdown]
-# The host writes are quick and the copies wait: by the time a copy runs, the buffer holds the
-# last step the host wrote. Nothing fails, nothing warns: the GPU simply computes with the wrong
-# step's data.
-#
-# The race needs the host to be *ahead*. Give the GPU a forward that keeps up, and the same
-# buffer is safe:
+# Nothing fails, nothing warns: the GPU computes with the wrong step's data. The race needs the
+# host *ahead*; with a forward that keeps up, the buffer is safe:
 
 # %%
 fast = steploop.simulate(
@@ -225,15 +206,14 @@ print(
 )
 
 # %% [markdown]
-# That is why this bug hides: in a synchronous loop, or whenever the GPU is idle, every step is
-# right. It shows only when the host runs ahead, which is exactly what async scheduling is for.
+# So the bug hides in a synchronous loop, or whenever the GPU is idle; it shows when the host runs
+# ahead, as async scheduling intends.
 #
 # ## The step loop, in code
 #
-# Here is the loop itself. Each step writes its step number into every element of a small host
-# buffer (a stand-in for `indptr`), enqueues `copy_(non_blocking=True)` into that step's row on
-# the device, and keeps the GPU busy for half a millisecond (`s.busy`: the rest of the step's
-# forward). Nothing waits until the end; then we read back which step's data each row received.
+# Each step writes its number into a small host buffer (a stand-in for `indptr`), enqueues
+# `copy_(non_blocking=True)` into its row on the device, and keeps the GPU busy 0.5 ms (`s.busy`:
+# the rest of the forward). At the end we read back which step's data each row got.
 
 
 # %%
@@ -243,7 +223,7 @@ def step_loop(s, host_buf, steps=200, busy_ms=0.5):
     dst = torch.zeros(steps, host_buf.numel(), dtype=host_buf.dtype, device=s.device)
     for n in range(steps):
         host_buf.fill_(n)  # the host writes step n's inputs
-        # enqueue the copy; the call returns at once
+        # returns at once: it only enqueues the copy
         dst[n].copy_(host_buf, non_blocking=True)
         s.busy(busy_ms)  # the GPU runs step n's forward
     s.synchronize()  # only now does the host wait for the GPU
@@ -251,21 +231,17 @@ def step_loop(s, host_buf, steps=200, busy_ms=0.5):
 
 
 # %% [markdown]
-# `pinlab.stream()` (lesson 02, section 5) is the CUDA stream on a GPU. On a machine without one it is an **emulated
-# lagging stream**: the same torch code runs on the CPU as if the GPU were far behind the host
-# (queued copies and kernels run only when the host waits; a copy from pinned memory reads its
-# source when it runs, a copy from pageable memory is staged at the call, as the driver does).
-# Its results say "emulated" wherever they are shown.
+# `pinlab.stream()` (lesson 02, section 5) is the CUDA stream on a GPU; without one, an
+# **emulated lagging stream**, a GPU far behind the host, whose results say "emulated".
 #
-# 🔮 **Predict.** The same loop, once with a reused **pinned** buffer and once with a reused
-# **pageable** one. Which delivers every step its own data?
+# 🔮 **Predict.** The same loop with a reused **pinned** and a reused **pageable** buffer: which
+# delivers every step its own data?
 #
 # <details><summary>Answer</summary>
 #
-# The pageable one. The driver copies a pageable source into its staging buffer during the call
-# (lesson 02), so the host's next write cannot reach the copy. The pinned buffer is read when the
-# copy runs, behind the GPU's queue, by which time the host has written later steps: as in the
-# model above, copies deliver another step's data.
+# The pageable one: staged during the call (lesson 02), it is out of reach of the host's next
+# write. The pinned buffer is read when the copy runs, after later writes: as in the model, copies
+# deliver another step's data.
 # </details>
 
 # %%
@@ -299,12 +275,12 @@ pinlab.claim(
 # %% [markdown]
 # ### Catch it in the act: `detect_races`
 #
-# Nothing in that loop raised. No PyTorch tool reports this race: its CUDA sanitizer
+# Nothing raised, and no PyTorch tool reports this race: its CUDA sanitizer
 # (`torch.cuda._sanitizer`) follows CUDA tensors only, and the host buffer is a CPU tensor. The
-# course's race detector, `pinlab.races.detect_races()`, keeps a copy of the bytes each pending
-# `non_blocking` H2D copy should read and, before every later torch call that touches that memory,
-# asks the copy's event whether it has run; if it has not and the call changed the bytes, the host
-# rewrote the source of a pending copy. Wrap the same loop in it, with each buffer:
+# course's `pinlab.races.detect_races()` keeps a copy of the bytes each pending `non_blocking` H2D
+# copy should read; before each later torch call touching that memory it asks the copy's event
+# whether it has run: if not, and the bytes changed, the host rewrote a pending copy's source.
+# Wrap the loop in it:
 
 # %% tags=["nbval-ignore-output"]
 from pinlab.races import detect_races
@@ -347,22 +323,21 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# It may flag a step whose data arrived right: a copy that was still pending when the host
-# rewrote its buffer, but ran just before the write landed. That is still the race, lost this
-# time by luck. `print(races)` names the line of the copy, the line that rewrote its source, and
-# the fix. Lesson 04 runs every fix under it, and lesson 07 turns it into a test that fails.
+# It may also flag a step whose data arrived right (a copy pending when the host rewrote its
+# buffer, run before the write landed): the race, lost by luck. `print(races)` names the copy's
+# line, the line that rewrote its source, and the fix. Lesson 04 runs every fix under it; lesson
+# 07 makes it a failing test.
 
 # %% [markdown]
 # ### The heisenbug: `CUDA_LAUNCH_BLOCKING=1`
 #
-# Debugging a CUDA error, you set `CUDA_LAUNCH_BLOCKING=1`: every launch and copy then waits until
-# the GPU has run it. The host never runs ahead, so the race cannot happen, and a detector that asks
-# "has this copy run yet?" (the one above) finds nothing. The code is as wrong as before: the race
-# vanishes when you debug it. `pinlab.detect_races()` judges by **order** instead: a copy's buffer
-# stays off limits until something the host does orders it (its event's `synchronize()`, the
-# stream's, `.item()`, ...), whether or not the copy has run by then. CUDA reads the variable when
-# it starts, so `l03.heisenbug` runs the reused-buffer loop in a fresh process with it set, once
-# under each detector (without CUDA: on the emulated stream at lag 0, a GPU that keeps up):
+# Debugging a CUDA error, you set `CUDA_LAUNCH_BLOCKING=1`: every launch and copy waits until the
+# GPU has run it. The host never runs ahead, the race cannot happen, and a detector asking "has
+# this copy run yet?" (the one above) finds nothing, though the code is as wrong as before.
+# `pinlab.detect_races()` judges by **order** instead: a copy's buffer stays off limits until the
+# host orders it (its event's `synchronize()`, the stream's, `.item()`, ...), run or not. CUDA
+# reads the variable at start, so `l03.heisenbug` runs the loop in a fresh process with it set,
+# under each detector (without CUDA: the emulated stream at lag 0, a GPU that keeps up):
 
 # %%
 hb = l03.heisenbug(steps=50)
@@ -392,21 +367,19 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The order verdict names the race in every run: on a GPU far behind, on one that keeps up, and
-# under `CUDA_LAUNCH_BLOCKING=1`. That is what a test needs (lesson 07's pytest gate judges by order).
+# The order verdict names the race in every run, GPU far behind, keeping up, or under
+# `CUDA_LAUNCH_BLOCKING=1`: what a test needs (lesson 07's pytest gate judges by order).
 
 # %% [markdown]
-# The `copy_` call returned long before the copy ran. When it finally ran, the pinned buffer
-# held whatever the host had written last. (On the emulated stream nothing runs before the final
-# `synchronize()`, so every copy reads the last step; a real GPU runs a few copies early.)
+# On the emulated stream nothing runs before the final `synchronize()`, so every copy of the step
+# loop reads the last step; a real GPU runs a few copies early.
 #
 # ## This loop, for every strategy, measured on the GPU
 #
-# `l03.plain_race` runs this loop on the GPU through the library's harness
-# (`pinlab.steploop.every_strategy`: the same loop, written once for every way of staging the
-# data that the next lesson compares, with the host time of the copy section measured). Here:
-# 200 steps, a 256-byte buffer, the GPU busy 0.5 ms per step, with a reused pinned and a reused
-# pageable buffer. On a machine without CUDA the GPU run recorded by the course is replayed.
+# `l03.plain_race` runs it on the GPU through `pinlab.steploop.every_strategy` (the loop written
+# once for every staging strategy lesson 04 compares, timing the host's copy section): 200 steps,
+# 256 bytes, the GPU busy 0.5 ms per step, a reused pinned and a reused pageable buffer. Without
+# CUDA, the course's recorded GPU run is replayed.
 
 # %%
 plain = pinlab.measure(
@@ -442,8 +415,8 @@ pinlab.show(
     f"the first at step {pinned['first_corrupted']}",
 )
 # each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead
-# grows every step: after a stall of the host (another process, the OS) only the
-# next copy or two can find the GPU caught up
+# grows: after a host stall (another process, the OS) only the next copy or two
+# can find the GPU caught up
 pinlab.claim(
     "the reused pinned buffer corrupted at least one step",
     pinned["corrupted"] >= 1,
@@ -464,47 +437,41 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Read the plot: a point above the diagonal is a copy that delivered the data of a step the host
-# wrote later. Where the pinned buffer's points flatten into a horizontal line at the last step,
-# the host had finished its whole loop before those copies ran. The pageable buffer sits on the
-# diagonal (why, and at what price, below).
+# A point above the diagonal is a copy that delivered a later step's data; where the pinned
+# points flatten at the last step, the host had finished its loop before those copies ran. The
+# pageable buffer sits on the diagonal (why, and at what price, below).
 #
 # ## Real attention: FlashInfer decode over the wrong pages
 #
-# A step counter is a stand-in. Does the race break real attention? `l03.decode_race` runs a
-# decode loop shaped like vLLM's:
+# Does the race break real attention? `l03.decode_race` runs a decode loop shaped like vLLM's:
 #
-# - 64 steps; requests grow by one token a step, new requests join and others leave
-#   (`pinlab.decode_loop.decode_schedule`), so `indptr` and `last_page_len` change from step to step;
-# - each step the host writes `indptr` and `last_page_len` into **one reused metadata buffer** and
-#   copies it to the GPU with `non_blocking=True`;
-# - the page indices are built **on the GPU** from that GPU copy of `indptr` and the block table
+# - 64 steps; requests grow a token a step, join and leave (`pinlab.decode_loop.decode_schedule`),
+#   so `indptr` and `last_page_len` change every step; the host writes them into **one reused
+#   metadata buffer**, copied to the GPU with `non_blocking=True`;
+# - page indices are built **on the GPU** from that copy of `indptr` and the block table
 #   (`pinlab.paged_kv.page_indices`, as vLLM's Triton kernel does);
 # - FlashInfer's `plan()` gets host `indptr`/`last_page_len` (its own copies) and the GPU indices,
-#   then `run()` computes decode attention; the GPU is kept 3 ms busy per step (the rest of the
-#   forward: meant to be long enough for the host to be ahead on most steps, as in an engine; the
-#   counts below say how often a copy delivered another step's data);
-# - afterwards every request's output is compared with `pinlab.paged_kv.reference_decode`, an
-#   fp32 torch reference fed with the *correct* metadata.
+#   `run()` computes decode attention; the GPU is kept 3 ms busy per step (the rest of the
+#   forward, keeping the host ahead on most steps, as in an engine);
+# - outputs are compared with `pinlab.paged_kv.reference_decode`, an fp32 torch reference fed the
+#   *correct* metadata.
 #
-# Three details keep the experiment honest and alive. The host waits for step N-2 before building
-# step N, like a batch queue of depth 2: a run-ahead of 1 in the course's words (**run-ahead k**:
-# the host may write step N+k's data while the GPU has not yet run step N's copy; a ring of pinned
-# buffers for run-ahead k needs k + 1 buffers). And it cycles through a ring of three FlashInfer
-# wrappers, so no wrapper is re-planned before its previous plan has run: FlashInfer's `plan()`
-# has a reused pinned buffer of its own, and sharing one wrapper with the host ahead can crash the
-# CUDA context or hang it (lesson 04 tests that, in a separate process). And a wrong `indptr` is clamped into a well-formed one on the GPU
-# (`pinlab.decode_loop.safe_indptr`): PyTorch checks its index bounds *on the device*, and a failed device-side
-# assert would kill the context too. A wrong `indptr` still gives wrong pages; it cannot read
-# outside the cache.
+# Three details keep it honest and alive. The host waits for step N-2 before building step N,
+# like a batch queue of depth 2: a run-ahead of 1 (**run-ahead k**: the host may write step N+k's
+# data while the GPU has not yet run step N's copy; a ring of pinned buffers for run-ahead k needs
+# k + 1 buffers). It cycles through three FlashInfer wrappers, so none is re-planned before its
+# previous plan has run: `plan()` reuses a pinned buffer too, and one wrapper shared with the host
+# ahead can crash or hang the CUDA context (lesson 04 tests that, in a separate process). And a
+# wrong `indptr` is clamped into a well-formed one on the GPU (`pinlab.decode_loop.safe_indptr`):
+# PyTorch checks index bounds *on the device*, and a failed device-side assert would kill the
+# context too. It still gives wrong pages, never reads outside the cache.
 #
 # 🔮 **Predict.** Will every step with a corrupted copy also attend over wrong pages?
 #
 # <details><summary>Answer</summary>
 #
-# Not necessarily. When the step that overwrote the buffer has the same `indptr` (no request
-# crossed a page boundary, none joined or left), the wrong copy carries the right pages. Count
-# both below.
+# Not necessarily. If the overwriting step has the same `indptr` (no request crossed a page
+# boundary, joined or left), the wrong copy carries the right pages. Both are counted below.
 # </details>
 
 # %%
@@ -531,10 +498,10 @@ pinlab.show(
 )
 
 # %% [markdown]
-# If the backend above says `torch`, FlashInfer could not run on the machine that recorded this
-# (not installed, or its JIT build failed): the loop then used `pinlab.decode_loop.torch_paged_decode`, a batched
-# paged attention in plain torch that reads the **GPU copies** of `indptr` and `last_page_len`, so
-# the race shows the same way. The reason is printed above.
+# If the backend above says `torch`, FlashInfer could not run where this was recorded (not
+# installed, or its JIT build failed: reason above), so the loop used
+# `pinlab.decode_loop.torch_paged_decode`, a batched paged attention in plain torch that reads the
+# **GPU copies** of `indptr` and `last_page_len`: the race shows the same way.
 
 # %%
 tol = dec.result["tol"]
@@ -599,30 +566,26 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Each red dot is a request whose attention read pages that belong to another request, or to
-# another step's layout of the batch: its output is not that request's attention at all, and
-# nothing raised an error. In a serving engine that is a wrong token, silently.
+# Each red dot is a request whose attention read another request's pages, or another step's
+# layout of the batch: not its attention at all, and nothing raised. In a serving engine: a wrong
+# token, silently.
 #
-# How many steps go wrong is not a property of the buffer: it depends on where the GPU was when
-# each copy ran, so it changes from run to run (lesson 04 runs this same loop again as a control
-# and counts its own). What holds on every run is what the cell asserts: the reused pinned buffer
-# sent some step over the wrong pages, and the pageable buffer none.
+# How many steps go wrong depends on where the GPU was when each copy ran, so it varies by run
+# (lesson 04 reruns this loop as a control). Every run asserts that the reused pinned buffer sent
+# some step over the wrong pages, the pageable buffer none.
 #
 # ## The first fix: a pageable buffer (#32799)
 #
-# vLLM's answer for Model Runner V2 (#32799, "Don't pin reused flashinfer tensors") was to stop
-# pinning the reused buffers. A `non_blocking` copy from **pageable** memory cannot DMA from it
-# directly: the driver first copies the data into a pinned staging buffer of its own, *during the
-# call*, so a later write to your buffer cannot reach the GPU. Correct, as both experiments above
-# showed. The price is the "fake `non_blocking`" of lesson 02: a CPU `memcpy` on every call, and
-# a driver that holds only so much staged data (or so large a copy) before the host has to wait
-# for the GPU: then the host can no longer run ahead.
+# vLLM's answer for MRV2 (#32799, "Don't pin reused flashinfer tensors") was to stop pinning the
+# reused buffers. The driver stages a **pageable** source into its own pinned buffer *during the
+# call*, out of reach of later writes: correct, as both experiments showed. The price is lesson
+# 02's "fake `non_blocking`": a CPU `memcpy` every call, and once the driver holds enough staged
+# data (or too large a copy), the host must wait for the GPU and can no longer run ahead.
 #
-# *Where* does it wait? Timing only the copy call cannot say: a wait can surface in any call that
-# follows it. So clock **every** call of the step: the write, the copy call, the launch of the
-# kernel that reads the copy, and the launch of the rest of the forward. The loop is the one
-# above, unbounded (no sync until the end), plus a small kernel that reads each copy (it records
-# what arrived, so the data is checked too), with a clock around each call:
+# *Where* does it wait? Any call after the copy may take the wait, so clock **every** call of the
+# step: the write, the copy, the launch of the kernel that reads the copy, and the launch of the
+# rest of the forward. The loop is the one above, plus that small kernel, which records what each
+# copy delivered, so the data is checked too:
 
 
 # %%
@@ -637,7 +600,7 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
     start = clock()
     for n in range(steps):
         t0 = clock()
-        host_buf.fill_(n)  # the host writes step n's inputs
+        host_buf.fill_(n)
         t1 = clock()
         dst[n % 4].copy_(host_buf, non_blocking=True)  # the copy call
         t2 = clock()
@@ -666,25 +629,21 @@ def timed_step_loop(s, host_buf, steps=400, busy_ms=0.5):
 
 # %% [markdown]
 # The sweep runs it with a pageable buffer of 1 KiB, 64 KiB, 1 MiB and 4 MiB per step, the GPU
-# busy 0.5 ms per step, and, for comparison, with a reused **pinned** buffer of the same size
-# (racy, so only its timing matters here: it shows the loop when no copy is staged). Each run is
-# warmed up first (every kernel launched once: lazy module loading would block the first launch).
+# busy 0.5 ms per step, and with a reused **pinned** buffer of each size (racy: only its timing
+# matters, a loop with no copy staged). Each run is warmed up (lazy module loading would block the
+# first launch).
 #
-# 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does? And
-# where the host does wait, is it in the copy call?
+# 🔮 **Predict.** Which sizes let the host finish its 400 steps long before the GPU does? Where
+# the host waits, is it in the copy call?
 #
 # <details><summary>Answer</summary>
 #
-# With the reused pinned buffer, every size, as long as the host is faster than the GPU: nothing is
-# staged, so the calls only enqueue work until CUDA's launch queue is full (the last section
-# measures it). The "reused pinned buffer" line below says whether the host finished first in this
-# run. With a pageable buffer, only sizes whose queued copies stay within the driver's limits
-# (lesson 02: one per copy, one on the bytes pending in its staging pool): a small copy per step may
+# Pinned: every size, if the host is faster than the GPU: nothing is staged, so calls only enqueue
+# until CUDA's launch queue is full (last section). Pageable: only sizes within the driver's
+# limits (lesson 02: per copy, and on the bytes pending in its staging pool): a small copy may
 # never fill the pool in 400 steps; larger ones fill it after some steps, or exceed the per-copy
-# limit at once, and from then on the host runs at the GPU's pace (on a slow or shared host, slower
-# than that: the write lines say so). Where it waits is not always the
-# copy call: the driver may let a copy return and block a later call, such as the next kernel
-# launch, a call that copies nothing. The lines below say, per size, which it was in this run.
+# limit at once, and then the host runs at the GPU's pace (or slower, if slow or shared). The wait
+# may land in a later call, such as the next launch, not the copy.
 # </details>
 
 
@@ -750,28 +709,24 @@ pinlab.show(
 )
 
 # %% [markdown]
-# Now count the waits. A call that only enqueues work takes microseconds; a call that waits for
-# the GPU takes about a GPU step. So count, per call, the steps where it took longer than **half a
-# GPU step** (`l03.waits`). (The largest copy here, 4 MiB, is slow to stage even with nothing
-# queued: lesson 01's pageable bandwidth.) For the first step where some call took that long, the
-# line also estimates how much was queued then: the steps the host had issued minus the steps the
-# GPU had run in the host's time so far. Each such step is three operations in the stream's queue
-# (the copy, the check kernel, the forward kernel) and one copy's worth of staged bytes.
+# A call that only enqueues takes microseconds; one that waits for the GPU, about a GPU step. So
+# count, per call, the steps over **half a GPU step** (`l03.waits`; the 4 MiB copy is slow to
+# stage even with nothing queued: lesson 01's pageable bandwidth). For the first such step the
+# line estimates what was queued: steps issued minus steps the GPU had run, each three operations
+# in the stream's queue (copy, check kernel, forward kernel) and one copy's worth of staged bytes.
 #
-# When a pageable copy waits, and in which call the wait lands, is the driver's business: the CUDA
+# When a pageable copy waits, and in which call, is the driver's business: the CUDA
 # Runtime API's ["API synchronization behavior"](https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html)
 # page says only that an asynchronous copy between device memory and pageable host memory "might
 # be synchronous with respect to host", and the Driver API's
 # [page of the same name](https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html) that
 # any call "may block or synchronize for various reasons such as contention for or unavailability
-# of internal resources". So everything below is *observed* on this run, not asserted; only the
-# data is checked.
+# of internal resources". So everything below is *observed*, not asserted; only the data is checked.
 
 # %%
 sizes, steps, busy_ms = pc.result["sizes"], pc.result["steps"], pc.result["busy_ms"]
 half_step_us = busy_ms * 1e3 / 2
-# what each step puts in the stream's queue: the
-# copy, the check kernel, the forward kernel
+# per step: copy, check kernel, forward kernel
 OPS_PER_STEP = 3
 call_names = {
     "write": "the write",
@@ -830,8 +785,8 @@ pinlab.show(
     ", ".join(f"{parts[('pinned', n)]['share']:.0%}" for n in sizes),
 )
 # %% [markdown]
-# What that says, size by size, in words computed from this run; then the one fact checked on every
-# machine (the data), and the behaviour of this run as observations.
+# This run in words, size by size; then the data check, true everywhere, and this run's
+# behaviour as observations.
 
 # %%
 small, mid = sorted(sizes)[:2]
@@ -927,60 +882,50 @@ pinned_ran_ahead = pinlab.observe(
 )
 
 # %% [markdown]
-# Read the bars against the dashed line (the GPU's work): a bar far below it is a host that ran
-# ahead; a bar that reaches it is a host that ran at the GPU's pace, and the colours say where it
-# spent that time. The "what this run shows" lines say it in words for this run, size by size.
+# A bar far below the dashed line (the GPU's work) is a host that ran ahead; one that reaches it
+# ran at the GPU's pace, and its colours say where that time went.
 #
-# - With the **pinned** buffer nothing is staged: the calls only enqueue work until CUDA's launch
-#   queue is full (the last section), and its data can be wrong, as above. Whether its host finished
-#   long before the GPU is the "reused pinned buffer" line: a host slower than the GPU cannot run
-#   ahead.
-# - **Small pageable copies**: the copy call pays the staging `memcpy` and returns. The bar is then
-#   mostly launch calls: their own cost, plus any launch that waited. The line on the smallest size
-#   splits the two, for the pageable and the pinned buffer: where launches waited with only a few
-#   KiB per step queued, no staging pool was full (the pinned buffer stages nothing at all). What
-#   fills up without any staging is the stream's **launch queue**: every step put three operations
-#   into it, and the first-wait line counts them. The next section measures how many it holds.
+# - **Pinned** buffer: nothing is staged (and the data can be wrong); its host runs ahead unless
+#   it is slower than the GPU.
+# - **Small pageable copies**: the copy call pays the staging `memcpy` and returns; the bar is
+#   mostly launch calls, their own cost plus any that waited (the smallest size's line splits the
+#   two, for both buffers). Launches that waited with only a few KiB per step queued mean no
+#   staging pool was full: what fills up without staging is the stream's **launch queue**, three
+#   operations a step (counted by the first-wait line; the next section measures its depth).
 # - **Medium pageable copies**: where the host ran at the GPU's pace while its copy calls stayed
-#   short, the host waited in a call that copies nothing, the **launch right after the copy**,
-#   from the moment enough staged copies were queued (the first-wait line says how many bytes).
-#   Timing only the copy call would miss it entirely; only a clock around every call of the step
-#   shows where the wait lands.
-# - **Large pageable copies**: where the copy calls themselves took about a GPU step or longer, a
-#   host spent that time inside the copy call: staging a copy this large can take that long by
-#   itself (the first-wait line says how much was queued then), and past the driver's limits it
-#   also waits for the GPU (lesson 02).
-# - **A slow write**: where a "what this run shows" line names the write, the host's own work took
-#   that long (a CPU shared with other processes, for instance): the host was slow there, it did
-#   not wait for the GPU.
+#   short, it waited in a call that copies nothing, the **launch right after the copy**, once
+#   enough staged copies were queued (the first-wait line says how many bytes). Timing only the
+#   copy call would miss it.
+# - **Large pageable copies**: where the copy calls took about a GPU step or longer, the host
+#   spent that time inside them: staging this much can take that long by itself, and past the
+#   driver's limits it also waits for the GPU (lesson 02).
+# - **A slow write**: where a "what this run shows" line names the write, the host's own work was
+#   slow (a CPU shared with other processes, say), not waiting for the GPU.
 #
-# Which size falls in which case is this machine's driver, link and load: the lines above say it
-# for this run. vLLM's metadata is small, but the same pattern elsewhere is not, and even at 1 KiB
-# the staging is a host `memcpy` on the critical path of every step. Lesson 04 shows the fix that
-# is both asynchronous and correct.
+# Which size falls in which case depends on the driver, link and load. vLLM's metadata is small,
+# but the same pattern elsewhere is not, and even at 1 KiB the staging is a host `memcpy` on
+# every step's critical path. Lesson 04 shows a fix both asynchronous and correct.
 #
 # ## How many launches fit in the queue
 #
-# A launch call (a kernel, a copy, an event record) normally only *enqueues* work and returns in
-# microseconds. But the queue between the host and the GPU has a limited number of slots: once it is
-# full, the next launch call blocks until the GPU has finished something and freed a slot. CUDA
-# does not document the depth (the "API synchronization behavior" pages above say only that a call
-# may block for "unavailability of internal resources"), so measure it.
+# A launch call (a kernel, a copy, an event record) normally only *enqueues* work, in
+# microseconds. But the host-to-GPU queue has limited slots: once full, the next launch call
+# blocks until the GPU frees one. CUDA does not document the depth (the pages above say only that
+# a call may block for "unavailability of internal resources"), so measure it.
 #
 # `l03.launch_queue` keeps the GPU busy with one long kernel (100 ms), then launches 5,000 tiny
-# kernels (`x.add_(1)` on 16 ints, warmed up first) and times each launch call. Behind the busy
-# kernel nothing runs, so the queue only fills; the call that finds it full waits until the long
-# kernel ends, far longer than any other call (an event recorded after the long kernel tells that
-# wait from a moment the OS took the CPU away: after the real one, the kernel is done). Afterwards
-# `x` is read back: every launch must have added 1.
+# kernels (`x.add_(1)` on 16 ints, warmed up first), timing each call. The one that finds the
+# queue full waits until the long kernel ends, far longer than any other (an event recorded after
+# the long kernel tells that wait from an OS preemption: after the real one, the kernel is done).
+# Then `x` is read back: every launch must have added 1.
 #
 # 🔮 **Predict.** Will all 5,000 launch calls return in microseconds?
 #
 # <details><summary>Answer</summary>
 #
-# Not if the queue holds fewer than 5,000. Behind a kernel that runs for 100 ms nothing leaves the
-# queue, so once it is full the next launch call waits until that kernel ends; the calls after it
-# find slots freed as the GPU races through the tiny kernels, and return in microseconds again.
+# Not if the queue holds fewer than 5,000: behind the 100 ms kernel nothing leaves it, so once
+# full the next launch call waits for that kernel to end; later calls find slots freed as the GPU
+# races through the tiny kernels.
 # </details>
 
 # %%
@@ -1064,20 +1009,17 @@ else:
     )
 
 # %% [markdown]
-# Where the queue filled, the plot has two populations: the launch calls that only enqueued
-# (microseconds; their spread is the host: Python, the driver, the OS), and one call far above
-# them, the launch that found the queue full and waited for the busy kernel to end (the dashed
-# line). Its index is the queue's depth in launches on this machine and driver (give or take the
-# long kernel and its event, which hold slots too), printed above; it is not documented, and other
-# drivers, GPUs or platforms (ROCm, WSL2: not measured here) may hold more or fewer.
+# Where the queue filled, the plot shows launch calls that only enqueued (microseconds, spread by
+# Python, the driver, the OS), and one far above (the dashed line) that found it full and waited
+# for the busy kernel. Its index, printed above, is the queue's depth on this machine and driver
+# (give or take the long kernel and its event, which hold slots too); other drivers, GPUs or
+# platforms (ROCm, WSL2: not measured here) may differ.
 #
-# Where the lines above say that the smallest size's first wait came when about as many operations
-# were queued as the queue holds, this explains its waits: a loop that never synchronizes runs
-# ahead until the launch queue is full, and from then on every launch waits for a slot, that is,
-# for the GPU, however few bytes each step copies. Where they say otherwise, that loop either never
-# waited (it finished before the queue was full) or waited before the queue was full (on a shared
-# GPU, for instance; there the estimate of what was queued is off too). Lesson 04 meets the same
-# queue in its soak, and bounds the run-ahead as an engine does.
+# If the lines above put the smallest size's first wait at about the queue's depth, the full queue
+# explains its waits: from then on a loop that never synchronizes waits for a slot, that is, for
+# the GPU, at every launch, however few bytes it copies. Otherwise it never waited (it finished
+# first) or waited earlier (a shared GPU, say, where the queued estimate is off too). Lesson 04
+# meets this queue in its soak, and bounds the run-ahead as an engine does.
 
 # %%
 back = pinlab.pinned_back_to(pinned_at_start)
@@ -1087,17 +1029,15 @@ pinlab.claim(
 
 # %% [markdown]
 # ## What to remember
-# - Async scheduling means the host writes step N+1 while step N's copies are still queued.
-# - A `non_blocking` copy from pinned memory reads the buffer when it **runs**, not when you call
-#   it: a reused pinned buffer delivers a later step's data, silently, whenever the host has
-#   rewritten it before the copy ran (how often varies from run to run). A few lines
-#   of torch show it (`step_loop` above), on a GPU or on the emulated lagging stream.
-# - In vLLM's FlashInfer path that means attention over the wrong pages: wrong outputs, no error.
-# - A pageable buffer is correct (the driver copies it during the call) but costs a host `memcpy`
-#   every step, and makes the host wait for the GPU once the driver holds enough staged data. The
-#   wait need not be in the copy call: clock the whole step to see where it lands.
-# - Even a loop that stages nothing cannot run ahead without limit: once CUDA's launch queue is
-#   full, every launch call waits for the GPU. Its depth is undocumented: measure it.
+# - With async scheduling the host writes step N+1 while step N's copies are still queued.
+# - A `non_blocking` copy from pinned memory reads the buffer when it **runs**: a reused pinned
+#   buffer silently delivers a later step's data whenever the host rewrote it first (how often
+#   varies from run to run). In vLLM's FlashInfer path: attention over the wrong pages, no error.
+# - A pageable buffer is correct (staged during the call) but costs a host `memcpy` every step,
+#   and the host waits for the GPU once the driver holds enough staged data, not always in the
+#   copy call: clock the whole step.
+# - Even a loop that stages nothing waits for the GPU at every launch once CUDA's launch queue is
+#   full. Its depth is undocumented: measure it.
 #
 # **Exercise:** `exercises/03_the_race.ipynb` (solution in `solutions/`).
 # **Next:** 04 · the fix: a pinned snapshot per step, and the history of fixes compared.

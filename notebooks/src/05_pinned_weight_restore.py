@@ -2,19 +2,17 @@
 # # 05 · Restoring offloaded weights straight into pinned memory
 #
 # **What you will learn**
-# - what vLLM's `device_loading_context` does with CPU-offloaded weights, and the three ways to put
-#   a weight back on the host: `.to("cpu")` (pageable), `.to("cpu").pin_memory()` (two copies),
+# - three ways to put an offloaded weight back on the host (vLLM's `device_loading_context`):
+#   `.to("cpu")` (pageable), `.to("cpu").pin_memory()` (two copies),
 #   `torch.empty_like(w, device="cpu", pin_memory=True).copy_(w)` (one copy, pinned);
-# - how to count the copies a line of torch makes, and prove a round trip is bitwise exact;
-# - on a model-sized module: restore time, restore bandwidth against the link's peak, the pinned
-#   bytes the allocator takes (rounded up to powers of two), and what the next reload costs the host;
-# - a sleep/wake cycle (vLLM's sleep mode): weights to pinned host memory, GPU memory freed, and
-#   back, from 64 MiB to a few GiB, and the pinned footprint it costs; when *not* to pin;
-# - zero-copy access: the GPU reading pinned host memory directly (vLLM's UVA offloader), and what
-#   torch itself offers for it.
+# - how to count a line's copies, and prove a round trip bitwise exact;
+# - on a model-sized module: restore bandwidth against the link's peak, the pinned bytes taken,
+#   and what the next reload costs the host;
+# - a sleep/wake cycle (vLLM's sleep mode) from 64 MiB to a few GiB; when *not* to pin;
+# - zero-copy: the GPU reading pinned host memory directly (vLLM's UVA offloader).
 #
-# Part 1 runs everywhere: the code on the emulated lagging stream (`pinlab.LaggingStream`, lesson 02's
-# stand-in for a GPU that is far behind the host). Part 2 measures on a GPU, or replays the recorded run.
+# Part 1 runs everywhere, on the emulated lagging stream (`pinlab.LaggingStream`, lesson 02). Part
+# 2 measures on a GPU, or replays the recorded run.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -46,19 +44,17 @@ pinned_at_start = pinlab.pinned_baseline()
 # %% [markdown]
 # ## Where weights go back to the host
 #
-# vLLM can keep part of a model in host memory (`--cpu-offload-gb`). Some quantization methods must
-# post-process every weight after loading (`process_weights_after_loading`), on the GPU. So vLLM wraps
-# that step in `device_loading_context(module, target_device)`: on entry it moves each CPU parameter
-# to the GPU, on exit it moves it **back to the host**. Its sleep mode (used for RL and for serving
-# several models on one GPU) does the same for the whole model. How the weight goes back decides
-# how fast the *next* trip to the GPU is, because only pinned memory can be copied asynchronously
-# (lessons 01 and 02).
+# vLLM can keep part of a model in host memory (`--cpu-offload-gb`). Some quantization methods
+# post-process every weight after loading (`process_weights_after_loading`) on the GPU, inside
+# `device_loading_context(module, target_device)`: on entry it moves each CPU parameter to the
+# GPU, on exit **back to the host**. Sleep mode (for RL, or several models on one GPU) does the
+# same for the whole model. How a weight goes back decides its *next* trip: only pinned memory is
+# copied asynchronously (lessons 01 and 02).
 #
-# One term first. **UVA** (unified virtual addressing) means the GPU can address pinned host memory
-# directly: a kernel reads a weight that stays in host memory, over the link, with no copy. vLLM's UVA
-# offloader keeps offloaded weights that way, so they must live in *pinned* memory (the section
-# "Zero-copy" below measures it). The few lines that matter, before and after the vLLM change
-# (vLLM 0.28 → 0.29):
+# **UVA** (unified virtual addressing): the GPU can address pinned host memory directly, so a
+# kernel reads a weight that stays on the host, over the link, with no copy. vLLM's UVA offloader
+# keeps offloaded weights that way, so they must be *pinned* ("Zero-copy" below). The lines that
+# matter, before and after the vLLM change (vLLM 0.28 → 0.29):
 
 # %%
 # vLLM's switch: VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1
@@ -93,8 +89,7 @@ RESTORES = {
 }
 
 # %% [markdown]
-# And the context manager, as vLLM 0.29 has it (slightly shortened; `wr.check_restore_args` only checks
-# the arguments and raises clear errors):
+# The context manager, as in vLLM 0.29 (shortened; `wr.check_restore_args` only checks arguments):
 
 
 # %%
@@ -130,11 +125,10 @@ def offload(module, restore=restore_after):
 # %% [markdown]
 # # Part 1 · The code, run here (emulated)
 #
-# Inside `with pinlab.LaggingStream() as s:` plain torch code runs as if a GPU were attached and far
-# behind the host: `pin_memory=True` and `is_pinned()` work on a CPU, a tensor put on `s.device` is
-# "GPU memory", and device work runs only when the host waits for it. It is exact about *what* is
-# copied, pinned, queued or waited for, and says nothing about time. It runs the same way on every
-# machine, so its lines are compared on every run.
+# Inside `with pinlab.LaggingStream() as s:` torch runs as if a far-behind GPU were attached:
+# `pin_memory=True` and `is_pinned()` work on a CPU, a tensor on `s.device` is "GPU memory", and
+# device work runs only when the host waits for it. It is exact about *what* is copied, pinned,
+# queued or waited for, silent about time, and the same on every machine.
 #
 # 🔮 **Predict.** How many copies of a weight does each restore make, and which results are pinned?
 #
@@ -170,13 +164,13 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# `count_copies` counts the aten ops that copy data (`_to_copy`, `copy_`, `_pin_memory`, ...) while the
-# function runs (a `TorchDispatchMode`); it does the same on a real GPU, as Part 2 shows.
+# `count_copies` counts the aten ops that copy data (`_to_copy`, `copy_`, `_pin_memory`, ...)
+# while the function runs (a `TorchDispatchMode`), on a GPU too.
 #
 # ### A round trip through `device_loading_context`, and the switch
 #
-# Weights start on the host (offloaded), go to the "GPU" for processing, and come back. Every weight
-# must come back bitwise identical, in pinned memory, and as pageable memory when the switch is off.
+# Offloaded weights go to the "GPU" and come back: bitwise identical, pinned, or pageable when the
+# switch is off.
 
 # %%
 with pinlab.LaggingStream() as s:
@@ -201,21 +195,20 @@ with pinlab.LaggingStream() as s:
 # %% [markdown]
 # ### Why pinned matters for the *next* trip: reloading behind a busy GPU
 #
-# The restored weights go back to the GPU sooner or later (the next `device_loading_context`, the
-# next wake-up, the next prefetch of an offloaded layer), ideally with `copy_(..., non_blocking=True)`
-# while the GPU still works on something else. From pinned memory the copy is only *queued*; from
-# pageable memory the driver stages it, and a copy this large usually waits for the GPU (lesson 02's
-# fake `non_blocking`: undocumented driver behaviour, measured there). The emulated stream below
-# takes the waiting case.
+# Restored weights return to the GPU (the next `device_loading_context`, wake-up or prefetch),
+# ideally with `copy_(..., non_blocking=True)` while the GPU works on something else. From pinned
+# memory the copy is only *queued*; from pageable memory a copy this large usually waits for the
+# GPU (lesson 02's fake `non_blocking`: undocumented driver behaviour). The emulated stream takes
+# the waiting case.
 #
 # 🔮 **Predict.** After issuing the four reload copies, how many are still queued behind the
 # (emulated) busy GPU, from pinned and from pageable host weights?
 #
 # <details><summary>Answer</summary>
 #
-# From pinned weights, all four copies, behind the busy work: five items in the queue. From
-# pageable weights, none: the first copy, too large for the driver to stage behind the queue, waits
-# until the GPU has run everything before it, and so does every later one.
+# Pinned: the busy work and all four copies, five items. Pageable: none: the first copy, too large
+# to stage behind the queue, waits until the GPU has run everything before it, and so does every
+# later one.
 # </details>
 
 # %%
@@ -258,14 +251,10 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# From pinned memory all four copies are queued behind the busy work (5 items: the work and the
-# copies); from pageable memory the host waited for the GPU at the first copy, and then at every
-# other: nothing is left queued.
-#
 # ### Bad input gets a clear error
 #
-# A restore given something that is not a module, parameters on the `meta` device (a shape without
-# data), or a device that does not exist should say so, not fail deep inside torch.
+# A restore given a non-module, `meta` parameters (a shape without data) or a missing device
+# should say so, not fail deep inside torch.
 
 # %% tags=["nbval-ignore-output"]
 meta_model = torch.nn.Linear(4, 4, device="meta")
@@ -292,8 +281,8 @@ for label, (module, target) in cases.items():
 # %% [markdown]
 # ### A sleep/wake cycle
 #
-# vLLM's sleep mode frees the GPU for something else (a trainer in RL, another model) and brings the
-# weights back later. The cycle is short code:
+# vLLM's sleep mode frees the GPU for something else (a trainer in RL, another model) and brings
+# the weights back later:
 
 
 # %%
@@ -345,19 +334,17 @@ with pinlab.LaggingStream() as s:
     )
 
 # %% [markdown]
-# On a GPU, `torch.cuda.memory_allocated()` must drop back to where it was before the model existed
-# while it sleeps, and the pinned allocator rounds each weight's block up to a power of two. Part 2
-# measures both.
+# On a GPU, `torch.cuda.memory_allocated()` must drop to its level before the model while it
+# sleeps, and the pinned allocator rounds each block up to a power of two: Part 2 measures both.
 #
 # # Part 2 · Measured on a GPU
 #
-# Everything below is measured on a GPU, or replayed from the recorded GPU run on a machine without
-# one (the `[measured] source:` line says which).
+# Or replayed from the recorded GPU run (the `[measured] source:` line says which).
 #
 # ## The reference: a plain pinned D2H copy loop
 #
-# A restore into pinned memory is a device-to-host copy. The fastest this link moves data D2H is what
-# a plain loop of back-to-back 256 MiB copies into pinned memory reaches (best of 3).
+# A restore into pinned memory is a D2H copy. The link's D2H peak is what a loop of back-to-back
+# 256 MiB copies into pinned memory reaches (best of 3).
 
 # %%
 peak = pinlab.measure(
@@ -368,26 +355,23 @@ pinlab.show("pinned D2H copy-loop peak", f"{peak['best_GBps']:.1f} GB/s")
 # %% [markdown]
 # ## Restoring a model-sized module, three ways
 #
-# The model: two Llama-2-7B-shaped MLP blocks (hidden 4096, intermediate 11008), four bf16 weights of
-# 86 MiB each, 344 MiB in all, on the GPU. `wr.time_restores` runs one loop for every restore
-# function above: restore every weight (3 rounds; before the first, the pinned allocator's cache is
-# emptied, so round 1 is *cold* and later rounds reuse cached pinned blocks, *warm*), count the
-# copies, then reload the weights with `copy_(..., non_blocking=True)` behind a GPU kept busy for
-# 20 ms and time how long the host was held.
+# The model: two Llama-2-7B-shaped MLP blocks (hidden 4096, intermediate 11008), four bf16 weights
+# of 86 MiB each, 344 MiB in all, on the GPU. For each restore, `wr.time_restores` restores every
+# weight (3 rounds; the pinned cache is emptied first, so round 1 is *cold*, later rounds reuse
+# cached blocks, *warm*), counts the copies, then reloads the weights with
+# `copy_(..., non_blocking=True)` behind 20 ms of GPU work and times how long the host was held.
 #
 # 🔮 **Predict.** Which restore is fastest, and by how much? Is `.to("cpu").pin_memory()` faster or
 # slower than plain `.to("cpu")`?
 #
 # <details><summary>Answer</summary>
 #
-# The pinned copy, by far **once its pinned blocks are cached** (warm): it moves the bytes at the
-# link's rate, while `.to("cpu")` copies into fresh pageable memory (page faults on every new page,
-# a staged copy). How far depends on the link and the host: the speed-up lines below say it for
-# this run. The *first* (cold) pinned restore also page-locks fresh
-# memory, which costs far more than the copy: cold, it takes the same order of time as `.to("cpu")`.
-# `.to("cpu").pin_memory()` makes the same copy as `.to("cpu")` and then a second one, into pinned
-# memory (page-locking it too when cold): it costs at least as much as `.to("cpu")`, and much more
-# when cold. The table below says how much here.
+# The pinned copy, by far, **once its blocks are cached** (warm): it moves the bytes at the link's
+# rate, while `.to("cpu")` copies into fresh pageable memory (page faults on every new page, a
+# staged copy); how far depends on link and host. The *first* (cold) pinned restore also
+# page-locks fresh memory, which costs far more than the copy: the same order of time as
+# `.to("cpu")`. `.to("cpu").pin_memory()` makes that copy, then a second into pinned memory
+# (page-locking it too when cold): at least as slow as `.to("cpu")`, much slower cold.
 # </details>
 
 # %%
@@ -418,8 +402,7 @@ bars(
 plt.show()
 
 # %% [markdown]
-# The exact facts, the same on every run: the number of copies, where the results live, and that
-# every weight came back bitwise identical.
+# The exact facts, on every run:
 
 # %%
 for name, v in methods.items():
@@ -447,15 +430,13 @@ pinlab.claim(
 # %% [markdown]
 # ### Restore bandwidth against the link's peak, and the speed-up
 #
-# The pinned restore is one blocking D2H copy per weight; warm, it should run close to the copy-loop
-# peak (the goal: at least 90% at this size). Whatever it loses against the peak is per-weight
-# overhead the copy loop does not pay: taking a block from the pinned cache, a launch and a host
-# synchronization per weight (four here). The goal is observed, not asserted (the `[measured]` line
-# says whether this run met it): a ratio near 1 moves with the run, the host and a GPU shared with
-# others. The speed-ups compare the median of the three rounds of each method, from this one run;
-# how large they are depends on the link and on how the host handles pageable memory (on a GH200
-# the GPU reads pageable memory through the host's page tables, and the gap narrows: not measured
-# here, `docs/facts.md` F15).
+# The pinned restore is one blocking D2H copy per weight; warm, it should reach 90% of the
+# copy-loop peak at this size. It loses per-weight overhead the loop does not pay: a block from
+# the pinned cache, a launch and a host synchronization per weight (four here). Observed, not
+# asserted: a ratio near 1 moves with the run, the host and a shared GPU. The speed-ups compare
+# medians of three rounds; their size depends on the link and on how the host handles pageable
+# memory (on a GH200 the GPU reads pageable memory through the host's page tables, and the gap
+# narrows: not measured here, `docs/facts.md` F15).
 
 # %%
 after, before, uva = (
@@ -502,21 +483,19 @@ pinlab.show(
 )
 
 # %% [markdown]
-# The 90% goal is about the warm path: the copies and their per-weight overhead, no page-locking.
-# The cold round also page-locks new memory (`cudaHostAlloc`, lesson 01): compare the cold and warm
-# lines, and the cold ratio to the peak. Code that restores again and again (the sleep/wake cycle
-# below) pays it once per block: later restores reuse the cached blocks.
+# The 90% goal is about the warm path: no page-locking. The cold round also page-locks new memory
+# (`cudaHostAlloc`, lesson 01): compare the cold and warm lines. Repeated restores (sleep/wake
+# below) pay it once per block, then reuse cached blocks.
 #
 # ### The pinned bytes it takes: rounded up to powers of two
 #
-# 🔮 **Predict.** Each weight is 86 MiB. How many bytes does the caching host allocator page-lock for
-# the four of them?
+# 🔮 **Predict.** Each weight is 86 MiB. How many bytes does the caching host allocator page-lock
+# for the four?
 #
 # <details><summary>Answer</summary>
 #
 # 512 MiB: it rounds every request up to a power of two (lesson 01), so each 86 MiB weight takes a
-# block of 128 MiB, about 1.5 times what was asked. The `.to("cpu")` restore takes none: its result
-# is pageable.
+# 128 MiB block, about 1.5 times what was asked. `.to("cpu")` takes none: its result is pageable.
 # </details>
 
 # %%
@@ -541,20 +520,19 @@ pinlab.claim(
 
 # %% [markdown]
 # Every 86 MiB weight occupies a 128 MiB pinned block: 1.49× the memory asked for, locked in RAM
-# for as long as the weights live there. That is the *price* of the fast path.
+# as long as the weights live there: the *price* of the fast path.
 #
 # ### Reloading behind a busy GPU
 #
-# The same reload as in Part 1, on the GPU: the GPU is busy for 20 ms, then the four weights are
-# copied back with `non_blocking=True`. A host that waits for the GPU is held at least the rest of
-# the busy time; a host that only queues the copies is not, so half the busy time separates the two,
-# unless the staging itself takes that long (a pageable copy of a few hundred MiB can: lesson 01's
-# pageable rates say how long), so a pageable host held past the line waited *or* staged.
-# From pinned memory the copies are only queued, on any CUDA GPU. Whether a pageable copy waits is
-# the driver's choice, and undocumented: the CUDA Runtime API's "API synchronization behavior" page
+# Part 1's reload, on the GPU: 20 ms of GPU work, then the four weights copied back with
+# `non_blocking=True`. A host that waits is held at least the rest of the busy time; one that
+# only queues is not: half the busy time separates them, unless staging itself takes that long (a
+# pageable copy of a few hundred MiB can: lesson 01's pageable rates), so a pageable host held
+# past the line waited *or* staged. From pinned memory the copies are only queued, on any CUDA
+# GPU. Whether a pageable copy waits is the driver's undocumented choice: the CUDA Runtime API's
+# "API synchronization behavior" page
 # (https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html) says only that an
-# asynchronous copy from pageable memory may be synchronous. The `[measured]` line says what it did
-# in this run.
+# asynchronous copy from pageable memory may be synchronous.
 
 # %%
 for name, v in methods.items():
@@ -577,10 +555,10 @@ pinlab.claim(
 # %% [markdown]
 # ## Sleep and wake, from 64 MiB to a few GiB
 #
-# `wr.sleep_wake_sweep` runs the `sleep`/`wake` cycle above on models of about 64 MiB, 256 MiB,
-# 1 GiB and 3 GiB: pinned cold (fresh page-locked blocks), pinned warm (a second cycle, cached
-# blocks), and pageable (`pin=False`, the switch). At the largest size the pinned blocks alone lock
-# a few GiB of host RAM (the table's last column): run it where that much is free.
+# `wr.sleep_wake_sweep` runs the cycle on models of about 64 MiB, 256 MiB, 1 GiB and 3 GiB: pinned
+# cold (fresh page-locked blocks), pinned warm (a second cycle, cached blocks), and pageable
+# (`pin=False`). The largest locks a few GiB of host RAM (the table's last column): run it where
+# that much is free.
 
 # %%
 sweep = pinlab.measure(
@@ -656,47 +634,45 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Read the left plot: a warm pinned sleep and every pinned wake grow roughly in proportion to the
-# model's size (their time is the bytes over a rate not far below the link's); the *cold* pinned
-# sleep pays for page-locking fresh memory, which can cost more than a pageable sleep (compare the
-# two at each size in the table). So pin when the cycle **repeats** (RL steps, switching models):
-# the second cycle onwards is the fast one. The right plot is the price: up to 2× the model's
-# bytes locked in host RAM (each weight's block rounded up to a power of two), which the OS can
-# neither swap nor give to anyone else.
+# Left plot: a warm pinned sleep and every pinned wake grow roughly with the model's size (bytes
+# over a rate not far below the link's); the *cold* pinned sleep pays for page-locking, which can
+# cost more than a pageable sleep (see the table). So pin when the cycle **repeats** (RL steps,
+# switching models): later cycles are warm. Right plot, the price: up to 2× the model's bytes
+# locked in host RAM (each block rounded up to a power of two), which the OS can neither swap nor
+# give to anyone else.
 #
-# The warm sleep is the pinned restore again, for every weight, so its ratio to the copy-loop peak
-# (observed for 256 MiB and up) is the same 90% goal at more sizes. It is timed with more inside it
-# than the restore above: dropping the GPU copies and `torch.cuda.empty_cache()`, which hands the
-# freed GPU memory back to the driver. That extra work is part of what a sleep costs, and it counts
-# against the sleep's ratio: the `[measured]` lines say at which sizes this run met the goal.
+# The warm sleep is the pinned restore again, so the same 90% goal holds at more sizes (observed
+# for 256 MiB and up), though its time also includes dropping the GPU copies and
+# `torch.cuda.empty_cache()` (freed GPU memory back to the driver): part of a sleep's cost,
+# counted against its ratio.
 #
 # ## When *not* to pin
-# - **Host RAM is short.** A 70B model in bf16 is 140 GB; pinned and rounded up, it can lock far more.
-#   Pinned memory cannot be swapped: pin too much and other processes (or this one) are killed.
-# - **A one-off restore.** A single cold pinned restore pays for page-locking fresh memory (the cold
-#   and warm restores above, and the sleep table, say how much on this machine): it can take as long
-#   as the pageable copy it replaces, and then keeps that memory locked.
-# - **The footprint does not fit.** The rounding above can double the pinned bytes of an offloaded
-#   model: that is why `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` came first (pinned blocks rounded
-#   up to powers of two ran a GB300 host out of memory). `pin=False` above is its switch.
-# - **Grace Hopper / Grace Blackwell** (GH200, GB200, GB300; not measured here: `docs/facts.md` F14,
-#   F15). The CPU's LPDDR5X and the GPU's HBM are separate memories, but coherent over NVLink-C2C: the
-#   GPU reads pageable host memory through the host's page tables (ATS), so a pageable copy comes much
-#   closer to a pinned one and pinning buys less, while every pinned byte is still host memory nobody
-#   else can use. vLLM's own docstring for the switch names one of them ("unified-memory systems
-#   (e.g. GH200)", vLLM 0.29): in its words pinned memory "eats into GPU memory" there.
+# - **Host RAM is short.** A 70B model in bf16 is 140 GB; pinned and rounded up, it can lock far
+#   more. Pinned memory cannot be swapped: pin too much and other processes (or this one) are
+#   killed.
+# - **A one-off restore.** A cold pinned restore pays for page-locking fresh memory: it can take
+#   as long as the pageable copy it replaces, and then keeps that memory locked.
+# - **The footprint does not fit.** Rounding can double an offloaded model's pinned bytes: that is
+#   why `VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY` came first (pinned blocks rounded up to powers
+#   of two ran a GB300 host out of memory). `pin=False` above is its switch.
+# - **Grace Hopper / Grace Blackwell** (GH200, GB200, GB300; not measured here: `docs/facts.md`
+#   F14, F15). The CPU's LPDDR5X and the GPU's HBM are separate memories, but coherent over
+#   NVLink-C2C: the GPU reads pageable host memory through the host's page tables (ATS), so a
+#   pageable copy comes much closer to a pinned one, while every pinned byte is still host memory
+#   nobody else can use. vLLM's docstring for the switch names "unified-memory systems (e.g.
+#   GH200)" (vLLM 0.29): in its words pinned memory "eats into GPU memory" there.
 # - **No pinning available**: a CPU-only torch raises on `pin_memory=True`; vLLM gates it with
 #   `is_pin_memory_available()` (WSL, CPU platforms).
 #
 # ## Zero-copy: the GPU reading pinned host memory
 #
-# vLLM's UVA offloader does not copy offloaded weights back at all: it hands the kernels a **CUDA view
-# of the pinned host buffer** (`get_accelerator_view_from_cpu_tensor`, a custom C++ op calling
+# vLLM's UVA offloader does not copy offloaded weights back: it hands the kernels a **CUDA view of
+# the pinned host buffer** (`get_accelerator_view_from_cpu_tensor`, a custom C++ op calling
 # `cudaHostGetDevicePointer` + `torch::from_blob`), and every kernel that reads the weight pulls it
-# over PCIe. Torch has no public API for that view (no `Tensor.cuda_view()`; the op is vLLM's own).
-# The closest public route is the `__cuda_array_interface__` protocol, which `torch.as_tensor`
-# consumes without copying: hand it the pinned buffer's address, which on a 64-bit system with
-# unified virtual addressing is also a valid device address for memory from `cudaHostAlloc`.
+# over PCIe. Torch has no public API for that view (no `Tensor.cuda_view()`). The closest public
+# route is the `__cuda_array_interface__` protocol, which `torch.as_tensor` consumes without
+# copying: hand it the pinned buffer's address, which on a 64-bit system with unified virtual
+# addressing is also a valid device address for memory from `cudaHostAlloc`.
 
 
 # %%
@@ -728,10 +704,10 @@ def uva_view(pinned):
 
 
 # %% [markdown]
-# The experiment uses one 86 MiB weight in a matmul with 16 tokens (a decode step), three ways:
-# resident in GPU memory; pinned on the host and **copied per use** (what a prefetching offloader
-# does); and read **zero-copy** through `uva_view`. If this torch cannot make the view, the error is
-# recorded and the copied-per-use row is the closest alternative.
+# One 86 MiB weight in a matmul with 16 tokens (a decode step), three ways: resident in GPU
+# memory; pinned on the host and **copied per use** (as a prefetching offloader does); read
+# **zero-copy** through `uva_view`. If this torch cannot make the view, the error is recorded;
+# copied per use is the closest alternative.
 
 # %%
 zc = pinlab.measure(
@@ -774,23 +750,20 @@ for name, v in ways.items():
         )
 
 # %% [markdown]
-# What the lines above show when the view is available: the CUDA tensor has the pinned buffer's own
-# address, so nothing was copied; a value the host writes into the buffer is what the next GPU
-# kernel reads, so the GPU reads host memory on every access; and the matmul fed from host memory
-# gives the resident result bit for bit. With 16 tokens the matmul's time is spent reading the
-# weight, so weight bytes / GPU time is the rate the weight was read at: from HBM (resident), by the
-# copy engine over PCIe and then from HBM (copied per use, one after the other), or over PCIe by
-# the kernel's own loads (zero-copy).
+# When the view exists: the CUDA tensor has the pinned buffer's own address (nothing copied); the
+# next GPU kernel reads what the host wrote into the buffer (host memory read on every access);
+# the matmul gives the resident result bit for bit. With 16 tokens the matmul is spent reading the
+# weight, so weight bytes / GPU time is its read rate: from HBM (resident), by the copy engine over
+# PCIe then from HBM (copied per use), or over PCIe by the kernel's own loads (zero-copy).
 #
-# Zero-copy trades GPU memory for PCIe traffic on *every* use: a resident weight is read from HBM at
-# terabytes per second, a zero-copy one at the link's rate at best (GPU loads of host memory often
-# reach less than a copy engine does). Copied per use, as timed here, is no cure either: the copy
-# waits in line before the matmul. What makes copying pay is doing it *ahead*: a prefetch (pinned,
-# `non_blocking`) overlaps other work, and the copy is then read from HBM for as many uses as it
-# stays. Zero-copy pays for weights that are used rarely, or when GPU memory simply is not there;
-# for anything on the hot path, prefetch it or keep it resident. And the view needs **pinned**
-# memory: vLLM's op, given a pageable tensor, quietly makes a pinned copy first, one more reason for
-# the PR to restore straight into pinned memory.
+# Zero-copy trades GPU memory for PCIe traffic on *every* use: HBM serves a resident weight at
+# terabytes per second, the link a zero-copy one at best at its rate (GPU loads of host memory
+# often reach less than a copy engine). Copying per use is no cure: the copy waits in line before
+# the matmul. Copying pays when done *ahead*: a prefetch (pinned, `non_blocking`) overlaps other
+# work, and the copy is read from HBM as long as it stays. Zero-copy pays for rarely used weights,
+# or when GPU memory is not there; on the hot path, prefetch or keep resident. The view needs
+# **pinned** memory: vLLM's op quietly pins a pageable tensor first, one more reason for the PR
+# to restore straight into pinned memory.
 
 # %%
 pinlab.claim(
@@ -803,16 +776,14 @@ pinlab.claim(
 # %% [markdown]
 # ## What to remember
 # - Restore offloaded weights with **one copy straight into pinned memory**:
-#   `torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)`. `.to("cpu")` gives pageable memory
-#   (the next `non_blocking` reload can block the host, at the driver's choice: the reload's
-#   `[measured]` line says whether it did here); `.to("cpu").pin_memory()` copies twice.
-# - Count copies and check bitwise equality: a restore is correct only if every weight comes back identical.
-# - The pinned restore runs near the link's D2H peak once the allocator is warm; the first (cold) time
-#   pays for page-locking.
-# - The price is pinned host RAM, rounded up to powers of two per weight. Do not pin when RAM is short
-#   or the rounded footprint does not fit (`VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`), for one-off
-#   moves, or where pinning buys little (GH200/GB200: the GPU reads pageable memory over NVLink-C2C;
-#   not measured here).
-# - Zero-copy (UVA) lets kernels read pinned host memory in place: no copy, but PCIe speed on every use.
+#   `torch.empty_like(w, device="cpu", pin_memory=pin).copy_(w)`. After `.to("cpu")` (pageable)
+#   the next `non_blocking` reload can block the host; `.to("cpu").pin_memory()` copies twice.
+# - Count copies and check that every weight comes back bitwise identical.
+# - Warm, the pinned restore runs near the link's D2H peak; cold, it pays for page-locking.
+# - The price: pinned host RAM, rounded up to powers of two per weight. Do not pin when RAM is
+#   short or the footprint does not fit (`VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`), for one-off
+#   moves, or where pinning buys little (GH200/GB200: the GPU reads pageable memory over
+#   NVLink-C2C; not measured here).
+# - Zero-copy (UVA): kernels read pinned host memory in place, at PCIe speed on every use.
 #
 # **Exercises:** `exercises/05_pinned_weight_restore.ipynb` (solutions in `solutions/`).

@@ -2,19 +2,11 @@
 # # 08 · CUDA graphs: what a captured copy reads
 #
 # **What you will learn**
-# - what a CUDA graph is (a stream's work captured once, replayed with one call) and why an
-#   inference engine decodes under graphs: the host time per step, eager against one replay;
-# - what a capture refuses: a copy from pageable memory, and anything that makes the host wait
-#   for the GPU; so every host-to-device copy a graph holds reads **pinned** memory;
-# - that a graph replays with the **addresses** it captured: a captured copy from a reused pinned
-#   buffer reads whatever the host wrote last, the race of lesson 03 under replay (and the race
-#   detector reports it);
-# - the fixes that work with graphs (the PR's snapshot outside the graph, a ring of pinned
-#   buffers), each proven with 0 corrupted steps, and their host cost;
-# - the same race in real paged attention: FlashInfer's CUDA-graph decode wrapper, `plan()` outside
-#   the graph, `run()` captured;
-# - the regression test the vLLM PR lacked, as a test you can take home;
-# - when graphs help less, and the memory they hold.
+# - what a CUDA graph saves the host per decode step;
+# - why every captured host-to-device copy reads **pinned** memory;
+# - that a replay reads the **addresses** it captured: lesson 03's race, under replay;
+# - graph-safe fixes, their host cost, and the same race in FlashInfer's graph decode wrapper;
+# - a regression test; when graphs help less, and the memory they hold.
 #
 # Before this lesson: 03 (the race) and 04 (the fix).
 
@@ -45,10 +37,10 @@ pinned_at_start = pinlab.pinned_baseline()
 #
 # A decode step launches many small kernels: embeddings, one attention and a few matmuls per
 # layer, sampling. Each launch costs the host a few microseconds in Python, torch and the driver.
-# A **CUDA graph** records a stream's work once (`torch.cuda.graph(g)`: *capture*) and launches all
-# of it again with one call (`g.replay()`). What a graph holds is fixed: the kernels, their
-# arguments, and the **addresses** of every tensor they read and write. So a graph's inputs live in
-# **static** tensors: before each replay the engine copies the step's data into them.
+# A **CUDA graph** records a stream's work once (`torch.cuda.graph(g)`: *capture*) and launches it
+# all with one call (`g.replay()`). It fixes the kernels, their arguments and the **addresses** of
+# every tensor they read and write, so its inputs live in **static** tensors, filled before each
+# replay.
 #
 # ```python
 # g = torch.cuda.CUDAGraph()
@@ -63,8 +55,7 @@ pinned_at_start = pinlab.pinned_baseline()
 #
 # <details><summary>Answer</summary>
 #
-# Most of it: a replay is one launch call whatever the graph holds, while eager launches cost the
-# host per kernel. The measurement below shows how much on this machine.
+# Most of it: a replay is one launch call; eager launches cost the host per kernel. Measured below.
 # </details>
 
 # %% tags=["nbval-ignore-output"]
@@ -113,15 +104,13 @@ pinlab.show(
 
 # %% [markdown]
 # The eager line climbs with every kernel; the replay line stays nearly flat (a microsecond or two
-# from 1 to 40 kernels). That is the whole reason an
-# engine captures its decode step, and why everything the step needs must sit in static tensors.
+# from 1 to 40 kernels). Hence engines capture the decode step.
 #
 # ## What a capture refuses
 #
-# A capture records work without running it, so it refuses what would need the work's result now.
-# Run each line inside a capture and print what torch says. On a machine without CUDA the
-# emulated stream (lesson 03) captures and replays graphs too, and refuses the same things with
-# the same messages.
+# A capture records work without running it, so it refuses what needs the work's result now.
+# Lesson 03's emulated stream captures and replays graphs too, with the same refusals and
+# messages.
 
 
 # %%
@@ -172,47 +161,42 @@ pinlab.claim(
     not captured["static.sum().item()"],
     why=l08.WHY.capture_rules,
 )
-# the experiment's own pinned tensor: what is still pinned now, the refusals left
+# after freeing ours, what stays pinned is what the refusals left
 del pinned
 left_by_refusals = pinlab.pinned_baseline() - pinned_at_start
 pinlab.show("pinned bytes the capture experiments left in use", left_by_refusals)
 pinlab.show("what that is", l08.refusals_left_text(left_by_refusals))
 
 # %% [markdown]
-# Read `.item()`'s message with care. On a GPU, CUDA refuses the wait ("operation not permitted when
-# stream is capturing"), and torch then ends the capture and reports what that ending saw: "operation
-# failed due to a previous error during capture", the line a GPU run prints above; the refusal is
-# that error's context. The emulated stream raises the same pair. The warning "The CUDA Graph is
-# empty" that a GPU run leaves under the cell comes from the pageable copy's capture, not from
-# `.item()`'s: torch refused that copy before anything was recorded, so the capture ended cleanly
-# with no node in it, and `capture_end` warns when a graph has none
-# (`aten/src/ATen/cuda/CUDAGraph.cpp`). The `.item()` capture had recorded the sum; CUDA invalidated
-# it, and ending it raised the error above before any node count was taken (`docs/facts.md` F9).
+# Read `.item()`'s message with care: on a GPU, CUDA refuses the wait ("operation not permitted when
+# stream is capturing"); torch then ends the capture and reports "operation failed due to a
+# previous error during capture" (printed above), with the refusal as context. The warning "The
+# CUDA Graph is empty" under a GPU run's cell comes from the pageable copy's capture, not from
+# `.item()`'s: torch refused that copy before recording anything, so that capture ended cleanly,
+# empty, and `capture_end` warns on an empty graph (`aten/src/ATen/cuda/CUDAGraph.cpp`). CUDA
+# invalidated the `.item()` capture (it had recorded the sum), so ending it raised before any node
+# count (`docs/facts.md` F9).
 #
-# Torch refuses the pageable copy itself: `copy_kernel_cuda` in `aten/src/ATen/native/cuda/Copy.cu`
-# checks, while a stream captures, that the CPU side of a copy is pinned (pytorch PR #172156). Its
-# maintainers give lifetime as the reason: a captured copy stores the CPU buffer's address, and
-# nothing keeps that buffer alive for the graph's replays, so a replay could silently read memory
-# that was freed and reused, garbage (issue #171894; `docs/facts.md` F8). That is why graphs need
-# pinned staging buffers that **outlive the graph**. `.item()` is refused because the host would
-# have to wait for a value the capture has not computed. So an engine that captures its step pins
-# every host buffer the step copies from and keeps it for the graph's life: the same persistent
-# pinned buffers lesson 03 shows racing. Does the graph protect them?
+# `.item()` is refused because the host would wait for a value not yet computed. Torch refuses the
+# pageable copy itself: `copy_kernel_cuda` in `aten/src/ATen/native/cuda/Copy.cu` checks, during
+# capture, that a copy's CPU side is pinned (pytorch PR #172156). Its maintainers give lifetime as
+# the reason: a captured copy stores the CPU buffer's address, but nothing keeps that buffer alive
+# for the replays, which could silently read freed, reused memory: garbage (issue #171894;
+# `docs/facts.md` F8). That is why graphs need pinned staging buffers that **outlive the graph**:
+# the persistent pinned buffers that race in lesson 03. Does the graph protect them?
 #
 # ## The race, under replay
 #
-# The loop of lesson 03 with one change: the copy is **inside the graph**. Each step writes its
-# number into the pinned metadata buffer, keeps the GPU busy (the rest of the previous step), and
-# replays. What does each replay's copy read?
+# Lesson 03's loop, with the copy **inside the graph**: each step writes its number into the
+# pinned buffer, keeps the GPU busy, and replays.
 #
 # 🔮 **Predict.** The graph captured `static.copy_(pinned_buf, non_blocking=True)` once. The host
 # rewrites `pinned_buf` every step. Which step's data does step n's replay read?
 #
 # <details><summary>Answer</summary>
 #
-# Whatever `pinned_buf` holds when the replayed copy *runs*. The graph stored the buffer's address,
-# not its contents; with the GPU behind, the host has written later steps by then. It is lesson
-# 03's race, and capturing the copy changed nothing about it.
+# Whatever `pinned_buf` holds when the replayed copy *runs*: the graph stored its address, not its
+# contents, and the host, ahead of the GPU, has written later steps by then.
 # </details>
 
 
@@ -228,7 +212,7 @@ def graph_step_loop(s, steps=200, busy_ms=0.5):
         # captured: this address, read at every replay
         static.copy_(pinned_buf, non_blocking=True)
     for n in range(steps):
-        pinned_buf.fill_(n)  # the host writes step n's metadata
+        pinned_buf.fill_(n)
         s.busy(busy_ms)  # the GPU is behind (the rest of the last step)
         g.replay()  # enqueue the captured copy; returns at once
         seen[n : n + 1].copy_(static[:1])  # what step n's kernels read
@@ -252,9 +236,9 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Lesson 03's race detector follows graphs too: a graph captured while it is active has its
-# captured copies' sources remembered, and each `replay()` makes them pending again. A host write
-# into one before the replay's work has run is reported as a rewrite of what a pending replay reads.
+# Lesson 03's race detector follows graphs too: it remembers the sources of copies captured while
+# it is active, and each `replay()` makes them pending again, so it reports a host write into one
+# before the replay has run.
 
 # %% tags=["nbval-ignore-output"]
 from pinlab.races import GRAPH_REWRITE, detect_races
@@ -284,17 +268,16 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The graph is not a snapshot of the data: it is a recording of *where* to read. Under async
-# scheduling the host is a step or more ahead, so a captured copy from a buffer the host rewrites
-# is exactly as racy as an eager one (the seed document's risk list names this case: "the
-# `paged_kv_indptr` on the CPU being rewritten by later steps" under CUDA graphs).
+# Under async scheduling the host runs a step or more ahead, so a captured copy from a rewritten
+# buffer is as racy as an eager one. The seed document's risk list names this case: "the
+# `paged_kv_indptr` on the CPU being rewritten by later steps" under CUDA graphs.
 #
-# ## Every way to feed a graph, measured on the GPU
+# ## Every way to feed a graph
 #
-# `l08.every_variant` runs the same graph step loop for each way of getting step n's metadata into
-# the graph's static input: six metadata tensors per step (as a decode step has: `indptr`,
-# `indices`, `last_page_len`, positions, slot mapping, sequence lengths), the GPU 0.1 ms behind per
-# step, 10,000 steps, counting the steps whose kernels read another step's data in any tensor:
+# `l08.every_variant` runs a graph step loop per way of feeding step n's metadata to the static
+# input: six tensors per step (as in decode: `indptr`, `indices`, `last_page_len`, positions, slot
+# mapping, sequence lengths), the GPU 0.1 ms behind, 10,000 steps, counting steps that read
+# another step's data in any tensor:
 
 # %%
 for name, what in l08.VARIANTS.items():
@@ -331,31 +314,23 @@ for v in l08.RACY:
     )
 
 # %% [markdown]
-# Both racy variants are races: how many steps each lost depends on how far behind the GPU was when
-# its copy ran, so the counts above are this run's. The captured copy runs after the step's busy
-# work (it is in the graph, replayed after `s.busy`); the copy outside the graph is enqueued before
-# it, so it waits only for the earlier steps' work, and runs before the host's next write whenever
-# the GPU has caught up with those. Putting the copy in a graph or leaving it outside does not
-# make a reused buffer safe. The three fixes each give every step memory that nobody rewrites
-# until its copy has run:
+# A racy variant's count varies with how far behind the GPU was when its copy ran. The captured
+# copy is replayed after `s.busy`; the copy outside the graph is enqueued before it, so it waits
+# only for earlier steps and beats the host's next write whenever the GPU has caught up.
 #
-# - **the PR's snapshot outside the graph**: the metadata stays pageable; `pin_memory()` makes a
-#   fresh pinned copy each step, and the copy into the static input is enqueued *before* the replay,
-#   outside the graph. The caching host allocator hands that block out again only after the copy
-#   has run (lesson 04).
-# - **one graph per ring slot**: capture the copy once per pinned buffer; step n replays slot
-#   n mod depth after waiting for the event of that slot's previous use.
-# - **the ring outside the graph**: lesson 04's event-guarded ring, copied outside the graph.
+# Each fix listed above gives every step memory nobody rewrites until its copy has run. The PR's
+# snapshot is copied into the static input *before* the replay, and the caching host allocator
+# reuses its block only after that copy has run (lesson 04). With one graph per ring slot, step n
+# replays slot n mod depth after waiting for that slot's previous event.
 
 # %% [markdown]
-# What does each cost the host? Over 10,000 steps the GPU falls behind, CUDA's launch queue fills
-# (lesson 03), and every loop then runs at the GPU's pace, so the loop above cannot say. `l08.staging_cost`
-# times the staging alone (metadata write, copies, replay call) in short rounds of 50 steps that end
-# with a sync, the variants interleaved round by round, and reports the median of the rounds' medians.
-# No busy work this time: on a GPU of your own it keeps up with the host, so the rings hardly ever
-# wait for their events, and each time is the host's own cost. On a GPU shared with other processes
-# those events can come late, and a ring then pays the GPU's pace instead: the line below says which
-# happened in your run (no data is checked here: the loop above did that).
+# The loop above runs at the GPU's pace (over 10,000 steps the GPU falls behind and CUDA's launch
+# queue fills: lesson 03), so `l08.staging_cost` times each variant's staging alone on the host
+# (metadata write, copies, replay call): rounds of 50 steps ending with a sync, variants
+# interleaved round by round, median of the rounds' medians. With no busy work your own GPU keeps
+# up, the rings hardly ever wait, and each time is the host's own cost; on a shared GPU the events
+# can come late and a ring pays the GPU's pace (the line below says which). No data is checked
+# here.
 
 # %% tags=["nbval-ignore-output"]
 cost6 = pinlab.measure(
@@ -386,9 +361,8 @@ held = pinlab.observe(
 )
 
 # %% [markdown]
-# The snapshot's cost is a pinned allocation per tensor per step; the rings pay with memory and
-# events. The fix
-# code, as vLLM 0.29 has it, is two lines outside the graph:
+# The snapshot pays a pinned allocation per tensor per step; the rings pay in memory and events.
+# vLLM 0.29's fix is two lines outside the graph:
 
 
 # %%
@@ -401,65 +375,63 @@ def snapshot_step(s, meta, static, g):
 
 
 # %% [markdown]
-# ## Real decode under replay: FlashInfer's graph wrappers
+# ## Real decode: FlashInfer's graph wrappers
 #
-# A step counter is a stand-in; lesson 03 showed the race in real attention. Under graphs, vLLM's
-# FlashInfer backend builds one decode wrapper per captured batch size with `use_cuda_graph=True`
-# and **fixed device buffers** for `indptr`, `indices` and `last_page_len`. `plan()` runs outside
-# the graph every step: it reads the host metadata, computes the plan on the host, and copies the
-# metadata into the fixed buffers with `non_blocking=True` (`_plan_impl` in FlashInfer's
-# `flashinfer/decode.py`, which also stages its plan info through one pinned workspace per wrapper:
-# `docs/facts.md` F19). `run()` is captured once, and every
-# replay reads whatever the fixed buffers hold when it runs:
+# Under graphs, vLLM's FlashInfer backend builds one decode wrapper per captured batch size with
+# `use_cuda_graph=True` and **fixed device buffers** for `indptr`, `indices` and `last_page_len`.
+# Every step, outside the graph, `plan()` reads the host metadata, computes the plan on the host
+# and copies the metadata into the fixed buffers with `non_blocking=True` (`_plan_impl` in
+# FlashInfer's `flashinfer/decode.py`, which also stages its plan info through one pinned
+# workspace per wrapper: `docs/facts.md` F19). `run()` is captured once:
 #
 # ```python
 # wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-#     workspace, "NHD", use_cuda_graph=True,             # fixed buffers: the graph keeps their addresses
+#     workspace, "NHD", use_cuda_graph=True,             # the graph keeps these buffers' addresses
 #     paged_kv_indptr_buffer=indptr_buf, paged_kv_indices_buffer=indices_buf,
 #     paged_kv_last_page_len_buffer=last_page_len_buf)
 # wrapper.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
 # g = torch.cuda.CUDAGraph()
 # with torch.cuda.graph(g):                              # capture run() once
 #     out = wrapper.run(q, (k_cache, v_cache))
-# # every step, outside the graph: the H2D copies of plan() fill the fixed buffers, then replay
+# # every step, outside the graph: plan()'s H2D copies fill the buffers
 # wrapper.plan(indptr_n, indices_n, last_page_len_n, num_qo_heads, num_kv_heads, head_dim, page_size)
 # g.replay()
 # ```
 #
 # `pinlab.paged_kv.FlashInferDecode(..., graph_batch=8, graph_max_pages=64)` builds that wrapper.
-# `l08.flashinfer_graph_decode` runs 1,000 decode steps of 8 requests whose page count and last-page
-# lengths change every step (`l08.decode_metadata`), through a ring of three wrappers, each with its
-# own captured `run()`: step n uses wrapper n mod 3 after waiting for the event of that wrapper's
-# previous step (so FlashInfer's own pinned plan buffer is never rewritten early: lesson 04's
-# `plan()` hazard). The GPU is kept 0.5 ms busy per step. Only the way step n's host metadata reaches
-# `plan()` changes:
+# `l08.flashinfer_graph_decode` runs 1,000 decode steps of 8 requests whose page counts and
+# last-page lengths change every step (`l08.decode_metadata`), through a ring of three wrappers,
+# each with its own captured `run()`. Step n uses wrapper n mod 3 after waiting for that
+# wrapper's previous step's event, so FlashInfer's own pinned plan buffer is never rewritten early
+# (lesson 04's `plan()` hazard). The GPU is kept 0.5 ms busy per step. Only how step n's metadata
+# reaches `plan()` differs:
 #
 # ```python
-# indptr, last = slots[n % len(slots)]             # one pinned pair, or one pair per wrapper (the ring)
+# indptr, last = slots[n % len(slots)]             # one pinned pair, or one pair per wrapper
 # indptr.copy_(step_indptr); last.copy_(step_last)  # the host writes step n's metadata
-# if variant == "snapshot":                        # the PR: pageable metadata, a fresh pinned snapshot
+# if variant == "snapshot":                        # the PR: pageable, a fresh pinned snapshot
 #     indptr, last = indptr.pin_memory(), last.pin_memory()
 # wrappers[n % ring].plan(indptr, indices, last)   # its copies run when the GPU gets to them
 # ```
 #
-# Every step's output is then compared with `pinlab.paged_kv.reference_decode`, the fp32 reference
-# fed with step n's correct metadata.
+# Each step's output is compared with `pinlab.paged_kv.reference_decode`, the fp32 reference given
+# step n's correct metadata.
 
 # %%
 for name, what in l08.FLASHINFER_VARIANTS.items():
     print(pinlab.timing.wrapped(f"{name}: {what}"))
 
 # %% [markdown]
-# 🔮 **Predict.** The graph captured `run()`, not the copies: `plan()` enqueues them outside the graph
-# at every step. Does that protect the reused pinned pair?
+# 🔮 **Predict.** The graph captured `run()`, not the copies: `plan()` enqueues them outside the
+# graph every step. Does that protect the reused pinned pair?
 #
 # <details><summary>Answer</summary>
 #
-# No. `plan()`'s copies are `non_blocking` copies from pinned memory: they read the pair when the
-# GPU runs them, behind the previous steps' work, by which time the host has written later steps'
-# metadata into it. The replayed `run()` then attends with step n's plan over another step's
-# `indptr` and `last_page_len`: other pages, other lengths, and no error. The snapshot and the ring
-# give every `plan()` memory nobody rewrites before its copies have run.
+# No. `plan()`'s `non_blocking` copies read the pinned pair when the GPU runs them, after the host
+# has written later steps' metadata into it. The replayed `run()` then attends with step n's plan
+# over another step's `indptr` and `last_page_len`: other pages, other lengths, no error. The
+# snapshot and the ring (lesson 04's fixes) give each `plan()` memory nobody rewrites before its
+# copies run.
 # </details>
 
 # %%
@@ -504,19 +476,16 @@ held = pinlab.observe(
 )
 
 # %% [markdown]
-# Where FlashInfer ran, the lines above count the steps whose attention differed from the
-# reference by more than the tolerance: with the reused pinned pair, the captured `run()` worked
-# with the plan of one step and the `indptr` of another. Capturing `run()` in a graph changed
-# nothing about where its inputs come from; the fix is the one of lesson 04, applied to whatever
-# `plan()` copies from. Where FlashInfer could not run (not installed, or its build failed), the
-# line above says why, and the claims hold trivially: there was nothing to count.
+# Where FlashInfer ran, the lines above count the steps whose attention differed from the reference
+# beyond the tolerance. Where FlashInfer could not run (not installed, or its build failed), the
+# line above says why, and the claims hold trivially.
 #
 # ## The regression test the PR lacked
 #
-# A test that must fail on the racy step and pass on the fix: the host rewrites the metadata right
-# after each replay while the GPU is far behind, and every step's kernels must read their own
-# step's data. It runs on the GPU and, unchanged, on the emulated stream. Copy it into your own
-# test suite with your engine's staging function in place of `stage`.
+# It must fail on racy staging and pass on the fix: the host rewrites the metadata right after each
+# replay, with the GPU far behind, and every step must read its own data. It runs unchanged on the
+# GPU and the emulated stream. Copy it into your suite, with your engine's staging function as
+# `stage`.
 
 
 # %%
@@ -591,8 +560,7 @@ pinlab.claim(
 # %% [markdown]
 # ## When graphs help less, and what they cost
 #
-# A graph saves host time per *launch*. The host-cost run at the top of the lesson also measured a
-# step of one kernel:
+# A graph saves host time per *launch*. The host-cost run above also measured a one-kernel step:
 
 # %%
 at1 = next(r for r in rows if r["kernels"] == 1)
@@ -612,17 +580,17 @@ held = pinlab.observe(
 # A step of a few large kernels saves a few µs against milliseconds of GPU work; a decode step of
 # hundreds of small kernels saves most of its host time. And a graph holds memory:
 #
-# - everything it reads is static: input buffers sized for the largest batch, and one graph per batch
-#   size (vLLM captures a list of sizes and pads the batch up to the next one);
+# - everything it reads is static: buffers sized for the largest batch, one graph per batch size
+#   (vLLM captures a list of sizes and pads each batch up to the next);
 # - each graph allocates what its kernels produce (activations, outputs) from a **private memory
-#   pool** that only its replays use: the pool keeps those blocks reserved as long as the graph lives;
+#   pool** only its replays use, reserved while the graph lives;
 # - pinned staging buffers are host memory nobody else can use (lesson 01): a ring holds depth ×
 #   the metadata, rounded up by the caching host allocator.
 #
 # `l08.graph_memory` captures one small graph per batch size (four elementwise layers on a static
-# `[batch, 4096]` fp32 input) and reads `torch.cuda.memory_allocated()` and `memory_reserved()` around
-# each capture, then pins a ring of three six-tensor slabs and reads the caching host allocator's
-# statistics:
+# `[batch, 4096]` fp32 input), reading `torch.cuda.memory_allocated()` and `memory_reserved()`
+# around each capture, then pins a ring of three six-tensor slabs and reads the caching host
+# allocator's statistics:
 
 # %% tags=["nbval-ignore-output"]
 mem = pinlab.measure(
@@ -659,13 +627,13 @@ held = pinlab.observe(
 
 # %% [markdown]
 # A graph's pool reserves whole segments of the caching allocator, so a graph of small tensors can
-# hold far more than it uses, once per captured batch size (read the table: the smallest batch's
-# reservation against its activation). Engines share one pool among their graphs (`torch.cuda.graph`'s
-# `pool=` argument; vLLM does) and capture a bounded list of sizes for this reason. The ring's pinned
-# bytes are small for metadata; they are rounded up per slab, like every pinned block (lesson 01).
+# hold far more than it uses, per captured batch size (see the smallest batch in the table). So
+# engines share one pool among their graphs (`torch.cuda.graph`'s `pool=` argument; vLLM does)
+# and capture a bounded list of sizes. The ring's pinned bytes, rounded up per slab, are small for
+# metadata.
 #
-# Anything that depends on the data (a `.item()`, `nonzero()`, a shape that changes) cannot be in
-# the graph: it runs outside, between replays, and costs what it costs eagerly.
+# Anything data-dependent (`.item()`, `nonzero()`, a changing shape) stays out of the graph: it
+# runs between replays, at eager cost.
 
 # %%
 back = pinlab.pinned_back_to(
@@ -680,16 +648,12 @@ pinlab.claim(
 
 # %% [markdown]
 # **What to remember**
-# - A CUDA graph replays the *addresses* it captured. A captured `copy_(pinned_buf, non_blocking=True)`
-#   reads the buffer when the replay runs, not when it was captured or launched.
-# - A capture refuses pageable copies (nothing would keep a pageable buffer alive for the replays)
-#   and host waits, so graphs push every staging buffer into pinned memory that outlives the graph,
-#   the memory that races when the host rewrites it.
-# - Graph-safe fixes give each step memory nobody rewrites until its copy has run: a `pin_memory()`
-#   snapshot copied into the static input outside the graph (vLLM 0.29), or an event-guarded ring.
-# - The same holds for FlashInfer's graph wrappers: `run()` is captured, `plan()` copies the host
-#   metadata outside the graph, so what `plan()` copies from needs the same fix.
-# - Test it: rewrite the metadata right after each replay with the GPU behind, and check that every
-#   step read its own data (`check_graph_staging`).
-# - A graph saves host time per launch (little for a step of few kernels) and holds memory: static
-#   buffers for the largest batch, and a private pool per graph unless graphs share one.
+# - A graph replays the *addresses* it captured: a captured copy reads its buffer when the replay
+#   runs.
+# - Captures refuse pageable copies and host waits, so graph staging lives in long-lived pinned
+#   memory, which races when the host rewrites it.
+# - Give each step memory nobody rewrites until its copy has run: a `pin_memory()` snapshot outside
+#   the graph (vLLM 0.29) or an event-guarded ring; FlashInfer's `plan()` too.
+# - Test it with `check_graph_staging`.
+# - Graphs save host time per launch and hold memory: static buffers for the largest batch, a
+#   private pool per graph unless shared.

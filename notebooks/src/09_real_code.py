@@ -2,21 +2,16 @@
 # # 09 · Audit real code: HF transformers `generate()`, a DataLoader, FlashInfer
 #
 # **What you will learn**
-# - to audit code you did not write with the course's tools: `pinlab.detect_stalls` names every host
-#   sync of HF transformers' `generate()` by `file:line`, and each one is matched with the
-#   synchronization the profiler's trace shows at that call;
-# - how exact the detector is on real code (precision and recall against the trace), and the one kind
-#   of call that copies nothing: `torch.tensor([], device=...)`;
-# - a deferred stop check (modelled on transformers' `DeferredStopCheck`: two pinned slots, an event,
-#   the other slot read one step late): the same tokens, the stop check's waits on everything queued
-#   traded for waits on the previous step's event, when that buys tokens per second, and why one slot races;
-# - a DataLoader's `pin_memory`: who pins (your thread, or a thread of its own with workers), when a
-#   pinned batch is copied from pageable memory anyway, and that the detector and the trace agree exactly;
-# - FlashInfer's own staging through one pinned workspace per wrapper: what `detect_races` sees of it,
-#   how to declare the copy it cannot see, and the two fixes (a wrapper per step in flight, or a wait).
+# - to audit code you did not write: `pinlab.detect_stalls` names each host sync of HF transformers'
+#   `generate()` by `file:line`, and the profiler's trace confirms it at that call;
+# - how exact the detector is on real code, and the one call that copies nothing;
+# - when a deferred stop check buys tokens per second, and why one slot races;
+# - who pins a DataLoader's batches, and when a pinned batch is copied from pageable memory anyway;
+# - FlashInfer's staging through one pinned workspace per wrapper: how to make `detect_races` see
+#   it, and two fixes.
 #
-# Everything here uses lessons 02 to 04 and 07. The model is a tiny random `LlamaForCausalLM` built
-# from a config: nothing is downloaded.
+# This uses lessons 02 to 04 and 07. The model is a tiny random `LlamaForCausalLM` built from a
+# config: nothing is downloaded.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -45,9 +40,9 @@ pinlab.show("transformers here", l09.transformers_version())
 # %% [markdown]
 # ## The code under audit
 #
-# `l09.tiny_llama()` builds a random `LlamaForCausalLM` (hidden size 64, 2 layers, a vocabulary of 256)
-# from a `LlamaConfig`; end-of-sequence is switched off, so `generate()` always makes exactly the
-# tokens asked for. `l09.greedy(model, ids, mask, 24)` is a plain greedy `model.generate(...,
+# `l09.tiny_llama()` builds a random `LlamaForCausalLM` (hidden size 64, 2 layers, a vocabulary of
+# 256) from a `LlamaConfig`, with end-of-sequence switched off, so `generate()` always makes exactly
+# the tokens asked for. `l09.greedy(model, ids, mask, 24)` is a plain greedy `model.generate(...,
 # max_new_tokens=24, do_sample=False)` on a batch of 2 prompts.
 
 # %%
@@ -74,18 +69,17 @@ pinlab.claim(
 #
 # <details><summary>Answer</summary>
 #
-# At least one: `generate()` decides on the host, every step, whether to stop, and the "all finished"
-# flag lives on the GPU. The audit below counts them all, by `file:line`.
+# At least one: `generate()` decides on the host, every step, whether to stop, and the "all
+# finished" flag lives on the GPU. The audit below counts them all, by `file:line`.
 # </details>
 #
 # ## 1. Audit `generate()`: the detector and the trace together
 #
-# `l09.audit_generate` runs the same `generate()` on the GPU (after one warm-up run) under
-# `pinlab.detect_stalls()` and `torch.profiler` at once. Each torch call the detector intercepts runs
-# inside its own `record_function` window, so that every event the detector reports can be matched with
-# what the trace shows inside its window: a `cudaStreamSynchronize` (the host waited) or a
-# `cudaMemcpyAsync` (a copy). A sync of the trace outside every reported window is one the detector
-# missed. Each place is shown with the code at that line, read from the installed transformers.
+# `l09.audit_generate` runs `generate()` on the GPU (after a warm-up) under `pinlab.detect_stalls()`
+# and `torch.profiler` at once. Each intercepted torch call runs in its own `record_function`
+# window, where the trace shows a `cudaStreamSynchronize` (the host waited) or a `cudaMemcpyAsync`
+# (a copy); a trace sync outside every reported window is one the detector missed. Each place is
+# shown with its code, from the installed transformers.
 
 # %%
 audit = l09.measure_or_say(
@@ -111,22 +105,23 @@ if audit is not None:
 # %% [markdown]
 # What each place is for (read in transformers 5.17's source; the lines above are this run's):
 # - `generation/utils.py`, `StopCheck.__call__`: `return bool(unfinished_sequences.max() == 0)`. The
-#   stop check: `unfinished_sequences` lives on the GPU, and `bool()` brings the flag to the host, every
-#   step, so the host waits for the whole step before it may queue the next one.
+#   stop check: `bool()` brings the GPU flag to the host every step, so the host waits for the whole
+#   step before queueing the next.
 # - `masking_utils.py`, `_ignore_causal_mask_sdpa`: `fast_all(padding_mask)`. The mask builder asks
-#   whether the padding mask is all ones, to hand SDPA `is_causal` instead of a mask: a `bool()` of a GPU
-#   tensor, every step.
+#   whether the padding mask is all ones, to hand SDPA `is_causal` instead of a mask: a `bool()` of
+#   a GPU tensor, every step.
 # - `torch.tensor(..., device=cuda)` from Python data: a blocking copy from pageable memory, where
 #   generation sets itself up (a few, not per token).
-# - What the table shows besides these depends on the version audited: the lines are computed, so a
-#   transformers that removes a sync shows one place fewer.
+# - The rest depends on the version audited: the lines are computed, so a transformers that removes
+#   a sync shows one place fewer.
 #
 # ### The same audit on a newer release
 #
-# Upstream is working on these syncs (transformers#43089 reports "3.25 GPU syncs per token" for its own
-# model and settings). `l09.audit_newer` runs the audit above in a fresh process whose `transformers` is a
-# newer release, installed beside this one (`$PINLAB_TRANSFORMERS_NEWER`; the GPU suite's recipe installs
-# it). The places are matched by function and source line, since line numbers move between versions:
+# Upstream is working on these syncs (transformers#43089 reports "3.25 GPU syncs per token" for its
+# own model and settings). `l09.audit_newer` reruns the audit in a fresh process with a newer
+# `transformers` installed beside this one (`$PINLAB_TRANSFORMERS_NEWER`; the GPU suite's recipe
+# installs it). Line numbers move between versions, so places are matched by function and source
+# line:
 
 # %%
 newer = l09.measure_or_say(
@@ -141,19 +136,20 @@ if audit is not None and newer is not None:
     l09.show_comparison(audit.result, newer.result)
 
 # %% [markdown]
-# How 5.24.0 removes the mask builder's sync, read in its `generation/utils.py` (`generate()`, lines
+# How 5.24.0 removes the mask builder's sync (its `generation/utils.py`, `generate()`, lines
 # 2892-2907): it checks **once**, up front, whether the attention mask is all ones
-# (`(model_kwargs["attention_mask"] == 1).all()`, the new place in `generate` above) and then drops it, so
-# `_ignore_causal_mask_sdpa` gets `padding_mask=None` and asks the GPU nothing. One sync per call instead
-# of one per token; a batch with padding keeps its mask, and the per-token `fast_all` with it.
+# (`(model_kwargs["attention_mask"] == 1).all()`, the new place in `generate` above), then drops it,
+# so `_ignore_causal_mask_sdpa` gets `padding_mask=None` and asks the GPU nothing. One sync per call
+# instead of one per token; a batch with padding keeps its mask, and the per-token `fast_all` with
+# it.
 #
 # ## 2. How exact is the detector?
 #
-# Precision: of the events reported, how many have a sync or a copy in the trace. Recall: of the
-# trace's syncs, how many fall inside a reported call. `DynamicLayer.lazy_initialization`
-# (`cache_utils.py`) makes `torch.tensor([], dtype=..., device=...)` twice per layer: empty tensors,
-# which allocate and copy nothing. The detector used to report them as blocking copies; it no longer
-# does (`pinlab.detector.copies_nothing`), and the audit counts the empty factories it skipped:
+# Precision: how many reported events have a sync or a copy in the trace. Recall: how many of the
+# trace's syncs fall inside a reported call. `DynamicLayer.lazy_initialization` (`cache_utils.py`)
+# makes `torch.tensor([], dtype=..., device=...)` twice per layer: empty tensors, which allocate and
+# copy nothing. The detector used to report them as blocking copies; now it skips them
+# (`pinlab.detector.copies_nothing`), and the audit counts them:
 
 # %%
 if audit is not None:
@@ -185,10 +181,10 @@ if audit is not None:
 # %% [markdown]
 # ## 3. Defer the stop check
 #
-# The fix upstream: transformers' `DeferredStopCheck` (`generation/utils.py`) copies the flag into one of
-# two pinned slots with `non_blocking=True`, records an event, and reads the *other* slot, one step
-# late; `is_supported` turns it on for `mps` only ("we should enable it for cuda if we observe perf
-# gains"). The course's own, with the calls `generate()` makes (`l09.DeferredStop`):
+# The fix upstream: transformers' `DeferredStopCheck` (`generation/utils.py`) copies the flag into
+# one of two pinned slots with `non_blocking=True`, records an event, and reads the *other* slot,
+# one step late; `is_supported` turns it on for `mps` only ("we should enable it for cuda if we
+# observe perf gains"). The course's own, with the calls `generate()` makes (`l09.DeferredStop`):
 
 # %%
 print(inspect.getsource(l09.DeferredStop.__call__))
@@ -199,13 +195,13 @@ print(inspect.getsource(l09.DeferredStop.__call__))
 #
 # <details><summary>Answer</summary>
 #
-# It waits for the *previous* step's event: by then the host has queued this step's forward behind
-# it, so the GPU has that forward to run while the host waits (whether it ever idled is not measured
-# here), and on a GPU slower than the host the host stays one step ahead. `bool()` of the current
-# step's flag waits for everything queued, the last kernel included.
+# It waits for the *previous* step's event, with this step's forward already queued behind it: the
+# GPU has that to run while the host waits (whether it ever idled is not measured here), and on a
+# GPU slower than the host the host stays one step ahead. `bool()` of the current step's flag waits
+# for everything queued, the last kernel included.
 # </details>
 #
-# It must give the same tokens (it stops one step later at most, and `generate()` undoes that step:
+# It must give the same tokens (it stops at most one step later, and `generate()` undoes that step:
 # `finish()` says how many). On this machine's stream (`l09.deferred_in_generate` hands it to
 # `generate()`):
 
@@ -223,24 +219,23 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# On the GPU: the default stop check against transformers' own `DeferredStopCheck` turned on for CUDA
-# (`l09.stop_checks`: the course's where the installed transformers lacks it): the trace's syncs per
-# token for both, the host's time inside them, the GPU's idle share of the call, and tokens per second
-# (median of 5 interleaved rounds, after a warm-up). Three workloads: the tiny model as it is; the same
-# with 4 ms of GPU work added to every forward (`gpu_ms`, a kernel that spins: a stand-in for a model
-# whose step keeps the GPU busy about as long as the host's own work takes); and that, with the newer
-# transformers, whose mask builder no longer syncs.
+# On the GPU, the default stop check against transformers' own `DeferredStopCheck` turned on for
+# CUDA (`l09.stop_checks`; the course's where the installed transformers lacks it): trace syncs per
+# token, the host's time in them, the GPU's idle share, tokens per second (median of 5 interleaved
+# rounds, after a warm-up). Three workloads: the tiny model; the same with 4 ms of GPU work added to
+# every forward (`gpu_ms`, a spinning kernel: a model whose step keeps the GPU busy about as long as
+# the host's own work); and that with the newer transformers, whose mask builder no longer syncs.
 #
 # 🔮 **Predict.** In which of the three does deferring the stop check buy tokens per second?
 #
 # <details><summary>Answer</summary>
 #
-# It can pay only where no other sync is left in the step and the GPU's work is long enough for the
-# host's to hide behind it, and only by more than the deferred check's own host work per step (a copy,
-# an event, a wait on the previous one). The tiny model's GPU finishes each step long before the host
-# has queued the next: nothing to overlap. With 4 ms of GPU work in transformers 5.17, the mask
-# builder's `fast_all` still waits for each forward inside the step, so one wait per token is left
-# either way. Only the third meets both conditions; the lines below say what each bought here.
+# Only where no other sync is left in the step and the GPU's work is long enough to hide the host's,
+# and only by more than the deferred check's own host work per step (a copy, an event, a wait on the
+# previous one). The tiny model's GPU finishes each step long before the host has queued the next:
+# nothing to overlap. With 4 ms of GPU work in transformers 5.17, the mask builder's `fast_all`
+# still waits for each forward: one wait per token either way. Only the third meets both conditions;
+# the lines below say what each bought here.
 # </details>
 
 # %%
@@ -288,17 +283,17 @@ if stops:
     )
 
 # %% [markdown]
-# The event syncs the deferred check adds are waits on a step the GPU has already queued work behind;
-# the `bool()` syncs it removes were waits on everything queued. The host-waiting and idle lines show
-# what it removed; the tokens per second show whether that outweighed what it adds. Upstream left it
-# off for CUDA until a gain is measured ("we should enable it for cuda if we observe perf gains", in
-# `DeferredStopCheck.is_supported`): the lines above are such a measurement, on this machine.
+# The deferred check trades `bool()` syncs, which waited on everything queued, for event syncs on a
+# step with work queued behind it. The host-waiting and idle lines show what it removed; tokens per
+# second, whether that outweighed what it adds. Upstream leaves it off for CUDA until a gain is
+# measured: these lines are such a measurement, on this machine.
 #
 # ## 4. Why two slots: the race detector on the ring
 #
 # With one slot, the previous step's slot *is* the slot this step's copy is still writing: the host
 # reads the destination of a pending D2H copy (lesson 02). `l09.race_ring` runs the check in a plain
-# loop under `detect_races` (each step 1 ms of GPU work, then the flag; every sequence finishes in step 8):
+# loop under `detect_races` (each step 1 ms of GPU work, then the flag; every sequence finishes in
+# step 8):
 
 # %%
 STEPS = 16
@@ -325,16 +320,16 @@ pinlab.claim(
 # ## 5. A DataLoader: who pins, and what the trace says
 #
 # `l09.audit_dataloader` runs five `DataLoader`s over 8 batches of two tensors, each moved with
-# `.to("cuda", non_blocking=True)`, under the detector and the profiler. The batches are of a custom type
-# (`l09.PinWitness`, the pattern of DataLoader's "Memory Pinning" docs: a type with a `pin_memory()`
-# method), so each batch records which thread pinned it. What torch does, read in its source
-# (`torch/utils/data/dataloader.py`, `_utils/pin_memory.py`, torch 2.13; the run below is this torch's):
-# - `num_workers=0`: `_SingleProcessDataLoaderIter._next_data` pins each batch **in your loop's thread**,
-#   inside `next()`;
+# `.to("cuda", non_blocking=True)`, under the detector and the profiler. Each batch, an
+# `l09.PinWitness` (the custom type with a `pin_memory()` method of DataLoader's "Memory Pinning"
+# docs), records which thread pinned it. What torch does, read in its source
+# (`torch/utils/data/dataloader.py`, `_utils/pin_memory.py`, torch 2.13; the run uses this torch):
+# - `num_workers=0`: `_SingleProcessDataLoaderIter._next_data` pins each batch **in your loop's
+#   thread**, inside `next()`;
 # - `num_workers>0`: a `pin_memory` thread of your process (`_pin_memory_loop`) pins the batches the
 #   workers send, while your loop runs;
-# - a collate that returns a strided view: `pin_memory()` keeps the view's strides, and a CPU-to-GPU copy
-#   of a tensor that is not dense goes through a contiguous host temporary (`copy_requires_temporaries`
+# - a collate that returns a strided view: `pin_memory()` keeps the view's strides, and a CPU-to-GPU
+#   copy of a non-dense tensor goes through a contiguous host temporary (`copy_requires_temporaries`
 #   in `aten/src/ATen/native/cuda/Copy.cu`): pageable memory again;
 # - `pin_memory_device`: the warning below says what this torch does with it.
 #
@@ -342,9 +337,9 @@ pinlab.claim(
 #
 # <details><summary>Answer</summary>
 #
-# In two: with `pin_memory=False` (every copy), and with the strided collate (the strided `x` of each
-# batch: its pinned copy is not dense, so torch stages it through a pageable temporary; `y` stays pinned).
-# Workers and `pin_memory_device` change who pins and what is warned, not where the copies come from.
+# Two: `pin_memory=False` (every copy), and the strided collate (each batch's strided `x`, whose
+# pinned copy is not dense, so torch stages it through a pageable temporary; `y` stays pinned).
+# Workers and `pin_memory_device` change who pins and what is warned, not where copies come from.
 # </details>
 
 # %%
@@ -403,22 +398,21 @@ if loaders is not None:
     )
 
 # %% [markdown]
-# Exact, loader by loader: the detector's counts and the trace's agree, kind by kind (counts, not a
-# match of each copy). With `pin_memory=False` each
-# `non_blocking=True` copy is the fake one of lesson 02. With `pin_memory=True` every copy is a true
-# asynchronous DMA, and who pays for pinning depends on `num_workers`: your loop's thread without
-# workers, a thread of its own with them. A collate that hands out strided views undoes the pinning for
-# those tensors: make them contiguous in the collate (`.contiguous()`), where the workers pay for it.
+# Detector and trace agree exactly, loader by loader, kind by kind (counts, not a match of each
+# copy). Without `pin_memory` each `non_blocking=True` copy is lesson 02's fake one; with it, a true
+# asynchronous DMA, pinned by your loop's thread without workers, by a thread of its own with them.
+# Strided views undo the pinning for those tensors: call `.contiguous()` in the collate, where the
+# workers pay for it.
 
 # ## 6. FlashInfer's own staging: what `detect_races` sees, and how to tell it
 #
-# FlashInfer's decode wrapper plans on the host: `plan()` writes its plan info into **one pinned
-# workspace per wrapper** (`_pin_memory_int_workspace_buffer`), and the C++ planner it calls copies it
-# to the GPU asynchronously (`flashinfer/decode.py`, `_plan_impl`; `docs/facts.md` F19). Lesson 04
-# showed that a second `plan()` on the same wrapper, with the host ahead, can overwrite the first plan
-# before its copy has run. That copy is made below torch's Python API, so `detect_races` does not see it by itself; the
-# library says so, and `RaceDetector.copied(buf)` declares such a copy after the call that queued it
-# (it then compares the earlier pending copies from the same memory first).
+# FlashInfer's decode wrapper's `plan()` writes its plan info into **one pinned workspace per
+# wrapper** (`_pin_memory_int_workspace_buffer`), and the C++ planner it calls copies it to the GPU
+# asynchronously (`flashinfer/decode.py`, `_plan_impl`; `docs/facts.md` F19). As lesson 04 showed, a
+# second `plan()` on the same wrapper, with the host ahead, can overwrite the first plan before its
+# copy has run. That copy is made below torch's Python API, invisible to `detect_races` (the library
+# says so); `RaceDetector.copied(buf)` declares it after the call that queued it (first comparing
+# the earlier pending copies from the same memory).
 #
 # 🔮 **Predict.** Two decode steps, the GPU 50 ms behind: (a) one wrapper, the second `plan()` right
 # after the first; (b) one wrapper per step in flight; (c) one wrapper, the host waits for an event
@@ -426,16 +420,16 @@ if loaders is not None:
 #
 # <details><summary>Answer</summary>
 #
-# Only (a): the second `plan()` writes the workspace while the first copy is still queued. (b) writes
-# another wrapper's workspace; in (c) the first copy has run before the workspace is written again.
-# (b) is the ring of wrappers of lesson 04's decode loops; (c) is the wait vLLM's MRV1 runner makes
-# before it reuses its host buffers (`prepare_inputs_event`, lesson 04).
+# Only (a): the second `plan()` writes the workspace while the first copy is still queued. (b)
+# writes another wrapper's workspace (lesson 04's ring of wrappers); in (c) the first copy has run
+# before the rewrite (the wait vLLM's MRV1 runner makes before reusing its host buffers,
+# `prepare_inputs_event`, lesson 04).
 # </details>
 #
-# First, the stall detector on FlashInfer itself, as on `generate()`: 8 decode steps (`plan()`, then
-# `run()`) with `indptr` and `last_page_len` in pageable host memory, as vLLM 0.29 passes them (the PR
-# this course follows left `plan()`'s inputs pageable; later vLLM pins them), every event matched with
-# the trace:
+# First, the stall detector on FlashInfer, as on `generate()`: 8 decode steps (`plan()`, then
+# `run()`) with `indptr` and `last_page_len` in pageable host memory, as vLLM 0.29 passes them (the
+# PR this course follows left them pageable; later vLLM pins them), each event matched with the
+# trace:
 
 # %%
 fia = l09.measure_or_say(
@@ -471,7 +465,7 @@ elif fia is not None:
 
 # %% [markdown]
 # Each case runs in a child process (a race here can kill a CUDA context), with the detector on and
-# the staging declared after each `plan()`: the lines that matter are in `l04._plan_hazard_child`:
+# the staging declared after each `plan()`; the lines that matter, in `l04._plan_hazard_child`:
 #
 # ```python
 # dec.plan(...)                                  # writes the plan info into the pinned workspace
@@ -515,10 +509,10 @@ if stg is not None:
         )
 
 # %% [markdown]
-# The detector finds FlashInfer's race once it is told about the copy it cannot see; the table's last
-# column says what it found in FlashInfer's own torch calls. Both fixes are race-free and correct. For
-# your own code: declare every copy a C++ extension makes from a buffer you reuse, and run the gate
-# (`pytest --pinlab-races`, lesson 03) on a loop that plans with the host ahead.
+# Told about the copy it cannot see, the detector finds FlashInfer's race; the table's last column
+# says what it found in FlashInfer's own torch calls. Both fixes are race-free and correct. In your
+# code, declare every copy a C++ extension makes from a buffer you reuse, and run the gate (`pytest
+# --pinlab-races`, lesson 03) on a loop that plans with the host ahead.
 
 # %%
 del model
@@ -531,16 +525,17 @@ pinlab.claim(
 
 # %% [markdown]
 # ## What to remember
-# - Audit code you did not write the way you audit your own: `detect_stalls` names the `file:line`
-#   inside the library; the profiler's trace confirms each sync at that call.
-# - HF `generate()` waits for the GPU on the host every token: the stop check's `bool()`, and the mask
-#   builder's `fast_all`; the lines above are the ones of the version you ran.
-# - A call that copies nothing (`torch.tensor([], device=...)`) stalls nothing: count against the
-#   trace before you trust a count.
+# - Audit others' code as your own: `detect_stalls` names the `file:line` inside the library; the
+#   profiler's trace confirms each sync at that call.
+# - HF `generate()` makes the host wait for the GPU every token: the stop check's `bool()` and the
+#   mask builder's `fast_all`; the lines above are those of the version you ran.
+# - A call that copies nothing (`torch.tensor([], device=...)`) stalls nothing: check counts against
+#   the trace.
 # - A deferred check reads a flag one step late from a ring of two pinned slots guarded by events:
 #   the same tokens; one slot reads a copy still in flight (the race detector says so).
-# - A DataLoader's `pin_memory=True` makes `non_blocking=True` honest, for contiguous batches: without it,
-#   or for a strided view in a batch, the copy is pageable. Without workers your loop pays for the pinning.
+# - A DataLoader's `pin_memory=True` makes `non_blocking=True` honest for contiguous batches;
+#   without it, or for a strided view, the copy is pageable. Without workers your loop pays for
+#   pinning.
 # - A library's own C++ copies are invisible to a torch-level detector: declare them
-#   (`RaceDetector.copied`). FlashInfer's `plan()` reuses one pinned workspace per wrapper: give each
-#   step in flight its own wrapper, or wait for the previous step before re-planning.
+#   (`RaceDetector.copied`). FlashInfer's `plan()` reuses one pinned workspace per wrapper: give
+#   each step in flight its own wrapper, or wait for the previous step before re-planning.

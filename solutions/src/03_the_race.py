@@ -1,16 +1,15 @@
 # %% [markdown]
 # # Exercises · 03 The race
 #
-# Two small functions: the metadata that travels host→GPU every decode step, and a verdict on a
-# timeline; then the torch code: a step loop to make race-free without blocking the host. Write each
-# one where it says `YOUR CODE HERE`, then run the check cell below it. Everything here runs on the
-# CPU: without a GPU the third check runs your loop on the emulated lagging stream
-# (`pinlab.LaggingStream`), with a GPU on CUDA.
+# Two small functions (one decode step's host→GPU metadata, a verdict on a timeline), then torch
+# code: a step loop to make race-free without blocking the host. Write each where it says
+# `YOUR CODE HERE`, then run the check cell below it. All of it runs on the CPU: without a GPU the
+# third check uses the emulated lagging stream (`pinlab.LaggingStream`).
 #
 # ## What you will learn
-# - what the paged-KV metadata of one decode step is (`indptr`, `last_page_len`);
-# - when a copy from a reused pinned buffer delivers its own step's data, and when another step's;
-# - how to make a step loop race-free without making the host wait for the GPU.
+# - one decode step's paged-KV metadata (`indptr`, `last_page_len`);
+# - when a copy from a reused pinned buffer delivers its own step's data;
+# - how to make a step loop race-free without blocking the host.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -36,12 +35,11 @@ from pinlab.plots import timeline
 # %% [markdown]
 # ## 1. indptr and last_page_len
 #
-# A paged KV cache keeps each request's tokens in pages of `page_size` tokens. FlashInfer finds a
-# request's pages through two arrays that vLLM computes on the host every step:
+# Two arrays of the lesson's primer, which vLLM computes on the host every step:
 # - `indptr` (B+1 ints): 0, then the running sum of the pages each request uses
 #   (`ceil(seq_len / page_size)`);
-# - `last_page_len` (B ints): the tokens in each request's last page: `page_size` when that page
-#   is full, and 0 for an empty request.
+# - `last_page_len` (B ints): the tokens in each request's last page (`page_size` when it is
+#   full, 0 for an empty request).
 #
 # Example with `page_size=16`: `seq_lens [37, 48, 17, 0]` give `indptr [0, 3, 6, 8, 8]` and
 # `last_page_len [5, 16, 1, 0]`.
@@ -69,14 +67,13 @@ checks03.check_indptr_last_page_len(indptr_last_page_len)
 # ## 2. Did each copy read its own step?
 #
 # One reused pinned buffer. `writes[n] = (start, end)` is when the host wrote step n's data into
-# it; `copies[n] = (start, end)` is when the GPU's DMA for step n ran (it reads the buffer while it
-# runs). Copy n delivered step n's data only if **no later step's write starts before copy n
-# ends** (a write starting exactly at its end is fine).
+# it; `copies[n] = (start, end)` is when step n's DMA ran (reading the buffer). Copy n delivered
+# step n's data only if **no later step's write starts before copy n ends** (a write starting
+# exactly at its end is fine).
 #
-# Here is a timeline from the model of lesson 03 with `run_ahead=1` (**run-ahead k**: the host may
-# write step n+k's data while the GPU has not yet run step n's copy; a ring of pinned buffers for
-# run-ahead k needs k + 1 buffers): before writing step n the host waits for step n-2's copy, so
-# step n-1's copy may still be queued:
+# A timeline from the lesson's model with `run_ahead=1` (**run-ahead k**: the host may write step
+# n+k's data while the GPU has not yet run step n's copy): before writing step n the host waits
+# for step n-2's copy, so step n-1's copy may still be queued:
 
 # %%
 sim = steploop.simulate("reused_pinned", steps=6, run_ahead=1)
@@ -119,23 +116,21 @@ print("step each copy read:", sim["received"])
 # %% [markdown]
 # ## 3. Make the step loop race-free without blocking the host (torch code)
 #
-# The lesson's loop, as a function the checker can drive. It gets the stream `s` and two functions:
+# The lesson's loop, as a function the checker drives. It gets the stream `s` and two functions:
 # - `write_metadata(buf, n)`: the host writes step n's metadata (`N_INTS` int32) into the host
 #   tensor `buf`;
 # - `forward(n, meta)`: step n's forward on the GPU, which reads `meta` (step n's metadata in GPU
-#   memory), then keeps the GPU busy. It returns once the GPU has read step n-`AHEAD`'s metadata, as
-#   a real loop that reads step n-`AHEAD`'s output would: that wait is the harness's, not yours.
-#   So the run-ahead is `AHEAD`: the host may write step n+`AHEAD`'s metadata while the GPU has not
-#   yet run step n's copy.
+#   memory), then keeps the GPU busy. It returns once the GPU has read step n-`AHEAD`'s metadata,
+#   as a real loop reading step n-`AHEAD`'s output would (the harness's wait, not yours): the
+#   run-ahead is `AHEAD`.
 #
-# Here it is with one reused pinned buffer:
+# With one reused pinned buffer:
 
 # %%
 N_INTS, AHEAD = checks03.N_INTS, checks03.AHEAD
 
 
 def racy_loop(s, steps, write_metadata, forward):
-    # one reused pinned buffer
     buf = torch.zeros(N_INTS, dtype=torch.int32, pin_memory=True)
     for n in range(steps):
         write_metadata(buf, n)  # the host writes step n's metadata
@@ -162,14 +157,14 @@ pinlab.claim(
 # %% [markdown]
 # Write `race_free_loop(s, steps, write_metadata, forward)`: the same loop, in which **every step's
 # forward reads its own metadata** and **the host never waits for the GPU** (`s.synchronize()` in
-# every step fixes the race by blocking the host: the checker rejects it, and an event's
-# `synchronize()` or a loop polling its `query()` that finds the event not reached yet is a wait
-# too). Write a step's metadata first, then copy it with `non_blocking=True` from pinned memory. Two
-# fixes from lesson 04 work: a fresh pinned snapshot per step, or a ring of pinned buffers guarded by
-# events (how deep, for run-ahead `AHEAD`?).
+# every step fixes the race by blocking: the checker rejects it, as it does an event's
+# `synchronize()` or a `query()` poll that finds the event not reached yet). Write a step's
+# metadata first, then copy it with `non_blocking=True` from pinned memory. Two fixes from lesson
+# 04 work: a fresh pinned snapshot per step, or a ring of pinned buffers guarded by events (how
+# deep, for run-ahead `AHEAD`?).
 #
-# The checker runs 200 steps (on a GPU with the GPU kept busy, so the host runs ahead), then says which
-# step read whose data, or in how many steps the host waited, and why. *(6-8 lines)*
+# The checker runs 200 steps (on a GPU kept busy, so the host runs ahead), then says which step
+# read whose data, or in how many steps the host waited, and why. *(6-8 lines)*
 
 
 # %%
@@ -189,10 +184,10 @@ checks03.check_race_free_loop(race_free_loop)
 
 # %% [markdown]
 # ## What to remember
-# - A `non_blocking` copy from pinned memory reads the buffer when the GPU gets to it, not when you call
-#   it. Rewrite the buffer before then and that step silently gets another step's data.
+# - A `non_blocking` copy from pinned memory reads the buffer when the GPU gets to it: rewrite it
+#   before then and that step silently gets another step's data.
 # - Whether copy n is safe depends on the *next writes* to its buffer, not on its own write.
-# - Race-free without blocking: a fresh pinned snapshot per step (the caching host allocator keeps it
-#   until its copy has run), or a ring of pinned buffers at least one deeper than the run-ahead,
-#   guarded by events. `synchronize()` is race-free but blocks; `pin_memory()` of an already pinned
-#   buffer returns the same storage, so it is no snapshot.
+# - Race-free without blocking: a fresh pinned snapshot per step (the caching host allocator keeps
+#   it until its copy has run), or a ring of pinned buffers at least one deeper than the run-ahead,
+#   guarded by events. `synchronize()` is race-free but blocks; `pin_memory()` of a pinned buffer
+#   returns the same storage: no snapshot.

@@ -1,18 +1,17 @@
 # %% [markdown]
 # # Exercise · 07 Capstone: fix the inference loop
 #
-# **What you will practise**: everything at once. The loop below is the capstone's planted loop
-# (notebook 07): a toy decoder over a paged KV cache, an offloaded LM head restored every step, a
-# vision encoder, per-step metadata copies, per-step tokens copied back. It is wrong in five places.
-# Fix all of them in `fixed_loop`. No GPU needed: without one, the checker runs your loop on the
-# emulated lagging stream (`pinlab.LaggingStream`), which is exact about the order of host writes,
-# copies and reads.
+# **What you will practise**: everything at once. The loop below is notebook 07's planted loop: a
+# toy decoder over a paged KV cache, an offloaded LM head restored every step, a vision encoder,
+# per-step metadata copies, per-step tokens copied back. Fix its five problems in `fixed_loop`. No
+# GPU needed: without one, the checker uses the emulated lagging stream (`pinlab.LaggingStream`),
+# exact about the order of host writes, copies and reads.
 #
-# The engine `m` (see notebook 07, "The engine") gives you: `m.stream` (`s.Event()`,
-# `s.synchronize()`), `m.lm_head` (the LM head's GPU buffer), `m.meta_ints`, `m.max_batch`, `m.eos`,
-# `m.meta_dev[n]` (where step n's metadata must land), `m.schedule(n, buf)`, `m.encode(n)`,
-# `m.decode(n)` (returns step n's tokens on the GPU), `m.emit(k, host_tokens)` (reads them *now*;
-# returns the list it read), `m.note_stop(k)`, `m.host_work()`.
+# The engine `m` (notebook 07, "The engine") gives you: `m.stream` (`s.Event()`, `s.synchronize()`),
+# `m.lm_head` (the LM head's GPU buffer), `m.meta_ints`, `m.max_batch`, `m.eos`, `m.meta_dev[n]`
+# (where step n's metadata must land), `m.schedule(n, buf)`, `m.encode(n)`, `m.decode(n)` (returns
+# step n's tokens on the GPU), `m.emit(k, host_tokens)` (reads them *now*; returns the list it
+# read), `m.note_stop(k)`, `m.host_work()`.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -34,8 +33,8 @@ from pinlab.checks import l07 as checks07
 # %% [markdown]
 # ## The loop as written
 #
-# Run it through the checker if you like (`checks07.check_fixed_loop(planted_loop, steps=50)`): it
-# names one problem at a time.
+# The checker (`checks07.check_fixed_loop(planted_loop, steps=50)`) names its problems one at a
+# time.
 
 
 # %%
@@ -76,8 +75,8 @@ def planted_loop(m, steps):
 #   a pinned buffer passed off as a snapshot (lessons 03 and 04);
 # - **no host sync inside the loop**: no `.item()`, `.tolist()`, `bool()` of a GPU tensor, no
 #   `s.synchronize()` every step (lesson 02), and no wait on the event of the step you just enqueued
-#   (a full wait too): waiting on an event at least one step older, which bounds how far the host runs
-#   ahead, is fine, and so is one `s.synchronize()` at the end;
+#   (a full wait too); a wait on an event at least one step older, bounding the run-ahead, is fine,
+#   and so is one `s.synchronize()` at the end;
 # - **no early or late read**: read a `non_blocking` D2H result only after an event recorded behind
 #   it, and before a later step's copy reuses its buffer;
 # - **the same engine**: the LM head stays offloaded, restored into `m.lm_head` before every step.
@@ -135,12 +134,14 @@ checks07.check_fixed_loop(fixed_loop)
 
 # %% [markdown]
 # ## What to remember
-# - Audit a loop copy by copy: where does the source live (pinned, or a `non_blocking` that may wait), who
-#   rewrites it and when (before the copy has run, it races), when is a D2H result read (after its event).
+# - Audit a loop copy by copy: where does the source live (pinned, or a `non_blocking` that may
+#   wait), who rewrites it and when (before the copy has run, it races), when is a D2H result read
+#   (after its event).
 # - `pin_memory()` of a pinned buffer returns that same buffer: a snapshot must be a new tensor, or
 #   give each step in flight its own slot of a ring guarded by events.
-# - A hidden sync serialises host and GPU, and protects nothing if it comes after the write that races.
-# - The only waits a fast loop keeps are the events that bound how far the host runs ahead.
-# - The checker audits your loop's own lines. The libraries it calls copy too: FlashInfer's `plan()`
-#   copies the host metadata it is given with `non_blocking=True`, so an engine hands it pinned
-#   tensors nobody rewrites (notebook 07, the engine's fix).
+# - A hidden sync serialises host and GPU, and protects nothing if it comes after the write that
+#   races.
+# - A fast loop keeps only the waits on events that bound how far the host runs ahead.
+# - The checker audits your loop's own lines, but libraries copy too: FlashInfer's `plan()` copies
+#   its host metadata with `non_blocking=True`, so an engine hands it pinned tensors nobody rewrites
+#   (notebook 07, the engine's fix).

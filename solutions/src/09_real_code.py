@@ -1,16 +1,15 @@
 # %% [markdown]
 # # Exercise · 09 Audit real code: fix a decode loop
 #
-# **What you will practise**: auditing a decode loop written the way a user writes one, with the
-# course's detectors, and fixing it with lesson 09's deferred stop check. The loop below decodes
-# greedily with a sampling step (temperature, then argmax; finished sequences emit padding) and a
-# custom stopping criterion (stop when every sequence has produced end-of-sequence, or when a step
-# repeats every sequence's last token). It gives the right tokens. It also waits for the GPU three
-# times per token, and it reads its stop flag before the copy that writes it has run: a race.
+# **What you will practise**: auditing a decode loop written the way users write one, and fixing it
+# with lesson 09's deferred stop check. The loop decodes greedily with a sampling step (temperature,
+# then argmax; finished sequences emit padding) and a custom stopping criterion (stop when every
+# sequence has produced end-of-sequence, or when a step repeats every sequence's last token). Its
+# tokens are right, but it waits for the GPU three times per token, and it reads its stop flag
+# before the copy that writes it has run: a race.
 #
-# No GPU needed: without one, the checker runs your loop on the emulated lagging stream, which is
-# exact about the order of host reads, copies and waits (the emulated GPU runs only when the host
-# waits for it).
+# No GPU needed: without one, the checker runs your loop on the emulated lagging stream, exact about
+# the order of host reads, copies and waits.
 #
 # The engine `m` gives you: `m.stream` (`s.Event()`, `s.synchronize()`, `s.device`),
 # `m.forward(tokens)` (the `(batch,)` last tokens on the GPU -> `(batch, vocab)` logits on the GPU),
@@ -97,14 +96,14 @@ print(races)
 # ## Fix it
 #
 # Write `fixed_decode(m, max_new)`: the same tokens, and
-# - **no host sync inside the loop**: no `.item()`, `.tolist()`, `bool()` of a GPU tensor, no
-#   `x in gpu_tensor` and no `torch.equal` of GPU tensors (each is a `.item()` inside);
-# - **the stop decided on the GPU, read one step late**: one flag (all finished, or stuck) copied with
-#   `non_blocking=True` into a pinned slot, an event recorded behind it; read a slot only after its
-#   event, and not while a later copy writes it (lesson 09: two slots);
-# - **no busy-wait** (`while not ev.query(): pass`) and no wait on the step you just queued: wait for
-#   the *previous* step's event;
-# - **stop at most one step late**: returning the one extra step is fine, dropping it is fine too.
+# - **no host sync inside the loop**: no `.item()`, `.tolist()`, `bool()` of a GPU tensor, no `x in
+#   gpu_tensor` and no `torch.equal` of GPU tensors (each is a `.item()` inside);
+# - **the stop decided on the GPU, read one step late**: one flag (all finished, or stuck) copied
+#   with `non_blocking=True` into a pinned slot, an event recorded behind it; read a slot only after
+#   its event, and not while a later copy writes it (lesson 09: two slots);
+# - **no busy-wait** (`while not ev.query(): pass`) and no wait on the step you just queued: wait
+#   for the *previous* step's event;
+# - **stop at most one step late**: returning the one extra step is fine, and so is dropping it.
 #
 # Return the tokens as a `(batch, steps)` tensor (`torch.stack(out, dim=1)`). *(15-20 lines)*
 
@@ -142,8 +141,9 @@ checks09.check_decode(fixed_decode)
 
 # %% [markdown]
 # ## What to remember
-# - `x in gpu_tensor` and `torch.equal(a, b)` of GPU tensors are `.item()` in disguise: the host waits
-#   for every kernel queued so far.
+# - `x in gpu_tensor` and `torch.equal(a, b)` of GPU tensors are `.item()` in disguise: the host
+#   waits for every kernel queued so far.
 # - Decide on the GPU, read late: one flag per step into a ring of two pinned slots, an event behind
 #   each copy, the previous step's slot read after its event (transformers' `DeferredStopCheck`).
-# - One slot, or a read before the event, reads a copy still in flight: the race detector says where.
+# - One slot, or a read before the event, reads a copy still in flight: the race detector says
+#   where.
