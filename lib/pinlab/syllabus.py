@@ -82,7 +82,7 @@ LESSONS: tuple[Lesson, ...] = (
            goal="predict what a host-to-device copy costs, by size and by kind of host memory",
            covers="bandwidth 1 KiB–1 GiB, latency floor, cost of pinning, rounding, when not to pin, who pins in "
                   "practice (the DataLoader's pin-memory thread, pinning from several threads)",
-           gpu="yes (replayed without)", minutes=75, exercise_minutes=10,
+           gpu="yes (replayed without)", minutes=80, exercise_minutes=10,
            lands="the copy engine reads only pinned memory; small copies are latency, large ones bandwidth; pin "
                  "what you **reuse** (cold pinning is expensive, and blocks are rounded up to a power of two); in "
                  "practice a DataLoader's pin-memory thread pins for you",
@@ -92,7 +92,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="when a copy really is asynchronous, the driver's staging pool, D2H, hidden syncs, the same code "
                   "on `pinlab.stream()` (the emulated lagging stream without a GPU), the advice "
                   "\"`non_blocking=True` regardless\" tested",
-           gpu="yes (replayed without)", minutes=65, exercise_minutes=15,
+           gpu="yes (replayed without)", minutes=70, exercise_minutes=15,
            lands="`non_blocking=True` from pageable memory is a request, honoured only while the driver can stage "
                  "the copy (two limits: one per copy, one on pending bytes); a D2H copy into pinned memory is valid "
                  "only after its event; hidden syncs hide in ordinary-looking lines",
@@ -102,7 +102,7 @@ LESSONS: tuple[Lesson, ...] = (
            goal="overlap copies with compute on a second stream, and find the stalls that remain",
            covers="a profiler timeline of a step loop, a copy stream beside the compute (`wait_stream`, "
                   "`record_stream`), many tensors and one sync, `async_tensor_h2d`, a stall detector",
-           gpu="yes (replayed without)", minutes=60, exercise_minutes=0,
+           gpu="yes (replayed without)", minutes=65, exercise_minutes=0,
            lands="copies overlap compute only from pinned memory on a second stream (`wait_stream`, "
                  "`record_stream`); many small tensors: one slab, one sync; `detect_stalls()` finds what "
                  "`set_sync_debug_mode(\"warn\")` misses"),
@@ -111,7 +111,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="a reused pinned buffer, a CPU running ahead, FlashInfer decode attending the wrong pages, where "
                   "the host waits in a step that copies from pageable memory",
            gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
-           minutes=65, exercise_minutes=15,
+           minutes=70, exercise_minutes=15,
            lands="a pinned source is read when the copy **runs**; a reused pinned buffer with a host that runs ahead "
                  "delivers a later step's data, silently; in FlashInfer decode that is attention over the wrong pages",
            exercise_lands="make a step loop race-free without blocking the host",
@@ -122,7 +122,7 @@ LESSONS: tuple[Lesson, ...] = (
                   "`pinned_reserve_segment_size_mb`), several tensors sharing the staging pool, the history of fixes "
                   "compared, a pinned slab ring (one copy per step, no allocator call), which fix when",
            gpu="yes (replayed without; FlashInfer where installed, a torch reference otherwise)",
-           minutes=80, exercise_minutes=15,
+           minutes=70, exercise_minutes=15,
            lands="a `pin_memory()` snapshot of a **pageable** buffer is asynchronous and race-free because the caching "
                  "host allocator holds each block until its copy's event; `pin_memory()` of a pinned tensor is the "
                  "same tensor; its slow steps are cold `cudaHostAlloc`s (warm the cache or reserve a segment); which "
@@ -146,7 +146,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="Qwen2-VL rotary position ids three ways (CPU + copy, per image on the device, vectorised), "
                   "launches and copies counted with the profiler, a builder chosen per batch; a streaming audio "
                   "mask; pinned D2H results read after their event",
-           gpu="yes (replayed without; equivalence and the D2H loop run live)", minutes=35, exercise_minutes=10,
+           gpu="yes (replayed without; equivalence and the D2H loop run live)", minutes=40, exercise_minutes=15,
            lands="indices that depend only on shapes can be built where they are used; a per-image chain of "
                  "launches can cost more than the copy it removed; build for all images at once, and choose per "
                  "batch from measurements"),
@@ -155,7 +155,7 @@ LESSONS: tuple[Lesson, ...] = (
            covers="a decoder over a paged KV cache, an offloaded LM head, a vision encoder, with five planted "
                   "problems from the lessons; find them with `detect_stalls` and the profiler, fix them, compare "
                   "steps per second before and after",
-           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=40, exercise_minutes=10,
+           gpu="yes (replayed without; the loops run on the emulated stream)", minutes=45, exercise_minutes=10,
            lands="audit each copy: where its source lives, who rewrites it and when, when its result is read",
            exercise_lands="`pin_memory()` of a pinned buffer is that buffer; a sync after the racing write protects "
                           "nothing; in the fixed loop the only waits left are the events that bound run-ahead; prove "
@@ -168,7 +168,7 @@ LESSONS: tuple[Lesson, ...] = (
                   "inputs and its host cost, FlashInfer's CUDA-graph decode wrapper (`plan()` outside the graph, "
                   "`run()` captured), a regression test, when graphs help less and the memory they hold",
            gpu="yes (replayed without; the race and the regression test run on the emulated stream; FlashInfer "
-               "where installed)", minutes=35, exercise_minutes=10,
+               "where installed)", minutes=40, exercise_minutes=10,
            lands="a graph replays the **addresses** it captured: a captured copy from a reused pinned buffer reads "
                  "it when the replay runs; a capture refuses pageable copies, so graphs push staging into pinned "
                  "memory; fill static inputs from memory nobody rewrites before its copy has run (a `pin_memory()` "

@@ -2,24 +2,13 @@
 # # 04 · The fix
 #
 # **What you will learn**
-# - the fix in vLLM 0.29: keep the reused buffer **pageable**, take a `pin_memory()` **snapshot**
-#   every step, and copy the snapshot with `non_blocking=True` (you run it yourself, on a GPU or
-#   on the emulated lagging stream);
-# - why that is safe: PyTorch's caching host allocator does not hand a pinned block out again
-#   until the copy that used it has run (seen through block addresses and `host_memory_stats()`);
-# - the trap: `pin_memory()` of a tensor that is already pinned is that same tensor;
-# - what the snapshot costs, and how it compares with every other fix vLLM tried, including a ring
-#   of pinned buffers guarded by events (which you also run yourself);
-# - to judge a fix by what the race detector finds, not by one run's luck;
-# - why the snapshot can be slow now and then (a cold `cudaHostAlloc`), and what tames it: a warmed
-#   cache, or a reserved pinned segment (`pinned_reserve_segment_size_mb`);
-# - why vLLM chose the snapshot over pageable buffers, although one small pageable copy can be cheaper:
-#   a step copies several tensors, and they share the driver's staging;
-# - a fix with one copy and no allocator call per step: one pinned **slab** per step from a small
-#   ring guarded by events, every tensor packed into it, **one** copy, views on the device (you run
-#   it yourself, and measure it against the PR's);
-# - which fix to use when, with the numbers of this run;
-# - the same class of hazard inside FlashInfer's own `plan()`.
+# - vLLM 0.29's fix: a `pin_memory()` **snapshot** of a reused **pageable** buffer, copied with
+#   `non_blocking=True`; why it is safe, and its trap;
+# - its cost, its slow steps (a cold `cudaHostAlloc`) and their cures;
+# - every other fix vLLM tried, judged by the race detector, not by one run's luck;
+# - why vLLM chose the snapshot over pageable buffers: a step's tensors share the driver's staging;
+# - a pinned **slab** ring guarded by events: one copy and no allocator call per step;
+# - which fix when, and the same hazard inside FlashInfer's own `plan()`.
 
 # %%
 # Install cell: on Colab, or in any Python without the course, run this first.
@@ -52,7 +41,7 @@ pinned_at_start = pinlab.pinned_baseline()
 # ## The fix in vLLM 0.29
 #
 # In `_compute_flashinfer_kv_metadata` the reused buffers became pageable again (as #32799 made
-# them), and each copy now goes through a fresh pinned copy of just the bytes it needs:
+# them), and each copy goes through a fresh pinned copy of just the bytes it needs:
 #
 # ```python
 # paged_kv_indptr_cpu = self.paged_kv_indptr.cpu[: num_reqs + 1]   # pageable, reused every step
@@ -64,8 +53,8 @@ pinned_at_start = pinlab.pinned_baseline()
 # Step N+1 writes the pageable buffer; step N's DMA reads its own snapshot. The copy is truly
 # asynchronous (pinned source) and cannot see a later step's data.
 #
-# Here is lesson 03's step loop with the fix, in torch. `pinlab.stream()` is the CUDA stream on a
-# GPU and the emulated lagging stream (labelled "emulated") on a machine without one.
+# Lesson 03's step loop with the fix, in torch. `pinlab.stream()` is the CUDA stream on a GPU, the
+# emulated lagging stream (labelled "emulated") elsewhere.
 
 
 # %%
@@ -86,7 +75,7 @@ def snapshot_loop(s, steps=200, busy_ms=0.5, n_ints=64):
 with pinlab.stream() as s:
     snap_rows = snapshot_loop(s)
 pinlab.show("stream", s.label)
-wrong = sum(r != n for n, r in enumerate(snap_rows))  # each copy reads its own snapshot
+wrong = sum(r != n for n, r in enumerate(snap_rows))
 pinlab.claim(
     "pin_memory() snapshot: copies that delivered another step's data",
     wrong,
@@ -95,25 +84,22 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Each snapshot is a block from PyTorch's caching host allocator (lesson 01: it keeps freed pinned
-# blocks and hands them out again). The loop drops its snapshot, and the block goes back to the
-# allocator, right after the copy is queued, while the copy is still pending behind the GPU's work.
+# Each snapshot is a block from PyTorch's caching host allocator (lesson 01). The loop frees it
+# right after queuing the copy, while the copy still waits behind the GPU's work.
 #
 # 🔮 **Predict.** Ten thousand steps, the loop never waiting for the GPU. How many corrupted?
 #
 # <details><summary>Answer</summary>
 #
-# None, as long as the allocator does not hand a freed block out again before the copy that reads
-# it has run: a block reused earlier would be the race again. The next section shows that the
-# allocator waits for exactly that.
+# None, as long as the allocator does not hand a freed block out again before the copy reading it
+# has run. The next section shows that it waits for exactly that.
 # </details>
 #
-# `l04.snapshot_soak` runs this loop on the GPU for 10,000 steps with the snapshot (4 KiB of
-# metadata per step, the GPU busy 0.05 ms per step, no wait in the loop: the host runs as far ahead
-# as CUDA lets it), three times, in two fresh Python processes (cold and warmed share one, with the
-# pinned cache emptied before each; reserved gets its own): **cold** (as a server starts), **warmed** and **reserved** (two ways of taming its
-# slow path, explained further down). Then 1,000 steps of the reused pinned buffer under the same
-# load, as a control: a test that cannot fail proves nothing.
+# `l04.snapshot_soak` runs this loop on the GPU for 10,000 steps (4 KiB per step, the GPU busy
+# 0.05 ms per step, the host as far ahead as CUDA lets it), three ways: **cold** (as a server
+# starts), **warmed** and **reserved** (cures for its slow path, below). Cold and warmed share a
+# fresh process, the pinned cache emptied before each; reserved gets its own. The control, 1,000
+# steps of the reused pinned buffer, shows the test can fail.
 
 # %%
 soak = pinlab.measure(
@@ -133,10 +119,6 @@ passes, control = soak.result["passes"], soak.result["control"]
 pinlab.show(
     "control (reused pinned buffer): corrupted steps",
     f"{control['corrupted']} of {control['steps']}",
-)
-pinlab.show(
-    "snapshot, cold: distinct pinned blocks used",
-    passes["cold"]["distinct_blocks"] if "cold" in passes else "n/a",
 )
 # "reserved" needs a torch that knows the setting
 pinlab.show("runs of the snapshot loop", ", ".join(passes) or "none")
@@ -169,15 +151,14 @@ pinlab.claim(
 # %% [markdown]
 # ## Why it is safe: the caching host allocator
 #
-# `pin_memory()` of a pageable tensor asks PyTorch's **caching host allocator** for a pinned block
-# (lesson 01: rounded up to a power of two, cached after use). When a pinned block is used by a
-# `non_blocking` copy, the copy tells the allocator (`CachingHostAllocator_recordEvent`: the block
-# remembers the stream). When the snapshot tensor is freed, a moment later, the allocator records
-# an **event** on that stream and parks the block; it hands the block out again only once that
-# event has completed, that is once the copy has run. Its header says: "The allocation 'ptr' will
-# not be re-used until the event has occurred."
+# `pin_memory()` of a pageable tensor takes a pinned block from the **caching host allocator**
+# (lesson 01). A `non_blocking` copy from it tells the allocator
+# (`CachingHostAllocator_recordEvent`: the block remembers the stream). When the snapshot is freed,
+# the allocator records an **event** on that stream and parks the block until the event has
+# completed, that is until the copy has run. Its header says: "The allocation 'ptr' will not be
+# re-used until the event has occurred."
 #
-# `l04.allocator_reuse` watches it happen, with a pageable 4 KiB buffer:
+# `l04.allocator_reuse` watches it, with a pageable 4 KiB buffer:
 # 1. snapshot 1 is copied behind 50 ms of GPU work, then freed;
 # 2. snapshot 2 is taken while that copy is still pending;
 # 3. after a sync, snapshot 3 is taken.
@@ -186,10 +167,9 @@ pinlab.claim(
 #
 # <details><summary>Answer</summary>
 #
-# Snapshots 1 and 3. When snapshot 2 is taken, snapshot 1's block is parked behind an event that
-# has not completed (its copy waits behind the 50 ms kernel), so snapshot 2 gets another block.
-# After the sync every event has completed, and snapshot 3 gets snapshot 1's block back, with no
-# new `cudaHostAlloc`.
+# 1 and 3. Snapshot 1's block stays parked while its copy waits behind the 50 ms kernel, so
+# snapshot 2 gets another. After the sync, snapshot 3 gets snapshot 1's block back, with no new
+# `cudaHostAlloc`.
 # </details>
 
 # %%
@@ -231,10 +211,9 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The same over a whole step loop: 200 snapshots, the host waiting for step n-4 before writing
-# step n (a batch queue of depth 4: run-ahead 3, at most 4 copies in flight). For
-# every snapshot whose block had served an earlier step, the loop asked the earlier step's copy
-# event whether that copy had finished.
+# The same over a step loop: 200 snapshots, the host waiting for step n-4 before writing step n
+# (run-ahead 3, at most 4 copies in flight). For every snapshot whose block had served an earlier
+# step, the loop asked that step's copy event whether the copy had finished.
 
 # %%
 loop = a["loop"]
@@ -261,18 +240,17 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The allocator keeps about as many blocks as there are copies in flight, and recycles them as
-# the GPU catches up: a few KiB of pinned memory, held only while needed. (The soak's loop above
-# has no sync of its own, so it can have up to as many steps in flight as fit in CUDA's launch
-# queue: lesson 03's last section measured its depth in launches, and each step here queues a copy
-# and a kernel. Compare its "distinct pinned blocks" line with this one.)
+# The allocator keeps about one block per copy in flight, recycled as the GPU catches up: a few
+# KiB, held only while needed. (The soak has no sync, so its steps in flight are bounded only by
+# CUDA's launch queue, lesson 03; each step queues a copy and a kernel. Compare its "distinct
+# pinned blocks" line.)
 #
 # ## The trap: `pin_memory()` of a pinned tensor
 #
-# `pin_memory()` returns a pinned copy *unless the tensor is already pinned*: then it returns the
-# tensor itself. MRV2's own helper says so in a comment ("pin_memory() is no-op if the memory is
-# already pinned"). So the snapshot pattern only works on a **pageable** buffer. Keep a pinned
-# buffer "for speed" and add `.pin_memory()` "for safety", and you have the race back.
+# `pin_memory()` of an *already pinned* tensor returns the tensor itself. MRV2's own helper says
+# so ("pin_memory() is no-op if the memory is already pinned"). So the snapshot only works on a
+# **pageable** buffer: keep a pinned buffer "for speed", add `.pin_memory()` "for safety", and the
+# race is back.
 
 # %%
 trap = pinlab.measure("04_pin_trap", l04.pin_trap, nbytes=256, steps=200, busy_ms=0.5)
@@ -311,24 +289,22 @@ l03.plot_received(runs, title=f"The trap: pin_memory() of a pinned buffer ({trap
 plt.show()
 
 # %% [markdown]
-# If a buffer *must* stay pinned, make the snapshot explicitly:
-# `torch.empty_like(buf, pin_memory=True).copy_(buf)` (that is what `pinlab.h2d.pin_snapshot` does
-# when it is handed a pinned tensor).
+# If a buffer *must* stay pinned, snapshot it explicitly:
+# `torch.empty_like(buf, pin_memory=True).copy_(buf)` (as `pinlab.h2d.pin_snapshot` does for a
+# pinned tensor).
 #
 # ## What the snapshot costs
 #
-# A snapshot is a small host allocation (a cached block, when warm) plus a `memcpy` of the bytes
-# copied. `l04.snapshot_cost` times, per step, the host section "write the metadata, stage it,
-# enqueue the copy" for three loops with the same load (300 steps each, the host waiting for step
-# n-2 before writing step n, as with a batch queue of depth 2), in 3 interleaved rounds: each loop's median step per
-# round, then the median over the rounds:
+# A snapshot is a small host allocation (a cached block, when warm) plus a `memcpy`.
+# `l04.snapshot_cost` times the host's "write the metadata, stage it, enqueue the copy" per step,
+# for three loops (300 steps each, run-ahead 1), in 3 interleaved rounds (the median of each
+# loop's round medians):
 # - **no copy**: the write alone;
-# - **reused pinned**: the write and the same `non_blocking` copy, with no snapshot (the racy
-#   code the fix replaces): the baseline without the snapshot copy;
+# - **reused pinned**: the write and the same `non_blocking` copy, no snapshot (the racy code);
 # - **snapshot**: the write, `pin_memory()`, and the copy.
 #
-# The snapshot's own cost is snapshot minus reused pinned. Snapshot minus no-copy is everything
-# that moving the metadata costs this way, `copy_()` included.
+# The snapshot's own cost is snapshot minus reused pinned; snapshot minus no copy is all that
+# moving the metadata costs, `copy_()` included.
 
 # %%
 cost = pinlab.measure(
@@ -378,56 +354,44 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The lines above are this run's measurement of the host time the snapshot adds per step, on top
-# of the copy the racy code already paid. Where does it go? Even 1 KiB pays the caching host allocator's
-# bookkeeping on every step: a lock, an event recorded when the snapshot is freed, events
-# queried before a block is handed out again (the very mechanism that makes the snapshot safe).
-# On top of that comes a `memcpy` of the bytes, which grows with the size; compare the rows to see
-# how much of the cost it is at these sizes. What it means: a decode step of a real engine takes
-# milliseconds, and the "what this run shows" line puts this run's figure against one of 1 ms;
-# it is paid on the host while the GPU works.
+# That is the host time the snapshot adds per step, on top of the copy the racy code paid. Even
+# 1 KiB pays the allocator's bookkeeping every step: a lock, an event recorded at free, events
+# queried before reuse (the mechanism that makes it safe). A `memcpy` comes on top, growing with
+# the size (compare the rows). A real engine's decode step takes milliseconds, and this is paid on
+# the host while the GPU works.
 #
-# The figure varies from run to run, by a few µs and occasionally by more: it is a difference of
-# two medians of host timings that the operating system, other processes and the allocator's
-# cold paths disturb. Interleaved rounds and medians keep a slow spell of the machine from landing
-# on one loop only; they do not make it a constant. So the notebook shows it and asserts only what
-# holds on every run: not one corrupted step.
+# The figure varies by a few µs between runs, sometimes more (a difference of two medians of host
+# timings), so only "no corrupted step" is asserted.
 #
-# So one risk that a review of the vLLM change named, "one extra small pinned copy per step", is real, and its size is the line
-# above; its `memcpy` part grows with the bytes and its bookkeeping with the number of tensors, though
-# for a few KiB the bookkeeping and the run's noise dominate (compare the rows):
-# snapshot what is small and changes every step, not big tensors.
+# So one risk a review of the vLLM change named, "one extra small pinned copy per step", is real,
+# and the line above sizes it. Its bookkeeping grows with the number of tensors, its `memcpy` with
+# the bytes (for a few KiB, bookkeeping and noise dominate): snapshot what is small and changes
+# every step, not big tensors.
 #
 # ## The slow path: the soak's distribution
 #
-# The medians above hide a tail. The soak at the top of this lesson timed every step: the host
-# time of "write, `pin_memory()`, copy", 10,000 steps per run. Its cold run first. Two facts from
-# before: a pinned allocation the cache cannot serve calls `cudaHostAlloc`, slower than a cached
-# block and made under a driver-wide lock (lesson 01); and the allocator holds about one
-# block per copy in flight (the section above).
+# The medians hide a tail. The soak at the top timed every step's "write, `pin_memory()`, copy".
 #
-# 🔮 **Predict.** Where do the slow steps come from, and when do they stop?
+# 🔮 **Predict.** Where do the cold run's slow steps come from, and when do they stop?
 #
 # <details><summary>Answer</summary>
 #
-# Partly from blocks the cache does not have yet. A snapshot whose size has no free cached block
-# makes the allocator call `cudaHostAlloc`, which page-locks fresh memory under a driver-wide lock:
-# slower than handing out a cached block (lesson 01 measured it, size by size), and slower still
-# when another thread holds the lock (a data loader's pin thread, another request's copy). With
-# the host far ahead, as many snapshots are in flight as there are steps queued, so the cache grows
-# block by block until it holds that many. vLLM #37006 removed a `pin_memory()` from
+# Partly from blocks the cache does not have yet: the allocator then calls `cudaHostAlloc`, which
+# page-locks fresh memory under a driver-wide lock (lesson 01), slower still when another thread
+# holds it. With the host far ahead, as many snapshots are in flight as steps queued, so the cache
+# grows block by block until it holds that many. vLLM #37006 removed a `pin_memory()` from
 # `async_copy_to_gpu` (a helper of vLLM 0.29; PR #56888 later folded it into `async_tensor_h2d`)
 # because it caused "sporadic stalls of up to ~12ms" with 24+ concurrent requests, attributed to
 # that lock.
 # </details>
 #
 # Two ways to keep the slow path out of the loop:
-# - **warm the cache**: allocate as many pinned blocks of the snapshot's size as will be in flight,
-#   and free them, before the loop (here 1,024 blocks of 4 KiB, in the same process, right before);
+# - **warm the cache**: before the loop, allocate and free as many pinned blocks of the snapshot's
+#   size as will be in flight (here 1,024 blocks of 4 KiB, in the same process);
 # - **reserve a segment**: `PYTORCH_CUDA_ALLOC_CONF=pinned_reserve_segment_size_mb:64` makes the
-#   caching host allocator page-lock one 64 MiB segment at its first use and carve small blocks out
-#   of it, without `cudaHostAlloc` (PyTorch PR #164501). It must be set before the process first
-#   uses CUDA, so its run is a child process started with that setting.
+#   caching host allocator page-lock one 64 MiB segment at first use and carve small blocks out of
+#   it, without `cudaHostAlloc` (PyTorch PR #164501). It must be set before the process first uses
+#   CUDA, hence a child process.
 
 # %% tags=["nbval-ignore-output"]
 r = soak.result
@@ -444,8 +408,7 @@ if "warmed" in passes:
         "warming (1,024 blocks allocated and freed) took",
         f"{passes['warmed']['warm_ms']:.1f} ms",
     )
-# which run had the longest tail, by each measure:
-# computed, since the tails are host timings
+# the longest tail per measure, computed: tails are host timings
 for label, key in (
     ("largest maximum", "max_us"),
     ("most steps over 100 µs", "over_100us"),
@@ -500,28 +463,23 @@ l04.plot_soak(r, title=f"10,000 snapshots, three ways ({soak.tag})")
 plt.show()
 
 # %% [markdown]
-# Read the lines and the plot against the prediction. Only the cold run called `cudaHostAlloc`
-# inside its loop, once per new block. The warmed run found every block it needed in the cache.
-# The reserved run made no call into `cudaHostAlloc`: the blocks it created were carved out of its
-# segment. The calls are counts, checked above on every run. How many blocks each run created is
-# not: it depends on how far the host got ahead of the GPU (the "new pinned blocks" lines).
+# Only the cold run called `cudaHostAlloc` inside its loop, once per new block; the warmed run
+# found every block cached, and the reserved run carved new ones out of its segment. How many
+# blocks each run created depends on how far the host got ahead (the "new pinned blocks" lines).
 #
-# Whether the cold run also had the longest tail is a timing, and the "tail" lines say it for this
-# run, measure by measure. How many of the cold run's `cudaHostAlloc` calls made a step slow is a
-# timing too (its "steps > 100 µs" and "steps > 1 ms" columns). The rest of each tail comes from the
-# operating system and the launch queue: with unbounded run-ahead the host also waits whenever
-# CUDA's launch queue is full (lesson 03 measured its depth), a wait no allocator setting removes
-# (the next sections bound the run-ahead, as an engine does). So a warmed or reserved run can have
-# more steps over 100 µs, a higher p99.9, or even a larger maximum than the cold one. In a
-# server, where other threads take the same driver lock, the cold path's stalls are longer (vLLM
-# #37006): warm the cache at start-up, or reserve a segment, and the steady state never calls
-# `cudaHostAlloc`.
+# The tails are timings (the "tail" lines; the "steps > 100 µs" and "steps > 1 ms" columns). Part
+# of each is the operating system and the launch queue: with unbounded run-ahead the host also
+# waits whenever CUDA's launch queue is full, which no allocator setting removes. So a warmed or
+# reserved run can have more steps over 100 µs, a higher p99.9, or even a larger maximum than the
+# cold one. In a server, where other threads take the same driver lock,
+# the cold path's stalls are longer (vLLM #37006): warm the cache at start-up, or reserve a
+# segment, and the steady state never calls `cudaHostAlloc`.
 #
 # ## A ring of pinned buffers, guarded by events
 #
-# MRV2 avoids the race without a snapshot per step: its buffer pools keep several pinned buffers
-# and use them in turn. A ring is safe only if a buffer comes round again after the copy that last
-# read it has run. Record an event after each copy, and wait for it before rewriting that buffer:
+# MRV2 avoids the race another way: its buffer pools use several pinned buffers in turn. A ring is
+# safe only if a buffer comes round after its last copy has run: record an event after each copy,
+# and wait for it before rewriting that buffer:
 
 
 # %%
@@ -569,25 +527,23 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Correct, but here the host runs far ahead of the GPU. Once the ring has gone round, a step waits
-# for the copy made three steps before whenever the host is that far ahead of the GPU, which it is
-# here: the host runs at the GPU's pace. The events buy correctness with the host's run-ahead. In the
-# course's words, **run-ahead k**: the host may write step n+k's data while the GPU has not yet run
-# step n's copy; a ring of pinned buffers for run-ahead k needs k + 1 buffers, and then never waits
-# for the GPU (below, where the host waits for step n-2 before writing step n: run-ahead 1). The
-# exercise of this lesson computes the smallest depth that is enough.
+# Correct, but with the host this far ahead, each step (once the ring has gone round) waits for
+# the copy made three steps before: the host runs at the GPU's pace. As lesson 03 put it, a ring
+# for **run-ahead k** needs k + 1 buffers, and then never waits for the GPU (below, the host waits
+# for step n-2 before writing step n: run-ahead 1). The exercise computes the smallest depth that
+# is enough.
 #
 # ## The history of fixes, compared
 #
-# Every approach vLLM took, in one loop (4 KiB per step, the GPU busy 0.3 ms per step, the host
-# waiting for step n-2 before writing step n: run-ahead 1), 500 steps of each in 5 interleaved rounds (each round runs every approach
-# once, in a rotating order, so a slow spell of the machine does not land on one approach only);
-# each figure is the median over the rounds of the round's median step:
+# Every approach vLLM took, in one loop (4 KiB per step, the GPU busy 0.3 ms per step, run-ahead
+# 1): 500 steps each, in 5 interleaved rounds that run every approach once in rotating order, so a
+# slow spell of the machine does not land on one approach only. Each figure is the median of the
+# round medians.
 #
 # | approach | where it comes from |
 # | --- | --- |
 # | reused pinned buffer | the race itself (MRV2 with pinned buffers) |
-# | pinned double buffer | #23737: the working buffer is copied into a second persistent pinned buffer, which the GPU copies from (it protected the copy against later edits of the working buffer, e.g. for CUDA graphs) |
+# | pinned double buffer | #23737: the working buffer is copied into a second persistent pinned buffer, which the GPU copies from (e.g. for CUDA graphs) |
 # | pageable buffer | #32799: do not pin reused buffers in MRV2 |
 # | `pin_memory()` snapshot | the PR (vLLM 0.29) |
 # | snapshot of a pinned buffer | the trap |
@@ -674,36 +630,29 @@ pinlab.claim(
 
 # %% [markdown]
 # Reading the table:
-# - **#23737's double buffer** protects the copy against later edits of the *working* buffer (what
-#   it was for), not against the next step's write into the second buffer: with the host ahead it
-#   races like a single buffer.
-# - **Pageable** is correct and holds no pinned memory; for one small copy per step its staging is
-#   one host `memcpy` (whether that cost less than the snapshot in this run: the observation
-#   under the table). But the host waits for the GPU once a copy is large, or once a step's copies
-#   add up (lessons 02 and 03, and the next section).
-# - **The snapshot** is correct and asynchronous; it holds a few small blocks, as many as copies in
-#   flight.
-# - **The ring with events** is correct and needs no allocation per step. When it is at least one
-#   deeper than the run-ahead (here 3 buffers, one more than run-ahead 1 needs), a buffer's last
-#   copy has run by the time it comes round again, so its event wait returns at once. Make it
-#   shallower and the events make the host wait; drop the events and it races.
-# - **The event wait** is correct with a single buffer, but the host waits for the previous step's
-#   copy every step, which is the run-ahead async scheduling was meant to buy.
+# - **#23737's double buffer** protected the copy against later edits of the *working* buffer, not
+#   against the next step's write into the second one: with the host ahead it races like one.
+# - **Pageable** is correct and holds no pinned memory; one small copy per step is staged with one
+#   host `memcpy`. But the host waits for the GPU once a copy is large, or a step's copies add up
+#   (lessons 02 and 03, and the next section).
+# - **The snapshot** is correct and asynchronous, holding one small block per copy in flight.
+# - **The ring with events** is correct and allocates nothing per step. One deeper than the
+#   run-ahead (here 3 buffers for run-ahead 1), its event wait returns at once; shallower, the
+#   events make the host wait; without events, it races.
+# - **The event wait** is correct with a single buffer, but waits for the previous step's copy
+#   every step: the run-ahead async scheduling was meant to buy is gone.
 #
-# Read the host times for what each approach *does* (waits for the GPU or not), not for a ranking
-# of the others: the racy buffers, the ring and the snapshot run tens of µs of host calls at most
-# (the "vs no copy" column), and which
-# of them comes out cheaper moves from run to run (the round medians show the spread; the "cheapest
-# to dearest" line is this run's order). Only the event wait's gap is structural: it waits for the
-# GPU on every step.
+# Read the host times for what each approach *does*, not as a ranking: the racy buffers, the ring
+# and the snapshot cost tens of µs at most (the "vs no copy" column), in an order that moves from
+# run to run. Only the event wait's gap is structural.
 
 # %% [markdown]
 # ### Every approach under the race detector
 #
-# The corrupted-step counts above need a GPU that is behind, and say nothing about a fix that was
-# lucky. Lesson 03's `detect_races` judges each approach by what the host did to memory a pending
-# copy still had to read: `l03.race_audit` runs each through the same loop (50 steps, the GPU
-# 0.5 ms behind per step, the host never waiting), live on the GPU or on the emulated stream.
+# Corrupted-step counts need a GPU that is behind, and cannot tell a fix from a lucky run. Lesson
+# 03's `detect_races` judges each approach by what the host did to memory a pending copy still had
+# to read: `l03.race_audit` runs each through the same loop (50 steps, the GPU 0.5 ms behind per
+# step, the host never waiting), on the GPU or the emulated stream.
 
 # %% tags=["nbval-ignore-output"]
 s = pinlab.stream()  # the GPU's stream, or the emulated one: the loop enters it
@@ -738,28 +687,26 @@ pinlab.claim(
 
 # %% [markdown]
 # The double buffer's report says why #23737 did not fix MRV2: its copy into the *second* pinned
-# buffer rewrites that buffer while the previous step's H2D copy still reads it. A fix passes when
-# the detector finds nothing, whether or not this run's GPU was far enough behind to corrupt a step.
+# buffer rewrites it while the previous step's H2D copy still reads it. A fix passes when the
+# detector finds nothing, however far behind this run's GPU was.
 
 # %% [markdown]
 # ## Several tensors per step: why vLLM chose the snapshot
 #
-# One small pageable copy per step can cost the host less than a snapshot (the observation under
-# the table says whether it did in this run). So why did vLLM take the snapshot? A decode step
-# copies **several** tensors (indptr, last page lengths, sequence lengths, slot mapping, positions;
-# vLLM builds the page indices on the GPU from the indptr, as lesson 06 teaches), and every pageable copy goes through the driver's staging buffers: lesson 02 measured
-# that one pageable copy larger than the driver will stage waits for the GPU, and that pending
-# pageable copies share a staging pool. Once a step's tensors together fill it, the host waits for
-# the GPU. Neither limit is documented: the CUDA Runtime API's
+# One small pageable copy can cost the host less than a snapshot. But a decode step copies
+# **several** tensors (indptr, last page lengths, sequence lengths, slot mapping, positions; vLLM
+# builds the page indices on the GPU from the indptr, lesson 06), and pageable copies go through
+# the driver's staging. Lesson 02 measured that one pageable copy larger than the driver will stage
+# waits for the GPU, and that pending pageable copies share a staging pool: once a step's tensors
+# together fill it, the host waits for the GPU. Neither limit is documented: the CUDA Runtime API's
 # ["API synchronization behavior"](https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html)
 # page says only that an asynchronous copy between device memory and pageable host memory "might
-# be synchronous with respect to host". And vLLM's sync checker (`VLLM_GPU_SYNC_CHECK`, PR #53491) flags every pageable
-# "non_blocking" copy, because whether it waits depends on sizes, on what else is pending and on the
-# driver, not on the code.
+# be synchronous with respect to host". And vLLM's sync checker (`VLLM_GPU_SYNC_CHECK`, PR #53491)
+# flags every pageable "non_blocking" copy: whether it waits depends on sizes, on what else is
+# pending and on the driver, not on the code.
 #
-# `l04.shared_pool` measures it: 6 tensors per step, from 24 KiB to 6 MiB per step in total,
-# pageable buffers against a snapshot per tensor, the GPU busy 0.5 ms per step, the host waiting
-# for step n-2 before writing step n (interleaved rounds, medians).
+# `l04.shared_pool` measures it: 6 tensors per step, 24 KiB to 6 MiB per step in total, pageable
+# buffers against a snapshot per tensor, the GPU busy 0.5 ms per step, run-ahead 1.
 
 # %%
 KiB = 1024
@@ -790,11 +737,6 @@ corrupted = sum(r["corrupted"] for r in prow)
 pinlab.claim(
     "corrupted steps, both ways, every size", corrupted, expect=0, why=l04.WHY.pool_bug
 )
-for r in prow:
-    pinlab.show(
-        f"{fmt_bytes(r['total_bytes'])} per step: host µs pageable / snapshot",
-        f"{r['pageable_us']:.1f} / {r['snapshot_us']:.1f}",
-    )
 dearer = [r["total_bytes"] for r in prow if r["pageable_us"] > r["snapshot_us"]]
 pinlab.show(
     "smallest step at which the pageable copies cost the host more than the snapshots",
@@ -819,32 +761,28 @@ pinlab.show(
 )
 
 # %% [markdown]
-# What the lines show: for small steps the driver stages the pageable copies at the call, a
-# `memcpy` each; the snapshot pays the allocator's bookkeeping per tensor on top of its `memcpy`.
-# Once a step's bytes fill the driver's staging, the pageable copies start to wait for the GPU:
-# their host time rises towards a GPU step (the dashed line), or past it. Look at where that came
-# in this run (the "took over half a GPU step" line): with several tensors per step it can come far
-# below the limits lesson 02 measured for one copy and for many small ones, because the staging's
-# limits depend on how the bytes are split into copies, and are undocumented and driver-dependent;
-# where pageable copies are cheap (a GH200's NVLink-C2C, not measured here: `docs/facts.md` F15) it
-# may not come at all in this range. The
-# snapshot's copies need no staging, so no staging limit makes them wait. Their cost is host work
-# (the allocator, a `memcpy`, a `cudaHostAlloc` for each new block): below the crossing size printed
-# above it can cost more than the pageable copies even on a quiet host, and a host or GPU shared with
-# other processes makes it dearer still. vLLM took the snapshot
-# for what it does not depend on, the driver's staging, and because a sync checker cannot tell a
-# pageable copy that waits from one that does not. Which way costs the host more at a given size
-# is a timing of this run (observed above), not a law.
+# Small steps: the driver stages pageable copies at the call, a `memcpy` each; the snapshot adds
+# the allocator's bookkeeping per tensor. Once a step's bytes fill the staging, the pageable copies
+# wait for the GPU: their host time nears or passes a GPU step (the dashed line). This run's
+# crossing is the "took over half a GPU step" line. It can come far below the limits lesson 02
+# measured for one copy and for many small ones, since the limits depend on how the bytes are split
+# into copies; where pageable copies are cheap (a GH200's NVLink-C2C, not measured here:
+# `docs/facts.md` F15) it may not come at all in this range.
+#
+# The snapshot's copies need no staging, so no staging limit makes them wait. Their cost is host
+# work (the allocator, a `memcpy`, a `cudaHostAlloc` per new block): below the crossing it can
+# exceed the pageable copies' even on a quiet host. vLLM took the snapshot for not depending on the
+# driver's staging, and because a sync checker cannot tell a pageable copy that waits from one that
+# does not. Which way is cheaper at a given size is a timing of this run, not a law.
 #
 # ## Beyond the PR: one pinned slab, one copy per step
 #
-# The snapshot pays the allocator once per tensor, and one copy call per tensor. A step's tensors
-# are small and are all needed together, so pack them: one **pinned slab** per step, every tensor
-# written at its offset in it, **one** H2D copy into a device slab, and views on the device
-# (`split`). Reusing a slab is the race again, unless the slab comes round only after the copy that
-# last read it has run: a small **ring** of slabs, each guarded by the event recorded after its
-# copy. vLLM's model runner v2 keeps such a ring (`UvaBufferPool`, with as many buffers as steps in
-# flight: "Must be >= the number of concurrent in-flight steps").
+# The snapshot pays the allocator and a copy call per tensor. A step's tensors are small and needed
+# together, so pack them: one **pinned slab** per step, each tensor at its offset, **one** H2D copy
+# into a device slab, and views on the device (`split`). Reusing a slab races unless it comes round
+# only after its last copy has run: a small **ring** of slabs, each guarded by the event recorded
+# after its copy. vLLM's model runner v2 keeps such a ring (`UvaBufferPool`, as many buffers as
+# steps in flight: "Must be >= the number of concurrent in-flight steps").
 #
 # The ring, in torch (copy it):
 
@@ -896,25 +834,20 @@ class SlabRing:
 # indptr, indices, *rest = ring.send()     # one copy; device views, in stream order
 # ```
 #
-# The device slab is reused too, which is safe: the next step's copy into it is queued after this
-# step's kernels that read it, on the same stream. (With a side copy stream it would need its own
-# ring and events.)
+# Reusing the device slab is safe: the next step's copy into it is queued on the same stream,
+# after this step's kernels that read it. (A side copy stream would need its own ring and events.)
 #
-# `l04.metadata_loop` is the harness: any object with `host()` and `send()`; each step it fills
-# tensor i with `8n + i`, times `host()` + the writes + `send()`, and checks on the device (a
-# counter of wrong steps, read once at the end, no sync per step). Here it runs 200 steps on
-# `pinlab.stream()` for the slab ring and for the three per-tensor ways of lesson 03 and above, the
-# host waiting for step n-2 before writing step n (run-ahead 1: two steps in flight, the one it
-# writes and the one before); and once more for a ring of a single slab, too shallow for two steps
-# in flight.
+# `l04.metadata_loop` is the harness for any object with `host()` and `send()`: each step it fills
+# tensor i with `8n + i`, times `host()` + the writes + `send()`, and counts wrong steps on the
+# device (read once at the end). Here: 200 steps at run-ahead 1 (two steps in flight) for the slab
+# ring, the three per-tensor ways, and a ring of one slab.
 #
 # 🔮 **Predict.** Does the ring of one slab race?
 #
 # <details><summary>Answer</summary>
 #
-# No: before rewriting its only slab, the host waits for the event after that slab's last copy.
-# The events turn a ring that is too shallow into waiting, never into a race; the wait shows up as
-# host time per step (on a GPU: compare the two medians below).
+# No: before rewriting its only slab, the host waits for its last copy's event. A too-shallow ring
+# waits, never races; the wait shows as host time (on a GPU: compare the two medians below).
 # </details>
 
 # %%
@@ -969,15 +902,15 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# Now the measurement: 10,000 steps of each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`,
-# about 21 KiB per step), the GPU busy 0.25 ms per step, and the run-ahead bounded the way an engine
-# bounds it: before step N the host waits (untimed) for step N-2's "done" event (run-ahead 1). The
-# slab ring has 3 slabs, one more than the 2 that run-ahead 1 needs. Eight interleaved rounds of 1,250 steps.
+# Now the measurement: 10,000 steps each, 6 tensors of 256 to 4,096 entries (`l04.METADATA`, about
+# 21 KiB per step), the GPU busy 0.25 ms per step, eight interleaved rounds of 1,250 steps. Before
+# step N the host waits (untimed) for step N-2's "done" event (run-ahead 1); the slab ring has 3
+# slabs, one more than run-ahead 1 needs.
 #
-# Why bound the run-ahead? Without it the host runs until CUDA's launch queue is full and then waits
-# for a free slot on every launch, and the pageable copies wait for the staging pool: the timings
-# would measure the queue and the pool, not the strategies (the soak above shows such a tail). An
-# engine bounds it anyway (vLLM's batch queue), so this is the loop that matters.
+# Why bound the run-ahead? Unbounded, the host fills CUDA's launch queue and then waits for a slot
+# on every launch, and pageable copies wait for the staging pool: the timings would measure the
+# queue and the pool, not the strategies (the soak above shows such a tail). An engine bounds it
+# anyway (vLLM's batch queue), so this is the loop that matters.
 
 # %%
 fr = pinlab.measure(
@@ -992,7 +925,7 @@ fr = pinlab.measure(
 )
 
 # %% tags=["nbval-ignore-output"]
-pinlab.table(fr.result["rows"], l04.FIX_COLUMNS)
+pinlab.table(l04.fix_rows(fr.result), l04.FIX_COLUMNS)
 
 # %%
 l04.plot_host_times(
@@ -1023,30 +956,10 @@ pinlab.claim(
     racy_corrupted >= 1,
     why=l04.WHY.lead_025ms,
 )
-for k in l04.FIX_LABELS:
-    pinlab.show(
-        f"{l04.FIX_LABELS[k]}: host µs per step, median (round medians)",
-        f"{f[k]['p50_us']:.1f} "
-        f"({', '.join(f'{v:.1f}' for v in f[k]['round_medians_us'])})",
-    )
+# each approach's rounds (the table above): its best round is its cost undisturbed
 spread = {k: max(f[k]["round_medians_us"]) / min(f[k]["round_medians_us"]) for k in f}
 noisiest = max(spread, key=spread.get)
-pinlab.show(
-    "largest / smallest round median, per approach: "
-    "racy / pageable / snapshot / slab ring",
-    " / ".join(
-        f"{spread[k]:.2f}"
-        for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
-    ),
-)
-# each approach's best round: its cost undisturbed
 best = {k: min(f[k]["round_medians_us"]) for k in f}
-pinlab.show(
-    "best round median, host µs per step: racy / pageable / snapshot / slab ring",
-    " / ".join(
-        f"{best[k]:.1f}" for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
-    ),
-)
 ratio = lambda a, b: f"{best[a] / best[b]:.2f}"  # noqa: E731
 cheapest = min(FIXES, key=best.get)
 pinlab.observe(
@@ -1069,30 +982,23 @@ pinlab.show(
 )
 
 # %% [markdown]
-# Read the round medians first: the same approach can cost the host more in one round than in
-# the next (the "largest / smallest round median" line gives this run's spread). That is the
-# machine, not the approach (other threads, interrupts, frequency, other processes on a shared
-# GPU): it hits every approach in some rounds, and a median over all steps inherits it when it
-# falls on one approach's rounds more than another's. So compare each approach's **best round**,
-# its cost when nothing disturbed the host (disturbance only adds), and keep the spread in view.
+# One approach can cost more in one round than the next (the table's "largest / smallest round"
+# line). That is the machine (other threads, interrupts, frequency, other processes on a shared
+# GPU), not the approach. So compare each approach's **best round**, its cost undisturbed
+# (disturbance only adds), with the spread in view.
 #
-# Read the two ratios above: a correct fix worth its code should cost the host clearly less than
-# the snapshots (half, say), and no more than the racy buffers, that is, correctness at no price
-# over the bug; the two observations say whether the slab ring met each bar in this run. What
-# makes it cheaper where it is: one copy call instead of six, and no allocator asked for anything;
-# its event wait returns at once, because the ring is deeper than the steps in flight. That is
-# one configuration (6 small tensors, two steps in flight, this host): the ratios are shown, not
-# asserted. What is asserted holds on every run: 0 corrupted steps for the three fixes, and at
-# least one for the race.
-#
-# A ring too shallow for the run-ahead does not race: its events make the host wait, which shows
-# up as host time (the ring of one slab above). A ring without events races as soon as the host
-# gets a slab round before its copy has run.
+# A correct fix worth its code should cost the host clearly less than the snapshots (half, say),
+# and no more than the racy buffers; the two observations say whether the slab ring met each bar
+# in this run. Where it is cheaper, that is one copy call instead of six and no allocator call; its
+# event wait returns at once, the ring being deeper than the steps in flight. This is one
+# configuration (6 small tensors, two steps in flight, this host), so the ratios are shown, not
+# asserted. Asserted on every run: 0 corrupted steps for the three fixes, at least one for the race.
+# A ring without events races once the host gets a slab round before its copy has run.
 #
 # ## The snapshot in real FlashInfer decode
 #
-# The decode loop of lesson 03 once more, with the snapshot instead of the pageable buffer, and
-# the reused pinned buffer again as the control.
+# Lesson 03's decode loop again, with the snapshot instead of the pageable buffer, and the reused
+# pinned buffer as the control.
 
 # %%
 print("FlashInfer compiles its decode kernel the first time it is used (JIT);")
@@ -1144,34 +1050,27 @@ pinlab.claim(
 )
 
 # %% [markdown]
-# The control's count of wrong steps need not match lesson 03's run of the same loop: it depends
-# on where the GPU was when each copy ran. What holds on every run is asserted above: the control
-# went wrong on some step, the snapshot on none.
+# The control's count of wrong steps need not match lesson 03's: it depends on where the GPU was
+# when each copy ran. What holds on every run is asserted: the control went wrong on some step, the
+# snapshot on none.
 #
 # ## The same hazard inside FlashInfer's `plan()`
 #
 # FlashInfer's decode wrapper computes its plan (which request and KV chunk each thread block
 # handles) on the host, writes it into **one pinned buffer per wrapper**
-# (`_pin_memory_int_workspace_buffer`) and copies it to the GPU with `cudaMemcpyAsync`: a reused
-# pinned buffer and an asynchronous copy, the pattern of lesson 03. Two `plan()` calls on one
-# wrapper while the GPU is behind, and the second may overwrite the first plan before its copy has
-# run; the first `run()` then works from the second plan. mini-sglang #103 describes exactly this
-# under overlap scheduling. This is
-# why the decode loops above use a ring of three wrappers and never re-plan one whose last plan
-# might still be queued.
+# (`_pin_memory_int_workspace_buffer`) and copies it to the GPU with `cudaMemcpyAsync`: lesson 03's
+# pattern. Two `plan()` calls on one wrapper while the GPU is behind, and the second may overwrite
+# the first plan before its copy has run; the first `run()` then uses the second plan. mini-sglang
+# #103 describes exactly this under overlap scheduling. Hence the decode loops above use a ring of
+# three wrappers and never re-plan one whose last plan might still be queued.
 #
-# A hazard like this can end in an illegal memory access, which kills the CUDA context of the
-# process: no later CUDA call in this notebook would work. So `l04.plan_hazard` runs it in
-# **child processes**, a fresh `python -c ...` each: a control (a sync between the two plans) and
-# the back-to-back case, both checked against the torch reference on batches from
-# `pinlab.paged_kv.random_batch`, and reports what happened as data. Both children start (and load
-# torch, CUDA and FlashInfer) at once and say when their set-up is done; the two hazards then run
-# one after the other, never together, and never beside a set-up. A child whose plans have not
-# finished `watchdog_s` seconds after they were queued (far longer than they need) reports "hung"
-# itself; the parent kills any child still running `timeout_s` after it was told to go (both are
-# given below; neither counts the child's start-up, which a JIT build or a busy machine can make
-# long). A child whose set-up does not finish within a generous start-up limit is reported
-# "unavailable", not tested, like a machine without FlashInfer.
+# Such a hazard can end in an illegal memory access, which kills the process's CUDA context. So
+# `l04.plan_hazard` runs it in **child processes** (a fresh `python -c ...` each): a control (a
+# sync between the two plans) and the back-to-back case, both checked against the torch reference
+# on batches from `pinlab.paged_kv.random_batch`. They set up together, then run one at a time. A
+# child whose plans are not done `watchdog_s` seconds after being queued reports "hung"; the parent
+# kills one still running `timeout_s` after its go (start-up not counted). A child whose set-up
+# misses a generous limit is "unavailable", not tested, like a machine without FlashInfer.
 
 # %%
 haz = pinlab.measure(
@@ -1206,42 +1105,12 @@ pinlab.claim(
 
 # %% [markdown]
 # Whatever the back-to-back outcome above (a crash, a hang, wrong output, or, with some batch
-# shapes, a lucky correct answer), the rule is the one of this lesson: a pinned buffer that is
-# rewritten while an asynchronous copy from it may still be queued is a race. Give each in-flight
-# plan its own wrapper (or its own buffer), or wait for the copy before re-planning.
+# shapes, a lucky correct answer), the rule holds: a pinned buffer rewritten while an asynchronous
+# copy from it may still be queued is a race. Give each in-flight plan its own wrapper (or
+# buffer), or wait for the copy before re-planning.
 
 # %%
-fw = {r["strategy"]: r for r in fr.result["rows"]}
-pinlab.show(
-    "which fix when, host µs per step (6 tensors; best "
-    "round median): racy / pageable / snapshot / slab ring",
-    " / ".join(
-        f"{min(fw[k]['round_medians_us']):.1f}"
-        for k in ("reused_pinned", "pageable", "snapshot", "slab_ring")
-    ),
-)
-pinlab.show(
-    "which fix when: the cheapest correct fix for 6 "
-    "small tensors, in this configuration on this run",
-    l04.FIX_LABELS[min(FIXES, key=lambda k: min(fw[k]["round_medians_us"]))],
-)
-big = pool.result["rows"][-1]
-pinlab.show(
-    f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
-    f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}",
-)
-pinlab.show(
-    "several tensors per step: the smallest step at "
-    "which the pageable copies took over half a GPU step",
-    fmt_bytes(min(waited)) if waited else "none measured",
-)
-pinlab.show(
-    "soak, cold / warmed / reserved: max host µs of a step",
-    " / ".join(
-        f"{passes[k]['max_us']:.0f}" if k in passes else "n/a"
-        for k in ("cold", "warmed", "reserved")
-    ),
-)
+l04.which_fix_when(f, pool.result["rows"], waited, passes)
 
 # %%
 pinlab.claim(
@@ -1252,23 +1121,19 @@ pinlab.claim(
 
 # %% [markdown]
 # ## What to remember
-# - Reuse a **pageable** buffer, and copy a `pin_memory()` **snapshot** of it with
-#   `non_blocking=True`: asynchronous and race-free.
-# - It is safe because the caching host allocator does not reuse a block until the event recorded
-#   after its copy has completed.
+# - Reuse a **pageable** buffer and copy a `pin_memory()` **snapshot** of it with
+#   `non_blocking=True`: asynchronous and race-free, because the caching host allocator does not
+#   reuse a block until the event recorded after its copy has completed.
 # - `pin_memory()` of a pinned tensor is the same tensor: no snapshot, the race stays.
-# - Its cold path is a `cudaHostAlloc` per new block, under a driver-wide lock: warm the cache, or
+# - The cold path is a `cudaHostAlloc` per new block, under a driver-wide lock: warm the cache, or
 #   reserve a pinned segment, before the loop.
-# - Which fix when (this run's numbers are printed just above):
-#   - one small tensor per step: pageable is correct and its staging is one `memcpy`, but it waits
-#     for the GPU once a step's copies add up to more than the driver stages (undocumented,
-#     driver-dependent; this run's crossing is printed just above), and sync checkers flag it;
+# - Which fix when (this run's numbers just above):
+#   - one small tensor per step: pageable is correct, staged with one `memcpy`, but waits for the
+#     GPU once a step's copies exceed what the driver stages, and sync checkers flag it;
 #   - several small tensors, the simplest safe change to existing code: a `pin_memory()` snapshot
 #     per tensor (the PR);
-#   - several small tensors, one copy call and no allocator per step: pack them into one pinned slab
-#     per step from a ring as deep as the steps in flight, guarded by events, one copy, views on
-#     the device (whether it was the cheapest on this machine: the "which fix when" line; measure
-#     it in your own configuration);
+#   - several small tensors, one copy and no allocator per step: one pinned slab per step from an
+#     event-guarded ring as deep as the steps in flight (measure it in your configuration);
 #   - never: a reused pinned buffer, a double buffer, or `pin_memory()` of a pinned buffer (they race).
 # - Any reused pinned buffer behind an async copy is the same hazard, FlashInfer's `plan()` included.
 #

@@ -46,13 +46,13 @@ from ..device import require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, random_batch, reference_decode
 from ..plots import MAX_WIDTH_IN, color_for, fmt_bytes, headroom, label_line, legend_outside, stacked, subplots
 from ..steploop import HISTORY, KiB, LABELS
-from ..timing import interleaved, split_steps
+from ..timing import interleaved, show, split_steps
 
 __all__ = ["snapshot_soak", "allocator_reuse", "pin_trap", "snapshot_cost", "history", "plan_hazard",
            "classify_child", "child_code", "run_children", "plot_history", "METADATA", "PER_TENSOR", "PerTensor",
            "metadata_loop", "fix_race", "shared_pool", "log_histogram", "soak_child_code", "plot_host_times",
            "plot_shared_pool", "plot_soak", "WHY", "COST_COLUMNS", "HISTORY_COLUMNS", "AUDIT_COLUMNS", "audit_rows",
-           "POOL_COLUMNS", "FIX_COLUMNS"]
+           "POOL_COLUMNS", "FIX_COLUMNS", "fix_rows", "which_fix_when"]
 
 # =============================================================================================
 # The notebook's reasons and table columns
@@ -133,9 +133,44 @@ POOL_COLUMNS = [("total_bytes", "per step", fmt_bytes), ("tensor_bytes", "per te
                 ("corrupted", "corrupted")]
 SOAK_COLUMNS = [("run", "run"), ("p50_us", "host µs p50", _us), ("p99_us", "p99", _us), ("p999_us", "p99.9", _us),
                 ("max_us", "max", _us), ("over_100us", "steps > 100 µs"), ("over_1ms", "steps > 1 ms"),
-                ("new_blocks", "new pinned blocks"), ("slow_allocs", "cudaHostAlloc calls")]
+                ("distinct_blocks", "pinned blocks used"), ("new_blocks", "new pinned blocks"),
+                ("slow_allocs", "cudaHostAlloc calls")]
 FIX_COLUMNS = [("label", "approach"), ("corrupted", "corrupted steps"), ("p50_us", "host µs median", _us),
+               ("round_medians", "round medians"), ("best_us", "best round", _us),
+               ("spread", "largest / smallest round", lambda v: f"{v:.2f}"),
                ("p10_us", "p10", _us), ("p90_us", "p90", _us), ("p99_us", "p99", _us), ("max_us", "max", _us)]
+
+
+def fix_rows(result: dict) -> list[dict]:
+    """:func:`fix_race`'s rows for :data:`FIX_COLUMNS`, each with its rounds: ``round_medians`` (host µs per
+    step, one median per round), ``best_us`` (the smallest: the approach's cost undisturbed, since disturbance
+    only adds) and ``spread`` (largest / smallest round median: the machine's noise, not the approach's)."""
+    rows = []
+    for r in result["rows"]:
+        meds = r["round_medians_us"]
+        rows.append(dict(r, round_medians=", ".join(f"{v:.1f}" for v in meds), best_us=min(meds),
+                         spread=max(meds) / min(meds)))
+    return rows
+
+
+def which_fix_when(fixes: dict, pool_rows: list, waited: list, passes: dict) -> None:
+    """The lesson's closing figures, one line each, from the runs above: :func:`fix_race`'s best rounds per
+    approach (``fixes``: its rows by strategy) and the cheapest correct fix, :func:`shared_pool`'s largest step
+    (``pool_rows``), the smallest step whose pageable copies waited (``waited``: step sizes in bytes), and
+    :func:`snapshot_soak`'s worst step per pass (``passes``)."""
+    order = ("reused_pinned", "pageable", "snapshot", "slab_ring")
+    best = {k: min(fixes[k]["round_medians_us"]) for k in order}
+    show("which fix when, host µs per step (6 tensors; best round median): racy / pageable / snapshot / slab ring",
+         " / ".join(f"{best[k]:.1f}" for k in order))
+    show("which fix when: the cheapest correct fix for 6 small tensors, in this configuration on this run",
+         FIX_LABELS[min(order[1:], key=best.get)])
+    big = pool_rows[-1]
+    show(f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
+         f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}")
+    show("several tensors per step: the smallest step at which the pageable copies took over half a GPU step",
+         fmt_bytes(min(waited)) if waited else "none measured")
+    show("soak, cold / warmed / reserved: max host µs of a step",
+         " / ".join(f"{passes[k]['max_us']:.0f}" if k in passes else "n/a" for k in SOAK_PASSES))
 
 
 def audit_rows(audit: dict) -> list[dict]:
