@@ -15,15 +15,10 @@ from nbtools import solution_namespace
 from pinlab.checks import l02 as checks02
 from pinlab.checks import l03 as checks03
 from pinlab.checks import l04 as checks04
-from test_checks_l03_l04 import RIGHT_LOOPS, WRONG_LOOPS
+from test_checks_l03_l04 import RIGHT_LOOPS, WRONG_LOOPS, sol03  # noqa: F401 - sol03: a fixture
 from test_checks_l04 import RECYCLED, SHALLOW, WRONG_EVENT, WRONG_SNAPSHOTS, _pool_snapshot, _reused_snapshot, _ring
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.fixture(scope="module")
-def sol03():
-    return solution_namespace("03_the_race")
 
 
 @pytest.fixture(scope="module")
