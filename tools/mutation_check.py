@@ -280,6 +280,14 @@ MUTATIONS: list[Mutation] = [
     M("checks.l08.pinned_gpu_unwatched", "lib/pinlab/checks/l08.py",
       "            if like_gpu or self.gpu_target(dev):", "            if False:",
       ["tests/test_checks_l08.py"], "torch.empty_like(gpu_tensor, pin_memory=True) passes", shared=False),
+    M("checks.l03.waits_timed_under_order", "lib/pinlab/checks/l03.py",
+      "    host_ms = (timed or h).host_ms", "    host_ms = h.host_ms",
+      ["tests/test_checks_l03_l04.py"], "on CUDA the host's waits are timed in the run the order verdict's hooks "
+      "slow down (a correct loop rejected, stop 55 on an H100)", shared=False),
+    M("checks.l09.spin_loop_unread", "lib/pinlab/checks/l09.py",
+      "        cls.query = _spin_query\n", "",
+      ["tests/test_checks_l09.py"], "`while not ev.query(): pass` passes on a GPU that keeps up (the loop never "
+      "spins)", shared=False),
     # the race detector (pinlab.races) and its pytest gate
     M("races.done_not_asked", "lib/pinlab/races.py",
       "        if found and not self._capturing:\n            for p in list(found):",
