@@ -530,3 +530,31 @@ def test_too_few_runs_ask_for_runs_only_not_another_quiet_pass(course):
     (cmd, what, _), = call["steps"]
     assert cmd == "python3 tools/gpu_suite.py --repeat 5 --stale --stability-only --only notebooks/02_two.ipynb"
 
+
+
+def test_gpu_unit_tests_that_passed_on_these_files_are_not_planned_again(course):
+    """Stop 56: a renewal over several calls ran the gpu unit tests in its first call, and the plan put them in the
+    next session's first call again (about 2 of its 27 device-minutes) though no file they depend on had changed.
+    latest.json's unit_tests records ``inputs_sha256`` (nbtools.unit_test_sha256: lib/, tests/, tools/,
+    conftest.py);
+    a plan leaves the unit tests out while it matches, and puts them back when one of those files changes."""
+    (course / "lib" / "pinlab" / "timing.py").write_text(LIB["timing.py"] + "# x\n")
+    latest_path = course / "reports" / "gpu" / "latest.json"
+    latest = json.loads(latest_path.read_text())
+    assert not plan.unit_tests_current(course)  # recorded before the hash was kept
+    latest["unit_tests"].update(passed=12, failed=0, failures=[], inputs_sha256=nbtools.unit_test_sha256(course))
+    latest_path.write_text(json.dumps(latest))
+    assert plan.unit_tests_current(course)
+    p = plan.make_plan(course)
+    (cmd, what, secs), = p["calls"][0]["steps"]
+    assert cmd == "python3 tools/gpu_suite.py --stale --no-unit-tests" and "unit tests" not in what
+    assert secs == plan.FIXED_S + 10.0 + 10.0
+    assert any("the gpu unit tests are left out" in ln for ln in plan.plan_lines(course))
+    (course / "tests").mkdir(exist_ok=True)
+    (course / "tests" / "test_new.py").write_text("def test_x():\n    pass\n")
+    assert not plan.unit_tests_current(course)
+    (cmd, what, _), = plan.make_plan(course)["calls"][0]["steps"]
+    assert cmd == "python3 tools/gpu_suite.py --stale" and "gpu unit tests" in what
+    latest["unit_tests"].update(inputs_sha256=nbtools.unit_test_sha256(course), failed=1)
+    latest_path.write_text(json.dumps(latest))
+    assert not plan.unit_tests_current(course)  # a failed run proves nothing

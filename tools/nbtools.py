@@ -180,6 +180,19 @@ def lib_sha256(root: Path = ROOT) -> str:
     return files_sha256(lib_files(root), root)
 
 
+def unit_test_files(root: Path = ROOT) -> list[str]:
+    """What decides the gpu unit tests: every lib/**/*.py, tests/**/*.py, tools/**/*.py (the tests import
+    nbtools, evidence, ...) and conftest.py, sorted."""
+    more = [p.relative_to(root).as_posix() for d in ("tests", "tools") for p in (root / d).rglob("*.py")]
+    return sorted(lib_files(root) + more + (["conftest.py"] if (root / "conftest.py").is_file() else []))
+
+
+def unit_test_sha256(root: Path = ROOT) -> str:
+    """The GPU report's ``unit_tests.inputs_sha256``: the rule of :func:`lib_sha256` over
+    :func:`unit_test_files`. The gpu unit tests that passed on these files need not run again."""
+    return files_sha256(unit_test_files(root), root)
+
+
 def deps_sha256(deps, root: Path = ROOT) -> str:
     """The GPU report's ``deps_sha256``: the rule of :func:`lib_sha256` over a notebook's ``deps`` only."""
     return files_sha256(deps, root)

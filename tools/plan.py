@@ -203,6 +203,14 @@ def _steps(work: dict, root: Path, unit_tests: bool, every: bool) -> list[tuple[
     return steps
 
 
+def unit_tests_current(root: Path = ROOT) -> bool:
+    """Whether the gpu unit tests recorded in latest.json passed on the files that decide them now
+    (:func:`nbtools.unit_test_sha256`): then no call needs to run them again."""
+    unit = (_load(root / "reports" / "gpu" / "latest.json") or {}).get("unit_tests") or {}
+    return (unit.get("failed") == 0 and not unit.get("failures") and (unit.get("passed") or 0) >= 1
+            and unit.get("inputs_sha256") == nbtools.unit_test_sha256(root))
+
+
 def make_plan(root: Path = ROOT) -> dict:
     """The plan: {status, calls: [{steps, seconds, covers}], carry}. The first call takes the plumbing's quiet pass
     (every stale notebook of a lesson whose experiment did not change) with the gpu unit tests; lessons whose
@@ -216,9 +224,10 @@ def make_plan(root: Path = ROOT) -> dict:
                   or any(r["stability"]["state"] == "renew" for r in by_lesson[k])]
     plumbing = [p for k, w in works.items() if k not in experiment for p in w["quiet"]]
     calls: list[dict] = []
+    units = not unit_tests_current(root)  # the first call runs them, unless they passed on these very files
 
     def cost(work, unit_tests):
-        return sum(s for _, _, s in _steps(work, root, unit_tests, False))
+        return sum(s for _, _, s in _steps(work, root, unit_tests and units, False))
 
     def merged(a, b):
         return {k: a[k] + b[k] for k in a}
@@ -241,11 +250,11 @@ def make_plan(root: Path = ROOT) -> dict:
     stale_quiet = sorted(r["path"] for r in recs if r["latest"])
     for k, call in enumerate(calls):
         every = len(calls) == 1 and sorted(call["work"]["quiet"]) == stale_quiet and not experiment
-        call["steps"] = _steps(call["work"], root, k == 0, every)
+        call["steps"] = _steps(call["work"], root, k == 0 and units, every)
         call["seconds"] = sum(s for _, _, s in call["steps"])
     carry = [r["path"] for r in recs if r["stability"]["state"] == "carry"
              or any(a["state"] == "carry" for a in r.get("adverse", {}).values())]
-    return {"status": recs, "calls": calls, "carry": carry}
+    return {"status": recs, "calls": calls, "carry": carry, "unit_tests_current": not units}
 
 
 def _join(steps) -> str:
@@ -306,6 +315,9 @@ def plan_lines(root: Path = ROOT) -> list[str]:
                      "slices, one lesson's experiment at a time, to land after each call)"))
         lines.append("on the GPU, one call per device command: python3 tools/gpu_suite.py --next-call 545 (inside "
                      "`timeout 565`; it runs call 1's commands, each with --budget of what is left)")
+        if plan["unit_tests_current"]:
+            lines.append("the gpu unit tests are left out: they passed on the GPU on these very lib/, tests/, tools/ "
+                         "and conftest.py files (latest.json's unit_tests.inputs_sha256)")
         if plan["carry"]:
             lines.append(f"{len(plan['carry'])} notebooks carry their stability and adverse runs forward if the quiet "
                          "pass claims what those runs claimed; where it does not, run --plan again after the call")
