@@ -30,6 +30,9 @@ START_S = 90.0         # a machine's start, the tree's transfer and the wheels' 
 SESSION_MIN = 30.0     # device-minutes a session has, earlier tries at the same work included
 FAILED_START_S = 90.0  # what a call that got no machine cost (measured: 91 s and 90 s on 2026-12-05)
 FIXED_S = 30.0         # one gpu_suite command: its set-up (the machine's facts in a child), its reports
+#: a --stability-only command's fixed part: no unit tests, no nbval (stop 56, H200: set-up 8.6 s and reports
+#: 0.4 s of 32.6 s; FIXED_S planned 51.6 s for it, x0.63, outside issue 44's +-30%)
+FIXED_STABILITY_S = 12.0
 UNIT_TESTS_S = 60.0    # the gpu unit tests, where latest.json recorded no time for them
 DEFAULT_S = 60.0       # a notebook never timed on the GPU
 ADVERSE_FACTOR = 2.5   # an adverse pass of all conditions at once against the quiet pass, where none was timed
@@ -131,7 +134,7 @@ def estimate(paths, kind: str, root: Path = ROOT, repeat: int = 1, unit_tests: b
     latest = _load(reports / "latest.json")
     quiet = quiet_seconds(latest)
     counts = dict(paths) if isinstance(paths, dict) else dict.fromkeys(paths, 1 if kind == "quiet" else repeat)
-    total = FIXED_S
+    total = FIXED_STABILITY_S if kind == "stability" else FIXED_S
     if kind in ("quiet", "stability"):
         total += sum(n * (quiet.get(p) or DEFAULT_S) for p, n in counts.items())
         if nbval:
