@@ -1,7 +1,9 @@
 """Run a file of CUDA tests in a pytest process of its own, and fail with its output if any failed: for tests that
 turn on torch's GPU trace (the order verdict does), which torch cannot turn off (docs/facts.md F22), so that the
-gpu tests after them in the suite's pytest process do not run under it. Used by tests/test_order.py
-(tests/cuda_order_child.py) and tests/test_checks_l09.py (tests/cuda_checks09_child.py)."""
+gpu tests after them in the suite's pytest process do not run under it (under it torch loses errors raised while it
+frees CUDA memory: docs/facts.md F24). Used by tests/test_order.py (tests/cuda_order_child.py),
+tests/test_checks_l03_l04.py (tests/cuda_checks03_04_child.py) and tests/test_checks_l09.py
+(tests/cuda_checks09_child.py)."""
 import os
 import subprocess
 import sys
@@ -36,10 +38,10 @@ def gpu_trace_on() -> bool:
 def trace_problem(nodeid: str, was_on: bool, now_on: bool, in_child: bool) -> str | None:
     """Why a test that turned torch's GPU trace on in the suite's process fails (None: it did not). Every
     test after it would run under the trace, where torch loses errors raised while it frees CUDA memory
-    ("SystemError: error return without exception set", docs/facts.md F22): it must run through :func:`run`."""
+    ("SystemError: error return without exception set", docs/facts.md F24): it must run through :func:`run`."""
     if was_on or not now_on or in_child:
         return None
     return (f"{nodeid} turned torch's GPU trace on in the test suite's process (pinlab.order on CUDA; torch "
             "cannot turn it off, and under it the tests after this one can get \"SystemError: error return "
-            "without exception set\" instead of torch's errors: docs/facts.md F22). Move it into a "
+            "without exception set\" instead of torch's errors: docs/facts.md F22, F24). Move it into a "
             "tests/cuda_*_child.py file run through gpu_child.run(), as tests/test_checks_l09.py does.")

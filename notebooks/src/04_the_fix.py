@@ -934,7 +934,7 @@ l04.plot_host_times(
 plt.show()
 
 # %%
-f = {r["strategy"]: r for r in fr.result["rows"]}
+f = {r["strategy"]: r for r in l04.fix_rows(fr.result)}
 racy_corrupted = f["reused_pinned"]["corrupted"]
 pinlab.show("reused pinned buffers (the race): corrupted steps", racy_corrupted)
 counts = sorted({r["steps"] for r in fr.result["rows"]})
@@ -957,9 +957,9 @@ pinlab.claim(
     why=l04.WHY.lead_025ms,
 )
 # each approach's rounds (the table above): its best round is its cost undisturbed
-spread = {k: max(f[k]["round_medians_us"]) / min(f[k]["round_medians_us"]) for k in f}
+spread = {k: f[k]["spread"] for k in f}
 noisiest = max(spread, key=spread.get)
-best = {k: min(f[k]["round_medians_us"]) for k in f}
+best = {k: f[k]["best_us"] for k in f}
 ratio = lambda a, b: f"{best[a] / best[b]:.2f}"  # noqa: E731
 cheapest = min(FIXES, key=best.get)
 pinlab.observe(
@@ -1110,7 +1110,7 @@ pinlab.claim(
 # buffer), or wait for the copy before re-planning.
 
 # %%
-l04.which_fix_when(f, pool.result["rows"], waited, passes)
+l04.which_fix_when(best, pool.result["rows"], waited, passes)
 
 # %%
 pinlab.claim(

@@ -153,17 +153,15 @@ def fix_rows(result: dict) -> list[dict]:
     return rows
 
 
-def which_fix_when(fixes: dict, pool_rows: list, waited: list, passes: dict) -> None:
-    """The lesson's closing figures, one line each, from the runs above: :func:`fix_race`'s best rounds per
-    approach (``fixes``: its rows by strategy) and the cheapest correct fix, :func:`shared_pool`'s largest step
-    (``pool_rows``), the smallest step whose pageable copies waited (``waited``: step sizes in bytes), and
-    :func:`snapshot_soak`'s worst step per pass (``passes``)."""
-    order = ("reused_pinned", "pageable", "snapshot", "slab_ring")
-    best = {k: min(fixes[k]["round_medians_us"]) for k in order}
+def which_fix_when(best: dict, pool_rows: list, waited: list, passes: dict) -> None:
+    """The lesson's closing figures, one line each, from the runs above: :func:`fix_race`'s best round per
+    approach (``best``: host µs by strategy, :func:`fix_rows`' ``best_us``) and the cheapest correct fix,
+    :func:`shared_pool`'s largest step (``pool_rows``), the smallest step whose pageable copies waited
+    (``waited``: step sizes in bytes), and :func:`snapshot_soak`'s worst step per pass (``passes``)."""
     show("which fix when, host µs per step (6 tensors; best round median): racy / pageable / snapshot / slab ring",
-         " / ".join(f"{best[k]:.1f}" for k in order))
+         " / ".join(f"{best[k]:.1f}" for k in FIX_LABELS))
     show("which fix when: the cheapest correct fix for 6 small tensors, in this configuration on this run",
-         FIX_LABELS[min(order[1:], key=best.get)])
+         FIX_LABELS[min((k for k in FIX_LABELS if k != "reused_pinned"), key=best.get)])
     big = pool_rows[-1]
     show(f"at {fmt_bytes(big['total_bytes'])} per step: pageable / snapshot host µs",
          f"{big['pageable_us']:.1f} / {big['snapshot_us']:.1f}")
