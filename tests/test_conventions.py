@@ -189,6 +189,19 @@ def test_notebook_code_fits_88_columns_and_is_ruff_formatted():
                                   + done.stdout[-2000:] + done.stderr[-1000:])
 
 
+def test_tools_and_tests_name_only_defined_names():
+    """A name used but never defined fails here, not on the GPU: stop 57's device call lost its quiet pass's
+    report to ``NameError: name 'root' is not defined`` in tools/gpu_suite.py, a path that only runs there.
+    ruff's F821 over tools/, tests/ and the pytest plugin (lib/pinlab's lesson modules are left out: ruff 0.17
+    flags names that lambdas and closures there take from their function)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F821", "--output-format", "concise",
+                           "tools", "tests", "conftest.py", "lib/pinlab_pytest.py"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, "names used but never defined:\n" + done.stdout[-2000:] + done.stderr[-1000:]
+
+
 def test_no_ok_line_and_checkers_return_nothing():
     """Issue 31: no ``ok = ...`` line swallows a return value in a lesson or solution source, and every lesson
     checker returns None (its ``.verdict`` returns the bool), so a checker ending a cell shows no ``Out: True``."""

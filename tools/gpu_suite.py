@@ -885,7 +885,7 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
     if unit is not None:
         if not executed:
             unit["seconds"] = round(phases["nbval + unit tests"], 1)
-        unit["inputs_sha256"] = nbtools.unit_test_sha256(root)  # tools/plan.py: no second run on the same files
+        unit["inputs_sha256"] = nbtools.unit_test_sha256()  # tools/plan.py: no second run on the same files
         print(f"    gpu unit tests: {unit['passed']} passed, {unit['failed']} failed, {unit['skipped']} skipped", flush=True)
         for line in unit["failures"]:
             print(f"      {line}")
