@@ -517,7 +517,7 @@ def test_a_plumbing_edit_lands_after_one_quiet_pass_end_to_end(tmp_path):
     assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-3000:]
 
 
-def test_too_few_runs_ask_for_runs_only_not_another_quiet_pass(course):
+def _three_runs_of_02(course, unit_tests_current=True):
     gpu = course / "reports" / "gpu"
     stab = json.loads((gpu / "stability.json").read_text())
     for e in stab["notebooks"]:
@@ -525,10 +525,31 @@ def test_too_few_runs_ask_for_runs_only_not_another_quiet_pass(course):
             e["runs"] = e["runs"][:3]
             e.update(evidence.aggregate_stability(e["runs"], nbtools.load(course / e["path"])))
     (gpu / "stability.json").write_text(json.dumps(stab))
+    if unit_tests_current:
+        latest = json.loads((gpu / "latest.json").read_text())
+        latest["unit_tests"].update(passed=12, failed=0, failures=[], inputs_sha256=nbtools.unit_test_sha256(course))
+        (gpu / "latest.json").write_text(json.dumps(latest))
+
+
+def test_too_few_runs_ask_for_runs_only_not_another_quiet_pass(course):
+    _three_runs_of_02(course)
     p = plan.make_plan(course)
     (call,) = p["calls"]
     (cmd, what, _), = call["steps"]
     assert cmd == "python3 tools/gpu_suite.py --repeat 5 --stale --stability-only --only notebooks/02_two.ipynb"
+
+
+def test_gpu_unit_tests_not_current_ride_with_the_quickest_quiet_pass_where_no_quiet_pass_is_stale(course):
+    """Stop 57: a test changed while only stability and adverse runs were left to renew, and the plan ran the gpu
+    unit tests nowhere (they go with a quiet pass, and no call had one). Now the first call gives them the quiet
+    pass of the notebook the recorded seconds say is quickest; with the unit tests current, no quiet pass."""
+    _three_runs_of_02(course, unit_tests_current=False)
+    assert not plan.unit_tests_current(course)
+    quick = plan.quickest(course)
+    assert quick in ("notebooks/01_one.ipynb", "notebooks/02_two.ipynb")
+    (first, then), = [c["steps"] for c in plan.make_plan(course)["calls"]]
+    assert first[0] == f"python3 tools/gpu_suite.py --only {quick}" and "gpu unit tests" in first[1]
+    assert then[0] == "python3 tools/gpu_suite.py --repeat 5 --stale --stability-only --only notebooks/02_two.ipynb"
 
 
 
