@@ -556,9 +556,9 @@ def test_gpu_unit_tests_not_current_ride_with_the_quickest_quiet_pass_where_no_q
 def test_gpu_unit_tests_that_passed_on_these_files_are_not_planned_again(course):
     """Stop 56: a renewal over several calls ran the gpu unit tests in its first call, and the plan put them in the
     next session's first call again (about 2 of its 27 device-minutes) though no file they depend on had changed.
-    latest.json's unit_tests records ``inputs_sha256`` (nbtools.unit_test_sha256: lib/, tests/, tools/,
-    conftest.py);
-    a plan leaves the unit tests out while it matches, and puts them back when one of those files changes."""
+    latest.json's unit_tests records ``inputs_sha256`` (nbtools.unit_test_sha256: lib/, tools/, conftest.py, the
+    tests' helpers, the gpu test files and the test files they import); a plan leaves the unit tests out while it
+    matches, and puts them back when one of those files changes."""
     (course / "lib" / "pinlab" / "timing.py").write_text(LIB["timing.py"] + "# x\n")
     latest_path = course / "reports" / "gpu" / "latest.json"
     latest = json.loads(latest_path.read_text())
@@ -573,6 +573,14 @@ def test_gpu_unit_tests_that_passed_on_these_files_are_not_planned_again(course)
     assert any("the gpu unit tests are left out" in ln for ln in plan.plan_lines(course))
     (course / "tests").mkdir(exist_ok=True)
     (course / "tests" / "test_new.py").write_text("def test_x():\n    pass\n")
+    assert plan.unit_tests_current(course)  # a test file with no gpu test, imported by none: no GPU run (stop 57)
+    (course / "tests" / "test_gpu.py").write_text("import pytest\nfrom test_new import *\n\n\n"
+                                                  "@pytest.mark.gpu\ndef test_y():\n    pass\n")
+    assert not plan.unit_tests_current(course)
+    latest["unit_tests"].update(inputs_sha256=nbtools.unit_test_sha256(course))
+    latest_path.write_text(json.dumps(latest))
+    assert plan.unit_tests_current(course)
+    (course / "tests" / "test_new.py").write_text("def test_x():\n    assert 1\n")  # a gpu test file imports it
     assert not plan.unit_tests_current(course)
     (cmd, what, _), = plan.make_plan(course)["calls"][0]["steps"]
     assert cmd == "python3 tools/gpu_suite.py --stale" and "gpu unit tests" in what

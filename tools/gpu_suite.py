@@ -463,10 +463,8 @@ def runs_needed(entry: dict | None, repeat: int, for_stability: bool, root=ROOT,
 
 
 def gpu_test_files() -> list[str]:
-    """tests/test_*.py files that mark a test ``gpu`` (collecting only those keeps the pytest run short)."""
-    marked = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\s*=.*\bmark\.gpu\b)|\bmarks\s*=\s*pytest\.mark\.gpu\b", re.M)
-    return [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py"))
-            if marked.search(p.read_text(encoding="utf-8"))]
+    """tests/test_*.py files that mark a test ``gpu`` (:func:`nbtools.gpu_test_files`)."""
+    return nbtools.gpu_test_files(ROOT)
 
 
 def one_line(exc: BaseException) -> str:

@@ -180,11 +180,38 @@ def lib_sha256(root: Path = ROOT) -> str:
     return files_sha256(lib_files(root), root)
 
 
+#: a tests/test_*.py that marks a test ``gpu`` (the GPU suite runs ``pytest -m gpu`` over those files only)
+GPU_MARKED = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\s*=.*\bmark\.gpu\b)|\bmarks\s*=\s*pytest\.mark\.gpu\b",
+                        re.M)
+_TEST_IMPORT = re.compile(r"^\s*(?:from|import)\s+(test_\w+)", re.M)
+
+
+def gpu_test_files(root: Path = ROOT) -> list[str]:
+    """tests/test_*.py files that mark a test ``gpu`` (collecting only those keeps the GPU suite's pytest short)."""
+    return [p.relative_to(root).as_posix() for p in sorted((root / "tests").glob("test_*.py"))
+            if GPU_MARKED.search(p.read_text(encoding="utf-8"))]
+
+
 def unit_test_files(root: Path = ROOT) -> list[str]:
-    """What decides the gpu unit tests: every lib/**/*.py, tests/**/*.py, tools/**/*.py (the tests import
-    nbtools, evidence, ...) and conftest.py, sorted."""
-    more = [p.relative_to(root).as_posix() for d in ("tests", "tools") for p in (root / d).rglob("*.py")]
-    return sorted(lib_files(root) + more + (["conftest.py"] if (root / "conftest.py").is_file() else []))
+    """What decides the gpu unit tests, sorted: every lib/**/*.py and tools/**/*.py (the tests import nbtools,
+    evidence, ...), conftest.py, the tests' modules that are not test files (tests/conftest.py, the CUDA children,
+    helpers), the gpu-marked test files (:func:`gpu_test_files`) and every test file those import, transitively.
+    A test file with no gpu test that none of them imports is left out: editing it asks no GPU run."""
+    tests = root / "tests"
+    todo = gpu_test_files(root) + [p.relative_to(root).as_posix() for p in sorted(tests.rglob("*.py"))
+                                   if not p.name.startswith("test_")]
+    seen: set[str] = set()
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for name in _TEST_IMPORT.findall((root / rel).read_text(encoding="utf-8")):
+            if (tests / f"{name}.py").is_file():
+                todo.append(f"tests/{name}.py")
+    more = [p.relative_to(root).as_posix() for p in (root / "tools").rglob("*.py")]
+    return sorted(set(lib_files(root) + more + sorted(seen)
+                      + (["conftest.py"] if (root / "conftest.py").is_file() else [])))
 
 
 def unit_test_sha256(root: Path = ROOT) -> str:

@@ -330,8 +330,8 @@ def plan_lines(root: Path = ROOT) -> list[str]:
         lines.append("on the GPU, one call per device command: python3 tools/gpu_suite.py --next-call 545 (inside "
                      "`timeout 565`; it runs call 1's commands, each with --budget of what is left)")
         if plan["unit_tests_current"]:
-            lines.append("the gpu unit tests are left out: they passed on the GPU on these very lib/, tests/, tools/ "
-                         "and conftest.py files (latest.json's unit_tests.inputs_sha256)")
+            lines.append("the gpu unit tests are left out: they passed on the GPU on these very files "
+                         "(latest.json's unit_tests.inputs_sha256, nbtools.unit_test_files)")
         if plan["carry"]:
             lines.append(f"{len(plan['carry'])} notebooks carry their stability and adverse runs forward if the quiet "
                          "pass claims what those runs claimed; where it does not, run --plan again after the call")
@@ -343,8 +343,8 @@ def plan_lines(root: Path = ROOT) -> list[str]:
                         f"{-left:.1f} more than that: land it over several sessions, in slices that each leave "
                         "`make test` passing"))
     if not plan["calls"] and not plan["unit_tests_current"]:
-        lines.append("the gpu unit tests have not passed on the GPU on these lib/, tests/, tools/ and conftest.py "
-                     "files: the next renewal's first call runs them (or `python3 tools/gpu_suite.py --only "
+        lines.append("the gpu unit tests have not passed on the GPU on these files (nbtools.unit_test_files): the "
+                     "next renewal's first call runs them (or `python3 tools/gpu_suite.py --only "
                      f"{quickest(root)}` on the GPU now)")
     lines.append(f"plan: {len(plan['calls'])} call(s), {total:.1f} device-minutes")
     return lines
