@@ -595,3 +595,17 @@ def test_a_stability_only_command_is_planned_with_its_own_fixed_part(course):
     assert plan.FIXED_STABILITY_S < plan.FIXED_S
     assert plan.estimate(["notebooks/01_one.ipynb"], "stability", course, repeat=4) == plan.FIXED_STABILITY_S + 4 * 10.0
     assert plan.estimate(["notebooks/01_one.ipynb"], "quiet", course) == plan.FIXED_S + 10.0
+
+
+def test_calls_sent_back_to_back_are_planned_with_one_start(course, monkeypatch):
+    """Stop 57: a call sent within 30 s of the last one's reply found the machine warm (396 s held for a 386 s
+    command): --plan says what the calls cost sent that way, one start and plan.WARM_S per later call."""
+    real = plan.make_plan(course)
+    fake = dict(real, calls=[{"steps": [("a", "x", 300.0)], "seconds": 300.0, "covers": ["n"]},
+                             {"steps": [("b", "y", 240.0)], "seconds": 240.0, "covers": ["m"]}])
+    monkeypatch.setattr(plan, "make_plan", lambda root=None: fake)
+    lines = plan.plan_lines(course)
+    warm = (plan.START_S + 540.0 + plan.WARM_S) / 60
+    assert any(ln.startswith("sent back to back") and f"about {warm:.1f} device-minutes, one start" in ln
+               for ln in lines), lines
+    assert lines[-1] == f"plan: 2 call(s), {(540.0 + 2 * plan.START_S) / 60:.1f} device-minutes"

@@ -29,6 +29,9 @@ CALL_LIMIT_S = 540.0   # one device call's command: 9 minutes (a call may run 10
 START_S = 90.0         # a machine's start, the tree's transfer and the wheels' install, per call
 SESSION_MIN = 30.0     # device-minutes a session has, earlier tries at the same work included
 FAILED_START_S = 90.0  # what a call that got no machine cost (measured: 91 s and 90 s on 2026-12-05)
+#: a call sent while the last one's machine is still warm (within its 30 s after a reply): transfers and the gap,
+#: no start (measured in stop 57: 396 s held for a 386 s command, 134 s for 126 s)
+WARM_S = 15.0
 FIXED_S = 30.0         # one gpu_suite command: its set-up (the machine's facts in a child), its reports
 #: a --stability-only command's fixed part: no unit tests, no nbval (stop 56, H200: set-up 8.6 s and reports
 #: 0.4 s of 32.6 s; FIXED_S planned 51.6 s for it, x0.63, outside issue 44's +-30%)
@@ -335,6 +338,11 @@ def plan_lines(root: Path = ROOT) -> list[str]:
         if plan["carry"]:
             lines.append(f"{len(plan['carry'])} notebooks carry their stability and adverse runs forward if the quiet "
                          "pass claims what those runs claimed; where it does not, run --plan again after the call")
+    if len(plan["calls"]) > 1:
+        warm = (START_S + sum(c["seconds"] for c in plan["calls"]) + WARM_S * (len(plan["calls"]) - 1)) / 60
+        lines.append(f"sent back to back, each within 30 s of the last one's reply (its res.tgz unpacked into the "
+                     f"checkout the device copies first), the machine stays warm: about {warm:.1f} device-minutes, "
+                     "one start")
     if plan["calls"]:
         left = SESSION_MIN - total
         lines.append(f"a session has {SESSION_MIN:.0f} device-minutes: "
