@@ -180,6 +180,18 @@ def lib_sha256(root: Path = ROOT) -> str:
     return files_sha256(lib_files(root), root)
 
 
+def closure(start, step) -> set:
+    """Everything reachable from ``start`` (an iterable) through ``step`` (an item -> the items it leads to),
+    ``start`` included: the files a file needs, transitively."""
+    todo, done = set(start), set()
+    while todo:
+        item = todo.pop()
+        if item not in done:
+            done.add(item)
+            todo |= set(step(item)) - done
+    return done
+
+
 #: a tests/test_*.py that marks a test ``gpu`` (the GPU suite runs ``pytest -m gpu`` over those files only)
 GPU_MARKED = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\s*=.*\bmark\.gpu\b)|\bmarks\s*=\s*pytest\.mark\.gpu\b",
                         re.M)
@@ -198,17 +210,11 @@ def unit_test_files(root: Path = ROOT) -> list[str]:
     helpers), the gpu-marked test files (:func:`gpu_test_files`) and every test file those import, transitively.
     A test file with no gpu test that none of them imports is left out: editing it asks no GPU run."""
     tests = root / "tests"
-    todo = gpu_test_files(root) + [p.relative_to(root).as_posix() for p in sorted(tests.rglob("*.py"))
-                                   if not p.name.startswith("test_")]
-    seen: set[str] = set()
-    while todo:
-        rel = todo.pop()
-        if rel in seen:
-            continue
-        seen.add(rel)
-        for name in _TEST_IMPORT.findall((root / rel).read_text(encoding="utf-8")):
-            if (tests / f"{name}.py").is_file():
-                todo.append(f"tests/{name}.py")
+    start = gpu_test_files(root) + [p.relative_to(root).as_posix() for p in sorted(tests.rglob("*.py"))
+                                    if not p.name.startswith("test_")]
+    seen = closure(start, lambda rel: {f"tests/{name}.py" for name in
+                                       _TEST_IMPORT.findall((root / rel).read_text(encoding="utf-8"))
+                                       if (tests / f"{name}.py").is_file()})
     more = [p.relative_to(root).as_posix() for p in (root / "tools").rglob("*.py")]
     return sorted(set(lib_files(root) + more + sorted(seen)
                       + (["conftest.py"] if (root / "conftest.py").is_file() else [])))

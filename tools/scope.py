@@ -287,14 +287,8 @@ def _experiment_files(path: Path, root: Path, nb: dict, state: tuple) -> list[st
         dirs = ("lessons", "checks") if path.parent.name in ("solutions", "exercises") else ("lessons",)
         todo |= {p.relative_to(root).as_posix() for d in dirs for p in (root / PKG / d).glob("*.py")
                  if lesson_id(p) == lid}
-    done: set[str] = set()
-    while todo:
-        rel = todo.pop()
-        if rel in done:
-            continue
-        done.add(rel)
-        todo |= {t for t in module_targets(rel, root, state) if _experiment_kind(t)} - done
-    return sorted(done)
+    return sorted(nbtools.closure(todo, lambda rel: {t for t in module_targets(rel, root, state)
+                                                     if _experiment_kind(t)}))
 
 
 def unclassified(root: Path = ROOT) -> list[str]:
