@@ -443,6 +443,18 @@ def test_aggregate_stability_counts_passes_and_spreads():
     assert summary.index("'copy'") < summary.index("'idle share'")  # 12222% spread before 100%
 
 
+def test_stability_spreads_compare_numbers_of_lines_of_one_shape():
+    """Stop 57: solution 05's "recorded run" line changed GPU ("NVIDIA H200, 2026-12-02" five times, then "NVIDIA
+    H100 80GB HBM3, 2026-12-05"), and its numbers were compared by position: 80 against 2026, 2026 against 12,
+    reported as a 16783% spread. Numbers are compared among lines of the same shape only."""
+    runs = [{"lines": [{"cell": 6, "kind": "[measured]", "label": "recorded run", "occurrence": 0, "value": v}],
+             "first_error": None, "passed": [], "failed": []}
+            for v in ["NVIDIA H200, 2026-12-02"] * 5 + ["NVIDIA H100 80GB HBM3, 2026-12-05"]]
+    (m,) = evidence.aggregate_stability(runs, {"cells": []})["measured"]
+    assert all(n["min"] == n["max"] for n in m["numbers"]), m["numbers"]
+    assert [n["runs"] for n in m["numbers"]] == [5, 5, 5, 1, 1, 1, 1]
+
+
 def _capture(nb, outcomes, path="notebooks/00_x.ipynb", sha=None, stdout=None, errors=None):
     """A made-up nbval capture of ``nb`` (conftest.py's records): ``outcomes`` {cell index: outcome} (code cells
     left out were never captured), ``stdout`` {index: text} (default: the cell's stored stdout)."""

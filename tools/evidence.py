@@ -390,15 +390,17 @@ def aggregate_stability(runs: list[dict], nb: dict) -> dict:
             groups.setdefault((ln["cell"], ln["kind"], ln["label"], ln["occurrence"]), []).append(ln["value"])
     measured = []
     for (cell, kind, label, occ), values in sorted(groups.items()):
-        per_pos: list = []
+        # the k-th number of values of one shape (the text around the numbers): "NVIDIA H200, 2026-12-02" and
+        # "NVIDIA H100 80GB HBM3, 2026-12-05" are two shapes, so 80 GB is not read as a day (stop 57: "16783%")
+        per_pos: dict = {}
         for v in values:
+            shape = _NUMBER.sub("#", v)
             for k, (x, unit) in enumerate(numbers_of(v)):
-                if k >= len(per_pos):
-                    per_pos.append({"unit": unit, "xs": []})
-                if per_pos[k]["unit"] == unit:
-                    per_pos[k]["xs"].append(x)
+                pos = per_pos.setdefault((shape, k), {"unit": unit, "xs": []})
+                if pos["unit"] == unit:
+                    pos["xs"].append(x)
         numbers = [{"unit": p["unit"], "min": _round(min(p["xs"])), "median": _round(statistics.median(p["xs"])),
-                    "max": _round(max(p["xs"])), "runs": len(p["xs"])} for p in per_pos if p["xs"]]
+                    "max": _round(max(p["xs"])), "runs": len(p["xs"])} for p in per_pos.values() if p["xs"]]
         measured.append({"cell": cell, "kind": kind, "label": label, "occurrence": occ, "runs": len(values),
                          "example": values[-1][:200], "numbers": numbers})
     failures = [dict(r["first_error"], run=k + 1, utc=r.get("utc")) for k, r in enumerate(runs) if r["first_error"]]
