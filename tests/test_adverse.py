@@ -494,3 +494,23 @@ def test_adverse_passes_of_a_and_b_are_stability_runs(tree, monkeypatch):
     merged, _ = evidence.merge_stability([], entries, set(NBS), tree)
     assert merged[0]["n"] == 4 and merged[0]["assert_cells"] == [
         {"cell": 3, "passed": 3, "of": 4, "assert": "assert pkg.a.X == 1"}]
+
+
+def test_an_adverse_renewal_is_held_against_the_estimate_of_what_ran(tmp_path, monkeypatch):
+    """Stop 57: --budget left 2 of 3 notebooks out, and renewals.json held 76 s of one notebook against 203 s
+    planned for three (x0.37). The record's planned seconds and notebooks are those of the notebooks that ran."""
+    recs = []
+    monkeypatch.setattr(adverse.plan, "record_renewal", lambda *a, **k: recs.append(a) or
+                        {"planned_s": a[2], "actual_s": a[3], "ratio": None})
+    monkeypatch.setattr(adverse, "fit_budget", lambda rels, *a, **k: (rels[:1], rels[1:]))
+    monkeypatch.setattr(adverse, "run_adverse_group", lambda *a, **k: [])
+    monkeypatch.setattr(adverse, "REPORTS", tmp_path)
+    only = ["03_the_race", "05_pinned_weight_restore", "07_capstone_audit"]
+    args = types.SimpleNamespace(only=only, adverse=[], adverse_together=False, adverse_all_together=True,
+                                 cpu_dry_run=False, budget=500.0)
+    adverse.run_adverse(args, ["--adverse-all-together"], {"gpu": "a GPU", "torch": "x", "flashinfer": None},
+                        time.perf_counter())
+    (_, kind, planned, _, notebooks), = [r[:5] for r in recs]
+    assert kind == "adverse" and notebooks == ["notebooks/03_the_race.ipynb"]
+    assert planned == round(adverse.plan.estimate(["notebooks/03_the_race.ipynb"], "adverse"), 1)
+    assert planned < adverse.plan.estimate([f"notebooks/{n}.ipynb" for n in only], "adverse")
