@@ -641,10 +641,10 @@ pinlab.claim(
 # locked in host RAM (each block rounded up to a power of two), which the OS can neither swap nor
 # give to anyone else.
 #
-# The warm sleep is the pinned restore again, so the same 90% goal holds at more sizes (observed
-# for 256 MiB and up), though its time also includes dropping the GPU copies and
-# `torch.cuda.empty_cache()` (freed GPU memory back to the driver): part of a sleep's cost,
-# counted against its ratio.
+# The warm sleep is the pinned restore again, so the same 90% goal applies at more sizes (the
+# lines above say where this run reached it), though its time also includes dropping the GPU
+# copies and `torch.cuda.empty_cache()` (freed GPU memory back to the driver): part of a sleep's
+# cost, counted against its ratio, the more the smaller the model.
 #
 # ## When *not* to pin
 # - **Host RAM is short.** A 70B model in bf16 is 140 GB; pinned and rounded up, it can lock far
