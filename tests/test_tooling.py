@@ -747,3 +747,45 @@ def test_suites_started_at_once_add_their_stability_runs_under_one_lock(tmp_path
     for t in threads:
         t.join()
     assert sorted(json.loads(path.read_text())) == sorted([0, 1, 2] * 40)
+
+
+def test_the_gpu_unit_tests_run_on_several_workers_only_without_a_notebook(monkeypatch):
+    """Issue 44: a core change renews the quiet pass of all 20 notebooks (459 s) and the gpu unit tests (110-117 s
+    one after another, stops 57-58): two calls, where one of at most 9 minutes is asked. The unit tests run on
+    pytest-xdist workers when no notebook shares their pytest run; a notebook in it (--nbval) keeps it serial, since
+    each notebook must be alone on the GPU; where pytest-xdist is missing, serial, said."""
+    import importlib.util
+
+    import gpu_suite
+
+    files = ["tests/test_a.py", "tests/test_b.py", "tests/test_c.py"]
+    assert gpu_suite.unit_test_workers([], files) == 3  # at most one worker per file
+    assert gpu_suite.unit_test_workers([], files + ["tests/test_d.py", "tests/test_e.py"]) == gpu_suite.UNIT_TEST_WORKERS
+    assert gpu_suite.unit_test_workers(["notebooks/01_x.ipynb"], files) == 1
+    assert gpu_suite.unit_test_workers([], files, asked=1) == 1
+    assert gpu_suite.unit_test_workers([], []) == 1
+    with pytest.raises(ValueError, match="--unit-test-workers must be at least 1"):
+        gpu_suite.unit_test_workers([], files, asked=0)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xdist" else real(name, *a))
+    assert gpu_suite.unit_test_workers([], files) == 1
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_suite.py"), "--unit-test-workers", "0"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--unit-test-workers must be at least 1" in r.stderr
+
+
+def test_a_pytest_pass_on_workers_counts_each_test_once(tmp_path):
+    """The pytest log ($PINLAB_PYTEST_LOG) gets each report from the worker that ran it and again from the controller
+    that received it: the unit test counts of a pass on two workers equal those of the same pass run serially."""
+    import argparse
+
+    import gpu_suite
+
+    files = ["tests/test_h2d.py", "tests/test_streams_cuda.py"]
+    counts = {}
+    for workers in (1, 2):
+        args = argparse.Namespace(cell_timeout=60, unit_test_workers=workers)
+        _, unit, _, _ = gpu_suite.pytest_pass([], files, args, tmp_path / f"nbval{workers}.log", require_gpu=False)
+        counts[workers] = {k: unit[k] for k in ("passed", "failed", "skipped")}
+        assert unit["workers"] == workers and ("-n 2" in unit["command"]) == (workers == 2)
+    assert counts[1] == counts[2] and sum(counts[1].values()) > 0, counts
