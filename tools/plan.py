@@ -59,10 +59,15 @@ def quiet_seconds(latest: dict | None) -> dict:
 
 
 def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path = ROOT) -> dict:
-    """Per notebook, the estimated seconds of its adverse passes, all conditions at once: its quiet seconds times
-    the median slow-down of the notebooks whose adverse runs are of their current source, up to its code's layout
-    (scope.same_form), or :data:`ADVERSE_FACTOR`; or its longest recorded pass under any condition, whichever is
-    longer (an older version's runs still tell how the notebook takes sharing: lesson 04's soak slows down 5x)."""
+    """Per notebook, the estimated seconds of its adverse passes, all conditions at once: its longest recorded pass
+    under any condition, of whatever version (its own runs tell how it takes sharing: lesson 04's soak slows down
+    3.6x, lesson 09 not at all), but not less than its quiet seconds now; for a notebook never run under them, its
+    quiet seconds times the median slow-down of the notebooks whose adverse runs are of their current source, up
+    to its code's layout (scope.same_form), or :data:`ADVERSE_FACTOR`. Stop 58 (H100): that median slow-down
+    (2.1x) had been applied to every notebook, and lesson 09's pass was planned at 153 s and took 81.5 s (x0.56);
+    each notebook's own longest pass, with the quiet floor and :data:`FIXED_S`, plans this stop's four adverse
+    commands at x0.91-x1.06 of what they took (04: 236 s for 248; 05, 07 and 08: 233 for 212; 09: 94 for 100 and
+    99 for 103)."""
     recorded: dict = {}
     current: set = set()
     for c in (adverse or {}).get("conditions", []):
@@ -77,7 +82,7 @@ def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path
     quiet = quiet_seconds(latest)
     ratios = sorted(recorded[p] / quiet[p] for p in current & set(recorded) if quiet.get(p))
     factor = ratios[len(ratios) // 2] if ratios else ADVERSE_FACTOR
-    return {p: max(factor * quiet.get(p, 0.0), recorded.get(p, 0.0))
+    return {p: max(recorded[p], quiet.get(p, 0.0)) if p in recorded else factor * quiet.get(p, 0.0)
             for p in set(recorded) | {q for q in quiet if q.startswith("notebooks/")}}
 
 
