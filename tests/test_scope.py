@@ -387,12 +387,51 @@ def test_the_form_of_code_is_its_syntax_comments_and_magics():
         {"cells": [dict(md, source="Some text"), code]})  # Markdown is read as written
 
 
+def test_a_sentence_fixed_renews_the_quiet_pass_and_carries_the_runs(course):
+    """Stop 58: Markdown is not run. A notebook whose prose changed (a sentence fixed, a Markdown cell added) keeps
+    its code's form (nbtools.code_form_sha256), so it renews its quiet pass only, and its stability and adverse runs
+    carry forward where that pass claims what they claimed; lesson 09's one new sentence had asked for all its runs
+    (7.2 device-minutes where its quiet pass is 1.7). A cell inserted before a claim moves the claim's cell number,
+    so the quiet pass claims otherwise (evidence.claims_of numbers the cells) and the runs are asked for."""
+    rel = "notebooks/01_one.ipynb"
+    nb = nbtools.load(course / rel)
+    before = nbtools.code_form_sha256(nb)
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": "The ring's *second* slot."})
+    nbtools.save(nb, course / rel)
+    assert nbtools.code_form_sha256(nbtools.load(course / rel)) == before
+    found = problems(course)
+    assert found and all("01_one" in p and "quiet pass is stale too" in p for p in found), found
+    assert any(f"{rel}'s prose or its code's layout changed" in p for p in found), found
+    lines = plan.plan_lines(course)
+    assert lines[-1].startswith("plan: 1 call(s), ") and not any("--adverse" in ln for ln in lines), lines
+    requote(course, rel)
+    assert problems(course) == []
+    requote(course, rel, claims=[{"cell": 1, "text": "corrupted steps", "value": "1"}])
+    assert problems(course), "a quiet pass that claims otherwise carries nothing"
+    _edit_cell(course, rel, 1, "pinlab.claim('corrupted steps', m.corrupted() == 1)")
+    requote(course, rel)
+    assert any(f"{rel} changed after its runs" in p for p in problems(course)), "changed code asks for the runs"
+
+
+def test_the_form_of_a_notebooks_code_leaves_its_prose_out():
+    code = _cell("x = 1")
+    md = {"cell_type": "markdown", "metadata": {}, "source": "Some text."}
+    base = nbtools.code_form_sha256({"cells": [md, code]})
+    assert nbtools.code_form_sha256({"cells": [dict(md, source="Other text."), code]}) == base
+    assert nbtools.code_form_sha256({"cells": [code]}) == base
+    assert nbtools.code_form_sha256({"cells": [md, _cell("x = 2")]}) != base
+    assert nbtools.code_form_sha256({"cells": [md, code, _cell("y = 1")]}) != base
+    assert nbtools.code_form_sha256({"cells": [md, _cell("x = 1  # why")]}) != base  # a comment is code's
+
+
 def test_every_recorded_entry_keeps_its_sources_form():
     """What lets a formatter's pass carry the runs: every stability and adverse entry of a notebook records the form
     of the source it ran (scope.record_missing_scope added it to the entries recorded before 2026-12-05)."""
     for e in _json("stability.json")["notebooks"] + [e for c in _json("adverse.json")["conditions"]
                                                       for e in c["notebooks"]]:
         assert len(e.get("source_form_sha256") or "") == 64, e["path"]
+        if e["source_sha256"] == nbtools.source_sha256(nbtools.load(ROOT / e["path"])):
+            assert len(e.get("code_form_sha256") or "") == 64, e["path"]  # scope.py --record adds it
 
 
 def test_the_plan_for_a_plumbing_edit_is_one_call_of_at_most_nine_minutes(course):

@@ -413,7 +413,8 @@ MAX_RUNS = 20  # runs kept per notebook in stability.json (the latest ones)
 def merge_stability(old: list[dict], new: list[dict], keep_paths, root: Path = ROOT,
                     max_runs: int = MAX_RUNS, stale=None, dead=None) -> tuple[list[dict], list[str]]:
     """stability.json's entries after a run: for a notebook of this run whose old entry still holds (``stale``, as
-    :func:`merge_entries`: same source, or scoped the same up to its code's layout (``source_form_sha256``), and
+    :func:`merge_entries`: same source, or scoped the same up to its code's layout (``source_form_sha256``) or its
+    prose (``code_form_sha256``), and
     its deps unchanged or, scoped, its experiment unchanged and its claims those of the quiet pass now), the new
     runs are added to the old ones (the last ``max_runs`` kept) and
     everything is aggregated again, with the new entry's scope (its deps, experiment files and claims: those of the
@@ -426,7 +427,8 @@ def merge_stability(old: list[dict], new: list[dict], keep_paths, root: Path = R
         prev = olds.get(e["path"])
         if prev is not None and prev.get("runs") and stale(prev) is None and (
                 prev.get("source_sha256") == e["source_sha256"]
-                or nbtools.same_form(prev, e.get("source_form_sha256"))):
+                or nbtools.same_form(prev, e.get("source_form_sha256"))
+                or nbtools.same_code(prev, e.get("code_form_sha256"))):
             runs = (prev["runs"] + e["runs"])[-max_runs:]
             deps = sorted(set(prev["deps"]) | set(e["deps"]))
             e = dict(e, runs=runs, deps=deps, deps_sha256=nbtools.deps_sha256(deps, root))

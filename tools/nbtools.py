@@ -153,6 +153,21 @@ def source_form_sha256(nb: dict) -> str:
     return hashlib.sha256("\n\n".join(parts).encode("utf-8")).hexdigest()
 
 
+def code_form_sha256(nb: dict) -> str:
+    """sha256 of the notebook's code as its stability and adverse runs see it: each code cell's :func:`code_form`
+    (of :func:`evidence_source`), in order; Markdown left out. Equal for two versions that differ only in their prose
+    or in the layout of their code: a sentence fixed renews the quiet pass (its ``source_sha256`` changed) and
+    carries the runs where that pass claims what they claimed, as a formatter's pass does (tools/scope.py)."""
+    parts = [code_form(evidence_source(c)) for c in nb["cells"] if c.get("cell_type") == "code"]
+    return hashlib.sha256("\n\n".join(parts).encode("utf-8")).hexdigest()
+
+
+def same_code(entry: dict, form: str | None) -> bool:
+    """Whether a GPU report entry was recorded for a notebook whose code has the form ``form``
+    (:func:`code_form_sha256`): False for an entry recorded before that form was kept."""
+    return bool(entry.get("code_form_sha256")) and entry["code_form_sha256"] == form
+
+
 def same_form(entry: dict, form: str | None) -> bool:
     """Whether a GPU report entry was recorded for a source of form ``form`` (:func:`source_form_sha256`): False
     for an entry recorded before the form was kept."""

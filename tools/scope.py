@@ -306,7 +306,7 @@ def scope_fields(rel: str, deps, claims: list, kind: str, root: Path = ROOT, nb:
     latest.json (the pass's own), its hash (evidence.claims_sha256) in the others (their baseline)."""
     nb = nbtools.load(root / rel) if nb is None else nb
     out = {"experiment": nbtools.files_map(experiment_files(rel, root, nb), root),
-           "source_form_sha256": nbtools.source_form_sha256(nb)}
+           "source_form_sha256": nbtools.source_form_sha256(nb), "code_form_sha256": nbtools.code_form_sha256(nb)}
     if kind != "adverse":
         out["deps_files"] = nbtools.files_map(deps, root)
     if kind == "latest":
@@ -344,8 +344,10 @@ def experiment_problem(entry: dict, root: Path = ROOT) -> str | None:
 
 def same_form(entry: dict, nb: dict) -> bool:
     """Whether ``nb`` is the source an entry's runs were taken with, up to the layout of its code
-    (nbtools.source_form_sha256: a formatter's pass). An entry recorded before the form was kept has none."""
-    return nbtools.same_form(entry, nbtools.source_form_sha256(nb))
+    (nbtools.source_form_sha256: a formatter's pass) and its prose (nbtools.code_form_sha256: Markdown is not run).
+    An entry recorded before a form was kept has none of it."""
+    return (nbtools.same_form(entry, nbtools.source_form_sha256(nb))
+            or nbtools.same_code(entry, nbtools.code_form_sha256(nb)))
 
 
 def scoped_problem(entry: dict, latest: dict | None, root: Path = ROOT) -> str | None:
@@ -366,7 +368,10 @@ def _plumbing_problem(entry: dict, latest: dict | None, root: Path) -> str | Non
     rel = entry.get("path", "?")
     plumbing = nbtools.changed_files(entry.get("deps_files") or {}, root)
     if entry.get("source_sha256") != nbtools.source_sha256(nbtools.load(root / rel)):
-        plumbing = [f"the layout of {rel}'s code"] + plumbing  # experiment_problem found the same form
+        # experiment_problem found the same form: its code's layout changed, or its prose
+        nb = nbtools.load(root / rel)
+        layout = nbtools.same_form(entry, nbtools.source_form_sha256(nb))
+        plumbing = [f"the layout of {rel}'s code" if layout else f"{rel}'s prose or its code's layout"] + plumbing
     plumbing = plumbing or ["one of its deps"]
     if latest is None:
         return f"{rel}: {', '.join(plumbing)} changed and latest.json has no quiet pass of it to compare claims with"
@@ -449,8 +454,9 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
     they can be proven from the current files: the entry holds with every dep unchanged (evidence.freshness), so
     its experiment files and deps are today's; its claims are those of the committed notebook, the output of the
     quiet pass on these same files (whose latest.json entry must hold too). An entry with its scope but not its
-    source's form (``source_form_sha256``, kept since 2026-12-05) gets the form of today's source where that is the
-    very source it recorded (the same ``source_sha256``). ``kind``: "latest", "stability" or
+    source's form (``source_form_sha256``, kept since 2026-12-05) or its code's (``code_form_sha256``, since stop 58)
+    gets the form of today's source where that is the very source it recorded (the same ``source_sha256``).
+    ``kind``: "latest", "stability" or
     "adverse". Returns what was recorded, one line per entry; entries that do not hold are left as they are."""
     rows = latest_rows(latest)
     done = []
@@ -460,11 +466,15 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
         entries = report.get("notebooks", [])
     for e in entries:
         rel = e.get("path")
-        if rel and "experiment" in e and "source_form_sha256" not in e and (root / rel).exists():
+        if rel and "experiment" in e and not ("source_form_sha256" in e and "code_form_sha256" in e) \
+                and (root / rel).exists():
             nb = nbtools.load(root / rel)
-            if e.get("source_sha256") == nbtools.source_sha256(nb):  # the very source: its form is today's
-                e["source_form_sha256"] = nbtools.source_form_sha256(nb)
-                done.append(f"{kind}: {rel}: its source's form {e['source_form_sha256'][:16]}")
+            if e.get("source_sha256") == nbtools.source_sha256(nb):  # the very source: its forms are today's
+                for key, form in (("source_form_sha256", nbtools.source_form_sha256),
+                                  ("code_form_sha256", nbtools.code_form_sha256)):
+                    if key not in e:
+                        e[key] = form(nb)
+                        done.append(f"{kind}: {rel}: its {key[:-7].replace('_', ' ')} {e[key][:16]}")
             continue
         if "experiment" in e or not rel or evidence.freshness(e, root) is not None:
             continue
