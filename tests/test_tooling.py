@@ -774,6 +774,7 @@ def test_the_gpu_unit_tests_run_on_several_workers_only_without_a_notebook(monke
     assert r.returncode == 2 and "--unit-test-workers must be at least 1" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_pytest_pass_on_workers_counts_each_test_once(tmp_path):
     """The pytest log ($PINLAB_PYTEST_LOG) gets each report from the worker that ran it and again from the controller
     that received it: the unit test counts of a pass on two workers equal those of the same pass run serially."""

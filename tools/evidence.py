@@ -427,8 +427,7 @@ def merge_stability(old: list[dict], new: list[dict], keep_paths, root: Path = R
         prev = olds.get(e["path"])
         if prev is not None and prev.get("runs") and stale(prev) is None and (
                 prev.get("source_sha256") == e["source_sha256"]
-                or nbtools.same_form(prev, e.get("source_form_sha256"))
-                or nbtools.same_code(prev, e.get("code_form_sha256"))):
+                or nbtools.same_form(prev, {key: e.get(key) for key in nbtools.FORMS})):
             runs = (prev["runs"] + e["runs"])[-max_runs:]
             deps = sorted(set(prev["deps"]) | set(e["deps"]))
             e = dict(e, runs=runs, deps=deps, deps_sha256=nbtools.deps_sha256(deps, root))

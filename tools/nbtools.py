@@ -162,16 +162,20 @@ def code_form_sha256(nb: dict) -> str:
     return hashlib.sha256("\n\n".join(parts).encode("utf-8")).hexdigest()
 
 
-def same_code(entry: dict, form: str | None) -> bool:
-    """Whether a GPU report entry was recorded for a notebook whose code has the form ``form``
-    (:func:`code_form_sha256`): False for an entry recorded before that form was kept."""
-    return bool(entry.get("code_form_sha256")) and entry["code_form_sha256"] == form
+#: the forms a GPU report entry keeps of the notebook it ran, by key: the whole source up to its code's layout, and
+#: its code alone (prose left out)
+FORMS = {"source_form_sha256": source_form_sha256, "code_form_sha256": code_form_sha256}
 
 
-def same_form(entry: dict, form: str | None) -> bool:
-    """Whether a GPU report entry was recorded for a source of form ``form`` (:func:`source_form_sha256`): False
-    for an entry recorded before the form was kept."""
-    return bool(entry.get("source_form_sha256")) and entry["source_form_sha256"] == form
+def forms(nb: dict) -> dict[str, str]:
+    """{key: form} of a notebook, for every form of :data:`FORMS`."""
+    return {key: form(nb) for key, form in FORMS.items()}
+
+
+def same_form(entry: dict, forms_now: dict) -> bool:
+    """Whether a GPU report entry was recorded for a notebook with one of these forms (``forms_now``: {key: form},
+    keys of :data:`FORMS`): False for a form the entry did not keep (recorded before it was kept)."""
+    return any(entry.get(key) and entry[key] == form for key, form in forms_now.items())
 
 
 def files_sha256(rel_paths, root: Path = ROOT) -> str:

@@ -306,7 +306,7 @@ def scope_fields(rel: str, deps, claims: list, kind: str, root: Path = ROOT, nb:
     latest.json (the pass's own), its hash (evidence.claims_sha256) in the others (their baseline)."""
     nb = nbtools.load(root / rel) if nb is None else nb
     out = {"experiment": nbtools.files_map(experiment_files(rel, root, nb), root),
-           "source_form_sha256": nbtools.source_form_sha256(nb), "code_form_sha256": nbtools.code_form_sha256(nb)}
+           **nbtools.forms(nb)}
     if kind != "adverse":
         out["deps_files"] = nbtools.files_map(deps, root)
     if kind == "latest":
@@ -346,8 +346,7 @@ def same_form(entry: dict, nb: dict) -> bool:
     """Whether ``nb`` is the source an entry's runs were taken with, up to the layout of its code
     (nbtools.source_form_sha256: a formatter's pass) and its prose (nbtools.code_form_sha256: Markdown is not run).
     An entry recorded before a form was kept has none of it."""
-    return (nbtools.same_form(entry, nbtools.source_form_sha256(nb))
-            or nbtools.same_code(entry, nbtools.code_form_sha256(nb)))
+    return nbtools.same_form(entry, nbtools.forms(nb))
 
 
 def scoped_problem(entry: dict, latest: dict | None, root: Path = ROOT) -> str | None:
@@ -367,10 +366,10 @@ def _plumbing_problem(entry: dict, latest: dict | None, root: Path) -> str | Non
         return None
     rel = entry.get("path", "?")
     plumbing = nbtools.changed_files(entry.get("deps_files") or {}, root)
-    if entry.get("source_sha256") != nbtools.source_sha256(nbtools.load(root / rel)):
+    nb = nbtools.load(root / rel)
+    if entry.get("source_sha256") != nbtools.source_sha256(nb):
         # experiment_problem found the same form: its code's layout changed, or its prose
-        nb = nbtools.load(root / rel)
-        layout = nbtools.same_form(entry, nbtools.source_form_sha256(nb))
+        layout = nbtools.same_form(entry, {"source_form_sha256": nbtools.source_form_sha256(nb)})
         plumbing = [f"the layout of {rel}'s code" if layout else f"{rel}'s prose or its code's layout"] + plumbing
     plumbing = plumbing or ["one of its deps"]
     if latest is None:
@@ -470,8 +469,7 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
                 and (root / rel).exists():
             nb = nbtools.load(root / rel)
             if e.get("source_sha256") == nbtools.source_sha256(nb):  # the very source: its forms are today's
-                for key, form in (("source_form_sha256", nbtools.source_form_sha256),
-                                  ("code_form_sha256", nbtools.code_form_sha256)):
+                for key, form in nbtools.FORMS.items():
                     if key not in e:
                         e[key] = form(nb)
                         done.append(f"{kind}: {rel}: its {key[:-7].replace('_', ' ')} {e[key][:16]}")
