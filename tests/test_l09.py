@@ -250,3 +250,21 @@ def test_a_broken_recording_is_named_broken_in_lesson_09(tmp_path, monkeypatch, 
     monkeypatch.setenv("PINLAB_DATA_DIR", str(tmp_path))
     with pytest.raises(ReplayFileError, match="09_broken"):
         l09.measure_or_say("09_broken", lambda: {"x": 1})
+
+
+def test_flashinfer_is_a_requirement_that_replays_when_absent(monkeypatch):
+    """Issue 47: without FlashInfer, lesson 09's FlashInfer sections replay the recorded run, labelled, as a missing
+    GPU trace does; `requires={"flashinfer": True}` names the reason (device.flashinfer_status, cached per process)."""
+    from pinlab import device, probe
+
+    monkeypatch.setattr(device, "flashinfer_status", lambda: (None, "FlashInfer taken as absent "
+                        "($PINLAB_NO_FLASHINFER is set): the torch reference runs instead"))
+    assert probe.unmet({"flashinfer": True}) == ["FlashInfer taken as absent ($PINLAB_NO_FLASHINFER is set)"]
+    assert probe.unmet({"flashinfer": False}) == []
+    monkeypatch.setattr(device, "flashinfer_status", lambda: (None, "FlashInfer is not importable (ImportError: x); "
+                        "install flashinfer-python"))
+    assert probe.unmet({"flashinfer": True}) == ["FlashInfer is not importable (ImportError: x)"]
+    monkeypatch.setattr(device, "flashinfer_status", lambda: ("0.6.18", "FlashInfer 0.6.18 imports"))
+    assert probe.unmet({"flashinfer": True}) == []
+    with pytest.raises(TypeError, match="flashinfer"):
+        probe.unmet({"flashinfer": "yes"})

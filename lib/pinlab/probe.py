@@ -62,7 +62,7 @@ REQUIREMENTS: dict[str, dict] = {
     "07_before_after": {"gpu_trace": True},
 }
 
-_KNOWN = {"gpu_trace", "vram_gib", "pinned_gib", "host_ram_gib", "newer_transformers"}
+_KNOWN = {"gpu_trace", "vram_gib", "pinned_gib", "host_ram_gib", "newer_transformers", "flashinfer"}
 
 #: where a newer transformers release is installed beside the one in use (lesson 09 audits both): the GPU
 #: recipe in the README installs the carried wheel (tools/gpu-wheels.sh) into a folder and names it here
@@ -456,7 +456,9 @@ MAX_REQUIRED_GIB = 4096.0
 def unmet(requires: dict | None) -> list[str]:
     """The requirements in ``requires`` this machine does not meet, each as a short reason (empty: all met).
 
-    ``requires`` (as in :data:`REQUIREMENTS`): ``gpu_trace`` True or False; ``vram_gib``, ``pinned_gib``,
+    ``requires`` (as in :data:`REQUIREMENTS`): ``gpu_trace``, ``newer_transformers`` and ``flashinfer`` True or
+    False (``flashinfer``: the experiment measures FlashInfer itself, so without it the recorded run is replayed,
+    as issue 47 asks of lesson 09, not a run that says "unavailable"); ``vram_gib``, ``pinned_gib``,
     ``host_ram_gib`` a number of GiB (0 means none needed, at most :data:`MAX_REQUIRED_GIB`)."""
     if requires is None:
         return []
@@ -466,7 +468,7 @@ def unmet(requires: dict | None) -> list[str]:
     unknown = sorted((str(k) for k in requires if k not in _KNOWN), key=str)
     if unknown:
         raise ValueError(f"requires has unknown keys {unknown}; known: {sorted(_KNOWN)}")
-    for key in ("gpu_trace", "newer_transformers"):
+    for key in ("gpu_trace", "newer_transformers", "flashinfer"):
         if key in requires and not isinstance(requires[key], bool):
             raise TypeError(f"requires[{key!r}] must be True or False, got {type(requires[key]).__name__} "
                             f"({requires[key]!r})")
@@ -481,6 +483,12 @@ def unmet(requires: dict | None) -> list[str]:
     if requires.get("newer_transformers") and newer_transformers_dir() is None:
         reasons.append(f"no newer transformers is installed beside this one (${NEWER_TRANSFORMERS_ENV} names no "
                        "folder holding one; the README's GPU recipe installs it)")
+    if requires.get("flashinfer"):
+        from .device import flashinfer_status
+
+        version, why = flashinfer_status()
+        if version is None:
+            reasons.append(why.split(": the torch reference")[0].split("; install")[0])
     p = platform_facts() if any(k in requires for k in ("vram_gib", "host_ram_gib", "pinned_gib")) else {}
     need = requires.get("vram_gib")
     if need and p.get("vram_free_gib") is not None and p["vram_free_gib"] < need:

@@ -468,8 +468,8 @@ def measure(name: str, fn, *, quiet: bool = False, requires: dict | None = None,
 
     ``params`` must be JSON-able; a replay checks that the recording used the same ones.
     ``requires`` (merged over :data:`pinlab.probe.REQUIREMENTS` for ``name``): what the experiment needs
-    beyond a CUDA GPU (``gpu_trace``, ``vram_gib``, ``pinned_gib``, ``host_ram_gib``); where this machine
-    does not meet one, the recorded run is replayed and labelled with the reason.
+    beyond a CUDA GPU (``gpu_trace``, ``flashinfer``, ``vram_gib``, ``pinned_gib``, ``host_ram_gib``); where this
+    machine does not meet one, the recorded run is replayed and labelled with the reason.
     Prints one ``[measured] source: ...`` line unless ``quiet``.
     """
     if not isinstance(name, str) or not _NAME.match(name):
