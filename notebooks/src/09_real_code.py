@@ -49,8 +49,9 @@ pinlab.show("transformers here", l09.transformers_version())
 NEW_TOKENS, BATCH = 24, 2
 # what the GPU experiments below require of a run (or of its recording)
 GPU_TRACE = {"gpu_trace": True}
-# ... and those run with the newer transformers
+# ... with the newer transformers, or with FlashInfer (without it: the recording)
 NEWER = dict(GPU_TRACE, newer_transformers=True)
+FLASHINFER = {"flashinfer": True}
 device = "cuda" if pinlab.has_cuda() else "cpu"
 model = l09.tiny_llama(device)
 ids, mask = l09.prompt(BATCH, device=device)
@@ -433,7 +434,11 @@ if loaders is not None:
 
 # %% tags=["nbval-ignore-output"]
 fia = l09.measure_or_say(
-    "09_flashinfer_audit", l09.audit_flashinfer, requires=GPU_TRACE, steps=8, batch=16
+    "09_flashinfer_audit",
+    l09.audit_flashinfer,
+    requires=dict(GPU_TRACE, **FLASHINFER),
+    steps=8,
+    batch=16,
 )
 if fia is not None and "places" in fia.result:
     f = fia.result
@@ -473,11 +478,15 @@ elif fia is not None:
 # ```
 #
 # The table is this run's: its seconds, and whether the racing case hangs or finishes wrong, change
-# from run to run.
+# from run to run. Without FlashInfer, this cell and the one above replay the recorded GPU run.
 
 # %% tags=["nbval-ignore-output"]
 stg = l09.measure_or_say(
-    "09_plan_staging", l09.plan_staging, busy_ms=50.0, timeout_s=12.0
+    "09_plan_staging",
+    l09.plan_staging,
+    requires=FLASHINFER,
+    busy_ms=50.0,
+    timeout_s=12.0,
 )
 if stg is not None:
     r = stg.result

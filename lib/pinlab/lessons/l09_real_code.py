@@ -59,7 +59,7 @@ from ..copyargs import device_type
 from ..device import require_cuda
 from ..profiler import idle_share
 from ..races import D2H_READ  # noqa: F401  (the notebook names the 1-slot ring's finding by it)
-from ..timing import show, table
+from ..timing import interleaved, show, table
 
 PAGEABLE_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
 PINNED_MEMCPY = "Memcpy HtoD (Pinned -> Device)"
@@ -471,14 +471,14 @@ def stop_checks(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int
     torch.cuda.synchronize()
     for name, d in modes.items():
         out["runs"][name] = _syncs_per_run(model, ids, mask, new_tokens, d)
-    times = {name: [] for name in modes}
-    for _ in range(rounds):
-        for name, d in modes.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            greedy(model, ids, mask, new_tokens, deferred=d)
-            torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - t0)
+    def one(name, _round):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        greedy(model, ids, mask, new_tokens, deferred=modes[name])
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    times = interleaved(list(modes), rounds, one)  # the order rotates each round
     tokens = batch * new_tokens
     for name in modes:
         out["runs"][name]["tokens_per_s"] = tokens / statistics.median(times[name])
