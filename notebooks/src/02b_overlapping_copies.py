@@ -156,8 +156,8 @@ pinlab.show(
 )
 
 # %% [markdown]
-# What to look for. Pageable (not staged): the host enters `copy_` while the previous forward runs
-# and leaves after the copy has run; the GPU computes nothing until the next forward. Pinned:
+# What to look for. Pageable, where the driver does not stage the copy behind the queue: the host
+# enters `copy_` while the previous forward runs and leaves after the copy has run; the GPU computes nothing until the next forward. Pinned:
 # `copy_` returns at once, the host waits only at "wait for step i-2", and only the short copy
 # sits between forwards. That gap, not the host's speed, is what this section measures. Below:
 # the numbers, two models of the pageable step, and this run's findings
@@ -408,8 +408,8 @@ pinlab.show(
 # What to look for (each plot has its own time axis). One stream: compute and copies take turns.
 # Copy stream, pinned: copies run under the compute, one step ahead or more, while the host stays
 # ahead and no other work holds the GPU (the copy stream never waits for the compute). Copy
-# stream, pageable (not staged): the staged copies are longer, and the compute runs mostly in the
-# gaps between them: the host waits inside each `fetch`, and only then queues the compute. A
+# stream, pageable (not staged behind the queue): the copies, fed through the driver's staging
+# buffer, are longer, and the compute runs mostly in the gaps between them: the host waits inside each `fetch`, and only then queues the compute. A
 # second stream cannot help a copy that holds the host. The numbers:
 
 # %%
