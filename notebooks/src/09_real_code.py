@@ -477,8 +477,8 @@ elif fia is not None:
 # det.copied(dec.wrapper._pin_memory_int_workspace_buffer, nbytes=64 * 1024)   # and FlashInfer copies it
 # ```
 #
-# The table is this run's: its seconds, and whether the racing case hangs or finishes wrong, change
-# from run to run. Without FlashInfer, this cell and the one above replay the recorded GPU run.
+# The table is this run's: its seconds change from run to run. Without FlashInfer, this cell and the
+# one above replay the recorded GPU run.
 
 # %% tags=["nbval-ignore-output"]
 stg = l09.measure_or_say(
