@@ -287,3 +287,25 @@ def test_a_module_over_500_lines_says_why_and_its_size_is_true():
         if (word == "over" and num > n) or (word != "over" and not 0.75 * n <= num <= 1.25 * n):
             problems.append(f"{rel} ({n} lines): its docstring says '{word} {num} lines'")
     assert not problems, "modules over 500 lines without a true note of why:\n" + "\n".join(problems)
+
+
+#: issue 46's measure of the course's size at the review (ed88a29): the words of the lessons' and solutions'
+#: sources, counted as `wc -w` counts them (whitespace-separated), 63,969 + 8,115; its target is 15% fewer
+WORDS_AT_REVIEW = 72_084
+LEANER_BY = 0.15
+
+
+def _words(paths) -> int:
+    return sum(len(p.read_text(encoding="utf-8").split()) for p in paths)
+
+
+def test_the_lessons_of_the_review_are_at_least_15_percent_leaner():
+    """Lessons 00-09 (notebooks/src/0*.py and solutions/src/0*.py: the lessons the review measured; a new lesson
+    10 is not in this sum) hold at least 15% fewer words than at the review, with no claim lost (the claims are
+    the evidence tests'). Stop 59: 52,531 + 7,932 = 60,463 words, 16.1% fewer."""
+    paths = _one("notebooks/src/0*.py") + _one("solutions/src/0*.py")
+    words = _words(paths)
+    limit = int(WORDS_AT_REVIEW * (1 - LEANER_BY))
+    assert words <= limit, (f"lessons 00-09 hold {words:,} words (notebooks/src and solutions/src, as `wc -w` counts "
+                            f"them), over issue 46's budget of {limit:,} (15% under the review's {WORDS_AT_REVIEW:,}): "
+                            f"cut repeated explanations before adding more, or say in the issue why it grows")
