@@ -21,7 +21,7 @@ import evidence
 import nbtools
 import plan
 import scope
-from suite_common import REPORTS, ROOT, build_stability, fit_budget, load_json, select, utc_now
+from suite_common import REPORTS, ROOT, build_stability, expected_seconds, fit_budget, load_json, select, utc_now
 
 # ---- --adverse: strict nbval of notebooks/ under conditions an H200 imitates ------------------------------------
 
@@ -360,7 +360,8 @@ def run_adverse(args, argv, meta: dict, t_start: float) -> int:
     out_dir = ROOT / "build" / "gpu-suite" if args.cpu_dry_run else REPORTS
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python3 tools/gpu_suite.py " + " ".join(argv)
-    recorded = {e.get("path"): e.get("nbval_seconds") or e.get("seconds") for e in latest.get("notebooks", [])}
+    recorded = {e.get("path"): expected_seconds(e.get("nbval_seconds") or e.get("seconds"), e.get("gpu"), meta.get("gpu"))
+                for e in latest.get("notebooks", [])}
     deadline = t_start + args.budget - 5 if args.budget else None
     planned = plan.estimate(rels, "adverse") * len(groups)
     print(f"planned: about {planned:.0f} s (tools/plan.py's estimate from the recorded seconds)", flush=True)

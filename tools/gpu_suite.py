@@ -109,7 +109,7 @@ import nbtools
 import plan
 import scope
 
-from suite_common import REPORTS, ROOT, build_stability, fit_budget, load_json, select, utc_now
+from suite_common import REPORTS, ROOT, build_stability, expected_seconds, fit_budget, load_json, select, utc_now
 from adverse import run_adverse
 
 
@@ -842,9 +842,13 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
             return 0
     left = []
     if args.budget:
-        recorded = {e.get("path"): e.get("seconds") for e in old_latest.get("notebooks", [])}
+        recorded = {e.get("path"): expected_seconds(e.get("seconds"), e.get("gpu"), meta.get("gpu"))
+                    for e in old_latest.get("notebooks", [])}
+        # the pytest start and, where they run, the gpu unit tests (their recorded seconds on this GPU)
+        unit = (old_latest.get("unit_tests") or {}) if not (args.no_unit_tests or args.stability_only) else {}
+        fixed = 20.0 + (expected_seconds(unit.get("seconds"), old_latest.get("gpu"), meta.get("gpu")) or 0.0)
         rels, left = fit_budget([p.relative_to(ROOT).as_posix() for p in paths], recorded, counts, args.budget,
-                                time.perf_counter() - t_start, nbval=args.nbval)
+                                time.perf_counter() - t_start, nbval=args.nbval, fixed=max(fixed, 30.0))
         paths = [ROOT / r for r in rels]
         if left:
             print(f"--budget {args.budget:.0f} s: left for a later run: {', '.join(left)}")
