@@ -21,8 +21,18 @@ def run(child: str, timeout_s: float = 900) -> None:
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", str(path)],
                        cwd=path.parents[1], capture_output=True, text=True, timeout=timeout_s,
                        env={**os.environ, CHILD: "1"})
-    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
+    assert r.returncode == 0, _crash(r.stdout) + r.stdout[-8000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+
+
+def _crash(out: str) -> str:
+    """Where a child that crashed (a segmentation fault, an abort) died: the test it was in and the first frames of
+    faulthandler's dump, which the tail of its output (the dump's last frames: pytest's own) does not show."""
+    at = out.find("Fatal Python error")
+    if at < 0:
+        return ""
+    test = out.rfind("\n", 0, at)
+    return "the child crashed: " + out[test + 1:at + 1500] + "\n...\n"
 
 
 #: set in a child's environment: there a test may turn the GPU trace on (the child is that test's process)

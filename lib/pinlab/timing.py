@@ -22,10 +22,10 @@ MEASURED_PREFIX = "[measured]"
 MACHINE_INDENT = len(MEASURED_PREFIX) + 1
 
 
-
-
 def _print_machine_line(prefix: str, label: str, text) -> None:
     print(wrapped(f"{prefix} {label}: {text}", indent=MACHINE_INDENT))
+
+
 #: At most this many timed calls per host_time/cuda_time: a typo such as repeat=10**9 is an
 #: error, not a notebook that never finishes.
 MAX_REPEAT = 100_000
