@@ -243,7 +243,7 @@ def test_a_plumbing_edit_with_the_same_claims_carries_the_runs_forward(course):
     assert not any("--adverse" in ln or "--stability-only" in ln for ln in lines)
     minutes = float(lines[-1].split()[3])
     assert lines[-2] == (f"a session has 30 device-minutes: {30 - minutes:.1f} left for starts that fail (each "
-                         "costs about 1.5 min)"), lines[-2]
+                         "costs about 3.0 min)"), lines[-2]  # plan.FAILED_START_S: 180 s (stop 61)
     old, plan.SESSION_MIN = plan.SESSION_MIN, 1.0
     try:
         assert "more than that: land it over several sessions" in plan.plan_lines(course)[-2]
@@ -506,8 +506,32 @@ def test_next_call_runs_the_plans_first_call_within_its_seconds(monkeypatch, cap
     assert "nothing to renew" in capsys.readouterr().out
 
 
+def test_next_call_runs_a_later_call_first(monkeypatch, capsys):
+    """--call N: a session with less device time left than call 1 needs runs a shorter, later call (stop 61: 7.5
+    device-minutes were left, call 1 took 9.9 and call 3 4.8); a call past the plan's last is refused."""
+    first = [("python3 tools/gpu_suite.py --only notebooks/01_x.ipynb", "quiet pass of 01", 400.0)]
+    third = [("python3 tools/gpu_suite.py --only notebooks/09_x.ipynb --no-unit-tests", "quiet pass of 09", 80.0)]
+    calls = {"calls": [{"steps": first, "seconds": 400.0}, {"steps": first, "seconds": 400.0},
+                       {"steps": third, "seconds": 80.0}]}
+    monkeypatch.setattr(plan, "make_plan", lambda root=None: calls)
+    ran = []
+
+    def run(argv, cwd):
+        ran.append(argv)
+        return type("Done", (), {"returncode": 0})()
+
+    assert gpu_suite.run_next_call(300, run=run, clock=lambda: 0.0, number=3) == 0
+    assert [a[1:] for a in ran] == [third[0][0].split()[1:] + ["--budget", "300"]]
+    assert "call 3 of 3" in capsys.readouterr().out
+    assert gpu_suite.run_next_call(300, run=run, clock=lambda: 0.0, number=4) == 2 and len(ran) == 1
+    assert "the plan has 3 call(s)" in capsys.readouterr().out
+    assert gpu_suite.parse_args(["--next-call", "300", "--call", "3"]).call == 3
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--next-call", "545", "--only", "04"], "takes no other option"),
+    (["--next-call", "545", "--call", "0"], "1 or more"),
+    (["--call", "2"], "give --next-call S too"),
     (["--next-call", "30"], "60-600"),
     (["--next-call", "900"], "60-600"),
 ])

@@ -48,7 +48,7 @@ runs all five at once ((a)'s three learners too: seven processes), recorded as s
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py --plan
-        python3 tools/gpu_suite.py --next-call S
+        python3 tools/gpu_suite.py --next-call S [--call N]
         python3 tools/gpu_suite.py [--only NAME ...] [--repeat N] [--stale] [--budget S] [--stability-only]
         [--keep-going] [--shared] [--cell-timeout S] [--no-unit-tests] [--nbval]
         python3 tools/gpu_suite.py --adverse [ID ...] [--adverse-together] [--only NAME ...] [--budget S]
@@ -59,6 +59,8 @@ Usage:  python3 tools/gpu_suite.py --plan
   --next-call S    on the GPU: the first of those calls, its commands in order, each with --budget of what is
                    left of S seconds (e.g. 545 inside `timeout 565`); commit what it wrote, and --plan says what is
                    left (exit 4: time ran out before its last command)
+  --call N         with --next-call: call N of the plan instead of the first (a shorter, later call when the
+                   session has less device time left than call 1 takes: each call's notebooks are its own)
   --repeat N       execute each notebook N times (with --nbval, nbval once more on the last execution)
   --nbval          after the executions, strict nbval of each (a second GPU run, counted as a stability run)
   --stale          only what is missing: without --repeat, the notebooks whose latest.json entry does not hold;
@@ -133,6 +135,9 @@ def parse_args(argv):
     ap.add_argument("--next-call", type=float, metavar="S",
                     help="run the first device call of --plan, each of its commands with --budget of what is left "
                          "of S seconds (one device call: give the seconds it may take, e.g. 545 under timeout 565)")
+    ap.add_argument("--call", type=int, metavar="N",
+                    help="with --next-call: run call N of --plan instead of the first (each call renews its own "
+                         "notebooks: a shorter, later call fits a session with less device time left)")
     ap.add_argument("--stale", action="store_true",
                     help="only what is missing: notebooks without a fresh latest.json entry; with --repeat N, the runs "
                          "that bring each notebook to N fresh runs in stability.json")
@@ -170,9 +175,13 @@ def parse_args(argv):
         ap.error("--cpu-dry-run goes with --adverse or --adverse-together")
     if args.plan and len([a for a in argv if a != "--plan"]):
         ap.error("--plan takes no other option: it plans for the whole tree")
+    if args.call is not None and args.next_call is None:
+        ap.error("--call N picks which call of the plan --next-call runs: give --next-call S too")
+    if args.call is not None and args.call < 1:
+        ap.error(f"--call takes a call's number in --plan, 1 or more, got {args.call}")
     if args.next_call is not None:
-        if any(a.startswith("-") and a.split("=")[0] != "--next-call" for a in argv):
-            ap.error("--next-call takes no other option: it runs the plan's own commands")
+        if any(a.startswith("-") and a.split("=")[0] not in ("--next-call", "--call") for a in argv):
+            ap.error("--next-call takes no other option but --call: it runs the plan's own commands")
         if not NEXT_CALL_MIN_S <= args.next_call <= NEXT_CALL_MAX_S:
             ap.error(f"--next-call takes the seconds the call may run, {NEXT_CALL_MIN_S}-{NEXT_CALL_MAX_S} (a device "
                      f"command runs at most 600 s), got {args.next_call:g}")
@@ -749,18 +758,24 @@ NEXT_STEP_MIN_S = 45
 UNFINISHED = 4
 
 
-def run_next_call(seconds: float, root: Path = ROOT, run=subprocess.run, clock=time.monotonic) -> int:
-    """The first call of the plan (tools/plan.py) on this machine: its commands in order, each given ``--budget``
-    of what is left of ``seconds``, so that the whole call ends inside one device command. Stops at the first
-    command that fails (its exit status). A step with under :data:`NEXT_STEP_MIN_S` left is not started
-    (:data:`UNFINISHED`). After it, commit what it wrote; ``--plan`` then names the next call (a call done drops out)."""
+def run_next_call(seconds: float, root: Path = ROOT, run=subprocess.run, clock=time.monotonic,
+                  number: int = 1) -> int:
+    """Call ``number`` (the first by default) of the plan (tools/plan.py) on this machine: its commands in order,
+    each given ``--budget`` of what is left of ``seconds``, so that the whole call ends inside one device command.
+    Stops at the first command that fails (its exit status). A step with under :data:`NEXT_STEP_MIN_S` left is not
+    started (:data:`UNFINISHED`). After it, commit what it wrote; ``--plan`` then names the calls left (a call done
+    drops out). A later call runs as well first: each call renews its own notebooks (``--only``)."""
     start = clock()
     calls = plan.make_plan(root)["calls"]
     if not calls:
         print("gpu_suite --next-call: nothing to renew (plan: 0 call(s))", flush=True)
         return 0
-    call = calls[0]
-    print(f"gpu_suite --next-call: call 1 of {len(calls)}, planned {call['seconds']:.0f} s of commands, "
+    if number > len(calls):
+        print(f"gpu_suite --next-call: --call {number}, but the plan has {len(calls)} call(s): run --plan",
+              flush=True)
+        return 2
+    call = calls[number - 1]
+    print(f"gpu_suite --next-call: call {number} of {len(calls)}, planned {call['seconds']:.0f} s of commands, "
           f"given {seconds:.0f} s", flush=True)
     for k, (cmd, what, _secs) in enumerate(call["steps"]):
         left = seconds - (clock() - start)
@@ -788,7 +803,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(plan.plan_lines()))
         return 0
     if args.next_call is not None:
-        return run_next_call(args.next_call)
+        return run_next_call(args.next_call, number=args.call or 1)
     import torch
 
     if not torch.cuda.is_available() and not args.cpu_dry_run:

@@ -28,7 +28,9 @@ REPORTS = ROOT / "reports" / "gpu"
 CALL_LIMIT_S = 540.0   # one device call's command: 9 minutes (a call may run 10; the rest is margin)
 START_S = 90.0         # a machine's start, the tree's transfer and the wheels' install, per call
 SESSION_MIN = 30.0     # device-minutes a session has, earlier tries at the same work included
-FAILED_START_S = 90.0  # what a call that got no machine cost (measured: 91 s and 90 s on 2026-12-05)
+#: what a call that got no machine cost: 90 s where one kind was tried (stop 60: 91 s and 90 s), 180 s where the
+#: H100 and then the H200 were (stop 61: 11 refused calls cost 1,531 s, the last four 180 s each)
+FAILED_START_S = 180.0
 #: a call sent while the last one's machine is still warm (within its 30 s after a reply): transfers and the gap,
 #: no start (measured in stop 57: 396 s held for a 386 s command, 134 s for 126 s)
 WARM_S = 15.0
@@ -340,6 +342,11 @@ def plan_lines(root: Path = ROOT) -> list[str]:
                      "slices, one lesson's experiment at a time, to land after each call)"))
         lines.append("on the GPU, one call per device command: python3 tools/gpu_suite.py --next-call 545 (inside "
                      "`timeout 565`; it runs call 1's commands, each with --budget of what is left)")
+        if last > 1:
+            short = min(range(last), key=lambda i: plan["calls"][i]["seconds"])
+            lines.append(f"with less device time left than call 1 takes, `--next-call S --call N` runs call N first "
+                         f"(each call renews its own notebooks): the shortest is call {short + 1}, about "
+                         f"{(plan['calls'][short]['seconds'] + START_S) / 60:.1f} device-minutes")
         if plan["unit_tests_current"]:
             lines.append("the gpu unit tests are left out: they passed on the GPU on these very files "
                          "(latest.json's unit_tests.inputs_sha256, nbtools.unit_test_files)")
