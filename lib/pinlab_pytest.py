@@ -1,5 +1,5 @@
-"""A pytest gate: fail a test whose code races (:func:`pinlab.races.detect_races`; by order with
-by order, :func:`pinlab.detect_races` (``pinlab.order``); by timing with ``pinlab_races_verdict = timing``) or stalls (:func:`pinlab.detect_stalls`).
+"""A pytest gate: fail a test whose code races (by order, :func:`pinlab.detect_races` (``pinlab.order``); by timing
+with ``pinlab_races_verdict = timing``, :func:`pinlab.races.detect_races`) or stalls (:func:`pinlab.detect_stalls`).
 
 Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing until asked:
 
@@ -12,7 +12,10 @@ Installed with pinlab (the ``pytest11`` entry point ``pinlab``), it does nothing
 
 The race gate judges by order (a latent race fails the test in every run, whether or not the GPU kept up:
 :mod:`pinlab.order`); ``pinlab_races_verdict = timing`` in the ini file judges by timing instead (a race fails
-the test only when this run's timing made it happen). Copies too large for the detector to keep a shadow of are named in
+the test only when this run's timing made it happen); ``pinlab_races_watch = copies`` watches the copies, a few
+reads and writes and the ordering operations only, with no torch function mode (cheaper; a write that leaves the
+bytes as they were, and a read through another torch call, are then not seen: ``pinlab.order.WatchDetector``).
+Copies too large for the detector to keep a shadow of are named in
 a warning (writes through torch calls are still judged; writes through numpy are not).
 
 A test fails with the detector's report when a finding is not allowed. Allow known ones with
@@ -34,8 +37,9 @@ from __future__ import annotations
 import pytest
 
 _OPTIONS = {"races": "--pinlab-races", "stalls": "--pinlab-stalls"}
-#: pinlab.order.VERDICTS (not imported: a session that asks for no gate imports neither torch nor pinlab)
+#: pinlab.order.VERDICTS and WATCHES (not imported: a session that asks for no gate imports neither torch nor pinlab)
 _VERDICTS = ("order", "timing")
+_WATCHES = ("every_op", "copies")
 
 
 def pytest_addoption(parser):
@@ -49,6 +53,9 @@ def pytest_addoption(parser):
     parser.addini("pinlab_races_verdict", default="order",
                   help="how the race gate decides: order (the default: what the program's order allows, in every "
                        "run) or timing (races this run's timing made happen)")
+    parser.addini("pinlab_races_watch", default="every_op",
+                  help="what the order verdict watches: every_op (the default: every torch call, a write found where "
+                       "it is made) or copies (the copies, a few reads and writes and the ordering operations: cheaper)")
 
 
 def pytest_configure(config):
@@ -98,11 +105,21 @@ class _Gate:
             if verdict not in _VERDICTS:
                 raise pytest.UsageError(f"pinlab_races_verdict must be one of {list(_VERDICTS)}, got {verdict!r} "
                                         f"(in the ini file)")
+            watch = str(item.config.getini("pinlab_races_watch")).strip() or "every_op"
+            if watch not in _WATCHES:
+                raise pytest.UsageError(f"pinlab_races_watch must be one of {list(_WATCHES)}, got {watch!r} "
+                                        f"(in the ini file)")
             if verdict == "order":
                 from pinlab.order import detect_races
+
+                self.detectors["races"] = detect_races(watch=watch)
+            elif watch != "every_op":
+                raise pytest.UsageError("pinlab_races_watch = copies needs pinlab_races_verdict = order (the timing "
+                                        "verdict watches every op)")
             else:
                 from pinlab.races import detect_races
-            self.detectors["races"] = detect_races()
+
+                self.detectors["races"] = detect_races()
             self.reports["races"] = self.detectors["races"].report
         if "stalls" in which:
             from pinlab.detector import detect_stalls

@@ -21,13 +21,19 @@ def test_a_budget_keeps_the_sections_done_and_names_the_rest(tmp_path):
     res = json.loads(out.read_text())
     assert res["complete"] is False and list(res["verdicts"]["order"]) == ["recall", "seconds"], res.get("left")
     assert res["left"] == ["order/graph", "order/deferred_stop", "order/overhead",
-                           "order/flashinfer_shared_wrapper"]
+                           "order/flashinfer_shared_wrapper"] + [
+        f"order+copies/{k}" for k in ("recall", "graph", "deferred_stop", "overhead", "flashinfer_shared_wrapper")]
     assert "order  recall ..." in r.stdout and "--budget 0 s spent: not started order/graph" in r.stdout
     assert not out.with_name(out.name + ".tmp").exists()
 
 
 @pytest.mark.parametrize("arg,value", [("--steps", "0"), ("--overhead-steps", "-1"), ("--rounds", "0"),
-                                       ("--budget", "0")])
+                                       ("--budget", "0"), ("--watch", "all")])
 def test_bad_sizes_are_refused_by_name(arg, value):
     r = subprocess.run(BENCH + [arg, value], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and arg in r.stderr, r.stderr[-1000:]
+
+
+def test_the_timing_verdict_watching_copies_only_is_refused():
+    r = subprocess.run(BENCH + ["--verdict", "timing", "--watch", "copies"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--verdict timing watches every op" in r.stderr, r.stderr[-1000:]

@@ -531,3 +531,14 @@ def test_interleaved_names_a_bad_argument(names, rounds, run, word):
         timing.interleaved(names, rounds, run)
     with pytest.raises(ValueError, match="rounds"):
         timing.split_steps(3, 4)
+
+
+def test_interleaved_shows_progress_over_the_rounds_when_asked(capsys):
+    """desc= draws a progress bar on stderr over the rounds (lesson 02b's long comparison), and names a bad desc."""
+    from pinlab.timing import interleaved
+
+    got = interleaved(["a", "b"], 3, lambda k, r: (k, r), desc="comparing")
+    assert got == {"a": [("a", 0), ("a", 1), ("a", 2)], "b": [("b", 0), ("b", 1), ("b", 2)]}
+    assert "comparing" in capsys.readouterr().err
+    with pytest.raises((TypeError, ValueError), match="desc"):
+        interleaved(["a"], 1, lambda k, r: None, desc=3)

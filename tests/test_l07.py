@@ -305,6 +305,19 @@ def test_detect_names_the_lines_of_the_library_loop():
     assert r["events_elsewhere"] == 0 and r["elsewhere"] == [], r
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not pinlab.has_cuda(), reason="needs CUDA")
+def test_gpu_throughput_times_every_loop_in_interleaved_rounds():
+    """l07.throughput's rounds are timing.interleaved: every loop gets one time per round, and the median round's
+    host spans (stop 59: the hand-written loop it replaced ran the loops in one order every round)."""
+    loops = {"planted": l07.planted_loop, "fixed": l07.fixed_loop}
+    res = l07.throughput(loops, steps=4, rounds=2, warm_steps=2, encoder_ms=0.1, decoder_ms=0.1, host_ms=0.05)
+    assert list(res["loops"]) == list(loops)
+    for name, row in res["loops"].items():
+        assert len(row["rounds_ms"]) == 2 and row["steps_per_s"] > 0, (name, row)
+        assert row["host_ms_per_step"] >= 0, (name, row)
+
+
 def test_emulated_experiment_has_the_audit_schema():
     r = l07.emulated({"planted": l07.planted_loop, "fixed": l07.fixed_loop}, steps=6)
     assert r["backend"] == "torch" and "FlashInfer needs CUDA" in r["fallback_reason"]

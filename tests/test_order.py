@@ -309,21 +309,37 @@ RACY_IDS = ["reused_buffer", "ring_without_events", "event_recorded_before_the_c
             "numpy_write_then_block_ends", "same_bytes_written", "graph_replay_rewrite"]
 
 
+#: what watch="copies" cannot see: a write through a torch call it does not watch that leaves the bytes as they were
+MISSED_BY_COPIES = {"same_bytes_written"}
+
+
+def _watching(watch):
+    return lambda: detect_races(watch=watch)
+
+
+@pytest.mark.parametrize("watch", order.WATCHES)
 @pytest.mark.parametrize("nest", ["stream outside", "detector outside"])
 @pytest.mark.parametrize("lag", LAGS)
 @pytest.mark.parametrize("fn", CORRECT, ids=CORRECT_IDS)
-def test_every_correct_pattern_is_silent_at_every_lag(fn, lag, nest):
-    r = _run(fn, lag, nest=nest)
-    assert r.total == 0, f"{fn.__name__} at lag {lag}: {r.summary()}"
+def test_every_correct_pattern_is_silent_at_every_lag(fn, lag, nest, watch):
+    r = _run(fn, lag, detector=_watching(watch), nest=nest)
+    assert r.total == 0, f"{fn.__name__} at lag {lag}, watch={watch}: {r.summary()}"
     assert r.copies > 0
 
 
+@pytest.mark.parametrize("watch", order.WATCHES)
 @pytest.mark.parametrize("nest", ["stream outside", "detector outside"])
 @pytest.mark.parametrize("lag", LAGS)
-@pytest.mark.parametrize("fn,kind,n", RACY, ids=RACY_IDS)
-def test_every_latent_race_is_named_at_every_lag(fn, kind, n, lag, nest):
-    r = _run(fn, lag, nest=nest)
-    assert r.count(kind) >= 1 and (n is None or r.count(kind) == n), f"lag {lag}: {r.summary()}"
+@pytest.mark.parametrize("fn,kind,n,name", [(*r, i) for r, i in zip(RACY, RACY_IDS)], ids=RACY_IDS)
+def test_every_latent_race_is_named_at_every_lag(fn, kind, n, name, lag, nest, watch):
+    """Both watches name the same counts (watch="copies" by the bytes where order is decided); the one pattern
+    watch="copies" cannot see (a write that leaves the bytes as they were, through a call it does not watch) is
+    named here, silent there."""
+    r = _run(fn, lag, detector=_watching(watch), nest=nest)
+    if watch == "copies" and name in MISSED_BY_COPIES:
+        assert r.total == 0, r.summary()
+        return
+    assert r.count(kind) >= 1 and (n is None or r.count(kind) == n), f"lag {lag}, watch={watch}: {r.summary()}"
     assert r.total == r.count(kind), r.summary()
 
 
@@ -367,6 +383,78 @@ def test_the_timing_verdict_is_still_there():
 def test_a_bad_verdict_names_the_argument(bad):
     with pytest.raises(ValueError, match="verdict must be one of"):
         detect_races(verdict=bad)
+
+
+def test_a_cuda_mark_goes_back_to_the_pool_when_the_last_copy_holding_it_lets_go():
+    """_QuietCudaClock's marks are counted per followed copy (a graph replay's copies share one) and pooled (at most
+    64) once none holds them; the pure-Python part, the CUDA child runs the rest."""
+    clock = order._QuietCudaClock()
+    m1, m2 = object(), object()
+    clock.hold(m1)
+    clock.hold(m1)
+    clock.hold(m2)
+    order._released(clock, [(7, 1, m1, 0)])
+    assert clock._free == [] and clock._held == {m1: 1, m2: 1}
+    order._released(clock, [(7, 2, m1, 1), (7, 3, None, 2), (7, 4, m2, 3)])
+    assert clock._free == [m1, m2] and clock._held == {}
+    for _ in range(70):
+        m = object()
+        clock.hold(m)
+        clock.release(m)
+    assert len(clock._free) == 64
+
+
+# --- watch="copies": the copies and the ordering operations, not every torch call --------------------------------
+
+def test_watching_copies_pushes_no_torch_function_mode_and_restores_torchs_methods():
+    """No mode on torch's stack (what costs every torch call); the watched methods are torch's own again after the
+    block, and after an exception in it."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    before = {name: torch.Tensor.__dict__.get(name) for name in order.WATCHED}
+    s = lagging_stream(0)
+    with s:
+        depth = len(_get_current_function_mode_stack())
+        with detect_races(watch="copies") as r:
+            assert len(_get_current_function_mode_stack()) == depth
+            assert torch.Tensor.copy_ is not before["copy_"]
+            buf = torch.zeros(8, dtype=torch.int32, pin_memory=True)
+            d = torch.zeros(8, dtype=torch.int32, device=s.device)
+            d.copy_(buf, non_blocking=True)
+            buf[0] = 1                                  # a watched write: named where it is made
+        with pytest.raises(KeyError):
+            with detect_races(watch="copies"):
+                raise KeyError("x")
+    assert r.count(H2D_REWRITE) == 1, r.summary()
+    assert {name: torch.Tensor.__dict__.get(name) for name in order.WATCHED} == before
+    assert order._WATCH.users == 0
+
+
+def test_watching_copies_sees_reads_it_watches_and_says_what_it_does_not():
+    """A D2H destination read by .item() / bool() / .tolist() before its copy is ordered is named; a read through
+    a call it does not watch (.any()) is not, and watch="every_op" names it."""
+    def read_with(how):
+        def fn(s):
+            flag = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+            g = torch.ones(4, dtype=torch.int32, device=s.device)
+            flag.copy_(g, non_blocking=True)
+            return how(flag)
+        return fn
+
+    for how in (lambda f: f[0].item(), lambda f: bool(f[1]), lambda f: f.tolist(), lambda f: int(f[2])):
+        r = _run(read_with(how), 0, detector=_watching("copies"))
+        assert r.count(D2H_READ) == 1, r.summary()
+    unseen = read_with(lambda f: f.any())
+    assert _run(unseen, 0, detector=_watching("copies")).total == 0
+    assert _run(unseen, 0).count(D2H_READ) == 1
+
+
+@pytest.mark.parametrize("bad", ["all", "", None, 1])
+def test_a_bad_watch_names_the_argument(bad):
+    with pytest.raises(ValueError, match="watch must be one of"):
+        detect_races(watch=bad)
+    with pytest.raises(ValueError, match="watch='copies' needs verdict='order'"):
+        detect_races(verdict="timing", watch="copies")
 
 
 @pytest.mark.parametrize("bad,exc", [(-1, ValueError), ("0", TypeError), (1.5, TypeError), (True, TypeError)])
@@ -491,16 +579,17 @@ def test_hooks_are_restored_after_the_block_and_after_an_exception():
                     raise KeyError("x")
     after = (pinlab.LaggingStream.synchronize, order._LaggingEvent.record, order._LaggingEvent.query,
              order._LaggingEvent.synchronize)
-    assert before == after and order._hook_users == 0
+    assert before == after and order._HOOKS.users == 0
 
 
-def test_torchs_happens_before_book_has_what_the_detector_uses():
-    """The vector clocks are torch's private StreamSynchronizations (CSAN): fail loudly if torch changes it."""
+def test_the_happens_before_book_orders_the_host_as_torchs_sanitizer_does():
+    """The book follows CSAN's rule (torch.cuda._sanitizer.StreamSynchronizations): on random sequences of copies,
+    event records, device-side waits and host waits, both say the same about every copy's order with the host.
+    (The test imports CSAN; pinlab.order does not: the next test.)"""
+    import random
+
     from torch.cuda._sanitizer import StreamSynchronizations
 
-    for name in ("create_stream", "create_event", "update_seq_num", "record_state", "stream_wait_for_event",
-                 "all_streams_wait_for_event", "all_streams_wait_for_stream", "sync_all_streams"):
-        assert callable(getattr(StreamSynchronizations, name, None)), name
     book = order._Book()
     a = book.enqueue(7)
     book.record("e", 7)
@@ -512,6 +601,64 @@ def test_torchs_happens_before_book_has_what_the_detector_uses():
     assert book.ordered(7, a) and not book.ordered(7, b)
     book.device_synchronized()
     assert book.ordered(7, b)
+
+    rng = random.Random(59)
+    for _ in range(200):
+        book, csan, seq, copies, events = order._Book(), StreamSynchronizations(), {}, [], []
+        streams = [1, 2, 3]
+        for s in streams:
+            csan.create_stream(s)
+        for _ in range(40):
+            op, s = rng.randrange(7), rng.choice(streams)
+            if op <= 1:
+                n = book.enqueue(s)
+                seq[s] = seq.get(s, 0) + 1
+                csan.update_seq_num(s, seq[s])
+                assert n == seq[s]
+                copies.append((s, n))
+            elif op == 2:
+                e = len(events)
+                events.append(e)
+                book.record(e, s)
+                csan.create_event(e)
+                csan.record_state(e, s)
+            elif op == 3 and events:
+                e = rng.choice(events)
+                book.wait(e, s)
+                csan.stream_wait_for_event(s, e)
+            elif op == 4 and events:
+                e = rng.choice(events)
+                book.event_synchronized(e)
+                csan.all_streams_wait_for_event(e)
+            elif op == 5:
+                book.stream_synchronized(s)
+                csan.all_streams_wait_for_stream(s)
+            elif op == 6 and rng.random() < 0.2:
+                book.device_synchronized()
+                csan.sync_all_streams()
+            for cs, n in copies:
+                assert book.ordered(cs, n) == (n <= csan.host_sync_state.get(cs, 0)), (cs, n)
+
+
+def test_the_order_detector_does_not_load_torchs_sanitizer():
+    """Importing torch.cuda._sanitizer registers CSAN's handlers on torch's GPU trace, which the order verdict turns
+    on for good: every synchronization of the process then walks every stream CSAN has seen (stop 59 on the
+    H100: 3.8 ms per event synchronize after tools/bench_races.py's graph section, 13.5 µs before)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, pinlab\n"
+            "from pinlab.order import detect_races, lagging_stream\n"
+            "s = lagging_stream(0)\n"
+            "with s, detect_races() as r:\n"
+            "    b = torch.zeros(4, dtype=torch.int32, pin_memory=True)\n"
+            "    d = torch.zeros(4, dtype=torch.int32, device=s.device)\n"
+            "    d.copy_(b, non_blocking=True); e = s.Event(); e.record(); e.synchronize(); b.fill_(1)\n"
+            "assert r.total == 0, r.summary()\n"
+            "print('torch.cuda._sanitizer' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False", "pinlab.order imported torch.cuda._sanitizer (CSAN registers its handlers)"
 
 
 # --- the pytest gate ---------------------------------------------------------------------------------------------
@@ -561,6 +708,23 @@ def test_the_gate_fails_a_latent_race_in_every_run_unittest_too(tmp_path):
     assert "3 passed" in timing.stdout, "the timing verdict misses it (nothing raced in this run)"
     bad = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_verdict = luck\n")
     assert bad.returncode != 0 and "pinlab_races_verdict must be one of" in bad.stdout + bad.stderr
+
+
+@pytest.mark.slow
+def test_the_gate_watching_copies_fails_the_same_latent_races(tmp_path):
+    """pinlab_races_watch = copies (no torch function mode): the same two tests fail, with the same count; a bad
+    value, and copies with the timing verdict, are refused by name."""
+    (tmp_path / "test_gate_suite.py").write_text(textwrap.dedent(GATE_SUITE))
+    r = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_watch = copies\n")
+    out = r.stdout
+    assert "FAILED test_gate_suite.py::test_latent_race_on_a_gpu_that_keeps_up" in out, out[-3000:]
+    assert "FAILED test_gate_suite.py::TestCaseStyle::test_latent_race" in out, out[-3000:]
+    assert "can race 7 x, raced in this run 0 x" in out
+    bad = _pytest(["--pinlab-races"], tmp_path, extra_ini="pinlab_races_watch = most\n")
+    assert bad.returncode != 0 and "pinlab_races_watch must be one of" in bad.stdout + bad.stderr
+    both = _pytest(["--pinlab-races"], tmp_path,
+                   extra_ini="pinlab_races_watch = copies\npinlab_races_verdict = timing\n")
+    assert both.returncode != 0 and "needs pinlab_races_verdict = order" in both.stdout + both.stderr
 
 
 # --- CUDA ------------------------------------------------------------------------------------------------------

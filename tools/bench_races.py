@@ -5,6 +5,7 @@ stream).
     python3 tools/bench_races.py --out build/bench_races.json          # on a GPU: 10^4 steps per loop
     python3 tools/bench_races.py --steps 400                           # on a CPU: the emulated stream
     python3 tools/bench_races.py --verdict order                       # one verdict only
+    python3 tools/bench_races.py --verdict order --watch copies        # the order verdict watching copies only
 
 * Recall and false positives: the course's own step loop (``pinlab.steploop.plain_loop``, lessons 03-04) for
   every strategy, with the host unbounded and with the host waiting for step n-2 (``run_ahead=1``), each step's
@@ -50,10 +51,12 @@ from pinlab import order  # noqa: E402
 FIXES = ("pageable", "snapshot", "ring_events", "event_wait")   # right by construction, whatever the lead
 RACY = ("reused_pinned", "double_pinned", "snapshot_of_pinned", "ring")
 VERDICT = "order"  # which detect_races() the measurements use (main() runs each verdict asked for)
+WATCH = "every_op"  # and what it watches (order verdict: "every_op" or "copies")
+LABEL = "order"  # the run's key in the JSON and its printed lines
 
 
 def detect_races():
-    return order.detect_races(verdict=VERDICT)
+    return order.detect_races(verdict=VERDICT, watch=WATCH)
 
 
 def _stream():
@@ -375,6 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--verdict", choices=("both",) + order.VERDICTS, default="both",
                     help="the detector's verdict to measure (both: order, then timing)")
+    ap.add_argument("--watch", choices=("both",) + order.WATCHES, default="both",
+                    help="what the order verdict watches (both: every_op, then copies; the timing verdict: every_op)")
     ap.add_argument("--profile", action="store_true", help="also profile one detected loop (cProfile, top 25)")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
                     help="start no section after S seconds; what was left is named in the JSON (\"left\")")
@@ -404,8 +409,14 @@ def main(argv=None) -> int:
            "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "") == "1"}
     if cuda:
         pinlab.warmup(lambda: pinlab.gpu_busy(0.1))
-    global VERDICT
+    global VERDICT, WATCH, LABEL
     verdicts = order.VERDICTS if a.verdict == "both" else (a.verdict,)
+    watches = order.WATCHES if a.watch == "both" else (a.watch,)
+    # (the key in the JSON, the verdict, what it watches): the timing verdict watches every op only
+    runs = [(v if w == "every_op" else f"{v}+{w}", v, w) for v in verdicts for w in watches
+            if v == "order" or w == "every_op"]
+    if not runs:
+        ap.error("--verdict timing watches every op: give --watch every_op or both")
     sections = {
         "recall": lambda: recall(a.steps, a.busy_ms),
         "graph": lambda: graph_race(min(a.steps, 2000), a.busy_ms),
@@ -413,18 +424,19 @@ def main(argv=None) -> int:
         "overhead": lambda: overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds),
         "flashinfer_shared_wrapper": flashinfer_shared_wrapper,
     }
-    res["complete"], res["left"] = False, [f"{v}/{k}" for v in verdicts for k in sections]
-    for VERDICT in verdicts:
-        part = res.setdefault("verdicts", {})[VERDICT] = {}
+    res["complete"], res["left"] = False, [f"{key}/{k}" for key, _, _ in runs for k in sections]
+    for key, VERDICT, WATCH in runs:
+        LABEL = key
+        part = res.setdefault("verdicts", {})[key] = {}
         for name, run in sections.items():
             if a.budget is not None and time.time() - t0 > a.budget:
                 print(f"--budget {a.budget:.0f} s spent: not started {', '.join(res['left'])}", flush=True)
                 return _write(res, a.out, t0)
-            print(f"{VERDICT:6s} {name} ...", flush=True)
+            print(f"{LABEL:6s} {name} ...", flush=True)
             t1 = time.time()
             part[name] = run()
             part.setdefault("seconds", {})[name] = round(time.time() - t1, 1)
-            res["left"].remove(f"{VERDICT}/{name}")
+            res["left"].remove(f"{key}/{name}")
             _print_section(name, part[name])
             _write(res, a.out, t0)  # what is done survives a timeout
     res["complete"] = True
@@ -434,13 +446,13 @@ def main(argv=None) -> int:
 def _print_section(name: str, out: dict) -> None:
     if name == "recall":
         for k, v in out.items():
-            print(f"{VERDICT:6s} recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} latent "
+            print(f"{LABEL:6s} recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} latent "
                   f"{v['latent']:6d} missed {v['missed']:4d}{'  FALSE POSITIVE' if v['false_positive'] else ''}")
     elif name == "flashinfer_shared_wrapper":
-        print(VERDICT, "flashinfer", {k: v for k, v in out.items() if k != "stderr_tail"})
+        print(LABEL, "flashinfer", {k: v for k, v in out.items() if k != "stderr_tail"})
     else:
         for k, v in out.items():
-            print(f"{VERDICT:6s} {name} {k:20s} {v}")
+            print(f"{LABEL:6s} {name} {k:20s} {v}")
     sys.stdout.flush()
 
 

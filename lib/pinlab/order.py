@@ -1,7 +1,8 @@
 """Races found by order, not by luck: :func:`detect_races` with a happens-before verdict.
 
-(Why about 800 lines, and a module of its own: the happens-before book, the hooks on every operation that orders
-the host, the byte-range matching and the emulated stream at any lag belong to one rule and read side by side.
+(Why about 950 lines, and a module of its own: the happens-before book, the hooks on every operation that orders
+the host, the byte-range matching, the copies-only watch and the emulated stream at any lag belong to one rule and
+read side by side.
 :mod:`pinlab.races` decides "pending" by asking a copy's event whether the GPU has
 run it yet, so it sees a race only when this run's timing makes it happen; a GPU that keeps up, or
 ``CUDA_LAUNCH_BLOCKING=1``, hides it. This module keeps that detector's torch function mode, hooks, copy
@@ -55,10 +56,9 @@ copies included
 (``c10::cuda::stream_synchronize`` and ``memcpy_and_sync`` in c10/cuda/CUDAFunctions.h, ``CUDAEvent`` in
 c10/cuda/CUDAEvent.h, ``synchronizeDevice`` in c10/cuda/impl/CUDAGuardImpl.h: read in torch 2.13's headers;
 the ``gpu`` tests check it on the device's torch), plus ``Event.query()`` / ``Stream.query()`` that returned
-True, which torch does not trace. The vector clocks are torch's own:
-``torch.cuda._sanitizer.StreamSynchronizations``, the book-keeping of PyTorch's CUDA sanitizer (CSAN), which
-uses the same callbacks for device tensors. Torch cannot turn its GPU trace off once on
-(c10/core/impl/GPUTrace.h: "only flipped once"; docs/facts.md F22): after the first order detector on CUDA, every CUDA event,
+True, which torch does not trace. The vector clocks follow the rule of PyTorch's CUDA sanitizer (CSAN), which
+uses the same callbacks for device tensors; :class:`_Book` says why they are not CSAN's own objects. Torch cannot
+turn its GPU trace off once on (c10/core/impl/GPUTrace.h: "only flipped once"; docs/facts.md F22): after the first order detector on CUDA, every CUDA event,
 synchronization and allocation of the process calls into Python (a few µs), and a torch error raised while
 CUDA memory or an event is freed can then come back as ``SystemError: error return without exception set``
 (docs/facts.md F24): restart the kernel (or the process) to see torch's own message. On the emulated stream
@@ -94,6 +94,7 @@ from .races import (
     RaceFinding,
     RaceReport,
     _CudaClock,
+    _RaceMode,
     _active,
     _NO_DATA,
     _PURE_WRITES,
@@ -106,6 +107,7 @@ from .races import (
 from .streams import LaggingStream, _LaggingEvent, _Mark, _Queue
 
 VERDICTS = ("order", "timing")
+WATCHES = ("every_op", "copies")
 
 
 # --- the report: two verdicts side by side ----------------------------------------------------------------
@@ -183,61 +185,77 @@ class OrderReport(RaceReport):
                 f"copies={self.copies})")
 
 
-# --- the happens-before book: torch's own vector clocks ----------------------------------------------------
+# --- the happens-before book: vector clocks, CSAN's rule ---------------------------------------------------
+
+def _merge(into: dict, other: dict) -> None:
+    """``into`` now knows everything ``other`` knows (a vector clock join: the larger sequence number per stream)."""
+    for stream, seq in other.items():
+        if seq > into.get(stream, 0):
+            into[stream] = seq
+
 
 class _Book:
-    """Which queued work the host is ordered after: torch's ``StreamSynchronizations`` (one vector clock per
-    stream and per recorded event, and the host's), with a sequence number per stream for followed copies."""
+    """Which queued work the host is ordered after: a vector clock per stream and per recorded event, and the
+    host's, with a sequence number per stream for followed copies. The rule is that of PyTorch's CUDA sanitizer
+    (CSAN, ``torch.cuda._sanitizer.StreamSynchronizations``), kept to what the host's verdict needs: CSAN also
+    hands the host's clock to every stream at each host wait, which changes no answer of :meth:`host` (the
+    host's clock only grows; ``tests/test_order.py`` checks the two agree on random sequences).
+
+    This module does not import ``torch.cuda._sanitizer``: importing it builds CSAN's handler, which registers
+    itself on torch's GPU trace (``cuda_sanitizer = CUDASanitizer()`` at module level; the callbacks in
+    ``CUDASanitizerDispatchMode.__init__``: read in torch 2.13's source, and seen on the H100 with torch 2.11).
+    Once this module turns the trace on, that handler runs at every event, stream and device synchronization of
+    the process and walks every stream it has seen: after ``tools/bench_races.py``'s graph section an event's
+    ``record()`` and ``synchronize()`` took 3.8 ms (13.5 µs before; stop 59), with or without a detector."""
 
     def __init__(self):
-        from torch.cuda._sanitizer import StreamSynchronizations
-
-        self.sync = StreamSynchronizations()
+        self.streams: dict = {}     # stream -> {stream: seq}: what work queued on it is ordered after
+        self.events: dict = {}      # event -> the clock of its stream when it was recorded
+        self.host_clock: dict = {}  # stream -> the last seq the host is ordered after
         self.seq: dict = {}
 
-    def _stream(self, stream) -> None:
-        if stream not in self.sync.current_sync_states:
-            self.sync.create_stream(stream)
+    def _clock(self, stream) -> dict:
+        clock = self.streams.get(stream)
+        if clock is None:
+            clock = self.streams[stream] = {}
+        return clock
 
     def enqueue(self, stream) -> int:
-        self._stream(stream)
         seq = self.seq.get(stream, 0) + 1
         self.seq[stream] = seq
-        self.sync.update_seq_num(stream, seq)
+        self._clock(stream)[stream] = seq
         return seq
 
     def host(self, stream) -> int:
         """The last sequence number of ``stream`` the host is ordered after (0: none)."""
-        return self.sync.host_sync_state.get(stream, 0)
+        return self.host_clock.get(stream, 0)
 
     def ordered(self, stream, seq) -> bool:
-        return seq <= self.host(stream)
+        return seq <= self.host_clock.get(stream, 0)
 
     def record(self, event, stream) -> None:
-        self._stream(stream)
-        if event not in self.sync.recorded_sync_states:
-            self.sync.create_event(event)
-        self.sync.record_state(event, stream)
+        self.events[event] = dict(self._clock(stream))
 
     def wait(self, event, stream) -> None:
         """Device-side: ``stream`` waits for ``event`` (orders GPU work, not the host)."""
-        if event in self.sync.recorded_sync_states:
-            self._stream(stream)
-            self.sync.stream_wait_for_event(stream, event)
+        clock = self.events.get(event)
+        if clock is not None:
+            _merge(self._clock(stream), clock)
 
     def event_synchronized(self, event) -> None:
-        if event in self.sync.recorded_sync_states:
-            self.sync.all_streams_wait_for_event(event)
+        clock = self.events.get(event)
+        if clock is not None:
+            _merge(self.host_clock, clock)
 
     def stream_synchronized(self, stream) -> None:
-        self._stream(stream)
-        self.sync.all_streams_wait_for_stream(stream)
+        _merge(self.host_clock, self._clock(stream))
 
     def device_synchronized(self) -> None:
-        self.sync.sync_all_streams()
+        for clock in self.streams.values():
+            _merge(self.host_clock, clock)
 
     def forget_event(self, event) -> None:
-        self.sync.recorded_sync_states.pop(event, None)
+        self.events.pop(event, None)
 
 
 # --- pending copies, by byte range -------------------------------------------------------------------------
@@ -319,9 +337,39 @@ def _covers(t: torch.Tensor, ext, lo: int, hi: int) -> bool:
 
 # --- hooks: the operations that order the host ---------------------------------------------------------------
 
-_hook_lock = threading.Lock()
-_hook_users = 0
-_hooks = None  # a contextlib.ExitStack of the patched methods while any order detector is active
+class _Patches:
+    """Methods patched while at least one detector holds them: ``targets()`` gives (class, method name, wrapper
+    maker); unittest.mock restores each method as it was when the last holder lets go, after an exception too."""
+
+    def __init__(self, targets):
+        self._targets = targets
+        self._lock = threading.Lock()
+        self.users = 0
+        self._stack = None  # a contextlib.ExitStack of the patched methods while held
+
+    def install(self) -> None:
+        with self._lock:
+            self.users += 1
+            if self.users > 1:
+                return
+            stack = contextlib.ExitStack()
+            try:
+                for cls, attr, make in self._targets():
+                    stack.enter_context(mock.patch.object(cls, attr, make(getattr(cls, attr))))
+            except BaseException:
+                stack.close()
+                self.users -= 1
+                raise
+            self._stack = stack
+
+    def remove(self) -> None:
+        with self._lock:
+            self.users -= 1
+            if not self.users and self._stack is not None:
+                self._stack.close()
+                self._stack = None
+
+
 _trace_on = False
 
 
@@ -335,7 +383,14 @@ def _stream_id(clock) -> int:
     lag = getattr(clock, "lag", None)
     if lag is not None:
         return id(lag)
-    return torch.cuda.current_stream().cuda_stream
+    # the raw cudaStream_t, as torch's GPU trace passes it: one C call (torch.cuda.current_stream() builds a
+    # Stream object, 21 µs a call under the profiler on the H100, stop 59)
+    return _raw_stream(torch._C._cuda_getDevice())
+
+
+def _raw_stream(device: int) -> int:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _ordering(update, defer: bool = False):
@@ -354,6 +409,8 @@ def _ordering(update, defer: bool = False):
 # CUDA: torch's GPU trace (fired from C++; an exception raised in a callback is logged, not raised, by
 # torch._utils.CallbackRegistry, so a race found here raises at the detector's next check)
 def _on_record(event, stream):
+    if event in _OWN_EVENTS:
+        return
     for det in _detectors():
         det._book.record(event, stream)
 
@@ -376,6 +433,7 @@ def _on_device_sync():
 
 
 def _on_event_deletion(event):
+    _OWN_EVENTS.discard(event)
     for det in _detectors():
         det._book.forget_event(event)
 
@@ -476,45 +534,70 @@ def _hook_targets() -> list:
     return targets
 
 
-def _install_hooks() -> None:
-    """While any order detector is active, the wrappers of :func:`_hook_targets` are in place (unittest.mock
-    restores each method as it was, after an exception too)."""
-    global _hook_users, _hooks
-    with _hook_lock:
-        _hook_users += 1
-        if _hook_users > 1:
-            return
-        stack = contextlib.ExitStack()
-        try:
-            for cls, attr, make in _hook_targets():
-                stack.enter_context(mock.patch.object(cls, attr, make(getattr(cls, attr))))
-        except BaseException:
-            stack.close()
-            _hook_users -= 1
-            raise
-        _hooks = stack
-
-
-def _remove_hooks() -> None:
-    global _hook_users, _hooks
-    with _hook_lock:
-        _hook_users -= 1
-        if not _hook_users and _hooks is not None:
-            _hooks.close()
-            _hooks = None
+#: while any order detector is active, the wrappers of :func:`_hook_targets` are in place
+_HOOKS = _Patches(_hook_targets)
+_install_hooks, _remove_hooks = _HOOKS.install, _HOOKS.remove
 
 
 class _QuietCudaClock(_CudaClock):
     """The timing clock of :mod:`pinlab.races`, whose own event queries do not count as the program's (they
-    bypass the ``query()`` wrapper that orders the host). Its events are not recycled: a graph replay's copies
-    share one, and a copy stays followed until the host orders it, long after its event completed."""
+    bypass the ``query()`` wrapper that orders the host). A mark (an event recorded after a copy) is held by each
+    followed copy it marks (a graph replay's copies share one) until the host orders the copy, long after the
+    event completed; then it goes back to a pool of at most 64 and is recorded again for a later copy. It is
+    recorded on the current stream through a cached ``torch.cuda.Stream`` (``Event.record()`` would build one
+    per copy), and the GPU trace's record callback skips it (:data:`_OWN_EVENTS`): the book needs the program's
+    events only."""
+
+    def __init__(self):
+        super().__init__()
+        self._held: dict = {}     # mark -> how many followed copies hold it
+        self._streams: dict = {}  # (device, raw cudaStream_t) -> the torch.cuda.Stream that records on it
+
+    def mark(self):
+        ev = self._free.pop() if self._free else torch.cuda.Event()
+        dev = torch._C._cuda_getDevice()
+        key = (dev, _raw_stream(dev))
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) > 64:
+                self._streams.clear()
+            stream = self._streams[key] = torch.cuda.current_stream(dev)
+        new = not ev.cuda_event  # CUDA creates a new event at its first record (a pooled one is in _OWN_EVENTS)
+        torch._C._CudaEventBase.record(ev, stream)
+        if new:  # its first record was traced before its handle was known
+            _OWN_EVENTS.add(ev.cuda_event)
+            for det in _detectors():
+                det._book.forget_event(ev.cuda_event)
+        return ev
 
     @staticmethod
     def done(mark) -> bool:
         return torch._C._CudaEventBase.query(mark)
 
+    def hold(self, mark) -> None:
+        self._held[mark] = self._held.get(mark, 0) + 1
+
     def release(self, mark) -> None:
-        return None
+        n = self._held.get(mark, 0) - 1
+        if n > 0:
+            self._held[mark] = n
+            return
+        self._held.pop(mark, None)
+        super().release(mark)  # the pool of at most 64
+
+
+#: the cudaEvent_t handles of the order detectors' own marks (:class:`_QuietCudaClock`): their records are not the
+#: program's; a handle leaves the set when torch destroys its event (CUDA may hand the handle out again)
+_OWN_EVENTS: set = set()
+
+
+def _released(clock, positions) -> None:
+    """Give back the marks of followed copies the detector drops (ordered, flagged or freed)."""
+    release = getattr(clock, "release", None)
+    if release is not None:
+        for pos in positions:
+            if pos[2] is not None:
+                release(pos[2])
 
 
 # --- the detector ------------------------------------------------------------------------------------------
@@ -614,10 +697,13 @@ class OrderDetector(RaceDetector):
             self._ring.append(p)
             self._tracked += 1
         p.positions.append((stream, seq, mark, ordinal))
+        if mark is not None and hasattr(clock, "hold"):
+            clock.hold(mark)
         self._streams.setdefault(stream, deque()).append((seq, p))
 
     def _retire(self, p: _Pending) -> None:
         super()._retire(p)
+        _released(p.clock, p.positions)
         p.positions.clear()
 
     def _settle(self) -> None:
@@ -637,7 +723,7 @@ class OrderDetector(RaceDetector):
                     self._deferred = self._deferred or err
                 if p.live:
                     while p.positions and book.ordered(p.positions[0][0], p.positions[0][1]):
-                        p.positions.popleft()
+                        _released(p.clock, (p.positions.popleft(),))
                     if not p.positions:
                         self._retire(p)
         if any_ordered:
@@ -741,6 +827,94 @@ class OrderDetector(RaceDetector):
                             f"this kind.)")
 
 
+# --- watch="copies": the copies, a few reads and writes, and the ordering operations; not every torch call ------
+
+class _WatchMode(_RaceMode):
+    """A :class:`pinlab.races._RaceMode` that is not pushed on torch's function-mode stack (a mode there sees every
+    torch call: 1.19-1.82x host time alone on the course's step loops, stop 59 on an H100). Only the
+    ``torch.Tensor`` methods :data:`WATCHED` names reach it, through :func:`_watched`."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+#: what watch="copies" follows: the copies (each one queued is followed, and the same memory's pending copies are
+#: compared first), the host writes and reads most code uses on pinned memory; every other write is judged by
+#: its bytes where order is decided (an ordering operation, the next copy from the same memory, a scan, the end
+#: of the block), and every other read is not seen (watch="every_op" sees them: it locates the exact write)
+WATCHED = ("copy_", "to", "cuda", "__setitem__", "__bool__", "item", "tolist", "numpy", "__int__", "__float__",
+           "__index__")
+
+_watch_local = threading.local()
+
+
+def _watchers() -> list:
+    """The watch="copies" detectors active in this thread, innermost first."""
+    return [d for d in reversed(_active()) if isinstance(d, WatchDetector) and d._modes]
+
+
+def _watched(name: str, orig):
+    """``torch.Tensor.<name>`` while a watcher is active: the call goes through each active watcher's mode, as a
+    torch function mode's call would (the detector's own torch calls, and those the emulated GPU makes while it
+    runs queued work, go straight to torch)."""
+    def method(*args, **kwargs):
+        if getattr(_watch_local, "busy", False):
+            return orig(*args, **kwargs)
+        dets = _watchers()
+        if not dets:
+            return orig(*args, **kwargs)
+        _watch_local.busy = True
+        try:
+            call = orig
+            for det in reversed(dets):  # the innermost detector sees the call first, as on torch's mode stack
+                call = _through(det._modes[-1], call, name)
+            return call(*args, **kwargs)
+        finally:
+            _watch_local.busy = False
+    method.__name__ = name
+    method.__qualname__ = f"Tensor.{name}"
+    method.__doc__ = getattr(orig, "__doc__", None)
+    return method
+
+
+def _through(mode, inner, name: str):
+    def call(*args, **kwargs):
+        return mode.__torch_function__(inner, (), args, kwargs)
+    call.__name__ = name
+    return call
+
+
+#: while any watch="copies" detector is active, torch.Tensor's :data:`WATCHED` methods go through :func:`_watched`
+_WATCH = _Patches(lambda: [(torch.Tensor, name, lambda orig, name=name: _watched(name, orig)) for name in WATCHED])
+_install_watch, _remove_watch = _WATCH.install, _WATCH.remove
+
+
+class WatchDetector(OrderDetector):
+    """:class:`OrderDetector` (the happens-before verdict) that follows only the calls :data:`WATCHED` names and the
+    ordering operations, not every torch call: ``detect_races(watch="copies")``. What it cannot see: a write
+    through another torch call that leaves the bytes as they were (``buf.zero_()`` of zeros), and a read through
+    another torch call (``flags.any()``); ``watch="every_op"`` sees both."""
+
+    _mode_class = _WatchMode
+
+    def __enter__(self) -> OrderReport:
+        _install_watch()
+        try:
+            return super().__enter__()
+        except BaseException:
+            _remove_watch()
+            raise
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            return super().__exit__(exc_type, exc, tb)
+        finally:
+            _remove_watch()
+
+
 # --- the emulated stream at any lag --------------------------------------------------------------------------
 
 class _BoundedQueue(_Queue):
@@ -775,20 +949,30 @@ def lagging_stream(lag: int = 0) -> LaggingStream:
 # --- the entry point -----------------------------------------------------------------------------------------
 
 def detect_races(*, verdict: str = "order", raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_copy: int = 2,
-                 callers=None):
+                 callers=None, watch: str = "every_op"):
     """Report where your host code can touch memory a queued copy has not finished with:
     ``with detect_races() as races: ...``.
 
     ``verdict``: ``"order"`` (the default, see the module docstring: races the program's order allows, each
     with how many raced in this run) or ``"timing"`` (:func:`pinlab.races.detect_races`: only races this run's
-    timing made happen). The other arguments are :func:`pinlab.races.detect_races`'s.
+    timing made happen). ``watch`` (order verdict only): ``"every_op"`` (the default: a torch function mode sees
+    every torch call, and a write is found where it is made, whatever it writes) or ``"copies"``
+    (:class:`WatchDetector`: the copies, the calls :data:`WATCHED` names and the ordering operations; a write
+    elsewhere is found by its bytes where order is decided). The other arguments are
+    :func:`pinlab.races.detect_races`'s.
     """
     if not isinstance(verdict, str) or verdict not in VERDICTS:
         raise ValueError(f"verdict must be one of {list(VERDICTS)} ('order': what the program's order allows; "
                          f"'timing': what this run's timing made happen), got {verdict!r}")
-    cls = OrderDetector if verdict == "order" else RaceDetector
+    if not isinstance(watch, str) or watch not in WATCHES:
+        raise ValueError(f"watch must be one of {list(WATCHES)} ('every_op': every torch call, to locate the exact "
+                         f"write; 'copies': the copies and the ordering operations, cheaper), got {watch!r}")
+    if watch == "copies" and verdict != "order":
+        raise ValueError("watch='copies' needs verdict='order' (the timing verdict asks each copy's event at every "
+                         "torch call: it watches every op)")
+    cls = (WatchDetector if watch == "copies" else OrderDetector) if verdict == "order" else RaceDetector
     return cls(raise_on=raise_on, max_shadow_bytes=max_shadow_bytes, scan_per_copy=scan_per_copy, callers=callers)
 
 
-__all__ = ["KINDS", "VERDICTS", "OrderDetector", "OrderFinding", "OrderReport", "RaceError", "detect_races",
-           "lagging_stream"]
+__all__ = ["KINDS", "VERDICTS", "WATCHED", "WATCHES", "OrderDetector", "OrderFinding", "OrderReport", "RaceError",
+           "WatchDetector", "detect_races", "lagging_stream"]

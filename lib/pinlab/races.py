@@ -543,6 +543,10 @@ class RaceDetector:
     for nesting, make a second detector.
     """
 
+    #: the torch function mode each block enters (pinlab.order's watch="copies" gives one that is not pushed on
+    #: torch's mode stack: only the calls it patches reach it)
+    _mode_class = _RaceMode
+
     def __init__(self, *, raise_on=None, max_shadow_bytes: int = 1 << 20, scan_per_copy: int = 2, callers=None):
         if raise_on is None or raise_on is False:
             raise_on = frozenset()
@@ -590,7 +594,7 @@ class RaceDetector:
         self._clock = clock
         _install_hooks()
         try:
-            mode = _RaceMode(self, clock if clock is not None else _NoClock())
+            mode = self._mode_class(self, clock if clock is not None else _NoClock())
             mode.__enter__()
         except BaseException:
             _remove_hooks()
@@ -626,7 +630,7 @@ class RaceDetector:
         return any(lag._draining for lag in self._lags)
 
     def _enter_child(self, lag):
-        mode = _RaceMode(self, _EmulatedClock(lag))
+        mode = self._mode_class(self, _EmulatedClock(lag))
         mode.__enter__()
         self._modes.append(mode)
         self._lags.append(lag)

@@ -113,11 +113,11 @@ def cuda_time(fn, *, repeat: int = 10, warmup: int = 1) -> Stats:
     return Stats.of(samples)
 
 
-def interleaved(names, rounds: int, run) -> dict:
+def interleaved(names, rounds: int, run, desc: str | None = None) -> dict:
     """``run(name, r)`` for every name in each of ``rounds`` rounds, the order rotating by one each round
     (round ``r`` starts at ``names[r % len(names)]``), so that a slow spell of the machine falls on every
-    name, not on one. Returns ``{name: [run's result in round 0, 1, ...]}``: the rounds loop of lessons 04
-    and 06's comparisons."""
+    name, not on one. Returns ``{name: [run's result in round 0, 1, ...]}``: the rounds loop of every
+    comparison of the course. ``desc``: a progress bar over the rounds, with that text (long work)."""
     if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
         raise TypeError(f"names must be a list of what to compare, got {type(names).__name__}")
     names = list(names)
@@ -126,7 +126,11 @@ def interleaved(names, rounds: int, run) -> dict:
     rounds = positive_int("rounds", rounds)
     callable_arg("run", run)
     out = {k: [] for k in names}
-    for r in range(rounds):
+    if desc is not None:
+        from .progress import progress
+
+        text_arg("desc", desc)
+    for r in range(rounds) if desc is None else progress(range(rounds), desc=desc):
         for k in names[r % len(names):] + names[:r % len(names)]:
             out[k].append(run(k, r))
     return out

@@ -27,7 +27,7 @@ from ..device import require_cuda
 from ..plots import MAX_WIDTH_IN
 from ..profiler import gpu_kernel_idle_share, merge_spans, profile_runs, trace_path
 from ..progress import progress
-from ..timing import Stats
+from ..timing import Stats, interleaved
 
 from .l02_fake_non_blocking import GiB, KiB, MiB, _blocked_rows, _busy, _number_list
 
@@ -603,16 +603,17 @@ def overlap_loop(one_stream_fn, copy_stream_fn, compute_fn, steps: int = 40, rou
         return [sums[i % n_inputs] for i in range(n)]
 
     warmup(_busy(1.0), *[lambda m=m: run(m, 3) for m in OVERLAP_MODES])
-    per_step = {m: [] for m in OVERLAP_MODES}
-    wrong = {m: 0 for m in OVERLAP_MODES}
-    for _ in progress(range(rounds), desc="one stream vs a copy stream"):
-        for m in OVERLAP_MODES:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = run(m, steps)
-            torch.cuda.synchronize()
-            per_step[m].append((time.perf_counter() - t0) * 1e3 / steps)
-            wrong[m] += wrong_steps(out.tolist(), expected(steps))
+    def one_round(m, _r):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = run(m, steps)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3 / steps, wrong_steps(out.tolist(), expected(steps))
+
+    # the order rotates each round, so that a slow spell of the machine falls on every mode, not on one
+    got = interleaved(list(OVERLAP_MODES), rounds, one_round, desc="one stream vs a copy stream")
+    per_step = {m: [ms for ms, _ in got[m]] for m in OVERLAP_MODES}
+    wrong = {m: sum(w for _, w in got[m]) for m in OVERLAP_MODES}
     modes = {}
     for m in OVERLAP_MODES:
         ms = statistics.median(per_step[m])

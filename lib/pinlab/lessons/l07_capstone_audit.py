@@ -62,6 +62,7 @@ from ..device import require_cuda
 from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, page_indices
 from ..steploop import cuda_or
 from ..text import fmt_bytes  # noqa: F401 - the audit's sizes; notebook 07 calls l07.fmt_bytes
+from ..timing import interleaved
 
 MiB = 1024 * 1024
 
@@ -940,22 +941,24 @@ def throughput(loops, *, steps: int = 150, rounds: int = 3, warm_steps: int = 10
         m.pin_plan_inputs = name in pinned
         fn(m, min(warm_steps, steps))
         torch.cuda.synchronize()
-    per = {name: [] for name in loops}
-    spans = {name: [] for name in loops}
-    for _ in range(rounds):
-        for name, fn in loops.items():
-            m.reset()
-            m.pin_plan_inputs = name in pinned
-            clock = m.span = _SpanClock()
+
+    def one_round(name, _r):
+        m.reset()
+        m.pin_plan_inputs = name in pinned
+        clock = m.span = _SpanClock()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            loops[name](m, steps)
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            try:
-                fn(m, steps)
-                torch.cuda.synchronize()
-            finally:
-                m.span = _no_span
-            per[name].append((time.perf_counter() - t0) * 1e3)
-            spans[name].append({k: v / steps for k, v in clock.ms.items()})
+        finally:
+            m.span = _no_span
+        return (time.perf_counter() - t0) * 1e3, {k: v / steps for k, v in clock.ms.items()}
+
+    # the order rotates each round, so that a slow spell of the machine falls on every loop, not on one
+    runs = interleaved(list(loops), rounds, one_round)
+    per = {name: [ms for ms, _ in got] for name, got in runs.items()}
+    spans = {name: [sp for _, sp in got] for name, got in runs.items()}
     res = {"backend": m.backend, "loops": {}}
     for name, ms in per.items():
         i = sorted(range(len(ms)), key=ms.__getitem__)[len(ms) // 2]  # the median round

@@ -35,6 +35,7 @@ from .. import steploop
 from ..args import INT32_MAX, positive_int, positive_number
 from ..claims import Reasons
 from ..device import require_cuda
+from ..timing import interleaved
 
 __all__ = ["VARIANTS", "RACY", "RINGS", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost",
            "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory",
@@ -198,7 +199,8 @@ def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: 
                  busy_ms: float = 0.0, ring_depth: int = 3) -> dict:
     """Host µs per step of each variant's staging (metadata write, copies, replay call), CUDA only.
 
-    ``rounds`` interleaved rounds (every variant once per round, in turn) of ``steps`` steps each, with a
+    ``rounds`` interleaved rounds (every variant once per round, the order rotating each round:
+    :func:`pinlab.timing.interleaved`) of ``steps`` steps each, with a
     synchronize after every round: the launch queue never fills, so the time is the host's own cost. Keep
     ``busy_ms`` below the host's time per step: a GPU slower than the host makes the rings wait for their
     events, and their time is then the GPU's pace (on the H200, 0.05 ms made both rings cost 50 µs, the busy
@@ -215,22 +217,23 @@ def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: 
     _staging_bytes(tensors, n_ints, ring_depth * len(names))
     require_cuda("staging_cost()")
     s = steploop.cuda_or(None, "staging_cost()")
-    medians = {v: [] for v in names}
     with s:
         depths = {v: ring_depth if v in RINGS else 1 for v in names}
         parts = {v: _stage_parts(v, s, tensors, n_ints, depths[v]) for v in names}
-        for _ in range(rounds):
-            for v in names:
-                events = [None] * depths[v]
-                ns = []
-                for n in range(steps):
-                    t0 = time.perf_counter_ns()
-                    _step(v, n, n % depths[v], parts[v], events, s, tensors)
-                    ns.append(time.perf_counter_ns() - t0)
-                    if busy_ms:
-                        s.busy(busy_ms)
-                s.synchronize()
-                medians[v].append(statistics.median(ns) / 1e3)
+
+        def one_round(v, _r):
+            events = [None] * depths[v]
+            ns = []
+            for n in range(steps):
+                t0 = time.perf_counter_ns()
+                _step(v, n, n % depths[v], parts[v], events, s, tensors)
+                ns.append(time.perf_counter_ns() - t0)
+                if busy_ms:
+                    s.busy(busy_ms)
+            s.synchronize()
+            return statistics.median(ns) / 1e3
+
+        medians = interleaved(names, rounds, one_round)  # the order rotates each round
     rows = [{"variant": v, "host_us": statistics.median(m), "round_medians_us": m} for v, m in medians.items()]
     return {"tensors": tensors, "n_ints": n_ints, "rounds": rounds, "steps": steps, "busy_ms": busy_ms,
             "rows": rows}
