@@ -385,25 +385,6 @@ def test_a_bad_verdict_names_the_argument(bad):
         detect_races(verdict=bad)
 
 
-def test_a_cuda_mark_goes_back_to_the_pool_when_the_last_copy_holding_it_lets_go():
-    """_QuietCudaClock's marks are counted per followed copy (a graph replay's copies share one) and pooled (at most
-    64) once none holds them; the pure-Python part, the CUDA child runs the rest."""
-    clock = order._QuietCudaClock()
-    m1, m2 = object(), object()
-    clock.hold(m1)
-    clock.hold(m1)
-    clock.hold(m2)
-    order._released(clock, [(7, 1, m1, 0)])
-    assert clock._free == [] and clock._held == {m1: 1, m2: 1}
-    order._released(clock, [(7, 2, m1, 1), (7, 3, None, 2), (7, 4, m2, 3)])
-    assert clock._free == [m1, m2] and clock._held == {}
-    for _ in range(70):
-        m = object()
-        clock.hold(m)
-        clock.release(m)
-    assert len(clock._free) == 64
-
-
 # --- watch="copies": the copies and the ordering operations, not every torch call --------------------------------
 
 def test_watching_copies_pushes_no_torch_function_mode_and_restores_torchs_methods():

@@ -409,8 +409,6 @@ def _ordering(update, defer: bool = False):
 # CUDA: torch's GPU trace (fired from C++; an exception raised in a callback is logged, not raised, by
 # torch._utils.CallbackRegistry, so a race found here raises at the detector's next check)
 def _on_record(event, stream):
-    if event in _OWN_EVENTS:
-        return
     for det in _detectors():
         det._book.record(event, stream)
 
@@ -433,7 +431,6 @@ def _on_device_sync():
 
 
 def _on_event_deletion(event):
-    _OWN_EVENTS.discard(event)
     for det in _detectors():
         det._book.forget_event(event)
 
@@ -541,63 +538,18 @@ _install_hooks, _remove_hooks = _HOOKS.install, _HOOKS.remove
 
 class _QuietCudaClock(_CudaClock):
     """The timing clock of :mod:`pinlab.races`, whose own event queries do not count as the program's (they
-    bypass the ``query()`` wrapper that orders the host). A mark (an event recorded after a copy) is held by each
-    followed copy it marks (a graph replay's copies share one) until the host orders the copy, long after the
-    event completed; then it goes back to a pool of at most 64 and is recorded again for a later copy. It is
-    recorded on the current stream through a cached ``torch.cuda.Stream`` (``Event.record()`` would build one
-    per copy), and the GPU trace's record callback skips it (:data:`_OWN_EVENTS`): the book needs the program's
-    events only."""
-
-    def __init__(self):
-        super().__init__()
-        self._held: dict = {}     # mark -> how many followed copies hold it
-        self._streams: dict = {}  # (device, raw cudaStream_t) -> the torch.cuda.Stream that records on it
-
-    def mark(self):
-        ev = self._free.pop() if self._free else torch.cuda.Event()
-        dev = torch._C._cuda_getDevice()
-        key = (dev, _raw_stream(dev))
-        stream = self._streams.get(key)
-        if stream is None:
-            if len(self._streams) > 64:
-                self._streams.clear()
-            stream = self._streams[key] = torch.cuda.current_stream(dev)
-        new = not ev.cuda_event  # CUDA creates a new event at its first record (a pooled one is in _OWN_EVENTS)
-        torch._C._CudaEventBase.record(ev, stream)
-        if new:  # its first record was traced before its handle was known
-            _OWN_EVENTS.add(ev.cuda_event)
-            for det in _detectors():
-                det._book.forget_event(ev.cuda_event)
-        return ev
+    bypass the ``query()`` wrapper that orders the host). Its events are not recycled: a graph replay's copies
+    share one, and a copy stays followed until the host orders it, long after its event completed. (Stop 60: a
+    pool of marks, held per copy and recorded again once ordered, crashed the CUDA process with a segmentation
+    fault in ``check_pin_snapshot``'s recycled-snapshot cases, on the H100 with torch 2.11, whether the pool or the
+    cached recording stream was left out alone; without both it passed. Not pooled until that is understood.)"""
 
     @staticmethod
     def done(mark) -> bool:
         return torch._C._CudaEventBase.query(mark)
 
-    def hold(self, mark) -> None:
-        self._held[mark] = self._held.get(mark, 0) + 1
-
     def release(self, mark) -> None:
-        n = self._held.get(mark, 0) - 1
-        if n > 0:
-            self._held[mark] = n
-            return
-        self._held.pop(mark, None)
-        super().release(mark)  # the pool of at most 64
-
-
-#: the cudaEvent_t handles of the order detectors' own marks (:class:`_QuietCudaClock`): their records are not the
-#: program's; a handle leaves the set when torch destroys its event (CUDA may hand the handle out again)
-_OWN_EVENTS: set = set()
-
-
-def _released(clock, positions) -> None:
-    """Give back the marks of followed copies the detector drops (ordered, flagged or freed)."""
-    release = getattr(clock, "release", None)
-    if release is not None:
-        for pos in positions:
-            if pos[2] is not None:
-                release(pos[2])
+        return None
 
 
 # --- the detector ------------------------------------------------------------------------------------------
@@ -697,13 +649,10 @@ class OrderDetector(RaceDetector):
             self._ring.append(p)
             self._tracked += 1
         p.positions.append((stream, seq, mark, ordinal))
-        if mark is not None and hasattr(clock, "hold"):
-            clock.hold(mark)
         self._streams.setdefault(stream, deque()).append((seq, p))
 
     def _retire(self, p: _Pending) -> None:
         super()._retire(p)
-        _released(p.clock, p.positions)
         p.positions.clear()
 
     def _settle(self) -> None:
@@ -723,7 +672,7 @@ class OrderDetector(RaceDetector):
                     self._deferred = self._deferred or err
                 if p.live:
                     while p.positions and book.ordered(p.positions[0][0], p.positions[0][1]):
-                        _released(p.clock, (p.positions.popleft(),))
+                        p.positions.popleft()
                     if not p.positions:
                         self._retire(p)
         if any_ordered:
