@@ -109,17 +109,12 @@ class _Gate:
             if watch not in _WATCHES:
                 raise pytest.UsageError(f"pinlab_races_watch must be one of {list(_WATCHES)}, got {watch!r} "
                                         f"(in the ini file)")
-            if verdict == "order":
-                from pinlab.order import detect_races
-
-                self.detectors["races"] = detect_races(watch=watch)
-            elif watch != "every_op":
+            if verdict == "timing" and watch != "every_op":
                 raise pytest.UsageError("pinlab_races_watch = copies needs pinlab_races_verdict = order (the timing "
                                         "verdict watches every op)")
-            else:
-                from pinlab.races import detect_races
+            from pinlab.order import detect_races  # both verdicts (timing: pinlab.races.detect_races's detector)
 
-                self.detectors["races"] = detect_races()
+            self.detectors["races"] = detect_races(verdict=verdict, watch=watch)
             self.reports["races"] = self.detectors["races"].report
         if "stalls" in which:
             from pinlab.detector import detect_stalls

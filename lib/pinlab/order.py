@@ -385,12 +385,8 @@ def _stream_id(clock) -> int:
         return id(lag)
     # the raw cudaStream_t, as torch's GPU trace passes it: one C call (torch.cuda.current_stream() builds a
     # Stream object, 21 µs a call under the profiler on the H100, stop 59)
-    return _raw_stream(torch._C._cuda_getDevice())
-
-
-def _raw_stream(device: int) -> int:
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return raw(torch._C._cuda_getDevice()) if raw is not None else torch.cuda.current_stream().cuda_stream
 
 
 def _ordering(update, defer: bool = False):
