@@ -542,3 +542,19 @@ def test_interleaved_shows_progress_over_the_rounds_when_asked(capsys):
     assert "comparing" in capsys.readouterr().err
     with pytest.raises((TypeError, ValueError), match="desc"):
         interleaved(["a"], 1, lambda k, r: None, desc=3)
+
+
+def test_the_race_detector_is_imported_where_first_used():
+    """``import pinlab`` leaves pinlab.order and pinlab.races out of sys.modules (a notebook's recorded deps):
+    a change to the race detector renews only the lessons that use it (issue 44). ``pinlab.detect_races`` and
+    ``from pinlab import RaceError`` still work, and an unknown name is an AttributeError naming it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pinlab; before = sorted(m for m in ('pinlab.order', 'pinlab.races') if m in sys.modules); "
+            "from pinlab import RaceError, detect_races; "
+            "print(before, detect_races.__module__, RaceError.__name__, 'detect_races' in dir(pinlab))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "pinlab.order", "RaceError", "True"], out
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        pinlab.no_such_name

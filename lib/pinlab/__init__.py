@@ -6,7 +6,6 @@ from .detector import StallError, detect_stalls
 from .device import facts, flashinfer_status, has_cuda, pinned_memory_available
 from .doctor import doctor
 from .h2d import async_tensor_h2d, pin_snapshot
-from .order import RaceError, detect_races
 from .hostmem import (PINNED_BACK_WHY, host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .probe import apply_limits, machine_summary, platform_facts
@@ -26,5 +25,25 @@ __all__ = [
     "wall_ms", "warmup",
     "ClaimError", "Reasons", "claim", "claims", "observe", "machine_summary", "platform_facts",
 ]
+
+#: imported where first used (PEP 562), not here: a notebook that never asks for the race detector does not
+#: record pinlab.order and pinlab.races among its deps, so a change to them renews only the lessons that use
+#: them (issue 44: evidence scoped to what it proves)
+_LAZY = {"detect_races": "order", "RaceError": "order"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pinlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 apply_limits()  # $PINLAB_VRAM_LIMIT_GIB: a smaller GPU, imitated (tools/gpu_suite.py --adverse)
