@@ -545,16 +545,21 @@ def test_interleaved_shows_progress_over_the_rounds_when_asked(capsys):
 
 
 def test_the_race_detector_is_imported_where_first_used():
-    """``import pinlab`` leaves pinlab.order and pinlab.races out of sys.modules (a notebook's recorded deps):
-    a change to the race detector renews only the lessons that use it (issue 44). ``pinlab.detect_races`` and
-    ``from pinlab import RaceError`` still work, and an unknown name is an AttributeError naming it."""
+    """``import pinlab`` leaves the take-home tools' modules (order, races, detector, h2d) out of sys.modules (a
+    notebook's recorded deps): a change to one renews only the lessons that use it (issue 44). ``pinlab.detect_races``,
+    ``from pinlab import RaceError`` and the rest still work, and an unknown name is an AttributeError naming it."""
     import subprocess
     import sys
 
-    code = ("import sys, pinlab; before = sorted(m for m in ('pinlab.order', 'pinlab.races') if m in sys.modules); "
+    tools = ("order", "races", "detector", "h2d")
+    code = (f"import sys, pinlab; print([m for m in {tools!r} if 'pinlab.' + m in sys.modules]); "
             "from pinlab import RaceError, detect_races; "
-            "print(before, detect_races.__module__, RaceError.__name__, 'detect_races' in dir(pinlab))")
+            "print(detect_races.__module__, RaceError.__name__, 'detect_races' in dir(pinlab)); "
+            "print(pinlab.detect_stalls.__module__, pinlab.StallError.__name__, pinlab.pin_snapshot.__module__, "
+            "pinlab.async_tensor_h2d.__module__, all(hasattr(pinlab, n) for n in pinlab.__all__))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["[]", "pinlab.order", "RaceError", "True"], out
+    assert out.split() == ["[]", "pinlab.order", "RaceError", "True", "pinlab.detector", "StallError", "pinlab.h2d",
+                           "pinlab.h2d", "True"], out
+    assert not set(pinlab._LAZY) & {"order", "races", "detector", "h2d", "doctor"}  # a submodule's name shadows it
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         pinlab.no_such_name

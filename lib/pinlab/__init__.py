@@ -2,10 +2,8 @@
 from .args import CudaUnavailableError
 from .busy import cycles_per_ms, gpu_busy, wall_ms, warmup
 from .claims import ClaimError, Reasons, claim, claims, observe
-from .detector import StallError, detect_stalls
 from .device import facts, flashinfer_status, has_cuda, pinned_memory_available
 from .doctor import doctor
-from .h2d import async_tensor_h2d, pin_snapshot
 from .hostmem import (PINNED_BACK_WHY, host_stats, next_pow2, pinned_back_to, pinned_baseline, pinned_bytes_held,
                       release_cached_host_blocks)
 from .probe import apply_limits, machine_summary, platform_facts
@@ -26,10 +24,12 @@ __all__ = [
     "ClaimError", "Reasons", "claim", "claims", "observe", "machine_summary", "platform_facts",
 ]
 
-#: imported where first used (PEP 562), not here: a notebook that never asks for the race detector does not
-#: record pinlab.order and pinlab.races among its deps, so a change to them renews only the lessons that use
-#: them (issue 44: evidence scoped to what it proves)
-_LAZY = {"detect_races": "order", "RaceError": "order"}
+#: the take-home tools, imported where first used (PEP 562), not here: a notebook that never asks for one does
+#: not record its modules among its deps, so a change to the race detector (order.py, races.py), the stall
+#: detector (detector.py) or the copy helpers (h2d.py) renews only the lessons that use them (issue 44: evidence
+#: scoped to what it proves). No name here may be a submodule's name (``pinlab.doctor`` is both: it stays eager)
+_LAZY = {"detect_races": "order", "RaceError": "order", "detect_stalls": "detector", "StallError": "detector",
+         "async_tensor_h2d": "h2d", "pin_snapshot": "h2d"}
 
 
 def __getattr__(name: str):
