@@ -232,8 +232,11 @@ def test_lesson_07s_gate_run_is_in_its_scope(tmp_path):
     assert {"lib/pinlab_pytest.py", "examples/race_gate/test_step_loop.py"} <= inputs
     lib = str(ROOT / "lib")
     env = gate_env()
+    # the kernel as lesson 07 uses pinlab: its lesson module, pinlab.detect_stalls (section 2) and
+    # pinlab.races.detect_races (section 2b); `import pinlab` alone imports neither detector (pinlab._LAZY)
     kernel = subprocess.run([sys.executable, "-c", _LIB_FILES + "import pinlab\n"
-                             "from pinlab.lessons import l07_capstone_audit\ndump()", lib],
+                             "from pinlab.lessons import l07_capstone_audit\npinlab.detect_stalls\n"
+                             "from pinlab.races import detect_races\ndump()", lib],
                             capture_output=True, text=True, env=env, timeout=300)
     suite = tmp_path / "suite"
     shutil.copytree(ROOT / "examples" / "race_gate", suite, ignore=shutil.ignore_patterns("__pycache__"))
