@@ -146,4 +146,3 @@ def test_gpu_the_stream_a_copy_is_queued_on_is_the_one_torchs_trace_names():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         assert order._stream_id(clock) == side.cuda_stream == torch.cuda.current_stream().cuda_stream
-

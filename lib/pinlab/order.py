@@ -231,7 +231,7 @@ class _Book:
         return self.host_clock.get(stream, 0)
 
     def ordered(self, stream, seq) -> bool:
-        return seq <= self.host_clock.get(stream, 0)
+        return seq <= self.host(stream)
 
     def record(self, event, stream) -> None:
         self.events[event] = dict(self._clock(stream))
