@@ -19,6 +19,8 @@ stream).
   loop that makes no pending pinned copy (HF ``generate()`` on a tiny random Llama where transformers is
   installed, else small GPU ops); µs per torch call and per followed copy; and (``unit_costs``) µs per followed
   copy and per ordering operation (an event recorded and synchronized) measured alone.
+* ``--profile``: where the detector's host time goes, per followed copy and per step of the snapshot loop
+  (cProfile, the 20 functions of most own time; last, so the figures above it are unprofiled).
 * FlashInfer (where installed): one shared decode wrapper re-planned ahead of a busy GPU, in a subprocess
   (it can kill the CUDA context): does the detector flag it before the process dies?
 
@@ -368,6 +370,52 @@ def flashinfer_shared_wrapper() -> dict:
             "stderr_errors": errors, "stderr_tail": p.stderr[-800:]}
 
 
+def _top(prof, per: int, n: int = 20) -> list:
+    """The ``n`` functions of most own time in a cProfile run: [where, calls, own µs per unit, total µs per unit]."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:n]
+    return [[f"{Path(f).name}:{line}({fn})", nc, round(tt * 1e6 / per, 2), round(ct * 1e6 / per, 2)]
+            for (f, line, fn), (_, nc, tt, ct, _) in rows]
+
+
+def profile(steps: int, n: int = 2000) -> dict:
+    """Where the detector's host time goes: cProfile of ``n`` followed copies from one pinned buffer (as
+    :func:`unit_costs`) and of ``steps`` steps of the snapshot loop, each under the detector, per copy and per step
+    (µs; cProfile's own cost inflates every figure, their shares are what to read). Stop 62 (H100): a followed copy
+    cost 73-112 µs of host time on CUDA against 7-50 µs on the emulated stream, unexplained without this."""
+    import cProfile
+
+    s = _stream()
+    out = {}
+    with s:
+        buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+        dst = torch.zeros(64, dtype=torch.int32, device=s.device)
+
+        def copies():
+            for _ in range(n):
+                dst.copy_(buf, non_blocking=True)
+            s.synchronize()
+
+        def loop():
+            steploop.plain_loop(_stream(), "snapshot", steps=steps, n_ints=64, busy_ms=0.02, run_ahead=None,
+                                per_step=False)
+
+        for name, fn, per in (("copies", copies, n), ("snapshot_loop", loop, steps)):
+            with detect_races():
+                fn()  # warm
+            prof = cProfile.Profile()
+            t = time.perf_counter()
+            with detect_races():
+                prof.enable()
+                fn()
+                prof.disable()
+            out[name] = {"per": per, "us_per_unit_profiled": round((time.perf_counter() - t) * 1e6 / per, 2),
+                         "top": _top(prof, per)}
+    return out
+
+
 def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -380,7 +428,9 @@ def main(argv=None) -> int:
                     help="the detector's verdict to measure (both: order, then timing)")
     ap.add_argument("--watch", choices=("both",) + order.WATCHES, default="both",
                     help="what the order verdict watches (both: every_op, then copies; the timing verdict: every_op)")
-    ap.add_argument("--profile", action="store_true", help="also profile one detected loop (cProfile, top 25)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile, for each verdict and watch, 2,000 followed copies and the snapshot step loop "
+                         "under the detector (cProfile: the 20 functions of most own time, in the JSON's \"profile\")")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
                     help="start no section after S seconds; what was left is named in the JSON (\"left\")")
     a = ap.parse_args(argv)
@@ -389,20 +439,6 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.budget is not None and a.budget <= 0:
         ap.error(f"--budget must be a positive number of seconds, got {a.budget}")
-    if a.profile:
-        import cProfile
-        import pstats
-
-        with detect_races():  # warm
-            steploop.plain_loop(_stream(), "snapshot", steps=200, n_ints=64, busy_ms=0.02, run_ahead=None,
-                                per_step=False)
-        prof = cProfile.Profile()
-        with detect_races():
-            prof.enable()
-            steploop.plain_loop(_stream(), "snapshot", steps=a.overhead_steps, n_ints=64, busy_ms=0.02, run_ahead=None,
-                                per_step=False)
-            prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(0) if cuda else "emulated lagging stream (CPU)",
            "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -424,6 +460,8 @@ def main(argv=None) -> int:
         "overhead": lambda: overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds),
         "flashinfer_shared_wrapper": flashinfer_shared_wrapper,
     }
+    if a.profile:
+        sections["profile"] = lambda: profile(a.overhead_steps)  # last: the figures before it are unprofiled
     res["complete"], res["left"] = False, [f"{key}/{k}" for key, _, _ in runs for k in sections]
     for key, VERDICT, WATCH in runs:
         LABEL = key
@@ -444,7 +482,13 @@ def main(argv=None) -> int:
 
 
 def _print_section(name: str, out: dict) -> None:
-    if name == "recall":
+    if name == "profile":
+        for k, v in out.items():
+            print(f"{LABEL:6s} profile {k}: {v['us_per_unit_profiled']} µs per {'copy' if k == 'copies' else 'step'} "
+                  f"(profiled); own µs, total µs per unit:")
+            for where, calls, own, total in v["top"][:12]:
+                print(f"{LABEL:6s}     {own:9.2f} {total:9.2f} {calls:8d}  {where}")
+    elif name == "recall":
         for k, v in out.items():
             print(f"{LABEL:6s} recall {k:32s} wrong {v['wrong']:6d} flagged {v['flagged']:6d} latent "
                   f"{v['latent']:6d} missed {v['missed']:4d}{'  FALSE POSITIVE' if v['false_positive'] else ''}")
