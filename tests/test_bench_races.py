@@ -54,3 +54,14 @@ def test_profile_says_where_the_detector_spends_per_copy_and_per_step():
         assert part["us_per_unit_profiled"] > 0 and 0 < len(part["top"]) <= 20
         assert all(len(row) == 4 and row[1] >= 1 and row[2] >= 0 and row[3] >= row[2] for row in part["top"])
         assert any(row[0].startswith(("races.py", "order.py")) for row in part["top"]), part["top"]
+
+
+def test_sections_runs_only_those_named_and_refuses_unknown_names(tmp_path):
+    out = tmp_path / "b.json"
+    r = subprocess.run(BENCH + ["--verdict", "order", "--watch", "copies", "--sections", "graph", "--steps", "20",
+                                "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["complete"] and list(res["verdicts"]["order+copies"]) == ["graph", "seconds"]
+    r = subprocess.run(BENCH + ["--sections", "recall,bogus"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--sections: unknown bogus; choose from recall" in r.stderr and "profile" in r.stderr

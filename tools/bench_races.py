@@ -431,6 +431,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also profile, for each verdict and watch, 2,000 followed copies and the snapshot step loop "
                          "under the detector (cProfile: the 20 functions of most own time, in the JSON's \"profile\")")
+    ap.add_argument("--sections", default=None, metavar="A,B",
+                    help="run only these sections, in their order (recall, graph, deferred_stop, overhead, "
+                         "flashinfer_shared_wrapper, profile; profile implies --profile)")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
                     help="start no section after S seconds; what was left is named in the JSON (\"left\")")
     a = ap.parse_args(argv)
@@ -460,8 +463,17 @@ def main(argv=None) -> int:
         "overhead": lambda: overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds),
         "flashinfer_shared_wrapper": flashinfer_shared_wrapper,
     }
+    wanted = None if a.sections is None else [w.strip() for w in a.sections.split(",") if w.strip()]
+    if wanted is not None and "profile" in wanted:
+        a.profile = True
     if a.profile:
         sections["profile"] = lambda: profile(a.overhead_steps)  # last: the figures before it are unprofiled
+    if wanted is not None:
+        names = list(sections) + ([] if "profile" in sections else ["profile"])
+        unknown = [w for w in wanted if w not in sections]
+        if unknown or not wanted:
+            ap.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(names)}")
+        sections = {k: v for k, v in sections.items() if k in wanted}
     res["complete"], res["left"] = False, [f"{key}/{k}" for key, _, _ in runs for k in sections]
     for key, VERDICT, WATCH in runs:
         LABEL = key
