@@ -99,7 +99,7 @@ def fake_report(tree, ids=IDS):
             "python": "3.12.3", "utc": "2026-12-01T00:00:00Z"}
     conds = []
     for cid in ids:
-        spec = evidence.ADVERSE_CONDITIONS[cid]
+        spec = evidence.ALL_CONDITIONS[cid]
         conds.append({"id": cid, "name": spec["name"], "env": dict(spec["env"]), "learners": spec["learners"],
                       "notebooks": [nb_entry(tree, p.relative_to(tree).as_posix(), spec["learners"])
                                     for p in paths(tree)]})
@@ -189,6 +189,26 @@ def test_learners_env_and_keys_are_checked(tree):
     assert any(p.startswith("(a) three learners") and "2 runs recorded" in p and "3 learner(s)" in p for p in problems)
     assert any(p.startswith("(c)") and "an older definition" in p for p in problems)
     assert len(problems) == 3
+
+
+def test_launch_blocking_runs_where_named_and_no_evidence_requires_it_yet(tree):
+    """(f) CUDA_LAUNCH_BLOCKING=1 (issue 45): `--adverse f` runs it and adverse.json keeps it, but neither its
+    absence nor a failed pass under it is a problem of the evidence (no lesson has passed it yet); the default
+    and all-together passes leave it out; no other condition inherits the variable from the suite's own shell."""
+    assert "f" not in evidence.ADVERSE_CONDITIONS and evidence.ALL_CONDITIONS["f"]["env"] == {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert evidence.condition_title("f") == "(f) CUDA_LAUNCH_BLOCKING=1"
+    assert adverse.adverse_plan(["f"], False) == [["f"]] and adverse.adverse_plan([], False) == [[i] for i in IDS]
+    assert adverse.adverse_plan(None, False, everything=True) == [IDS]
+    assert adverse.adverse_command("f", ["notebooks/03_x.ipynb"])[1] == {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert "CUDA_LAUNCH_BLOCKING" in adverse.IMITATION_VARS
+    rep = fake_report(tree, ids=IDS + ["f"])
+    runs = cond(rep, "f")["notebooks"][0]["runs"]
+    runs[0] = dict(runs[0], passed=1, failed=1)
+    assert evidence.adverse_problems(rep, paths(tree), tree) == []
+    assert evidence.adverse_problems(fake_report(tree), paths(tree), tree) == []
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_suite.py"), "--adverse", "g"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "among a, b, c, d, e, f, got g" in r.stderr
 
 
 def test_the_conditions_are_the_issues_five():
@@ -342,7 +362,7 @@ def test_adverse_arguments():
                 ["--adverse-all-together", "--repeat", "2"]):
         with pytest.raises(SystemExit):
             gpu_suite.parse_args(bad)
-    for bad in (["--adverse", "f"], ["--adverse", "--repeat", "3"], ["--adverse", "--stale"],
+    for bad in (["--adverse", "g"], ["--adverse", "--repeat", "3"], ["--adverse", "--stale"],
                 ["--adverse-together", "--stability-only"], ["--cpu-dry-run"], ["--adverse", "--budget", "0"]):
         with pytest.raises(SystemExit):
             gpu_suite.parse_args(bad)

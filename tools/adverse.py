@@ -35,16 +35,18 @@ TOGETHER = ("b", "c", "d", "e")  # --adverse-together: these four at once, each 
 CHECKOUT = ("conftest.py", "pyproject.toml", "lib", "notebooks", "examples", "tools", "tests/nbval_sanitize.cfg", "reports/gpu")
 #: the variables a condition sets; cleared from every adverse process's environment before its own are set
 IMITATION_VARS = ("PINLAB_RECORD", "PINLAB_VRAM_LIMIT_GIB", "PINLAB_PINNED_LIMIT_GIB", "PINLAB_NO_FLASHINFER",
-                  "PINLAB_SIMULATE_NO_GPU_TRACE", "OMP_NUM_THREADS", "PINLAB_SUITE_PASS", "PINLAB_DATA_DIR")
+                  "PINLAB_SIMULATE_NO_GPU_TRACE", "OMP_NUM_THREADS", "PINLAB_SUITE_PASS", "PINLAB_DATA_DIR",
+                  "CUDA_LAUNCH_BLOCKING")
 PIN_WRAPPER = ("import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
                "os.execvp(sys.argv[2], sys.argv[2:])")  # taskset where there is none
 
 
 def adverse_plan(ids, together: bool, everything: bool = False) -> list[list[str]]:
     """Groups of condition ids, run one group after another; a group's conditions run at the same time.
-    ``ids``: ``--adverse``'s (empty: every condition; None: not given); ``together``: ``--adverse-together``
-    ((b), (c), (d), (e) as one group, after the others named); ``everything``: ``--adverse-all-together``
-    (every condition in one group: (a)'s learners beside the other four)."""
+    ``ids``: ``--adverse``'s (empty: every required condition; None: not given; an extra condition such as (f)
+    runs only where named); ``together``: ``--adverse-together`` ((b), (c), (d), (e) as one group, after the
+    others named); ``everything``: ``--adverse-all-together`` (every required condition in one group: (a)'s
+    learners beside the other four)."""
     if everything:
         return [sorted(evidence.ADVERSE_CONDITIONS)]
     if ids is not None and not ids:
@@ -79,7 +81,7 @@ def adverse_command(cid: str, notebooks, cores=None, taskset: bool = True, pytho
     nbval of ``notebooks`` with make test's flags and ``--require-gpu``, pinned to ``cores`` (``taskset -c``, or
     a ``python -c`` wrapper calling os.sched_setaffinity), and the condition's variables (``env``; a pinned
     process other than (b) gets ``OMP_NUM_THREADS`` = its cores)."""
-    spec = evidence.ADVERSE_CONDITIONS[cid]
+    spec = evidence.ALL_CONDITIONS[cid]
     env = dict(spec["env"])
     if cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(len(cores))
@@ -102,7 +104,7 @@ def adverse_factor(group, cid: str) -> float:
     the deadline is exact): each other process on the GPU adds a sixth, and 2 cores make a pass at least 1.3x
     slower. Measured with --adverse-all-together (seven processes) on the H200: notebooks 00-02b took 179 s
     against 89 s alone, 07-09 193 s against 100 s, both about 2x (1 + 6/6)."""
-    procs = sum(evidence.ADVERSE_CONDITIONS[c]["learners"] for c in group)
+    procs = sum(evidence.ALL_CONDITIONS[c]["learners"] for c in group)
     return max(1 + (procs - 1) / 6, 1.3 if cid == "b" else 1.0)
 
 
@@ -148,7 +150,7 @@ def run_adverse_group(group, notebooks: list[str], code_cells: dict, args, t_sta
     has_taskset = shutil.which("taskset") is not None
     procs = []
     for cid in group:
-        for learner in range(1, evidence.ADVERSE_CONDITIONS[cid]["learners"] + 1):
+        for learner in range(1, evidence.ALL_CONDITIONS[cid]["learners"] + 1):
             name = f"{cid}{learner}"
             checkout = make_checkout(tmp / name)
             files = {"capture": tmp / f"{name}.capture.jsonl", "log": tmp / f"{name}.pytest.jsonl",
@@ -156,7 +158,7 @@ def run_adverse_group(group, notebooks: list[str], code_cells: dict, args, t_sta
             argv, cond_env = adverse_command(cid, notebooks, cores[cid], has_taskset, sys.executable,
                                              require_gpu=not args.cpu_dry_run)
             shown = shell_line(argv, {"PYTHONPATH": "lib", **cond_env})
-            who = evidence.condition_title(cid) + (f", learner {learner}" if evidence.ADVERSE_CONDITIONS[cid]["learners"] > 1 else "")
+            who = evidence.condition_title(cid) + (f", learner {learner}" if evidence.ALL_CONDITIONS[cid]["learners"] > 1 else "")
             print(f"  {who}: {shown}" + (f"  (cores {','.join(map(str, cores[cid]))})" if cores[cid] else ""), flush=True)
             out = open(files["out"], "w", encoding="utf-8")
             proc = subprocess.Popen(argv, cwd=checkout, env=_adverse_env(checkout, cond_env, files), stdout=out,
@@ -250,14 +252,14 @@ def adverse_how(group, cid: str, cores: dict | None = None) -> str:
     if len(group) > 1:
         others = ", ".join(f"({c})" for c in group if c != cid)
         pinned = cores is not None and all(cores.get(c) for c in group)
-        procs = sum(evidence.ADVERSE_CONDITIONS[c]["learners"] for c in group)
+        procs = sum(evidence.ALL_CONDITIONS[c]["learners"] for c in group)
         flag = "--adverse-all-together" if set(group) == set(evidence.ADVERSE_CONDITIONS) else "--adverse-together"
         return (f"ran alongside {others} ({flag}): one pytest process per learner of each condition, "
                 + ("each condition pinned to its own CPU cores" if pinned else
                    "(b) pinned to 2 cores, the others not pinned (too few cores to give each its own)")
                 + f", {procs} processes sharing the GPU at once: harder than each condition alone")
-    if evidence.ADVERSE_CONDITIONS[cid]["learners"] > 1:
-        return (f"{evidence.ADVERSE_CONDITIONS[cid]['learners']} pytest processes at once on the same notebooks, "
+    if evidence.ALL_CONDITIONS[cid]["learners"] > 1:
+        return (f"{evidence.ALL_CONDITIONS[cid]['learners']} pytest processes at once on the same notebooks, "
                 "each in its own checkout, sharing the GPU and the host's cores")
     return "ran alone on the GPU"
 
@@ -269,7 +271,7 @@ def adverse_entries(procs: list[dict], group, notebooks, deps: dict) -> list[dic
     out = []
     for cid in group:
         mine = [p for p in procs if p["cid"] == cid]
-        spec = evidence.ADVERSE_CONDITIONS[cid]
+        spec = evidence.ALL_CONDITIONS[cid]
         others = [evidence.condition_title(c) for c in group if c != cid]
         entries = []
         for nb in notebooks:
@@ -322,7 +324,7 @@ def stability_from_adverse(procs: list[dict], deps: dict, meta: dict, root: Path
     are known); returns (entries, why the others were not counted)."""
     entries, skipped = {}, []
     for p in procs:
-        spec = evidence.ADVERSE_CONDITIONS[p["cid"]]
+        spec = evidence.ALL_CONDITIONS[p["cid"]]
         if not spec["stability"]:
             continue
         for nb, recs in p["capture"].items():

@@ -73,6 +73,8 @@ def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path
     recorded: dict = {}
     current: set = set()
     for c in (adverse or {}).get("conditions", []):
+        if c.get("id") not in evidence.ADVERSE_CONDITIONS:
+            continue  # an extra condition (f) is not in the passes the plan sends
         for e in c.get("notebooks", []):
             path = root / e.get("path", "")
             if path.exists() and (e.get("source_sha256") == nbtools.source_sha256(nb := nbtools.load(path))
