@@ -270,7 +270,7 @@ def test_a_changed_claim_or_verdict_fails_the_carried_runs(course):
 
 def test_an_experiment_edit_asks_for_that_lessons_runs_and_no_other(course):
     f = course / "lib" / "pinlab" / "steploop.py"
-    f.write_text(f.read_text() + "# the loop changed\n")
+    f.write_text(f.read_text() + "LOOP_VERSION = 2  # the loop changed\n")
     requote(course, "notebooks/01_one.ipynb")  # the quiet pass claims the same: it does not help
     requote(course, "notebooks/02_two.ipynb")
     found = problems(course)
@@ -279,6 +279,35 @@ def test_an_experiment_edit_asks_for_that_lessons_runs_and_no_other(course):
     text = "\n".join(plan.plan_lines(course))
     assert "--adverse-all-together --only notebooks/01_one.ipynb" in text
     assert "02_two" not in text.split("call 1")[1]
+
+
+def test_a_comment_or_docstring_in_an_experiment_file_is_plumbing_to_the_runs(course):
+    """An experiment file whose code is unchanged (a comment, a docstring, the layout: nbtools.code_form_sha) renews
+    the quiet pass only, like a plumbing edit: the runs carry forward where the quiet pass claims what they claimed.
+    Entries recorded before ``experiment_forms`` was kept still ask for the runs (their code form is unknown)."""
+    f = course / "lib" / "pinlab" / "steploop.py"
+    text, form = f.read_text(), nbtools.code_form_sha("lib/pinlab/steploop.py", course)
+    f.write_text('"""The step loop (a docstring added)."""\n' + text.replace("\n", "\n\n", 1) + "# a comment\n")
+    assert nbtools.code_form_sha("lib/pinlab/steploop.py", course) == form
+    f.write_text(text + "X = 1\n")
+    assert nbtools.code_form_sha("lib/pinlab/steploop.py", course) != form
+    f.write_text('"""The step loop (a docstring added)."""\n' + text.replace("\n", "\n\n", 1) + "# a comment\n")
+    found = problems(course)
+    assert found and not any("an experiment file changed" in p for p in found)
+    assert all("quiet pass is stale too" in p for p in found)
+    text_plan = "\n".join(plan.plan_lines(course))
+    assert "--adverse" not in text_plan and "--stability-only" not in text_plan
+    requote(course, "notebooks/01_one.ipynb")
+    requote(course, "notebooks/02_two.ipynb")
+    assert problems(course) == []
+    # recorded before experiment_forms was kept: the bytes decide, as before
+    for rel in ("stability.json", "adverse.json"):
+        path = course / "reports" / "gpu" / rel
+        rep = json.loads(path.read_text())
+        for e in rep.get("notebooks", []) + [e for c in rep.get("conditions", []) for e in c["notebooks"]]:
+            e.pop("experiment_forms", None)
+        path.write_text(json.dumps(rep))
+    assert any("an experiment file changed after its runs: lib/pinlab/steploop.py" in p for p in problems(course))
 
 
 def test_a_new_import_changes_the_experiment(course):
@@ -744,3 +773,20 @@ def test_calls_sent_back_to_back_are_planned_with_one_start(course, monkeypatch)
     assert any(ln.startswith("sent back to back") and f"about {warm:.1f} device-minutes, one start" in ln
                for ln in lines), lines
     assert lines[-1] == f"plan: 2 call(s), {(540.0 + 2 * plan.START_S) / 60:.1f} device-minutes"
+
+
+def test_experiment_forms_are_recorded_only_for_the_very_files_the_runs_used(course):
+    """scope.record_missing_scope gives an entry recorded before ``experiment_forms`` the code forms of today's
+    experiment files only where each is byte for byte the file it recorded: an edited file's form is unknown."""
+    path = course / "reports" / "gpu" / "stability.json"
+    rep = json.loads(path.read_text())
+    for e in rep["notebooks"]:
+        e.pop("experiment_forms", None)
+    f = course / "lib" / "pinlab" / "steploop.py"
+    f.write_text(f.read_text() + "# edited after the runs\n")
+    done = scope.record_missing_scope(rep, "stability", None, course)
+    by_path = {e["path"]: e for e in rep["notebooks"]}
+    assert "experiment_forms" not in by_path["notebooks/01_one.ipynb"]  # its steploop.py is not the one recorded
+    assert by_path["notebooks/02_two.ipynb"]["experiment_forms"] == nbtools.forms_map(
+        ["lib/pinlab/lessons/l02_two.py"], course)
+    assert done == ["stability: notebooks/02_two.ipynb: the code forms of its 1 experiment files"]

@@ -256,6 +256,37 @@ def file_sha(rel: str, root: Path = ROOT) -> str:
     return hashlib.sha256((root / rel).read_bytes()).hexdigest()[:16]
 
 
+def _strip_docstrings(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:]
+    return tree
+
+
+def code_form_sha(rel: str, root: Path = ROOT) -> str:
+    """The first 16 hex digits of the sha256 of a Python file's code: its syntax tree without docstrings, so a
+    comment, a docstring or the layout may change and the form stays; a file that is not Python (or does not parse)
+    has its :func:`file_sha`. What a GPU report keeps per experiment file (``experiment_forms``): an experiment file
+    whose code is unchanged is plumbing to the runs (scope.experiment_problem)."""
+    path = root / rel
+    if path.suffix != ".py":
+        return file_sha(rel, root)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, ValueError):
+        return file_sha(rel, root)
+    dump = ast.dump(_strip_docstrings(tree), annotate_fields=False, include_attributes=False)
+    return hashlib.sha256(dump.encode("utf-8")).hexdigest()[:16]
+
+
+def forms_map(files, root: Path = ROOT) -> dict[str, str]:
+    """{file: :func:`code_form_sha`} of the given files, sorted by path."""
+    return {rel: code_form_sha(rel, root) for rel in sorted(set(files))}
+
+
 def files_map(files, root: Path = ROOT) -> dict[str, str]:
     """{file: :func:`file_sha`} of the given files (paths relative to ``root``), sorted by path."""
     return {rel: file_sha(rel, root) for rel in sorted(set(files))}

@@ -10,7 +10,8 @@ Three proofs, three scopes:
   notebook's source and its **experiment files** (:func:`experiment_files`): its lesson module, its checker, and the
   modules whose code the experiment measures (:data:`MEASURED`, each with the reason it is on the list), followed
   through their imports. A change to any other module (:data:`PLUMBING`: reporting, formatting, the probe, replay
-  lookup, argument checks) carries the earlier runs forward **only if** the quiet pass on the changed tree gives
+  lookup, argument checks), or to an experiment file's comments, docstrings or layout only (its code form,
+  ``nbtools.code_form_sha``, recorded as ``experiment_forms``), carries the earlier runs forward **only if** the quiet pass on the changed tree gives
   every claim of the notebook the same verdict as the runs' own quiet pass: the same claims (:func:`evidence.claims_of`), the
   same values where they are exact counts, the same checker verdicts. :func:`scoped_problem` decides it; the suite
   records the comparison in latest.json (``carried``) and ``tests/test_evidence.py`` fails where it does not hold.
@@ -305,7 +306,8 @@ def scope_fields(rel: str, deps, claims: list, kind: str, root: Path = ROOT, nb:
     tree can name the file that changed); and the claims of the quiet pass its runs go with: the list itself in
     latest.json (the pass's own), its hash (evidence.claims_sha256) in the others (their baseline)."""
     nb = nbtools.load(root / rel) if nb is None else nb
-    out = {"experiment": nbtools.files_map(experiment_files(rel, root, nb), root),
+    files = experiment_files(rel, root, nb)
+    out = {"experiment": nbtools.files_map(files, root), "experiment_forms": nbtools.forms_map(files, root),
            **nbtools.forms(nb)}
     if kind != "adverse":
         out["deps_files"] = nbtools.files_map(deps, root)
@@ -337,6 +339,10 @@ def experiment_problem(entry: dict, root: Path = ROOT) -> str | None:
                 + (f": it now also uses {', '.join(gained)}" if gained else "")
                 + (f"; no longer {', '.join(lost)}" if lost else ""))
     changed = nbtools.changed_files(recorded, root)
+    forms = entry.get("experiment_forms") or {}
+    # a file whose code is unchanged (a comment, a docstring, the layout) is plumbing to these runs: they carry
+    # forward where the quiet pass on this tree claims what they claimed (_plumbing_problem decides)
+    changed = [f for f in changed if not (f in forms and (root / f).exists() and nbtools.code_form_sha(f, root) == forms[f])]
     if changed:
         return f"{rel}: an experiment file changed after its runs: {', '.join(changed)}"
     return None
@@ -454,8 +460,9 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
     its experiment files and deps are today's; its claims are those of the committed notebook, the output of the
     quiet pass on these same files (whose latest.json entry must hold too). An entry with its scope but not its
     source's form (``source_form_sha256``, kept since 2026-12-05) or its code's (``code_form_sha256``, since stop 58)
-    gets the form of today's source where that is the very source it recorded (the same ``source_sha256``).
-    ``kind``: "latest", "stability" or
+    gets the form of today's source where that is the very source it recorded (the same ``source_sha256``); one
+    without its experiment files' code forms (``experiment_forms``, since stop 62) gets today's where every one of
+    those files is the very file it recorded (the same bytes). ``kind``: "latest", "stability" or
     "adverse". Returns what was recorded, one line per entry; entries that do not hold are left as they are."""
     rows = latest_rows(latest)
     done = []
@@ -465,6 +472,9 @@ def record_missing_scope(report: dict, kind: str, latest: dict | None, root: Pat
         entries = report.get("notebooks", [])
     for e in entries:
         rel = e.get("path")
+        if "experiment" in e and "experiment_forms" not in e and not nbtools.changed_files(e["experiment"], root):
+            e["experiment_forms"] = nbtools.forms_map(e["experiment"], root)
+            done.append(f"{kind}: {rel}: the code forms of its {len(e['experiment'])} experiment files")
         if rel and "experiment" in e and not ("source_form_sha256" in e and "code_form_sha256" in e) \
                 and (root / rel).exists():
             nb = nbtools.load(root / rel)
