@@ -235,19 +235,26 @@ def overhead(steps: int, busy_ms: float, rounds: int) -> dict:
     return out
 
 
+def _copies(s, n: int):
+    """(pinned source, device destination, a function making ``n`` non_blocking H2D copies from the one to the
+    other and synchronizing ``s``): the copy loop :func:`unit_costs` times and :func:`profile` profiles."""
+    buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+    dst = torch.zeros(64, dtype=torch.int32, device=s.device)
+
+    def copies():
+        for _ in range(n):
+            dst.copy_(buf, non_blocking=True)
+        s.synchronize()
+    return buf, dst, copies
+
+
 def unit_costs(rounds: int, n: int = 2000) -> dict:
     """µs of host time per followed copy (``n`` non_blocking H2D copies from one pinned buffer, nothing else) and
     per ordering operation (``n`` events recorded and synchronized, one copy pending), detector against none."""
     s = _stream()
     with s:
-        buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
-        dst = torch.zeros(64, dtype=torch.int32, device=s.device)
+        buf, dst, copies = _copies(s, n)
         ev = s.Event()
-
-        def copies():
-            for _ in range(n):
-                dst.copy_(buf, non_blocking=True)
-            s.synchronize()
 
         def syncs():
             dst.copy_(buf, non_blocking=True)
@@ -390,13 +397,7 @@ def profile(steps: int, n: int = 2000) -> dict:
     s = _stream()
     out = {}
     with s:
-        buf = torch.zeros(64, dtype=torch.int32, pin_memory=True)
-        dst = torch.zeros(64, dtype=torch.int32, device=s.device)
-
-        def copies():
-            for _ in range(n):
-                dst.copy_(buf, non_blocking=True)
-            s.synchronize()
+        _, _, copies = _copies(s, n)
 
         def loop():
             steploop.plain_loop(_stream(), "snapshot", steps=steps, n_ints=64, busy_ms=0.02, run_ahead=None,
