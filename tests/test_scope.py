@@ -790,3 +790,18 @@ def test_experiment_forms_are_recorded_only_for_the_very_files_the_runs_used(cou
     assert by_path["notebooks/02_two.ipynb"]["experiment_forms"] == nbtools.forms_map(
         ["lib/pinlab/lessons/l02_two.py"], course)
     assert done == ["stability: notebooks/02_two.ipynb: the code forms of its 1 experiment files"]
+
+
+def test_the_quiet_estimate_is_the_median_of_the_recorded_executions():
+    """Stop 62: a call planned at 262 s from the last pass's seconds (stop 60's H100) took 384 s on another H100
+    (x1.47); the median of each notebook's recorded executions (quiet passes and stability runs, not nbval passes)
+    planned 294 s. Fewer than plan.MIN_EXECUTIONS executions: latest.json's seconds."""
+    latest = {"notebooks": [{"path": "a", "seconds": 30.0}, {"path": "b", "seconds": 8.0}, {"path": "c", "seconds": 5.0}]}
+    stab = {"notebooks": [
+        {"path": "a", "runs": [{"via": "execution", "seconds": s} for s in (10.0, 20.0, 30.0, 90.0)]
+         + [{"via": "nbval", "seconds": 500.0}] * 5},
+        {"path": "b", "runs": [{"via": "execution", "seconds": 2.0}, {"via": "execution", "seconds": 3.0},
+                               {"via": "nbval", "seconds": 4.0}]},
+        {"path": "z", "runs": [{"via": "execution", "seconds": 1.0}] * 3}]}
+    assert plan.quiet_seconds(latest) == {"a": 30.0, "b": 8.0, "c": 5.0}
+    assert plan.quiet_seconds(latest, stab) == {"a": 25.0, "b": 8.0, "c": 5.0}
