@@ -622,7 +622,7 @@ def _recorded_quiet_seconds():
 def test_a_plumbing_edit_of_the_course_as_recorded_lands_in_one_session(tmp_path):
     """Issue 44's problem on the course's own recorded seconds: a comment in claims.py and timing.py must renew within
     one session's device time, with room left for failed starts: at most 2 calls and 15 device-minutes sent back to
-    back (one machine start). Stop 62 (an H100): 2 calls, 11.7 device-minutes chained (12.9 with a start per call)."""
+    back (one machine start). Stop 62 (an H100): 2 calls, 11.2 device-minutes chained (12.5 with a start per call)."""
     _, _, planned = _course_with_a_plumbing_comment(tmp_path)
     last = planned.strip().splitlines()[-1]
     calls = int(last.split("plan: ", 1)[1].split(" call(s)", 1)[0])
