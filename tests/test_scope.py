@@ -805,3 +805,27 @@ def test_the_quiet_estimate_is_the_median_of_the_recorded_executions():
         {"path": "z", "runs": [{"via": "execution", "seconds": 1.0}] * 3}]}
     assert plan.quiet_seconds(latest) == {"a": 30.0, "b": 8.0, "c": 5.0}
     assert plan.quiet_seconds(latest, stab) == {"a": 25.0, "b": 8.0, "c": 5.0}
+
+
+def test_an_extra_condition_is_required_only_where_named_and_planned_on_its_own(course, monkeypatch):
+    """(f) CUDA_LAUNCH_BLOCKING=1 is required of the notebooks in its ``required_for`` only: there, a missing pass is
+    a problem and --plan runs `--adverse f --only` that notebook, not the five conditions again; elsewhere nothing."""
+    assert problems(course) == []
+    monkeypatch.setitem(evidence.ALL_CONDITIONS["f"], "required_for", ("notebooks/01_one.ipynb",))
+    assert evidence.required_conditions("notebooks/01_one.ipynb") == ["a", "b", "c", "d", "e", "f"]
+    assert evidence.required_conditions("notebooks/02_two.ipynb") == ["a", "b", "c", "d", "e"]
+    (found,) = problems(course)
+    assert found.startswith("(f) CUDA_LAUNCH_BLOCKING=1 is not in reports/gpu/adverse.json")
+    lines = plan.plan_lines(course)
+    text = "\n".join(lines)
+    assert "--adverse f --only notebooks/01_one.ipynb" in text and "--adverse-all-together" not in text, text
+    assert "02_two" not in text.split("call 1")[1]
+    # recorded for 01_one: it holds, and 02_two needs none
+    latest, _, adv = reports(course)
+    one = next(e for c in adv["conditions"] if c["id"] == "a" for e in c["notebooks"]
+               if e["path"] == "notebooks/01_one.ipynb")
+    adv["conditions"].append({"id": "f", "env": {"CUDA_LAUNCH_BLOCKING": "1"},
+                              "notebooks": [dict(one, runs=one["runs"][:1])]})
+    (course / "reports" / "gpu" / "adverse.json").write_text(json.dumps(adv))
+    assert problems(course) == []
+    assert plan.plan_lines(course)[-1] == "plan: 0 call(s), 0.0 device-minutes"

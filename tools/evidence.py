@@ -595,21 +595,29 @@ ADVERSE_CONDITIONS: dict[str, dict] = {
                       "profiler trace replay the recorded run, labelled with the reason",
           "learners": 1, "env": {"PINLAB_SIMULATE_NO_GPU_TRACE": "1"}, "cores": None, "stability": False},
 }
-#: conditions the suite can run (``--adverse f``) and records in adverse.json, but that no notebook's evidence
-#: requires yet: :func:`adverse_problems` and the plan judge :data:`ADVERSE_CONDITIONS` only. (f) is issue 45's
-#: heisenbug: under ``CUDA_LAUNCH_BLOCKING=1`` strict nbval of lessons 03, 04, 08 and 09 failed in 17 of 103 cells
-#: (the H200, before the claims named the variable); run it on the lessons that teach a race or an overlap, and
-#: move it into ADVERSE_CONDITIONS, for those lessons, once they pass it.
+#: conditions the suite can run (``--adverse f``) and records in adverse.json, required only of the notebooks in
+#: their ``required_for`` (:func:`required_conditions`; the five above are required of every notebook). (f) is
+#: issue 45's heisenbug: under ``CUDA_LAUNCH_BLOCKING=1`` strict nbval of lessons 03, 04, 08 and 09 failed in 17
+#: of 103 cells (the H200, before the claims named the variable); run it, and add a lesson to ``required_for``
+#: once it passes (its evidence then needs the pass; --plan schedules ``--adverse f --only`` it).
 EXTRA_CONDITIONS: dict[str, dict] = {
     "f": {"name": "CUDA_LAUNCH_BLOCKING=1",
           "imitates": "a learner debugging with CUDA_LAUNCH_BLOCKING=1: every launch and copy waits until the GPU has "
                       "run it, so no race or overlap can show; a lesson must say so (and the order verdict still name "
                       "the race), not fail blaming the CPU",
-          "learners": 1, "env": {"CUDA_LAUNCH_BLOCKING": "1"}, "cores": None, "stability": False},
+          "learners": 1, "env": {"CUDA_LAUNCH_BLOCKING": "1"}, "cores": None, "stability": False,
+          "required_for": ()},
 }
 #: every condition the suite can run: the required ones first
 ALL_CONDITIONS: dict[str, dict] = {**ADVERSE_CONDITIONS, **EXTRA_CONDITIONS}
 ADVERSE_RENEW = "python3 tools/gpu_suite.py --adverse"
+
+
+def required_conditions(rel: str) -> list[str]:
+    """The adverse conditions whose pass the notebook ``rel`` (relative to the root) must have: every condition
+    without a ``required_for``, and those that name it."""
+    return [cid for cid, spec in ALL_CONDITIONS.items()
+            if spec.get("required_for") is None or rel in spec["required_for"]]
 
 
 def condition_title(cid: str) -> str:
@@ -690,9 +698,12 @@ def adverse_problems(report: dict | None, paths, root: Path = ROOT, stale=None) 
     problems = [f"reports/gpu/adverse.json lacks {k}: run `{ADVERSE_RENEW}`"
                 for k in ("gpu", "driver", "torch", "cuda", "flashinfer", "python", "utc", "conditions") if k not in report]
     conds = {c.get("id"): c for c in report.get("conditions", []) if isinstance(c, dict)}
-    for cid, spec in ADVERSE_CONDITIONS.items():
+    rels = {p: Path(p).relative_to(root).as_posix() for p in paths}
+    for cid, spec in ALL_CONDITIONS.items():
         title = condition_title(cid)
         cond = conds.get(cid)
+        if not any(cid in required_conditions(r) for r in rels.values()):
+            continue  # an extra condition no notebook requires yet (--adverse f runs it where asked)
         if cond is None:
             problems.append(f"{title} is not in reports/gpu/adverse.json: run `{ADVERSE_RENEW} {cid}`")
             continue
@@ -701,7 +712,9 @@ def adverse_problems(report: dict | None, paths, root: Path = ROOT, stale=None) 
                             f"run `{ADVERSE_RENEW} {cid}`")
         entries = {e.get("path"): e for e in cond.get("notebooks", [])}
         for p in paths:
-            rel = Path(p).relative_to(root).as_posix()
+            rel = rels[p]
+            if cid not in required_conditions(rel):
+                continue
             again = f"`{ADVERSE_RENEW} {cid}` (this notebook only: `{ADVERSE_RENEW} {cid} --only {Path(p).stem}`)"
             e = entries.get(rel)
             if e is None:

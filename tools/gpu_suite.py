@@ -45,8 +45,8 @@ passed / failed / skipped with the failing cells' messages, the command, seconds
 and counts the passes of (a) and (b) as nbval runs in stability.json (under (c)-(e) sections replay).
 ``--adverse-together`` runs (b), (c), (d), (e) at the same time, on disjoint cores; ``--adverse-all-together``
 runs all five at once ((a)'s three learners too: seven processes), recorded as such. ``--adverse f`` runs an
-extra condition (evidence.EXTRA_CONDITIONS: (f) CUDA_LAUNCH_BLOCKING=1), recorded in adverse.json, which no
-notebook's evidence requires yet.
+extra condition (evidence.EXTRA_CONDITIONS: (f) CUDA_LAUNCH_BLOCKING=1), recorded in adverse.json, required only
+of the notebooks its ``required_for`` names (none yet; --plan then schedules ``--adverse f --only`` them).
 
 It uses the Python on PATH with its own torch; pinlab is imported from lib/ (no install needed).
 Usage:  python3 tools/gpu_suite.py --plan
@@ -80,8 +80,8 @@ Usage:  python3 tools/gpu_suite.py --plan
   --no-unit-tests  leave out the gpu unit tests (latest.json keeps the previous unit_tests entry)
   --unit-test-workers N pytest-xdist workers for the gpu unit tests (default 4) where no notebook is in the same
                    pytest run (with --nbval they run serially); 1 runs them one after another
-  --adverse [ID ...] strict nbval of notebooks/ under the conditions ID (a-e, and f: CUDA_LAUNCH_BLOCKING=1, not
-                   required; none named: the five, one after another); with --budget, a condition starts only the notebooks estimated to fit and every
+  --adverse [ID ...] strict nbval of notebooks/ under the conditions ID (a-e, and f: CUDA_LAUNCH_BLOCKING=1,
+                   required where its required_for says; none named: the five, one after another); with --budget, a condition starts only the notebooks estimated to fit and every
                    process is stopped at the deadline (what it had not finished is named, for --only)
   --adverse-all-together every condition at the same time: (a)'s three learners beside (b), (c), (d), (e), seven
                    processes on the GPU, each condition on its own cores ((b) on cores 0-1)
@@ -716,8 +716,8 @@ def record_carried(rows: list[dict], old_latest: dict, root=ROOT) -> list[str]:
         rel = row["path"]
         entries = {"stability": stab.get(rel)}
         for c in adverse.get("conditions", []):
-            if c.get("id") not in evidence.ADVERSE_CONDITIONS:
-                continue  # an extra condition (f): no notebook's evidence requires it, nothing to carry
+            if c.get("id") not in evidence.required_conditions(rel):
+                continue  # an extra condition (f) this notebook's evidence does not require: nothing to carry
             entries[f"adverse ({c.get('id')})"] = next((e for e in c.get("notebooks", []) if e.get("path") == rel), None)
         entries = {k: e for k, e in entries.items() if e is not None and evidence.freshness(e, root) is not None}
         if not entries:

@@ -137,7 +137,8 @@ def status(root: Path = ROOT) -> list[dict]:
         if rel.startswith("notebooks/"):
             skips = evidence.skip_tagged_cells(nbtools.load(p))
             adv = {}
-            for cid, spec in evidence.ADVERSE_CONDITIONS.items():
+            for cid in evidence.required_conditions(rel):
+                spec = evidence.ALL_CONDITIONS[cid]
                 ae = conds.get(cid, {}).get(rel)
                 state, why = scope.entry_state(ae, row, root) if ae is not None else ("renew", "none recorded")
                 runs = (ae or {}).get("runs") or []
@@ -192,17 +193,25 @@ def record_renewal(command: str, kind: str, planned_s: float, actual_s: float, n
     return rec
 
 
+def _work(quiet=()) -> dict:
+    """An empty piece of work (what :func:`lesson_work` returns), with these quiet passes."""
+    return {"quiet": list(quiet), "adverse": [], "extra": [], "stability": []}
+
+
 def lesson_work(recs: list[dict]) -> dict:
     """What renews one lesson's notebooks (``recs``: their :func:`status`): {"quiet": [...], "adverse": [...],
-    "stability": [...]}. The quiet pass where it is stale; the adverse conditions of a notebook of notebooks/ where
-    any needs renewing (their (a) and (b) passes add 4 stability runs); stability-only runs where the quiet pass
-    and the adverse passes still leave a notebook under :data:`MIN_RUNS`."""
-    work: dict = {"quiet": [], "adverse": [], "stability": []}
+    "extra": [(condition, path), ...], "stability": [...]}. The quiet pass where it is stale; the five adverse
+    conditions of a notebook of notebooks/ where any of them needs renewing (their (a) and (b) passes add 4
+    stability runs); an extra condition it requires (evidence.EXTRA_CONDITIONS) on its own; stability-only runs
+    where the quiet pass and the adverse passes still leave a notebook under :data:`MIN_RUNS`."""
+    work: dict = _work()
     for r in recs:
         if r["latest"]:
             work["quiet"].append(r["path"])
-        if any(a["state"] == "renew" for a in r.get("adverse", {}).values()):
+        renew = [cid for cid, a in sorted(r.get("adverse", {}).items()) if a["state"] == "renew"]
+        if any(cid in evidence.ADVERSE_CONDITIONS for cid in renew):
             work["adverse"].append(r["path"])
+        work["extra"] += [(cid, r["path"]) for cid in renew if cid not in evidence.ADVERSE_CONDITIONS]
         if r["stability"]["state"] == "renew":
             given = (1 if r["path"] in work["quiet"] else 0) + (4 if r["path"] in work["adverse"] else 0)
             if r["stability"]["runs"] > given:
@@ -225,6 +234,11 @@ def _steps(work: dict, root: Path, unit_tests: bool, every: bool) -> list[tuple[
         steps.append((f"{SUITE} --adverse-all-together --only {' '.join(work['adverse'])}",
                       "the five adverse conditions (4 stability runs with them) of " + ", ".join(work["adverse"]),
                       estimate(work["adverse"], "adverse", root)))
+    for cid in sorted({c for c, _ in work.get("extra", [])}):
+        paths = [p for c, p in work["extra"] if c == cid]
+        steps.append((f"{SUITE} --adverse {cid} --only {' '.join(paths)}",
+                      f"the adverse condition {evidence.condition_title(cid)} of " + ", ".join(paths),
+                      estimate(paths, "adverse", root)))
     if work["stability"]:
         steps.append((f"{SUITE} --repeat {MIN_RUNS} --stale --stability-only --only {' '.join(work['stability'])}",
                       f"stability runs up to {MIN_RUNS} of " + ", ".join(work["stability"]),
@@ -256,7 +270,7 @@ def make_plan(root: Path = ROOT) -> dict:
     for r in recs:
         by_lesson.setdefault(r["lesson"], []).append(r)
     works = {k: lesson_work(v) for k, v in by_lesson.items()}
-    experiment = [k for k, w in works.items() if w["adverse"] or w["stability"]
+    experiment = [k for k, w in works.items() if w["adverse"] or w["extra"] or w["stability"]
                   or any(r["stability"]["state"] == "renew" for r in by_lesson[k])]
     plumbing = [p for k, w in works.items() if k not in experiment for p in w["quiet"]]
     calls: list[dict] = []
@@ -275,15 +289,14 @@ def make_plan(root: Path = ROOT) -> dict:
     todo = list(plumbing)
     while todo:
         chunk: list = []
-        while todo and (not chunk or cost({"quiet": chunk + todo[:1], "adverse": [], "stability": []}, not calls)
-                        <= CALL_LIMIT_S):
+        while todo and (not chunk or cost(_work(chunk + todo[:1]), not calls) <= CALL_LIMIT_S):
             chunk.append(todo.pop(0))
-        calls.append({"work": {"quiet": chunk, "adverse": [], "stability": []}, "covers": list(chunk)})
+        calls.append({"work": _work(chunk), "covers": list(chunk)})
     for lesson in experiment:  # first fit: the first call it still fits in, else a new one
         w = works[lesson]
         cur = next((c for k, c in enumerate(calls) if cost(merged(c["work"], w), k == 0) <= CALL_LIMIT_S), None)
         if cur is None:
-            cur = {"work": {"quiet": [], "adverse": [], "stability": []}, "covers": []}
+            cur = {"work": _work(), "covers": []}
             calls.append(cur)
         cur["work"] = merged(cur["work"], w)
         cur["covers"] += [r["path"] for r in by_lesson[lesson]]
