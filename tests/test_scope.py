@@ -612,18 +612,24 @@ def _course_with_a_plumbing_comment(tmp_path):
 
 
 def _recorded_quiet_seconds():
-    import json
     latest = json.loads((ROOT / "reports" / "gpu" / "latest.json").read_text(encoding="utf-8"))
     notebooks = sum(e.get("seconds") or 0.0 for e in latest["notebooks"])
     return latest.get("gpu"), notebooks, (latest.get("unit_tests") or {}).get("seconds")
 
 
+@pytest.fixture(scope="module")
+def plumbing_plan(tmp_path_factory):
+    """What `--plan` prints for a comment in claims.py and timing.py on a copy of the course as recorded (made once
+    for the two tests that read it)."""
+    return _course_with_a_plumbing_comment(tmp_path_factory.mktemp("plumbing"))[2]
+
+
 @pytest.mark.slow
-def test_a_plumbing_edit_of_the_course_as_recorded_lands_in_one_session(tmp_path):
+def test_a_plumbing_edit_of_the_course_as_recorded_lands_in_one_session(plumbing_plan):
     """Issue 44's problem on the course's own recorded seconds: a comment in claims.py and timing.py must renew within
     one session's device time, with room left for failed starts: at most 2 calls and 15 device-minutes sent back to
     back (one machine start). Stop 62 (an H100): 2 calls, 11.2 device-minutes chained (12.5 with a start per call)."""
-    _, _, planned = _course_with_a_plumbing_comment(tmp_path)
+    planned = plumbing_plan
     last = planned.strip().splitlines()[-1]
     calls = int(last.split("plan: ", 1)[1].split(" call(s)", 1)[0])
     chained = [line for line in planned.splitlines() if "the machine stays warm: about" in line]
@@ -633,7 +639,7 @@ def test_a_plumbing_edit_of_the_course_as_recorded_lands_in_one_session(tmp_path
 
 
 @pytest.mark.slow
-def test_a_plumbing_edit_of_the_course_as_recorded_is_one_call(tmp_path):
+def test_a_plumbing_edit_of_the_course_as_recorded_is_one_call(plumbing_plan):
     """Issue 44's target on the course's own recorded seconds: a comment in claims.py and timing.py renews in one
     device call of at most 9 minutes (the quiet pass of every notebook and the gpu unit tests). Met in stop 59 on an
     H200 (326 s of notebooks, 57.1 s of gpu unit tests: 1 call, 8.2 device-minutes) and in stop 60 on an H100
@@ -642,7 +648,7 @@ def test_a_plumbing_edit_of_the_course_as_recorded_is_one_call(tmp_path):
     lessons whose experiments did not change), where
     --plan says 2 calls. The target depends on the machine the last quiet pass ran on, so this reports it (an xfail
     naming the recorded seconds) rather than failing; the test above holds what every recording must meet."""
-    _, _, planned = _course_with_a_plumbing_comment(tmp_path)
+    planned = plumbing_plan
     if not planned.strip().splitlines()[-1].startswith("plan: 1 call(s), "):
         gpu, notebooks, unit = _recorded_quiet_seconds()
         pytest.xfail(f"issue 44's one-call target is not met by the latest quiet pass ({gpu}: {notebooks:.0f} s of "

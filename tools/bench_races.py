@@ -434,7 +434,7 @@ def main(argv=None) -> int:
                          "under the detector (cProfile: the 20 functions of most own time, in the JSON's \"profile\")")
     ap.add_argument("--sections", default=None, metavar="A,B",
                     help="run only these sections, in their order (recall, graph, deferred_stop, overhead, "
-                         "flashinfer_shared_wrapper, profile; profile implies --profile)")
+                         "flashinfer_shared_wrapper, profile; without it, all but profile unless --profile)")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
                     help="start no section after S seconds; what was left is named in the JSON (\"left\")")
     a = ap.parse_args(argv)
@@ -463,18 +463,16 @@ def main(argv=None) -> int:
         "deferred_stop": lambda: deferred_stop(min(a.steps, 2000), a.busy_ms),
         "overhead": lambda: overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds),
         "flashinfer_shared_wrapper": flashinfer_shared_wrapper,
+        "profile": lambda: profile(a.overhead_steps),  # last: the figures before it are unprofiled
     }
-    wanted = None if a.sections is None else [w.strip() for w in a.sections.split(",") if w.strip()]
-    if wanted is not None and "profile" in wanted:
-        a.profile = True
-    if a.profile:
-        sections["profile"] = lambda: profile(a.overhead_steps)  # last: the figures before it are unprofiled
-    if wanted is not None:
-        names = list(sections) + ([] if "profile" in sections else ["profile"])
+    if a.sections is None:
+        wanted = [k for k in sections if k != "profile" or a.profile]
+    else:
+        wanted = [w.strip() for w in a.sections.split(",") if w.strip()]
         unknown = [w for w in wanted if w not in sections]
         if unknown or not wanted:
-            ap.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(names)}")
-        sections = {k: v for k, v in sections.items() if k in wanted}
+            ap.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(sections)}")
+    sections = {k: v for k, v in sections.items() if k in wanted}
     res["complete"], res["left"] = False, [f"{key}/{k}" for key, _, _ in runs for k in sections]
     for key, VERDICT, WATCH in runs:
         LABEL = key

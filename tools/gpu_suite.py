@@ -81,8 +81,9 @@ Usage:  python3 tools/gpu_suite.py --plan
   --unit-test-workers N pytest-xdist workers for the gpu unit tests (default 4) where no notebook is in the same
                    pytest run (with --nbval they run serially); 1 runs them one after another
   --adverse [ID ...] strict nbval of notebooks/ under the conditions ID (a-e, and f: CUDA_LAUNCH_BLOCKING=1,
-                   required where its required_for says; none named: the five, one after another); with --budget, a condition starts only the notebooks estimated to fit and every
-                   process is stopped at the deadline (what it had not finished is named, for --only)
+                   required where its required_for says; none named: the five, one after another); with
+                   --budget, a condition starts only the notebooks estimated to fit and every process is stopped
+                   at the deadline (what it had not finished is named, for --only)
   --adverse-all-together every condition at the same time: (a)'s three learners beside (b), (c), (d), (e), seven
                    processes on the GPU, each condition on its own cores ((b) on cores 0-1)
   --adverse-together (b), (c), (d), (e) at the same time, each its own process ((b) on cores 0-1, the others on

@@ -113,14 +113,21 @@ def _ast_form(node) -> str:
     return repr(node)
 
 
-def _docstrings_flattened(tree) -> None:
-    """Each docstring's words joined by one space (in place): re-wrapping a docstring is layout, not code."""
+def _docstrings(tree):
+    """The docstrings of a syntax tree: (node, its body's first statement) of each module, class and function whose
+    body starts with a string."""
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
-            body[0].value.value = " ".join(body[0].value.value.split())
+            yield node, body[0]
+
+
+def _docstrings_flattened(tree) -> None:
+    """Each docstring's words joined by one space (in place): re-wrapping a docstring is layout, not code."""
+    for _, doc in list(_docstrings(tree)):
+        doc.value.value = " ".join(doc.value.value.split())
 
 
 def code_form(src: str) -> str:
@@ -256,18 +263,9 @@ def file_sha(rel: str, root: Path = ROOT) -> str:
     return hashlib.sha256((root / rel).read_bytes()).hexdigest()[:16]
 
 
-def _strip_docstrings(tree):
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:]
-    return tree
-
-
 def code_form_sha(rel: str, root: Path = ROOT) -> str:
-    """The first 16 hex digits of the sha256 of a Python file's code: its syntax tree without docstrings, so a
+    """The first 16 hex digits of the sha256 of a Python file's code: its syntax tree without docstrings
+    (:func:`_ast_form`: the same on the GPU host's Python 3.12 as on the CPU's 3.11, which ``ast.dump`` is not), so a
     comment, a docstring or the layout may change and the form stays; a file that is not Python (or does not parse)
     has its :func:`file_sha`. What a GPU report keeps per experiment file (``experiment_forms``): an experiment file
     whose code is unchanged is plumbing to the runs (scope.experiment_problem)."""
@@ -278,8 +276,9 @@ def code_form_sha(rel: str, root: Path = ROOT) -> str:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (SyntaxError, ValueError):
         return file_sha(rel, root)
-    dump = ast.dump(_strip_docstrings(tree), annotate_fields=False, include_attributes=False)
-    return hashlib.sha256(dump.encode("utf-8")).hexdigest()[:16]
+    for node, doc in list(_docstrings(tree)):
+        node.body.remove(doc)
+    return hashlib.sha256(_ast_form(tree).encode("utf-8")).hexdigest()[:16]
 
 
 def forms_map(files, root: Path = ROOT) -> dict[str, str]:

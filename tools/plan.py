@@ -234,7 +234,7 @@ def _steps(work: dict, root: Path, unit_tests: bool, every: bool) -> list[tuple[
         steps.append((f"{SUITE} --adverse-all-together --only {' '.join(work['adverse'])}",
                       "the five adverse conditions (4 stability runs with them) of " + ", ".join(work["adverse"]),
                       estimate(work["adverse"], "adverse", root)))
-    for cid in sorted({c for c, _ in work.get("extra", [])}):
+    for cid in sorted({c for c, _ in work["extra"]}):
         paths = [p for c, p in work["extra"] if c == cid]
         steps.append((f"{SUITE} --adverse {cid} --only {' '.join(paths)}",
                       f"the adverse condition {evidence.condition_title(cid)} of " + ", ".join(paths),
