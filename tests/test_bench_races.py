@@ -14,6 +14,8 @@ BENCH = [sys.executable, str(ROOT / "tools" / "bench_races.py")]
 
 @pytest.mark.slow
 def test_a_budget_keeps_the_sections_done_and_names_the_rest(tmp_path):
+    """--budget 0.001: the first section starts whatever the set-up took (under load, CI's two runs at once spent
+    more than 1 ms before it and ran none), and no other."""
     out = tmp_path / "b.json"
     r = subprocess.run(BENCH + ["--steps", "20", "--overhead-steps", "10", "--rounds", "1", "--verdict", "order",
                                 "--budget", "0.001", "--out", str(out)], capture_output=True, text=True, timeout=600)
