@@ -398,25 +398,47 @@ def test_gpu_wheels_downloads_exactly_the_pinned_wheels_and_prints_a_private_ins
     assert _wheels(dest / "notes.txt", wheels_env).returncode == 2
 
 
-@pytest.mark.parametrize("tamper", [False, True])
+@pytest.mark.parametrize("tamper", [None, "transformers", "huggingface-hub"])
 def test_gpu_wheels_fetches_the_pinned_newer_transformers_apart(tmp_path, wheels_env, tamper):
-    """Lesson 09's newer transformers is pinned apart (gpu-wheels-newer.txt beside the lock) and listed apart
-    (SHA256SUMS.newer, not SHA256SUMS); a wheel other than the pinned one is left out, named."""
-    (tmp_path / "gpu-wheels-newer.txt").write_text("# newer\n" + _pin("transformers", "5.24.0") + "\n")
+    """Lesson 09's newer transformers is pinned apart (gpu-wheels-newer.txt beside the lock) with what it needs
+    that the image lacks, and listed apart (SHA256SUMS.newer, not SHA256SUMS); where any of its wheels is not
+    the pinned one, the whole newer set is left out, the file named (the lesson then replays its comparison)."""
+    (tmp_path / "gpu-wheels-newer.txt").write_text(
+        "# newer\n" + _pin("transformers", "5.25.0") + "\n" + _pin("huggingface-hub", "2.4.0") + "\n")
     env = {k: v for k, v in wheels_env.items() if k != "NEWER_TRANSFORMERS"}
     if tamper:
-        env["FAKE_PIP_TAMPER"] = "transformers"
+        env["FAKE_PIP_TAMPER"] = tamper
     dest = tmp_path / "whl"
     res = _wheels(dest, env)
     assert res.returncode == 0, res.stdout + res.stderr
     names = sorted(p.name for p in dest.iterdir())
     if tamper:
         assert names == ["SHA256SUMS", *PINNED] and "is not the wheel" in res.stderr
+        assert tamper.replace("-", "_") + "-" in res.stderr and "left out" in res.stderr
         return
-    assert names == sorted(["SHA256SUMS", "SHA256SUMS.newer", "transformers-5.24.0-py3-none-any.whl", *PINNED])
+    newer = ["huggingface_hub-2.4.0-py3-none-any.whl", "transformers-5.25.0-py3-none-any.whl"]
+    assert names == sorted(["SHA256SUMS", "SHA256SUMS.newer", *newer, *PINNED])
     assert "transformers" not in (dest / "SHA256SUMS").read_text()
+    assert sorted(ln.split()[1] for ln in (dest / "SHA256SUMS.newer").read_text().splitlines()) == newer
     assert subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS.newer"], cwd=dest).returncode == 0
     assert "-r tools/gpu-wheels-newer.txt" in res.stdout and "PINLAB_TRANSFORMERS_NEWER" in res.stdout
+
+
+def test_the_committed_newer_pins_fit_one_device_call_with_the_suites_wheels():
+    """tools/gpu-wheels-newer.txt: transformers and what it needs that the GPU image lacks, each pinned with its
+    SHA-256, none also in tools/gpu-wheels.txt; the README's recipe installs both sets."""
+    pins = {}
+    for ln in (ROOT / "tools" / "gpu-wheels-newer.txt").read_text().splitlines():
+        if ln.strip() and not ln.startswith("#"):
+            m = re.fullmatch(r"([a-z0-9][a-z0-9-]*)==([0-9][0-9a-z.+]*) --hash=sha256:([0-9a-f]{64})", ln)
+            assert m, f"tools/gpu-wheels-newer.txt: not a pinned line: {ln!r}"
+            pins[m.group(1)] = m.group(2)
+    assert "transformers" in pins and "huggingface-hub" in pins
+    base = (ROOT / "tools" / "gpu-wheels.txt").read_text()
+    assert not [n for n in pins if re.search(rf"^{n}==", base, re.M)], "pinned in both sets"
+    script = (ROOT / "tools" / "gpu-wheels.sh").read_text()
+    keep = script.split("NEWER_KEEP:-", 1)[1].split("}", 1)[0].split()
+    assert sorted(keep) == sorted(pins), "--relock keeps what the committed newer pins hold"
 
 
 @pytest.mark.parametrize("planted", ["tampered nbval", "an extra wheel", "a pin without its wheel"])
@@ -453,7 +475,7 @@ def test_gpu_wheels_relock_writes_the_pins_of_the_wheels_it_keeps(tmp_path, whee
     lines = [ln for ln in lock.read_text().splitlines() if not ln.startswith("#")]
     assert lines == [f"nbval==0.11.0 --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"]
     assert "--require-hashes" in lock.read_text() and "numpy" not in lock.read_text()
-    assert "left out (the GPU image has them): numpy" in res.stdout and "review" in res.stdout
+    assert re.search(r"left out \(the GPU image has them.*debugpy\): numpy", res.stdout) and "review" in res.stdout
     calls = [json.loads(line) for line in (tmp_path / "pip.log").read_text().splitlines()]
     assert calls and not any("--require-hashes" in c or "-r" in c for c in calls)
     res = _wheels(tmp_path / "again", env)  # the pinned download of the new lock takes what it pins

@@ -93,6 +93,11 @@ tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokeniz
 torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton typer
 typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp"
 
+# Not needed to run the suite: debugpy, ipykernel's debugger, which the suite never starts (ipykernel imports it
+# only where installed; a notebook's kernel runs without it). 5 MB less, so that the newer transformers below fits
+# one device call's 64 MiB with the rest.
+unneeded="debugpy"
+
 plat=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 \
            manylinux_2_12 manylinux2010 manylinux_2_5 manylinux1; do
@@ -114,7 +119,7 @@ if (( relock )); then
   for f in "$tmp"/w/*.whl; do
     base=$(basename "$f")
     name=$(echo "${base%%-*}" | tr 'A-Z_.' 'a-z--')
-    if [[ " $(echo $image) " == *" $name "* ]]; then
+    if [[ " $(echo $image) $unneeded " == *" $name "* ]]; then
       left+=("$name")
     else
       cp "$f" "$tmp/keep"/
@@ -158,45 +163,67 @@ else
 fi
 cp "$tmp"/keep/*.whl "$dest"/
 (cd "$dest" && sha256sum -- *.whl > SHA256SUMS)
-# A newer transformers for lesson 09's comparison, pinned apart (tools/gpu-wheels-newer.txt) and listed apart
-# (DEST/SHA256SUMS.newer): the GPU host installs it into a folder of its own. NEWER_TRANSFORMERS=none leaves it out.
-newer=${NEWER_TRANSFORMERS:-5.24.0}
+# A newer transformers for lesson 09's comparison, pinned apart (tools/gpu-wheels-newer.txt) with the packages it
+# needs at versions the GPU image lacks (the image has huggingface_hub 1.33.0; transformers 5.25.0 needs >= 2.4.0,
+# which needs httpx2), and listed apart (DEST/SHA256SUMS.newer): the GPU host installs them into a folder of its
+# own. NEWER_TRANSFORMERS=none leaves them out. With --relock, NEWER_TRANSFORMERS (default 5.25.0) is the release
+# resolved, and NEWER_KEEP the names of its requirements that travel with it (the rest the image has; `kernels`,
+# which 5.25.0 requires, it imports only where installed).
+newer=${NEWER_TRANSFORMERS:-5.25.0}
+newer_keep=${NEWER_KEEP:-transformers huggingface-hub httpx2 httpcore2 truststore}
 newer_lock=$(dirname "$lock")/gpu-wheels-newer.txt
 if [[ "$newer" != none ]] && (( ! relock )) && [[ ! -f "$newer_lock" ]]; then
   echo "gpu-wheels.sh: $newer_lock is missing: no newer transformers for lesson 09 (it replays its comparison)" >&2
   newer=none
 fi
 if [[ "$newer" != none ]]; then
-  mkdir -p "$tmp/n"
+  mkdir -p "$tmp/n" "$tmp/nkeep"
+  newer_ok=1
   if (( relock )); then
-    "$py" "${download[@]}" -d "$tmp/n" --no-deps "transformers==$newer"
+    "$py" "${download[@]}" -d "$tmp/n" "transformers==$newer"
+    grep '^#' "$newer_lock" > "$tmp/newer_lock" 2>/dev/null || true
+    for f in "$tmp"/n/*.whl; do
+      [[ -e "$f" ]] || continue
+      base=$(basename "$f")
+      rest=${base#*-}
+      name=$(echo "${base%%-*}" | tr 'A-Z_.' 'a-z--')
+      if [[ " $(echo $newer_keep) " == *" $name "* ]]; then
+        cp "$f" "$tmp/nkeep"/
+        echo "$name==${rest%%-*} --hash=sha256:$(sha256sum -- "$f" | cut -d' ' -f1)" >> "$tmp/newer_lock"
+      fi
+    done
   else
     "$py" "${download[@]}" -d "$tmp/n" --no-deps --require-hashes -r "$newer_lock"
+    # every wheel pip wrote is one the newer lock pins, and every pin has its wheel; else the whole set stays out
+    npins=$(grep -c -E '^[A-Za-z0-9]' "$newer_lock" || true)
+    for f in "$tmp"/n/*; do
+      [[ -e "$f" ]] || continue
+      base=$(basename "$f")
+      sum=$(sha256sum -- "$f" | cut -d' ' -f1)
+      if ! grep -q -E "^[A-Za-z0-9][^#]*--hash=sha256:${sum}([^0-9a-f]|\$)" "$newer_lock"; then
+        echo "gpu-wheels.sh: $base (sha256 $sum) is not the wheel $newer_lock pins: the newer transformers is" \
+             "left out (lesson 09 replays its comparison)" >&2
+        newer_ok=0
+      fi
+      cp "$f" "$tmp/nkeep"/
+    done
+    if (( newer_ok )) && (( $(ls "$tmp"/nkeep | wc -l) != npins )); then
+      echo "gpu-wheels.sh: pip wrote $(ls "$tmp"/nkeep | wc -l) wheels, $newer_lock pins $npins: the newer" \
+           "transformers is left out (lesson 09 replays its comparison)" >&2
+      newer_ok=0
+    fi
   fi
-  newer_whl=$(cd "$tmp/n" && ls transformers-*.whl 2>/dev/null | head -1 || true)
-  if [[ -z "$newer_whl" ]]; then
+  if (( newer_ok )) && ls "$tmp"/nkeep/transformers-*.whl >/dev/null 2>&1; then
+    cp "$tmp"/nkeep/*.whl "$dest"/
+    (cd "$tmp/nkeep" && sha256sum -- *.whl) > "$dest/SHA256SUMS.newer"
+    echo "newer transformers for lesson 09: $(cd "$tmp/nkeep" && ls *.whl | tr '\n' ' ')(in $dest/SHA256SUMS.newer)"
+  elif (( newer_ok )); then
     echo "gpu-wheels.sh: no transformers wheel came down for lesson 09: it replays its comparison" >&2
-  else
-    sum=$(sha256sum -- "$tmp/n/$newer_whl" | cut -d' ' -f1)
-    if (( relock )); then
-      v=${newer_whl#transformers-}
-      grep '^#' "$newer_lock" > "$tmp/newer_lock" 2>/dev/null || true
-      echo "transformers==${v%%-*} --hash=sha256:$sum" >> "$tmp/newer_lock"
-    elif ! grep -q -E -e "--hash=sha256:${sum}([^0-9a-f]|\$)" "$newer_lock"; then
-      echo "gpu-wheels.sh: $newer_whl (sha256 $sum) is not the wheel $newer_lock pins: left out" >&2
-      newer_whl=
-    fi
-    if [[ -n "$newer_whl" ]]; then
-      cp "$tmp/n/$newer_whl" "$dest"/
-      (cd "$dest" && sha256sum -- "$newer_whl" > SHA256SUMS.newer)
-      echo "newer transformers for lesson 09: $newer_whl (in $dest/SHA256SUMS.newer; leave it out of .whl for calls that"\
-           "do not run lesson 09: a device call carries 64 MiB)"
-    fi
   fi
 fi
 echo "wheels in $dest: ${kept[*]}"
 if (( relock )); then
-  echo "left out (the GPU image has them): ${left[*]:-none}"
+  echo "left out (the GPU image has them, or the suite does not need them: $unneeded): ${left[*]:-none}"
 fi
 kib=$(du -sk "$dest" | cut -f1)
 echo "total: $((kib / 1024)) MiB in $(ls "$dest"/*.whl | wc -l) wheels; their SHA-256 sums in $dest/SHA256SUMS"

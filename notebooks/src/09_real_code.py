@@ -137,12 +137,12 @@ if audit is not None and newer is not None:
     l09.show_comparison(audit.result, newer.result)
 
 # %% [markdown]
-# How 5.24.0 removes the mask builder's sync (its `generation/utils.py`, `generate()`, lines
-# 2892-2907): it checks **once**, up front, whether the attention mask is all ones
-# (`(model_kwargs["attention_mask"] == 1).all()`, the new place in `generate` above), then drops it,
-# so `_ignore_causal_mask_sdpa` gets `padding_mask=None` and asks the GPU nothing. One sync per call
-# instead of one per token; a batch with padding keeps its mask, and the per-token `fast_all` with
-# it.
+# How the newer release removes the mask builder's sync (since 5.18.0; read in 5.25.0's
+# `generation/utils.py`, `generate()`, lines 2895-2910): it checks **once**, up front, whether
+# the attention mask is all ones (`(model_kwargs["attention_mask"] == 1).all()`, the new place in
+# `generate` above), then drops it, so `_ignore_causal_mask_sdpa` gets `padding_mask=None` and
+# asks the GPU nothing. One sync per call instead of one per token; a batch with padding keeps
+# its mask, and the per-token `fast_all` with it.
 #
 # ## 2. How exact is the detector?
 #

@@ -15,8 +15,8 @@ in child processes, with the sentences the notebook computes from them.
   in the trace, the host's time waiting in them and the GPU's idle share, tokens per second over
   interleaved rounds; ``gpu_ms`` adds GPU work to every forward (a step as long as a larger model's);
   :func:`stop_checks_newer` runs it with the newer transformers, whose ``generate()`` drops an all-ones
-  attention mask once up front (5.24.0 ``generation/utils.py``: "We can drop the mask altogether if it's
-  all 1s"), so that its mask builder no longer syncs every token;
+  attention mask once up front (since 5.18.0; 5.25.0 ``generation/utils.py``: "We can drop the mask
+  altogether if it's all 1s"), so that its mask builder no longer syncs every token;
 * :func:`audit_dataloader` (GPU): a DataLoader's batches moved with ``.to("cuda", non_blocking=True)``,
   ``pin_memory`` False and True: the detector's count against the trace's ``Pageable -> Device`` /
   ``Pinned -> Device`` copies.
@@ -26,7 +26,8 @@ in child processes, with the sentences the notebook computes from them.
   each ``plan()``'s own C++ copy of its plan info declared with ``RaceDetector.copied``: one wrapper with the
   host ahead, one wrapper per step in flight, and an event wait before re-planning.
 
-What transformers does is read from its source (the installed wheel, 5.17.0, and the repository):
+What transformers does is read from its source (the wheels of the oldest and the newest release of
+:data:`SUPPORTED_TRANSFORMERS`, 5.17.0 and 5.25.0, and the repository):
 ``generation/utils.py`` ``StopCheck.__call__`` (``bool(unfinished_sequences.max() == 0)``, every step),
 ``DeferredStopCheck`` (two pinned slots, a ``non_blocking`` copy of the flag, an event, the other slot read
 one step late; ``is_supported`` enables it on ``mps`` only), ``masking_utils.py``
@@ -65,6 +66,9 @@ PAGEABLE_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
 PINNED_MEMCPY = "Memcpy HtoD (Pinned -> Device)"
 #: the detector's kinds that make the host wait (a sync, a blocking copy, a factory's blocking copy)
 WAITING_KINDS = (_det.BLOCKING_COPY, _det.ITEM_SYNC, _det.TOLIST_SYNC, _det.SCALAR_SYNC, _det.FACTORY_SYNC)
+#: the releases the lesson is tested on (pyproject.toml's lab extra says the same; tests/test_l09_versions.py
+#: runs the lesson's tests on the oldest and the newest of them): 5.17 is the GPU image's, 5.25 the newest
+SUPPORTED_TRANSFORMERS = ">=5.17,<5.26"
 
 
 def transformers_version() -> str | None:
@@ -81,7 +85,7 @@ def require_transformers(what: str):
     try:
         import transformers
     except ImportError:
-        raise ImportError(f"{what} needs HF transformers: pip install 'transformers>=5.17,<5.18' "
+        raise ImportError(f"{what} needs HF transformers: pip install 'transformers{SUPPORTED_TRANSFORMERS}' "
                           "(make setup installs it)") from None
     return transformers
 
