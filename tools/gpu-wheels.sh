@@ -106,6 +106,15 @@ done
 download=(-m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12
           --implementation cp "${plat[@]}")
 
+# unpinned FILE LOCK: where LOCK has no `name==version --hash=sha256:<FILE's SHA-256>` line, print "NAME (sha256
+# SUM)" and succeed; where it pins FILE, fail and print nothing
+unpinned() {
+  local sum
+  sum=$(sha256sum -- "$1" | cut -d' ' -f1)
+  grep -q -E "^[A-Za-z0-9][^#]*--hash=sha256:${sum}([^0-9a-f]|\$)" "$2" && return 1
+  echo "$(basename "$1") (sha256 $sum)"
+}
+
 kept=() left=()
 mkdir -p "$tmp/w" "$tmp/keep"
 if (( relock )); then
@@ -146,9 +155,8 @@ else
   for f in "$tmp"/w/*; do
     [[ -e "$f" ]] || continue
     base=$(basename "$f")
-    sum=$(sha256sum -- "$f" | cut -d' ' -f1)
-    if ! grep -q -E "^[A-Za-z0-9][^#]*--hash=sha256:${sum}([^0-9a-f]|\$)" "$lock"; then
-      echo "gpu-wheels.sh: $base (sha256 $sum) is not a wheel $lock pins: refusing the download, nothing copied" \
+    if why=$(unpinned "$f" "$lock"); then
+      echo "gpu-wheels.sh: $why is not a wheel $lock pins: refusing the download, nothing copied" \
            "to $dest. If a new version is meant, run bash tools/gpu-wheels.sh --relock and review the diff" >&2
       exit 1
     fi
@@ -198,10 +206,8 @@ if [[ "$newer" != none ]]; then
     npins=$(grep -c -E '^[A-Za-z0-9]' "$newer_lock" || true)
     for f in "$tmp"/n/*; do
       [[ -e "$f" ]] || continue
-      base=$(basename "$f")
-      sum=$(sha256sum -- "$f" | cut -d' ' -f1)
-      if ! grep -q -E "^[A-Za-z0-9][^#]*--hash=sha256:${sum}([^0-9a-f]|\$)" "$newer_lock"; then
-        echo "gpu-wheels.sh: $base (sha256 $sum) is not the wheel $newer_lock pins: the newer transformers is" \
+      if why=$(unpinned "$f" "$newer_lock"); then
+        echo "gpu-wheels.sh: $why is not the wheel $newer_lock pins: the newer transformers is" \
              "left out (lesson 09 replays its comparison)" >&2
         newer_ok=0
       fi
@@ -226,7 +232,8 @@ if (( relock )); then
   echo "left out (the GPU image has them, or the suite does not need them: $unneeded): ${left[*]:-none}"
 fi
 kib=$(du -sk "$dest" | cut -f1)
-echo "total: $((kib / 1024)) MiB in $(ls "$dest"/*.whl | wc -l) wheels; their SHA-256 sums in $dest/SHA256SUMS"
+echo "total: $((kib / 1024)) MiB in $(ls "$dest"/*.whl | wc -l) wheels; their SHA-256 sums in $dest/SHA256SUMS$(
+  [[ -f "$dest/SHA256SUMS.newer" ]] && echo " and $dest/SHA256SUMS.newer")"
 if (( kib > max_mib * 1024 )); then
   echo "gpu-wheels.sh: $dest holds over $max_mib MiB (a device call carries at most 64 MiB): leave something out" >&2
   exit 1
