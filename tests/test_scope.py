@@ -813,6 +813,35 @@ def test_the_quiet_estimate_is_the_median_of_the_recorded_executions():
     assert plan.quiet_seconds(latest, stab) == {"a": 25.0, "b": 8.0, "c": 5.0}
 
 
+def test_an_extra_condition_is_estimated_from_its_own_passes(tmp_path):
+    """Stop 63 (an H100): (f) took 37-57 s per lesson where the five conditions together took 113-251 s, and the plan
+    had sent it at the five's seconds (598 s for the 182 it took). Each extra condition is estimated from its own
+    recorded passes, not below the notebook's quiet seconds; the five from theirs alone."""
+    nb = "notebooks/04_x.ipynb"
+    latest = {"notebooks": [{"path": nb, "seconds": 40.0}]}
+
+    def entry(seconds):
+        return {"path": nb, "source_sha256": "old", "runs": [{"seconds": seconds}]}
+    adv = {"conditions": [{"id": "a", "notebooks": [entry(250.0)]}, {"id": "f", "notebooks": [entry(57.0)]}]}
+    assert plan.adverse_seconds(adv, latest, tmp_path)[nb] == 250.0
+    assert plan.adverse_seconds(adv, latest, tmp_path, condition="f")[nb] == 57.0
+    adv["conditions"][1]["notebooks"][0]["runs"][0]["seconds"] = 12.0
+    assert plan.adverse_seconds(adv, latest, tmp_path, condition="f")[nb] == 40.0  # not below its quiet seconds
+
+
+def test_the_unit_tests_ride_with_the_first_experiment_s_own_quiet_pass(course):
+    """Stop 64: with only an experiment to renew and the unit tests stale, the plan added the quickest notebook's
+    quiet pass to the first call, though that call had the changed lesson's own quiet pass to run them with."""
+    nb = nbtools.load(course / "notebooks" / "01_one.ipynb")
+    nb["cells"][0]["source"] += "\nsteps = 2"  # the notebook's own code: its experiment, no other notebook's
+    nbtools.save(nb, course / "notebooks" / "01_one.ipynb")
+    assert not plan.unit_tests_current(course)
+    (call,) = plan.make_plan(course)["calls"]
+    cmd, what, _ = call["steps"][0]
+    assert cmd == "python3 tools/gpu_suite.py --only notebooks/01_one.ipynb" and "gpu unit tests" in what, call
+    assert "02_two" not in json.dumps(call["steps"])
+
+
 def test_an_extra_condition_is_required_only_where_named_and_planned_on_its_own(course, monkeypatch):
     """(f) CUDA_LAUNCH_BLOCKING=1 is required of the notebooks in its ``required_for`` only: there, a missing pass is
     a problem and --plan runs `--adverse f --only` that notebook, not the five conditions again; elsewhere nothing."""

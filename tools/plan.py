@@ -71,7 +71,8 @@ def quiet_seconds(latest: dict | None, stability: dict | None = None) -> dict:
     return out
 
 
-def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path = ROOT) -> dict:
+def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path = ROOT,
+                    condition: str | None = None) -> dict:
     """Per notebook, the estimated seconds of its adverse passes, all conditions at once: its longest recorded pass
     under any condition, of whatever version (its own runs tell how it takes sharing: lesson 04's soak slows down
     3.6x, lesson 09 not at all), but not less than its quiet seconds now; for a notebook never run under them, its
@@ -80,12 +81,18 @@ def adverse_seconds(adverse: dict | None, latest: dict | None = None, root: Path
     (2.1x) had been applied to every notebook, and lesson 09's pass was planned at 153 s and took 81.5 s (x0.56);
     each notebook's own longest pass, with the quiet floor and :data:`FIXED_S`, plans this stop's four adverse
     commands at x0.91-x1.06 of what they took (04: 236 s for 248; 05, 07 and 08: 233 for 212; 09: 94 for 100 and
-    99 for 103)."""
+    99 for 103).
+
+    ``condition``: an extra condition's id (evidence.EXTRA_CONDITIONS), sent on its own: the same estimate from
+    that condition's recorded passes only (stop 63, an H100: (f) took 37-57 s per lesson where the five together
+    took 113-251 s, and the plan had sent it at the five's seconds, 598 s for 182)."""
     recorded: dict = {}
     current: set = set()
     for c in (adverse or {}).get("conditions", []):
-        if c.get("id") not in evidence.ADVERSE_CONDITIONS:
-            continue  # an extra condition (f) is not in the passes the plan sends
+        if condition is not None and c.get("id") != condition:
+            continue
+        if condition is None and c.get("id") not in evidence.ADVERSE_CONDITIONS:
+            continue  # an extra condition (f) is not in the passes the five send
         for e in c.get("notebooks", []):
             path = root / e.get("path", "")
             if path.exists() and (e.get("source_sha256") == nbtools.source_sha256(nb := nbtools.load(path))
@@ -152,11 +159,12 @@ def status(root: Path = ROOT) -> list[dict]:
 
 
 def estimate(paths, kind: str, root: Path = ROOT, repeat: int = 1, unit_tests: bool = False,
-             nbval: bool = False) -> float:
+             nbval: bool = False, condition: str | None = None) -> float:
     """Estimated seconds of one gpu_suite command over ``paths`` (a list, or {path: executions}): ``kind``
     "quiet" (one execution each; ``nbval``: and a strict nbval pass of each; ``unit_tests``: and the gpu unit
-    tests), "adverse" (every condition at once: the longest learner's passes, one notebook after another) or
-    "stability" (``repeat`` executions each, unless ``paths`` gives the number, one after another)."""
+    tests), "adverse" (every condition at once: the longest learner's passes, one notebook after another; with
+    ``condition``, that extra condition alone) or "stability" (``repeat`` executions each, unless ``paths`` gives
+    the number, one after another)."""
     reports = root / "reports" / "gpu"
     latest = _load(reports / "latest.json")
     quiet = quiet_seconds(latest, _load(reports / "stability.json"))
@@ -169,7 +177,7 @@ def estimate(paths, kind: str, root: Path = ROOT, repeat: int = 1, unit_tests: b
         if unit_tests:
             total += ((latest or {}).get("unit_tests") or {}).get("seconds") or UNIT_TESTS_S
     elif kind == "adverse":
-        adv = adverse_seconds(_load(reports / "adverse.json"), latest, root)
+        adv = adverse_seconds(_load(reports / "adverse.json"), latest, root, condition)
         total += sum(adv.get(p) or ADVERSE_FACTOR * (quiet.get(p) or DEFAULT_S) for p in counts)
     else:
         raise ValueError(f"kind must be quiet, adverse or stability, got {kind!r}")
@@ -238,7 +246,7 @@ def _steps(work: dict, root: Path, unit_tests: bool, every: bool) -> list[tuple[
         paths = [p for c, p in work["extra"] if c == cid]
         steps.append((f"{SUITE} --adverse {cid} --only {' '.join(paths)}",
                       f"the adverse condition {evidence.condition_title(cid)} of " + ", ".join(paths),
-                      estimate(paths, "adverse", root)))
+                      estimate(paths, "adverse", root, condition=cid)))
     if work["stability"]:
         steps.append((f"{SUITE} --repeat {MIN_RUNS} --stale --stability-only --only {' '.join(work['stability'])}",
                       f"stability runs up to {MIN_RUNS} of " + ", ".join(work["stability"]),
@@ -275,9 +283,10 @@ def make_plan(root: Path = ROOT) -> dict:
     plumbing = [p for k, w in works.items() if k not in experiment for p in w["quiet"]]
     calls: list[dict] = []
     units = not unit_tests_current(root)  # the first call runs them, unless they passed on these very files
-    if units and experiment and not plumbing:
+    if units and experiment and not plumbing and not works[experiment[0]]["quiet"]:
         # they run with a quiet pass (gpu_suite has no pass of its own for them): where only experiments are left
-        # to renew, the first call gives them the quickest notebook's (stop 57: they were silently left out)
+        # to renew and the first call's has no quiet pass, it gets the quickest notebook's (stop 57: they were
+        # silently left out; where its lesson's quiet pass is stale they ride with that one, stop 64)
         plumbing = [quickest(root)]
 
     def cost(work, unit_tests):

@@ -66,6 +66,8 @@ PLUMBING: dict[str, str] = {
     f"{PKG}/__init__.py": "re-exports the library's names (it imports every module, so every notebook imports it)",
     f"{PKG}/args.py": "argument checks and their error messages",
     f"{PKG}/claims.py": "prints a claim and explains a failed one; the lesson computes what is claimed",
+    f"{PKG}/lead.py": "prints a claim that needs the host ahead of the GPU, and decides whether it may fail (not "
+                      "under CUDA_LAUNCH_BLOCKING=1); the lesson computes what is claimed",
     f"{PKG}/device.py": "machine facts: CUDA, the GPU, versions",
     f"{PKG}/doctor.py": "the set-up report of lesson 00 and `pinlab.doctor()`",
     f"{PKG}/plots.py": "figures and their style",
