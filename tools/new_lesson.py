@@ -79,7 +79,7 @@ def plan(number: str, name: str, title: str, root: Path = ROOT) -> dict[Path, st
     """Every file to write (path -> text), the syllabus included; ValueError naming what is taken or wrong."""
     if not re.fullmatch(r"[0-9]{2}", number):  # not \d, which takes '٠٣' and '０３' too
         raise ValueError(f"number must be two ASCII digits 0-9, such as 10, got {number!r}{_digit_note(number)}")
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name.endswith("_"):
+    if not re.fullmatch(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*", name):  # not "kv__offload": no empty word
         raise ValueError(f"name must be lower-case words joined by '_', such as kv_offload, got {name!r}")
     if not title.strip():
         raise ValueError("title must say what the lesson is about, such as \"Offloading the KV cache\"")
