@@ -16,22 +16,21 @@ call expected to hang without a bound fails after a bounded number of steps inst
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shlex
-import signal
 import sys
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bad_input import clear_error
+from test_bad_input_iii import (  # noqa: F401  (_cpu_only_and_bounded: part III's autouse fixture, shared)
+    BOOL_LIKE, FEW, HANG_S, NOT_A_BOOL, NOT_A_NUMBER, NOT_AN_INT, NOT_FINITE, SOME, _cpu_only_and_bounded)
 from test_new_lesson import _small_course, _tree
 
 import lab as lab_tool  # tools/lab.py (conftest.py puts tools/ on sys.path)
@@ -43,22 +42,8 @@ from pinlab.args import CudaUnavailableError
 from pinlab.lessons import l09_real_code as l09
 from pinlab.races import D2H_READ, D2H_WRITE, GRAPH_REWRITE, H2D_REWRITE, KINDS, RaceError
 
-#: Seconds one test may run before it fails as a hang (the slowest here takes a few seconds on 2 busy cores).
-HANG_S = 120
-FEW = settings(max_examples=15, derandomize=True, database=None, deadline=timedelta(seconds=20),
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-SOME = settings(FEW, max_examples=30)
 #: what an xfail's one failing example needs (the first example fails; shrinking it is short)
 ONE = settings(FEW, max_examples=5)
-
-NOT_A_NUMBER = st.one_of(st.none(), st.text(max_size=3), st.just([1]), st.just({}), st.just(object()))
-NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
-NOT_AN_INT = st.one_of(NOT_A_NUMBER, st.booleans(), st.floats(allow_nan=True), st.just(np.float64(2.0)))
-NOT_A_BOOL = st.one_of(st.none(), st.integers(), st.floats(allow_nan=True), st.text(max_size=3), st.just([True]),
-                       st.just({}), st.just(torch.tensor([True, False])), st.just(np.array([True, True])),
-                       st.just(torch.tensor(1)))
-BOOL_LIKE = st.sampled_from([True, False, np.bool_(True), np.bool_(False), torch.tensor(True), torch.tensor([False]),
-                             np.array([True])])
 NOT_WORDS = st.one_of(st.none(), st.integers(), st.just(""), st.just("   "), st.just(["x"]), st.just(b"why"))
 
 
@@ -76,21 +61,10 @@ def bad_ms(maximum=None):
 
 
 @pytest.fixture(autouse=True)
-def _cpu_only_and_bounded(monkeypatch):
-    """A CPU-only machine even on a GPU host; and no test may hang (SIGALRM after HANG_S seconds)."""
-    monkeypatch.setenv("PINLAB_FORCE_CPU", "1")
-    for name in ("PINLAB_VRAM_LIMIT_GIB", "PINLAB_PINNED_LIMIT_GIB", "PINLAB_SIMULATE_NO_GPU_TRACE",
-                 "CUDA_LAUNCH_BLOCKING"):
-        monkeypatch.delenv(name, raising=False)
-
-    def hung(signum, frame):
-        raise TimeoutError(f"this bad-input test ran past {HANG_S} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.setitimer(signal.ITIMER_REAL, HANG_S)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
+def _no_launch_blocking(monkeypatch):
+    """lead.claim reads CUDA_LAUNCH_BLOCKING: no test here may inherit it (part III's autouse fixture, imported
+    above, makes the machine CPU-only and fails a hang)."""
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
 
 
 class _Runaway(BaseException):
