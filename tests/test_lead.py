@@ -96,11 +96,9 @@ def test_a_reason_must_be_words():
         lead.claim("x", True, why=3)
 
 
-def _claims(path: Path):
+def _lead_claims(path: Path) -> list:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("lead.claim", "pinlab.claim"):
-            yield ast.unparse(node.func), node
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "lead.claim"]
 
 
 def _sources():
@@ -114,7 +112,7 @@ def test_every_lead_claim_gives_a_reason_and_asserts_no_exact_count(src):
     (evidence.EXTRA_CONDITIONS) makes its race claims lead claims: they are what failed under the variable."""
     import evidence
 
-    found = [node for func, node in _claims(src) if func == "lead.claim"]
+    found = _lead_claims(src)
     for node in found:
         kw = {k.arg for k in node.keywords}
         assert "why" in kw and "expect" not in kw, ast.unparse(node)[:120]

@@ -39,7 +39,7 @@ def claim(text: str, holds, *, value=None, why: str | None = None) -> None:
     claim, the value, the reason and this machine where it did not hold, unless launches block. Returns nothing,
     as :func:`pinlab.claim`.
     """
-    ok, why = _truth("holds", holds), _why(why)
-    observe(text, ok, value=value, why=why or None)
+    ok, why = _truth("holds", holds), _why(why) or None
+    observe(text, ok, value=value, why=why)
     if not ok and not launch_blocking():
-        raise ClaimError(failure_message(text, value, why or None))
+        raise ClaimError(failure_message(text, value, why))
