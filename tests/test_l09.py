@@ -268,3 +268,90 @@ def test_flashinfer_is_a_requirement_that_replays_when_absent(monkeypatch):
     assert probe.unmet({"flashinfer": True}) == []
     with pytest.raises(TypeError, match="flashinfer"):
         probe.unmet({"flashinfer": "yes"})
+
+
+# --- padding, #43089's setup, the batch-size sweep (the GPU experiments' CPU parts) -----------------------------
+
+
+def test_prompt_left_pads_the_first_prompt_and_refuses_a_pad_as_long_as_the_prompt():
+    ids, mask = l09.prompt(2, length=8, left_pad=3)
+    assert mask[0].tolist() == [0, 0, 0, 1, 1, 1, 1, 1] and mask[1].tolist() == [1] * 8
+    assert ids[0, :3].tolist() == [0, 0, 0] and (ids[0, 3:] >= 3).all() and (ids[1] >= 3).all()
+    plain_ids, plain_mask = l09.prompt(2, length=8)
+    assert torch.equal(plain_ids[:, 3:], ids[:, 3:]) and bool(plain_mask.all())
+    with pytest.raises(ValueError, match="left_pad must be below the prompt's length"):
+        l09.prompt(2, length=8, left_pad=8)
+    with pytest.raises((TypeError, ValueError), match="left_pad"):
+        l09.prompt(2, left_pad=-1)
+
+
+def test_a_left_padded_batch_and_43089s_criterion_and_processor_decode_as_greedy_does():
+    model = l09.tiny_llama()
+    ids, mask = l09.prompt(2, left_pad=3)
+    out = l09.greedy(model, ids, mask, 6)
+    assert tuple(out.shape) == (2, 8 + 6)
+    plain_ids, plain_mask = l09.prompt(2)
+    plain = l09.greedy(model, plain_ids, plain_mask, 6)
+    # the log of a softmax keeps every argmax; a criterion that never stops changes nothing
+    assert torch.equal(l09.greedy(model, plain_ids, plain_mask, 6, **l09.issue_43089_kwargs()), plain)
+
+
+def _stop_result_for_sweep(b, ms, ratios, same=True, idle=0.5):
+    run = lambda tokens: {"tokens": tokens, "syncs": {"cudaStreamSynchronize": 24}, "wait_us_per_token": 10.0 + ms,
+                          "gpu_idle": idle, "tokens_per_s": 100.0 * b}
+    return {"deferred_is": "x", "transformers": "5.17.0", "gpu_ms": ms, "ratios": ratios,
+            "runs": {"default": run([[1, 2]]), "deferred": run([[1, 2]] if same else [[1, 3]])}}
+
+
+def test_the_sweep_keeps_whether_the_tokens_matched_instead_of_the_tokens(monkeypatch):
+    calls = []
+
+    def fake(new_tokens, batch, rounds, seed, gpu_ms):
+        calls.append((batch, gpu_ms))
+        return _stop_result_for_sweep(batch, gpu_ms, [1.0] * rounds, same=batch != 8)
+
+    monkeypatch.setattr(l09, "stop_checks", fake)
+    monkeypatch.setattr(l09, "require_cuda", lambda what: None)
+    sw = l09.stop_check_sweep(rounds=5)
+    assert calls == [(1, 0.0), (8, 0.0), (64, 0.0), (1, 4.0), (8, 4.0), (64, 4.0)]
+    assert list(sw["results"]) == ["0", "4"] and list(sw["results"]["4"]) == ["1", "8", "64"]
+    assert [r["same_tokens"] for r in sw["results"]["0"].values()] == [True, False, True]
+    assert all("tokens" not in run for per in sw["results"].values() for r in per.values()
+               for run in r["runs"].values())
+    for bad in ([], "1,8", [0], [1.5]):
+        with pytest.raises((TypeError, ValueError), match="batches"):
+            l09.stop_check_sweep(batches=bad)
+    with pytest.raises((TypeError, ValueError), match="gpu_ms"):
+        l09.stop_check_sweep(gpu_ms=[-1.0])
+
+
+def test_the_sweeps_rows_sentence_and_figure_are_computed_from_it():
+    sw = {"results": {"0": {"1": _stop_result_for_sweep(1, 0.0, [0.9, 0.95, 0.97, 0.92, 0.99], idle=0.96),
+                            "64": _stop_result_for_sweep(64, 0.0, [0.9, 1.1, 1.0, 1.0, 1.0], idle=0.4)},
+                      "4": {"1": _stop_result_for_sweep(1, 4.0, [1.02, 1.05, 1.04, 1.01, 1.03], idle=None),
+                            "64": _stop_result_for_sweep(64, 4.0, [1.1] * 5, idle=0.1)}}}
+    rows = l09.sweep_rows(sw)
+    assert [(r["workload"], r["batch"]) for r in rows] == [("tiny model", 1), ("tiny model", 64),
+                                                           ("+4 ms GPU per step", 1), ("+4 ms GPU per step", 64)]
+    assert rows[0]["ratio"] == "1.00x (0.90-0.99)" and rows[2]["idle"] == "no kernel in the trace -> no kernel in the trace"
+    text = l09.sweep_text(sw)
+    assert text == ("tiny model: GPU idle share of the call (default check) 96% at batch 1, 40% at 64; deferred: no "
+                    "batch size where every round was faster; every round slower at batch 1; +4 ms GPU per step: GPU "
+                    "idle share of the call (default check) no kernel in the trace at batch 1, 10% at 64; deferred: "
+                    "every round faster at batch 1, 64")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    a1, a2 = l09.plot_sweep(sw, title="sweep")
+    assert len(a1.lines) == 4 and [t.get_text() for t in a2.get_xticklabels()] == ["1", "64"]
+    # a None idle share is left out of the bottom panel, not drawn as 0
+    assert sorted(len(line.get_xdata()) for line in a2.lines) == [1, 1, 2, 2]
+
+
+def test_show_comparison_names_its_columns(capsys):
+    a = {"transformers": "5.17.0", "new_tokens": 24,
+         "places": [{"kind": l09.WAITING_KINDS[0], "function": "f", "code": "x", "n": 24, "where": "a.py:1"}]}
+    b = dict(a, places=[dict(a["places"][0], n=48)])
+    l09.show_comparison(a, b, labels=("plain", "#43089's"))
+    out = capsys.readouterr().out
+    assert "plain" in out and "#43089's" in out and "1.00 / 2.00" in out and "what changed" not in out

@@ -142,7 +142,45 @@ if audit is not None and newer is not None:
 # the attention mask is all ones (`(model_kwargs["attention_mask"] == 1).all()`, the new place in
 # `generate` above), then drops it, so `_ignore_causal_mask_sdpa` gets `padding_mask=None` and
 # asks the GPU nothing. One sync per call instead of one per token; a batch with padding keeps
-# its mask, and the per-token `fast_all` with it.
+# its mask, and the per-token `fast_all` with it. The same audit with the first prompt
+# left-padded by 3 tokens (`left_pad=3`: prompts of different lengths in one batch), in both
+# releases:
+
+# %%
+pad = dict(new_tokens=NEW_TOKENS, batch=BATCH, left_pad=3)
+padded = l09.measure_or_say(
+    "09_generate_padded", l09.audit_generate, requires=GPU_TRACE, **pad
+)
+padded_newer = l09.measure_or_say(
+    "09_generate_newer_padded", l09.audit_newer, requires=NEWER, **pad
+)
+if padded is not None and padded_newer is not None:
+    l09.show_comparison(padded.result, padded_newer.result)
+
+# %% [markdown]
+# transformers#43089 counted 3.25 syncs per token on 5.0.0.dev0 with its own tiny Llama (hidden
+# size 16, 1 layer), a custom stopping criterion that returns an all-False tensor on the GPU every
+# step, and a logits processor that takes a softmax. Its criterion and processor, on this
+# course's model and the installed transformers (`issue_43089=True`), against the plain
+# `generate()` audited above:
+
+# %%
+setup_43089 = l09.measure_or_say(
+    "09_generate_43089",
+    l09.audit_generate,
+    requires=GPU_TRACE,
+    new_tokens=NEW_TOKENS,
+    batch=BATCH,
+    issue_43089=True,
+)
+if audit is not None and setup_43089 is not None:
+    l09.show_comparison(
+        audit.result, setup_43089.result, labels=("plain", "#43089's")
+    )
+
+# %% [markdown]
+# The rest of #43089's 3.25 comes from what differs beyond these two: its release and its model;
+# the lines above say whether the criterion and the processor add a wait on this one.
 #
 # ## 2. How exact is the detector?
 #
@@ -289,6 +327,33 @@ if stops:
 # second, whether that outweighed what it adds. Upstream leaves it off for CUDA until a gain is
 # measured: these lines are such a measurement, on this machine.
 #
+# ### By batch size
+#
+# The same comparison at batch sizes 1, 8 and 64 (`l09.stop_check_sweep`), for the tiny model and
+# with 4 ms of GPU work per step, in the installed transformers: tokens per second of both checks
+# (the ratio of their medians over 5 interleaved rounds, and the range of the rounds' own
+# ratios), the host's wait per token and the GPU's idle share, from the trace.
+
+# %% tags=["nbval-ignore-output"]
+sweep = l09.measure_or_say(
+    "09_stop_sweep",
+    l09.stop_check_sweep,
+    requires=GPU_TRACE,
+    new_tokens=NEW_TOKENS,
+    rounds=5,
+)
+if sweep is not None:
+    sw = sweep.result
+    pinlab.claim(
+        "the deferred check gives the default's tokens at every batch size",
+        all(r["same_tokens"] for per in sw["results"].values() for r in per.values()),
+        why=l09.WHY.same_tokens,
+    )
+    l09.table(l09.sweep_rows(sw), l09.SWEEP_COLUMNS)
+    pinlab.show("by batch size", l09.sweep_text(sw))
+    l09.plot_sweep(sw, title=f"Stop checks by batch size ({sweep.tag})")
+
+# %% [markdown]
 # ## 4. Why two slots: the race detector on the ring
 #
 # With one slot, the previous step's slot *is* the slot this step's copy is still writing: the host

@@ -110,12 +110,20 @@ def tiny_llama(device="cpu", seed: int = 0):
     return model.to(device)
 
 
-def prompt(batch: int = 2, length: int = 8, seed: int = 0, device="cpu"):
-    """A fixed batch of random token ids (and its all-ones attention mask)."""
+def prompt(batch: int = 2, length: int = 8, seed: int = 0, device="cpu", left_pad: int = 0):
+    """A fixed batch of random token ids and its attention mask: all ones, or with the first ``left_pad``
+    positions of the first prompt padding (id 0, mask 0: a shorter prompt, left-padded as a batch of
+    prompts of different lengths is)."""
     batch, length = positive_int("batch", batch), positive_int("length", length)
+    left_pad = positive_int("left_pad", left_pad, allow_zero=True)
+    if left_pad >= length:
+        raise ValueError(f"left_pad must be below the prompt's length ({length}), got {left_pad}: a prompt "
+                         "needs at least one real token")
     g = torch.Generator().manual_seed(positive_int("seed", seed, allow_zero=True))
     ids = torch.randint(3, 256, (batch, length), generator=g)
-    return ids.to(device), torch.ones_like(ids).to(device)
+    mask = torch.ones_like(ids)
+    ids[0, :left_pad], mask[0, :left_pad] = 0, 0
+    return ids.to(device), mask.to(device)
 
 
 # --- the deferred stop check: the course's own, modelled on transformers' DeferredStopCheck --------
@@ -196,13 +204,36 @@ def deferred_in_generate(stream, slots: int = 2, use="course"):
         yield
 
 
-def greedy(model, ids, mask, new_tokens: int = 24, deferred=None, stream=None, slots: int = 2):
+def greedy(model, ids, mask, new_tokens: int = 24, deferred=None, stream=None, slots: int = 2, **generate_kwargs):
     """Greedy ``generate()``: ``deferred`` None (transformers' default stop check), ``"course"``
-    (:class:`DeferredStop` on ``stream``) or ``"transformers"`` (its own ``DeferredStopCheck``, CUDA)."""
+    (:class:`DeferredStop` on ``stream``) or ``"transformers"`` (its own ``DeferredStopCheck``, CUDA);
+    ``generate_kwargs`` go to ``generate()`` (e.g. :func:`issue_43089_kwargs`)."""
     new_tokens = positive_int("new_tokens", new_tokens)
     ctx = contextlib.nullcontext() if deferred is None else deferred_in_generate(stream, slots, deferred)
     with ctx, torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                              **generate_kwargs)
+
+
+def issue_43089_kwargs() -> dict:
+    """The stopping criterion and logits processor of transformers#43089's benchmark script (2026-01-03, on
+    5.0.0.dev0, reporting "3.25 GPU syncs per token"): a criterion that returns an all-False bool tensor on the
+    GPU every step (``AlwaysPassStoppingCriteria``) and a processor that takes the log of a softmax of the
+    scores (``ExtraSoftmaxLogitsProcessor``), as ``generate()`` keyword arguments."""
+    require_transformers("issue_43089_kwargs()")
+    from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+    class AlwaysPassStoppingCriteria(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    class ExtraSoftmaxLogitsProcessor(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return torch.log(torch.softmax(scores, dim=-1) + 1e-10)
+
+    return {"stopping_criteria": StoppingCriteriaList([AlwaysPassStoppingCriteria()]),
+            "logits_processor": LogitsProcessorList([ExtraSoftmaxLogitsProcessor()])}
 
 
 # --- matching the detector with the trace -----------------------------------------------------------
@@ -322,21 +353,27 @@ def _places(per_event) -> list[dict]:
     return sorted(by.values(), key=lambda r: (-r["n"], r["where"]))
 
 
-def audit_generate(new_tokens: int = 24, batch: int = 2, seed: int = 0) -> dict:
+def audit_generate(new_tokens: int = 24, batch: int = 2, seed: int = 0, left_pad: int = 0,
+                   issue_43089: bool = False) -> dict:
     """GPU: ``generate()`` under detect_stalls and torch.profiler, every detector event matched with the
     trace. Returns the versions, the places (kind, file:line, count, the code there, how many matched),
-    precision and recall, the trace's sync and H2D copy counts, and the empty factories not reported."""
+    precision and recall, the trace's sync and H2D copy counts, and the empty factories not reported.
+    ``left_pad``: the first prompt left-padded (:func:`prompt`); ``issue_43089``: with that issue's stopping
+    criterion and logits processor (:func:`issue_43089_kwargs`)."""
     require_cuda("audit_generate()")
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    if not isinstance(issue_43089, bool):
+        raise TypeError(f"issue_43089 must be True or False, got {issue_43089!r}")
     model = tiny_llama("cuda", seed)
-    ids, mask = prompt(batch, seed=seed, device="cuda")
-    greedy(model, ids, mask, new_tokens)  # warm-up: every kernel launched once (lazy module loading)
+    ids, mask = prompt(batch, seed=seed, device="cuda", left_pad=left_pad)
+    extra = issue_43089_kwargs() if issue_43089 else {}
+    greedy(model, ids, mask, new_tokens, **extra)  # warm-up: every kernel launched once (lazy module loading)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with _det.detect_stalls(max_events=None) as report, _Windows(report) as win:
             with record_function("09_generate"):
-                out = greedy(model, ids, mask, new_tokens)
+                out = greedy(model, ids, mask, new_tokens, **extra)
         torch.cuda.synchronize()
     events = _trace(prof)
     m = match(events, win.windows, report.events, "09_generate")
@@ -349,7 +386,8 @@ def audit_generate(new_tokens: int = 24, batch: int = 2, seed: int = 0) -> dict:
     import transformers
 
     return {"transformers": transformers.__version__, "torch": torch.__version__,
-            "new_tokens": new_tokens, "batch": batch, "generated": int(out.shape[1] - ids.shape[1]),
+            "new_tokens": new_tokens, "batch": batch, "left_pad": left_pad, "issue_43089": issue_43089,
+            "generated": int(out.shape[1] - ids.shape[1]),
             "counts": dict(report.counts), "places": _places(m.pop("per_event")),
             **{k: (dict(v) if isinstance(v, Counter) else v) for k, v in m.items()},
             "memcpy": dict(memcpy),
@@ -379,10 +417,10 @@ def _in_newer(fn: str, args, what: str) -> dict:
     return res
 
 
-def audit_newer(new_tokens: int = 24, batch: int = 2, seed: int = 0) -> dict:
+def audit_newer(new_tokens: int = 24, batch: int = 2, seed: int = 0, left_pad: int = 0) -> dict:
     """GPU: :func:`audit_generate` in a fresh process with the newer transformers (:func:`_in_newer`), so that
     the syncs of two versions can be compared."""
-    return _in_newer("audit_generate", (new_tokens, batch, seed), "audit_newer()")
+    return _in_newer("audit_generate", (new_tokens, batch, seed, left_pad), "audit_newer()")
 
 
 def stop_checks_newer(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int = 0,
@@ -510,6 +548,121 @@ def stop_checks_text(results: dict) -> str:
                      f"{d['wait_us_per_token']:.0f} -> {n['wait_us_per_token']:.0f} us per token{idle}, "
                      f"{still} cudaStreamSynchronize left in the deferred run")
     return "; ".join(parts)
+
+
+#: the stop-check sweep (:func:`stop_check_sweep`): batch sizes, and the GPU work added to every forward (0: the
+#: tiny model, bound by the host's launches; 4 ms: a step where the GPU is the bottleneck)
+SWEEP_BATCHES = (1, 8, 64)
+SWEEP_GPU_MS = (0.0, 4.0)
+
+
+def _sizes(name: str, values, check) -> list:
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__") or not list(values):
+        raise TypeError(f"{name} must be a non-empty list, such as {list(SWEEP_BATCHES)}, got {values!r}"[:200])
+    return [check(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def stop_check_sweep(batches=SWEEP_BATCHES, gpu_ms=SWEEP_GPU_MS, new_tokens: int = 24, rounds: int = 5,
+                     seed: int = 0) -> dict:
+    """GPU: :func:`stop_checks` at every batch size of ``batches`` for every ``gpu_ms``. Each result keeps
+    ``same_tokens`` (the two stop checks decoded the same) instead of the tokens. Returns ``{"batches",
+    "gpu_ms", "new_tokens", "rounds", "results": {"<gpu_ms>": {"<batch>": result}}}``."""
+    require_cuda("stop_check_sweep()")
+    batches = _sizes("batches", batches, positive_int)
+    gpu = _sizes("gpu_ms", gpu_ms, lambda n, v: positive_number(n, v, allow_zero=True, maximum=100.0))
+    out = {"batches": batches, "gpu_ms": gpu, "new_tokens": new_tokens, "rounds": rounds, "results": {}}
+    for ms in gpu:
+        per = out["results"][f"{ms:g}"] = {}
+        for b in batches:
+            res = stop_checks(new_tokens, b, rounds, seed, ms)
+            runs = res["runs"]
+            res["same_tokens"] = runs["default"].pop("tokens") == runs["deferred"].pop("tokens")
+            per[str(b)] = res
+    return out
+
+
+def _workload(ms: str) -> str:
+    return "tiny model" if float(ms) == 0 else f"+{ms} ms GPU per step"
+
+
+def _share(x) -> str:
+    return "no kernel in the trace" if x is None else f"{x:.0%}"
+
+
+#: the columns of the notebook's sweep table (rows: :func:`sweep_rows`)
+SWEEP_COLUMNS = [("workload", "workload"), ("batch", "batch"), ("default", "default tok/s"),
+                 ("deferred", "deferred tok/s"), ("ratio", "deferred/default (rounds' range)"),
+                 ("wait", "host wait us/token"), ("idle", "GPU idle")]
+
+
+def sweep_rows(sweep: dict) -> list[dict]:
+    """One row per workload and batch size of :func:`stop_check_sweep`: tokens per second of both stop checks,
+    the deferred one's ratio (of the medians; the range of the rounds' ratios), the host's wait per token and the
+    GPU's idle share, default -> deferred."""
+    rows = []
+    for ms, per in sweep["results"].items():
+        for b, r in per.items():
+            d, n = r["runs"]["default"], r["runs"]["deferred"]
+            rows.append({"workload": _workload(ms), "batch": int(b), "default": f"{d['tokens_per_s']:.0f}",
+                         "deferred": f"{n['tokens_per_s']:.0f}",
+                         "ratio": f"{speedup(r):.2f}x ({min(r['ratios']):.2f}-{max(r['ratios']):.2f})",
+                         "wait": f"{d['wait_us_per_token']:.0f} -> {n['wait_us_per_token']:.0f}",
+                         "idle": f"{_share(d['gpu_idle'])} -> {_share(n['gpu_idle'])}"})
+    return rows
+
+
+def sweep_text(sweep: dict) -> str:
+    """One sentence per workload of :func:`stop_check_sweep`, computed from it: the GPU's idle share under the
+    default check from the smallest to the largest batch, and where the deferred check's every round was faster
+    (its whole range above 1), slower (below 1), or neither."""
+    parts = []
+    for ms, per in sweep["results"].items():
+        bs = sorted(per, key=int)
+        lo, hi = per[bs[0]]["runs"]["default"]["gpu_idle"], per[bs[-1]]["runs"]["default"]["gpu_idle"]
+        faster = [b for b in bs if min(per[b]["ratios"]) > 1.0]
+        slower = [b for b in bs if max(per[b]["ratios"]) < 1.0]
+        verdict = (f"every round faster at batch {', '.join(faster)}" if faster else "no batch size where every "
+                   "round was faster")
+        if slower:
+            verdict += f"; every round slower at batch {', '.join(slower)}"
+        parts.append(f"{_workload(ms)}: GPU idle share of the call (default check) {_share(lo)} at batch {bs[0]}, "
+                     f"{_share(hi)} at {bs[-1]}; deferred: {verdict}")
+    return "; ".join(parts)
+
+
+def plot_sweep(sweep: dict, *, title: str):
+    """Top: tokens per second against the batch size; bottom: the GPU's idle share of the call; one line per
+    workload and stop check (deferred dashed), batch sizes on a log axis."""
+    import matplotlib.ticker
+
+    from ..plots import color_for, legend_outside, stacked
+
+    fig, (a1, a2) = stacked(2, height=3.2, sharex=True)
+    for ms, per in sweep["results"].items():
+        bs = sorted(per, key=int)
+        for check, style in (("default", "-"), ("deferred", "--")):
+            label = f"{_workload(ms)}, {check}"
+            runs = [per[b]["runs"][check] for b in bs]
+            xs = [int(b) for b in bs]
+            a1.plot(xs, [r["tokens_per_s"] for r in runs], style, marker="o", ms=4, label=label,
+                    color=color_for(_workload(ms)))
+            idle = [(int(b), r["gpu_idle"] * 100) for b, r in zip(bs, runs) if r["gpu_idle"] is not None]
+            a2.plot([x for x, _ in idle], [y for _, y in idle], style, marker="o", ms=4, label=label,
+                    color=color_for(_workload(ms)))
+    a1.set_xscale("log", base=2)
+    sizes = sorted({int(b) for per in sweep["results"].values() for b in per})
+    a2.set_xticks(sizes, [str(b) for b in sizes])
+    a2.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    a1.set_yscale("log")
+    a1.set_ylabel("tokens per second")
+    a2.set_ylabel("GPU idle, % of the call")
+    a2.set_ylim(0, 100)
+    a2.set_xlabel("batch size (prompts)")
+    for ax in (a1, a2):
+        ax.grid(True, which="both", alpha=0.3)
+    legend_outside(a2, ncols=2)
+    fig.suptitle(title)
+    return a1, a2
 
 
 def race_ring(stream, slots: int, steps: int = 16, busy_ms: float = 1.0) -> dict:
@@ -782,13 +935,15 @@ def show_flashinfer_audit(f: dict) -> None:
     show("copies in the trace, by kind", f["memcpy"] or "none")
 
 
-def show_comparison(a: dict, b: dict) -> None:
-    """Print two audits side by side (:func:`compare_audits`), their host waits per token and what changed."""
-    table(compare_audits(a, b), [("a", a["transformers"]), ("b", b["transformers"]), ("kind", "kind"),
-                                 ("function", "function"), ("code", "code")])
-    show(f"host waits per new token, {a['transformers']} / {b['transformers']}",
-         f"{waits_per_token(a):.2f} / {waits_per_token(b):.2f}")
-    show("what changed", changes_text(a, b))
+def show_comparison(a: dict, b: dict, labels: tuple[str, str] | None = None) -> None:
+    """Print two audits side by side (:func:`compare_audits`), their host waits per token and what changed;
+    ``labels`` name the two columns (default: their transformers versions)."""
+    la, lb = labels or (a["transformers"], b["transformers"])
+    table(compare_audits(a, b), [("a", la), ("b", lb), ("kind", "kind"), ("function", "function"),
+                                 ("code", "code")])
+    show(f"host waits per new token, {la} / {lb}", f"{waits_per_token(a):.2f} / {waits_per_token(b):.2f}")
+    if a["transformers"] != b["transformers"]:
+        show("what changed", changes_text(a, b))
 
 
 def show_stop_runs(result: dict, new_tokens: int) -> None:
