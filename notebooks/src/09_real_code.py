@@ -174,9 +174,7 @@ setup_43089 = l09.measure_or_say(
     issue_43089=True,
 )
 if audit is not None and setup_43089 is not None:
-    l09.show_comparison(
-        audit.result, setup_43089.result, labels=("plain", "#43089's")
-    )
+    l09.show_comparison(audit.result, setup_43089.result, labels=("plain", "#43089's"))
 
 # %% [markdown]
 # The rest of #43089's 3.25 comes from what differs beyond these two: its release and its model;

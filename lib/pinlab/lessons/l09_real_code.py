@@ -2,8 +2,9 @@
 
 The experiments and their plumbing; the key code (the deferred stop check, the loops audited) is in the
 notebook (``notebooks/src/09_real_code.py``) and in :class:`DeferredStop` here, which the notebook shows.
-Why about 730 lines: four workloads of three libraries, each measured against the profiler's trace or
-in child processes, with the sentences the notebook computes from them.
+Why about 1,000 lines: four workloads of three libraries, each measured against the profiler's trace or
+in child processes, in two transformers releases, padded and by batch size, with the sentences, tables
+and figure the notebook computes from them.
 
 * :func:`tiny_llama`: a random ``LlamaForCausalLM`` built from a config (hidden 64, 2 layers): nothing to
   download; :func:`greedy` runs ``generate()`` on it with the default stop check or a deferred one;
