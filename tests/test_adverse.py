@@ -191,10 +191,12 @@ def test_learners_env_and_keys_are_checked(tree):
     assert len(problems) == 3
 
 
-def test_launch_blocking_runs_where_named_and_no_evidence_requires_it_yet(tree):
-    """(f) CUDA_LAUNCH_BLOCKING=1 (issue 45): `--adverse f` runs it and adverse.json keeps it, but neither its
-    absence nor a failed pass under it is a problem of the evidence (no lesson has passed it yet); the default
-    and all-together passes leave it out; no other condition inherits the variable from the suite's own shell."""
+def test_launch_blocking_runs_where_named_and_only_the_lessons_named_require_it(tree):
+    """(f) CUDA_LAUNCH_BLOCKING=1 (issue 45): `--adverse f` runs it and adverse.json keeps it, but for a notebook its
+    ``required_for`` does not name neither its absence nor a failed pass under it is a problem of the evidence; the
+    default and all-together passes leave it out; no other condition inherits the variable from the suite's own
+    shell."""
+    assert "notebooks/03_x.ipynb" not in evidence.EXTRA_CONDITIONS["f"]["required_for"]
     assert "f" not in evidence.ADVERSE_CONDITIONS and evidence.ALL_CONDITIONS["f"]["env"] == {"CUDA_LAUNCH_BLOCKING": "1"}
     assert evidence.condition_title("f") == "(f) CUDA_LAUNCH_BLOCKING=1"
     assert adverse.adverse_plan(["f"], False) == [["f"]] and adverse.adverse_plan([], False) == [[i] for i in IDS]

@@ -598,15 +598,17 @@ ADVERSE_CONDITIONS: dict[str, dict] = {
 #: conditions the suite can run (``--adverse f``) and records in adverse.json, required only of the notebooks in
 #: their ``required_for`` (:func:`required_conditions`; the five above are required of every notebook). (f) is
 #: issue 45's heisenbug: under ``CUDA_LAUNCH_BLOCKING=1`` strict nbval of lessons 03, 04, 08 and 09 failed in 17
-#: of 103 cells (the H200, before the claims named the variable); run it, and add a lesson to ``required_for``
-#: once it passes (its evidence then needs the pass; --plan schedules ``--adverse f --only`` it).
+#: of 103 cells (the H200, before the claims named the variable) and 19 of 108 (an H100, stop 63), each a claim
+#: that a race or a pending copy shows. A lesson whose such claims are ``pinlab.lead.claim``s (they only observe
+#: under the variable) is added to ``required_for`` in the same renewal: its evidence then needs the pass, and
+#: --plan schedules ``--adverse f --only`` it.
 EXTRA_CONDITIONS: dict[str, dict] = {
     "f": {"name": "CUDA_LAUNCH_BLOCKING=1",
           "imitates": "a learner debugging with CUDA_LAUNCH_BLOCKING=1: every launch and copy waits until the GPU has "
                       "run it, so no race or overlap can show; a lesson must say so (and the order verdict still name "
                       "the race), not fail blaming the CPU",
           "learners": 1, "env": {"CUDA_LAUNCH_BLOCKING": "1"}, "cores": None, "stability": False,
-          "required_for": ()},
+          "required_for": ("notebooks/09_real_code.ipynb",)},
 }
 #: every condition the suite can run: the required ones first
 ALL_CONDITIONS: dict[str, dict] = {**ADVERSE_CONDITIONS, **EXTRA_CONDITIONS}

@@ -31,6 +31,7 @@ import inspect
 import torch
 
 import pinlab
+from pinlab import lead
 from pinlab.lessons import l09_real_code as l09
 
 pinlab.header("09 audit real code")
@@ -177,8 +178,9 @@ if audit is not None and setup_43089 is not None:
     l09.show_comparison(audit.result, setup_43089.result, labels=("plain", "#43089's"))
 
 # %% [markdown]
-# The rest of #43089's 3.25 comes from what differs beyond these two: its release and its model;
-# the lines above say whether the criterion and the processor add a wait on this one.
+# The rest of #43089's 3.25 comes from what differs beyond these two: its release, its model and
+# any other setting of its script; the lines above say whether the criterion and the processor add
+# a wait on this one.
 #
 # ## 2. How exact is the detector?
 #
@@ -373,7 +375,7 @@ pinlab.claim(
     value=two["stopped_at"],
     why=l09.WHY.ring,
 )
-pinlab.claim(
+lead.claim(
     "1 slot: reads of a pending D2H copy found",
     one_slot_reads > 0,
     value=one_slot_reads,
@@ -565,7 +567,7 @@ if stg is not None:
         r["parent_context_ok"],
         why=l09.WHY.own_context,
     )
-    pinlab.claim(
+    lead.claim(
         "one wrapper, host ahead: the declared "
         "staging was flagged, wherever FlashInfer ran",
         not tested or flagged >= 1,
