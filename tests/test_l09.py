@@ -355,3 +355,22 @@ def test_show_comparison_names_its_columns(capsys):
     l09.show_comparison(a, b, labels=("plain", "#43089's"))
     out = capsys.readouterr().out
     assert "plain" in out and "#43089's" in out and "1.00 / 2.00" in out and "what changed" not in out
+
+
+
+def test_importing_the_lesson_hides_tqdm_s_ipywidgets_warning():
+    """Issue 49: notebook 09's import cell showed tqdm.auto's "IProgress not found" warning with the machine's
+    absolute path to tqdm (the lesson shows no widget). Run in a fresh interpreter: pytest resets the warning
+    filters around each test."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import warnings\nimport pinlab.lessons.l09_real_code\n"
+            "warnings.warn('IProgress not found. Please update jupyter and ipywidgets.', UserWarning)\n"
+            "warnings.warn('another warning', UserWarning)\n")
+    lib = Path(__file__).resolve().parents[1] / "lib"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "PYTHONPATH": str(lib)})
+    assert r.returncode == 0, r.stderr
+    assert "IProgress" not in r.stderr and "another warning" in r.stderr, r.stderr

@@ -70,6 +70,9 @@ WAITING_KINDS = (_det.BLOCKING_COPY, _det.ITEM_SYNC, _det.TOLIST_SYNC, _det.SCAL
 #: the releases the lesson is tested on (pyproject.toml's lab extra says the same; tests/test_l09_versions.py
 #: runs the lesson's tests on the oldest and the newest of them): 5.17 is the GPU image's, 5.25 the newest
 SUPPORTED_TRANSFORMERS = ">=5.17,<5.26"
+#: tqdm.auto, which transformers and huggingface_hub import, warns "IProgress not found" in a notebook without
+#: ipywidgets, naming its own file by its absolute path: the lesson shows no widget, and the path is the machine's
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 
 def transformers_version() -> str | None:
@@ -507,7 +510,7 @@ def stop_checks(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int
         model.register_forward_pre_hook(lambda module, args: gpu_busy(gpu_ms))
     ids, mask = prompt(batch, seed=seed, device="cuda")
     modes = {"default": None, "deferred": use}
-    out = {"deferred_is": f"transformers' DeferredStopCheck" if use == "transformers" else "the course's DeferredStop",
+    out = {"deferred_is": "transformers' DeferredStopCheck" if use == "transformers" else "the course's DeferredStop",
            "transformers": require_transformers("stop_checks()").__version__, "gpu_ms": gpu_ms, "runs": {}}
     for name, d in modes.items():  # warm-up
         greedy(model, ids, mask, new_tokens, deferred=d)
