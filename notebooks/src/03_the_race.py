@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
-from pinlab import paged_kv, steploop
+from pinlab import lead, paged_kv, steploop
 from pinlab.lessons import l03_the_race as l03
 from pinlab.plots import fmt_bytes, timeline
 
@@ -260,7 +260,7 @@ pinlab.show(
 # the GPU is 0.5 ms behind per step, the host needs
 # tens of µs: a wide lead, on any GPU, quiet or shared
 own_data = pageable_rows == list(range(len(pageable_rows)))
-pinlab.claim(
+lead.claim(
     "the reused pinned buffer delivered another step's data at least once",
     len(wrong) >= 1,
     value=f"{len(wrong)} of {len(reused)}",
@@ -273,6 +273,10 @@ pinlab.claim(
 )
 
 # %% [markdown]
+# The race's line is a `[measured]` one: `lead.claim` asserts an effect that needs the host ahead
+# of the GPU. It fails as `pinlab.claim` does where the effect did not show, except under
+# `CUDA_LAUNCH_BLOCKING=1` (the heisenbug, below), where it says the launches blocked.
+#
 # ### Catch it in the act: `detect_races`
 #
 # Nothing raised, and no PyTorch tool reports this race: its CUDA sanitizer
@@ -302,7 +306,7 @@ pinlab.show(
     "steps whose data arrived wrong / steps the detector flagged",
     f"{len(wrong)} / {len(flagged)} of 50",
 )
-pinlab.claim(
+lead.claim(
     "the detector flagged the reused pinned buffer",
     len(flagged) >= 1,
     value=f"{len(flagged)} of 50 steps",
@@ -368,7 +372,8 @@ pinlab.claim(
 
 # %% [markdown]
 # The order verdict names the race in every run, GPU far behind, keeping up, or under
-# `CUDA_LAUNCH_BLOCKING=1`: what a test needs (lesson 07's pytest gate judges by order).
+# `CUDA_LAUNCH_BLOCKING=1`: what a test needs (lesson 07's pytest gate judges by order). Run
+# this notebook with the variable set and each `lead.claim` above says the launches blocked.
 
 # %% [markdown]
 # On the emulated stream nothing runs before the final `synchronize()`, so every copy of the step
@@ -417,13 +422,13 @@ pinlab.show(
 # each step adds 0.5 ms of GPU work and tens of µs of host work, so the host's lead
 # grows: after a host stall (another process, the OS) only the next copy or two
 # can find the GPU caught up
-pinlab.claim(
+lead.claim(
     "the reused pinned buffer corrupted at least one step",
     pinned["corrupted"] >= 1,
     value=pinned["corrupted"],
     why=l03.WHY.host_ahead,
 )
-pinlab.claim(
+lead.claim(
     "the reused pinned buffer corrupted more than half of the steps",
     pinned["corrupted"] > pinned["steps"] // 2,
     value=f"{pinned['corrupted']} of {pinned['steps']}",
@@ -539,13 +544,13 @@ pinlab.show(
 # the GPU is kept 3 ms busy per step behind a host
 # that needs well under 1 ms: a wide lead on any GPU
 right_err = max(bad["max_err_right_inputs"], good["max_err_right_inputs"])
-pinlab.claim(
+lead.claim(
     "reused pinned buffer: some copy delivered another step's metadata",
     bad["copies_wrong"] >= 1,
     value=bad["copies_wrong"],
     why=l03.WHY.behind,
 )
-pinlab.claim(
+lead.claim(
     "reused pinned buffer: the attention read wrong pages on at least one step",
     bad["wrong_input_steps"] >= 1,
     value=bad["wrong_input_steps"],

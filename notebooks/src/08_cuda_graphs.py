@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
+from pinlab import lead
 from pinlab.lessons import l08_cuda_graphs as l08
 
 pinlab.header("08 cuda graphs")
@@ -227,7 +228,7 @@ wrong = sum(v != n for n, v in enumerate(seen))
 pinlab.show("stream", s.label)
 pinlab.show("steps whose replay read another step's data", f"{wrong} of {len(seen)}")
 pinlab.show("the step whose data steps 0-7 read", seen[:8])
-pinlab.claim(
+lead.claim(
     "the captured copy from the reused pinned buffer "
     "delivered another step's data at least once",
     wrong >= 1,
@@ -254,7 +255,7 @@ pinlab.show(
     "data / replayed copies the detector flagged",
     f"{wrong} / {flagged} of {len(seen)}",
 )
-pinlab.claim(
+lead.claim(
     "the detector flagged the rewrite of the captured copy's source",
     flagged >= 1,
     value=flagged,
@@ -461,7 +462,7 @@ for v in FI_FIXES:
         why=l08.WHY.fi_fixes,
     )
 racy_wrong = fb["reused_pinned"]["wrong_steps"] if fi_ran else None
-pinlab.claim(
+lead.claim(
     "reused pinned pair: the replayed run() attended with another "
     "step's metadata on at least one step, wherever FlashInfer ran",
     not fi_ran or racy_wrong >= 1,
@@ -544,10 +545,10 @@ def outcomes(stage, runs=10):
 
 
 racy_failed, fixed_failed = outcomes(racy_stage), outcomes(fixed_stage)
-pinlab.claim(
-    "the test failed the racy staging, runs of 10",
-    racy_failed,
-    expect=10,
+lead.claim(
+    "the test failed the racy staging in every one of 10 runs",
+    racy_failed == 10,
+    value=f"{racy_failed} of 10",
     why=l08.WHY.test_lead,
 )
 pinlab.claim(
