@@ -116,9 +116,9 @@ pinlab.claim(
 #   measured here: `docs/facts.md` F18).
 #
 # The lessons *assert* only what should hold on any CUDA GPU, quiet or shared (exact results,
-# counts, 0 corrupted steps). That held on every GPU the course has run on (so far one NVIDIA H200,
-# quiet and under the five adverse conditions it imitates: `reports/gpu/`), and each assert's
-# message names what would break it. What depends on these facts is printed as a `[measured]` line
+# counts, 0 corrupted steps). That held on every GPU the course has run on (so far an NVIDIA H200
+# and NVIDIA H100s, quiet and under the adverse conditions it imitates: `reports/gpu/`), and each
+# assert's message names what would break it. What depends on these facts is printed as a `[measured]` line
 # saying whether it held in this run.
 
 # %%
@@ -193,7 +193,8 @@ pinlab.show("what this run shows", f"{pinlab.fmt_ms(tiny.result['median'])}: {sa
 #   torch, CUDA, vLLM and FlashInfer cite their source (`docs/facts.md`); platforms the course never
 #   ran on are marked "not measured here".
 # - `[timing]` and `[measured]` lines, and tables and listings printed from a measurement, are
-#   measured numbers; everything else is a checked fact, true on any CUDA GPU, quiet or shared.
+#   measured numbers; everything else is a checked fact: it held on every GPU the course ran on,
+#   and its message names what would break it.
 # - How far a number carries over depends on the platform (the link, a shared GPU, the CPU cores,
 #   WSL2): the doctor and the platform report say what yours is.
 # - A small copy timed alone measures a round trip through the host, not the copy.
