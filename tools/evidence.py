@@ -608,8 +608,8 @@ EXTRA_CONDITIONS: dict[str, dict] = {
                       "run it, so no race or overlap can show; a lesson must say so (and the order verdict still name "
                       "the race), not fail blaming the CPU",
           "learners": 1, "env": {"CUDA_LAUNCH_BLOCKING": "1"}, "cores": None, "stability": False,
-          "required_for": ("notebooks/03_the_race.ipynb", "notebooks/08_cuda_graphs.ipynb",
-                           "notebooks/09_real_code.ipynb")},
+          "required_for": ("notebooks/03_the_race.ipynb", "notebooks/04_the_fix.ipynb",
+                           "notebooks/08_cuda_graphs.ipynb", "notebooks/09_real_code.ipynb")},
 }
 #: every condition the suite can run: the required ones first
 ALL_CONDITIONS: dict[str, dict] = {**ADVERSE_CONDITIONS, **EXTRA_CONDITIONS}

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pinlab
-from pinlab import steploop
+from pinlab import lead, steploop
 from pinlab.lessons import l03_the_race as l03
 from pinlab.lessons import l04_the_fix as l04
 from pinlab.plots import bars, fmt_bytes
@@ -141,7 +141,7 @@ pinlab.claim(
     expect=0,
     why=l04.WHY.torch_bug,
 )
-pinlab.claim(
+lead.claim(
     "the control corrupted at least one step",
     control["corrupted"] >= 1,
     value=f"{control['corrupted']} of {control['steps']}",
@@ -192,7 +192,7 @@ pending, differs, returned = (
     a["second_block_differs"],
     a["third_reuses_first"],
 )
-pinlab.claim(
+lead.claim(
     "snapshot 2 was taken while snapshot 1's copy was still pending",
     pending,
     why=l04.WHY.pending,
@@ -271,7 +271,7 @@ pinlab.claim(
     new,
     why=l04.WHY.pin_memory_doc,
 )
-pinlab.claim(
+lead.claim(
     "snapshot of a pinned buffer: at least one corrupted step",
     of_pinned >= 1,
     value=of_pinned,
@@ -520,7 +520,7 @@ pinlab.claim(
     expect=0,
     why=l04.WHY.ring_events,
 )
-pinlab.claim(
+lead.claim(
     "the same ring without the events delivered another step's data at least once",
     wrong_unguarded >= 1,
     why=l04.WHY.lead_05ms,
@@ -615,7 +615,7 @@ for k in FIXED:
         why=l04.WHY.correct_fix,
     )
 racy = {k: h[k]["corrupted"] for k in RACY}
-pinlab.claim(
+lead.claim(
     "the reused pinned buffer, the #23737 double buffer "
     "and the snapshot of a pinned buffer all corrupted steps",
     all(v >= 1 for v in racy.values()),
@@ -670,7 +670,7 @@ for k in FIXED:
         why=l04.WHY.false_positive,
     )
 flagged = {k: len(audit[k]["flagged"]) for k in RACY}
-pinlab.claim(
+lead.claim(
     "the reused pinned buffer, the #23737 double buffer "
     "and the snapshot of a pinned buffer were all flagged",
     all(flagged.values()),
@@ -951,7 +951,7 @@ for k in FIXES:
         expect=0,
         why=l04.WHY.correct_fix,
     )
-pinlab.claim(
+lead.claim(
     "the reused pinned buffers (the race) corrupted at least one step",
     racy_corrupted >= 1,
     why=l04.WHY.lead_025ms,
@@ -1035,7 +1035,7 @@ pinlab.claim(
     expect=0,
     why=l04.WHY.torch_bug,
 )
-pinlab.claim(
+lead.claim(
     "the reused pinned buffer in the same run read wrong pages on at least one step",
     bad["wrong_input_steps"] >= 1,
     value=bad["wrong_input_steps"],
