@@ -197,7 +197,7 @@ lead.claim(
     pending,
     why=l04.WHY.pending,
 )
-pinlab.claim("so snapshot 2 got a different block", differs, why=l04.WHY.allocator)
+lead.claim("so snapshot 2 got a different block", differs, why=l04.WHY.allocator)
 pinlab.claim(
     "after a sync, snapshot 3 got snapshot 1's block back",
     returned,
