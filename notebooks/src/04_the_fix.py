@@ -152,11 +152,11 @@ lead.claim(
 # ## Why it is safe: the caching host allocator
 #
 # `pin_memory()` of a pageable tensor takes a pinned block from the **caching host allocator**
-# (lesson 01). A `non_blocking` copy from it tells the allocator
-# (`CachingHostAllocator_recordEvent`: the block remembers the stream). When the snapshot is freed,
-# the allocator records an **event** on that stream and parks the block until the event has
-# completed, that is until the copy has run. Its header says: "The allocation 'ptr' will not be
-# re-used until the event has occurred."
+# (lesson 01). A `non_blocking` copy from it tells the allocator (`record_event`, which the copy
+# kernel calls: the block remembers the stream). When the snapshot is freed, the allocator records
+# an **event** on that stream and parks the block until the event has completed, that is until the
+# copy has run. Its header (`ATen/cuda/CachingHostAllocator.h`, torch 2.13) says: "The allocation
+# corresponding to the input `ptr`/`ctx` will not be reused until the event has occurred."
 #
 # `l04.allocator_reuse` watches it, with a pageable 4 KiB buffer:
 # 1. snapshot 1 is copied behind 50 ms of GPU work, then freed;
