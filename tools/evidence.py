@@ -601,17 +601,18 @@ ADVERSE_CONDITIONS: dict[str, dict] = {
 #: of 103 cells (the H200, before the claims named the variable) and 19 of 108 (an H100, stop 63), each a claim
 #: that a race or a pending copy shows. A lesson whose such claims are ``pinlab.lead.claim``s (they only observe
 #: under the variable) is added to ``required_for`` in the same renewal: its evidence then needs the pass, and
-#: --plan schedules ``--adverse f --only`` it. Lesson 04 is not yet: stop 64's (f) pass of it failed 1 of 40 cells,
-#: cell 10's "after a sync, snapshot 3 got snapshot 1's block back", which follows from the pending copy too (under
-#: the variable snapshot 2 gets snapshot 1's block back at once); pending/s65a.mbox makes it a lead claim.
+#: --plan schedules ``--adverse f --only`` it. Lesson 04's (f) pass on stop 64's H100 failed 1 of 40 cells: cell 10's
+#: "after a sync, snapshot 3 got snapshot 1's block back" follows from the pending copy too (under the variable
+#: snapshot 1's copy has run before snapshot 2 is taken, so its block is free for snapshot 2), as does "snapshot 3
+#: needed no new cudaHostAlloc"; both are lead claims since.
 EXTRA_CONDITIONS: dict[str, dict] = {
     "f": {"name": "CUDA_LAUNCH_BLOCKING=1",
           "imitates": "a learner debugging with CUDA_LAUNCH_BLOCKING=1: every launch and copy waits until the GPU has "
                       "run it, so no race or overlap can show; a lesson must say so (and the order verdict still name "
                       "the race), not fail blaming the CPU",
           "learners": 1, "env": {"CUDA_LAUNCH_BLOCKING": "1"}, "cores": None, "stability": False,
-          "required_for": ("notebooks/03_the_race.ipynb", "notebooks/08_cuda_graphs.ipynb",
-                           "notebooks/09_real_code.ipynb")},
+          "required_for": ("notebooks/03_the_race.ipynb", "notebooks/04_the_fix.ipynb",
+                           "notebooks/08_cuda_graphs.ipynb", "notebooks/09_real_code.ipynb")},
 }
 #: every condition the suite can run: the required ones first
 ALL_CONDITIONS: dict[str, dict] = {**ADVERSE_CONDITIONS, **EXTRA_CONDITIONS}

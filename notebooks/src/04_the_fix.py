@@ -198,12 +198,12 @@ lead.claim(
     why=l04.WHY.pending,
 )
 lead.claim("so snapshot 2 got a different block", differs, why=l04.WHY.allocator)
-pinlab.claim(
+lead.claim(
     "after a sync, snapshot 3 got snapshot 1's block back",
     returned,
     why=l04.WHY.allocator,
 )
-pinlab.claim(
+lead.claim(
     "snapshot 3 needed no new cudaHostAlloc",
     allocs[2] == 0,
     value=allocs,
