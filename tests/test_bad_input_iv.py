@@ -459,24 +459,17 @@ def test_tiny_llama_names_a_bad_seed(seed):
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: prompt() and tiny_llama() take any seed >= 0: one past 2**64 - 1 "
-                                       "reaches torch's manual_seed, whose 'Overflow when unpacking long long' does "
-                                       "not name seed")
 @ONE
 @given(st.sampled_from(["prompt", "tiny_llama"]), st.sampled_from([2**64, 10**30]))
 def test_prompt_and_tiny_llama_name_a_seed_past_the_generators_range(fn, seed):
     clear_error(lambda: getattr(l09, fn)(seed=seed), "seed")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: prompt() has no bound on batch x length: a huge prompt is torch's "
-                                       "RuntimeError (or an allocation of that size), not an error naming them")
 def test_prompt_refuses_a_prompt_past_its_bound():
     clear_error(lambda: l09.prompt(10**12, 10**12), "batch", "length")
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: prompt() and tiny_llama() hand device to torch unchecked: a bad "
-                                       "one is torch's RuntimeError, which does not name device")
 @ONE
 @given(st.sampled_from(["prompt", "tiny_llama"]), st.sampled_from(["gpu", "cpu:x", 3, [], "nonsense"]))
 def test_prompt_and_tiny_llama_name_a_bad_device(fn, device):
@@ -484,8 +477,6 @@ def test_prompt_and_tiny_llama_name_a_bad_device(fn, device):
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: prompt(device='cuda') and tiny_llama('cuda') on a machine "
-                                       "without CUDA give torch's error, not the course's CudaUnavailableError")
 @pytest.mark.parametrize("fn", ["prompt", "tiny_llama"])
 def test_prompt_and_tiny_llama_on_cuda_say_they_need_cuda(fn):
     if torch.cuda.is_available():
@@ -519,8 +510,6 @@ def test_greedy_names_a_bad_new_tokens(llama, new_tokens):
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: greedy()'s new_tokens has no upper bound: 10**9 tokens go to "
-                                       "generate(), a hang (the tiny model's positions end at 256)")
 def test_greedy_refuses_new_tokens_past_its_bound(llama, monkeypatch):
     def generate(*args, **kwargs):
         raise AssertionError(f"generate() was called with max_new_tokens={kwargs.get('max_new_tokens')}")
@@ -531,8 +520,6 @@ def test_greedy_refuses_new_tokens_past_its_bound(llama, monkeypatch):
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: greedy() passes deferred on to deferred_in_generate(), whose error "
-                                       "names its own argument 'use', not deferred")
 @ONE
 @given(st.sampled_from(["bogus", "Course", 3, True, ["course"]]))
 def test_greedy_names_a_bad_deferred(llama, deferred):
@@ -542,8 +529,6 @@ def test_greedy_names_a_bad_deferred(llama, deferred):
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: greedy() hands model, ids and mask to generate() unchecked: None "
-                                       "or a list fails with an AttributeError inside it, naming none of them")
 @ONE
 @given(st.sampled_from(["model", "ids", "mask"]), st.sampled_from([None, [[3, 4]], "ids"]))
 def test_greedy_names_a_bad_model_ids_or_mask(llama, which, bad):
@@ -554,16 +539,12 @@ def test_greedy_names_a_bad_model_ids_or_mask(llama, which, bad):
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: greedy(deferred='course') without a stream fails inside generate() "
-                                       "(pin_memory without an accelerator, or None.Event), not naming stream")
 def test_greedy_names_a_missing_stream_for_the_course_check(llama):
     ids, mask = l09.prompt(1, 4)
     clear_error(lambda: l09.greedy(llama, ids, mask, 2, deferred="course"), "stream")
 
 
 @NEEDS_HF
-@pytest.mark.xfail(strict=True, reason="issue 48: greedy(deferred='transformers') on the CPU fails in torch ('cpu "
-                                       "backend doesn't support events'), not with the course's CudaUnavailableError")
 def test_greedy_with_transformers_check_says_it_needs_cuda(llama):
     if torch.cuda.is_available():
         pytest.skip("checks the refusal without CUDA")
@@ -595,8 +576,6 @@ def test_race_ring_names_a_bad_slots_or_steps(which, data):
         clear_error(lambda: l09.race_ring(s, kw["slots"], steps=kw["steps"]), which)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: race_ring() passes busy_ms to stream.busy() unchecked: a bad one is "
-                                       "refused as 'ms', and on the emulated stream any huge value is taken")
 @ONE
 @given(bad_ms(maximum=1000.0))
 def test_race_ring_names_a_bad_busy_ms(busy_ms):
@@ -604,8 +583,6 @@ def test_race_ring_names_a_bad_busy_ms(busy_ms):
         clear_error(lambda: l09.race_ring(s, 2, steps=2, busy_ms=busy_ms), "busy_ms")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: race_ring() does not check its stream: None, a str or a device "
-                                       "fails with an AttributeError that does not name stream")
 @ONE
 @given(st.sampled_from([None, "cuda", torch.device("cpu"), 3, object()]))
 def test_race_ring_names_a_bad_stream(stream):
@@ -613,8 +590,6 @@ def test_race_ring_names_a_bad_stream(stream):
         clear_error(lambda: l09.race_ring(stream, 2, steps=2), "stream")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: race_ring()'s steps and slots have no upper bound: 10**9 steps "
-                                       "loop for hours and 10**9 slots pin 10**9 flags, a hang")
 @pytest.mark.parametrize("which", ["steps", "slots"])
 def test_race_ring_refuses_steps_or_slots_past_a_bound(which):
     kw = {"slots": 2, "steps": 4}
@@ -659,11 +634,7 @@ GPU_09 = {
 }
 
 
-@pytest.mark.parametrize("fn_name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"issue 48: l09.{name}() asks for CUDA before it "
-                                                                  "checks its arguments (or never checks them): a "
-                                                                  "bad one is reported as a missing GPU"))
-    for name in sorted(GPU_09)])
+@pytest.mark.parametrize("fn_name", sorted(GPU_09))
 @ONE
 @given(data=st.data())
 def test_the_gpu_experiments_name_a_bad_argument_before_they_need_cuda(fn_name, data):
@@ -724,9 +695,6 @@ def test_compare_audits_waits_and_changes_are_exact(capsys, pa, pb, na, nb):
     assert f"what changed: {text}" in " ".join(capsys.readouterr().out.split())  # (show() wraps a long line)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48: show_comparison() of two audits that report no place (a "
-                                       "generate() that never waits) fails in table() with 'rows must not be "
-                                       "empty'; changes_text() says it")
 def test_show_comparison_of_audits_without_places_says_so(capsys):
     a, b = _audit("5.17.0", [], 8), _audit("5.25.0", [], 8)
     l09.show_comparison(a, b)

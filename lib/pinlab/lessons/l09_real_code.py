@@ -53,14 +53,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import detector as _det
-from ..args import positive_int, positive_number
+from ..args import one_of, positive_int, positive_number
 from ..busy import gpu_busy
 from ..child import run_child
 from ..claims import Reasons
 from ..copyargs import device_type
 from ..device import require_cuda
+from ..paged_kv import _device_arg
 from ..profiler import idle_share
 from ..races import D2H_READ  # noqa: F401  (the notebook names the 1-slot ring's finding by it)
+from ..steploop import cuda_or
 from ..timing import interleaved, show, table
 
 PAGEABLE_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
@@ -73,6 +75,14 @@ SUPPORTED_TRANSFORMERS = ">=5.17,<5.26"
 #: tqdm.auto, which transformers and huggingface_hub import, warns "IProgress not found" in a notebook without
 #: ipywidgets, naming its own file by its absolute path: the lesson shows no widget, and the path is the machine's
 warnings.filterwarnings("ignore", message="IProgress not found")
+#: the bounds the experiments check their arguments against, before they ask for CUDA: torch.manual_seed's range,
+#: the tiny model's positions (a prompt and its new tokens must fit), a prompt's default length, the largest batch
+#: (the sweep's is 64), and a plain loop's steps, slots and rounds (beyond them a typo is a hang, not a lesson)
+SEED_MAX = 2**64 - 1
+MAX_POSITIONS = 256
+PROMPT_LENGTH = 8
+MAX_BATCH = 4096
+MAX_STEPS, MAX_SLOTS, MAX_ROUNDS = 10_000, 64, 1_000
 
 
 def transformers_version() -> str | None:
@@ -104,9 +114,9 @@ def tiny_llama(device="cpu", seed: int = 0):
     require_transformers("tiny_llama()")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    seed = positive_int("seed", seed, allow_zero=True)
+    seed, device = _seed(seed), _device(device, "tiny_llama")
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=MAX_POSITIONS)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = None
@@ -114,16 +124,37 @@ def tiny_llama(device="cpu", seed: int = 0):
     return model.to(device)
 
 
-def prompt(batch: int = 2, length: int = 8, seed: int = 0, device="cpu", left_pad: int = 0):
+def _seed(seed) -> int:
+    return positive_int("seed", seed, allow_zero=True, maximum=SEED_MAX)
+
+
+def _device(device, what: str) -> torch.device:
+    """``device`` (a str such as 'cpu' or 'cuda', or a torch.device) checked before torch sees it; a CUDA one
+    only where CUDA runs (CudaUnavailableError naming ``what``)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str such as 'cpu' or 'cuda', or a torch.device, got "
+                        f"{type(device).__name__} ({device!r})"[:200])
+    return _device_arg(device, what)
+
+
+def _run_args(new_tokens, batch, seed) -> tuple[int, int, int]:
+    """The arguments of every ``generate()`` experiment, checked before it asks for CUDA: new tokens that fit the
+    tiny model's positions after the prompt, a batch up to :data:`MAX_BATCH`, a seed in torch's range."""
+    return (positive_int("new_tokens", new_tokens, maximum=MAX_POSITIONS - PROMPT_LENGTH),
+            positive_int("batch", batch, maximum=MAX_BATCH), _seed(seed))
+
+
+def prompt(batch: int = 2, length: int = PROMPT_LENGTH, seed: int = 0, device="cpu", left_pad: int = 0):
     """A fixed batch of random token ids and its attention mask: all ones, or with the first ``left_pad``
     positions of the first prompt padding (id 0, mask 0: a shorter prompt, left-padded as a batch of
     prompts of different lengths is)."""
-    batch, length = positive_int("batch", batch), positive_int("length", length)
+    batch = positive_int("batch", batch, maximum=MAX_BATCH)
+    length = positive_int("length", length, maximum=MAX_POSITIONS)
     left_pad = positive_int("left_pad", left_pad, allow_zero=True)
     if left_pad >= length:
         raise ValueError(f"left_pad must be below the prompt's length ({length}), got {left_pad}: a prompt "
                          "needs at least one real token")
-    g = torch.Generator().manual_seed(positive_int("seed", seed, allow_zero=True))
+    g, device = torch.Generator().manual_seed(_seed(seed)), _device(device, "prompt")
     ids = torch.randint(3, 256, (batch, length), generator=g)
     mask = torch.ones_like(ids)
     ids[0, :left_pad], mask[0, :left_pad] = 0, 0
@@ -212,7 +243,30 @@ def greedy(model, ids, mask, new_tokens: int = 24, deferred=None, stream=None, s
     """Greedy ``generate()``: ``deferred`` None (transformers' default stop check), ``"course"``
     (:class:`DeferredStop` on ``stream``) or ``"transformers"`` (its own ``DeferredStopCheck``, CUDA);
     ``generate_kwargs`` go to ``generate()`` (e.g. :func:`issue_43089_kwargs`)."""
-    new_tokens = positive_int("new_tokens", new_tokens)
+    if not callable(getattr(model, "generate", None)):
+        raise TypeError(f"model must be a transformers model with generate(), such as tiny_llama(), got "
+                        f"{type(model).__name__}")
+    for name, t in (("ids", ids), ("mask", mask)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise TypeError(f"{name} must be a 2-D tensor (batch, length), as prompt() returns, got "
+                            f"{type(t).__name__} ({t!r})"[:200])
+    if mask.shape != ids.shape:
+        raise ValueError(f"mask must have the shape of ids, {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    room = positions - ids.shape[1] if isinstance(positions, int) else None
+    if room is not None and room < 1:
+        raise ValueError(f"ids must leave the model room for a new token: {ids.shape[1]} positions of {positions}")
+    new_tokens = positive_int("new_tokens", new_tokens, maximum=room)
+    if deferred is not None:
+        one_of("deferred", deferred, ("course", "transformers"))
+        if deferred == "course" and stream is None:
+            raise TypeError("stream must be a pinlab stream with deferred='course' (pinlab.stream(): the check's "
+                            "events), got None")
+        if deferred == "transformers":
+            require_cuda("greedy(deferred='transformers')")
+            if ids.device.type == "cpu":
+                raise ValueError("ids must be on the GPU with deferred='transformers' (its DeferredStopCheck "
+                                 "records device events), got ids on the CPU")
     ctx = contextlib.nullcontext() if deferred is None else deferred_in_generate(stream, slots, deferred)
     with ctx, torch.no_grad():
         return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
@@ -364,11 +418,13 @@ def audit_generate(new_tokens: int = 24, batch: int = 2, seed: int = 0, left_pad
     precision and recall, the trace's sync and H2D copy counts, and the empty factories not reported.
     ``left_pad``: the first prompt left-padded (:func:`prompt`); ``issue_43089``: with that issue's stopping
     criterion and logits processor (:func:`issue_43089_kwargs`)."""
+    new_tokens, batch, seed = _run_args(new_tokens, batch, seed)
+    left_pad = positive_int("left_pad", left_pad, allow_zero=True, maximum=PROMPT_LENGTH - 1)
+    if not isinstance(issue_43089, bool):
+        raise TypeError(f"issue_43089 must be True or False, got {issue_43089!r}")
     require_cuda("audit_generate()")
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    if not isinstance(issue_43089, bool):
-        raise TypeError(f"issue_43089 must be True or False, got {issue_43089!r}")
     model = tiny_llama("cuda", seed)
     ids, mask = prompt(batch, seed=seed, device="cuda", left_pad=left_pad)
     extra = issue_43089_kwargs() if issue_43089 else {}
@@ -424,13 +480,23 @@ def _in_newer(fn: str, args, what: str) -> dict:
 def audit_newer(new_tokens: int = 24, batch: int = 2, seed: int = 0, left_pad: int = 0) -> dict:
     """GPU: :func:`audit_generate` in a fresh process with the newer transformers (:func:`_in_newer`), so that
     the syncs of two versions can be compared."""
+    new_tokens, batch, seed = _run_args(new_tokens, batch, seed)
+    left_pad = positive_int("left_pad", left_pad, allow_zero=True, maximum=PROMPT_LENGTH - 1)
     return _in_newer("audit_generate", (new_tokens, batch, seed, left_pad), "audit_newer()")
 
 
 def stop_checks_newer(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int = 0,
                       gpu_ms: float = 0.0) -> dict:
     """GPU: :func:`stop_checks` in a fresh process with the newer transformers (:func:`_in_newer`)."""
-    return _in_newer("stop_checks", (new_tokens, batch, rounds, seed, gpu_ms), "stop_checks_newer()")
+    args = _stop_args(new_tokens, batch, rounds, seed, gpu_ms)
+    return _in_newer("stop_checks", args, "stop_checks_newer()")
+
+
+def _stop_args(new_tokens, batch, rounds, seed, gpu_ms) -> tuple:
+    """:func:`stop_checks`' arguments, checked before it asks for CUDA."""
+    new_tokens, batch, seed = _run_args(new_tokens, batch, seed)
+    rounds = positive_int("rounds", rounds, maximum=MAX_ROUNDS)
+    return new_tokens, batch, rounds, seed, positive_number("gpu_ms", gpu_ms, allow_zero=True, maximum=100.0)
 
 
 def _place_key(p: dict) -> tuple:
@@ -498,11 +564,10 @@ def stop_checks(new_tokens: int = 24, batch: int = 2, rounds: int = 5, seed: int
     tokens per second (median of ``rounds`` interleaved rounds, and each round's ratio). ``gpu_ms`` > 0
     adds that much GPU work at the start of every forward (:func:`pinlab.gpu_busy` in a forward pre-hook):
     a stand-in for a model whose step keeps the GPU busy about as long as the host's own work."""
+    new_tokens, batch, rounds, seed, gpu_ms = _stop_args(new_tokens, batch, rounds, seed, gpu_ms)
     require_cuda("stop_checks()")
     from transformers.generation import utils as gu
 
-    new_tokens, rounds = positive_int("new_tokens", new_tokens), positive_int("rounds", rounds)
-    gpu_ms = positive_number("gpu_ms", gpu_ms, allow_zero=True, maximum=100.0)
     use = "transformers" if hasattr(gu, "DeferredStopCheck") and hasattr(gu.DeferredStopCheck, "is_supported") \
         else "course"
     model = tiny_llama("cuda", seed)
@@ -555,7 +620,8 @@ def stop_checks_text(results: dict) -> str:
 
 
 #: the stop-check sweep (:func:`stop_check_sweep`): batch sizes, and the GPU work added to every forward (0: the
-#: tiny model, bound by the host's launches; 4 ms: a step where the GPU is the bottleneck)
+#: tiny model as it is; 4 ms: far more GPU work per step than the host's; each run's GPU idle share says which
+#: side set the pace)
 SWEEP_BATCHES = (1, 8, 64)
 SWEEP_GPU_MS = (0.0, 4.0)
 
@@ -571,9 +637,10 @@ def stop_check_sweep(batches=SWEEP_BATCHES, gpu_ms=SWEEP_GPU_MS, new_tokens: int
     """GPU: :func:`stop_checks` at every batch size of ``batches`` for every ``gpu_ms``. Each result keeps
     ``same_tokens`` (the two stop checks decoded the same) instead of the tokens. Returns ``{"batches",
     "gpu_ms", "new_tokens", "rounds", "results": {"<gpu_ms>": {"<batch>": result}}}``."""
-    require_cuda("stop_check_sweep()")
-    batches = _sizes("batches", batches, positive_int)
+    batches = _sizes("batches", batches, lambda n, v: positive_int(n, v, maximum=MAX_BATCH))
     gpu = _sizes("gpu_ms", gpu_ms, lambda n, v: positive_number(n, v, allow_zero=True, maximum=100.0))
+    new_tokens, _, rounds, seed, _ = _stop_args(new_tokens, 1, rounds, seed, 0.0)
+    require_cuda("stop_check_sweep()")
     out = {"batches": batches, "gpu_ms": gpu, "new_tokens": new_tokens, "rounds": rounds, "results": {}}
     for ms in gpu:
         per = out["results"][f"{ms:g}"] = {}
@@ -676,7 +743,12 @@ def race_ring(stream, slots: int, steps: int = 16, busy_ms: float = 1.0) -> dict
     decisions (which step each check saw stop)."""
     from ..races import detect_races
 
-    positive_int("steps", steps)
+    if stream is None:
+        raise TypeError("stream must be a pinlab stream (pinlab.stream() or pinlab.LaggingStream()), got None")
+    stream = cuda_or(stream, "race_ring()")
+    steps = positive_int("steps", steps, maximum=MAX_STEPS)
+    slots = positive_int("slots", slots, maximum=MAX_SLOTS)
+    busy_ms = positive_number("busy_ms", busy_ms, maximum=1000.0)
     with detect_races() as races:
         unfinished = torch.ones(2, dtype=torch.int64, device=stream.device)
         check = DeferredStop(stream, slots=slots)
@@ -699,13 +771,14 @@ def audit_flashinfer(steps: int = 8, batch: int = 16, seed: int = 0) -> dict:
     pageable host tensors, as vLLM 0.29 passes them (the PR left ``plan()``'s inputs pageable); ``indices`` is
     on the GPU. Returns ``flashinfer`` (its version, or why it is missing), the detector's counts, the places,
     precision and recall, and the trace's H2D copies by name."""
+    steps, batch = positive_int("steps", steps, maximum=MAX_STEPS), positive_int("batch", batch, maximum=256)
+    seed = _seed(seed)
     require_cuda("audit_flashinfer()")
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from ..paged_kv import FlashInferDecode, FlashInferUnavailableError, build_metadata, flashinfer_available, \
         random_batch
 
-    steps, batch = positive_int("steps", steps), positive_int("batch", batch, maximum=256)
     ok, reason = flashinfer_available()
     if not ok:
         return {"flashinfer": f"not available: {reason}"}
@@ -756,6 +829,9 @@ def plan_staging(busy_ms: float = 50.0, seed: int = 0, tol: float = 0.02, timeou
     from ..paged_kv import flashinfer_available
     from . import l04_the_fix as l04
 
+    busy_ms, seed = positive_number("busy_ms", busy_ms), _seed(seed)
+    tol, timeout_s = positive_number("tol", tol), positive_number("timeout_s", timeout_s)
+    watchdog_s, startup_s = positive_number("watchdog_s", watchdog_s), positive_number("startup_s", startup_s)
     require_cuda("plan_staging()")
     ok, reason = flashinfer_available()
     if ok:
@@ -866,12 +942,16 @@ def audit_dataloader(batches: int = 8, batch_size: int = 4, features: int = 1024
     counts by kind, the trace's H2D copies by name, which thread pinned each batch (:func:`pinning_thread`), and
     the warnings torch's DataLoader gave (those of other code, such as Python's own on ``fork()`` in a process
     with threads, whose text holds a pid, are left out)."""
+    batches, batch_size = positive_int("batches", batches), positive_int("batch_size", batch_size)
+    features, n = positive_int("features", features), batches * batch_size
+    if n * features > 1 << 28:
+        raise ValueError(f"batches x batch_size x features must be at most 2**28 floats (1 GiB), got "
+                         f"{batches} x {batch_size} x {features}")
     require_cuda("audit_dataloader()")
     from torch.profiler import ProfilerActivity, profile, record_function
     from torch.utils.data import DataLoader, TensorDataset
 
-    n = positive_int("batches", batches) * positive_int("batch_size", batch_size)
-    data = TensorDataset(torch.randn(n, positive_int("features", features)), torch.arange(n))
+    data = TensorDataset(torch.randn(n, features), torch.arange(n))
     collates = {"witness": collate_witness, "strided": collate_strided}
     out = {}
     for name, opts in LOADERS.items():
@@ -943,8 +1023,11 @@ def show_comparison(a: dict, b: dict, labels: tuple[str, str] | None = None) -> 
     """Print two audits side by side (:func:`compare_audits`), their host waits per token and what changed;
     ``labels`` name the two columns (default: their transformers versions)."""
     la, lb = labels or (a["transformers"], b["transformers"])
-    table(compare_audits(a, b), [("a", la), ("b", lb), ("kind", "kind"), ("function", "function"),
-                                 ("code", "code")])
+    rows = compare_audits(a, b)
+    if rows:
+        table(rows, [("a", la), ("b", lb), ("kind", "kind"), ("function", "function"), ("code", "code")])
+    else:
+        show(f"places, {la} / {lb}", "none in either audit")
     show(f"host waits per new token, {la} / {lb}", f"{waits_per_token(a):.2f} / {waits_per_token(b):.2f}")
     if a["transformers"] != b["transformers"]:
         show("what changed", changes_text(a, b))
@@ -957,9 +1040,8 @@ def show_stop_runs(result: dict, new_tokens: int) -> None:
     for name in ("default", "deferred"):
         run = result["runs"][name]
         show(f"{name}: syncs per token in the trace", f"{sum(run['syncs'].values()) / new_tokens:.2f} ({run['syncs']})")
-        idle = "no kernel in the trace" if run["gpu_idle"] is None else f"{run['gpu_idle']:.0%}"
         show(f"{name}: host waiting per token, GPU idle share of the call",
-             f"{run['wait_us_per_token']:.0f} us, {idle}")
+             f"{run['wait_us_per_token']:.0f} us, {_share(run['gpu_idle'])}")
         show(f"{name}: tokens per second", f"{run['tokens_per_s']:.0f}")
     show("deferred speed-up per round", ", ".join(f"{x:.2f}x" for x in result["ratios"]))
 
