@@ -107,6 +107,11 @@ def cpu_scalar_step(ids, out):                  # a 0-dim host tensor is a numbe
     torch.minimum(ids * 2 + pos, torch.tensor(LIMIT), out=out)
 
 
+def numpy_step(ids, out):                       # numpy for the clip: torch says "Use Tensor.cpu()", a D2H sync
+    pos = torch.arange(ids.numel(), dtype=ids.dtype, device=ids.device)
+    out.copy_(torch.from_numpy((ids * 2 + pos).numpy().clip(max=LIMIT)))
+
+
 @pytest.mark.parametrize("fn, verdict, words", [
     (good_step, True, "is correct"),
     (pinned_positions_step, True, "is correct"),
@@ -123,6 +128,7 @@ def cpu_scalar_step(ids, out):                  # a 0-dim host tensor is a numbe
     (no_clip_step, False, "expected"),
     (rebinds_out_step, False, "expected"),
     (stub_step, False, "not implemented"),
+    (numpy_step, False, "converts a GPU tensor to numpy"),
 ])
 def test_capturable_step(fn, verdict, words, capsys):
     assert checks08.check_capturable_step.verdict(fn) is verdict
@@ -141,6 +147,14 @@ def test_a_host_tensor_in_the_capture_is_named_with_torchs_own_words(capsys):
     assert checks08.check_capturable_step.verdict(eager_step_without_to) is False
     out = capsys.readouterr().out
     assert checks08.SAME_DEVICE_ERROR in out and "device=ids.device" in out and "makes the host wait" not in out
+
+
+def test_numpy_in_the_step_is_not_told_to_use_tensor_cpu(capsys):
+    """issue 48 (08 w17): torch's own advice for ``.numpy()`` of device memory, "Use Tensor.cpu()", is a blocking
+    copy a capture refuses: the verdict must not echo it."""
+    assert checks08.check_capturable_step.verdict(numpy_step) is False
+    out = capsys.readouterr().out
+    assert "Use Tensor.cpu()" not in out and "blocking copy" in out
 
 
 def test_a_hint_from_the_second_failure(capsys):

@@ -197,3 +197,20 @@ def test_gpu_graph_memory_rows():
     res = l08.graph_memory([1, 8], hidden=256, layers=2)
     assert [r["batch"] for r in res["rows"]] == [1, 8]
     assert all(r["static_bytes"] >= r["activation_bytes"] for r in res["rows"])
+
+
+def test_quiet_refusal_leaves_out_only_the_empty_graph_warning_and_only_inside():
+    """issue 49: after a refused capture torch warns "The CUDA Graph is empty ..." naming its own file by the
+    machine's path; notebook 08's refusal cell leaves that warning out, and nothing else."""
+    import warnings
+
+    from pinlab.lessons import l08_cuda_graphs as l08
+
+    empty = "The CUDA Graph is empty. This usually means that the graph was attempted to be captured on wrong device"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with l08.quiet_refusal():
+            warnings.warn(empty, UserWarning)
+            warnings.warn("another warning", UserWarning)
+        warnings.warn(empty, UserWarning)
+    assert [str(w.message) for w in caught] == ["another warning", empty]

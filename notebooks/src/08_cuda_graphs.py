@@ -120,7 +120,7 @@ def try_in_capture(s, body):
     'captured', or the error torch raised."""
     g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g):
+        with l08.quiet_refusal(), torch.cuda.graph(g):
             body()
     except RuntimeError as exc:
         return str(exc).splitlines()[0]

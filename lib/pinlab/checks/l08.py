@@ -252,6 +252,10 @@ def _explain(name: str, exc: BaseException) -> str | None:
     if "same device" in text:
         return (f"{name} uses a host tensor in device work (torch: \"{SAME_DEVICE_ERROR}\"): build it on the GPU "
                 "(`device=ids.device`), or copy it there first.")
+    if "to numpy" in text:
+        return (f"{name} converts a GPU tensor to numpy (torch: \"can't convert ... to numpy\"): numpy reads host "
+                "memory, and the `.cpu()` torch suggests is a blocking copy, which a capture refuses too. Keep the "
+                "step in torch ops on the device (`torch.clamp(..., out=out)`).")
     if "can be pinned" in text or "cannot pin" in text or "Can't pin" in text:
         return (f"{name} pins memory that cannot be pinned (torch: \"{text.splitlines()[0][:120]}\"): only host "
                 "memory can be pinned; pin the host tensor (`meta.pin_memory()`).")

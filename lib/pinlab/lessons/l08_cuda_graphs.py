@@ -18,7 +18,9 @@ buffer, at replay time: exactly the buffer lesson 03 shows racing when the host 
   against the fp32 reference (CUDA and FlashInfer only); :func:`flashinfer_graph_runs`: every way, as a
   small summary the notebook records (or why FlashInfer could not run);
 * :func:`graph_memory`: the device memory a captured graph's private pool and its static buffers hold, per
-  batch size, and the pinned bytes of a staging ring (CUDA only).
+  batch size, and the pinned bytes of a staging ring (CUDA only);
+* :func:`quiet_refusal`: around a capture the notebook expects torch to refuse: torch's warning that the
+  refused graph is empty is left out (the refusal is what the cell reports).
 
 (About 520 lines: the emulated loop, the GPU experiments and the argument checks they share, each error
 naming its argument and bound, belong to this lesson alone; split out, they would renew every lesson's
@@ -26,8 +28,10 @@ evidence.)
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -39,7 +43,22 @@ from ..timing import interleaved
 
 __all__ = ["VARIANTS", "RACY", "RINGS", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost",
            "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory",
-           "HOST_COST_COLUMNS", "STAGING_COLUMNS", "MEMORY_COLUMNS", "refusals_left_text", "WHY"]
+           "HOST_COST_COLUMNS", "STAGING_COLUMNS", "MEMORY_COLUMNS", "refusals_left_text", "WHY", "quiet_refusal"]
+
+#: torch's UserWarning when a capture ends with no work recorded (torch/cuda/graphs.py ``capture_end``, raised in
+#: ATen/cuda/CUDAGraph.cpp): after a refused call it names torch's own file by its absolute path, the machine's
+EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
+
+
+@contextlib.contextmanager
+def quiet_refusal():
+    """``with l08.quiet_refusal(), torch.cuda.graph(g): ...``: a capture torch refuses ends with an empty graph, and
+    torch then warns "The CUDA Graph is empty ..." with the path of its own file on this machine. The notebook
+    reports the refusal itself; that warning alone is left out, only inside this block (elsewhere it is a real
+    diagnosis: a capture on the wrong stream)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=EMPTY_GRAPH_WARNING, category=UserWarning)
+        yield
 
 #: How step n's host metadata gets to the graph's static device input, and what the graph captured.
 VARIANTS = {
