@@ -214,3 +214,21 @@ def test_quiet_refusal_leaves_out_only_the_empty_graph_warning_and_only_inside()
             warnings.warn("another warning", UserWarning)
         warnings.warn(empty, UserWarning)
     assert [str(w.message) for w in caught] == ["another warning", empty]
+
+
+def test_blocking_verdicts_time_finds_nothing_order_names_every_rewrite_but_the_last():
+    """Lesson 08's heisenbug on the emulated stream at lag 0 (what CUDA_LAUNCH_BLOCKING=1 looks like to the host):
+    no step reads another's data, the timing verdict finds nothing, the order verdict names steps - 1 captured
+    copies (the final synchronize() orders the last); in the child, as the notebook runs it, the same."""
+    for steps in (1, 2, 7):
+        r = l08.verdicts_run(steps)
+        assert (r["wrong"], r["timing"], r["order"], r["raced"]) == (0, 0, steps - 1, 0), r
+    child = l08.blocking_verdicts(steps=5)
+    assert (child["wrong"], child["timing"], child["order"], child["steps"]) == (0, 0, 4, 5), child
+
+
+@pytest.mark.parametrize("kwargs, match", [({"steps": 0}, "steps"), ({"steps": 10**6}, "steps"),
+                                           ({"steps": "5"}, "steps"), ({"timeout_s": -1}, "timeout_s")])
+def test_blocking_verdicts_names_a_bad_argument(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        l08.blocking_verdicts(**kwargs)

@@ -269,6 +269,45 @@ pinlab.claim(
 )
 
 # %% [markdown]
+# That detector judges by timing: it asks whether the replay's copy has run yet. Under
+# `CUDA_LAUNCH_BLOCKING=1` every replay has run before `replay()` returns, so it finds nothing,
+# and the code is as wrong as before (lesson 03's heisenbug). `pinlab.detect_races()` judges by
+# **order**: a captured copy's source stays off limits until the host orders it.
+# `l08.blocking_verdicts` runs the same race (`l08.graph_loop`'s `captured_reused_pinned`) under
+# each, in a fresh process with the variable set (without CUDA: the emulated stream at lag 0, a
+# GPU that keeps up):
+
+# %%
+bv = l08.blocking_verdicts(steps=50)
+pinlab.show("stream in the child", bv["stream"])
+pinlab.show(
+    "steps whose replay read another step's data / timing "
+    "findings / captured copies that can race by order (raced)",
+    f"{bv['wrong']} / {bv['timing']} / {bv['order']} ({bv['raced']}) of {bv['steps']}",
+)
+pinlab.claim(
+    "the GPU kept up (launches block): steps that read another step's data",
+    bv["wrong"],
+    expect=0,
+    why=l08.WHY.launch_blocking,
+)
+pinlab.claim(
+    "the GPU kept up (launches block): races the timing verdict found",
+    bv["timing"],
+    expect=0,
+    why=l08.WHY.launch_blocking,
+)
+pinlab.claim(
+    "captured copies the order verdict says can race",
+    bv["order"],
+    expect=bv["steps"] - 1,
+    why=l08.WHY.by_order,
+)
+
+# %% [markdown]
+# Every step's rewrite but the last is named (the final `synchronize()` orders the last replay),
+# whether or not the GPU kept up: lesson 07's pytest gate judges by order.
+#
 # Under async scheduling the host runs a step or more ahead, so a captured copy from a rewritten
 # buffer is as racy as an eager one. The seed document's risk list names this case: "the
 # `paged_kv_indptr` on the CPU being rewritten by later steps" under CUDA graphs.

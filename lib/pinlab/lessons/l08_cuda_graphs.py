@@ -20,7 +20,9 @@ buffer, at replay time: exactly the buffer lesson 03 shows racing when the host 
 * :func:`graph_memory`: the device memory a captured graph's private pool and its static buffers hold, per
   batch size, and the pinned bytes of a staging ring (CUDA only);
 * :func:`quiet_refusal`: around a capture the notebook expects torch to refuse: torch's warning that the
-  refused graph is empty is left out (the refusal is what the cell reports).
+  refused graph is empty is left out (the refusal is what the cell reports);
+* :func:`blocking_verdicts`: the captured copy's race under ``CUDA_LAUNCH_BLOCKING=1`` (a child process), judged
+  by timing and by order (lesson 03's heisenbug, with a graph).
 
 (About 520 lines: the emulated loop, the GPU experiments and the argument checks they share, each error
 naming its argument and bound, belong to this lesson alone; split out, they would renew every lesson's
@@ -43,7 +45,8 @@ from ..timing import interleaved
 
 __all__ = ["VARIANTS", "RACY", "RINGS", "FLASHINFER_VARIANTS", "graph_loop", "every_variant", "staging_cost",
            "host_cost", "decode_metadata", "flashinfer_graph_decode", "flashinfer_graph_runs", "graph_memory",
-           "HOST_COST_COLUMNS", "STAGING_COLUMNS", "MEMORY_COLUMNS", "refusals_left_text", "WHY", "quiet_refusal"]
+           "HOST_COST_COLUMNS", "STAGING_COLUMNS", "MEMORY_COLUMNS", "refusals_left_text", "WHY", "quiet_refusal",
+           "blocking_verdicts", "verdicts_run"]
 
 #: torch's UserWarning when a capture ends with no work recorded (torch/cuda/graphs.py ``capture_end``, raised in
 #: ATen/cuda/CUDAGraph.cpp): after a refused call it names torch's own file by its absolute path, the machine's
@@ -212,6 +215,56 @@ def graph_loop(variant: str, *, steps: int = 200, tensors: int = 1, n_ints: int 
     corrupted = sum(v != n for n, v in enumerate(received))
     return {"variant": variant, "steps": steps, "tensors": tensors, "received": received, "corrupted": corrupted,
             "emulated": bool(s.emulated), "busy_ms": busy_ms}
+
+
+#: the child :func:`blocking_verdicts` starts (``CUDA_LAUNCH_BLOCKING`` is read when CUDA starts: a fresh process)
+VERDICTS_CHILD = ("import sys\nfrom pinlab.child import report_and_exit\n"
+                  "from pinlab.lessons.l08_cuda_graphs import verdicts_run\n"
+                  "report_and_exit(verdicts_run(int(sys.argv[1])))\n")
+
+
+def verdicts_run(steps: int) -> dict:
+    """The captured copy from one reused pinned buffer (:func:`graph_loop`'s ``captured_reused_pinned``, the GPU
+    busy 0.5 ms a step) once under each verdict: :func:`pinlab.races.detect_races` (timing: "has this replay's
+    copy run yet?") and :func:`pinlab.detect_races` (order). On CUDA in this process as it is
+    (:func:`blocking_verdicts` starts it with ``CUDA_LAUNCH_BLOCKING=1``); without CUDA on the emulated stream at
+    lag 0, a GPU that keeps up (:func:`pinlab.order.lagging_stream`). Returns ``steps``, ``stream`` (its label),
+    ``launch_blocking``, ``wrong`` (steps that read another step's data, both runs), ``timing`` and ``order``
+    (each verdict's findings) and ``raced`` (of the order verdict's, raced in this run)."""
+    import os
+
+    from ..order import detect_races, lagging_stream
+    from ..races import detect_races as by_timing
+    from ..streams import CudaStream
+
+    steps = positive_int("steps", steps, maximum=10_000)
+    cuda = torch.cuda.is_available()
+    out = {"steps": steps, "launch_blocking": cuda and os.environ.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1",
+           "wrong": 0}
+    for verdict, detector in (("timing", by_timing), ("order", detect_races)):
+        s = CudaStream() if cuda else lagging_stream(0)
+        with detector() as races:
+            out["wrong"] += graph_loop("captured_reused_pinned", steps=steps, busy_ms=0.5, stream=s)["corrupted"]
+        out["stream"] = s.label if not s.emulated else "emulated stream at lag 0 (a GPU that keeps up)"
+        out[verdict] = races.total
+        if verdict == "order":
+            out["raced"] = sum(races.in_run.values())
+    return out
+
+
+def blocking_verdicts(steps: int = 50, timeout_s: float = 120.0) -> dict:
+    """:func:`verdicts_run` in a fresh process with ``CUDA_LAUNCH_BLOCKING=1`` (:data:`VERDICTS_CHILD`): the order
+    verdict turns torch's GPU trace on for good, so it runs away from this notebook's later timings. Raises
+    RuntimeError, saying what went wrong, where the child gives no result."""
+    import os
+
+    from ..child import run_child
+
+    steps, timeout_s = positive_int("steps", steps, maximum=10_000), positive_number("timeout_s", timeout_s)
+    res = run_child(VERDICTS_CHILD, (steps,), env=dict(os.environ, CUDA_LAUNCH_BLOCKING="1"), timeout_s=timeout_s)
+    if "error" in res:
+        raise RuntimeError(f"l08.blocking_verdicts: {res['error']}")
+    return res
 
 
 def staging_cost(variants=None, *, tensors: int = 6, n_ints: int = 256, rounds: int = 10, steps: int = 50,
@@ -600,6 +653,11 @@ WHY = Reasons(
     test_lead="the test keeps the GPU 50 ms behind a host that needs microseconds per step; a host slower than that "
               "would let a racy copy run in time",
     few_us="host timings of a few µs: a shared or slow CPU adds noise of that size",
+    launch_blocking="with CUDA_LAUNCH_BLOCKING=1 every replay has run before replay() returns, on any CUDA GPU (and "
+                    "on the emulated stream at lag 0): a wrong step or a timing finding means the variable did not "
+                    "reach the child's CUDA, or a bug in pinlab.races",
+    by_order="the order verdict counts every captured copy whose source the host rewrote before anything ordered "
+             "it, whatever the GPU's speed; another count than the notebook's is a bug in pinlab.order",
     pool="the caching allocator's segment sizes (2 MiB for small blocks by default) and PYTORCH_CUDA_ALLOC_CONF "
          "settings such as expandable_segments decide how much a pool reserves",
 )
