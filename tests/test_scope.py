@@ -53,19 +53,35 @@ def test_latest_json_records_the_claims_of_the_committed_outputs(path):
 def test_carried_runs_have_their_comparison_in_latest_json():
     """Where stability or adverse runs were taken on other deps and hold (only plumbing changed since), latest.json
     says so: the quiet pass's record of the comparison (``carried``) with the same verdict as now."""
-    latest = _json("latest.json")
-    rows = scope.latest_rows(latest)
-    check = scope.stale_check(latest)
-    entries = [("stability", e) for e in _json("stability.json")["notebooks"]]
-    entries += [(f"adverse ({c['id']})", e) for c in _json("adverse.json")["conditions"] for e in c["notebooks"]]
-    missing = []
-    for name, e in entries:
-        if evidence.freshness(e) is None or check(e) is not None:
-            continue  # taken on these very deps, or not holding (tests/test_evidence.py and test_adverse.py say so)
-        proof = ((rows.get(e["path"]) or {}).get("carried") or {}).get("proofs", {}).get(name)
-        if not proof or not proof.get("holds"):
-            missing.append(f"{e['path']} {name}")
+    missing = scope.uncarried(_json("latest.json"), _json("stability.json"), _json("adverse.json"))
     assert not missing, f"runs carried forward without latest.json's record of the comparison: {missing}"
+
+
+def test_runs_whose_deps_outgrew_the_quiet_pass_get_a_quiet_pass_to_record_their_carry(course):
+    """Stop 65: solution 01's stability runs had imported races.py, its quiet pass had not; a change to races.py then
+    staled no quiet pass, its runs held by the plumbing rule, and nothing would write latest.json's record of that
+    comparison (test_carried_runs_have_their_comparison_in_latest_json failed after any renewal). scope.uncarried
+    names such a notebook; --plan runs its quiet pass, which writes the record."""
+    latest, stab, adv = reports(course)
+    row = scope.latest_rows(latest)["notebooks/02_two.ipynb"]
+    row["deps"] = [d for d in row["deps"] if d != "lib/pinlab/races.py"]
+    row["deps_sha256"] = nbtools.deps_sha256(row["deps"], course)
+    row.update(scope.scope_fields(row["path"], row["deps"], row["claims"], "latest", course))
+    (course / "reports" / "gpu" / "latest.json").write_text(json.dumps(latest))
+    assert scope.uncarried(latest, stab, adv, course) == {}
+    with open(course / "lib" / "pinlab" / "races.py", "a", encoding="utf-8") as f:
+        f.write("\ndef more():\n    return 1\n")
+    missing = scope.uncarried(latest, stab, adv, course)
+    assert list(missing) == ["notebooks/02_two.ipynb"] and "stability" in missing["notebooks/02_two.ipynb"]
+    st = {r["path"]: r for r in plan.status(course)}
+    assert st["notebooks/02_two.ipynb"]["latest"] and "scope.uncarried" in st["notebooks/02_two.ipynb"]["latest"]
+    quiet = plan.make_plan(course)["calls"][0]["steps"][0][0]
+    assert "notebooks/02_two.ipynb" in quiet or "--stale" in quiet
+    # the quiet pass on this tree writes the record: nothing is left without it
+    entries = {"stability": scope.latest_rows(stab)["notebooks/02_two.ipynb"]}
+    row["carried"] = scope.carried_record(entries, None, row, course)
+    assert row["carried"]["proofs"]["stability"]["holds"]
+    assert "stability" not in scope.uncarried(latest, stab, adv, course).get("notebooks/02_two.ipynb", [])
 
 
 def test_plan_runs_on_the_committed_tree_and_ends_with_its_count():
@@ -216,10 +232,14 @@ def problems(root):
 
 def requote(root, rel, claims=None):
     """The quiet pass on the current tree: a new latest.json row for ``rel`` (with other ``claims`` if given)."""
-    latest = json.loads((root / "reports" / "gpu" / "latest.json").read_text())
+    latest, stab, adv = reports(root)
+    previous = scope.latest_rows(latest).get(rel)
     row = quiet_row(root, rel)
     if claims is not None:
         row.update(claims=claims, claims_sha256=evidence.claims_sha256(claims))
+    entries = scope.carried_entries(rel, stab, adv, root)
+    if entries:  # as gpu_suite.record_carried writes it after each quiet pass
+        row["carried"] = scope.carried_record(entries, previous, row, root)
     latest["notebooks"] = [row if r["path"] == rel else r for r in latest["notebooks"]]
     (root / "reports" / "gpu" / "latest.json").write_text(json.dumps(latest))
 
@@ -435,7 +455,7 @@ def test_a_sentence_fixed_renews_the_quiet_pass_and_carries_the_runs(course):
     assert lines[-1].startswith("plan: 1 call(s), ") and not any("--adverse" in ln for ln in lines), lines
     requote(course, rel)
     assert problems(course) == []
-    requote(course, rel, claims=[{"cell": 1, "text": "corrupted steps", "value": "1"}])
+    requote(course, rel, claims=[[1, "claim", "corrupted steps", "1"]])
     assert problems(course), "a quiet pass that claims otherwise carries nothing"
     _edit_cell(course, rel, 1, "pinlab.claim('corrupted steps', m.corrupted() == 1)")
     requote(course, rel)

@@ -707,7 +707,7 @@ def record_carried(rows: list[dict], old_latest: dict, root=ROOT) -> list[str]:
     """For each notebook of this quiet pass, record in its row (``carried``, scope.carried_record) whether its
     stability and adverse runs carry forward to this tree: its claims against those the runs were taken with.
     Returns one line per notebook whose runs were taken on other deps (what the call prints)."""
-    stab = {e.get("path"): e for e in (load_json(REPORTS / "stability.json") or {}).get("notebooks", [])}
+    stab = load_json(REPORTS / "stability.json") or {}
     adverse = load_json(REPORTS / "adverse.json") or {}
     previous = scope.latest_rows(old_latest)
     lines = []
@@ -715,12 +715,7 @@ def record_carried(rows: list[dict], old_latest: dict, root=ROOT) -> list[str]:
         if "claims_sha256" not in row:
             continue
         rel = row["path"]
-        entries = {"stability": stab.get(rel)}
-        for c in adverse.get("conditions", []):
-            if c.get("id") not in evidence.required_conditions(rel):
-                continue  # an extra condition (f) this notebook's evidence does not require: nothing to carry
-            entries[f"adverse ({c.get('id')})"] = next((e for e in c.get("notebooks", []) if e.get("path") == rel), None)
-        entries = {k: e for k, e in entries.items() if e is not None and evidence.freshness(e, root) is not None}
+        entries = scope.carried_entries(rel, stab, adverse, root)
         if not entries:
             continue  # every run was taken on these very deps (or there are none): nothing to carry
         rec = scope.carried_record(entries, previous.get(rel), row, root)
@@ -854,6 +849,9 @@ def run_suite(args, argv, meta: dict, command: str, t_start: float) -> int:
         holds = scope.stale_check(old_latest)
         counts = {rel: runs_needed(have.get(rel), args.repeat, for_stability, nbval=args.nbval, stale=holds)
                   for rel in counts}
+        if not for_stability:  # a quiet pass that holds but must record its runs' carried comparison
+            unrecorded = scope.uncarried(old_latest, old_stab, load_json(REPORTS / "adverse.json"))
+            counts = {rel: c or int(rel in unrecorded) for rel, c in counts.items()}
         counts = {rel: c for rel, c in counts.items() if c}
         paths = [p for p in paths if p.relative_to(ROOT).as_posix() in counts]
         print(f"--stale: {len(paths)} notebooks to run: "

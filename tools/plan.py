@@ -122,6 +122,7 @@ def status(root: Path = ROOT) -> list[dict]:
     adverse = _load(reports / "adverse.json") or {}
     conds = {c.get("id"): {e.get("path"): e for e in c.get("notebooks", [])} for c in adverse.get("conditions", [])}
     rows = scope.latest_rows(latest)
+    unrecorded = scope.uncarried(latest, _load(reports / "stability.json"), adverse, root)
     out = []
     for p in nbtools.notebook_paths(nbtools.NOTEBOOK_DIRS, root):
         rel = p.relative_to(root).as_posix()
@@ -129,6 +130,9 @@ def status(root: Path = ROOT) -> list[dict]:
         latest_why = evidence.freshness(row, root) if row else "not in latest.json"
         if row and not latest_why and row.get("status") != "passed":
             latest_why = f"{rel} did not pass its last quiet pass ({row.get('status')})"
+        if not latest_why and rel in unrecorded:
+            latest_why = (f"{rel}: its {', '.join(unrecorded[rel])} runs carry forward, and only its quiet pass "
+                          "records that comparison (scope.uncarried)")
         rec = {"path": rel, "lesson": _lesson(rel), "latest": latest_why,
                "changed": nbtools.changed_files(row["deps_files"], root) if row and row.get("deps_files") else []}
         e = stab.get(rel)

@@ -415,6 +415,41 @@ def carried_record(entries: dict, previous: dict | None, row: dict, root: Path =
     return out
 
 
+def carried_entries(rel: str, stability: dict | None, adverse: dict | None, root: Path = ROOT) -> dict:
+    """{proof name: entry} of notebook ``rel``'s stability and adverse entries that were taken on other deps than
+    today's (the adverse conditions its evidence requires only): what a quiet pass of it compares and records
+    (:func:`carried_record`, ``gpu_suite`` after each quiet pass)."""
+    entries = {"stability": next((e for e in (stability or {}).get("notebooks", []) if e.get("path") == rel), None)}
+    for c in (adverse or {}).get("conditions", []):
+        if c.get("id") not in evidence.required_conditions(rel):
+            continue  # an extra condition (f) this notebook's evidence does not require: nothing to carry
+        entries[f"adverse ({c.get('id')})"] = next((e for e in c.get("notebooks", []) if e.get("path") == rel), None)
+    return {k: e for k, e in entries.items() if e is not None and evidence.freshness(e, root) is not None}
+
+
+def uncarried(latest: dict | None, stability: dict | None, adverse: dict | None, root: Path = ROOT) -> dict:
+    """{notebook: [proof names]} of the stability and adverse entries that were taken on other deps and hold by the
+    plumbing rule (:func:`stale_check` finds nothing: only files outside the experiment changed, and the quiet pass
+    claims what the runs claimed) while latest.json has no record of that comparison (its row's ``carried`` with a
+    proof that holds): only a quiet pass on this tree writes that record (:func:`carried_record`). It happens where
+    an entry's deps are more than the quiet pass's (solution 01's stability runs imported pinlab.races, its stop 65
+    quiet pass did not), so a change to such a file stales no quiet pass; tools/plan.py and ``gpu_suite --stale``
+    then run the quiet pass all the same, and tests/test_scope.py holds that nothing is left without the record."""
+    rows = latest_rows(latest)
+    check = stale_check(latest, root)
+    paths = {e.get("path") for e in (stability or {}).get("notebooks", [])}
+    paths |= {e.get("path") for c in (adverse or {}).get("conditions", []) for e in c.get("notebooks", [])}
+    out: dict = {}
+    for rel in sorted(p for p in paths if p):
+        for name, e in carried_entries(rel, stability, adverse, root).items():
+            if check(e) is not None:
+                continue  # not holding: its own tests say so
+            proof = ((rows.get(rel) or {}).get("carried") or {}).get("proofs", {}).get(name)
+            if not proof or not proof.get("holds"):
+                out.setdefault(rel, []).append(name)
+    return out
+
+
 def latest_rows(latest: dict | None) -> dict:
     """latest.json's notebook entries by path."""
     return {e.get("path"): e for e in (latest or {}).get("notebooks", []) if isinstance(e, dict)}
