@@ -536,3 +536,16 @@ def test_an_adverse_renewal_is_held_against_the_estimate_of_what_ran(tmp_path, m
     assert kind == "adverse" and notebooks == ["notebooks/03_the_race.ipynb"]
     assert planned == round(adverse.plan.estimate(["notebooks/03_the_race.ipynb"], "adverse"), 1)
     assert planned < adverse.plan.estimate([f"notebooks/{n}.ipynb" for n in only], "adverse")
+
+
+def test_an_extra_condition_sent_alone_is_planned_from_its_own_passes():
+    """Stop 65 (an H100): `--adverse f` printed and recorded the five conditions' estimate (254 s for lesson 04's
+    (f), which took 61 s); adverse.group_estimate gives plan.estimate's for that condition, as --plan does."""
+    import adverse
+    import plan
+
+    rels = ["notebooks/04_the_fix.ipynb"]
+    assert adverse.group_estimate(rels, ["f"]) == plan.estimate(rels, "adverse", condition="f")
+    five = list(evidence.ADVERSE_CONDITIONS)
+    assert adverse.group_estimate(rels, five) == plan.estimate(rels, "adverse")
+    assert adverse.group_estimate(rels, ["a"]) == plan.estimate(rels, "adverse")
