@@ -362,7 +362,6 @@ def plan_lines(root: Path = ROOT) -> list[str]:
             head += "quiet pass holds"
         lines.append("; ".join([head] + _proofs_text(r)))
     total = 0.0
-    everything = {r["path"] for r in plan["status"]}
     for k, call in enumerate(plan["calls"], 1):
         minutes = (call["seconds"] + START_S) / 60
         total += minutes
@@ -403,7 +402,10 @@ def plan_lines(root: Path = ROOT) -> list[str]:
                      + (f"{left:.1f} left for starts that fail (each costs about {FAILED_START_S / 60:.1f} min)"
                         if left >= 0 else
                         f"{-left:.1f} more than that: land it over several sessions, in slices that each leave "
-                        "`make test` passing"))
+                        "`make test` passing, or, where the change cannot be split (one experiment file of several "
+                        "lessons), send the calls that fit and keep their evidence commits as a pending series "
+                        "(`git format-patch <applied>..HEAD`, pending/README.md) for the next session, before "
+                        "anything else changes the renewed notebooks' reports"))
     if not plan["calls"] and not plan["unit_tests_current"]:
         lines.append("the gpu unit tests have not passed on the GPU on these files (nbtools.unit_test_files): the "
                      "next renewal's first call runs them (or `python3 tools/gpu_suite.py --only "
