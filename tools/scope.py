@@ -50,6 +50,8 @@ MEASURED: dict[str, str] = {
     f"{PKG}/races.py": "detect_races: the races whose counts lessons assert",
     f"{PKG}/order.py": "detect_races by order (pinlab.detect_races, the happens-before verdict of the pytest gate "
                        "and of exercise 09's checker): the latent races lessons 03, 04 and 08 are to show",
+    f"{PKG}/waits.py": "explicit host waits (synchronize of the device, a stream, an event) counted by file:line: "
+                       "the waits lesson 09 matches against the trace, and detect_stalls' next kind",
     f"{PKG}/steploop.py": "the step loop of lessons 02-04 and 08: its strategies are the race and its fixes",
     f"{PKG}/streams.py": "the stream a step loop runs on (CUDA, or the emulated lagging stream): the order of host "
                          "and device work that every race shows",
