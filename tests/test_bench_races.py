@@ -67,3 +67,18 @@ def test_sections_runs_only_those_named_and_refuses_unknown_names(tmp_path):
     assert res["complete"] and list(res["verdicts"]["order+copies"]) == ["graph", "seconds"]
     r = subprocess.run(BENCH + ["--sections", "recall,bogus"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--sections: unknown bogus; choose from recall" in r.stderr and "profile" in r.stderr
+
+
+def test_the_marks_section_runs_by_name_only_and_says_when_it_cannot(tmp_path):
+    """--sections marks (a CUDA microbenchmark of a followed copy's mark) is not among the default sections; on a
+    machine without CUDA it says so in the JSON instead of measuring the emulated stream."""
+    out = tmp_path / "m.json"
+    r = subprocess.run(BENCH + ["--sections", "marks", "--verdict", "order", "--watch", "copies", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    marks = res["verdicts"]["order+copies"]["marks"]
+    if "skipped" in marks:
+        assert marks == {"skipped": "needs CUDA"}
+    else:
+        assert {"trace_on", "in_order_detector"} <= set(marks) and marks["n"] == 2000

@@ -19,6 +19,8 @@ stream).
   loop that makes no pending pinned copy (HF ``generate()`` on a tiny random Llama where transformers is
   installed, else small GPU ops); µs per torch call and per followed copy; and (``unit_costs``) µs per followed
   copy and per ordering operation (an event recorded and synchronized) measured alone.
+* ``--sections marks`` (by name only): µs per call of a followed copy's CUDA mark (a new event recorded) and of
+  its parts and alternatives, with torch's GPU trace off and on and inside an order detector (:func:`marks`).
 * ``--profile``: where the detector's host time goes, per followed copy and per step of the snapshot loop
   (cProfile, the 20 functions of most own time; last, so the figures above it are unprofiled).
 * FlashInfer (where installed): one shared decode wrapper re-planned ahead of a busy GPU, in a subprocess
@@ -417,6 +419,65 @@ def profile(steps: int, n: int = 2000) -> dict:
     return out
 
 
+def marks(n: int = 2000, rounds: int = 5) -> dict:
+    """µs per call of what a followed copy's *mark* costs on CUDA (today a new ``torch.cuda.Event()`` recorded on
+    the current stream: ``races._CudaClock.mark``, the largest CUDA part of a followed copy in stop 62's profile),
+    of its parts, and of what a cheaper mark could do instead (record an event made earlier, on a stream fetched
+    once), in interleaved rounds (medians): with torch's GPU trace as this process has it, then on (the order
+    verdict turns it on for good, docs/facts.md F22: every record then calls into Python), then inside an order
+    detector with nothing pending (its callbacks note each record). Measured only: a pool of marks crashed a CUDA
+    process in stop 60 (``order._QuietCudaClock``), so no cheaper mark is proposed before these figures and that
+    crash are understood. On a machine without CUDA: ``{"skipped": ...}``."""
+    if not torch.cuda.is_available():
+        return {"skipped": "needs CUDA"}
+    one = torch.cuda.Event()
+    one.record()
+    stream = torch.cuda.current_stream()
+
+    def per_op(ops: dict) -> dict:
+        for fn in ops.values():
+            fn()  # warm
+        t = _interleaved(ops, rounds)
+        torch.cuda.synchronize()
+        return {k: round(v * 1e6 / n, 3) for k, v in t.items()}
+
+    def new_event():
+        for _ in range(n):
+            torch.cuda.Event()
+
+    def new_event_record():
+        for _ in range(n):
+            torch.cuda.Event().record()
+
+    def current_stream():
+        for _ in range(n):
+            torch.cuda.current_stream()
+
+    def new_event_record_on_stream():
+        for _ in range(n):
+            torch.cuda.Event().record(stream)
+
+    def record_one_event():
+        for _ in range(n):
+            one.record(stream)
+
+    def query_one_event():
+        for _ in range(n):
+            one.query()
+
+    ops = {"new_event": new_event, "new_event_record": new_event_record, "current_stream": current_stream,
+           "new_event_record_on_stream": new_event_record_on_stream, "record_one_event": record_one_event,
+           "query_one_event": query_one_event}
+    out = {"n": n, "trace_was_on": order._trace_on}
+    if not order._trace_on:
+        out["trace_off"] = per_op(ops)
+        order._cuda_trace()
+    out["trace_on"] = per_op(ops)
+    with order.detect_races():
+        out["in_order_detector"] = per_op(ops)
+    return out
+
+
 def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -434,7 +495,8 @@ def main(argv=None) -> int:
                          "under the detector (cProfile: the 20 functions of most own time, in the JSON's \"profile\")")
     ap.add_argument("--sections", default=None, metavar="A,B",
                     help="run only these sections, in their order (recall, graph, deferred_stop, overhead, "
-                         "flashinfer_shared_wrapper, profile; without it, all but profile unless --profile)")
+                         "flashinfer_shared_wrapper, profile, marks; without it, all but marks, and profile only "
+                         "with --profile)")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
                     help="start no section after S seconds (the first always starts: a run under load spends its "
                          "set-up first); what was left is named in the JSON (\"left\")")
@@ -465,9 +527,10 @@ def main(argv=None) -> int:
         "overhead": lambda: overhead(a.overhead_steps, 0.02 if cuda else 0.5, a.rounds),
         "flashinfer_shared_wrapper": flashinfer_shared_wrapper,
         "profile": lambda: profile(a.overhead_steps),  # last: the figures before it are unprofiled
+        "marks": lambda: marks(rounds=a.rounds),  # asked by name only (it turns the GPU trace on)
     }
     if a.sections is None:
-        wanted = [k for k in sections if k != "profile" or a.profile]
+        wanted = [k for k in sections if k != "marks" and (k != "profile" or a.profile)]
     else:
         wanted = [w.strip() for w in a.sections.split(",") if w.strip()]
         unknown = [w for w in wanted if w not in sections]
