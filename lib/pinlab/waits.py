@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .detector import _caller_codes, find_caller
+from .order import _Patches
 
 DEVICE_SYNC = "torch.cuda.synchronize"
 ACCELERATOR_SYNC = "torch.accelerator.synchronize"
@@ -117,11 +118,6 @@ class WaitReport:
 # --- the hooks ------------------------------------------------------------------------------------------------
 
 _local = threading.local()
-_lock = threading.Lock()
-_users = 0
-_stack: contextlib.ExitStack | None = None
-
-
 def _watches() -> list:
     """The watches active in this thread, outermost first."""
     if not hasattr(_local, "active"):
@@ -168,48 +164,25 @@ def _generic(base, op: str):
 
 
 def _targets() -> list:
-    """(owner, attribute, replacement) of every synchronize this module counts."""
+    """(owner, attribute, wrapper maker) of every synchronize this module counts (:class:`pinlab.order._Patches`)."""
     from torch.cuda import streams as cuda_streams
 
-    out = [(torch.cuda, "synchronize", _counted(DEVICE_SYNC, torch.cuda.synchronize)),
-           (cuda_streams.Stream, "synchronize", _counted(STREAM_SYNC, cuda_streams.Stream.synchronize)),
-           (cuda_streams.Event, "synchronize", _counted(EVENT_SYNC, cuda_streams.Event.synchronize))]
+    out = [(torch.cuda, "synchronize", lambda orig: _counted(DEVICE_SYNC, orig)),
+           (cuda_streams.Stream, "synchronize", lambda orig: _counted(STREAM_SYNC, orig)),
+           (cuda_streams.Event, "synchronize", lambda orig: _counted(EVENT_SYNC, orig))]
     accel = getattr(torch, "accelerator", None)
     if accel is not None and hasattr(accel, "synchronize"):
-        out.append((accel, "synchronize", _counted(ACCELERATOR_SYNC, accel.synchronize)))
+        out.append((accel, "synchronize", lambda orig: _counted(ACCELERATOR_SYNC, orig)))
     for name, op in (("Event", EVENT_SYNC), ("Stream", STREAM_SYNC)):
         base = getattr(torch, name, None)
         if isinstance(base, type) and hasattr(base, "synchronize"):
-            out.append((torch, name, _generic(base, op)))
+            out.append((torch, name, lambda base, op=op: _generic(base, op)))
     return out
 
 
-def _install() -> None:
-    global _users, _stack
-    with _lock:
-        _users += 1
-        if _users > 1:
-            return
-        from unittest import mock
-
-        stack = contextlib.ExitStack()
-        try:
-            for owner, attr, new in _targets():
-                stack.enter_context(mock.patch.object(owner, attr, new))
-        except BaseException:
-            stack.close()
-            _users -= 1
-            raise
-        _stack = stack
-
-
-def _remove() -> None:
-    global _users, _stack
-    with _lock:
-        _users -= 1
-        if not _users and _stack is not None:
-            _stack.close()
-            _stack = None
+#: patched while at least one watch is active (the order detector's holder of its own hooks; when detect_stalls
+#: counts waits, detector.py cannot import order.py, which imports it: that change moves _Patches below both)
+_HOOKS = _Patches(_targets)
 
 
 # --- the context manager --------------------------------------------------------------------------------------
@@ -231,7 +204,7 @@ class WaitWatch:
         if self._active:
             raise RuntimeError("this watch_waits() block is already active; to nest, use a second "
                                "pinlab.waits.watch_waits()")
-        _install()
+        _HOOKS.install()
         _watches().append(self)
         self._active = True
         return self.report
@@ -241,7 +214,7 @@ class WaitWatch:
         active = _watches()
         if self in active:
             active.remove(self)
-        _remove()
+        _HOOKS.remove()
         return False
 
 
